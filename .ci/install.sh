@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# Install everything avion_ds needs on a fresh Debian machine with Python >= 3.10 (CPU is enough).
+# Idempotent: re-running on a prepared machine takes seconds.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-python3}
+
+# Debian's FFmpeg libraries: torchcodec links against them (decord and PyAV bundle their own).
+if ! ldconfig -p 2>/dev/null | grep -q libavcodec; then
+  if command -v apt-get >/dev/null 2>&1; then
+    SUDO=""; [ "$(id -u)" = 0 ] || SUDO="sudo"
+    $SUDO apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq ffmpeg >/dev/null
+  else
+    echo "install.sh: no apt-get; install FFmpeg 4-7 shared libraries for the torchcodec backend" >&2
+  fi
+fi
+
+# torch first and pinned: an unpinned torch may pull other builds (timm needs this torchvision).
+if ! $PY -c "import torch, torchvision, sys; sys.exit(torch.__version__.split('+')[0] != '2.14.1')" 2>/dev/null; then
+  $PY -m pip install -q torch==2.14.1 torchvision==0.29.1
+fi
+if ! $PY -c "import avion_ds, timm, deepspeed, decord, av, torchcodec, pytest, pytest_timeout" 2>/dev/null; then
+  $PY -m pip install -q -e ".[codec,test]"
+fi
+$PY -c "import torch, deepspeed, avion_ds; print('avion_ds ready: torch', torch.__version__, 'deepspeed', deepspeed.__version__)" 2>&1 | grep -v real_accelerator

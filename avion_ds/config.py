@@ -1,0 +1,333 @@
+"""Recipe = typed dataclasses loaded from YAML, validated once, with dotted command-line overrides.
+
+A recipe is the whole description of a run except the DeepSpeed JSON (which the user passes
+separately and `avion_ds.engine.ds_config.build_ds_config` merges with the recipe). Unknown or
+mistyped keys fail at load time naming the key; values are coerced to the annotated type.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import types
+import typing
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+
+class ConfigError(ValueError):
+    """A recipe problem, reported as one line naming the key and value."""
+
+
+# ----------------------------------------------------------------------------------------------
+# sections
+# ----------------------------------------------------------------------------------------------
+@dataclass
+class ModelConfig:
+    name: str = "vit_base_patch16_224"
+    pretrained: str | None = None  # path to a VideoMAE / HF / timm / avion_ds checkpoint
+    num_classes: int = 400  # single-head models
+    heads: dict[str, int] | None = None  # e.g. {"verb": 97, "noun": 300} (EPIC); overrides num_classes
+    drop_path_rate: float = 0.1
+    head_drop_rate: float = 0.0
+    attn_backend: str = "auto"  # auto | flash | sdpa | eager
+    patch_embed: str = "linear"  # linear | conv
+    pool: str = "mean"  # mean (+fc_norm) | cls
+    pos_embed: str = "sincos"  # sincos | learned
+    activation_checkpointing: bool = False
+    checkpoint_every: int = 1  # checkpoint every k-th block
+    checkpoint_first_n: int | None = None  # only the first n blocks (None = all)
+    checkpoint_impl: str = "torch"  # torch | deepspeed
+
+
+@dataclass
+class DataConfig:
+    dataset: str = "epic"  # epic | kinetics
+    root: str = ""  # chunk root (holds manifest.jsonl) or root of whole videos
+    train_csv: str = ""
+    val_csv: str = ""
+    chunked: bool = True
+    num_frames: int = 16
+    sampling: str = "segment"  # segment (TSN, EPIC/AVION) | stride (Kinetics/VideoMAE)
+    stride: int = 4
+    size: int = 224
+    decoder: str = "decord"  # decord | torchcodec | pyav
+    decoder_threads: int = 1
+    workers: int = 4
+    crop_scale: list[float] = field(default_factory=lambda: [0.5, 1.0])
+    crop_ratio: list[float] = field(default_factory=lambda: [0.75, 1.3333333])
+    mean_std: str = "imagenet"  # imagenet | clip
+    hflip: float = 0.5
+    mixup: float = 0.0
+    cutmix: float = 0.0
+    label_smoothing: float = 0.1
+    on_error: str = "skip"  # skip | raise
+    decode_timeout_s: float = 60.0
+
+
+@dataclass
+class OptimConfig:
+    lr: float = 1.5e-3  # base lr for base_batch; scaled linearly by global_batch / base_batch
+    base_batch: int = 256
+    scale_lr: bool = True
+    min_lr: float = 1e-6
+    layer_decay: float = 0.75  # 1.0 disables layer-wise lr decay
+    weight_decay: float = 0.05
+    betas: list[float] = field(default_factory=lambda: [0.9, 0.999])
+    eps: float = 1e-8
+    clip_grad: float = 0.0  # 0 disables clipping (always written explicitly to the DS config)
+
+
+@dataclass
+class ScheduleConfig:
+    epochs: int = 30
+    warmup_epochs: float = 2.0
+    steps_per_epoch: int | None = None  # cap (for smoke runs); None = full epoch
+
+
+@dataclass
+class BatchConfig:
+    global_batch: int | None = 256  # None: micro * accum * world
+    micro_batch: int = 8
+    grad_accum: int | None = None  # None: derived from global / (micro * world)
+
+
+@dataclass
+class EvalConfig:
+    every_epochs: int = 1
+    temporal_views: int = 1
+    spatial_views: int = 1
+    batch_size: int | None = None  # None: micro_batch
+
+
+@dataclass
+class CheckpointConfig:
+    every_steps: int = 0  # 0: only at epoch end
+    keep_last: int = 2
+    resume: bool = True  # auto-resume from the latest complete checkpoint in output_dir
+
+
+@dataclass
+class LoggingConfig:
+    tensorboard: bool = True
+    log_every: int = 10
+    progress: bool = True
+
+
+@dataclass
+class Recipe:
+    model: ModelConfig = field(default_factory=ModelConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    schedule: ScheduleConfig = field(default_factory=ScheduleConfig)
+    batch: BatchConfig = field(default_factory=BatchConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    logging: LoggingConfig = field(default_factory=LoggingConfig)
+    output_dir: str = "runs/default"
+    seed: int = 0
+    precision: str = "auto"  # auto (from ds_config) | fp32 | bf16 | fp16
+    nonfinite: str = "skip"  # skip | stop
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+# ----------------------------------------------------------------------------------------------
+# loading and coercion
+# ----------------------------------------------------------------------------------------------
+def _coerce(value: Any, tp: Any, key: str) -> Any:
+    """Coerce ``value`` to annotation ``tp`` or raise ConfigError naming ``key``."""
+    origin = typing.get_origin(tp)
+    args = typing.get_args(tp)
+    if origin in (typing.Union, types.UnionType):
+        if value is None and type(None) in args:
+            return None
+        if isinstance(value, str) and value.lower() in ("none", "null") and type(None) in args:
+            return None
+        errors = []
+        for arg in args:
+            if arg is type(None):
+                continue
+            try:
+                return _coerce(value, arg, key)
+            except ConfigError as e:
+                errors.append(str(e))
+        raise ConfigError(errors[0] if errors else f"{key}: bad value {value!r}")
+    if origin is list:
+        if isinstance(value, str):
+            value = yaml.safe_load(value)
+        if isinstance(value, tuple):
+            value = list(value)
+        if not isinstance(value, list):
+            raise ConfigError(f"{key}: expected a list, got {value!r}")
+        return [_coerce(v, args[0], f"{key}[{i}]") for i, v in enumerate(value)] if args else value
+    if origin is dict:
+        if isinstance(value, str):
+            value = yaml.safe_load(value)
+        if not isinstance(value, dict):
+            raise ConfigError(f"{key}: expected a mapping, got {value!r}")
+        kt, vt = args if args else (str, Any)
+        return {_coerce(k, kt, key): _coerce(v, vt, f"{key}.{k}") for k, v in value.items()}
+    if tp is Any:
+        return value
+    if tp is bool:
+        if isinstance(value, bool):
+            return value
+        if isinstance(value, str) and value.lower() in ("true", "yes", "1", "on", "false", "no", "0", "off"):
+            return value.lower() in ("true", "yes", "1", "on")
+        raise ConfigError(f"{key}: expected true/false, got {value!r}")
+    if tp is int:
+        if isinstance(value, bool):
+            raise ConfigError(f"{key}: expected an integer, got {value!r}")
+        if isinstance(value, int):
+            return value
+        if isinstance(value, float) and value.is_integer():
+            return int(value)
+        if isinstance(value, str):
+            try:
+                return int(value)
+            except ValueError:
+                pass
+        raise ConfigError(f"{key}: expected an integer, got {value!r}")
+    if tp is float:
+        if isinstance(value, bool):
+            raise ConfigError(f"{key}: expected a number, got {value!r}")
+        try:
+            return float(value)
+        except (TypeError, ValueError):
+            raise ConfigError(f"{key}: expected a number, got {value!r}") from None
+    if tp is str:
+        if isinstance(value, (str, int, float)) and not isinstance(value, bool):
+            return str(value)
+        raise ConfigError(f"{key}: expected a string, got {value!r}")
+    if dataclasses.is_dataclass(tp):
+        return _build(tp, value, key)
+    return value
+
+
+def _unknown_key_error(cls: type, key: str, prefix: str) -> ConfigError:
+    names = [f.name for f in dataclasses.fields(cls)]
+    close = difflib.get_close_matches(key, names, n=3)
+    hint = f" (did you mean {', '.join(close)}?)" if close else f" (known: {', '.join(names)})"
+    return ConfigError(f"unknown recipe key {prefix + key!r}{hint}")
+
+
+def _build(cls: type, data: Any, prefix: str = "") -> Any:
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"{prefix or 'recipe'}: expected a mapping, got {data!r}")
+    hints = typing.get_type_hints(cls)
+    fields = {f.name for f in dataclasses.fields(cls)}
+    kwargs = {}
+    for key, value in data.items():
+        if key not in fields:
+            raise _unknown_key_error(cls, str(key), f"{prefix}." if prefix else "")
+        kwargs[key] = _coerce(value, hints[key], f"{prefix}.{key}" if prefix else key)
+    return cls(**kwargs)
+
+
+def recipe_from_dict(data: dict[str, Any]) -> Recipe:
+    """Build a validated Recipe from a plain mapping (as read from YAML)."""
+    recipe = _build(Recipe, data)
+    validate(recipe)
+    return recipe
+
+
+def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
+    """Apply ``a.b.c=value`` overrides (value parsed as YAML) to a nested mapping, in place."""
+    for item in overrides:
+        if "=" not in item:
+            raise ConfigError(f"override {item!r} is not of the form section.key=value")
+        dotted, raw = item.split("=", 1)
+        parts = dotted.strip().split(".")
+        node = data
+        for part in parts[:-1]:
+            node = node.setdefault(part, {})
+            if not isinstance(node, dict):
+                raise ConfigError(f"override {dotted!r}: {part!r} is not a section")
+        node[parts[-1]] = yaml.safe_load(raw) if raw.strip() else ""
+    return data
+
+
+def load_recipe(path: str | Path | None, overrides: list[str] | None = None) -> Recipe:
+    """Load a YAML recipe (or defaults when ``path`` is None), apply dotted overrides, validate."""
+    data: dict[str, Any] = {}
+    if path is not None:
+        p = Path(path)
+        if not p.is_file():
+            raise ConfigError(f"recipe file not found: {p}")
+        try:
+            data = yaml.safe_load(p.read_text()) or {}
+        except yaml.YAMLError as e:
+            raise ConfigError(f"recipe {p} is not valid YAML: {str(e).splitlines()[0]}") from None
+        if not isinstance(data, dict):
+            raise ConfigError(f"recipe {p}: top level must be a mapping")
+    apply_overrides(data, overrides or [])
+    return recipe_from_dict(data)
+
+
+def save_recipe(recipe: Recipe, path: str | Path) -> None:
+    """Write the resolved recipe as YAML (into the run directory)."""
+    Path(path).write_text(yaml.safe_dump(recipe.to_dict(), sort_keys=False))
+
+
+_CHOICES: dict[str, tuple[str, ...]] = {
+    "model.attn_backend": ("auto", "flash", "sdpa", "eager"),
+    "model.patch_embed": ("linear", "conv"),
+    "model.pool": ("mean", "cls"),
+    "model.pos_embed": ("sincos", "learned"),
+    "model.checkpoint_impl": ("torch", "deepspeed"),
+    "data.dataset": ("epic", "kinetics"),
+    "data.sampling": ("segment", "stride"),
+    "data.decoder": ("decord", "torchcodec", "pyav"),
+    "data.mean_std": ("imagenet", "clip"),
+    "data.on_error": ("skip", "raise"),
+    "precision": ("auto", "fp32", "bf16", "fp16"),
+    "nonfinite": ("skip", "stop"),
+}
+
+
+def validate(recipe: Recipe) -> None:
+    """Check value ranges and choices once, at start-up."""
+    d = recipe.to_dict()
+    for dotted, choices in _CHOICES.items():
+        section, _, key = dotted.rpartition(".")
+        value = d[section][key] if section else d[key]
+        if value not in choices:
+            raise ConfigError(f"{dotted}={value!r} is not one of {', '.join(choices)}")
+    positive = {
+        "data.num_frames": recipe.data.num_frames,
+        "data.size": recipe.data.size,
+        "data.stride": recipe.data.stride,
+        "batch.micro_batch": recipe.batch.micro_batch,
+        "schedule.epochs": recipe.schedule.epochs,
+        "eval.temporal_views": recipe.eval.temporal_views,
+        "model.checkpoint_every": recipe.model.checkpoint_every,
+        "optim.base_batch": recipe.optim.base_batch,
+    }
+    for key, value in positive.items():
+        if value <= 0:
+            raise ConfigError(f"{key}={value} must be positive")
+    if recipe.eval.spatial_views not in (1, 3):
+        raise ConfigError(f"eval.spatial_views={recipe.eval.spatial_views} must be 1 or 3")
+    for key, value in (("batch.global_batch", recipe.batch.global_batch), ("batch.grad_accum", recipe.batch.grad_accum)):
+        if value is not None and value <= 0:
+            raise ConfigError(f"{key}={value} must be positive")
+    if recipe.optim.lr <= 0:
+        raise ConfigError(f"optim.lr={recipe.optim.lr} must be positive")
+    if not 0.0 < recipe.optim.layer_decay <= 1.0:
+        raise ConfigError(f"optim.layer_decay={recipe.optim.layer_decay} must be in (0, 1]")
+    for key, pair in (("data.crop_scale", recipe.data.crop_scale), ("data.crop_ratio", recipe.data.crop_ratio)):
+        if len(pair) != 2 or not 0 < pair[0] <= pair[1]:
+            raise ConfigError(f"{key}={pair} must be [low, high] with 0 < low <= high")
+    if recipe.model.heads is not None:
+        for head, n in recipe.model.heads.items():
+            if n <= 0:
+                raise ConfigError(f"model.heads.{head}={n} must be positive")
+    if recipe.data.dataset == "epic" and recipe.model.heads is None:
+        raise ConfigError("data.dataset='epic' needs model.heads (e.g. {verb: 97, noun: 300})")
