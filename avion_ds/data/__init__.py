@@ -1,0 +1,35 @@
+"""Chunked-video data pipeline: chunking, manifest, clip sampling, fused decode+crop, datasets,
+device-side augmentation, DataLoader helper and multi-view aggregation.
+
+Heavy modules (torch, decoders) load lazily so that ``avion-ds chunk`` / ``synth`` and their
+worker processes start fast.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+_LAZY = {
+    "build_dataset": "avion_ds.data.datasets",
+    "EpicDataset": "avion_ds.data.datasets",
+    "KineticsDataset": "avion_ds.data.datasets",
+    "DataError": "avion_ds.data.errors",
+    "DeviceAugment": "avion_ds.data.augment",
+    "build_loader": "avion_ds.data.loader",
+    "set_epoch": "avion_ds.data.loader",
+    "aggregate_views": "avion_ds.data.views",
+    "get_decoder": "avion_ds.data.decoders",
+    "chunk_videos": "avion_ds.data.chunking",
+    "load_manifest": "avion_ds.data.manifest",
+    "make_synthetic_epic": "avion_ds.data.synthetic",
+    "write_video": "avion_ds.data.synthetic",
+}
+
+__all__ = sorted(_LAZY)
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'avion_ds.data' has no attribute {name!r}")

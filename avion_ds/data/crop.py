@@ -1,0 +1,114 @@
+"""Per-clip crop boxes (sampled ONCE per clip, in Python, from a seeded generator) and the
+post-decode fallback crop+resize on uint8 frames.
+
+A clip that spans two chunks uses the same box in both (AVION sampled one per chunk). The
+generator is keyed by (seed, epoch, index, view), so any worker produces the same crop.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+if TYPE_CHECKING:
+    import torch
+
+
+@dataclass(frozen=True)
+class CropBox:
+    """Pixel box in the source frame."""
+
+    top: int
+    left: int
+    height: int
+    width: int
+
+    def scaled(self, sy: float, sx: float, max_h: int, max_w: int) -> CropBox:
+        """The same box on a frame resized by (sy, sx), kept inside (max_h, max_w)."""
+        h = max(1, min(max_h, int(round(self.height * sy))))
+        w = max(1, min(max_w, int(round(self.width * sx))))
+        top = min(max(0, int(round(self.top * sy))), max_h - h)
+        left = min(max(0, int(round(self.left * sx))), max_w - w)
+        return CropBox(top, left, h, w)
+
+
+@dataclass(frozen=True)
+class CropSpec:
+    """What a decoder should return: ``box`` of the (``frame_h``, ``frame_w``) frame resized to ``size``.
+
+    ``box=None`` keeps the whole frame; ``size=None`` keeps the box's size.
+    """
+
+    box: CropBox | None
+    size: tuple[int, int] | None
+    frame_h: int
+    frame_w: int
+
+    def for_frame(self, h: int, w: int) -> CropBox:
+        """The box on a frame of (h, w) (a chunk may differ from the manifest's size)."""
+        box = self.box or CropBox(0, 0, self.frame_h, self.frame_w)
+        if (h, w) == (self.frame_h, self.frame_w):
+            return box
+        return box.scaled(h / self.frame_h, w / self.frame_w, h, w)
+
+    def out_size(self, h: int, w: int) -> tuple[int, int]:
+        box = self.for_frame(h, w)
+        return self.size or (box.height, box.width)
+
+
+def clip_rng(seed: int, epoch: int, index: int, view: int = 0) -> np.random.Generator:
+    """The generator for one clip: same (seed, epoch, index, view) -> same draws, in any process."""
+    return np.random.default_rng([int(seed) & 0xFFFFFFFF, int(epoch), int(index), int(view)])
+
+
+def random_resized_crop(height: int, width: int, scale: tuple[float, float], ratio: tuple[float, float],
+                        rng: np.random.Generator) -> CropBox:
+    """RandomResizedCrop box (torchvision's algorithm: 10 tries, then a central fallback)."""
+    area = height * width
+    log_r = (math.log(ratio[0]), math.log(ratio[1]))
+    for _ in range(10):
+        target = area * rng.uniform(scale[0], scale[1])
+        ar = math.exp(rng.uniform(*log_r))
+        w = int(round(math.sqrt(target * ar)))
+        h = int(round(math.sqrt(target / ar)))
+        if 0 < w <= width and 0 < h <= height:
+            return CropBox(int(rng.integers(0, height - h + 1)), int(rng.integers(0, width - w + 1)), h, w)
+    in_ratio = width / height
+    if in_ratio < ratio[0]:
+        w, h = width, int(round(width / ratio[0]))
+    elif in_ratio > ratio[1]:
+        h, w = height, int(round(height * ratio[1]))
+    else:
+        w, h = width, height
+    return CropBox((height - h) // 2, (width - w) // 2, h, w)
+
+
+def center_crop(height: int, width: int) -> CropBox:
+    """Largest centred square (= resize short side to S, centre crop S x S)."""
+    s = min(height, width)
+    return CropBox((height - s) // 2, (width - s) // 2, s, s)
+
+
+def three_crops(height: int, width: int) -> list[CropBox]:
+    """Three squares of the short side along the long side: start, centre, end (VideoMAE 3-crop)."""
+    s = min(height, width)
+    if width >= height:
+        return [CropBox(0, left, s, s) for left in (0, (width - s) // 2, width - s)]
+    return [CropBox(top, 0, s, s) for top in (0, (height - s) // 2, height - s)]
+
+
+def crop_resize(frames: torch.Tensor, box: CropBox | None, size: tuple[int, int] | None) -> torch.Tensor:  # noqa: F821
+    """uint8 (T, H, W, C) -> crop ``box`` -> bilinear antialiased resize to ``size`` -> uint8 (T, h, w, C)."""
+    if box is not None:
+        frames = frames[:, box.top:box.top + box.height, box.left:box.left + box.width]
+    if size is None or tuple(frames.shape[1:3]) == tuple(size):
+        return frames.contiguous()
+    from torchvision.transforms.v2 import functional as F
+
+    x = frames.permute(0, 3, 1, 2)
+    x = F.resize(x, list(size), interpolation=F.InterpolationMode.BILINEAR, antialias=True)
+    return x.permute(0, 2, 3, 1).contiguous()

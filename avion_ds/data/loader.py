@@ -1,0 +1,50 @@
+"""DataLoader helper: pinned memory, persistent workers, epoch-seeded shuffling, deterministic workers.
+
+Both the single-process and the distributed case use ``DistributedSampler`` (one replica when not
+distributed) so shuffling is a pure function of (seed, epoch) and survives restarts; call
+:func:`set_epoch` at the start of every epoch (it also reaches the dataset, whose epoch lives in
+shared memory and so reaches persistent workers).
+"""
+
+from __future__ import annotations
+
+import random
+
+import numpy as np
+import torch
+from torch.utils.data import DataLoader, Dataset, DistributedSampler
+
+
+def _seed_worker(worker_id: int) -> None:
+    """Seed numpy / random from torch's per-worker seed (itself derived from the loader's generator)."""
+    seed = torch.initial_seed() % 2**32
+    np.random.seed(seed)
+    random.seed(seed)
+
+
+def build_loader(dataset: Dataset, batch_size: int, workers: int, shuffle: bool, seed: int, drop_last: bool,
+                 distributed: bool) -> DataLoader:
+    """A DataLoader over ``dataset`` (see module doc); ``distributed`` shards by torch.distributed rank."""
+    if distributed:
+        import torch.distributed as dist
+
+        if not (dist.is_available() and dist.is_initialized()):
+            raise RuntimeError("build_loader(distributed=True) needs torch.distributed to be initialised first")
+        sampler = DistributedSampler(dataset, shuffle=shuffle, seed=seed, drop_last=drop_last)
+    else:
+        sampler = DistributedSampler(dataset, num_replicas=1, rank=0, shuffle=shuffle, seed=seed, drop_last=drop_last)
+    gen = torch.Generator()
+    gen.manual_seed(seed)
+    kwargs = {}
+    if workers > 0:
+        kwargs = {"persistent_workers": True, "prefetch_factor": 2, "worker_init_fn": _seed_worker}
+    return DataLoader(dataset, batch_size=batch_size, sampler=sampler, num_workers=workers,
+                      pin_memory=torch.cuda.is_available(), drop_last=drop_last, generator=gen, **kwargs)
+
+
+def set_epoch(loader: DataLoader, epoch: int) -> None:
+    """Reshuffle the sampler and re-seed the dataset's clip/crop draws for ``epoch``."""
+    if hasattr(loader.sampler, "set_epoch"):
+        loader.sampler.set_epoch(epoch)
+    if hasattr(loader.dataset, "set_epoch"):
+        loader.dataset.set_epoch(epoch)

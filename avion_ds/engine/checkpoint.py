@@ -1,0 +1,179 @@
+"""DeepSpeed checkpoints with completeness markers, keep-last-K pruning, auto-resume and run identity.
+
+Layout of a run directory::
+
+    run.json                       model identity (resume into a different model is refused)
+    checkpoints/step_00000120/     DeepSpeed shards (all ranks) + client_rank<r>.pt (per-rank state)
+    checkpoints/step_00000120/COMPLETE.json   written by rank 0 after EVERY rank finished saving
+
+A run killed mid-save leaves a tag without ``COMPLETE.json``; resume ignores it and loads the
+newest complete tag. DeepSpeed's own ``latest`` file is never trusted for that reason.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import shutil
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from avion_ds.config import ConfigError, Recipe
+from avion_ds.engine import dist
+
+MARKER = "COMPLETE.json"
+CKPT_SUBDIR = "checkpoints"
+
+
+def tag_for(step: int) -> str:
+    return f"step_{step:08d}"
+
+
+def _tag_step(name: str) -> int | None:
+    if not name.startswith("step_"):
+        return None
+    try:
+        return int(name[5:])
+    except ValueError:
+        return None
+
+
+def checkpoint_dir(run_dir: str | Path) -> Path:
+    return Path(run_dir) / CKPT_SUBDIR
+
+
+def complete_tags(run_dir: str | Path) -> list[str]:
+    """Tags that carry a completeness marker, oldest first."""
+    root = checkpoint_dir(run_dir)
+    if not root.is_dir():
+        return []
+    tags = [(s, p.name) for p in root.iterdir() if (s := _tag_step(p.name)) is not None and (p / MARKER).is_file()]
+    return [name for _, name in sorted(tags)]
+
+
+def latest_complete(run_dir: str | Path) -> str | None:
+    """Newest complete tag, or None."""
+    tags = complete_tags(run_dir)
+    return tags[-1] if tags else None
+
+
+# ---------------------------------------------------------------------------------------------
+# run identity
+# ---------------------------------------------------------------------------------------------
+def model_identity(recipe: Recipe) -> dict[str, Any]:
+    """What must match for a checkpoint to be resumable by this recipe's model."""
+    m = recipe.model
+    return {
+        "name": m.name,
+        "heads": m.heads if m.heads is not None else {"logits": m.num_classes},
+        "num_frames": recipe.data.num_frames,
+        "img_size": recipe.data.size,
+        "patch_embed": m.patch_embed,
+        "pool": m.pool,
+        "pos_embed": m.pos_embed,
+    }
+
+
+def check_run_identity(run_dir: str | Path, recipe: Recipe) -> None:
+    """Refuse (one line) to resume into a run directory written for a different model."""
+    path = Path(run_dir) / "run.json"
+    if not recipe.checkpoint.resume or not path.is_file():
+        return
+    try:
+        old = json.loads(path.read_text()).get("model", {})
+    except json.JSONDecodeError:
+        raise ConfigError(f"{path} is not valid JSON; remove it or use another output_dir") from None
+    new = model_identity(recipe)
+    diff = [f"{k} {old.get(k)!r} -> {new[k]!r}" for k in new if old.get(k) != new[k]]
+    if diff:
+        raise ConfigError(f"output_dir {run_dir} holds checkpoints of a different model ({'; '.join(diff)}); "
+                          "use a new output_dir or set checkpoint.resume=false")
+
+
+def write_run_identity(run_dir: str | Path, recipe: Recipe) -> None:
+    if dist.is_main():
+        Path(run_dir).mkdir(parents=True, exist_ok=True)
+        _atomic_write(Path(run_dir) / "run.json", json.dumps({"model": model_identity(recipe)}, indent=2))
+
+
+# ---------------------------------------------------------------------------------------------
+# RNG
+# ---------------------------------------------------------------------------------------------
+def rng_state() -> dict[str, Any]:
+    state = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        state["cuda"] = torch.cuda.get_rng_state()
+    return state
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    random.setstate(state["python"])
+    np.random.set_state(state["numpy"])
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state(state["cuda"])
+
+
+# ---------------------------------------------------------------------------------------------
+# save / load
+# ---------------------------------------------------------------------------------------------
+def _atomic_write(path: Path, text: str) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+def save(engine: Any, run_dir: str | Path, global_step: int, client: dict[str, Any], keep_last: int) -> str:
+    """Save a DeepSpeed checkpoint on all ranks, then mark it complete and prune old ones (rank 0)."""
+    root = checkpoint_dir(run_dir)
+    tag = tag_for(global_step)
+    engine.save_checkpoint(str(root), tag=tag, client_state={"avion_ds": {k: v for k, v in client.items()
+                                                                          if k != "rng"}})
+    torch.save({**client, "rng": rng_state()}, root / tag / f"client_rank{dist.rank()}.pt")
+    dist.barrier()  # every rank's shards and client state are on disk
+    if dist.is_main():
+        _atomic_write(root / tag / MARKER, json.dumps({"tag": tag, "global_step": global_step,
+                                                        "epoch": client.get("epoch"),
+                                                        "world_size": dist.world_size()}))
+        prune(run_dir, keep_last)
+    dist.barrier()
+    return tag
+
+
+def prune(run_dir: str | Path, keep_last: int) -> None:
+    """Delete complete tags beyond the newest ``keep_last`` and incomplete tags older than the newest."""
+    tags = complete_tags(run_dir)
+    if not tags:
+        return
+    keep = set(tags[-max(1, keep_last):])
+    newest = _tag_step(tags[-1]) or 0
+    for p in checkpoint_dir(run_dir).iterdir():
+        s = _tag_step(p.name)
+        if s is None or p.name in keep:
+            continue
+        if (p / MARKER).is_file() or s < newest:
+            shutil.rmtree(p, ignore_errors=True)
+
+
+def load_latest(engine: Any, run_dir: str | Path) -> dict[str, Any] | None:
+    """Load the newest complete checkpoint into ``engine``; returns this rank's client state."""
+    tag = latest_complete(run_dir)
+    tag = dist.broadcast_object(tag)  # all ranks agree even if the filesystem view lags
+    if tag is None:
+        return None
+    root = checkpoint_dir(run_dir)
+    marker = json.loads((root / tag / MARKER).read_text())
+    if marker.get("world_size") not in (None, dist.world_size()):
+        raise ConfigError(f"checkpoint {root / tag} was written by {marker['world_size']} ranks, this run has "
+                          f"{dist.world_size()}; resume with the same world size or set checkpoint.resume=false")
+    path, _ = engine.load_checkpoint(str(root), tag=tag, load_optimizer_states=True, load_lr_scheduler_states=True)
+    if path is None:
+        raise RuntimeError(f"DeepSpeed could not load checkpoint {root / tag}")
+    client_file = root / tag / f"client_rank{dist.rank()}.pt"
+    client = torch.load(client_file, map_location="cpu", weights_only=False)
+    client["tag"] = tag
+    return client

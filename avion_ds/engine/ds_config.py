@@ -1,0 +1,250 @@
+"""The ONE place a DeepSpeed config is built: user JSON + recipe -> a complete, consistent dict.
+
+The JSON files in ``ds_configs/`` say *how* to shard and offload (ZeRO stage, offload devices,
+precision switches); the recipe says *what* to train (batch sizes, lr, clipping, schedule).
+Every value the two could disagree on is written ``"auto"`` in the JSON and filled here from the
+recipe; a concrete JSON value that contradicts the recipe is rejected with the numbers shown,
+because DeepSpeed itself either silently picks one or fails deep inside ``initialize``.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from avion_ds.config import ConfigError, Recipe
+
+AUTO = "auto"
+
+
+@dataclass(frozen=True)
+class BatchPlan:
+    """Resolved batch arithmetic: global = micro x accum x world."""
+
+    global_batch: int
+    micro_batch: int
+    grad_accum: int
+    world_size: int
+
+
+def resolve_batch(recipe: Recipe, world_size: int) -> BatchPlan:
+    """Derive global batch / grad accumulation from the recipe and world size, or explain why not."""
+    b = recipe.batch
+    micro, accum, glob = b.micro_batch, b.grad_accum, b.global_batch
+    if world_size <= 0:
+        raise ConfigError(f"world size {world_size} must be positive")
+    if glob is None:
+        accum = accum or 1
+        glob = micro * accum * world_size
+    elif accum is None:
+        per_step = micro * world_size
+        if glob % per_step:
+            raise ConfigError(
+                f"batch.global_batch {glob} is not divisible by micro {micro} x world {world_size} = {per_step}"
+                " (set batch.global_batch, batch.micro_batch or batch.grad_accum so that they divide)"
+            )
+        accum = glob // per_step
+    elif glob != micro * accum * world_size:
+        raise ConfigError(
+            f"batch.global_batch {glob} != micro {micro} x accum {accum} x world {world_size}"
+            f" = {micro * accum * world_size}"
+        )
+    return BatchPlan(glob, micro, accum, world_size)
+
+
+def scaled_lr(recipe: Recipe, global_batch: int) -> float:
+    """Linear scaling rule: lr = base lr x global_batch / base_batch (when optim.scale_lr)."""
+    o = recipe.optim
+    return o.lr * global_batch / o.base_batch if o.scale_lr else o.lr
+
+
+def load_user_config(user: dict | str | Path) -> dict[str, Any]:
+    """Read the user's DeepSpeed JSON (path or dict); a non-JSON file is a one-line error naming it."""
+    if isinstance(user, dict):
+        return copy.deepcopy(user)
+    path = Path(user)
+    if not path.is_file():
+        raise ConfigError(f"deepspeed config not found: {path}")
+    try:
+        data = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ConfigError(f"deepspeed config {path} is not valid JSON: {e}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"deepspeed config {path}: top level must be a JSON object")
+    return data
+
+
+def _fill(section: dict, key: str, value: Any, where: str, close: bool = False) -> None:
+    """Set ``section[key]`` when absent/"auto"; reject a concrete value that differs from ``value``."""
+    current = section.get(key, AUTO)
+    if current == AUTO or current is None:
+        section[key] = value
+        return
+    same = math.isclose(float(current), float(value), rel_tol=1e-9, abs_tol=0.0) if close else current == value
+    if not same:
+        raise ConfigError(f"deepspeed config {where}={current!r} conflicts with the recipe value {value!r}"
+                          " (write \"auto\" in the JSON or change the recipe)")
+
+
+def _accelerator_name() -> str:
+    try:
+        from deepspeed.accelerator import get_accelerator
+
+        return str(get_accelerator().device_name())
+    except Exception:  # pragma: no cover - deepspeed import problems surface later, in initialize
+        return "cpu"
+
+
+def _default_precision(accel: str) -> str:
+    if accel == "cuda":
+        import torch
+
+        return "bf16" if torch.cuda.is_available() and torch.cuda.is_bf16_supported() else "fp16"
+    return "fp32"
+
+
+def resolve_precision(cfg: dict[str, Any], recipe: Recipe, accel: str | None = None) -> str:
+    """Pick fp32 | bf16 | fp16 from the JSON sections and recipe.precision; conflicts are errors."""
+    wanted = {}
+    for name in ("bf16", "fp16"):
+        enabled = cfg.get(name, {}).get("enabled", False)
+        if enabled == AUTO:
+            continue
+        wanted[name] = bool(enabled)
+    json_on = [name for name, on in wanted.items() if on]
+    if len(json_on) > 1:
+        raise ConfigError("deepspeed config enables both bf16 and fp16; enable at most one")
+    rp = recipe.precision
+    if rp != "auto":
+        if json_on and json_on[0] != rp:
+            raise ConfigError(f"recipe precision={rp!r} conflicts with deepspeed config {json_on[0]}.enabled=true")
+        return rp
+    if json_on:
+        return json_on[0]
+    has_auto = any(cfg.get(n, {}).get("enabled") == AUTO for n in ("bf16", "fp16"))
+    return _default_precision(accel or _accelerator_name()) if has_auto else "fp32"
+
+
+def zero_stage(cfg: dict[str, Any]) -> int:
+    """ZeRO stage of a (built or user) DeepSpeed config; 0 when there is no zero section."""
+    return int(cfg.get("zero_optimization", {}).get("stage", 0))
+
+
+def offloads_optimizer(cfg: dict[str, Any]) -> bool:
+    """True when the optimizer state lives on CPU/NVMe (DeepSpeed then uses its CPU Adam)."""
+    zo = cfg.get("zero_optimization", {})
+    return zo.get("offload_optimizer", {}).get("device", "none") not in ("none", None)
+
+
+def _fill_scheduler(cfg: dict[str, Any], recipe: Recipe, lr: float, steps_per_epoch: int | None) -> None:
+    sched = cfg.get("scheduler")
+    if not sched:
+        return
+    params = sched.setdefault("params", {})
+    autos = [k for k, v in params.items() if v == AUTO]
+    if autos and steps_per_epoch is None:
+        raise ConfigError(f"deepspeed config scheduler.params {autos} are \"auto\" but steps per epoch is unknown")
+    spe = steps_per_epoch or 0
+    values = {
+        "total_num_steps": int(recipe.schedule.epochs * spe),
+        "warmup_num_steps": int(round(recipe.schedule.warmup_epochs * spe)),
+        "warmup_max_lr": lr,
+        "warmup_min_lr": 0.0,
+        "cos_min_ratio": recipe.optim.min_lr / lr if lr > 0 else 0.0,
+    }
+    for key in autos:
+        if key not in values:
+            raise ConfigError(f"deepspeed config scheduler.params.{key}=\"auto\" cannot be derived from the recipe")
+        params[key] = values[key]
+
+
+def build_ds_config(user: dict | str | Path, recipe: Recipe, world_size: int,
+                    steps_per_epoch: int | None = None) -> dict[str, Any]:
+    """Merge the user's DeepSpeed JSON with the recipe into one complete DeepSpeed config.
+
+    Fills "auto" batch sizes, optimizer lr/betas/eps/weight decay, scheduler steps and precision,
+    always writes ``gradient_clipping`` explicitly (DeepSpeed defaults it to 1.0 otherwise), and
+    rejects values that contradict the recipe with a one-line message showing the numbers.
+    """
+    cfg = load_user_config(user)
+    plan = resolve_batch(recipe, world_size)
+
+    # ---- batch arithmetic -------------------------------------------------------------------
+    tbs = cfg.get("train_batch_size", AUTO)
+    mbs = cfg.get("train_micro_batch_size_per_gpu", AUTO)
+    gas = cfg.get("gradient_accumulation_steps", AUTO)
+    for key, val, want in (("train_micro_batch_size_per_gpu", mbs, plan.micro_batch),
+                           ("gradient_accumulation_steps", gas, plan.grad_accum)):
+        if val != AUTO and val != want:
+            raise ConfigError(f"deepspeed config {key}={val} conflicts with the recipe value {want}"
+                              f" (global {plan.global_batch} = micro {plan.micro_batch} x accum {plan.grad_accum}"
+                              f" x world {world_size})")
+    if tbs != AUTO and tbs != plan.global_batch:
+        raise ConfigError(f"deepspeed config train_batch_size {tbs} != micro {plan.micro_batch} x accum "
+                          f"{plan.grad_accum} x world {world_size} = {plan.global_batch}")
+    cfg["train_batch_size"] = plan.global_batch
+    cfg["train_micro_batch_size_per_gpu"] = plan.micro_batch
+    cfg["gradient_accumulation_steps"] = plan.grad_accum
+
+    # ---- clipping: always explicit (0.0 disables) ----------------------------------------------
+    _fill(cfg, "gradient_clipping", float(recipe.optim.clip_grad), "gradient_clipping", close=True)
+
+    # ---- optimizer --------------------------------------------------------------------------
+    lr = scaled_lr(recipe, plan.global_batch)
+    accel = _accelerator_name()
+    if "optimizer" in cfg:
+        opt = cfg["optimizer"]
+        params = opt.setdefault("params", {})
+        where = "optimizer.params"
+        _fill(params, "lr", lr, f"{where}.lr", close=True)
+        _fill(params, "betas", [float(b) for b in recipe.optim.betas], f"{where}.betas")
+        _fill(params, "eps", float(recipe.optim.eps), f"{where}.eps", close=True)
+        _fill(params, "weight_decay", float(recipe.optim.weight_decay), f"{where}.weight_decay", close=True)
+        # on the CPU accelerator, plain torch AdamW avoids a ~35 s FusedAdam JIT build; offload
+        # needs DeepSpeed's CPU Adam, which DeepSpeed picks itself.
+        if (str(opt.get("type", "")).lower() in ("adam", "adamw") and accel == "cpu"
+                and not offloads_optimizer(cfg)):
+            params.setdefault("torch_adam", True)
+        if params.get("torch_adam") == AUTO:
+            params["torch_adam"] = accel == "cpu" and not offloads_optimizer(cfg)
+    _fill_scheduler(cfg, recipe, lr, steps_per_epoch)
+
+    # ---- precision --------------------------------------------------------------------------
+    precision = resolve_precision(cfg, recipe, accel)
+    for name in ("bf16", "fp16"):
+        section = cfg.setdefault(name, {})
+        section["enabled"] = precision == name
+
+    # ---- stage-3 values DeepSpeed's HF integration calls "auto" --------------------------------
+    zo = cfg.get("zero_optimization", {})
+    for key in [k for k, v in zo.items() if v == AUTO]:
+        raise ConfigError(f"deepspeed config zero_optimization.{key}=\"auto\" is not filled by avion_ds; give a number")
+
+    cfg.setdefault("steps_per_print", 10**9)  # we log ourselves
+    cfg.setdefault("wall_clock_breakdown", False)
+    _reject_leftover_auto(cfg)
+    return cfg
+
+
+def _reject_leftover_auto(node: Any, path: str = "") -> None:
+    if isinstance(node, dict):
+        for k, v in node.items():
+            _reject_leftover_auto(v, f"{path}.{k}" if path else str(k))
+    elif isinstance(node, list):
+        for i, v in enumerate(node):
+            _reject_leftover_auto(v, f"{path}[{i}]")
+    elif node == AUTO:
+        raise ConfigError(f"deepspeed config {path}=\"auto\" is not a value avion_ds can fill")
+
+
+def precision_of(cfg: dict[str, Any]) -> str:
+    """fp32 | bf16 | fp16 of a built config."""
+    if cfg.get("bf16", {}).get("enabled"):
+        return "bf16"
+    if cfg.get("fp16", {}).get("enabled"):
+        return "fp16"
+    return "fp32"

@@ -1,0 +1,92 @@
+"""`avion-ds export RUN_DIR --out model.safetensors`: ZeRO shards -> one fp32 safetensors state dict.
+
+Uses DeepSpeed's ``zero_to_fp32`` for ZeRO 1/2/3 (it rebuilds the fp32 master weights from the
+optimizer shards) and the module state of a ZeRO-0 checkpoint otherwise. The file loads with
+``create_model(name, pretrained=file)``; its metadata names the model and architecture.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import torch
+
+from avion_ds.config import ConfigError
+from avion_ds.engine.checkpoint import MARKER, checkpoint_dir, latest_complete
+
+
+def _strip(name: str) -> str:
+    for seg in ("_checkpoint_wrapped_module.", "_orig_mod."):
+        name = name.replace(seg, "")
+    return name[len("module."):] if name.startswith("module.") else name
+
+
+def _stage(run_dir: Path, tag_dir: Path) -> int:
+    cfg = run_dir / "ds_config.json"
+    if cfg.is_file():
+        return int(json.loads(cfg.read_text()).get("zero_optimization", {}).get("stage", 0))
+    return 1 if any(tag_dir.glob("*optim_states.pt")) and not (tag_dir / "mp_rank_00_model_states.pt").is_file() else 0
+
+
+def consolidate(run_dir: str | Path, tag: str | None = None) -> dict[str, torch.Tensor]:
+    """fp32 state dict of ``tag`` (default: newest complete checkpoint) in ``run_dir``."""
+    run_dir = Path(run_dir)
+    tag = tag or latest_complete(run_dir)
+    if tag is None:
+        raise ConfigError(f"{run_dir}: no complete checkpoint under {checkpoint_dir(run_dir)}")
+    tag_dir = checkpoint_dir(run_dir) / tag
+    if not (tag_dir / MARKER).is_file():
+        raise ConfigError(f"{tag_dir} is not a complete checkpoint (no {MARKER})")
+    if _stage(run_dir, tag_dir) == 0:
+        states = torch.load(tag_dir / "mp_rank_00_model_states.pt", map_location="cpu", weights_only=False)
+        sd = states["module"]
+    else:
+        from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
+
+        sd = get_fp32_state_dict_from_zero_checkpoint(str(checkpoint_dir(run_dir)), tag=tag)
+    return {_strip(k): (v.float() if v.is_floating_point() else v) for k, v in sd.items()}
+
+
+def export(run_dir: str | Path, out: str | Path, tag: str | None = None) -> Path:
+    """Write the consolidated fp32 weights of ``run_dir`` to ``out`` (safetensors, or .pt)."""
+    run_dir = Path(run_dir)
+    sd = consolidate(run_dir, tag)
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    meta = {"format": "avion_ds", "tag": tag or str(latest_complete(run_dir))}
+    ident = run_dir / "run.json"
+    if ident.is_file():
+        meta["model"] = json.dumps(json.loads(ident.read_text()).get("model", {}))
+    if out.suffix == ".safetensors":
+        from safetensors.torch import save_file
+
+        # safetensors refuses shared storage: give every tensor its own contiguous copy
+        save_file({k: v.detach().contiguous().clone() for k, v in sd.items()}, str(out), metadata=meta)
+    else:
+        torch.save({"state_dict": sd, "meta": meta}, out)
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point for `avion-ds export`."""
+    p = argparse.ArgumentParser(prog="avion-ds export", description=__doc__.splitlines()[0])
+    p.add_argument("run_dir", help="training output_dir holding checkpoints/")
+    p.add_argument("--out", required=True, help="output file (.safetensors recommended)")
+    p.add_argument("--tag", default=None, help="checkpoint tag (default: newest complete)")
+    args = p.parse_args(argv)
+    try:
+        if not Path(args.run_dir).is_dir():
+            raise ConfigError(f"run dir not found: {args.run_dir}")
+        out = export(args.run_dir, args.out, args.tag)
+    except ConfigError as e:
+        print(f"avion-ds export: error: {e}", file=sys.stderr)
+        return 2
+    print(f"wrote {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

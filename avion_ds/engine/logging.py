@@ -1,0 +1,153 @@
+"""Run logging on rank 0: TensorBoard scalars, a JSON-lines history, a compact console line + tqdm bar.
+
+TensorBoard tags (also listed in the README):
+  train/loss, train/loss_<head>, train/lr, train/grad_norm, train/loss_scale, train/clips_per_s,
+  train/skipped_nonfinite, time/data_wait_s, time/compute_s, time/data_wait_frac, mem/peak_gib,
+  eval/<metric> (top1, top5, mean_class; verb_/noun_/action_ for EPIC).
+"""
+
+from __future__ import annotations
+
+import json
+import resource
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+
+def peak_memory_gib() -> float:
+    """Peak accelerator memory (CUDA max allocated) or, on CPU, the process's peak RSS, in GiB."""
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        return torch.cuda.max_memory_allocated() / 2**30
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # KiB on Linux
+
+
+def _fmt(v: Any) -> str:
+    if isinstance(v, float):
+        if v == 0.0:
+            return "0"
+        return f"{v:.3e}" if abs(v) < 1e-2 or abs(v) >= 1e4 else f"{v:.4g}"
+    return str(v)
+
+
+class RunLogger:
+    """Writes scalars to TensorBoard (``run_dir/tb``) and ``run_dir/history.jsonl``; rank 0 only."""
+
+    def __init__(self, run_dir: str | Path, enabled: bool, tensorboard: bool = True, progress: bool = True,
+                 log_every: int = 10) -> None:
+        self.enabled = enabled
+        self.log_every = max(1, log_every)
+        self.progress = progress and enabled
+        self.writer = None
+        self.history = None
+        self.bar = None
+        if not enabled:
+            return
+        run_dir = Path(run_dir)
+        run_dir.mkdir(parents=True, exist_ok=True)
+        self.history = open(run_dir / "history.jsonl", "a", buffering=1)
+        if tensorboard:
+            from torch.utils.tensorboard import SummaryWriter
+
+            self.writer = SummaryWriter(str(run_dir / "tb"))
+
+    def info(self, msg: str) -> None:
+        """One console line (through tqdm so it does not break the bar)."""
+        if not self.enabled:
+            return
+        if self.bar is not None:
+            self.bar.write(msg, file=sys.stdout)
+        else:
+            print(msg, flush=True)
+
+    def start_epoch(self, epoch: int, total: int, initial: int = 0) -> None:
+        if not self.progress:
+            return
+        from tqdm import tqdm
+
+        self.bar = tqdm(total=total, initial=initial, desc=f"epoch {epoch}", unit="step", file=sys.stderr,
+                        dynamic_ncols=True, mininterval=1.0, leave=False)
+
+    def end_epoch(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+            self.bar = None
+
+    def scalars(self, step: int, values: dict[str, float]) -> None:
+        if self.writer is not None:
+            for k, v in values.items():
+                if v is not None:
+                    self.writer.add_scalar(k, v, step)
+
+    def step(self, epoch: int, step: int, values: dict[str, Any]) -> None:
+        """Record one optimizer step; console line every ``log_every`` steps."""
+        if not self.enabled:
+            return
+        row = {"epoch": epoch, "step": step, **values}
+        if self.history is not None:
+            self.history.write(json.dumps(row) + "\n")
+        tb = {f"train/{k}": v for k, v in values.items() if k not in ("data_wait_s", "compute_s", "data_wait_frac",
+                                                                        "peak_gib")}
+        tb.update({f"time/{k}": values[k] for k in ("data_wait_s", "compute_s", "data_wait_frac") if k in values})
+        if "peak_gib" in values:
+            tb["mem/peak_gib"] = values["peak_gib"]
+        self.scalars(step, {k: v for k, v in tb.items() if isinstance(v, (int, float))})
+        short = {"loss": "loss", "lr": "lr", "grad_norm": "gnorm", "loss_scale": "scale", "clips_per_s": "clips/s",
+                 "data_wait_frac": "wait", "peak_gib": "mem_gib"}
+        compact = " ".join(f"{s}={_fmt(values[k])}" for k, s in short.items() if values.get(k) is not None)
+        if self.bar is not None:
+            self.bar.update(1)
+            self.bar.set_postfix_str(compact, refresh=False)
+        if step % self.log_every == 0:
+            self.info(f"[ep {epoch} step {step}] {compact}")
+
+    def eval(self, epoch: int, step: int, metrics: dict[str, float]) -> None:
+        if not self.enabled:
+            return
+        self.scalars(step, {f"eval/{k}": v for k, v in metrics.items()})
+        if self.history is not None:
+            self.history.write(json.dumps({"epoch": epoch, "step": step, "eval": metrics}) + "\n")
+        self.info(f"[eval ep {epoch}] " + " ".join(f"{k}={v:.2f}" for k, v in metrics.items()))
+
+    def close(self) -> None:
+        self.end_epoch()
+        if self.writer is not None:
+            self.writer.flush()
+            self.writer.close()
+            self.writer = None
+        if self.history is not None:
+            self.history.close()
+            self.history = None
+
+
+class StepTimer:
+    """Splits wall time into data wait (fetch + host->device + augment) and compute (fwd/bwd/step)."""
+
+    def __init__(self, sync: bool) -> None:
+        self.sync = sync
+        self.data = 0.0
+        self.compute = 0.0
+        self._t = time.perf_counter()
+
+    def _now(self) -> float:
+        if self.sync and torch.cuda.is_available():
+            torch.cuda.synchronize()
+        return time.perf_counter()
+
+    def mark_data(self) -> None:
+        t = self._now()
+        self.data += t - self._t
+        self._t = t
+
+    def mark_compute(self) -> None:
+        t = self._now()
+        self.compute += t - self._t
+        self._t = t
+
+    def pop(self) -> tuple[float, float]:
+        d, c = self.data, self.compute
+        self.data = self.compute = 0.0
+        return d, c

@@ -1,0 +1,83 @@
+"""Optimizer parameter groups: no weight decay for norms/biases/position embeddings, layer-wise lr decay.
+
+The groups carry an ``lr_scale`` that the schedule multiplies into every lr it sets, so the same
+groups work with DeepSpeed's JSON optimizer (handed to ``deepspeed.initialize`` as
+``model_parameters``) and with a client ``torch.optim.AdamW``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+
+from avion_ds.config import Recipe
+
+
+def _strip_wrappers(name: str) -> str:
+    """Remove activation-checkpoint / DDP wrapper segments so names match the bare model's."""
+    for seg in ("_checkpoint_wrapped_module.", "_fsdp_wrapped_module.", "_orig_mod."):
+        name = name.replace(seg, "")
+    return name[len("module."):] if name.startswith("module.") else name
+
+
+def _no_decay_names(model: nn.Module) -> set[str]:
+    fn = getattr(model, "no_weight_decay", None)
+    return set(fn()) if callable(fn) else set()
+
+
+def _num_layers(model: nn.Module) -> int:
+    """Number of layer ids (0 = embeddings, 1..depth = blocks, depth+1 = head)."""
+    depth = getattr(model, "depth", None)
+    if depth is None:
+        blocks = getattr(model, "blocks", None)
+        depth = len(blocks) if blocks is not None else 0
+    return int(depth) + 2
+
+
+def param_groups(model: nn.Module, weight_decay: float, layer_decay: float = 1.0) -> list[dict[str, Any]]:
+    """Group trainable parameters by (decay?, layer id) with ``lr_scale = layer_decay ** (L-1-id)``.
+
+    No decay for parameters named by ``model.no_weight_decay()`` and every parameter with ndim <= 1
+    (norm weights, biases). Layer ids come from ``model.layer_id(name)`` when layer decay < 1.
+    """
+    skip = _no_decay_names(model)
+    layer_id = getattr(model, "layer_id", None)
+    use_layers = layer_decay < 1.0 and callable(layer_id)
+    n_layers = _num_layers(model)
+    groups: dict[tuple[bool, int], dict[str, Any]] = {}
+    for raw_name, p in model.named_parameters():
+        if not p.requires_grad:
+            continue
+        name = _strip_wrappers(raw_name)
+        no_decay = p.ndim <= 1 or name in skip or name.endswith(".bias")
+        lid = int(layer_id(name)) if use_layers else n_layers - 1
+        key = (no_decay, lid)
+        if key not in groups:
+            scale = layer_decay ** (n_layers - 1 - lid) if use_layers else 1.0
+            groups[key] = {
+                "params": [],
+                "names": [],
+                "weight_decay": 0.0 if no_decay else weight_decay,
+                "lr_scale": scale,
+            }
+        groups[key]["params"].append(p)
+        groups[key]["names"].append(name)
+    return [groups[k] for k in sorted(groups)]
+
+
+def optimizer_groups(model: nn.Module, recipe: Recipe) -> list[dict[str, Any]]:
+    """Parameter groups for ``deepspeed.initialize(model_parameters=...)`` (names dropped)."""
+    out = []
+    for g in param_groups(model, recipe.optim.weight_decay, recipe.optim.layer_decay):
+        out.append({k: v for k, v in g.items() if k != "names"})
+    return out
+
+
+def client_adamw(groups: list[dict[str, Any]], recipe: Recipe, lr: float) -> torch.optim.Optimizer:
+    """A torch AdamW over ``groups``; used when the DeepSpeed JSON has no ``optimizer`` section."""
+    for g in groups:
+        g.setdefault("lr", lr * g.get("lr_scale", 1.0))
+    return torch.optim.AdamW(groups, lr=lr, betas=tuple(recipe.optim.betas), eps=recipe.optim.eps,
+                             weight_decay=recipe.optim.weight_decay)

@@ -1,0 +1,62 @@
+"""Per-iteration cosine learning-rate schedule with linear warmup, honouring group ``lr_scale``.
+
+Written as a tiny stateful object with ``step/state_dict/load_state_dict`` so that DeepSpeed saves
+and restores it inside its checkpoints when handed to ``deepspeed.initialize(lr_scheduler=...)``;
+DeepSpeed calls ``step()`` once per optimizer step (after gradient accumulation).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+
+
+def cosine_lr(step: int, base_lr: float, min_lr: float, warmup_steps: int, total_steps: int) -> float:
+    """lr at optimizer step ``step``: linear 0 -> base over warmup, then cosine base -> min_lr."""
+    if warmup_steps > 0 and step < warmup_steps:
+        return base_lr * (step + 1) / warmup_steps
+    if total_steps <= warmup_steps:
+        return base_lr
+    progress = min(1.0, (step - warmup_steps) / max(1, total_steps - warmup_steps))
+    return min_lr + 0.5 * (base_lr - min_lr) * (1.0 + math.cos(math.pi * progress))
+
+
+class WarmupCosine:
+    """Sets ``group["lr"] = cosine_lr(step) * group.get("lr_scale", 1)`` for every param group."""
+
+    def __init__(self, optimizer: torch.optim.Optimizer, base_lr: float, min_lr: float,
+                 warmup_steps: int, total_steps: int) -> None:
+        self.optimizer = optimizer
+        self.base_lr = base_lr
+        self.min_lr = min_lr
+        self.warmup_steps = int(warmup_steps)
+        self.total_steps = int(total_steps)
+        self.last_step = 0
+        self._apply()
+
+    def lr(self) -> float:
+        """Unscaled lr for the next optimizer step."""
+        return cosine_lr(self.last_step, self.base_lr, self.min_lr, self.warmup_steps, self.total_steps)
+
+    def _apply(self) -> None:
+        lr = self.lr()
+        for g in self.optimizer.param_groups:
+            g["lr"] = lr * g.get("lr_scale", 1.0)
+
+    def step(self, *_: Any, **__: Any) -> None:
+        """Advance one optimizer step."""
+        self.last_step += 1
+        self._apply()
+
+    def get_last_lr(self) -> list[float]:
+        return [g["lr"] for g in self.optimizer.param_groups]
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"last_step": self.last_step, "base_lr": self.base_lr, "min_lr": self.min_lr,
+                "warmup_steps": self.warmup_steps, "total_steps": self.total_steps}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.last_step = int(state["last_step"])
+        self._apply()

@@ -1,0 +1,29 @@
+"""Memory accounting and planning: exact activation bytes, per-GPU peak estimates, the
+`avion-ds plan` configuration search (:mod:`avion_ds.memory.plan`), and ZeRO-3 parameter-offload (layer-streaming) inference.
+
+Heavy imports (deepspeed) happen inside the functions that need them.
+"""
+
+from .activations import SavedTensorTracker, measure_activation_bytes
+from .estimate import MemoryEstimate, activation_bytes_per_clip, arch_info, estimate
+from .units import format_bytes, parse_bytes
+
+
+def wrap_for_inference(*args, **kwargs):  # type: ignore[no-untyped-def]
+    """ZeRO-3 parameter-offload inference wrapper (see :mod:`avion_ds.memory.offload`)."""
+    from .offload import wrap_for_inference as _wrap
+
+    return _wrap(*args, **kwargs)
+
+
+__all__ = [
+    "MemoryEstimate",
+    "SavedTensorTracker",
+    "activation_bytes_per_clip",
+    "arch_info",
+    "estimate",
+    "format_bytes",
+    "measure_activation_bytes",
+    "parse_bytes",
+    "wrap_for_inference",
+]

@@ -1,0 +1,316 @@
+"""Per-GPU peak memory of a training step, broken into parameters, gradients, optimizer states,
+activations and workspace, plus the host (CPU) memory that offloading needs.
+
+Model states follow DeepSpeed: for 16-bit mixed precision (bf16/fp16 + Adam) under ZeRO-2/3 the
+totals come from DeepSpeed's own estimators (``estimate_zero2_model_states_mem_needs``,
+``estimate_zero3_model_states_mem_needs``), split into parts with the byte counts their code
+comments give (2 B 16-bit params; 2 B 16-bit grads + 4 B fp32 grads; 4 B fp32 master + 8 B Adam
+moments). ZeRO-0/1 and fp32 use the same per-parameter byte counts with the partitioning of the
+stage. Activations use :func:`activation_bytes_per_clip`, an analytic formula calibrated against
+the exact saved-tensor count of :func:`avion_ds.memory.activations.measure_activation_bytes`.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+
+from .units import format_bytes
+
+GiB = 2**30
+CUDA_CONTEXT_BYTES = 512 * 2**20  # CUDA context + cuBLAS/cuDNN handles (not seen by the allocator)
+COMM_BUFFER_BYTES = 256 * 2**20  # NCCL buffers when world_size > 1
+FRAGMENTATION = 0.08  # caching-allocator slack, fraction of the allocated peak
+DTYPE_BYTES = {torch.float32: 4, torch.bfloat16: 2, torch.float16: 2}
+_DTYPE_NAMES = {"fp32": torch.float32, "float32": torch.float32, "bf16": torch.bfloat16, "bfloat16": torch.bfloat16,
+                "fp16": torch.float16, "float16": torch.float16}
+
+
+def as_dtype(dtype: torch.dtype | str) -> torch.dtype:
+    """``torch.bfloat16`` / ``"bf16"`` / ``"fp16"`` / ``"fp32"`` -> torch dtype (ValueError naming it)."""
+    if isinstance(dtype, torch.dtype):
+        if dtype not in DTYPE_BYTES:
+            raise ValueError(f"dtype={dtype} is not one of float32, bfloat16, float16")
+        return dtype
+    if str(dtype).lower() not in _DTYPE_NAMES:
+        raise ValueError(f"dtype={dtype!r} is not one of fp32, bf16, fp16")
+    return _DTYPE_NAMES[str(dtype).lower()]
+
+
+# ----------------------------------------------------------------------------------------------
+# architecture facts
+# ----------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class ArchInfo:
+    """What the estimator needs to know about a model (no weights)."""
+
+    name: str
+    embed_dim: int
+    depth: int
+    num_heads: int
+    mlp_hidden: int
+    patch_size: int
+    tubelet_size: int
+    in_chans: int
+    pool: str
+    layer_scale: bool
+    attn_backend: str
+    params: int
+    largest_layer_params: int  # largest single module's own parameters (what ZeRO-3 gathers at once)
+
+
+def _count(model: nn.Module) -> tuple[int, int]:
+    total = sum(math.prod(p.shape) for p in model.parameters())
+    largest = max((sum(math.prod(p.shape) for p in m.parameters(recurse=False)) for m in model.modules()), default=0)
+    return int(total), int(largest)
+
+
+@functools.lru_cache(maxsize=64)
+def _arch_info_by_name(name: str, frames: int | None, size: int | None) -> ArchInfo:
+    from avion_ds.models import create_model
+
+    kw: dict[str, Any] = {}
+    if frames is not None:
+        kw["num_frames"] = frames
+    if size is not None:
+        kw["img_size"] = size
+    with torch.device("meta"):  # nothing is allocated, even for ViT-g
+        model = create_model(name, **kw)
+    return arch_info(model)
+
+
+def arch_info(model: nn.Module | str, frames: int | None = None, size: int | None = None) -> ArchInfo:
+    """ArchInfo of a VideoViT instance or of a registered name (built on the meta device)."""
+    if isinstance(model, str):
+        return _arch_info_by_name(model, frames, size)
+    arch = getattr(model, "arch", None)
+    total, largest = _count(model)
+    return ArchInfo(
+        name=getattr(arch, "name", type(model).__name__),
+        embed_dim=int(model.embed_dim),
+        depth=int(model.depth),
+        num_heads=int(model.num_heads),
+        mlp_hidden=int(getattr(arch, "mlp_hidden", 4 * model.embed_dim)),
+        patch_size=int(model.patch_size),
+        tubelet_size=int(model.tubelet_size),
+        in_chans=int(getattr(model, "in_chans", 3)),
+        pool=str(getattr(arch, "pool", "mean")),
+        layer_scale=bool(getattr(arch, "layer_scale", None)),
+        attn_backend=str(getattr(arch, "attn_backend", "auto")),
+        params=total,
+        largest_layer_params=largest,
+    )
+
+
+# ----------------------------------------------------------------------------------------------
+# activations
+# ----------------------------------------------------------------------------------------------
+def checkpointed_blocks(depth: int, checkpointing: bool | int, first_n: int | None = None) -> int:
+    """How many blocks ``apply_activation_checkpointing(every=k, first_n)`` wraps: blocks i with
+    i % k == 0 among the first ``first_n`` (all when None). ``checkpointing`` False/0 = none, True = 1."""
+    if not checkpointing:
+        return 0
+    every = 1 if checkpointing is True else int(checkpointing)
+    if every <= 0:
+        raise ValueError(f"checkpointing={checkpointing!r}: every must be positive")
+    n = depth if first_n is None else max(0, min(depth, int(first_n)))
+    return len(range(0, n, every))
+
+
+def block_activation_bytes(info: ArchInfo, tokens: int, dtype_bytes: int, attn_backend: str = "sdpa") -> int:
+    """Saved bytes of ONE un-checkpointed block for one clip (see activation_bytes_per_clip)."""
+    n, d, f, h, s = tokens, info.embed_dim, info.mlp_hidden, info.num_heads, dtype_bytes
+    per_token = s * (8 * d + 2 * f + 4) + (2 * d * s if info.layer_scale else 0)
+    if attn_backend == "eager":
+        probs = h * n * n * (4 + (s if s != 4 else 0))  # fp32 softmax output (+ its cast copy)
+        return n * per_token + n * d * s + probs
+    return n * per_token + 4 * h * n  # + fp32 log-sum-exp of the fused kernel
+
+
+def activation_bytes_per_clip(
+    info: ArchInfo,
+    frames: int,
+    size: int,
+    dtype: torch.dtype | str = torch.bfloat16,
+    checkpointing: bool | int = False,
+    first_n: int | None = None,
+    attn_backend: str | None = None,
+) -> int:
+    """Bytes autograd keeps after the forward of one clip (what item-1 measurement counts).
+
+    With N tokens (+1 for a class token), width D, MLP hidden F, H heads, depth L, element size s
+    (2 for bf16/fp16, 4 for fp32) and c of the L blocks checkpointed:
+
+        block  = N * (s * (8 D + 2 F + 4) + 4 H)      fused attention (flash / sdpa)
+                 [+ 2 N D s with LayerScale]
+                 eager attention instead of 4 N H: + N D s + H N^2 (4 + s [s != 4])
+        where 8 D = LN1 in + qkv in + q,k,v (3) + attention out (= proj in) + LN2 in + fc1 in,
+              2 F = GELU in + fc2 in, 4 = LayerNorm mean/rstd (2 norms), 4 H = fp32 log-sum-exp.
+        total  = (L - c) * block + c * N D s            (a checkpointed block keeps its input)
+                 + 3 T H W s                            (tubelet-embedding input patches)
+                 + tail                                 (pool: mean -> 2 D s + 2 s; cls -> (N+1) D s + 2 D s)
+
+    Activations do not depend on ZeRO stage or offload. Scales linearly with micro-batch.
+    """
+    s = DTYPE_BYTES[as_dtype(dtype)]
+    backend = attn_backend or info.attn_backend
+    backend = "eager" if backend == "eager" else "sdpa"
+    if frames % info.tubelet_size:
+        raise ValueError(f"frames={frames} is not divisible by the tubelet size {info.tubelet_size}")
+    if size % info.patch_size:
+        raise ValueError(f"size={size} is not divisible by the patch size {info.patch_size}")
+    tokens = (frames // info.tubelet_size) * (size // info.patch_size) ** 2 + (1 if info.pool == "cls" else 0)
+    c = checkpointed_blocks(info.depth, checkpointing, first_n)
+    block = block_activation_bytes(info, tokens, s, backend)
+    d = info.embed_dim
+    tail = (tokens * d * s + 2 * d * s) if info.pool == "cls" else (2 * d * s + 2 * s)
+    return (info.depth - c) * block + c * tokens * d * s + info.in_chans * frames * size * size * s + tail
+
+
+# ----------------------------------------------------------------------------------------------
+# full estimate
+# ----------------------------------------------------------------------------------------------
+@dataclass
+class MemoryEstimate:
+    """Per-GPU bytes of one training step's peak, and host bytes per node."""
+
+    params: int
+    grads: int
+    optimizer: int
+    activations: int  # saved for backward (micro_batch clips)
+    recompute: int  # one checkpointed block re-materialised during backward
+    workspace: int  # backward temporaries + ZeRO buckets / prefetch
+    fragmentation: int
+    context: int  # CUDA context and communication buffers (outside the allocator)
+    allocated_peak: int  # what torch.cuda.max_memory_allocated should report
+    total: int  # device memory needed: allocated_peak + fragmentation + context
+    host: int  # CPU memory per node (offloaded states, pinned buffers, model construction)
+    model_states_source: str
+    inputs: dict[str, Any] = field(default_factory=dict)
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def summary(self) -> str:
+        parts = ("params", "grads", "optimizer", "activations", "recompute", "workspace", "fragmentation", "context")
+        body = ", ".join(f"{p} {format_bytes(getattr(self, p))}" for p in parts)
+        return f"total {format_bytes(self.total)} per GPU ({body}); host {format_bytes(self.host)} per node"
+
+
+def _model_states(
+    p: int, largest: int, s: int, stage: int, off_opt: bool, off_param: bool, world: int, per_node: int, nodes: int,
+    live_window: int,
+) -> tuple[int, int, int, int, str]:
+    """(params, grads, optimizer) bytes per GPU, host bytes per node, and the numbers' source.
+
+    ZeRO-3 keeps gathered parameters for the modules being computed: DeepSpeed's estimator counts
+    4 x the largest layer; we take the larger of that and ``live_window`` 16-bit parameters
+    (stage3_max_live_parameters + stage3_prefetch_bucket_size, capped at the model size).
+    """
+    w = world
+    live = max(4 * largest, min(p, live_window) * s) if stage == 3 else 0
+    if s == 4:  # fp32 Adam: 4 B params, 4 B grads, 8 B moments; no separate master copy
+        params = (0 if off_param else 4 * p // w) + live if stage == 3 else 4 * p
+        grads = 0 if (off_opt and stage >= 2) else 4 * p // (w if stage >= 2 else 1)
+        opt = 0 if off_opt else 8 * p // (w if stage >= 1 else 1)
+        host = int(p * 16 * 1.5 / nodes) if (off_opt or off_param) else int(p * 4 * per_node * 1.5)
+        return params, grads, opt, host, "formula (fp32 Adam)"
+    if stage in (2, 3):
+        from deepspeed.runtime.zero.stage3 import estimate_zero3_model_states_mem_needs
+        from deepspeed.runtime.zero.stage_1_and_2 import estimate_zero2_model_states_mem_needs
+
+        if stage == 2:
+            host, gpu = estimate_zero2_model_states_mem_needs(p, per_node, nodes, cpu_offload=off_opt)
+            params = 2 * p
+        else:
+            host, gpu, ds_live = estimate_zero3_model_states_mem_needs(
+                p, largest, per_node, nodes, cpu_offload=off_opt or off_param, cpu_offload_params=off_param
+            )
+            gpu += live - ds_live
+            params = live + (0 if off_param else 2 * p // w)
+        grads, opt = (0, 0) if (off_opt or off_param) else (6 * p // w, 12 * p // w)
+        rest = gpu - params - grads - opt  # DeepSpeed's integer rounding: keep its total exactly
+        return params, grads + rest, opt, int(host), f"deepspeed estimate_zero{stage}_model_states_mem_needs"
+    # ZeRO-0 / ZeRO-1 with 16-bit mixed precision: the same per-parameter bytes, less partitioning
+    params = 2 * p
+    if stage == 0:
+        grads, opt = 6 * p, 12 * p
+    else:
+        grads = 2 * p + (0 if off_opt else 4 * p // w)
+        opt = 0 if off_opt else 12 * p // w
+    host = int(p * max(4 * per_node, 16) * 1.5) if off_opt else int(p * 4 * per_node * 1.5)
+    return params, grads, opt, host, "formula (16-bit Adam)"
+
+
+def estimate(
+    model: nn.Module | str,
+    frames: int,
+    size: int,
+    micro_batch: int,
+    dtype: torch.dtype | str = torch.bfloat16,
+    zero_stage: int = 0,
+    offload_optimizer: bool = False,
+    offload_param: bool = False,
+    checkpointing: bool | int = False,
+    world_size: int = 1,
+    *,
+    gpus_per_node: int | None = None,
+    first_n: int | None = None,
+    attn_backend: str | None = None,
+    reduce_bucket_size: int = 50_000_000,
+    prefetch_bucket_size: int = 50_000_000,
+    max_live_parameters: int = 100_000_000,
+) -> MemoryEstimate:
+    """Predict the per-GPU peak of one training step (forward + backward + optimizer step).
+
+    ``model``: a VideoViT or a registered name. ``checkpointing``: False, True or every-k.
+    ``offload_param`` needs ZeRO-3; ``offload_optimizer`` ZeRO >= 1. Bucket sizes are elements
+    (what the planner writes into the DeepSpeed config).
+    """
+    if zero_stage not in (0, 1, 2, 3):
+        raise ValueError(f"zero_stage={zero_stage} is not one of 0, 1, 2, 3")
+    if offload_param and zero_stage != 3:
+        raise ValueError(f"offload_param needs zero_stage=3, got zero_stage={zero_stage}")
+    if offload_optimizer and zero_stage == 0:
+        raise ValueError("offload_optimizer needs zero_stage >= 1, got zero_stage=0")
+    if micro_batch <= 0 or world_size <= 0:
+        raise ValueError(f"micro_batch={micro_batch} and world_size={world_size} must be positive")
+    dt = as_dtype(dtype)
+    s = DTYPE_BYTES[dt]
+    info = arch_info(model, frames, size) if isinstance(model, str) else arch_info(model)
+    per_node = gpus_per_node or min(world_size, 8)
+    nodes = max(1, math.ceil(world_size / per_node))
+    params, grads, opt, host, source = _model_states(
+        info.params, info.largest_layer_params, s, zero_stage, offload_optimizer, offload_param, world_size, per_node, nodes,
+        max_live_parameters + prefetch_bucket_size,
+    )
+    backend = "eager" if (attn_backend or info.attn_backend) == "eager" else "sdpa"
+    act = micro_batch * activation_bytes_per_clip(info, frames, size, dt, checkpointing, first_n, backend)
+    tokens = (frames // info.tubelet_size) * (size // info.patch_size) ** 2
+    recompute = micro_batch * block_activation_bytes(info, tokens, s, backend) if checkpointing else 0
+    # backward temporaries: gradients of the widest intermediates of the block being differentiated
+    temps = micro_batch * tokens * s * (2 * info.mlp_hidden + 4 * info.embed_dim)
+    if zero_stage in (1, 2):
+        buckets = 2 * min(reduce_bucket_size, info.params) * s
+    elif zero_stage == 3:  # prefetch is inside the live-parameter window counted with params
+        buckets = min(reduce_bucket_size, info.params) * s
+    else:
+        buckets = 0
+    workspace = temps + buckets
+    allocated = params + grads + opt + act + recompute + workspace
+    frag = int(FRAGMENTATION * allocated)
+    context = CUDA_CONTEXT_BYTES + (COMM_BUFFER_BYTES if world_size > 1 else 0)
+    inputs = dict(model=info.name, frames=frames, size=size, micro_batch=micro_batch, dtype=str(dt).replace("torch.", ""),
+                  zero_stage=zero_stage, offload_optimizer=offload_optimizer, offload_param=offload_param,
+                  checkpointing=int(checkpointing) if not isinstance(checkpointing, bool) else int(checkpointing),
+                  world_size=world_size, params_count=info.params)
+    return MemoryEstimate(
+        params=int(params), grads=int(grads), optimizer=int(opt), activations=int(act), recompute=int(recompute),
+        workspace=int(workspace), fragmentation=frag, context=context, allocated_peak=int(allocated),
+        total=int(allocated + frag + context), host=int(host), model_states_source=source, inputs=inputs,
+    )

@@ -1,0 +1,148 @@
+"""Real training steps on a CUDA GPU to check the planner: clips/s, peak allocated memory, MFU.
+
+Used by ``avion-ds plan --measure`` and by ``bench/gpu_suite.sh``. Each probe builds the model,
+applies activation checkpointing, initialises DeepSpeed with the candidate's config (batch sizes
+and optimizer values filled in here), runs warm-up + timed steps on random clips and reports
+``torch.cuda.max_memory_allocated`` (what :class:`MemoryEstimate.allocated_peak` predicts).
+Probes run in the calling process with its world size (one GPU unless started by a launcher).
+"""
+
+from __future__ import annotations
+
+import copy
+import gc
+import time
+from typing import Any
+
+import torch
+
+# dense 16-bit tensor-core peaks (TFLOPS) for MFU; unknown GPUs fall back to --peak-tflops
+PEAK_TFLOPS = {"H200": 989.0, "H100": 989.0, "A100": 312.0, "L40S": 362.0, "A10": 125.0, "L4": 121.0,
+               "RTX 4090": 165.0, "RTX 3090": 71.0, "V100": 125.0}
+
+
+def gpu_peak_tflops(default: float = 0.0) -> float:
+    """Dense bf16/fp16 peak of the current GPU from its name (``default`` when unknown)."""
+    if not torch.cuda.is_available():
+        return default
+    name = torch.cuda.get_device_name()
+    for key, value in PEAK_TFLOPS.items():
+        if key in name:
+            return value
+    return default
+
+
+def _fill_config(cfg: dict[str, Any], micro: int, accum: int, world: int, dtype: str) -> dict[str, Any]:
+    cfg = copy.deepcopy(cfg)
+    cfg.update(train_batch_size=micro * accum * world, train_micro_batch_size_per_gpu=micro,
+               gradient_accumulation_steps=accum, gradient_clipping=0.0, steps_per_print=10**9,
+               wall_clock_breakdown=False)
+    opt = cfg.setdefault("optimizer", {"type": "AdamW", "params": {}})
+    params = opt.setdefault("params", {})
+    for key, value in (("lr", 1e-4), ("betas", [0.9, 0.999]), ("eps", 1e-8), ("weight_decay", 0.05)):
+        if params.get(key, "auto") == "auto":
+            params[key] = value
+    offloaded = cfg.get("zero_optimization", {}).get("offload_optimizer", {}).get("device", "none") != "none"
+    if not offloaded:
+        params.setdefault("torch_adam", True)  # no FusedAdam JIT build (needs nvcc)
+    cfg["bf16"] = {"enabled": dtype == "bf16"}
+    fp16 = {k: v for k, v in cfg.get("fp16", {}).items() if k != "enabled"}
+    cfg["fp16"] = {**fp16, "enabled": dtype == "fp16"}
+    return cfg
+
+
+def train_step_probe(
+    model_name: str,
+    frames: int,
+    size: int,
+    micro_batch: int,
+    ds_config: dict[str, Any] | None = None,
+    *,
+    dtype: str = "bf16",
+    checkpoint_every: int = 0,
+    attn_backend: str = "auto",
+    grad_accum: int = 1,
+    warmup: int = 1,
+    steps: int = 3,
+    peak_tflops: float | None = None,
+) -> dict[str, Any]:
+    """Run ``warmup + steps`` optimizer steps; returns clips/s, step time, peak memory, MFU, or
+    ``{"oom": True}`` when the step does not fit. CUDA only (RuntimeError otherwise)."""
+    if not torch.cuda.is_available():
+        raise RuntimeError("train_step_probe needs a CUDA GPU; none is visible")
+    import deepspeed
+    import torch.distributed as dist
+    import torch.nn.functional as F
+
+    from avion_ds.models import apply_activation_checkpointing, create_model, model_flops
+
+    from .offload import _ensure_process_group
+
+    _ensure_process_group()
+    world = dist.get_world_size()
+    cfg = _fill_config(ds_config or {"zero_optimization": {"stage": 0}}, micro_batch, grad_accum, world, dtype)
+    result: dict[str, Any] = dict(model=model_name, frames=frames, size=size, micro_batch=micro_batch, dtype=dtype,
+                                  zero_stage=cfg.get("zero_optimization", {}).get("stage", 0),
+                                  checkpoint_every=checkpoint_every, attn_backend=attn_backend, world_size=world)
+    engine = model = None
+    gc.collect()
+    torch.cuda.empty_cache()
+    torch.cuda.reset_peak_memory_stats()
+    try:
+        model = create_model(model_name, num_frames=frames, img_size=size, attn_backend=attn_backend, num_classes=400)
+        if checkpoint_every:
+            apply_activation_checkpointing(model, every=checkpoint_every)
+        engine, *_ = deepspeed.initialize(model=model, model_parameters=[p for p in model.parameters()], config=cfg)
+        device = engine.device
+        cdtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(dtype, torch.float32)
+        x = torch.randn(micro_batch, 3, frames, size, size, device=device, dtype=cdtype)
+        y = torch.randint(0, 400, (micro_batch,), device=device)
+        times = []
+        for i in range(warmup + steps):
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            for _ in range(grad_accum):
+                loss = F.cross_entropy(engine(x).float(), y)
+                engine.backward(loss)
+                engine.step()
+            torch.cuda.synchronize()
+            if i >= warmup:
+                times.append(time.perf_counter() - t0)
+        step_s = sorted(times)[len(times) // 2]
+        clips = micro_batch * grad_accum / step_s
+        r = len(range(0, model.depth, checkpoint_every)) / model.depth if checkpoint_every else 0.0
+        achieved = clips * model_flops(model_name, num_frames=frames, img_size=size) * (3 + r) / 1e12
+        peak = peak_tflops if peak_tflops is not None else gpu_peak_tflops()
+        result.update(oom=False, step_s=step_s, clips_per_s=clips, achieved_tflops=achieved,
+                      mfu=(achieved / peak if peak else None),
+                      peak_allocated=int(torch.cuda.max_memory_allocated()),
+                      peak_reserved=int(torch.cuda.max_memory_reserved()))
+    except torch.cuda.OutOfMemoryError:
+        result.update(oom=True)
+    except RuntimeError as e:  # DeepSpeed wraps some OOMs; other errors are reported, not raised
+        result.update(oom="out of memory" in str(e).lower(), error=str(e).splitlines()[0][:300])
+    finally:
+        if engine is not None and hasattr(engine, "destroy"):
+            try:
+                engine.destroy()
+            except Exception:  # pragma: no cover - best-effort cleanup between probes
+                pass
+        del engine, model
+        gc.collect()
+        torch.cuda.empty_cache()
+    return result
+
+
+def measure_candidates(cands: list[Any], req: Any, steps: int = 3) -> None:
+    """Probe each planner candidate (one GPU: per-GPU memory and speed; gradient accumulation 1)
+    and store measured clips/s (scaled to ``req.gpus``, communication not included) and peak."""
+    from .plan import ds_config_for
+
+    for c in cands:
+        res = train_step_probe(req.model, req.frames, req.size, c.micro_batch, ds_config_for(c, req.nvme_path),
+                               dtype=req.dtype, checkpoint_every=c.checkpoint_every, steps=steps)
+        if res.get("oom") or "clips_per_s" not in res:
+            c.measured_clips_per_s, c.measured_peak = 0.0, None
+            continue
+        c.measured_clips_per_s = res["clips_per_s"] * req.gpus / res["world_size"]
+        c.measured_peak = res["peak_allocated"]

@@ -1,0 +1,158 @@
+"""Layer-streaming inference: evaluate a model whose weights exceed the GPU budget through
+DeepSpeed ZeRO-3 parameter offload (no home-made scheduler).
+
+Weights live partitioned in CPU memory (or on NVMe); ZeRO-3's forward hooks gather each module's
+parameters onto the device just before it runs and release them after, prefetching ahead.
+Two knobs trade memory for speed:
+
+* ``max_live_parameters`` (``stage3_max_live_parameters``): how many parameters may be resident
+  on the device at once. Small -> less GPU memory, more re-fetching.
+* ``prefetch_bucket_size`` (``stage3_prefetch_bucket_size``): how many parameters are fetched
+  ahead of use. Large -> more overlap of PCIe transfer with compute, more memory.
+
+Logits equal the plain model's (same weights, same kernels); tests check allclose on 2 CPU ranks.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from typing import Any, Iterable
+
+import torch
+from torch import nn
+
+OFFLOAD_DEVICES = ("cpu", "nvme")
+
+
+def inference_ds_config(
+    offload: str = "cpu",
+    max_live_parameters: int = 100_000_000,
+    prefetch_bucket_size: int = 50_000_000,
+    nvme_path: str | None = None,
+    dtype: torch.dtype = torch.float32,
+    param_persistence_threshold: int = 0,
+    pin_memory: bool | None = None,
+) -> dict[str, Any]:
+    """The inference-only DeepSpeed config (ZeRO-3, parameter offload, no optimizer)."""
+    if offload not in OFFLOAD_DEVICES:
+        raise ValueError(f"offload={offload!r} is not one of {', '.join(OFFLOAD_DEVICES)}")
+    for key, value in (("max_live_parameters", max_live_parameters), ("prefetch_bucket_size", prefetch_bucket_size)):
+        if int(value) <= 0:
+            raise ValueError(f"{key}={value} must be a positive number of parameters")
+    if offload == "nvme" and not nvme_path:
+        raise ValueError("offload='nvme' needs nvme_path (a directory on a fast local disk)")
+    if pin_memory is None:
+        pin_memory = torch.cuda.is_available()
+    param: dict[str, Any] = {"device": offload, "pin_memory": bool(pin_memory)}
+    if offload == "nvme":
+        param.update(nvme_path=str(nvme_path), buffer_count=5, buffer_size=max(int(prefetch_bucket_size), 100_000_000))
+    return {
+        "train_micro_batch_size_per_gpu": 1,
+        "gradient_accumulation_steps": 1,
+        "steps_per_print": 10**9,
+        "wall_clock_breakdown": False,
+        "bf16": {"enabled": dtype == torch.bfloat16},
+        "fp16": {"enabled": dtype == torch.float16},
+        "zero_optimization": {
+            "stage": 3,
+            "offload_param": param,
+            "stage3_max_live_parameters": int(max_live_parameters),
+            "stage3_prefetch_bucket_size": int(prefetch_bucket_size),
+            "stage3_param_persistence_threshold": int(param_persistence_threshold),
+            "stage3_max_reuse_distance": int(max_live_parameters),
+        },
+    }
+
+
+def _ensure_process_group() -> None:
+    """A plain single-process Python call gets the one-rank env a launcher would set."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        return
+    if "RANK" not in os.environ or "WORLD_SIZE" not in os.environ:
+        os.environ.update({"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0"})
+        os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+        if "MASTER_PORT" not in os.environ:
+            with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+                s.bind(("127.0.0.1", 0))
+                os.environ["MASTER_PORT"] = str(s.getsockname()[1])
+    import deepspeed
+    from deepspeed.accelerator import get_accelerator
+
+    deepspeed.init_distributed(dist_backend=get_accelerator().communication_backend_name(),
+                               auto_mpi_discovery=False, verbose=False)
+    if get_accelerator().device_name() == "cuda":
+        get_accelerator().set_device(int(os.environ.get("LOCAL_RANK", "0")))
+
+
+class OffloadedInference(nn.Module):
+    """Wraps the DeepSpeed engine: ``forward(x)`` casts ``x`` to the compute device/dtype and runs
+    the model without autograd, its weights streamed in per module by ZeRO-3."""
+
+    def __init__(self, engine: Any, dtype: torch.dtype, device: torch.device) -> None:
+        super().__init__()
+        self.engine = engine
+        self.dtype = dtype
+        self.device = device
+
+    @property
+    def module(self) -> nn.Module:
+        return self.engine.module
+
+    def forward(self, x: torch.Tensor) -> Any:  # type: ignore[override]
+        with torch.no_grad():
+            return self.engine(x.to(device=self.device, dtype=self.dtype, non_blocking=True))
+
+
+def wrap_for_inference(
+    model: nn.Module,
+    offload: str = "cpu",
+    max_live_parameters: int = 100_000_000,
+    prefetch_bucket_size: int = 50_000_000,
+    nvme_path: str | None = None,
+    dtype: torch.dtype | None = None,
+    param_persistence_threshold: int = 0,
+) -> OffloadedInference:
+    """Partition ``model``'s weights to ``offload`` ("cpu" | "nvme") with ZeRO-3 and return a module
+    whose ``forward(x)`` gives the plain model's outputs (eval mode, no autograd).
+
+    Every rank must pass a model with the same weights (e.g. loaded from the same checkpoint); under
+    several ranks each holds 1/world of the weights and all ranks must call forward together (the
+    same number of batches; a padded DistributedSampler guarantees it). ``dtype``: compute dtype
+    (bf16/fp16 enable DeepSpeed's 16-bit mode; default: the model's current dtype).
+    """
+    import deepspeed
+    from deepspeed.accelerator import get_accelerator
+
+    first = next(model.parameters(), None)
+    dtype = dtype or (first.dtype if first is not None else torch.float32)
+    cfg = inference_ds_config(offload, max_live_parameters, prefetch_bucket_size, nvme_path, dtype,
+                              param_persistence_threshold)
+    _ensure_process_group()
+    model.eval()
+    if dtype == torch.float32:
+        model.float()
+    engine, *_ = deepspeed.initialize(model=model, config=cfg)
+    engine.eval()
+    device = torch.device(get_accelerator().current_device_name())
+    return OffloadedInference(engine, dtype, device)
+
+
+def stream_logits(
+    model: nn.Module | OffloadedInference,
+    batches: torch.Tensor | Iterable[torch.Tensor],
+    **offload_kwargs: Any,
+) -> Any:
+    """Layer-streaming evaluation in one call: logits for one batch (a tensor) or a list of them
+    (an iterable of tensors), wrapping ``model`` with :func:`wrap_for_inference` unless it already is.
+    Outputs are moved to the CPU (a tensor, or a dict of tensors for multi-head models)."""
+    runner = model if isinstance(model, OffloadedInference) else wrap_for_inference(model, **offload_kwargs)
+
+    def _cpu(out: Any) -> Any:
+        return {k: v.float().cpu() for k, v in out.items()} if isinstance(out, dict) else out.float().cpu()
+
+    if isinstance(batches, torch.Tensor):
+        return _cpu(runner(batches))
+    return [_cpu(runner(b)) for b in batches]

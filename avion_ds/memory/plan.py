@@ -1,0 +1,446 @@
+"""`avion-ds plan`: pick ZeRO stage, offload, activation checkpointing and micro-batch for a GPU
+budget, and write them as a DeepSpeed config + recipe overrides that `launch/train.py` accepts.
+
+Every combination of ZeRO stage (0-3) x offload (none / optimizer / optimizer+params, CPU or
+NVMe) x checkpointing (none / every 1, 2, 4 blocks) x micro-batch (dividing the per-GPU batch) is
+estimated with :func:`avion_ds.memory.estimate.estimate`; what does not fit the GPU (or the host
+memory, when ``--cpu-mem`` is given) is discarded and the rest is ranked by the cost model of
+:func:`step_time` (documented there). ``--measure`` (CUDA only) then runs a few real steps of the
+top candidates and ranks those by measured clips/s.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .units import format_bytes, parse_bytes
+
+CHECKPOINT_CHOICES = (0, 1, 2, 4)  # 0 = none, k = every k-th block
+
+
+@dataclass(frozen=True)
+class Hardware:
+    """Throughput assumptions of the cost model (all overridable on the command line)."""
+
+    gpu_tflops: float = 200.0  # dense 16-bit peak per GPU (H100 ~990, A100 312, RTX 4090/L4 ~165/121)
+    mfu: float = 0.45  # fraction of peak a large micro-batch reaches
+    saturation_tokens: int = 4096  # tokens per micro-batch at which the GPU is half as efficient
+    pcie_gbps: float = 20.0  # host <-> GPU, GB/s per GPU
+    net_gbps: float = 50.0  # collective bandwidth per GPU, GB/s (NVLink >> 100, Ethernet ~ 10)
+    nvme_gbps: float = 3.0  # per node
+    cpu_adam_gparams: float = 2.0  # CPU Adam throughput per node, billion params / s
+    overlap: float = 0.5  # fraction of communication / transfer hidden behind compute
+    stage3_overhead: float = 0.05  # ZeRO-3 hook / gather-latency cost on compute, even on one GPU
+
+
+@dataclass
+class Candidate:
+    zero_stage: int
+    offload: str  # none | optimizer | all   (all = optimizer + params)
+    offload_device: str  # cpu | nvme (ignored when offload == none)
+    checkpoint_every: int  # 0 = no checkpointing
+    micro_batch: int
+    grad_accum: int
+    peak: int = 0
+    host: int = 0
+    fits: bool = False
+    why: str = ""
+    step_s: float = math.inf
+    clips_per_s: float = 0.0
+    relative_speed: float = 0.0
+    measured_clips_per_s: float | None = None
+    measured_peak: int | None = None
+    estimate: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def label(self) -> str:
+        off = "none" if self.offload == "none" else f"{self.offload}:{self.offload_device}"
+        ck = "none" if not self.checkpoint_every else f"every {self.checkpoint_every}"
+        return f"ZeRO-{self.zero_stage} offload={off} ckpt={ck} micro={self.micro_batch} accum={self.grad_accum}"
+
+
+# ----------------------------------------------------------------------------------------------
+# cost model
+# ----------------------------------------------------------------------------------------------
+def step_time(c: Candidate, params: int, fwd_flops: int, depth: int, tokens: int, world: int, gpus_per_node: int,
+              dtype_bytes: int, hw: Hardware) -> float:
+    """Predicted seconds per optimizer step (global batch) on each GPU.
+
+    compute  = clips_per_gpu * fwd_flops * (3 + r) / (peak * mfu * eff(micro))
+               r = checkpointed blocks / depth (recompute of their forward),
+               eff(m) = m*tokens / (m*tokens + saturation_tokens)  (small micro-batches underuse the GPU)
+    network  (world > 1, G = params * dtype bytes, ring factor (w-1)/w):
+               ZeRO-0/1: 2G per step (all-reduce once per accumulation boundary);
+               ZeRO-2: G per micro-step (reduce-scatter) + G per step (all-gather of updated params);
+               ZeRO-3: (3 + r) G per micro-step (gather fwd + bwd + recompute, reduce-scatter).
+    PCIe     optimizer offload: 6 B/param/GPU per step (fp32 grads down, 16-bit params up) + CPU Adam
+               (params * gpus_per_node / world / cpu_adam rate); param offload: (3 + r) * P * s / w per
+               micro-step; NVMe adds the same bytes over the node's NVMe bandwidth.
+    total    = compute * (1 + stage3_overhead [ZeRO-3]) + (1 - overlap) * (network + PCIe + NVMe) + CPU Adam.
+    """
+    r = (len(range(0, depth, c.checkpoint_every)) / depth) if c.checkpoint_every else 0.0
+    clips = c.micro_batch * c.grad_accum
+    eff = (c.micro_batch * tokens) / (c.micro_batch * tokens + hw.saturation_tokens)
+    compute = clips * fwd_flops * (3 + r) / (hw.gpu_tflops * 1e12 * hw.mfu * eff)
+    if c.zero_stage == 3:
+        compute *= 1 + hw.stage3_overhead
+    g = params * dtype_bytes
+    ring = (world - 1) / world if world > 1 else 0.0
+    if c.zero_stage in (0, 1):
+        net = 2 * g
+    elif c.zero_stage == 2:
+        net = g * c.grad_accum + g
+    else:
+        net = (3 + r) * g * c.grad_accum
+    net_s = ring * net / (hw.net_gbps * 1e9)
+    pcie = nvme = adam = 0.0
+    if c.offload in ("optimizer", "all"):
+        part = params / world
+        pcie += 6 * part
+        adam = params * min(gpus_per_node, world) / world / (hw.cpu_adam_gparams * 1e9)
+        if c.offload_device == "nvme":
+            nvme += 12 * part * min(gpus_per_node, world) * 2  # read + write fp32 states
+    if c.offload == "all":
+        moved = (3 + r) * params * dtype_bytes / world * c.grad_accum
+        pcie += moved
+        if c.offload_device == "nvme":
+            nvme += moved * min(gpus_per_node, world)
+    transfer = net_s + pcie / (hw.pcie_gbps * 1e9) + nvme / (hw.nvme_gbps * 1e9)
+    return compute + (1 - hw.overlap) * transfer + adam
+
+
+# ----------------------------------------------------------------------------------------------
+# enumeration
+# ----------------------------------------------------------------------------------------------
+def _offload_options(stage: int, nvme: bool) -> list[tuple[str, str]]:
+    opts = [("none", "cpu")]
+    if stage == 2:
+        opts.append(("optimizer", "cpu"))
+    if stage == 3:
+        opts += [("optimizer", "cpu"), ("all", "cpu")]
+        if nvme:
+            opts.append(("all", "nvme"))
+    return opts
+
+
+def _micro_batches(per_gpu: int | None, max_micro: int) -> list[tuple[int, int]]:
+    """(micro, accum) pairs: divisors of the per-GPU batch, or powers of two without a global batch."""
+    if per_gpu is None:
+        return [(m, 1) for m in (2**i for i in range(12)) if m <= max_micro]
+    return [(m, per_gpu // m) for m in range(1, min(per_gpu, max_micro) + 1) if per_gpu % m == 0]
+
+
+@dataclass
+class Request:
+    model: str
+    frames: int
+    size: int
+    gpu_mem: int
+    gpus: int
+    gpus_per_node: int
+    cpu_mem: int | None
+    global_batch: int | None
+    dtype: str
+    nvme_path: str | None
+    max_micro: int
+    hw: Hardware
+
+
+def plan(req: Request) -> tuple[list[Candidate], dict[str, Any]]:
+    """Estimate every candidate; returns (candidates ranked: fitting by time, then the rest by peak), facts."""
+    from avion_ds.models import model_flops
+
+    from .estimate import DTYPE_BYTES, arch_info, as_dtype, estimate
+
+    info = arch_info(req.model, req.frames, req.size)
+    flops = model_flops(req.model, num_frames=req.frames, img_size=req.size)
+    tokens = (req.frames // info.tubelet_size) * (req.size // info.patch_size) ** 2
+    s = DTYPE_BYTES[as_dtype(req.dtype)]
+    per_gpu = None if req.global_batch is None else req.global_batch // req.gpus
+    cands: list[Candidate] = []
+    for stage in (0, 1, 2, 3):
+        for offload, device in _offload_options(stage, req.nvme_path is not None):
+            for every in CHECKPOINT_CHOICES:
+                for micro, accum in _micro_batches(per_gpu, req.max_micro):
+                    c = Candidate(stage, offload, device, every, micro, accum)
+                    e = estimate(info_model(req), req.frames, req.size, micro, req.dtype, stage,
+                                 offload in ("optimizer", "all"), offload == "all", every, req.gpus,
+                                 gpus_per_node=req.gpus_per_node)
+                    c.peak, c.estimate = e.total, e.as_dict()
+                    # NVMe holds the offloaded states: host keeps only pinned buffers (~1/4)
+                    c.host = e.host // 4 if (offload != "none" and device == "nvme") else e.host
+                    why = []
+                    if c.peak > req.gpu_mem:
+                        why.append(f"GPU {format_bytes(c.peak)} > {format_bytes(req.gpu_mem)}")
+                    if req.cpu_mem is not None and c.host > req.cpu_mem:
+                        why.append(f"host {format_bytes(c.host)} > {format_bytes(req.cpu_mem)}")
+                    c.fits, c.why = not why, "; ".join(why)
+                    c.step_s = step_time(c, info.params, flops, info.depth, tokens, req.gpus, req.gpus_per_node, s, req.hw)
+                    c.clips_per_s = micro * accum * req.gpus / c.step_s
+                    cands.append(c)
+    fitting = sorted((c for c in cands if c.fits), key=lambda c: (-c.clips_per_s, c.peak))
+    rest = sorted((c for c in cands if not c.fits), key=lambda c: (c.peak, -c.clips_per_s))
+    best = fitting[0].clips_per_s if fitting else None
+    for c in fitting:
+        c.relative_speed = c.clips_per_s / best
+    facts = dict(params=info.params, depth=info.depth, tokens=tokens, fwd_flops=flops, largest_layer=info.largest_layer_params)
+    return fitting + rest, facts
+
+
+def info_model(req: Request) -> str:
+    return req.model
+
+
+# ----------------------------------------------------------------------------------------------
+# outputs
+# ----------------------------------------------------------------------------------------------
+def ds_config_for(c: Candidate, nvme_path: str | None = None) -> dict[str, Any]:
+    """A DeepSpeed JSON of the shape of ds_configs/*.json ("auto" where build_ds_config fills)."""
+    zo: dict[str, Any] = {"stage": c.zero_stage}
+    if c.zero_stage >= 1:
+        zo["reduce_bucket_size"] = 50_000_000
+    if c.zero_stage == 2:
+        zo.update(overlap_comm=True, contiguous_gradients=True, allgather_bucket_size=50_000_000)
+    if c.offload in ("optimizer", "all"):
+        dev: dict[str, Any] = {"device": c.offload_device, "pin_memory": True}
+        if c.offload_device == "nvme":
+            dev.update(nvme_path=nvme_path, buffer_count=4)
+        zo["offload_optimizer"] = dev
+    if c.offload == "all":
+        dev = {"device": c.offload_device, "pin_memory": True}
+        if c.offload_device == "nvme":
+            dev.update(nvme_path=nvme_path, buffer_count=5, buffer_size=100_000_000, max_in_cpu=1_000_000_000)
+        zo["offload_param"] = dev
+    if c.zero_stage == 3:
+        zo.update(overlap_comm=True, contiguous_gradients=True, stage3_prefetch_bucket_size=50_000_000,
+                  stage3_param_persistence_threshold=100_000, stage3_max_live_parameters=100_000_000,
+                  stage3_max_reuse_distance=100_000_000, stage3_gather_16bit_weights_on_model_save=False)
+    cfg: dict[str, Any] = {
+        "train_batch_size": "auto",
+        "train_micro_batch_size_per_gpu": "auto",
+        "gradient_accumulation_steps": "auto",
+        "gradient_clipping": "auto",
+        "optimizer": {"type": "AdamW", "params": {"lr": "auto", "betas": "auto", "eps": "auto", "weight_decay": "auto"}},
+        "bf16": {"enabled": "auto"},
+        "fp16": {"enabled": "auto", "loss_scale": 0, "initial_scale_power": 16, "loss_scale_window": 1000,
+                 "hysteresis": 2, "min_loss_scale": 1},
+        "activation_checkpointing": {"partition_activations": False, "cpu_checkpointing": False,
+                                     "contiguous_memory_optimization": False, "number_checkpoints": None,
+                                     "synchronize_checkpoint_boundary": False, "profile": False},
+        "zero_optimization": zo,
+    }
+    if c.offload_device == "nvme" and c.offload != "none":
+        cfg["aio"] = {"block_size": 1048576, "queue_depth": 8, "thread_count": 1, "single_submit": False,
+                      "overlap_events": True}
+    return cfg
+
+
+def recipe_overrides(c: Candidate, req: Request) -> list[str]:
+    """Dotted ``--set`` overrides for the recipe (launch/train.py --set KEY=VALUE)."""
+    sets = [
+        f"model.name={req.model}",
+        f"data.num_frames={req.frames}",
+        f"data.size={req.size}",
+        f"batch.micro_batch={c.micro_batch}",
+        f"batch.global_batch={req.global_batch if req.global_batch is not None else c.micro_batch * req.gpus}",
+        "batch.grad_accum=null",
+        f"model.activation_checkpointing={'true' if c.checkpoint_every else 'false'}",
+        f"model.checkpoint_every={max(1, c.checkpoint_every)}",
+        f"precision={req.dtype}",
+    ]
+    return sets
+
+
+def _overrides_yaml(sets: list[str]) -> str:
+    import yaml
+
+    from avion_ds.config import apply_overrides
+
+    return yaml.safe_dump(apply_overrides({}, sets), sort_keys=False)
+
+
+def format_table(cands: list[Candidate], limit: int) -> str:
+    head = f"{'#':>3} {'fits':4} {'zero':4} {'offload':14} {'ckpt':7} {'micro':>5} {'accum':>5} " \
+           f"{'peak/GPU':>11} {'host/node':>11} {'clips/s':>8} {'rel':>5}"
+    lines = [head, "-" * len(head)]
+    for i, c in enumerate(cands[:limit], 1):
+        off = "none" if c.offload == "none" else f"{c.offload}:{c.offload_device}"
+        ck = "none" if not c.checkpoint_every else f"every {c.checkpoint_every}"
+        rel = f"{c.relative_speed:.2f}" if c.fits else "-"
+        clips = f"{c.clips_per_s:.1f}" if c.fits else "-"
+        lines.append(f"{i:>3} {'yes' if c.fits else 'no':4} {c.zero_stage:>4} {off:14} {ck:7} {c.micro_batch:>5} "
+                     f"{c.grad_accum:>5} {format_bytes(c.peak):>11} {format_bytes(c.host):>11} {clips:>8} {rel:>5}")
+        if c.measured_clips_per_s is not None:
+            lines[-1] += f"   measured {c.measured_clips_per_s:.1f} clips/s, peak {format_bytes(c.measured_peak or 0)}"
+    return "\n".join(lines)
+
+
+def explain_impossible(req: Request, cands: list[Candidate]) -> str:
+    """Why nothing fits, and what comes closest (the smallest-peak configuration, shorter clips,
+    smaller registered models, or the memory needed)."""
+    from avion_ds.models import get_arch, list_models
+
+    from .estimate import estimate
+
+    low = min(cands, key=lambda c: c.peak)
+    e = low.estimate
+    parts = ", ".join(f"{k} {format_bytes(e[k])}" for k in ("params", "activations", "recompute", "workspace", "context"))
+    msg = [f"nothing fits: {req.model} {req.frames}x{req.size} needs at least {format_bytes(low.peak)} per GPU "
+           f"({low.label}: {parts}) but --gpu-mem is {format_bytes(req.gpu_mem)}"
+           + (f"; {low.why}" if "host" in low.why else "")]
+    tub = get_arch(req.model).tubelet_size
+
+    def _fits(model: str, frames: int) -> bool:
+        est = estimate(model, frames, req.size, 1, req.dtype, 3, True, True, 1, req.gpus, gpus_per_node=req.gpus_per_node)
+        return est.total <= req.gpu_mem
+
+    frames = [f for f in range(req.frames - tub, 0, -tub) if _fits(req.model, f)]
+    if frames:
+        msg.append(f"closest: {req.model} fits with --frames {frames[0]} (ZeRO-3, full offload, checkpoint every block, micro-batch 1)")
+    smaller = [m for m in list_models() if not m.startswith("vit_test") and m != req.model
+               and req.size % get_arch(m).patch_size == 0 and req.frames % get_arch(m).tubelet_size == 0
+               and _fits(m, req.frames)]
+    if smaller:
+        biggest = max(smaller, key=lambda m: get_arch(m).embed_dim * get_arch(m).depth)
+        msg.append(f"closest: {biggest} fits at {req.frames}x{req.size}")
+    msg.append(f"or give at least --gpu-mem {math.ceil(low.peak / 2**30)}GiB")
+    return "\n".join(msg)
+
+
+# ----------------------------------------------------------------------------------------------
+# command line
+# ----------------------------------------------------------------------------------------------
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # type: ignore[override]
+        print(f"avion-ds plan: error: {message}", file=sys.stderr)
+        raise SystemExit(2)
+
+
+def _positive_int(name: str):
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{name}={text!r} is not an integer") from None
+        if value <= 0:
+            raise argparse.ArgumentTypeError(f"{name}={value} must be positive")
+        return value
+    return parse
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = _Parser(prog="avion-ds plan", description=__doc__.splitlines()[0])
+    p.add_argument("--model", required=True, help="registered model name (avion_ds.models.list_models())")
+    p.add_argument("--frames", type=_positive_int("--frames"), default=16)
+    p.add_argument("--size", type=_positive_int("--size"), default=224)
+    p.add_argument("--gpu-mem", required=True, help="memory per GPU with a unit, e.g. 24GiB or 80GB")
+    p.add_argument("--gpus", type=_positive_int("--gpus"), default=1, help="world size (total GPUs)")
+    p.add_argument("--gpus-per-node", type=_positive_int("--gpus-per-node"), default=None)
+    p.add_argument("--cpu-mem", default=None, help="host memory per node with a unit (checked for offload)")
+    p.add_argument("--global-batch", type=_positive_int("--global-batch"), default=None)
+    p.add_argument("--dtype", default="bf16", choices=("bf16", "fp16", "fp32"))
+    p.add_argument("--nvme-path", default=None, help="also consider ZeRO-3 NVMe offload to this directory")
+    p.add_argument("--max-micro-batch", type=_positive_int("--max-micro-batch"), default=64)
+    p.add_argument("--out", default="plan.json", help="DeepSpeed JSON to write (recipe overrides go next to it)")
+    p.add_argument("--top", type=_positive_int("--top"), default=12, help="rows of the table")
+    p.add_argument("--measure", action="store_true", help="CUDA only: run real steps of the top candidates")
+    p.add_argument("--measure-top", type=_positive_int("--measure-top"), default=3)
+    p.add_argument("--measure-steps", type=_positive_int("--measure-steps"), default=3)
+    for f in ("gpu_tflops", "mfu", "pcie_gbps", "net_gbps", "nvme_gbps", "cpu_adam_gparams", "overlap"):
+        p.add_argument("--" + f.replace("_", "-"), type=float, default=getattr(Hardware(), f),
+                       help=f"cost model: {f} (default {getattr(Hardware(), f)})")
+    return p.parse_args(argv)
+
+
+def build_request(args: argparse.Namespace) -> Request:
+    """Validate the command line into a Request; ValueError (one line, naming the value) otherwise."""
+    from avion_ds.models import get_arch
+
+    arch = get_arch(args.model)  # unknown model -> ValueError with close matches
+    if args.frames % arch.tubelet_size:
+        raise ValueError(f"--frames {args.frames} is not divisible by the tubelet size {arch.tubelet_size} of {args.model}")
+    if args.size % arch.patch_size:
+        raise ValueError(f"--size {args.size} is not divisible by the patch size {arch.patch_size} of {args.model}")
+    gpu_mem = parse_bytes(args.gpu_mem, "--gpu-mem")
+    if gpu_mem <= 0:
+        raise ValueError(f"--gpu-mem={args.gpu_mem!r} must be positive")
+    cpu_mem = parse_bytes(args.cpu_mem, "--cpu-mem") if args.cpu_mem is not None else None
+    if args.global_batch is not None and args.global_batch % args.gpus:
+        raise ValueError(f"--global-batch {args.global_batch} is not divisible by --gpus {args.gpus}")
+    if not 0.0 <= args.overlap <= 1.0 or args.mfu <= 0 or args.mfu > 1:
+        raise ValueError(f"--overlap={args.overlap} must be in [0, 1] and --mfu={args.mfu} in (0, 1]")
+    for f in ("gpu_tflops", "pcie_gbps", "net_gbps", "nvme_gbps", "cpu_adam_gparams"):
+        if getattr(args, f) <= 0:
+            raise ValueError(f"--{f.replace('_', '-')}={getattr(args, f)} must be positive")
+    hw = Hardware(**{f: getattr(args, f) for f in ("gpu_tflops", "mfu", "pcie_gbps", "net_gbps", "nvme_gbps",
+                                                   "cpu_adam_gparams", "overlap")})
+    return Request(args.model, args.frames, args.size, gpu_mem, args.gpus, args.gpus_per_node or min(args.gpus, 8),
+                   cpu_mem, args.global_batch, args.dtype, args.nvme_path, args.max_micro_batch, hw)
+
+
+def write_outputs(best: Candidate, req: Request, out: Path) -> tuple[Path, Path, list[str]]:
+    """Write the DeepSpeed JSON and the recipe-override YAML; return their paths and the --set list."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(ds_config_for(best, req.nvme_path), indent=2) + "\n")
+    sets = recipe_overrides(best, req)
+    yml = out.with_suffix(".overrides.yaml")
+    header = f"# avion-ds plan: {best.label}; predicted peak {format_bytes(best.peak)} per GPU\n"
+    yml.write_text(header + _overrides_yaml(sets))
+    return out, yml, sets
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of `avion-ds plan`; returns 0 (a plan written), 1 (nothing fits), 2 (bad input)."""
+    args = parse_args(argv)
+    try:
+        req = build_request(args)
+        if args.measure:
+            import torch
+
+            if not torch.cuda.is_available():
+                raise ValueError("--measure needs a CUDA GPU and none is visible; drop --measure for the predicted plan")
+    except ValueError as e:
+        print(f"avion-ds plan: error: {e}", file=sys.stderr)
+        return 2
+    cands, facts = plan(req)
+    fitting = [c for c in cands if c.fits]
+    print(f"{req.model} {req.frames}x{req.size}: {facts['params'] / 1e6:.1f}M params, {facts['tokens']} tokens/clip, "
+          f"{facts['fwd_flops'] / 1e9:.1f} GFLOP fwd/clip; {req.gpus} GPU(s) x {format_bytes(req.gpu_mem)}"
+          + (f", host {format_bytes(req.cpu_mem)}/node" if req.cpu_mem else "")
+          + (f", global batch {req.global_batch}" if req.global_batch else ""))
+    print(f"{len(fitting)} of {len(cands)} candidates fit; ranked by predicted clips/s "
+          f"(cost model: avion_ds.memory.plan.step_time)")
+    if not fitting:
+        print(explain_impossible(req, cands), file=sys.stderr)
+        return 1
+    if args.measure:
+        from .measure import measure_candidates
+
+        measure_candidates(fitting[: args.measure_top], req, steps=args.measure_steps)
+        measured = [c for c in fitting[: args.measure_top] if c.measured_clips_per_s]
+        if measured:
+            top = sorted(measured, key=lambda c: -(c.measured_clips_per_s or 0.0))
+            fitting = top + [c for c in fitting if c not in top]
+    print(format_table(fitting, args.top))
+    best = fitting[0]
+    out, yml, sets = write_outputs(best, req, Path(args.out))
+    print(f"\nbest: {best.label}, predicted peak {format_bytes(best.peak)}/GPU, {best.clips_per_s:.1f} clips/s")
+    print(f"wrote {out} (DeepSpeed config) and {yml} (recipe overrides)")
+    nodes = "" if req.gpus <= req.gpus_per_node else " --hostfile HOSTFILE"
+    print(f"run: deepspeed{nodes} --num_gpus {min(req.gpus, req.gpus_per_node)} launch/train.py --config RECIPE.yaml "
+          f"--deepspeed_config {out} " + " ".join(f"--set {s}" for s in sets))
+    return 0
+
+
+def candidates_as_json(cands: list[Candidate]) -> list[dict[str, Any]]:
+    return [asdict(c) for c in cands]
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,110 @@
+"""The architecture description of a video ViT: one dataclass, validated once.
+
+Kept apart from weights: a registered size is just a ``ViTArch``; pretrained loading lives in
+``pretrained.py`` and never changes the architecture.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+from dataclasses import dataclass
+from typing import Any
+
+from .attention import BACKENDS
+from .patch_embed import MODES as PATCH_EMBED_MODES
+
+POOLS = ("mean", "cls")
+POS_EMBEDS = ("sincos", "learned")
+
+
+@dataclass
+class ViTArch:
+    """Everything needed to build a ``VideoViT`` (sizes, input geometry, heads, regularisation)."""
+
+    name: str = "custom"
+    embed_dim: int = 768
+    depth: int = 12
+    num_heads: int = 12
+    mlp_ratio: float = 4.0
+    patch_size: int = 16
+    tubelet_size: int = 2
+    num_frames: int = 16
+    img_size: int = 224
+    in_chans: int = 3
+    qkv_bias: bool = True  # VideoMAE q_bias + v_bias
+    layer_scale: float | None = None  # init value of per-block LayerScale (None: no LayerScale)
+    num_classes: int = 400  # single head; 0 = no head (forward returns pooled features)
+    heads: dict[str, int] | None = None  # multi-head, e.g. {"verb": 97, "noun": 300}
+    drop_path_rate: float = 0.0  # stochastic depth, increasing linearly from 0 to this over depth
+    head_drop_rate: float = 0.0
+    attn_backend: str = "auto"  # auto | flash | sdpa | eager
+    patch_embed: str = "linear"  # linear | conv
+    pool: str = "mean"  # mean (+ fc_norm) | cls
+    pos_embed: str = "sincos"  # sincos (fixed, VideoMAE) | learned
+    norm_eps: float = 1e-6
+    head_init_scale: float = 0.001  # VideoMAE fine-tune init_scale for the classifier
+
+    @property
+    def head_dim(self) -> int:
+        return self.embed_dim // self.num_heads
+
+    @property
+    def mlp_hidden(self) -> int:
+        return int(self.embed_dim * self.mlp_ratio)
+
+    @property
+    def grid(self) -> tuple[int, int, int]:
+        """Token grid (T/t, H/p, W/p)."""
+        s = self.img_size // self.patch_size
+        return (self.num_frames // self.tubelet_size, s, s)
+
+    @property
+    def num_patches(self) -> int:
+        t, h, w = self.grid
+        return t * h * w
+
+    def validate(self) -> "ViTArch":
+        """Raise a one-line ValueError naming the bad field; return self."""
+        choices = {
+            "attn_backend": BACKENDS,
+            "patch_embed": PATCH_EMBED_MODES,
+            "pool": POOLS,
+            "pos_embed": POS_EMBEDS,
+        }
+        for key, allowed in choices.items():
+            if getattr(self, key) not in allowed:
+                raise ValueError(f"{self.name}: {key} expected one of {', '.join(allowed)}, got {getattr(self, key)!r}")
+        for key in ("embed_dim", "depth", "num_heads", "patch_size", "tubelet_size", "num_frames", "img_size", "in_chans"):
+            if int(getattr(self, key)) <= 0:
+                raise ValueError(f"{self.name}: {key} expected a positive integer, got {getattr(self, key)!r}")
+        if self.embed_dim % self.num_heads:
+            raise ValueError(f"{self.name}: expected embed_dim divisible by num_heads, got {self.embed_dim}/{self.num_heads}")
+        if self.img_size % self.patch_size:
+            raise ValueError(f"{self.name}: expected img_size divisible by patch_size={self.patch_size}, got {self.img_size}")
+        if self.num_frames % self.tubelet_size:
+            raise ValueError(f"{self.name}: expected num_frames divisible by tubelet_size={self.tubelet_size}, got {self.num_frames}")
+        if self.num_classes < 0:
+            raise ValueError(f"{self.name}: num_classes expected >= 0, got {self.num_classes}")
+        if self.heads is not None:
+            if not isinstance(self.heads, dict) or not self.heads:
+                raise ValueError(f"{self.name}: heads expected a non-empty dict name->classes, got {self.heads!r}")
+            for head, n in self.heads.items():
+                if not isinstance(head, str) or not head.isidentifier() or int(n) <= 0:
+                    raise ValueError(f"{self.name}: heads expected identifier -> positive int, got {head!r}: {n!r}")
+        for key in ("drop_path_rate", "head_drop_rate"):
+            if not 0.0 <= float(getattr(self, key)) < 1.0:
+                raise ValueError(f"{self.name}: {key} expected in [0, 1), got {getattr(self, key)!r}")
+        return self
+
+    def replace(self, **overrides: Any) -> "ViTArch":
+        """A copy with ``overrides`` applied; unknown keys raise naming close matches."""
+        names = [f.name for f in dataclasses.fields(self)]
+        for key in overrides:
+            if key not in names:
+                close = difflib.get_close_matches(key, names, n=3)
+                hint = f"; did you mean {', '.join(close)}?" if close else f"; known: {', '.join(names)}"
+                raise TypeError(f"{self.name}: unknown model option {key!r}{hint}")
+        if overrides.get("heads") is not None:
+            overrides["heads"] = dict(overrides["heads"])
+        return dataclasses.replace(self, **overrides).validate()

@@ -1,0 +1,152 @@
+"""Multi-head self-attention and THE one place where the attention backend is chosen.
+
+Backends: ``flash`` (flash-attn 2, CUDA fp16/bf16 only), ``sdpa`` (PyTorch
+``scaled_dot_product_attention``, which itself dispatches to its flash / memory-efficient /
+math kernels) and ``eager`` (the reference ``softmax(Q K^T / sqrt(d)) V``). ``auto`` picks
+flash when it can run, else sdpa. Nothing else in avion_ds decides which kernel runs.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+logger = logging.getLogger(__name__)
+
+BACKENDS = ("auto", "flash", "sdpa", "eager")
+_FLASH_DTYPES = (torch.float16, torch.bfloat16)
+
+
+@functools.lru_cache(maxsize=None)
+def _flash_fn():
+    """Return flash-attn's qkv-packed function, or None when the package is not importable."""
+    try:
+        from flash_attn import flash_attn_qkvpacked_func  # type: ignore[import-not-found]
+    except Exception:  # ImportError, or a broken CUDA build raising at import
+        return None
+    return flash_attn_qkvpacked_func
+
+
+def flash_available() -> bool:
+    """True when the flash-attn package imports."""
+    return _flash_fn() is not None
+
+
+def _flash_unsupported_reason(device: torch.device, dtype: torch.dtype, head_dim: int) -> str | None:
+    """Why flash-attn cannot run for these inputs, or None when it can."""
+    if not flash_available():
+        return "flash-attn is not installed (pip install 'avion_ds[gpu]')"
+    if device.type != "cuda":
+        return f"inputs are on {device.type}, flash-attn needs CUDA"
+    if dtype not in _FLASH_DTYPES:
+        return f"dtype is {dtype}, flash-attn needs float16 or bfloat16"
+    if head_dim % 8 != 0 or head_dim > 256:
+        return f"head_dim={head_dim}, flash-attn needs a multiple of 8 and <= 256"
+    major, _ = torch.cuda.get_device_capability(device)
+    if major < 8:
+        return f"GPU compute capability {major}.x, flash-attn 2 needs >= 8.0 (Ampere)"
+    return None
+
+
+@functools.lru_cache(maxsize=None)
+def _resolve_cached(requested: str, device: torch.device, dtype: torch.dtype, head_dim: int) -> str:
+    if requested not in BACKENDS:
+        raise ValueError(f"attn_backend: expected one of {', '.join(BACKENDS)}, got {requested!r}")
+    if requested in ("sdpa", "eager"):
+        return requested
+    reason = _flash_unsupported_reason(device, dtype, head_dim)
+    if requested == "flash":
+        if reason is not None:
+            raise RuntimeError(f"attn_backend='flash' cannot run: {reason}; use 'auto' or 'sdpa'")
+        return "flash"
+    chosen = "flash" if reason is None else "sdpa"
+    why = "" if reason is None else f" ({reason})"
+    logger.info("attention backend auto -> %s for %s %s head_dim=%d%s", chosen, device, dtype, head_dim, why)
+    return chosen
+
+
+def resolve_backend(requested: str, device: torch.device | str, dtype: torch.dtype, head_dim: int) -> str:
+    """Map a requested backend to the one that runs for these inputs ("flash" | "sdpa" | "eager").
+
+    ``auto`` -> flash when importable and the inputs are CUDA fp16/bf16 with a supported head dim,
+    else sdpa; the choice is logged once per (device, dtype, head_dim). Explicit ``flash`` where it
+    cannot run raises RuntimeError (never a silent fallback).
+    """
+    device = torch.device(device)
+    if device.type == "cuda" and device.index is None:
+        device = torch.device("cuda", torch.cuda.current_device())
+    return _resolve_cached(requested, device, dtype, int(head_dim))
+
+
+def check_backend_request(requested: str) -> None:
+    """Fail early (at model construction) for a backend that can never run in this environment."""
+    if requested not in BACKENDS:
+        raise ValueError(f"attn_backend: expected one of {', '.join(BACKENDS)}, got {requested!r}")
+    if requested == "flash" and not flash_available():
+        raise RuntimeError("attn_backend='flash' cannot run: flash-attn is not installed (pip install 'avion_ds[gpu]')")
+
+
+def attention(qkv: torch.Tensor, backend: str) -> torch.Tensor:
+    """Attention over packed ``qkv`` (B, N, 3, H, d) with an already resolved backend -> (B, N, H*d)."""
+    B, N, _, H, d = qkv.shape
+    if backend == "flash":
+        out = _flash_fn()(qkv, dropout_p=0.0, causal=False)  # (B, N, H, d)
+        return out.reshape(B, N, H * d)
+    q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)  # each (B, H, N, d)
+    if backend == "sdpa":
+        out = F.scaled_dot_product_attention(q, k, v)
+    elif backend == "eager":
+        attn = torch.matmul(q * d**-0.5, k.transpose(-2, -1))
+        attn = attn.softmax(dim=-1, dtype=torch.float32).to(q.dtype)
+        out = torch.matmul(attn, v)
+    else:
+        raise ValueError(f"attention: backend must be resolved to flash|sdpa|eager, got {backend!r}")
+    return out.transpose(1, 2).reshape(B, N, H * d)
+
+
+class QKVLinear(nn.Linear):
+    """The fused q/k/v projection; takes the (VideoMAE-style) bias at call time.
+
+    A module of its own so that ZeRO-3 gathers its weight through the normal forward hooks.
+    """
+
+    def forward(self, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:  # type: ignore[override]
+        return F.linear(x, self.weight, bias if bias is not None else self.bias)
+
+
+class Attention(nn.Module):
+    """Joint space-time multi-head self-attention with VideoMAE qkv bias (q and v bias, no k bias).
+
+    A k bias would add the same q.b_k to every logit of a query row, which softmax cancels, so it
+    is never needed.
+    """
+
+    def __init__(self, dim: int, num_heads: int, qkv_bias: bool = True, backend: str = "auto") -> None:
+        super().__init__()
+        if dim % num_heads != 0:
+            raise ValueError(f"Attention: expected dim divisible by num_heads, got dim={dim} num_heads={num_heads}")
+        check_backend_request(backend)
+        self.num_heads = num_heads
+        self.head_dim = dim // num_heads
+        self.backend = backend
+        self.qkv = QKVLinear(dim, dim * 3, bias=False)
+        if qkv_bias:
+            self.q_bias = nn.Parameter(torch.zeros(dim))
+            self.v_bias = nn.Parameter(torch.zeros(dim))
+        else:
+            self.q_bias = None
+            self.v_bias = None
+        self.proj = nn.Linear(dim, dim)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        B, N, C = x.shape
+        bias = None
+        if self.q_bias is not None:
+            bias = torch.cat((self.q_bias, torch.zeros_like(self.v_bias), self.v_bias))
+        qkv = self.qkv(x, bias).view(B, N, 3, self.num_heads, self.head_dim)
+        backend = resolve_backend(self.backend, qkv.device, qkv.dtype, self.head_dim)
+        return self.proj(attention(qkv, backend))

@@ -1,0 +1,361 @@
+"""Load the weights users actually have into a ``VideoViT``: one checkpoint filter per format.
+
+Formats (detected from the keys):
+
+* ``avion_ds``  our own state dict (plain, DeepSpeed ``module`` wrapper, or the fp32 safetensors
+  written by ``avion-ds export``);
+* ``videomae``  official VideoMAE / VideoMAEv2 (``model`` / ``module`` wrappers, ``encoder.``
+  prefix of pre-training checkpoints, ``q_bias`` / ``v_bias``, Conv3d ``patch_embed.proj``,
+  ``gamma_1`` / ``gamma_2`` LayerScale);
+* ``hf``        Hugging Face transformers VideoMAE (``videomae.encoder.layer.N...``; .bin or
+  .safetensors, or a directory holding one);
+* ``timm``      timm image ViTs (2-D patch weight inflated over the tubelet, position embedding
+  tiled in time, qkv bias split into q / v bias; the k bias is softmax-invariant and dropped).
+
+Each filter maps keys to our names; ``_adapt`` then resizes what differs from the model (patch
+weight layout / tubelet depth / patch size, learned position embedding in time and space) and
+drops classifier weights whose class count differs. The result is a ``LoadReport``.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import pickle
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+import torch.nn.functional as F
+
+from .vit import VideoViT
+
+logger = logging.getLogger(__name__)
+
+StateDict = dict[str, torch.Tensor]
+
+_WRAPPERS = ("model", "module", "state_dict", "model_state", "model_state_dict", "model_ema")
+_PREFIXES = ("module.", "_orig_mod.", "model.", "backbone.")
+
+
+@dataclass
+class LoadReport:
+    """What ``load_pretrained`` did: keys the model lacked / the checkpoint lacked / resized."""
+
+    format: str
+    missing: list[str] = field(default_factory=list)  # model keys not found in the checkpoint
+    unexpected: list[str] = field(default_factory=list)  # checkpoint keys the model has no use for
+    resized: list[str] = field(default_factory=list)  # loaded after interpolation / inflation
+    dropped: list[str] = field(default_factory=list)  # shape mismatch we cannot resize (e.g. head)
+
+    def summary(self) -> str:
+        def short(keys: list[str]) -> str:
+            return ", ".join(keys[:6]) + (f", ... (+{len(keys) - 6})" if len(keys) > 6 else "")
+
+        parts = [f"format={self.format}"]
+        for name in ("missing", "unexpected", "resized", "dropped"):
+            keys = getattr(self, name)
+            if keys:
+                parts.append(f"{name}={len(keys)} [{short(keys)}]")
+        return " ".join(parts)
+
+
+# ----------------------------------------------------------------------------------------------
+# reading
+# ----------------------------------------------------------------------------------------------
+def read_checkpoint(source: str | Path | dict) -> dict[str, Any]:
+    """Read a checkpoint file (.safetensors, torch pickle) or HF directory into a dict."""
+    if isinstance(source, dict):
+        return source
+    path = Path(source)
+    if path.is_dir():
+        for name in ("model.safetensors", "pytorch_model.bin", "mp_rank_00_model_states.pt"):
+            if (path / name).is_file():
+                return read_checkpoint(path / name)
+        raise FileNotFoundError(f"checkpoint directory {path} holds no model.safetensors / pytorch_model.bin")
+    if not path.is_file():
+        raise FileNotFoundError(f"checkpoint not found: {path}")
+    if path.suffix == ".safetensors":
+        from safetensors.torch import load_file
+
+        return load_file(str(path), device="cpu")
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError:
+        # Official VideoMAE checkpoints pickle argparse.Namespace next to the weights.
+        logger.warning("%s holds non-tensor Python objects; loading it with weights_only=False (trust the file)", path)
+        return torch.load(path, map_location="cpu", weights_only=False)
+
+
+def unwrap(ckpt: dict[str, Any]) -> StateDict:
+    """Strip training wrappers (``model`` / ``module`` / ``state_dict`` dicts, DDP / compile
+    prefixes) down to a flat name -> tensor dict."""
+    sd: Any = ckpt
+    for _ in range(3):
+        if isinstance(sd, dict) and not any(isinstance(v, torch.Tensor) for v in sd.values()):
+            inner = next((sd[k] for k in _WRAPPERS if isinstance(sd.get(k), dict)), None)
+            if inner is None:
+                break
+            sd = inner
+    if not isinstance(sd, dict):
+        raise ValueError(f"checkpoint: expected a dict of tensors, got {type(sd).__name__}")
+    sd = {k: v for k, v in sd.items() if isinstance(v, torch.Tensor)}
+    for prefix in _PREFIXES:
+        if sd and all(k.startswith(prefix) for k in sd):
+            sd = {k[len(prefix):]: v for k, v in sd.items()}
+    return sd
+
+
+# ----------------------------------------------------------------------------------------------
+# detection and filters
+# ----------------------------------------------------------------------------------------------
+def detect_format(sd: StateDict) -> str:
+    """Name the checkpoint format or raise naming the first keys seen."""
+    keys = list(sd)
+    if any(".encoder.layer." in f".{k}" or k.startswith("embeddings.patch_embeddings") or
+           ".embeddings.patch_embeddings." in k for k in keys):
+        return "hf"
+    stripped = [k.removeprefix("encoder.") for k in keys]
+    if "blocks.0.attn.qkv.weight" in stripped:
+        patch = sd.get("patch_embed.proj.weight", sd.get("encoder.patch_embed.proj.weight"))
+        if "blocks.0.attn.qkv.bias" in stripped or (patch is not None and patch.dim() == 4):
+            return "timm"
+        if (patch is not None and patch.dim() == 2) or any(k.startswith(("heads.", "blocks.0.ls1.")) for k in keys):
+            return "avion_ds"
+        return "videomae"
+    raise ValueError(f"unrecognised checkpoint format (not avion_ds / VideoMAE / HF VideoMAE / timm ViT); first keys: {keys[:8]}")
+
+
+def _filter_avion(sd: StateDict, model: VideoViT, report: LoadReport) -> StateDict:
+    return dict(sd)
+
+
+def _filter_videomae(sd: StateDict, model: VideoViT, report: LoadReport) -> StateDict:
+    """Official VideoMAE / VideoMAEv2: keep the encoder (drop the pre-training decoder)."""
+    if any(k.startswith("encoder.") for k in sd):  # pre-training: encoder.*, decoder.* (unexpected)
+        sd = {k.removeprefix("encoder."): v for k, v in sd.items()}
+    out = {}
+    for k, v in sd.items():
+        k = re.sub(r"^blocks\.(\d+)\.gamma_1$", r"blocks.\1.ls1.gamma", k)
+        k = re.sub(r"^blocks\.(\d+)\.gamma_2$", r"blocks.\1.ls2.gamma", k)
+        out[k] = v
+    if "norm.weight" in out and "fc_norm.weight" not in out and model.arch.pool == "mean":
+        # pre-training encoder norm -> fine-tuning fc_norm (what VideoMAE's fine-tune script keeps)
+        out["fc_norm.weight"] = out.pop("norm.weight")
+        out["fc_norm.bias"] = out.pop("norm.bias")
+    return out
+
+
+_HF_BLOCK = {
+    "attention.attention.q_bias": "attn.q_bias",
+    "attention.attention.v_bias": "attn.v_bias",
+    "attention.attention.query.bias": "attn.q_bias",
+    "attention.attention.value.bias": "attn.v_bias",
+    "attention.output.dense.weight": "attn.proj.weight",
+    "attention.output.dense.bias": "attn.proj.bias",
+    "intermediate.dense.weight": "mlp.fc1.weight",
+    "intermediate.dense.bias": "mlp.fc1.bias",
+    "output.dense.weight": "mlp.fc2.weight",
+    "output.dense.bias": "mlp.fc2.bias",
+    "layernorm_before.weight": "norm1.weight",
+    "layernorm_before.bias": "norm1.bias",
+    "layernorm_after.weight": "norm2.weight",
+    "layernorm_after.bias": "norm2.bias",
+}
+_HF_TOP = {
+    "embeddings.patch_embeddings.projection.weight": "patch_embed.proj.weight",
+    "embeddings.patch_embeddings.projection.bias": "patch_embed.proj.bias",
+    "layernorm.weight": "norm.weight",
+    "layernorm.bias": "norm.bias",
+    "fc_norm.weight": "fc_norm.weight",
+    "fc_norm.bias": "fc_norm.bias",
+    "classifier.weight": "head.weight",
+    "classifier.bias": "head.bias",
+}
+
+
+def _filter_hf(sd: StateDict, model: VideoViT, report: LoadReport) -> StateDict:
+    """transformers VideoMAE(ForVideoClassification / ForPreTraining / Model) -> our names."""
+    out: StateDict = {}
+    qkv: dict[int, dict[str, torch.Tensor]] = {}
+    for key, v in sd.items():
+        k = key.removeprefix("videomae.")
+        m = re.match(r"^encoder\.layer\.(\d+)\.(.+)$", k)
+        if m:
+            i, rest = int(m.group(1)), m.group(2)
+            part = re.match(r"^attention\.attention\.(query|key|value)\.weight$", rest)
+            if part:
+                qkv.setdefault(i, {})[part.group(1)] = v
+            elif rest in _HF_BLOCK:
+                out[f"blocks.{i}.{_HF_BLOCK[rest]}"] = v
+            else:
+                out[key] = v  # reported as unexpected
+        elif k in _HF_TOP:
+            out[_HF_TOP[k]] = v
+        else:
+            out[key] = v
+    for i, parts in qkv.items():
+        if set(parts) != {"query", "key", "value"}:
+            raise ValueError(f"HF checkpoint: layer {i} lacks {sorted({'query', 'key', 'value'} - set(parts))} weights")
+        out[f"blocks.{i}.attn.qkv.weight"] = torch.cat([parts["query"], parts["key"], parts["value"]], dim=0)
+    if "norm.weight" in out and "fc_norm.weight" not in out and model.arch.pool == "mean":
+        out["fc_norm.weight"] = out.pop("norm.weight")
+        out["fc_norm.bias"] = out.pop("norm.bias")
+    return out
+
+
+def _filter_timm(sd: StateDict, model: VideoViT, report: LoadReport) -> StateDict:
+    """timm image ViT -> our names: split qkv bias, inflate patch weight, tile pos embed in time."""
+    out: StateDict = {}
+    d = model.embed_dim
+    for k, v in sd.items():
+        m = re.match(r"^blocks\.(\d+)\.attn\.qkv\.bias$", k)
+        if m:
+            out[f"blocks.{m.group(1)}.attn.q_bias"] = v[:d]
+            out[f"blocks.{m.group(1)}.attn.v_bias"] = v[2 * d:]
+            continue
+        out[k] = v
+    w = out.get("patch_embed.proj.weight")
+    if w is not None and w.dim() == 4:  # (D, C, p, p) -> (D, C, t, p, p), averaged over time (I3D)
+        t = model.tubelet_size
+        out["patch_embed.proj.weight"] = w.unsqueeze(2).repeat(1, 1, t, 1, 1) / t
+        report.resized.append("patch_embed.proj.weight")
+    pos = out.pop("pos_embed", None)
+    if pos is not None and model.arch.pos_embed != "learned":
+        out["pos_embed"] = pos  # the model's table is fixed: reported unexpected (warned below)
+    elif pos is not None:
+        n = pos.shape[1]
+        side = math.isqrt(n)
+        while side > 0 and n - side * side > 16:  # up to 16 prefix (cls / register) tokens
+            side -= 1
+        prefix = n - side * side
+        if model.cls_token is not None and prefix >= 1 and "cls_token" in out:
+            out["cls_token"] = out["cls_token"] + pos[:, :1]  # fold the cls position into the token
+        _, gh, gw = model.patch_embed.grid
+        grid = pos[:, prefix:].reshape(1, side, side, -1).permute(0, 3, 1, 2)
+        if (side, side) != (gh, gw):
+            grid = F.interpolate(grid.float(), size=(gh, gw), mode="bicubic", align_corners=False).to(pos.dtype)
+        grid = grid.permute(0, 2, 3, 1).reshape(1, 1, gh * gw, -1)
+        report.resized.append("pos_embed")
+        out["pos_embed"] = grid.expand(1, model.patch_embed.grid[0], gh * gw, grid.shape[-1]).reshape(1, -1, grid.shape[-1])
+    if "norm.weight" in out and "fc_norm.weight" not in out and model.arch.pool == "mean":
+        out["fc_norm.weight"] = out.pop("norm.weight")
+        out["fc_norm.bias"] = out.pop("norm.bias")
+    return out
+
+
+FILTERS: dict[str, Callable[[StateDict, VideoViT, LoadReport], StateDict]] = {
+    "avion_ds": _filter_avion,
+    "videomae": _filter_videomae,
+    "hf": _filter_hf,
+    "timm": _filter_timm,
+}
+
+
+# ----------------------------------------------------------------------------------------------
+# resizing to the model
+# ----------------------------------------------------------------------------------------------
+def resize_patch_weight(w: torch.Tensor, shape: tuple[int, int, int, int, int]) -> torch.Tensor:
+    """Conv3d patch weight (D, C, t0, p0, p0) -> (D, C, t, p, p): time resampled and rescaled so a
+    constant-in-time clip gives the same response; space via timm's pseudo-inverse resampling."""
+    D, C, t, p, _ = shape
+    if w.shape[3:] != (p, p):
+        from timm.layers import resample_patch_embed
+
+        w = torch.stack([resample_patch_embed(w[:, :, i], [p, p]) for i in range(w.shape[2])], dim=2)
+    t0 = w.shape[2]
+    if t0 != t:
+        flat = w.permute(0, 1, 3, 4, 2).reshape(-1, 1, t0).float()
+        flat = F.interpolate(flat, size=t, mode="linear", align_corners=False) * (t0 / t)
+        w = flat.reshape(D, C, p, p, t).permute(0, 1, 4, 2, 3).to(w.dtype)
+    return w.contiguous()
+
+
+def _guess_grid(n: int, target: tuple[int, int, int]) -> tuple[int, int, int]:
+    """Token grid (t, h, w) of a flattened position table with n entries (square space)."""
+    t1, h1, w1 = target
+    if n % (h1 * w1) == 0:
+        return (n // (h1 * w1), h1, w1)
+    if n % t1 == 0 and math.isqrt(n // t1) ** 2 == n // t1:
+        s = math.isqrt(n // t1)
+        return (t1, s, s)
+    for t in range(1, n + 1):
+        if n % t == 0 and math.isqrt(n // t) ** 2 == n // t:
+            s = math.isqrt(n // t)
+            return (t, s, s)
+    raise ValueError(f"pos_embed: cannot infer a (t, h, w) grid for {n} tokens")
+
+
+def resize_pos_embed(pos: torch.Tensor, grid: tuple[int, int, int]) -> torch.Tensor:
+    """Learned position table (1, N0, D) -> (1, t*h*w, D), trilinear in time and space."""
+    t0, h0, w0 = _guess_grid(pos.shape[1], grid)
+    x = pos.reshape(1, t0, h0, w0, -1).permute(0, 4, 1, 2, 3).float()
+    x = F.interpolate(x, size=grid, mode="trilinear", align_corners=False)
+    return x.permute(0, 2, 3, 4, 1).reshape(1, -1, pos.shape[-1]).to(pos.dtype)
+
+
+def _as_conv_weight(key: str, w: torch.Tensor, conv_shape: tuple[int, int, int, int, int]) -> torch.Tensor:
+    """A 2-D (linear-path) patch weight back to 5-D, assuming the model's channels and patch size."""
+    D, C, _, p, _ = conv_shape
+    t0, rem = divmod(w.shape[1], C * p * p)
+    if w.shape[0] != D or rem or t0 < 1:
+        raise ValueError(f"checkpoint key {key}: linear patch weight {tuple(w.shape)} does not fit (D, C, t, p, p) = {conv_shape}")
+    return w.reshape(D, C, t0, p, p)
+
+
+def _adapt(sd: StateDict, model: VideoViT, report: LoadReport) -> StateDict:
+    target = model.state_dict()
+    out: StateDict = {}
+    for k, v in sd.items():
+        if k not in target:
+            out[k] = v  # becomes "unexpected"
+            continue
+        want = target[k].shape
+        if v.shape == want:
+            out[k] = v
+        elif k == "patch_embed.proj.weight":
+            conv_shape = model.patch_embed.conv_weight_shape
+            w = _as_conv_weight(k, v, conv_shape) if v.dim() == 2 else v
+            if w.shape[:2] != conv_shape[:2]:
+                raise ValueError(f"checkpoint key {k}: expected (D, C) = {conv_shape[:2]}, got {tuple(w.shape)}")
+            if tuple(w.shape) != conv_shape:
+                w = resize_patch_weight(w, conv_shape)
+                report.resized.append(k)
+            out[k] = w.reshape(want)
+        elif k == "pos_embed" and v.dim() == 3 and v.shape[-1] == want[-1]:
+            out[k] = resize_pos_embed(v, model.patch_embed.grid)
+            report.resized.append(k)
+        elif k.startswith(("head.", "heads.")):
+            report.dropped.append(k)  # class count differs: keep the fresh head
+        else:
+            raise ValueError(f"checkpoint key {k}: shape {tuple(v.shape)} does not fit the model's {tuple(want)}")
+    return out
+
+
+def load_pretrained(model: VideoViT, source: str | Path | dict, strict: bool = False) -> LoadReport:
+    """Load ``source`` (path, HF directory, or a (wrapped) state dict) into ``model`` in place.
+
+    Returns a ``LoadReport``; ``strict=True`` raises listing missing / unexpected / dropped keys.
+    Call before ``deepspeed.initialize`` (ZeRO-3 partitions parameters after that).
+    """
+    sd = unwrap(read_checkpoint(source))
+    fmt = detect_format(sd)
+    report = LoadReport(format=fmt)
+    sd = _adapt(FILTERS[fmt](sd, model, report), model, report)
+    result = model.load_state_dict(sd, strict=False)
+    report.missing = sorted(result.missing_keys)
+    report.unexpected = sorted(result.unexpected_keys)
+    report.resized.sort()
+    report.dropped.sort()
+    if fmt == "timm" and model.arch.pos_embed == "sincos" and "pos_embed" in report.unexpected:
+        logger.warning("timm checkpoint has a learned pos_embed but the model uses fixed sin-cos; "
+                       "create the model with pos_embed='learned' to keep it")
+    if strict and (report.missing or report.unexpected or report.dropped):
+        raise ValueError(f"load_pretrained(strict=True) from {_name(source)}: {report.summary()}")
+    return report
+
+
+def _name(source: Any) -> str:
+    return "a state dict" if isinstance(source, dict) else str(source)

@@ -1,0 +1,144 @@
+"""timm-style model registry: one small registered constructor per size.
+
+``create_model(name, pretrained=None, **overrides)`` looks the name up, builds the ``ViTArch``
+with overrides applied, constructs ``VideoViT`` and optionally loads weights through
+``load_pretrained`` (weights never change the architecture).
+"""
+
+from __future__ import annotations
+
+import difflib
+import logging
+from pathlib import Path
+from typing import Any, Callable
+
+from .arch import ViTArch
+from .checkpointing import apply_activation_checkpointing
+from .vit import VideoViT
+
+logger = logging.getLogger(__name__)
+
+_MODELS: dict[str, Callable[..., VideoViT]] = {}
+_ARCHS: dict[str, ViTArch] = {}
+
+
+def register_model(fn: Callable[..., VideoViT]) -> Callable[..., VideoViT]:
+    """Register a constructor under its function name."""
+    _MODELS[fn.__name__] = fn
+    return fn
+
+
+def list_models(pattern: str | None = None) -> list[str]:
+    """Sorted registered names, optionally filtered by a substring."""
+    return sorted(n for n in _MODELS if pattern is None or pattern in n)
+
+
+def _unknown(name: str) -> ValueError:
+    close = difflib.get_close_matches(name, list(_MODELS), n=3, cutoff=0.5)
+    hint = f"; did you mean {', '.join(close)}?" if close else f"; known: {', '.join(list_models())}"
+    return ValueError(f"unknown model {name!r}{hint}")
+
+
+def get_arch(name: str, **overrides: Any) -> ViTArch:
+    """The architecture a registered name builds, with overrides applied (nothing is allocated)."""
+    if name not in _ARCHS:
+        raise _unknown(name)
+    return _ARCHS[name].replace(**overrides)
+
+
+def create_model(name: str, pretrained: str | Path | dict | None = None, **overrides: Any) -> VideoViT:
+    """Build a registered model; ``pretrained`` is any checkpoint ``load_pretrained`` understands.
+
+    overrides: any ``ViTArch`` field, e.g. num_frames, img_size, tubelet_size, num_classes, heads,
+    drop_path_rate, head_drop_rate, attn_backend, patch_embed, pool, pos_embed.
+    """
+    if name not in _MODELS:
+        raise _unknown(name)
+    return _MODELS[name](pretrained=pretrained, **overrides)
+
+
+def create_model_from_config(model_cfg: Any, num_frames: int, img_size: int, **overrides: Any) -> VideoViT:
+    """Build the model a recipe's ``ModelConfig`` describes (input size from the data section),
+    load its pretrained weights and apply its activation checkpointing settings."""
+    options = dict(
+        num_frames=num_frames, img_size=img_size, num_classes=model_cfg.num_classes, heads=model_cfg.heads,
+        drop_path_rate=model_cfg.drop_path_rate, head_drop_rate=model_cfg.head_drop_rate,
+        attn_backend=model_cfg.attn_backend, patch_embed=model_cfg.patch_embed, pool=model_cfg.pool,
+        pos_embed=model_cfg.pos_embed,
+    )
+    options.update(overrides)
+    model = create_model(model_cfg.name, pretrained=model_cfg.pretrained or None, **options)
+    if model_cfg.activation_checkpointing:
+        apply_activation_checkpointing(
+            model, every=model_cfg.checkpoint_every, first_n=model_cfg.checkpoint_first_n, impl=model_cfg.checkpoint_impl
+        )
+    return model
+
+
+def _build(name: str, pretrained: str | Path | dict | None, overrides: dict[str, Any]) -> VideoViT:
+    model = VideoViT(_ARCHS[name].replace(**overrides))
+    if pretrained is not None and pretrained != "":
+        from .pretrained import load_pretrained
+
+        report = load_pretrained(model, pretrained)
+        logger.info("%s: loaded %s", name, report.summary())
+    return model
+
+
+def _arch(name: str, **fields: Any) -> ViTArch:
+    _ARCHS[name] = ViTArch(name=name, **fields).validate()
+    return _ARCHS[name]
+
+
+# ----------------------------------------------------------------------------------------------
+# sizes (VideoMAE / VideoMAEv2; tubelet 2x16x16, 16 frames x 224 px unless noted)
+# ----------------------------------------------------------------------------------------------
+_arch("vit_test_tiny", embed_dim=64, depth=2, num_heads=2, num_frames=4, img_size=32, num_classes=10)
+_arch("vit_test_small", embed_dim=96, depth=4, num_heads=3, num_frames=8, img_size=64, num_classes=10)
+_arch("vit_small_patch16_224", embed_dim=384, depth=12, num_heads=6)
+_arch("vit_base_patch16_224", embed_dim=768, depth=12, num_heads=12)
+_arch("vit_large_patch16_224", embed_dim=1024, depth=24, num_heads=16)
+_arch("vit_huge_patch16_224", embed_dim=1280, depth=32, num_heads=16)
+_arch("vit_giant_patch14_224", embed_dim=1408, depth=40, num_heads=16, mlp_ratio=48 / 11, patch_size=14)
+
+
+@register_model
+def vit_test_tiny(pretrained: Any = None, **overrides: Any) -> VideoViT:
+    """Test size: 64 wide, 2 deep, 2 heads, 4 frames x 32 px, 10 classes (CPU tests)."""
+    return _build("vit_test_tiny", pretrained, overrides)
+
+
+@register_model
+def vit_test_small(pretrained: Any = None, **overrides: Any) -> VideoViT:
+    """Test size: 96 wide, 4 deep, 3 heads, 8 frames x 64 px, 10 classes (CPU smoke runs)."""
+    return _build("vit_test_small", pretrained, overrides)
+
+
+@register_model
+def vit_small_patch16_224(pretrained: Any = None, **overrides: Any) -> VideoViT:
+    """ViT-S/16: 384 wide, 12 deep, 6 heads (~22M)."""
+    return _build("vit_small_patch16_224", pretrained, overrides)
+
+
+@register_model
+def vit_base_patch16_224(pretrained: Any = None, **overrides: Any) -> VideoViT:
+    """ViT-B/16 (VideoMAE): 768 wide, 12 deep, 12 heads (~87M with a 400-class head)."""
+    return _build("vit_base_patch16_224", pretrained, overrides)
+
+
+@register_model
+def vit_large_patch16_224(pretrained: Any = None, **overrides: Any) -> VideoViT:
+    """ViT-L/16 (VideoMAE): 1024 wide, 24 deep, 16 heads (~304M)."""
+    return _build("vit_large_patch16_224", pretrained, overrides)
+
+
+@register_model
+def vit_huge_patch16_224(pretrained: Any = None, **overrides: Any) -> VideoViT:
+    """ViT-H/16 (VideoMAE): 1280 wide, 32 deep, 16 heads (~633M)."""
+    return _build("vit_huge_patch16_224", pretrained, overrides)
+
+
+@register_model
+def vit_giant_patch14_224(pretrained: Any = None, **overrides: Any) -> VideoViT:
+    """ViT-g/14 (VideoMAEv2): 1408 wide, 40 deep, 16 heads, mlp_ratio 48/11 (~1.01B)."""
+    return _build("vit_giant_patch14_224", pretrained, overrides)

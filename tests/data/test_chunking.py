@@ -1,0 +1,108 @@
+"""Chunking tool: layout, counted frames, scaling, incremental re-runs, failures."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+
+from avion_ds.data import chunking
+from avion_ds.data.chunking import FAILURES_NAME, chunk_videos, output_size
+from avion_ds.data.manifest import load_manifest, read_manifest_records
+from avion_ds.data.synthetic import read_frame_index, write_video
+
+
+def test_layout_and_manifest(index_chunks, decode_all) -> None:
+    names = sorted(p.name for p in (index_chunks / "idx").iterdir())
+    assert names == ["0.mp4", "1.mp4", "2.mp4", "3.mp4", "4.mp4"]
+    recs = sorted(read_manifest_records(index_chunks), key=lambda r: r["start_frame"])
+    assert [r["start_frame"] for r in recs] == [0, 30, 60, 90, 120]
+    for r in recs:
+        assert r["frames"] == len(decode_all(index_chunks / r["path"])) == 30  # counted by decoding
+        assert (r["fps"], r["width"], r["height"], r["video_id"]) == (30.0, 96, 72, "idx")
+        assert r["source_size"] > 0 and r["source_mtime_ns"] > 0
+    # every frame lands in the chunk its time says, in order
+    frames = decode_all(index_chunks / "idx" / "2.mp4")
+    assert [read_frame_index(f) for f in frames.numpy()] == list(range(60, 90))
+    assert not list(index_chunks.rglob("*.part"))
+
+
+def test_output_size_never_upscales() -> None:
+    assert output_size(1920, 1080, 320) == (568, 320)
+    assert output_size(1080, 1920, 320) == (320, 568)
+    assert output_size(96, 72, 320) == (96, 72)
+    assert output_size(97, 73, None) == (96, 72)  # even sizes for yuv420p, never up
+
+
+def test_fps_conversion_and_scaling(tmp_path, index_video, decode_all) -> None:
+    s = chunk_videos(index_video, tmp_path / "out", chunk_seconds=2.0, short_side=36, fps=15, gop=4, progress=False)
+    assert s.ok == ["idx"] and not s.failed
+    entry = load_manifest(tmp_path / "out")["idx"]
+    assert (entry.width, entry.height, entry.fps) == (48, 36, 15.0)
+    assert [c.frames for c in entry.chunks] == [30, 30, 15]  # 5 s at 15 fps in 2 s chunks
+    first = decode_all(entry.chunks[1].path)[0]
+    assert first.shape == (36, 48, 3)
+
+
+def test_incremental_rerun_and_failures(tmp_path, index_video) -> None:
+    src = tmp_path / "src"
+    src.mkdir()
+    shutil.copy(index_video, src / "a.mp4")
+    write_video(src / "b.mp4", 20, 32, 32, fps=10)
+    (src / "empty.mp4").write_bytes(b"")
+    (src / "notes.mp4").write_text("this is not a video\n" * 10)
+    dst = tmp_path / "dst"
+    (dst / "a").mkdir(parents=True)
+    (dst / "a" / "0.mp4.part").write_bytes(b"half a chunk from an interrupted run")
+
+    s = chunk_videos(src, dst, chunk_seconds=1.0, fps=30, workers=2, progress=False)
+    assert sorted(s.ok) == ["a", "b"] and not s.skipped
+    failed = dict(s.failed)
+    assert failed[str(src / "empty.mp4")] == "ValueError: zero-byte file"
+    assert "cannot open as video" in failed[str(src / "notes.mp4")]
+    lines = (dst / FAILURES_NAME).read_text().splitlines()
+    assert sorted(line.split("\t")[0] for line in lines) == sorted([str(src / "empty.mp4"), str(src / "notes.mp4")])
+    assert not list(dst.rglob("*.part"))
+    videos = load_manifest(dst)
+    assert set(videos) == {"a", "b"} and videos["b"].num_frames == 60  # 2 s resampled 10 -> 30 fps
+
+    # re-run: nothing to do; then change one source -> only it is redone
+    (src / "empty.mp4").unlink()
+    (src / "notes.mp4").unlink()
+    s2 = chunk_videos(src, dst, chunk_seconds=1.0, fps=30, progress=False)
+    assert sorted(s2.skipped) == ["a", "b"] and not s2.ok and not s2.failed
+    assert not (dst / FAILURES_NAME).exists()
+    write_video(src / "b.mp4", 40, 32, 32, fps=10)
+    st = os.stat(src / "b.mp4")
+    os.utime(src / "b.mp4", ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))
+    s3 = chunk_videos(src, dst, chunk_seconds=1.0, fps=30, progress=False)
+    assert s3.ok == ["b"] and s3.skipped == ["a"]
+    assert load_manifest(dst)["b"].num_frames == 120
+    lines = [json.loads(x) for x in (dst / "manifest.jsonl").read_text().splitlines()]
+    assert len(lines) == len({(r["video_id"], r["start_frame"]) for r in lines})  # compacted
+    # a deleted chunk makes its video stale again
+    (dst / "a" / "2.mp4").unlink()
+    assert chunk_videos(src, dst, chunk_seconds=1.0, fps=30, progress=False).ok == ["a"]
+
+
+def test_cli_exit_code(tmp_path, capsys) -> None:
+    src = tmp_path / "src"
+    src.mkdir()
+    write_video(src / "ok.mp4", 10, 32, 32, fps=10)
+    assert chunking.main([str(src), str(tmp_path / "d1"), "--chunk-seconds", "1", "--no-progress"]) == 0
+    (src / "bad.mp4").write_bytes(b"\x00" * 100)
+    assert chunking.main([str(src), str(tmp_path / "d2"), "--chunk-seconds", "1", "--no-progress",
+                          "--workers", "1"]) == 1
+    captured = capsys.readouterr()
+    assert "FAILED" in captured.out and str(src / "bad.mp4") in captured.out
+    assert chunking.main([str(tmp_path / "missing"), str(tmp_path / "d3")]) == 2
+
+
+def test_avion_ds_cli_dispatches_synth_and_chunk(tmp_path) -> None:
+    from avion_ds.cli import main as cli
+
+    assert cli(["synth", str(tmp_path / "syn"), "--num-videos", "1", "--segments-per-video", "2"]) == 0
+    assert cli(["chunk", str(tmp_path / "syn" / "videos"), str(tmp_path / "chunks"), "--chunk-seconds", "2",
+                "--no-progress"]) == 0
+    entry = load_manifest(tmp_path / "chunks")["P01_101"]
+    assert entry.num_frames == 4 * 30 and (entry.width, entry.height) == (96, 72)  # 4 s at 30 fps, not upscaled

@@ -1,0 +1,80 @@
+"""Test helpers: write our model's weights in other projects' checkpoint layouts."""
+
+from __future__ import annotations
+
+import re
+
+import torch
+
+from avion_ds.models import VideoViT
+
+
+def _ours(model: VideoViT) -> dict[str, torch.Tensor]:
+    sd = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    sd["patch_embed.proj.weight"] = sd["patch_embed.proj.weight"].reshape(model.patch_embed.conv_weight_shape)
+    return sd
+
+
+def to_videomae(model: VideoViT) -> dict:
+    """Official VideoMAE fine-tuning checkpoint: {"model": ..., "args": ...}, Conv3d patch weight,
+    LayerScale as gamma_1 / gamma_2."""
+    sd = {}
+    for k, v in _ours(model).items():
+        k = re.sub(r"\.ls1\.gamma$", ".gamma_1", k)
+        k = re.sub(r"\.ls2\.gamma$", ".gamma_2", k)
+        sd[k] = v
+    return {"model": sd, "epoch": 3}
+
+
+def to_videomae_pretrain(model: VideoViT) -> dict:
+    """Official VideoMAE pre-training checkpoint: encoder.* (norm instead of fc_norm), decoder.*."""
+    sd = {}
+    for k, v in to_videomae(model)["model"].items():
+        if k.startswith("head."):
+            continue
+        sd["encoder." + k.replace("fc_norm.", "norm.")] = v
+    d = model.embed_dim
+    sd["decoder.blocks.0.norm1.weight"] = torch.ones(d)
+    sd["encoder_to_decoder.weight"] = torch.zeros(d, d)
+    sd["mask_token"] = torch.zeros(1, 1, d)
+    return {"module": sd}
+
+
+def to_hf(model: VideoViT) -> dict[str, torch.Tensor]:
+    """transformers VideoMAEForVideoClassification state dict."""
+    d = model.embed_dim
+    out = {}
+    for k, v in _ours(model).items():
+        m = re.match(r"^blocks\.(\d+)\.(.+)$", k)
+        if m:
+            p = f"videomae.encoder.layer.{m.group(1)}."
+            rest = m.group(2)
+            if rest == "attn.qkv.weight":
+                out[p + "attention.attention.query.weight"] = v[:d]
+                out[p + "attention.attention.key.weight"] = v[d:2 * d]
+                out[p + "attention.attention.value.weight"] = v[2 * d:]
+                continue
+            name = {
+                "attn.q_bias": "attention.attention.q_bias",
+                "attn.v_bias": "attention.attention.v_bias",
+                "attn.proj.weight": "attention.output.dense.weight",
+                "attn.proj.bias": "attention.output.dense.bias",
+                "mlp.fc1.weight": "intermediate.dense.weight",
+                "mlp.fc1.bias": "intermediate.dense.bias",
+                "mlp.fc2.weight": "output.dense.weight",
+                "mlp.fc2.bias": "output.dense.bias",
+                "norm1.weight": "layernorm_before.weight",
+                "norm1.bias": "layernorm_before.bias",
+                "norm2.weight": "layernorm_after.weight",
+                "norm2.bias": "layernorm_after.bias",
+            }[rest]
+            out[p + name] = v
+        elif k.startswith("patch_embed.proj."):
+            out["videomae.embeddings.patch_embeddings.projection." + k.split(".")[-1]] = v
+        elif k.startswith("fc_norm."):
+            out[k] = v
+        elif k.startswith("head."):
+            out["classifier." + k.split(".")[-1]] = v
+        else:
+            raise KeyError(k)
+    return out

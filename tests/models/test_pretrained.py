@@ -1,0 +1,251 @@
+"""Pretrained loading: every format round-trips; resizing; reports; errors."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from safetensors.torch import save_file
+
+from avion_ds.models import create_model, load_pretrained
+from avion_ds.models.pretrained import resize_patch_weight, resize_pos_embed
+
+from .convert import to_hf, to_videomae, to_videomae_pretrain
+
+X = torch.randn(2, 3, 4, 32, 32)
+
+
+def _src(**kw):
+    torch.manual_seed(0)
+    model = create_model("vit_test_tiny", head_init_scale=1.0, **kw).eval()
+    with torch.no_grad():  # non-trivial biases / norms so a wrong mapping shows up
+        for p in model.parameters():
+            if p.ndim == 1:
+                p.add_(torch.randn_like(p) * 0.1)
+    return model
+
+
+def _fresh(**kw):
+    torch.manual_seed(123)
+    return create_model("vit_test_tiny", **kw).eval()
+
+
+@torch.no_grad()
+def test_videomae_finetune_checkpoint_reproduces_logits_exactly(tmp_path):
+    src = _src(layer_scale=0.1)
+    path = tmp_path / "checkpoint-best.pth"
+    ckpt = to_videomae(src)
+    ckpt["args"] = {"model": "vit_test_tiny"}
+    torch.save(ckpt, path)
+    dst = _fresh(layer_scale=0.1)
+    report = load_pretrained(dst, path, strict=True)
+    assert report.format == "videomae" and not report.missing and not report.unexpected
+    assert torch.equal(dst(X), src(X))
+
+
+@torch.no_grad()
+def test_videomae_conv_model_and_linear_model_both_load():
+    src = _src(patch_embed="conv")
+    dst = _fresh(patch_embed="linear")
+    load_pretrained(dst, to_videomae(src), strict=True)
+    torch.testing.assert_close(dst(X), src(X), atol=1e-5, rtol=1e-5)
+
+
+@torch.no_grad()
+def test_videomae_pretrain_checkpoint_loads_encoder(tmp_path):
+    src = _src()
+    path = tmp_path / "pretrain.pth"
+    torch.save(to_videomae_pretrain(src), path)
+    dst = _fresh(num_classes=5)
+    report = load_pretrained(dst, path)
+    assert report.format == "videomae"
+    assert report.missing == ["head.bias", "head.weight"]
+    assert report.unexpected == ["decoder.blocks.0.norm1.weight", "encoder_to_decoder.weight", "mask_token"]
+    assert torch.equal(dst.forward_features(X), src.forward_features(X))
+
+
+@torch.no_grad()
+def test_hf_videomae_state_dict_roundtrip(tmp_path):
+    src = _src()
+    path = tmp_path / "model.safetensors"
+    save_file(to_hf(src), str(path))
+    for source in (path, tmp_path):  # file, or the HF model directory
+        dst = _fresh()
+        report = load_pretrained(dst, source, strict=True)
+        assert report.format == "hf"
+        torch.testing.assert_close(dst(X), src(X), atol=1e-6, rtol=1e-6)
+
+
+@torch.no_grad()
+def test_hf_bin_with_query_value_bias_names(tmp_path):
+    src = _src()
+    sd = {}
+    for k, v in to_hf(src).items():
+        k = k.replace("attention.attention.q_bias", "attention.attention.query.bias")
+        sd[k.replace("attention.attention.v_bias", "attention.attention.value.bias")] = v
+    torch.save(sd, tmp_path / "pytorch_model.bin")
+    dst = _fresh()
+    load_pretrained(dst, tmp_path / "pytorch_model.bin", strict=True)
+    torch.testing.assert_close(dst(X), src(X), atol=1e-6, rtol=1e-6)
+
+
+@torch.no_grad()
+def test_against_transformers_videomae_if_installed():
+    transformers = pytest.importorskip("transformers")
+    cfg = transformers.VideoMAEConfig(
+        image_size=32, patch_size=16, num_channels=3, num_frames=4, tubelet_size=2, hidden_size=64,
+        num_hidden_layers=2, num_attention_heads=2, intermediate_size=256, qkv_bias=True, use_mean_pooling=True,
+        layer_norm_eps=1e-6, num_labels=10, hidden_act="gelu",
+    )
+    hf = transformers.VideoMAEForVideoClassification(cfg).eval()
+    hf.fc_norm.eps = 1e-6
+    dst = _fresh()
+    load_pretrained(dst, hf.state_dict(), strict=True)
+    ref = hf(pixel_values=X.permute(0, 2, 1, 3, 4)).logits
+    torch.testing.assert_close(dst(X), ref, atol=1e-5, rtol=1e-5)
+
+
+def _timm_vit(**kw):
+    from timm.models.vision_transformer import VisionTransformer
+
+    torch.manual_seed(1)
+    vit = VisionTransformer(img_size=32, patch_size=16, embed_dim=64, depth=2, num_heads=2, num_classes=10, **kw).eval()
+    with torch.no_grad():
+        for p in vit.parameters():
+            if p.ndim == 1:
+                p.add_(torch.randn_like(p) * 0.1)  # includes a non-zero k bias (softmax-invariant)
+    return vit
+
+
+# Without a class token, a static clip's tokens are the image tokens repeated in time, which
+# attention and mean pooling cannot tell apart; with one, only a single tubelet in time is exact.
+@pytest.mark.parametrize(
+    "pool,frames,timm_kw", [("cls", 2, {}), ("mean", 4, {"class_token": False, "global_pool": "avg"})]
+)
+@torch.no_grad()
+def test_timm_image_vit_inflates_exactly_on_static_clips(pool, frames, timm_kw):
+    vit = _timm_vit(**timm_kw)
+    dst = _fresh(pool=pool, pos_embed="learned", num_frames=frames)
+    report = load_pretrained(dst, vit.state_dict(), strict=True)
+    assert report.format == "timm"
+    img = torch.randn(2, 3, 32, 32)
+    clip = img[:, :, None].expand(2, 3, frames, 32, 32).contiguous()  # the same frame repeated
+    torch.testing.assert_close(dst(clip), vit(img), atol=1e-5, rtol=1e-5)
+
+
+def test_timm_vit_base_state_dict_loads_into_video_base():
+    import timm
+
+    with torch.device("meta"):  # shapes only: fast, no memory
+        sd = timm.create_model("vit_base_patch16_224", pretrained=False).state_dict()
+        dst = create_model("vit_base_patch16_224", num_frames=4, pool="cls", pos_embed="learned")
+    report = load_pretrained(dst, sd)
+    assert report.format == "timm"
+    assert report.missing == ["head.bias", "head.weight"]
+    assert report.dropped == ["head.bias", "head.weight"]  # 1000 ImageNet classes vs 400
+    assert report.unexpected == []
+    assert report.resized == ["patch_embed.proj.weight", "pos_embed"]
+    assert dst.pos_embed.shape == (1, 2 * 14 * 14, 768)
+
+
+def test_timm_into_sincos_model_reports_unused_pos_embed():
+    report = load_pretrained(_fresh(pool="cls"), _timm_vit().state_dict())
+    assert report.unexpected == ["pos_embed"] and report.missing == [] and report.resized == ["patch_embed.proj.weight"]
+
+
+@torch.no_grad()
+def test_own_format_safetensors_via_create_model(tmp_path):
+    src = _src(heads={"verb": 4, "noun": 3}, pos_embed="learned")
+    path = tmp_path / "export.safetensors"
+    save_file({k: v.float().contiguous() for k, v in src.state_dict().items()}, str(path))
+    dst = create_model("vit_test_tiny", pretrained=str(path), heads={"verb": 4, "noun": 3}, pos_embed="learned").eval()
+    out, ref = dst(X), src(X)
+    for k in ref:
+        assert torch.equal(out[k], ref[k])
+    report = load_pretrained(dst, path, strict=True)
+    assert report.format == "avion_ds"
+
+
+def test_own_format_deepspeed_module_wrapper_and_ddp_prefix():
+    src = _src()
+    ckpt = {"module": {"module." + k: v for k, v in src.state_dict().items()}, "global_steps": 3}
+    dst = _fresh()
+    report = load_pretrained(dst, ckpt, strict=True)
+    assert report.format == "avion_ds"
+    assert all(torch.equal(a, b) for a, b in zip(dst.state_dict().values(), src.state_dict().values()))
+
+
+def test_head_dropped_when_class_count_differs_and_strict_raises():
+    src = _src()
+    dst = _fresh(num_classes=3)
+    report = load_pretrained(dst, src.state_dict())
+    assert report.dropped == ["head.bias", "head.weight"] and report.missing == ["head.bias", "head.weight"]
+    with pytest.raises(ValueError, match="dropped=2"):
+        load_pretrained(_fresh(num_classes=3), src.state_dict(), strict=True)
+
+
+def test_single_head_checkpoint_into_multi_head_model():
+    report = load_pretrained(_fresh(heads={"verb": 2, "noun": 3}), _src().state_dict())
+    assert report.missing == ["heads.noun.bias", "heads.noun.weight", "heads.verb.bias", "heads.verb.weight"]
+    assert report.unexpected == ["head.bias", "head.weight"]
+
+
+def test_learned_pos_embed_interpolated_in_time_and_space():
+    src = _src(pos_embed="learned")
+    with torch.no_grad():
+        src.pos_embed.fill_(0.25)
+    dst = create_model("vit_test_tiny", pos_embed="learned", num_frames=8, img_size=64)
+    report = load_pretrained(dst, src.state_dict())
+    assert "pos_embed" in report.resized
+    assert dst.pos_embed.shape == (1, 4 * 4 * 4, 64)
+    torch.testing.assert_close(dst.pos_embed.detach(), torch.full_like(dst.pos_embed, 0.25))
+
+
+def test_resize_pos_embed_time_only_keeps_spatial_pattern():
+    pos = torch.arange(2 * 2 * 2, dtype=torch.float32).reshape(1, 8, 1).repeat(1, 1, 4)
+    pos[:, 4:] = pos[:, :4]  # constant in time
+    out = resize_pos_embed(pos, (4, 2, 2))
+    assert out.shape == (1, 16, 4)
+    torch.testing.assert_close(out.reshape(4, 4, 4)[3], pos[0, :4])
+
+
+def test_tubelet_depth_resize():
+    src = _src()
+    dst = _fresh(tubelet_size=1)
+    report = load_pretrained(dst, src.state_dict())
+    assert report.resized == ["patch_embed.proj.weight"]
+    static = X[:, :, :1].expand(2, 3, 4, 32, 32)
+    # on static clips a tubelet-1 embedding with the rescaled weight equals the tubelet-2 one
+    w2 = src.patch_embed.proj.weight.reshape(64, 3, 2, 16, 16)
+    w1 = resize_patch_weight(w2, (64, 3, 1, 16, 16))
+    torch.testing.assert_close(w1[:, :, 0], w2.sum(2))
+    torch.testing.assert_close(dst.patch_embed(static)[:, :4], src.patch_embed(static)[:, :4])
+
+
+def test_unknown_format_names_first_keys():
+    with pytest.raises(ValueError, match=r"first keys: \['encoder.conv1.weight', 'fc.bias'\]"):
+        load_pretrained(_fresh(), {"encoder.conv1.weight": torch.zeros(1), "fc.bias": torch.zeros(1)})
+
+
+def test_incompatible_shape_names_key():
+    sd = _src().state_dict()
+    sd["blocks.0.mlp.fc1.weight"] = torch.zeros(3, 3)
+    with pytest.raises(ValueError, match=r"blocks.0.mlp.fc1.weight: shape \(3, 3\)"):
+        load_pretrained(_fresh(), sd)
+
+
+def test_missing_file():
+    with pytest.raises(FileNotFoundError, match="nope.pth"):
+        load_pretrained(_fresh(), "/tmp/nope.pth")
+
+
+@torch.no_grad()
+def test_pickled_training_args_fall_back_to_full_unpickling(tmp_path):
+    import argparse
+
+    src = _src()
+    ckpt = to_videomae(src)
+    ckpt["args"] = argparse.Namespace(model="vit_test_tiny", lr=1e-3)  # as VideoMAE's save_on_master does
+    torch.save(ckpt, tmp_path / "checkpoint-99.pth")
+    dst = _fresh()
+    load_pretrained(dst, tmp_path / "checkpoint-99.pth", strict=True)
+    assert torch.equal(dst(X), src(X))
