@@ -149,7 +149,7 @@ def main(argv: list[str] | None = None) -> int:
     # (b) chunked + fused, through the dataset
     for name in available_backends():
         ds = build_dataset(DataConfig(**{**cfg.__dict__, "decoder": name}), "train")
-        results[f"(b) chunked+fused {name}"] = rate(lambda i: ds[i]["frames"], a.clips)
+        results[f"(b) chunked+fused {name}"] = rate(lambda i, ds=ds: ds[i]["frames"], a.clips)
     ds_t = build_dataset(DataConfig(**{**cfg.__dict__, "decode_timeout_s": 60.0}), "train")
     results["(b) chunked+fused decord via timeout helper"] = rate(lambda i: ds_t[i]["frames"], a.clips)
     ds_t.decoder.close()

@@ -2,7 +2,7 @@
 
 CPU (default): vit_base_patch16_224 at 8 x 224 (16 x 224 is too slow on a 2-core VM), batch 1,
 comparing attention eager vs sdpa and Conv3d vs linear tubelet embedding (plus activation
-checkpointing for the activation bytes). Variants run round-robin in ONE process and results are
+checkpointing for the activation bytes). Variants run round-robin in ONE process (best of --iters per variant) and results are
 printed as ratios against the first variant, so machine load affects them alike.
 
 GPU: ``--device cuda --dtype bf16 --frames 16 --models vit_base_patch16_224 vit_large_patch16_224
@@ -18,7 +18,6 @@ Examples:
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
 import time
 from dataclasses import dataclass
@@ -76,7 +75,13 @@ def _sync(device: torch.device) -> None:
 def run(args: argparse.Namespace) -> list[dict]:
     device = torch.device(args.device)
     dtype = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[args.dtype]
-    variants = [Variant(m, b, e) for m in args.models for b in args.backends for e in args.embeds]
+    if args.grid:
+        variants = [Variant(m, b, e) for m in args.models for b in args.backends for e in args.embeds]
+    else:  # the first backend/embed is the baseline; change one factor at a time
+        b0, e0 = args.backends[0], args.embeds[0]
+        variants = [Variant(m, b0, e0) for m in args.models]
+        variants += [Variant(m, b, e0) for m in args.models for b in args.backends[1:]]
+        variants += [Variant(m, b0, e) for m in args.models for e in args.embeds[1:]]
     if args.ckpt:
         variants += [Variant(m, args.backends[0], args.embeds[0], ckpt=True) for m in args.models]
     built = []
@@ -115,7 +120,7 @@ def run(args: argparse.Namespace) -> list[dict]:
         peak = next((f for k, f in _PEAK_BF16.items() if k in name), None)
     rows = []
     for v, _ in built:
-        t = statistics.median(times[v.label])
+        t = min(times[v.label])
         clips = args.batch / t
         flops = 3 * model_flops(v.model, num_frames=args.frames, img_size=args.size)
         rows.append({
@@ -126,10 +131,34 @@ def run(args: argparse.Namespace) -> list[dict]:
     return rows
 
 
+def embed_only(args: argparse.Namespace) -> str:
+    """Tubelet embedding alone (fwd+bwd, input gradient off as in training): linear vs Conv3d."""
+    from avion_ds.models.patch_embed import PatchEmbed
+
+    device = torch.device(args.device)
+    dtype = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[args.dtype]
+    x = torch.randn(args.batch, 3, args.frames, args.size, args.size, device=device, dtype=dtype)
+    mods = {m: PatchEmbed(args.size, 16, 2, args.frames, 3, 768, mode=m).to(device, dtype) for m in ("linear", "conv")}
+    mods["conv"].load_state_dict(mods["linear"].state_dict())
+    times: dict[str, list[float]] = {m: [] for m in mods}
+    for i in range(args.embed_iters + 2):
+        for m, mod in mods.items():
+            _sync(device)
+            t0 = time.perf_counter()
+            mod(x).float().square().mean().backward()
+            _sync(device)
+            if i >= 2:
+                times[m].append(time.perf_counter() - t0)
+    lin, conv = (min(times[m]) for m in ("linear", "conv"))
+    return (f"tubelet embedding alone (768 wide, {args.batch}x3x{args.frames}x{args.size}x{args.size}, fwd+bwd, "
+            f"best of {args.embed_iters}): linear {1e3 * lin:.1f} ms, conv3d {1e3 * conv:.1f} ms, "
+            f"linear speed-up x{conv / lin:.2f}")
+
+
 def report(rows: list[dict], args: argparse.Namespace) -> str:
     lines = [
         f"device={args.device} dtype={args.dtype} input={args.batch}x3x{args.frames}x{args.size}x{args.size} "
-        f"iters={args.iters} (median) torch={torch.__version__} threads={torch.get_num_threads()}",
+        f"best of {args.iters} iters torch={torch.__version__} threads={torch.get_num_threads()}",
         f"{'variant':44s} {'step s':>8s} {'clips/s':>8s} {'x speed':>8s} {'act MiB':>9s} {'x act':>7s}"
         f" {'TFLOP/s':>8s} {'MFU':>6s} {'peak MiB':>9s}",
     ]
@@ -152,6 +181,8 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--models", nargs="+", default=["vit_base_patch16_224"])
     p.add_argument("--backends", nargs="+", default=["sdpa", "eager"], choices=["flash", "sdpa", "eager"])
     p.add_argument("--embeds", nargs="+", default=["linear", "conv"], choices=["linear", "conv"])
+    p.add_argument("--grid", action="store_true", help="every backend x embed combination (default: one factor at a time)")
+    p.add_argument("--embed-iters", type=int, default=10, help="iterations of the embedding-only comparison (0: skip)")
     p.add_argument("--no-ckpt", dest="ckpt", action="store_false", help="skip the activation-checkpointing row")
     p.add_argument("--frames", type=int, default=8)
     p.add_argument("--size", type=int, default=224)
@@ -164,6 +195,8 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse(argv)
+    if args.embed_iters > 0:
+        print(embed_only(args), flush=True)
     print(report(run(args), args))
     return 0
 

@@ -26,7 +26,7 @@ _LAZY = {
     "write_video": "avion_ds.data.synthetic",
 }
 
-__all__ = sorted(_LAZY)
+__all__ = list(_LAZY)  # names resolved lazily by __getattr__
 
 
 def __getattr__(name: str) -> Any:

@@ -58,7 +58,7 @@ class DeviceAugment:
             raise TypeError(f"DeviceAugment expects uint8 frames, got {frames.dtype}")
         device = frames.device
         if frames.dim() == 6:  # (B, V, T, H, W, C) multi-view
-            b, v = frames.shape[:2]
+            v = frames.shape[1]
             frames = frames.flatten(0, 1)
             if self.train and v > 1:
                 labels = _map(labels, lambda t: t.repeat_interleave(v))

@@ -28,6 +28,7 @@ import time
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from dataclasses import dataclass, field
 from fractions import Fraction
+from itertools import pairwise
 from multiprocessing import get_context
 from pathlib import Path
 
@@ -49,8 +50,9 @@ class ChunkSummary:
     seconds: float = 0.0
 
     def __str__(self) -> str:
-        lines = [f"chunked {len(self.ok)}, up to date {len(self.skipped)}, failed {len(self.failed)} "
-                 f"in {self.seconds:.1f}s; manifest: {self.manifest}"]
+        head = (f"chunked {len(self.ok)}, up to date {len(self.skipped)}, failed {len(self.failed)} "
+                f"in {self.seconds:.1f}s; manifest: {self.manifest}")
+        lines = [head]
         lines += [f"FAILED {src}: {reason}" for src, reason in self.failed]
         return "\n".join(lines)
 
@@ -114,7 +116,7 @@ class _ChunkWriter:
     def abort(self) -> None:
         try:
             self.c.close()
-        except Exception:  # noqa: BLE001 - best effort cleanup of a failed chunk
+        except Exception:  # noqa: BLE001, S110 - best effort cleanup of a failed chunk
             pass
         self.tmp.unlink(missing_ok=True)
 
@@ -147,7 +149,7 @@ def chunk_one(src: str, dst: str, video_id: str, params: dict) -> list[dict]:
         nodes = [graph.add_buffer(template=stream), graph.add("fps", f"fps={fps.numerator}/{fps.denominator}"),
                  graph.add("scale", f"{width}:{height}"), graph.add("format", "pix_fmts=yuv420p"),
                  graph.add("buffersink")]
-        for a, b in zip(nodes, nodes[1:]):
+        for a, b in pairwise(nodes):
             a.link_to(b)
         graph.configure()
         out_dir.mkdir(parents=True, exist_ok=True)

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -101,7 +100,7 @@ def three_crops(height: int, width: int) -> list[CropBox]:
     return [CropBox(top, 0, s, s) for top in (0, (height - s) // 2, height - s)]
 
 
-def crop_resize(frames: torch.Tensor, box: CropBox | None, size: tuple[int, int] | None) -> torch.Tensor:  # noqa: F821
+def crop_resize(frames: torch.Tensor, box: CropBox | None, size: tuple[int, int] | None) -> torch.Tensor:
     """uint8 (T, H, W, C) -> crop ``box`` -> bilinear antialiased resize to ``size`` -> uint8 (T, h, w, C)."""
     if box is not None:
         frames = frames[:, box.top:box.top + box.height, box.left:box.left + box.width]

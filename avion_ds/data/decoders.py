@@ -3,7 +3,8 @@
 * ``decord`` (default): accurate ``get_batch`` on sorted unique indices; the crop is fused as a
   decode-time resize (the frame is scaled so the crop box lands at the output size, then the
   box is sliced) unless that would blow the frame up more than 2x in area (tiny crops), in which
-  case it crops + resizes the uint8 frames after decoding.
+  case it crops + resizes the uint8 frames after decoding. decord 0.6 fails to resize to a few
+  output widths (16, 24, 48, 72 px measured); those reads fall back to crop-after-decode too.
 * ``torchcodec``: decoder-native transforms — a crop at a CHOSEN position through the private
   ``DecoderTransform._make_transform_spec`` hook ("crop, h, w, left, top") followed by the public
   ``Resize``. The hook is private: if torchcodec rejects it, the backend logs one warning and
@@ -38,6 +39,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Sequence
+from itertools import pairwise
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -135,7 +137,7 @@ class Decoder:
             frames, done = self._decode(path, uniq, crop)
         except DataError:
             raise
-        except Exception as e:  # noqa: BLE001 - any library error on a bad file becomes one DataError line
+        except Exception as e:  # any library error on a bad file becomes one DataError line
             raise DataError(f"{path}: {self.name} could not decode frames {uniq[0]}..{uniq[-1]} ({_reason(e)})") from e
         if frames.shape[0] != len(uniq):
             raise DataError(f"{path}: {self.name} decoded {frames.shape[0]} of {len(uniq)} requested frames")
@@ -158,7 +160,7 @@ class DecordDecoder(Decoder):
     def check_available(cls) -> None:
         try:
             import decord  # noqa: F401
-        except Exception as e:  # noqa: BLE001
+        except Exception as e:
             raise DecoderUnavailable(f"decoder 'decord' is not available ({_reason(e)}); pip install decord") from e
 
     def _decode(self, path: str, indices: list[int], crop: CropSpec | None):
@@ -175,15 +177,24 @@ class DecordDecoder(Decoder):
                 kw = {"height": h2, "width": w2}
                 b = box.scaled(sy, sx, h2, w2)
                 sliced = CropBox(min(b.top, h2 - oh), min(b.left, w2 - ow), oh, ow)
+        if kw:
+            try:
+                frames = self._read(decord, path, indices, kw)
+            except DataError:
+                raise
+            except Exception:  # noqa: BLE001 - decord 0.6 fails for some output widths (16, 24, 48, 72 px)
+                frames = None
+            if frames is not None and frames.shape[1:3] == (kw["height"], kw["width"]):
+                b = sliced
+                return np.ascontiguousarray(frames[:, b.top:b.top + b.height, b.left:b.left + b.width]), True
+        return self._read(decord, path, indices, {}), crop is None
+
+    def _read(self, decord, path: str, indices: list[int], kw: dict[str, int]) -> np.ndarray:
         vr = decord.VideoReader(path, ctx=decord.cpu(0), num_threads=self.threads, **kw)
         n = len(vr)
         if indices[-1] >= n:
             raise self._too_few(path, n, indices[-1])
-        frames = vr.get_batch(indices).asnumpy()
-        if sliced is not None:
-            b = sliced
-            return np.ascontiguousarray(frames[:, b.top:b.top + b.height, b.left:b.left + b.width]), True
-        return frames, crop is None
+        return vr.get_batch(indices).asnumpy()
 
 
 class _CropAt:
@@ -219,7 +230,7 @@ class TorchCodecDecoder(Decoder):
     def check_available(cls) -> None:
         try:
             from torchcodec.decoders import VideoDecoder  # noqa: F401
-        except Exception as e:  # noqa: BLE001 - torchcodec raises RuntimeError when FFmpeg libs are missing
+        except Exception as e:  # torchcodec raises RuntimeError when FFmpeg libs are missing
             raise DecoderUnavailable(
                 f"decoder 'torchcodec' is not available ({_reason(e)}); pip install torchcodec and install "
                 f"FFmpeg shared libraries (Debian/Ubuntu: apt-get install ffmpeg)") from e
@@ -239,7 +250,7 @@ class TorchCodecDecoder(Decoder):
             try:
                 transforms = [_CropAt(box)] + ([Resize(list(crop.size))] if crop.size else [])
                 dec, fused = self._open(path, transforms), True
-            except Exception as e:  # noqa: BLE001
+            except Exception as e:  # noqa: BLE001 - a newer torchcodec may reject the private hook
                 plain = self._open(path, None)  # raises for a bad file: then it was not the hook
                 if self.hook_ok is None:
                     log.warning("torchcodec rejected the crop-at-position hook (%s); cropping after decode instead",
@@ -264,7 +275,7 @@ class PyAVDecoder(Decoder):
     def check_available(cls) -> None:
         try:
             import av  # noqa: F401
-        except Exception as e:  # noqa: BLE001
+        except Exception as e:
             raise DecoderUnavailable(f"decoder 'pyav' is not available ({_reason(e)}); pip install av") from e
 
     def _graph(self, stream, crop: CropSpec):
@@ -277,7 +288,7 @@ class PyAVDecoder(Decoder):
         if (oh, ow) != (box.height, box.width):
             nodes.append(g.add("scale", f"{ow}:{oh}:flags=bilinear"))
         nodes += [g.add("format", "pix_fmts=rgb24"), g.add("buffersink")]
-        for a, b in zip(nodes, nodes[1:]):
+        for a, b in pairwise(nodes):
             a.link_to(b)
         g.configure()
         return g
@@ -433,14 +444,14 @@ class SubprocessDecoder:
             try:
                 self._proc.stdin.close()
                 self._proc.wait(timeout=5)
-            except Exception:  # noqa: BLE001
+            except Exception:  # noqa: BLE001 - the helper is already gone
                 self._kill()
         self._proc = None
 
     def __del__(self) -> None:
         try:
             self.close()
-        except Exception:  # noqa: BLE001
+        except Exception:  # noqa: BLE001, S110 - never raise from __del__
             pass
 
     def __getstate__(self) -> dict:
@@ -489,12 +500,12 @@ def _serve(name: str, threads: int, fuse: bool) -> int:
             reply = ("ok", (np.asarray(frames), done))
         except DataError as e:
             reply = ("data", str(e))
-        except Exception as e:  # noqa: BLE001
+        except Exception as e:  # noqa: BLE001 - reported to the parent as one line
             reply = ("error", f"{path}: {_reason(e)}")
         _send(out_fd, reply)
 
 
 if __name__ == "__main__":
-    from avion_ds.data import decoders as _module  # the importable module, where plugins register
+    from avion_ds.data import decoders as _module  # noqa: PLW0406 - the importable module, where plugins register
 
     sys.exit(_module._serve(sys.argv[1], int(sys.argv[2]), bool(int(sys.argv[3]))))

@@ -8,8 +8,9 @@ Two things live here:
 * :func:`make_synthetic_epic` — a tiny EPIC-Kitchens-shaped dataset that a tiny ViT can
   learn in CPU minutes: long videos made of back-to-back segments; in each segment one bright
   shape (the *noun*: circle, square, triangle, ...) moves (the *verb*: up, down, grows,
-  shrinks, ...). Verbs 0-3 are invariant to horizontal flips and crops, so the default
-  augmentation (hflip, RandomResizedCrop) keeps the labels valid.
+  shrinks, ...) leaving a fading trail of its earlier positions (motion blur), so the direction
+  shows in the motion and in each frame. Verbs 0-3 are invariant to horizontal flips and crops,
+  so the default augmentation (hflip, RandomResizedCrop) keeps the labels valid.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ _BAR_ROWS = 2
 
 VERB_NAMES = ("move-up", "move-down", "grow", "shrink", "move-left", "move-right", "orbit", "stay")
 NOUN_NAMES = ("circle", "square", "triangle", "diamond", "cross", "ring", "bar", "plus")
+_TRAIL = ((0.24, 0.2), (0.16, 0.3), (0.08, 0.45))  # (phase lag, brightness) of the motion trail
 _NOUN_COLOURS = (
     (255, 70, 70), (70, 255, 70), (90, 140, 255), (255, 230, 60),
     (255, 80, 255), (60, 240, 240), (255, 160, 40), (240, 240, 240),
@@ -72,7 +74,7 @@ class VideoWriter:
             self._container.mux(packet)
         self._container.close()
 
-    def __enter__(self) -> VideoWriter:
+    def __enter__(self) -> VideoWriter:  # noqa: PYI034
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -159,7 +161,7 @@ def _segment_track(verb: int, t: float, width: int, height: int, rng_pos: tuple[
     base_r = min(width, height) * 0.16
     jy, jx = rng_pos  # per-segment offset in [-1, 1]
     cy0, cx0 = height * (0.5 + 0.12 * jy), width * (0.5 + 0.2 * jx)
-    span_y, span_x = height * 0.55, width * 0.55
+    span_y, span_x = height * 0.6, width * 0.6
     kind = verb % len(VERB_NAMES)
     if kind == 0:
         return cy0 + span_y * (0.5 - t), cx0, base_r
@@ -224,9 +226,15 @@ def make_synthetic_epic(out_dir: str | Path, num_videos: int = 4, segments_per_v
             for s in range(segments_per_video):
                 verb, noun = int(rng.integers(num_verbs)), int(rng.integers(num_nouns))
                 pos = (float(rng.uniform(-1, 1)), float(rng.uniform(-1, 1)))
+                colour = np.array(_NOUN_COLOURS[noun], np.float32)
                 for f in range(seg_frames):
-                    cy, cx, r = _segment_track(verb, f / (seg_frames - 1), width, height, pos)
+                    t = f / (seg_frames - 1)
                     frame = bg.copy()
+                    # a fading trail (motion blur) of earlier positions, then the shape on top
+                    for lag, fade in _TRAIL:
+                        cy, cx, r = _segment_track(verb, max(0.0, t - lag), width, height, pos)
+                        frame[_shape_mask(noun, yy, xx, cy, cx, r)] = (colour * fade).astype(np.uint8)
+                    cy, cx, r = _segment_track(verb, t, width, height, pos)
                     frame[_shape_mask(noun, yy, xx, cy, cx, r)] = _NOUN_COLOURS[noun]
                     writer.write(frame)
                 start = s * seg_frames / fps

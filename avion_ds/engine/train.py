@@ -231,7 +231,7 @@ def run(args: argparse.Namespace) -> int:
         return st
 
     timer = StepTimer(sync=device.type == "cuda")
-    smoothing = recipe.data.label_smoothing if recipe.data.mixup == 0 and recipe.data.cutmix == 0 else 0.0
+    smoothing = recipe.data.label_smoothing  # used for int targets only; mixed soft targets carry their own
     exit_after = args.exit_after_steps
     for epoch in range(start_epoch, recipe.schedule.epochs):
         for ds in (train_set, val_set):

@@ -12,8 +12,9 @@ on CPU in tests and gives the same number a GPU would keep (for the same attenti
 from __future__ import annotations
 
 import copy
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 import torch
 from torch import nn
@@ -65,7 +66,7 @@ class SavedTensorTracker:
             self.stats.by_dtype[name] = self.stats.by_dtype.get(name, 0) + nbytes
         return t
 
-    def __enter__(self) -> "SavedTensorTracker":
+    def __enter__(self) -> SavedTensorTracker:
         self._hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, lambda t: t)
         self._hooks.__enter__()
         return self
@@ -77,8 +78,8 @@ class SavedTensorTracker:
 
 def _model_input(model: nn.Module, frames: int | None, size: int | None, batch: int) -> torch.Tensor:
     p = next(model.parameters())
-    t = int(frames if frames is not None else getattr(model, "num_frames"))
-    s = int(size if size is not None else getattr(model, "img_size"))
+    t = int(frames if frames is not None else model.num_frames)
+    s = int(size if size is not None else model.img_size)
     if isinstance(getattr(model, "img_size", None), (tuple, list)) and size is None:
         s = int(model.img_size[0])
     return torch.randn(batch, 3, t, s, s, device=p.device, dtype=p.dtype)

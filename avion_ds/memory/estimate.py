@@ -222,7 +222,9 @@ def _model_states(
         return params, grads, opt, host, "formula (fp32 Adam)"
     if stage in (2, 3):
         from deepspeed.runtime.zero.stage3 import estimate_zero3_model_states_mem_needs
-        from deepspeed.runtime.zero.stage_1_and_2 import estimate_zero2_model_states_mem_needs
+        from deepspeed.runtime.zero.stage_1_and_2 import (
+            estimate_zero2_model_states_mem_needs,
+        )
 
         if stage == 2:
             host, gpu = estimate_zero2_model_states_mem_needs(p, per_node, nodes, cpu_offload=off_opt)
@@ -307,7 +309,7 @@ def estimate(
     context = CUDA_CONTEXT_BYTES + (COMM_BUFFER_BYTES if world_size > 1 else 0)
     inputs = dict(model=info.name, frames=frames, size=size, micro_batch=micro_batch, dtype=str(dt).replace("torch.", ""),
                   zero_stage=zero_stage, offload_optimizer=offload_optimizer, offload_param=offload_param,
-                  checkpointing=int(checkpointing) if not isinstance(checkpointing, bool) else int(checkpointing),
+                  checkpointing=int(checkpointing),
                   world_size=world_size, params_count=info.params)
     return MemoryEstimate(
         params=int(params), grads=int(grads), optimizer=int(opt), activations=int(act), recompute=int(recompute),

@@ -74,7 +74,11 @@ def train_step_probe(
     import torch.distributed as dist
     import torch.nn.functional as F
 
-    from avion_ds.models import apply_activation_checkpointing, create_model, model_flops
+    from avion_ds.models import (
+        apply_activation_checkpointing,
+        create_model,
+        model_flops,
+    )
 
     from .offload import _ensure_process_group
 
@@ -89,10 +93,16 @@ def train_step_probe(
     torch.cuda.empty_cache()
     torch.cuda.reset_peak_memory_stats()
     try:
-        model = create_model(model_name, num_frames=frames, img_size=size, attn_backend=attn_backend, num_classes=400)
+        stage3 = result["zero_stage"] == 3
+        # ZeRO-3 partitions (and offloads) from host memory; the others initialise on the GPU (fast)
+        with torch.device("cpu" if stage3 else "cuda"):
+            model = create_model(model_name, num_frames=frames, img_size=size, attn_backend=attn_backend,
+                                 num_classes=400)
         if checkpoint_every:
             apply_activation_checkpointing(model, every=checkpoint_every)
         engine, *_ = deepspeed.initialize(model=model, model_parameters=[p for p in model.parameters()], config=cfg)
+        gc.collect()
+        torch.cuda.reset_peak_memory_stats()  # the peak of the steps, not of fp32 construction
         device = engine.device
         cdtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(dtype, torch.float32)
         x = torch.randn(micro_batch, 3, frames, size, size, device=device, dtype=cdtype)
@@ -125,8 +135,8 @@ def train_step_probe(
         if engine is not None and hasattr(engine, "destroy"):
             try:
                 engine.destroy()
-            except Exception:  # pragma: no cover - best-effort cleanup between probes
-                pass
+            except Exception as e:  # noqa: BLE001 - best-effort cleanup between probes
+                result.setdefault("cleanup_error", str(e)[:200])
         del engine, model
         gc.collect()
         torch.cuda.empty_cache()

@@ -17,7 +17,8 @@ from __future__ import annotations
 
 import os
 import socket
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import Any
 
 import torch
 from torch import nn

@@ -22,6 +22,8 @@ from typing import Any
 from .units import format_bytes, parse_bytes
 
 CHECKPOINT_CHOICES = (0, 1, 2, 4)  # 0 = none, k = every k-th block
+HW_FIELDS = ("gpu_tflops", "mfu", "saturation_tokens", "pcie_gbps", "net_gbps", "nvme_gbps", "cpu_adam_gparams",
+             "overlap", "stage3_overhead")
 
 
 @dataclass(frozen=True)
@@ -169,7 +171,7 @@ def plan(req: Request) -> tuple[list[Candidate], dict[str, Any]]:
             for every in CHECKPOINT_CHOICES:
                 for micro, accum in _micro_batches(per_gpu, req.max_micro):
                     c = Candidate(stage, offload, device, every, micro, accum)
-                    e = estimate(info_model(req), req.frames, req.size, micro, req.dtype, stage,
+                    e = estimate(req.model, req.frames, req.size, micro, req.dtype, stage,
                                  offload in ("optimizer", "all"), offload == "all", every, req.gpus,
                                  gpus_per_node=req.gpus_per_node)
                     c.peak, c.estimate = e.total, e.as_dict()
@@ -191,10 +193,6 @@ def plan(req: Request) -> tuple[list[Candidate], dict[str, Any]]:
         c.relative_speed = c.clips_per_s / best
     facts = dict(params=info.params, depth=info.depth, tokens=tokens, fwd_flops=flops, largest_layer=info.largest_layer_params)
     return fitting + rest, facts
-
-
-def info_model(req: Request) -> str:
-    return req.model
 
 
 # ----------------------------------------------------------------------------------------------
@@ -352,7 +350,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--measure", action="store_true", help="CUDA only: run real steps of the top candidates")
     p.add_argument("--measure-top", type=_positive_int("--measure-top"), default=3)
     p.add_argument("--measure-steps", type=_positive_int("--measure-steps"), default=3)
-    for f in ("gpu_tflops", "mfu", "pcie_gbps", "net_gbps", "nvme_gbps", "cpu_adam_gparams", "overlap"):
+    for f in HW_FIELDS:
         p.add_argument("--" + f.replace("_", "-"), type=float, default=getattr(Hardware(), f),
                        help=f"cost model: {f} (default {getattr(Hardware(), f)})")
     return p.parse_args(argv)
@@ -378,8 +376,9 @@ def build_request(args: argparse.Namespace) -> Request:
     for f in ("gpu_tflops", "pcie_gbps", "net_gbps", "nvme_gbps", "cpu_adam_gparams"):
         if getattr(args, f) <= 0:
             raise ValueError(f"--{f.replace('_', '-')}={getattr(args, f)} must be positive")
-    hw = Hardware(**{f: getattr(args, f) for f in ("gpu_tflops", "mfu", "pcie_gbps", "net_gbps", "nvme_gbps",
-                                                   "cpu_adam_gparams", "overlap")})
+    if args.stage3_overhead < 0:
+        raise ValueError(f"--stage3-overhead={args.stage3_overhead} must be >= 0")
+    hw = Hardware(**{f: getattr(args, f) for f in HW_FIELDS})
     return Request(args.model, args.frames, args.size, gpu_mem, args.gpus, args.gpus_per_node or min(args.gpus, 8),
                    cpu_mem, args.global_batch, args.dtype, args.nvme_path, args.max_micro_batch, hw)
 
@@ -414,8 +413,11 @@ def main(argv: list[str] | None = None) -> int:
           f"{facts['fwd_flops'] / 1e9:.1f} GFLOP fwd/clip; {req.gpus} GPU(s) x {format_bytes(req.gpu_mem)}"
           + (f", host {format_bytes(req.cpu_mem)}/node" if req.cpu_mem else "")
           + (f", global batch {req.global_batch}" if req.global_batch else ""))
-    print(f"{len(fitting)} of {len(cands)} candidates fit; ranked by predicted clips/s "
-          f"(cost model: avion_ds.memory.plan.step_time)")
+    hw = req.hw
+    print(f"{len(fitting)} of {len(cands)} candidates fit; ranked by predicted clips/s (cost model: "
+          f"avion_ds.memory.plan.step_time; {hw.gpu_tflops:g} TFLOPS x MFU {hw.mfu:g}, PCIe {hw.pcie_gbps:g} GB/s, "
+          f"network {hw.net_gbps:g} GB/s, CPU Adam {hw.cpu_adam_gparams:g} Gparam/s per node; change with --gpu-tflops, "
+          f"--pcie-gbps, ...)")
     if not fitting:
         print(explain_impossible(req, cands), file=sys.stderr)
         return 1

@@ -17,7 +17,7 @@ _UNITS: dict[str, int] = {
 _PATTERN = re.compile(r"^\s*([+-]?\d+(?:\.\d*)?|[+-]?\.\d+)\s*([a-zA-Z]*)\s*$")
 
 
-def parse_bytes(text: str | int | float, name: str = "size") -> int:
+def parse_bytes(text: str | float, name: str = "size") -> int:
     """Parse ``text`` (e.g. ``"24GiB"``) into bytes; raise ValueError naming ``name`` and the value.
 
     Decimal units (kB, MB, GB, TB) are powers of 1000, binary ones (KiB, MiB, GiB, TiB, and the
@@ -35,7 +35,7 @@ def parse_bytes(text: str | int | float, name: str = "size") -> int:
     value = float(number)
     if value < 0:
         raise ValueError(f"{name}={raw!r} is negative")
-    return int(round(value * _UNITS[unit]))
+    return round(value * _UNITS[unit])
 
 
 def format_bytes(n: float) -> str:

@@ -77,16 +77,20 @@ def read_checkpoint(source: str | Path | dict) -> dict[str, Any]:
         raise FileNotFoundError(f"checkpoint directory {path} holds no model.safetensors / pytorch_model.bin")
     if not path.is_file():
         raise FileNotFoundError(f"checkpoint not found: {path}")
-    if path.suffix == ".safetensors":
-        from safetensors.torch import load_file
-
-        return load_file(str(path), device="cpu")
     try:
-        return torch.load(path, map_location="cpu", weights_only=True)
-    except pickle.UnpicklingError:
-        # Official VideoMAE checkpoints pickle argparse.Namespace next to the weights.
-        logger.warning("%s holds non-tensor Python objects; loading it with weights_only=False (trust the file)", path)
-        return torch.load(path, map_location="cpu", weights_only=False)
+        if path.suffix == ".safetensors":
+            from safetensors.torch import load_file
+
+            return load_file(str(path), device="cpu")
+        try:
+            return torch.load(path, map_location="cpu", weights_only=True)
+        except pickle.UnpicklingError:
+            # Official VideoMAE checkpoints pickle argparse.Namespace next to the weights.
+            logger.warning("%s holds non-tensor Python objects; loading it with weights_only=False (trust the file)", path)
+            return torch.load(path, map_location="cpu", weights_only=False)
+    except Exception as e:  # corrupt / truncated / not a checkpoint
+        msg = (str(e).strip().splitlines() or [type(e).__name__])[0]
+        raise ValueError(f"cannot read checkpoint {path}: {msg}") from e
 
 
 def unwrap(ckpt: dict[str, Any]) -> StateDict:

@@ -46,7 +46,7 @@ def test_hflip_on_train_only() -> None:
 
 def test_mixup_single_head_soft_targets() -> None:
     aug = DeviceAugment(replace(CFG, mixup=0.8), 5, train=True)
-    x, y = aug(_frames(), torch.tensor([0, 1, 2, 3]))
+    _, y = aug(_frames(), torch.tensor([0, 1, 2, 3]))
     assert aug.soft_targets and y.shape == (4, 5) and y.dtype == torch.float32
     assert torch.allclose(y.sum(1), torch.ones(4))
     assert y.min() >= 0.1 / 5 - 1e-6  # label smoothing floor
@@ -59,7 +59,7 @@ def test_mixup_dict_heads_share_lambda_and_permutation() -> None:
     np.random.seed(1)
     aug = DeviceAugment(replace(CFG, mixup=0.8, cutmix=1.0, label_smoothing=0.0), {"verb": 4, "noun": 6}, train=True)
     labels = {"verb": torch.tensor([0, 1, 2, 3, 1]), "noun": torch.tensor([5, 4, 3, 2, 1])}  # odd batch
-    x, y = aug(_frames(b=5), labels)
+    _, y = aug(_frames(b=5), labels)
     assert y["verb"].shape == (5, 4) and y["noun"].shape == (5, 6)
     # weight on the sample's own class and on the flipped partner's class: the same lambda for both heads
     for i, j in ((0, 3), (1, 2)):

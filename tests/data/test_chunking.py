@@ -106,3 +106,22 @@ def test_avion_ds_cli_dispatches_synth_and_chunk(tmp_path) -> None:
                 "--no-progress"]) == 0
     entry = load_manifest(tmp_path / "chunks")["P01_101"]
     assert entry.num_frames == 4 * 30 and (entry.width, entry.height) == (96, 72)  # 4 s at 30 fps, not upscaled
+
+
+def test_manifest_after_an_interrupted_rerun(tmp_path) -> None:
+    """Old + new job lines for one video (journal of an interrupted re-run) and a torn last line."""
+    from avion_ds.data.manifest import dedupe_records
+
+    def rec(vid, start, frames, job):
+        return {"video_id": vid, "path": f"{vid}/{start}.mp4", "start_frame": start, "frames": frames, "fps": 30.0,
+                "width": 64, "height": 48, "job": job}
+
+    old = [rec("a", 0, 450, 1), rec("a", 450, 450, 1), rec("a", 900, 10, 1), rec("b", 0, 30, 1)]
+    new = [rec("a", 0, 450, 2), rec("a", 450, 449, 2)]  # the re-run of "a" got two chunks in before dying
+    text = "".join(json.dumps(r) + "\n" for r in old + new) + '{"video_id": "a", "pa'
+    (tmp_path / "manifest.jsonl").write_text(text)
+    recs = dedupe_records(read_manifest_records(tmp_path))
+    assert sorted((r["video_id"], r["start_frame"], r["frames"]) for r in recs) == [
+        ("a", 0, 450), ("a", 450, 449), ("b", 0, 30)]
+    videos = load_manifest(tmp_path)
+    assert videos["a"].num_frames == 899 and videos["b"].num_frames == 30

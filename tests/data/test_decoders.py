@@ -161,3 +161,12 @@ def test_subprocess_decoder_returns_same_frames(name, index_video) -> None:
             dec.decode(index_video, [500])
     finally:
         dec.close()
+
+
+def test_decord_fused_falls_back_on_widths_decord_cannot_resize_to(index_video, decode_all) -> None:
+    """decord 0.6 errors when resizing to width 48 (and 16, 24, 72); the read must still succeed."""
+    # box 64 wide -> 32 px output needs the 96 px frame at width 48
+    crop = CropSpec(CropBox(top=0, left=0, height=64, width=64), (32, 32), 72, 96)
+    out = get_decoder("decord").decode(index_video, [1, 50], crop)
+    want = crop_resize(decode_all(index_video)[[1, 50]], crop.box, crop.size)
+    assert out.shape == (2, 32, 32, 3) and _mad(out, want) < 1.0

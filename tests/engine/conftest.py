@@ -24,7 +24,7 @@ def engine_env() -> dict[str, str]:
     return env
 
 
-def launch(args: list[str], nprocs: int = 2, timeout: int = 240, launcher: str = "deepspeed") -> subprocess.CompletedProcess:
+def launch(args: list[str], nprocs: int = 2, timeout: int = 600, launcher: str = "deepspeed") -> subprocess.CompletedProcess:
     """Run ``launch/train.py`` (or another script given as args[0] ending in .py) on ``nprocs`` CPU ranks."""
     script = [str(REPO / "launch" / "train.py")]
     if launcher == "deepspeed":

@@ -9,6 +9,7 @@ import shutil
 from pathlib import Path
 
 import pytest
+import torch
 
 from .conftest import REPO, launch, losses, write_recipe
 
@@ -21,10 +22,11 @@ def steps_per_epoch(data: dict) -> int:
     return (data["num_train"] // 2) // 4
 
 
-def _train(tmp: Path, data: dict, name: str, ds: str, *extra: str, **sections: dict) -> tuple[Path, str]:
+def _train(tmp: Path, data: dict, name: str, ds: str, *extra: str, launcher: str = "deepspeed") -> tuple[Path, str]:
     run = tmp / name
-    recipe = write_recipe(tmp / f"{name}.yaml", data, run, **sections)
-    proc = launch(["--config", str(recipe), "--deepspeed_config", str(REPO / "ds_configs" / f"{ds}.json"), *extra])
+    recipe = write_recipe(tmp / f"{name}.yaml", data, run)
+    proc = launch(["--config", str(recipe), "--deepspeed_config", str(REPO / "ds_configs" / f"{ds}.json"), *extra],
+                  launcher=launcher)
     log = proc.stdout + proc.stderr
     assert proc.returncode == 0, log[-4000:]
     return run, log
@@ -62,7 +64,8 @@ def test_zero0_run_logs_checkpoints_and_evaluates(reference: dict, tiny_epic: di
 def test_resume_reproduces_uninterrupted_run(stage: str, reference: dict, tiny_epic: dict,
                                              tmp_path: Path) -> None:
     stop = steps_per_epoch(tiny_epic) + 1  # one step into the second epoch: resume mid-epoch
-    run, _ = _train(tmp_path, tiny_epic, stage, stage, "--exit-after-steps", str(stop))
+    # interrupted half through torchrun, resumed half through the deepspeed launcher
+    run, _ = _train(tmp_path, tiny_epic, stage, stage, "--exit-after-steps", str(stop), launcher="torchrun")
     first = losses(run)
     assert sorted(first) == list(range(1, stop + 1))
     # a newer checkpoint killed mid-save (shards but no COMPLETE marker) must be ignored
@@ -77,6 +80,13 @@ def test_resume_reproduces_uninterrupted_run(stage: str, reference: dict, tiny_e
     assert sorted(resumed) == sorted(ref)
     for s in ref:
         assert resumed[s] == pytest.approx(ref[s], abs=TOL), (s, resumed[s], ref[s])
+    # consolidated fp32 weights (zero_to_fp32 for ZeRO-2/3, module state for ZeRO-0) agree too
+    from avion_ds.engine.export import consolidate
+
+    mine, base = consolidate(run), consolidate(reference["run"])
+    assert sorted(mine) == sorted(base)
+    for k in base:
+        torch.testing.assert_close(mine[k], base[k], rtol=0, atol=1e-5, msg=k)
 
 
 def test_cpu_offload_matches(reference: dict, tiny_epic: dict, tmp_path: Path) -> None:

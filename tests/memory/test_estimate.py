@@ -13,7 +13,9 @@ def _states(e):
 @pytest.mark.parametrize("world", [1, 8])
 def test_zero2_zero3_model_states_equal_deepspeed_estimators(world):
     from deepspeed.runtime.zero.stage3 import estimate_zero3_model_states_mem_needs
-    from deepspeed.runtime.zero.stage_1_and_2 import estimate_zero2_model_states_mem_needs
+    from deepspeed.runtime.zero.stage_1_and_2 import (
+        estimate_zero2_model_states_mem_needs,
+    )
 
     info = arch_info("vit_base_patch16_224")
     p = info.params

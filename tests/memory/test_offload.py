@@ -40,7 +40,7 @@ def test_two_rank_offloaded_logits_equal_plain_model(tmp_path):
         port = s.getsockname()[1]
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(port),
            str(worker), str(tmp_path)]
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=240)
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=240, check=False)
     results = [json.loads(p.read_text()) for p in sorted(tmp_path.glob("rank*.json"))]
     assert len(results) == 2, proc.stdout[-2000:] + proc.stderr[-4000:]
     for r in results:

@@ -22,12 +22,12 @@ def test_plan_writes_a_config_the_engine_builder_accepts(tmp_path, capsys):
     assert cfg["zero_optimization"]["stage"] in (0, 1, 2, 3)
     assert overrides["batch"]["global_batch"] == 256 and overrides["model"]["name"] == "vit_large_patch16_224"
     # the predicted peak of the chosen plan fits the budget
-    best_line = [line for line in printed.splitlines() if line.startswith("best:")][0]
+    best_line = next(line for line in printed.splitlines() if line.startswith("best:"))
     assert "GiB/GPU" in best_line
     # what launch/train.py does: recipe + --set overrides, then the one DeepSpeed-config builder
     from avion_ds.engine.ds_config import build_ds_config
 
-    run_line = [line for line in printed.splitlines() if line.startswith("run: deepspeed")][0]
+    run_line = next(line for line in printed.splitlines() if line.startswith("run: deepspeed"))
     sets = [part.strip() for part in run_line.split("--set ")[1:]]
     assert f"--deepspeed_config {out}" in run_line and sets
     data = apply_overrides({"data": {"dataset": "kinetics"}}, sets)

@@ -249,3 +249,11 @@ def test_pickled_training_args_fall_back_to_full_unpickling(tmp_path):
     dst = _fresh()
     load_pretrained(dst, tmp_path / "checkpoint-99.pth", strict=True)
     assert torch.equal(dst(X), src(X))
+
+
+def test_corrupt_file_is_one_line_error_naming_it(tmp_path):
+    bad = tmp_path / "broken.safetensors"
+    bad.write_bytes(b"not a checkpoint")
+    with pytest.raises(ValueError, match="cannot read checkpoint .*broken.safetensors") as info:
+        load_pretrained(_fresh(), bad)
+    assert "\n" not in str(info.value)

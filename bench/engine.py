@@ -1,0 +1,201 @@
+"""Engine overhead and data-wait benchmark (one process, run side by side in one invocation).
+
+1. Step time of a plain PyTorch loop (AdamW, same param groups, clipping) vs the DeepSpeed engine
+   with ZeRO-0 and ZeRO-2 on the same model, batch and device -> ratio (target <= 1.05 for ZeRO-0).
+   Inputs are pre-made tensors so only the optimisation step is timed.
+2. Data-wait fraction of the real training input path (synthetic EPIC chunks -> dataset -> loader ->
+   device augment -> step) with 0 vs 2 loader workers.
+
+    python bench/engine.py [--model vit_test_small] [--steps 30] [--batch 8]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from avion_ds.config import load_recipe  # noqa: E402
+from avion_ds.engine import dist  # noqa: E402
+from avion_ds.engine.ds_config import build_ds_config, scaled_lr  # noqa: E402
+from avion_ds.engine.losses import total_loss  # noqa: E402
+from avion_ds.engine.optim import client_adamw, optimizer_groups  # noqa: E402
+from avion_ds.engine.schedule import WarmupCosine  # noqa: E402
+
+
+def recipe_for(args: argparse.Namespace, data: dict | None = None, workers: int = 0):
+    over = [f"model.name={args.model}", "model.heads={verb: 4, noun: 3}", f"data.num_frames={args.frames}",
+            f"data.size={args.size}", f"batch.global_batch={args.batch}", f"batch.micro_batch={args.batch}",
+            "optim.clip_grad=1.0", "model.drop_path_rate=0.0", "precision=fp32", f"data.workers={workers}",
+            "data.decoder=decord"]
+    if data:
+        over += [f"data.root={data['root']}", f"data.train_csv={data['train_csv']}", f"data.val_csv={data['val_csv']}"]
+    return load_recipe(None, over)
+
+
+def make_model(recipe):
+    from avion_ds.engine.train import build_model
+
+    torch.manual_seed(0)
+    return build_model(recipe)
+
+
+def batch_for(recipe, n: int):
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(n, 3, recipe.data.num_frames, recipe.data.size, recipe.data.size, generator=g)
+    y = {"verb": torch.randint(0, 4, (n,), generator=g), "noun": torch.randint(0, 3, (n,), generator=g)}
+    return x, y
+
+
+def time_steps(step, steps: int, warmup: int = 3) -> list[float]:
+    for _ in range(warmup):
+        step()
+    out = []
+    for _ in range(steps):
+        t = time.perf_counter()
+        step()
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
+        out.append(time.perf_counter() - t)
+    return out
+
+
+def bench_plain(recipe, device, steps: int) -> list[float]:
+    model = make_model(recipe).to(device)
+    groups = optimizer_groups(model, recipe)
+    lr = scaled_lr(recipe, recipe.batch.micro_batch)
+    opt = client_adamw(groups, recipe, lr)
+    sched = WarmupCosine(opt, lr, recipe.optim.min_lr, 5, 1000)
+    x, y = batch_for(recipe, recipe.batch.micro_batch)
+    x, y = x.to(device), {k: v.to(device) for k, v in y.items()}
+
+    def step() -> None:
+        loss, _ = total_loss(model(x), y, 0.1)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), recipe.optim.clip_grad)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        sched.step()
+
+    return time_steps(step, steps)
+
+
+def bench_ds(recipe, device, steps: int, config: str) -> list[float]:
+    from avion_ds.engine.parallelize import parallelize
+
+    cfg = build_ds_config(REPO / "ds_configs" / config, recipe, dist.world_size(), steps_per_epoch=1000)
+    engine = parallelize(make_model(recipe), recipe, cfg, steps_per_epoch=1000)
+    x, y = batch_for(recipe, recipe.batch.micro_batch)
+    x, y = x.to(device), {k: v.to(device) for k, v in y.items()}
+
+    def step() -> None:
+        loss, _ = total_loss(engine(x), y, 0.1)
+        engine.backward(loss)
+        engine.step()
+
+    try:
+        return time_steps(step, steps)
+    finally:
+        del engine
+
+
+def bench_data_wait(args: argparse.Namespace, device, data: dict, workers: int) -> tuple[float, float]:
+    """Fraction of wall time spent waiting for input, and clips/s, over ``args.data_steps`` steps."""
+    from avion_ds.data import DeviceAugment, build_dataset, build_loader
+    from avion_ds.engine.logging import StepTimer
+
+    recipe = recipe_for(args, data, workers)
+    model = make_model(recipe).to(device)
+    opt = client_adamw(optimizer_groups(model, recipe), recipe, 1e-4)
+    ds = build_dataset(recipe.data, "train", seed=0)
+    loader = build_loader(ds, recipe.batch.micro_batch, workers, shuffle=True, seed=0, drop_last=True,
+                          distributed=False)
+    aug = DeviceAugment(recipe.data, ds.num_classes, train=True)
+    timer = StepTimer(sync=device.type == "cuda")
+    done, epoch, clips = 0, 0, 0
+    t0 = None
+    while done < args.data_steps + 2:
+        loader.sampler.set_epoch(epoch)
+        ds.set_epoch(epoch)
+        for batch in loader:
+            frames = batch["frames"].to(device)
+            labels = {k: v.to(device) for k, v in batch["label"].items()}
+            x, y = aug(frames, labels)
+            timer.mark_data()
+            loss, _ = total_loss(model(x), y, 0.1)
+            loss.backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            timer.mark_compute()
+            done += 1
+            if done == 2:  # drop worker start-up and first-decode costs
+                timer.pop()
+                t0 = time.perf_counter()
+            elif done > 2:
+                clips += frames.shape[0]
+            if done >= args.data_steps + 2:
+                break
+        epoch += 1
+    wait, compute = timer.pop()
+    return wait / (wait + compute), clips / (time.perf_counter() - t0)
+
+
+def make_data(root: Path, size: int) -> dict:
+    from avion_ds.data.chunking import chunk_videos
+    from avion_ds.data.synthetic import make_synthetic_epic
+
+    info = make_synthetic_epic(root / "synth", num_videos=4, segments_per_video=16, width=max(96, size + 32),
+                               height=max(72, size + 8), fps=15)
+    chunk_videos(info["videos"], root / "chunks", chunk_seconds=15.0, short_side=None, fps=15, gop=15,
+                 progress=False)
+    return {"root": root / "chunks", "train_csv": info["train_csv"], "val_csv": info["val_csv"]}
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--model", default="vit_test_small")
+    p.add_argument("--frames", type=int, default=8)
+    p.add_argument("--size", type=int, default=64)
+    p.add_argument("--batch", type=int, default=8)
+    p.add_argument("--steps", type=int, default=30)
+    p.add_argument("--data-steps", type=int, default=20)
+    p.add_argument("--repeats", type=int, default=2, help="alternate plain / DS this many times")
+    args = p.parse_args()
+    os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(REPO / ".torch_extensions"))
+    dist.init()
+    from deepspeed.accelerator import get_accelerator
+
+    device = torch.device(get_accelerator().current_device_name())
+    recipe = recipe_for(args)
+    print(f"device {device}, torch {torch.__version__}, threads {torch.get_num_threads()}, model {args.model} "
+          f"{args.frames}x{args.size}, batch {args.batch}, {args.steps} timed steps x {args.repeats} repeats")
+    times: dict[str, list[float]] = {"plain": [], "zero0": [], "zero2": []}
+    for _ in range(args.repeats):  # interleave so background load hits all variants alike
+        times["plain"] += bench_plain(recipe, device, args.steps)
+        times["zero0"] += bench_ds(recipe, device, args.steps, "zero0.json")
+        times["zero2"] += bench_ds(recipe, device, args.steps, "zero2.json")
+    med = {k: statistics.median(v) for k, v in times.items()}
+    print(f"{'variant':<22}{'median step ms':>16}{'ratio vs plain':>16}")
+    print(f"{'plain PyTorch AdamW':<22}{1e3 * med['plain']:>16.2f}{1.0:>16.3f}")
+    for k in ("zero0", "zero2"):
+        print(f"{'DeepSpeed ' + k.upper().replace('ZERO', 'ZeRO-'):<22}{1e3 * med[k]:>16.2f}{med[k] / med['plain']:>16.3f}")
+    with tempfile.TemporaryDirectory() as tmp:
+        data = make_data(Path(tmp), args.size)
+        print(f"{'loader workers':<22}{'data-wait frac':>16}{'clips/s':>16}")
+        for w in (0, 2):
+            frac, cps = bench_data_wait(args, device, data, w)
+            print(f"{w:<22}{frac:>16.3f}{cps:>16.1f}")
+    return dist.shutdown(0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

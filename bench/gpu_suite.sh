@@ -1,0 +1,79 @@
+#!/usr/bin/env bash
+# ONE GPU benchmark run, sized to finish in < 10 minutes on one H200 (each part has a hard time limit):
+#   1. ViT-B/L bf16 16x224 train-step clips/s and MFU, flash-attn vs SDPA            (bench/memory.py throughput)
+#   2. largest micro-batch per size under a 24 GiB cap, planner vs measured, and the
+#      planner's allocated-peak error on every probe (target within +-10%)            (bench/memory.py capacity)
+#   3. ViT-g training with ZeRO-3 param+optimizer offload + checkpointing under 24 GiB (bench/memory.py giant)
+#   4. ViT-B 16x224 bf16 activation bytes with vs without checkpointing on the GPU     (bench/memory.py ratio)
+#   5. layer-streaming inference: ViT-L eval clips/s + peak vs stage3_max_live_parameters  (bench/memory.py offload)
+#   6. ours vs HF transformers VideoMAE (only when transformers is installed)         (bench/peer.py)
+# then bench/report.py merges the JSON files into suite.json and draws suite.png.
+#
+# usage: bash bench/gpu_suite.sh [OUT_DIR]      (default: bench_out/gpu_suite_<timestamp>)
+# env:   CAP=24GiB  SKIP_PEER=1  TORCH_EXTENSIONS_DIR (DeepSpeed op cache; CPU Adam builds on first use)
+set -uo pipefail
+
+cd "$(dirname "$0")/.."
+OUT=${1:-bench_out/gpu_suite_$(date +%Y%m%d_%H%M%S)}
+CAP=${CAP:-24GiB}
+mkdir -p "$OUT"
+export TORCH_EXTENSIONS_DIR=${TORCH_EXTENSIONS_DIR:-/tmp/avion_torch_ext}
+export PYTHONUNBUFFERED=1
+
+if ! python -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)"; then
+    echo "bench/gpu_suite.sh: needs a CUDA GPU (torch.cuda.is_available() is False)" >&2
+    exit 2
+fi
+python - <<'PY' | tee "$OUT/environment.txt"
+import torch, deepspeed
+print("gpu:", torch.cuda.get_device_name(), f"{torch.cuda.get_device_properties(0).total_memory / 2**30:.0f} GiB")
+print("torch:", torch.__version__, "cuda:", torch.version.cuda, "deepspeed:", deepspeed.__version__)
+try:
+    import flash_attn
+    print("flash-attn:", flash_attn.__version__)
+except Exception as e:
+    print("flash-attn: not available:", type(e).__name__)
+PY
+
+START=$(date +%s)
+FAILED=()
+# run NAME LIMIT_S CMD... : hard time limit per part; the suite goes on when a part fails
+run() {
+    local name=$1 limit=$2
+    shift 2
+    echo "== $name (limit ${limit}s, elapsed $(( $(date +%s) - START ))s)"
+    timeout --signal=TERM --kill-after=10 "$limit" "$@" 2>&1 | tee "$OUT/$name.log"
+    local rc=${PIPESTATUS[0]}
+    if [ "$rc" -ne 0 ]; then
+        echo "== $name: exit code $rc" | tee -a "$OUT/$name.log"
+        FAILED+=("$name:$rc")
+    fi
+}
+
+run throughput 100 python bench/memory.py --device cuda --parts throughput --json "$OUT/throughput.json"
+run capacity 190 python bench/memory.py --device cuda --parts capacity --cap "$CAP" --json "$OUT/capacity.json"
+run giant 120 python bench/memory.py --device cuda --parts giant --cap "$CAP" --json "$OUT/giant.json"
+run ratio 35 python bench/memory.py --device cuda --parts ratio --dtype bf16 --json "$OUT/ratio.json"
+run offload 60 python bench/memory.py --device cuda --parts offload --dtype bf16 --offload-model vit_large_patch16_224 \
+    --offload-batch 8 --offload-iters 3 --json "$OUT/offload.json"
+if [ -z "${SKIP_PEER:-}" ] && python -c "import transformers" 2>/dev/null; then
+    run peer 55 python bench/peer.py --device cuda --dtype bf16 --batch 8 --steps 8 --json "$OUT/peer.json"
+else
+    echo "== peer: skipped (transformers not installed or SKIP_PEER set)"
+fi
+
+shopt -s nullglob
+JSONS=("$OUT"/throughput.json "$OUT"/capacity.json "$OUT"/giant.json "$OUT"/ratio.json "$OUT"/offload.json
+       "$OUT"/peer.json)
+EXIST=()
+for f in "${JSONS[@]}"; do [ -f "$f" ] && EXIST+=("$f"); done
+if [ ${#EXIST[@]} -gt 0 ]; then
+    python bench/report.py "${EXIST[@]}" --out "$OUT/suite.png" --merged "$OUT/suite.json"
+else
+    echo "bench/gpu_suite.sh: no part produced results" >&2
+fi
+echo "== done in $(( $(date +%s) - START ))s; results in $OUT"
+if [ ${#FAILED[@]} -gt 0 ]; then
+    echo "== failed parts: ${FAILED[*]}" >&2
+    exit 1
+fi
