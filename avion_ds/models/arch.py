@@ -64,7 +64,7 @@ class ViTArch:
         t, h, w = self.grid
         return t * h * w
 
-    def validate(self) -> "ViTArch":
+    def validate(self) -> ViTArch:
         """Raise a one-line ValueError naming the bad field; return self."""
         choices = {
             "attn_backend": BACKENDS,
@@ -97,7 +97,7 @@ class ViTArch:
                 raise ValueError(f"{self.name}: {key} expected in [0, 1), got {getattr(self, key)!r}")
         return self
 
-    def replace(self, **overrides: Any) -> "ViTArch":
+    def replace(self, **overrides: Any) -> ViTArch:
         """A copy with ``overrides`` applied; unknown keys raise naming close matches."""
         names = [f.name for f in dataclasses.fields(self)]
         for key in overrides:

@@ -21,12 +21,12 @@ BACKENDS = ("auto", "flash", "sdpa", "eager")
 _FLASH_DTYPES = (torch.float16, torch.bfloat16)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _flash_fn():
     """Return flash-attn's qkv-packed function, or None when the package is not importable."""
     try:
         from flash_attn import flash_attn_qkvpacked_func  # type: ignore[import-not-found]
-    except Exception:  # ImportError, or a broken CUDA build raising at import
+    except (ImportError, OSError, RuntimeError):  # not installed, or a CUDA build that fails to load
         return None
     return flash_attn_qkvpacked_func
 
@@ -52,7 +52,7 @@ def _flash_unsupported_reason(device: torch.device, dtype: torch.dtype, head_dim
     return None
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _resolve_cached(requested: str, device: torch.device, dtype: torch.dtype, head_dim: int) -> str:
     if requested not in BACKENDS:
         raise ValueError(f"attn_backend: expected one of {', '.join(BACKENDS)}, got {requested!r}")
@@ -143,7 +143,7 @@ class Attention(nn.Module):
         self.proj = nn.Linear(dim, dim)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        B, N, C = x.shape
+        B, N, _ = x.shape
         bias = None
         if self.q_bias is not None:
             bias = torch.cat((self.q_bias, torch.zeros_like(self.v_bias), self.v_bias))

@@ -16,7 +16,8 @@ again in backward (the blocks hold no parameters of their own).
 from __future__ import annotations
 
 import functools
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 from torch import nn
@@ -64,7 +65,7 @@ def apply_activation_checkpointing(
     if blocks is None:  # a DeepSpeed engine / DDP wrapper around the model
         blocks = getattr(getattr(model, "module", None), "blocks", None)
     if not isinstance(blocks, nn.ModuleList):
-        raise ValueError(f"activation checkpointing: expected a model with .blocks (nn.ModuleList), got {type(model).__name__}")
+        raise TypeError(f"activation checkpointing: expected a model with .blocks (nn.ModuleList), got {type(model).__name__}")
     remove_activation_checkpointing(model)
     run = _torch_ckpt if impl == "torch" else _deepspeed_ckpt
     if impl == "deepspeed":

@@ -48,7 +48,7 @@ def model_flops(name_or_model: str | nn.Module | ViTArch, num_frames: int | None
         if arch is None:
             arch = getattr(getattr(name_or_model, "module", None), "arch", None)  # DeepSpeed engine / DDP
         if not isinstance(arch, ViTArch):
-            raise ValueError(f"model_flops: expected a model name, VideoViT or ViTArch, got {type(name_or_model).__name__}")
+            raise TypeError(f"model_flops: expected a model name, VideoViT or ViTArch, got {type(name_or_model).__name__}")
     overrides = {}
     if num_frames is not None:
         overrides["num_frames"] = num_frames

@@ -23,9 +23,10 @@ import logging
 import math
 import pickle
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -104,7 +105,7 @@ def unwrap(ckpt: dict[str, Any]) -> StateDict:
                 break
             sd = inner
     if not isinstance(sd, dict):
-        raise ValueError(f"checkpoint: expected a dict of tensors, got {type(sd).__name__}")
+        raise TypeError(f"checkpoint: expected a dict of tensors, got {type(sd).__name__}")
     sd = {k: v for k, v in sd.items() if isinstance(v, torch.Tensor)}
     for prefix in _PREFIXES:
         if sd and all(k.startswith(prefix) for k in sd):

@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import difflib
 import logging
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from .arch import ViTArch
 from .checkpointing import apply_activation_checkpointing
@@ -60,12 +61,12 @@ def create_model(name: str, pretrained: str | Path | dict | None = None, **overr
 def create_model_from_config(model_cfg: Any, num_frames: int, img_size: int, **overrides: Any) -> VideoViT:
     """Build the model a recipe's ``ModelConfig`` describes (input size from the data section),
     load its pretrained weights and apply its activation checkpointing settings."""
-    options = dict(
-        num_frames=num_frames, img_size=img_size, num_classes=model_cfg.num_classes, heads=model_cfg.heads,
-        drop_path_rate=model_cfg.drop_path_rate, head_drop_rate=model_cfg.head_drop_rate,
-        attn_backend=model_cfg.attn_backend, patch_embed=model_cfg.patch_embed, pool=model_cfg.pool,
-        pos_embed=model_cfg.pos_embed,
-    )
+    options = {
+        "num_frames": num_frames, "img_size": img_size, "num_classes": model_cfg.num_classes,
+        "heads": model_cfg.heads, "drop_path_rate": model_cfg.drop_path_rate,
+        "head_drop_rate": model_cfg.head_drop_rate, "attn_backend": model_cfg.attn_backend,
+        "patch_embed": model_cfg.patch_embed, "pool": model_cfg.pool, "pos_embed": model_cfg.pos_embed,
+    }
     options.update(overrides)
     model = create_model(model_cfg.name, pretrained=model_cfg.pretrained or None, **options)
     if model_cfg.activation_checkpointing:

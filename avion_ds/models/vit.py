@@ -125,7 +125,7 @@ class VideoViT(nn.Module):
         """One-line ValueError unless ``x`` is a float (B, C, T, H, W) clip of this model's shape."""
         expected = (self.in_chans, self.num_frames, self.img_size, self.img_size)
         if not isinstance(x, torch.Tensor):
-            raise ValueError(f"{self.arch.name}: expected a tensor (B, C, T, H, W), got {type(x).__name__}")
+            raise TypeError(f"{self.arch.name}: expected a tensor (B, C, T, H, W), got {type(x).__name__}")
         if x.dim() != 5:
             raise ValueError(
                 f"{self.arch.name}: expected a 5-D input (B, C, T, H, W) = (B, {', '.join(map(str, expected))}), "

@@ -7,9 +7,14 @@ import logging
 import pytest
 import torch
 
-from avion_ds.models import create_model
 from avion_ds.models import attention as attn_mod
-from avion_ds.models.attention import Attention, attention, flash_available, resolve_backend
+from avion_ds.models import create_model
+from avion_ds.models.attention import (
+    Attention,
+    attention,
+    flash_available,
+    resolve_backend,
+)
 
 
 def _pair(**kw):
@@ -98,3 +103,24 @@ def test_flash_matches_sdpa_bf16_gpu():
     yb.float().square().sum().backward()
     torch.testing.assert_close(xa.grad.float(), xb.grad.float(), atol=2e-2, rtol=5e-2)
     assert resolve_backend("auto", "cuda", torch.bfloat16, a.arch.head_dim) == "flash"
+
+
+def test_flash_decision_rules_with_a_fake_flash_package(monkeypatch):
+    """The decision logic for CUDA inputs, checked on CPU with flash-attn and the GPU faked."""
+    monkeypatch.setattr(attn_mod, "_flash_fn", lambda: (lambda *a, **k: None))
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
+    attn_mod._resolve_cached.cache_clear()
+    cuda = torch.device("cuda", 0)
+    try:
+        assert attn_mod._resolve_cached("auto", cuda, torch.bfloat16, 64) == "flash"
+        assert attn_mod._resolve_cached("auto", cuda, torch.float32, 64) == "sdpa"  # needs fp16/bf16
+        assert attn_mod._resolve_cached("auto", cuda, torch.float16, 100) == "sdpa"  # head dim % 8
+        assert attn_mod._resolve_cached("auto", cuda, torch.float16, 88) == "flash"  # ViT-g head dim
+        with pytest.raises(RuntimeError, match="head_dim=512"):
+            attn_mod._resolve_cached("flash", cuda, torch.bfloat16, 512)
+        monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (7, 5))
+        attn_mod._resolve_cached.cache_clear()
+        with pytest.raises(RuntimeError, match="compute capability 7"):
+            attn_mod._resolve_cached("flash", cuda, torch.bfloat16, 64)
+    finally:
+        attn_mod._resolve_cached.cache_clear()

@@ -24,7 +24,7 @@ def test_zero3_checkpointing_matches_plain():
     env = dict(os.environ, MASTER_PORT=str(_free_port()))
     env.setdefault("TORCH_EXTENSIONS_DIR", "/tmp/avion_torch_ext")
     script = Path(__file__).with_name("zero3_ckpt_script.py")
-    proc = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=280)
+    proc = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=280, check=False)
     line = next((ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")), None)
     assert proc.returncode == 0 and line, f"rc={proc.returncode}\n{proc.stderr[-3000:]}"
     result = json.loads(line[len("RESULT "):])

@@ -33,5 +33,5 @@ def test_model_flops_by_name_and_size_override():
 
 
 def test_model_flops_rejects_other_objects():
-    with pytest.raises(ValueError, match="model_flops"):
+    with pytest.raises(TypeError, match="model_flops"):
         model_flops(torch.nn.Linear(2, 2))

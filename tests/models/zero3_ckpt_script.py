@@ -13,9 +13,9 @@ os.environ.setdefault("LOCAL_RANK", "0")
 os.environ.setdefault("WORLD_SIZE", "1")
 os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
 
-import deepspeed  # noqa: E402
+import deepspeed
 
-from avion_ds.models import apply_activation_checkpointing, create_model  # noqa: E402
+from avion_ds.models import apply_activation_checkpointing, create_model
 
 
 def losses(impl: str | None) -> list[float]:
