@@ -131,7 +131,7 @@ def checkpointed_blocks(depth: int, checkpointing: bool | int, first_n: int | No
 def block_activation_bytes(info: ArchInfo, tokens: int, dtype_bytes: int, attn_backend: str = "sdpa") -> int:
     """Saved bytes of ONE un-checkpointed block for one clip (see activation_bytes_per_clip)."""
     n, d, f, h, s = tokens, info.embed_dim, info.mlp_hidden, info.num_heads, dtype_bytes
-    per_token = s * (8 * d + 2 * f + 4) + (2 * d * s if info.layer_scale else 0)
+    per_token = s * (8 * d + f + 4) + (2 * d * s if info.layer_scale else 0)
     if attn_backend == "eager":
         probs = h * n * n * (4 + (s if s != 4 else 0))  # fp32 softmax output (+ its cast copy)
         return n * per_token + n * d * s + probs
@@ -152,11 +152,11 @@ def activation_bytes_per_clip(
     With N tokens (+1 for a class token), width D, MLP hidden F, H heads, depth L, element size s
     (2 for bf16/fp16, 4 for fp32) and c of the L blocks checkpointed:
 
-        block  = N * (s * (8 D + 2 F + 4) + 4 H)      fused attention (flash / sdpa)
+        block  = N * (s * (8 D + F + 4) + 4 H)      fused attention (flash / sdpa)
                  [+ 2 N D s with LayerScale]
                  eager attention instead of 4 N H: + N D s + H N^2 (4 + s [s != 4])
         where 8 D = LN1 in + qkv in + q,k,v (3) + attention out (= proj in) + LN2 in + fc1 in,
-              2 F = GELU in + fc2 in, 4 = LayerNorm mean/rstd (2 norms), 4 H = fp32 log-sum-exp.
+              F = GELU in (its output, fc2's input, is recomputed: models/mlp.py), 4 = LayerNorm mean/rstd (2 norms), 4 H = fp32 log-sum-exp.
         total  = (L - c) * block + c * N D s            (a checkpointed block keeps its input)
                  + 3 T H W s                            (tubelet-embedding input patches)
                  + tail                                 (pool: mean -> 2 D s + 2 s; cls -> (N+1) D s + 2 D s)

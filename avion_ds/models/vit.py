@@ -10,11 +10,12 @@ from __future__ import annotations
 import math
 
 import torch
-from timm.layers import DropPath, LayerScale, Mlp, trunc_normal_
+from timm.layers import DropPath, LayerScale, trunc_normal_
 from torch import nn
 
 from .arch import ViTArch
 from .attention import Attention
+from .mlp import Mlp
 from .patch_embed import PatchEmbed
 
 
@@ -40,7 +41,7 @@ class Block(nn.Module):
         self.ls1 = LayerScale(dim, arch.layer_scale) if arch.layer_scale else nn.Identity()
         self.drop_path = DropPath(drop_path) if drop_path > 0 else nn.Identity()
         self.norm2 = nn.LayerNorm(dim, eps=arch.norm_eps)
-        self.mlp = Mlp(dim, arch.mlp_hidden, act_layer=nn.GELU)
+        self.mlp = Mlp(dim, arch.mlp_hidden)
         self.ls2 = LayerScale(dim, arch.layer_scale) if arch.layer_scale else nn.Identity()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
