@@ -30,16 +30,15 @@ class _GeluLinearFn(torch.autograd.Function):
     def backward(ctx, grad_out: torch.Tensor):  # type: ignore[override]
         h, weight = ctx.saved_tensors
         grad_h = grad_w = grad_b = None
-        with torch.enable_grad():
-            h_ = h.detach().requires_grad_(True)
-            a = F.gelu(h_)
+        g2d = grad_out.reshape(-1, grad_out.shape[-1])
         if ctx.needs_input_grad[1]:
-            grad_w = grad_out.reshape(-1, grad_out.shape[-1]).t().mm(a.detach().reshape(-1, a.shape[-1]))
+            a = F.gelu(h)  # the recompute that replaces saving gelu(h)
+            grad_w = g2d.t().mm(a.reshape(-1, a.shape[-1]))
         if ctx.has_bias and ctx.needs_input_grad[2]:
-            grad_b = grad_out.reshape(-1, grad_out.shape[-1]).sum(0)
+            grad_b = g2d.sum(0)
         if ctx.needs_input_grad[0]:
             grad_a = grad_out.matmul(weight.to(grad_out.dtype))
-            (grad_h,) = torch.autograd.grad(a, h_, grad_a)
+            grad_h = torch.ops.aten.gelu_backward(grad_a, h)
         return grad_h, grad_w, grad_b
 
 
