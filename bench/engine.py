@@ -24,12 +24,12 @@ import torch
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from avion_ds.config import load_recipe  # noqa: E402
-from avion_ds.engine import dist  # noqa: E402
-from avion_ds.engine.ds_config import build_ds_config, scaled_lr  # noqa: E402
-from avion_ds.engine.losses import total_loss  # noqa: E402
-from avion_ds.engine.optim import client_adamw, optimizer_groups  # noqa: E402
-from avion_ds.engine.schedule import WarmupCosine  # noqa: E402
+from avion_ds.config import load_recipe
+from avion_ds.engine import dist
+from avion_ds.engine.ds_config import build_ds_config, scaled_lr
+from avion_ds.engine.losses import total_loss
+from avion_ds.engine.optim import client_adamw, optimizer_groups
+from avion_ds.engine.schedule import WarmupCosine
 
 
 def recipe_for(args: argparse.Namespace, data: dict | None = None, workers: int = 0):
@@ -102,10 +102,7 @@ def bench_ds(recipe, device, steps: int, config: str) -> list[float]:
         engine.backward(loss)
         engine.step()
 
-    try:
-        return time_steps(step, steps)
-    finally:
-        del engine
+    return time_steps(step, steps)
 
 
 def bench_data_wait(args: argparse.Namespace, device, data: dict, workers: int) -> tuple[float, float]:

@@ -22,7 +22,7 @@ fi
 start=$(date +%s)
 echo "== 1/5 synthetic EPIC-style videos -> $OUT/synth"
 rm -rf "$OUT/synth" "$OUT/chunks" "$OUT/run" "$OUT/model.safetensors"
-$PY -m avion_ds.cli synth "$OUT/synth" --num-videos 8 --segments-per-video 16 --seed 0
+$PY -m avion_ds.cli synth "$OUT/synth" --num-videos 16 --segments-per-video 24 --seed 0
 echo "== 2/5 chunking -> $OUT/chunks"
 $PY -m avion_ds.cli chunk "$OUT/synth/videos" "$OUT/chunks" --chunk-seconds 15 --short-side 72 --fps 15 --gop 15 \
   --workers 2 --no-progress
@@ -32,8 +32,9 @@ deepspeed --num_gpus 2 launch/train.py --config launch/recipes/demo_cpu.yaml \
   --set data.root="$OUT/chunks" --set data.train_csv="$OUT/synth/train.csv" --set data.val_csv="$OUT/synth/val.csv" \
   --set output_dir="$OUT/run" "$@" 2>&1 | grep --line-buffered -v -E "^\[[0-9-]+ [0-9:,]+\] \[(INFO|WARNING)\]|^W[0-9]+ |built successfully|FutureWarning|return func"
 echo "== 4/5 evaluating the latest checkpoint, exporting fp32 weights"
-$PY -m avion_ds.cli eval --checkpoint "$OUT/run" --out "$OUT/run/eval_metrics.json" 2>&1 | grep --line-buffered -v -E "^\[[0-9-]+ |^W[0-9]+ "
-$PY -m avion_ds.cli export "$OUT/run" --out "$OUT/model.safetensors"
+QUIET="^\[[0-9-]+ |^W[0-9]+ |built successfully|Processing zero checkpoint|Parsing checkpoint|Loading checkpoint shards|Detected checkpoint|Reconstructed fp32"
+$PY -m avion_ds.cli eval --checkpoint "$OUT/run" --out "$OUT/run/eval_metrics.json" 2>&1 | grep --line-buffered -v -E "$QUIET"
+$PY -m avion_ds.cli export "$OUT/run" --out "$OUT/model.safetensors" 2>&1 | grep --line-buffered -v -E "$QUIET"
 echo "== 5/5 result"
 $PY - "$OUT" <<'PYEOF'
 import csv, json, sys

@@ -11,14 +11,20 @@ import argparse
 import json
 import sys
 import traceback
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import torch
 
 from avion_ds.config import ConfigError, Recipe, load_recipe
 from avion_ds.engine import dist
-from avion_ds.engine.metrics import PredictionStore, aggregate_outputs, compute_metrics, per_sample_records
+from avion_ds.engine.metrics import (
+    PredictionStore,
+    aggregate_outputs,
+    compute_metrics,
+    per_sample_records,
+)
 
 
 @torch.no_grad()
@@ -97,7 +103,7 @@ def run(args: argparse.Namespace) -> int:
 
         if latest_complete(run_dir) is None:
             raise ConfigError(f"--checkpoint {run_dir}: no complete checkpoint in {run_dir / 'checkpoints'}")
-    rank, world, local_rank = dist.init()
+    _, world, _ = dist.init()
     seed_everything(recipe.seed)
 
     from deepspeed.accelerator import get_accelerator

@@ -21,7 +21,7 @@ from avion_ds.engine.checkpoint import MARKER, checkpoint_dir, latest_complete
 def _strip(name: str) -> str:
     for seg in ("_checkpoint_wrapped_module.", "_orig_mod."):
         name = name.replace(seg, "")
-    return name[len("module."):] if name.startswith("module.") else name
+    return name.removeprefix("module.")
 
 
 def _stage(run_dir: Path, tag_dir: Path) -> int:
@@ -44,7 +44,9 @@ def consolidate(run_dir: str | Path, tag: str | None = None) -> dict[str, torch.
         states = torch.load(tag_dir / "mp_rank_00_model_states.pt", map_location="cpu", weights_only=False)
         sd = states["module"]
     else:
-        from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
+        from deepspeed.utils.zero_to_fp32 import (
+            get_fp32_state_dict_from_zero_checkpoint,
+        )
 
         sd = get_fp32_state_dict_from_zero_checkpoint(str(checkpoint_dir(run_dir)), tag=tag)
     return {_strip(k): (v.float() if v.is_floating_point() else v) for k, v in sd.items()}

@@ -19,7 +19,7 @@ def _strip_wrappers(name: str) -> str:
     """Remove activation-checkpoint / DDP wrapper segments so names match the bare model's."""
     for seg in ("_checkpoint_wrapped_module.", "_fsdp_wrapped_module.", "_orig_mod."):
         name = name.replace(seg, "")
-    return name[len("module."):] if name.startswith("module.") else name
+    return name.removeprefix("module.")
 
 
 def _no_decay_names(model: nn.Module) -> set[str]:

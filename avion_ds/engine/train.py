@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import random
 import sys
 import time
@@ -24,7 +23,13 @@ import torch
 from avion_ds.config import ConfigError, Recipe, load_recipe, save_recipe
 from avion_ds.engine import checkpoint as ckpt
 from avion_ds.engine import dist
-from avion_ds.engine.ds_config import build_ds_config, load_user_config, precision_of, resolve_batch, zero_stage
+from avion_ds.engine.ds_config import (
+    build_ds_config,
+    load_user_config,
+    precision_of,
+    resolve_batch,
+    zero_stage,
+)
 from avion_ds.engine.evaluate import evaluate_model
 from avion_ds.engine.logging import RunLogger, StepTimer, peak_memory_gib
 from avion_ds.engine.losses import total_loss
@@ -208,7 +213,8 @@ def run(args: argparse.Namespace) -> int:
                     recipe.logging.log_every)
     log.info(f"avion-ds train: {recipe.model.name} | world {world} | ZeRO-{zero_stage(ds_config)} | {precision} | "
              f"global batch {plan.global_batch} = micro {plan.micro_batch} x accum {plan.grad_accum} x world {world}"
-             f" | {steps_per_epoch} steps/epoch x {recipe.schedule.epochs} epochs | run dir {run_dir}")
+             f" | {steps_per_epoch} steps/epoch x {recipe.schedule.epochs} epochs | activation checkpointing "
+             f"{recipe.model.checkpoint_impl if recipe.model.activation_checkpointing else 'off'} | run dir {run_dir}")
 
     start_epoch, start_step, global_step, skipped = 0, 0, 0, 0
     pending_rng = None
@@ -223,11 +229,13 @@ def run(args: argparse.Namespace) -> int:
             log.info(f"resumed from {client['tag']}: epoch {start_epoch}, step {start_step} in epoch, "
                      f"global step {global_step}")
 
+    sched = engine.lr_scheduler
+
     def client_state(epoch: int, step_in_epoch: int) -> dict[str, Any]:
         st = {"epoch": epoch, "step_in_epoch": step_in_epoch, "global_step": global_step, "skipped": skipped,
               "model": ckpt.model_identity(recipe)}
-        if engine.lr_scheduler is not None and hasattr(engine.lr_scheduler, "state_dict"):
-            st["scheduler"] = engine.lr_scheduler.state_dict()
+        if sched is not None and hasattr(sched, "state_dict"):
+            st["scheduler"] = sched.state_dict()
         return st
 
     timer = StepTimer(sync=device.type == "cuda")

@@ -50,7 +50,7 @@ def test_synth_chunk_train_eval_export(tmp_path: Path) -> None:
     sets = [f"data.root={tmp_path / 'chunks'}", f"data.train_csv={tmp_path / 'synth' / 'train.csv'}",
             f"data.val_csv={tmp_path / 'synth' / 'val.csv'}", f"output_dir={run}", "schedule.epochs=2",
             "eval.every_epochs=2", "batch.global_batch=8", "batch.micro_batch=4", "eval.batch_size=4",
-            "logging.log_every=1", "precision=fp32"]
+            "logging.log_every=1", "precision=fp32", "data.num_frames=4", "data.size=32"]
     args = ["--config", "launch/recipes/demo_cpu.yaml", "--deepspeed_config", "ds_configs/zero2.json"]
     for s in sets:
         args += ["--set", s]

@@ -8,7 +8,13 @@ from pathlib import Path
 import pytest
 
 from avion_ds.config import ConfigError, load_recipe
-from avion_ds.engine.ds_config import build_ds_config, precision_of, resolve_batch, scaled_lr, zero_stage
+from avion_ds.engine.ds_config import (
+    build_ds_config,
+    precision_of,
+    resolve_batch,
+    scaled_lr,
+    zero_stage,
+)
 
 REPO = Path(__file__).resolve().parents[2]
 SHIPPED = sorted((REPO / "ds_configs").glob("*.json"))

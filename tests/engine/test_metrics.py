@@ -9,8 +9,15 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 
-from avion_ds.engine.metrics import (PredictionStore, action_topk_correct, aggregate_outputs, compute_metrics,
-                                     dedupe, mean_class_accuracy, per_sample_records)
+from avion_ds.engine.metrics import (
+    PredictionStore,
+    action_topk_correct,
+    aggregate_outputs,
+    compute_metrics,
+    dedupe,
+    mean_class_accuracy,
+    per_sample_records,
+)
 
 
 def _onehot_scores(preds: list[int], k: int) -> torch.Tensor:

@@ -64,8 +64,10 @@ def test_zero0_run_logs_checkpoints_and_evaluates(reference: dict, tiny_epic: di
 def test_resume_reproduces_uninterrupted_run(stage: str, reference: dict, tiny_epic: dict,
                                              tmp_path: Path) -> None:
     stop = steps_per_epoch(tiny_epic) + 1  # one step into the second epoch: resume mid-epoch
+    # ZeRO-3 also switches activation checkpointing to deepspeed.checkpointing (the JSON's section)
+    impl = ["--set", "model.checkpoint_impl=deepspeed"] if stage == "zero3" else []
     # interrupted half through torchrun, resumed half through the deepspeed launcher
-    run, _ = _train(tmp_path, tiny_epic, stage, stage, "--exit-after-steps", str(stop), launcher="torchrun")
+    run, _ = _train(tmp_path, tiny_epic, stage, stage, "--exit-after-steps", str(stop), *impl, launcher="torchrun")
     first = losses(run)
     assert sorted(first) == list(range(1, stop + 1))
     # a newer checkpoint killed mid-save (shards but no COMPLETE marker) must be ignored
@@ -73,8 +75,9 @@ def test_resume_reproduces_uninterrupted_run(stage: str, reference: dict, tiny_e
     shutil.copytree(run / "checkpoints" / f"step_{stop:08d}", partial)
     (partial / "COMPLETE.json").unlink()
     (run / "checkpoints" / "latest").write_text(partial.name)
-    _, log = _train(tmp_path, tiny_epic, stage, stage)
+    _, log = _train(tmp_path, tiny_epic, stage, stage, *impl)
     assert f"resumed from step_{stop:08d}: epoch 1, step 1 in epoch" in log
+    assert f"activation checkpointing {'deepspeed' if impl else 'torch'}" in log
     resumed = losses(run)
     ref = reference["losses"]
     assert sorted(resumed) == sorted(ref)
