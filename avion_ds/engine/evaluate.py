@@ -94,7 +94,7 @@ def _resolve_recipe(args: argparse.Namespace) -> tuple[Recipe, Path | None]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from avion_ds.engine.train import build_model, check_data_paths, seed_everything
+    from avion_ds.engine.train import build_model, check_data_paths, recipe_num_classes, seed_everything
 
     recipe, run_dir = _resolve_recipe(args)
     check_data_paths(recipe, need_train=args.split == "train")
@@ -137,7 +137,7 @@ def run(args: argparse.Namespace) -> int:
                             spatial_views=recipe.eval.spatial_views, seed=recipe.seed)
     loader = build_loader(dataset, recipe.eval.batch_size or recipe.batch.micro_batch, recipe.data.workers,
                           shuffle=False, seed=recipe.seed, drop_last=False, distributed=world > 1)
-    augment = DeviceAugment(recipe.data, dataset.num_classes, train=False)
+    augment = DeviceAugment(recipe.data, recipe_num_classes(recipe), train=False)
     metrics, (index, scores, labels) = evaluate_model(model, loader, augment, views, device, dtype)
     if dist.is_main():
         out = Path(args.out) if args.out else (run_dir or Path(args.checkpoint).parent) / "eval_metrics.json"

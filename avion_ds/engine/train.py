@@ -107,6 +107,14 @@ def build_model(recipe: Recipe, pretrained: str | None = None) -> torch.nn.Modul
     return create_model(m.name, pretrained=pretrained if pretrained is not None else (m.pretrained or None), **kw)
 
 
+def recipe_num_classes(recipe: Recipe) -> int | dict[str, int]:
+    """Class count(s) of the MODEL's heads: what targets (mixup, smoothing) must be shaped for.
+
+    Taken from the recipe, not the dataset: a CSV that lacks the top classes must not shrink them.
+    """
+    return dict(recipe.model.heads) if recipe.model.heads is not None else recipe.model.num_classes
+
+
 class _SkipSampler(torch.utils.data.Sampler):
     """Yields ``sampler``'s indices after the first ``skip`` (resume inside an epoch)."""
 
@@ -206,7 +214,7 @@ def run(args: argparse.Namespace) -> int:
     device = torch.device(get_accelerator().current_device_name())
     precision = precision_of(ds_config)
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision, torch.float32)
-    num_classes = train_set.num_classes
+    num_classes = recipe_num_classes(recipe)
     train_aug = DeviceAugment(recipe.data, num_classes, train=True)
     eval_aug = DeviceAugment(recipe.data, num_classes, train=False)
     log = RunLogger(run_dir, dist.is_main(), recipe.logging.tensorboard, recipe.logging.progress,
