@@ -20,7 +20,11 @@ fi
 if ! $PY -c "import torch, torchvision, sys; sys.exit(torch.__version__.split('+')[0] != '2.14.1')" 2>/dev/null; then
   $PY -m pip install -q torch==2.14.1 torchvision==0.29.1
 fi
-if ! $PY -c "import avion_ds, timm, deepspeed, decord, av, torchcodec, pytest, pytest_timeout" 2>/dev/null; then
+if ! $PY -c "import timm, deepspeed, decord, av, torchcodec, pytest, pytest_timeout" 2>/dev/null; then
   $PY -m pip install -q -e ".[codec,test]"
+fi
+# avion_ds itself must resolve to THIS checkout (an editable install of another clone would not).
+if ! $PY -c "import avion_ds, pathlib, sys; sys.exit(pathlib.Path(avion_ds.__file__).resolve().parent.parent != pathlib.Path('.').resolve())" 2>/dev/null; then
+  $PY -m pip install -q --no-deps --no-build-isolation -e .
 fi
 $PY -c "import torch, deepspeed, avion_ds; print('avion_ds ready: torch', torch.__version__, 'deepspeed', deepspeed.__version__)" 2>&1 | grep -v real_accelerator

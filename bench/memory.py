@@ -66,8 +66,8 @@ def part_ratio(args: argparse.Namespace, dtype: torch.dtype) -> dict[str, Any]:
     print(f"[ratio] vit_base_patch16_224 {args.frames}x{args.size} {str(dtype)[6:]} activations/clip: "
           f"no checkpointing {format_bytes(full)}, checkpoint every block {format_bytes(ckpt)} -> "
           f"{ratio:.3f}x (target <= 0.35x) [{time.perf_counter() - t0:.0f} s]")
-    return dict(model="vit_base_patch16_224", frames=args.frames, size=args.size, dtype=str(dtype)[6:],
-                bytes_no_ckpt=full, bytes_ckpt=ckpt, ratio=ratio)
+    return {"model": "vit_base_patch16_224", "frames": args.frames, "size": args.size, "dtype": str(dtype)[6:],
+                "bytes_no_ckpt": full, "bytes_ckpt": ckpt, "ratio": ratio}
 
 
 def part_activations(args: argparse.Namespace, dtype: torch.dtype) -> list[dict[str, Any]]:
@@ -83,8 +83,8 @@ def part_activations(args: argparse.Namespace, dtype: torch.dtype) -> list[dict[
             predicted = activation_bytes_per_clip(info, frames, size, dtype, ck)
             full_depth = activation_bytes_per_clip(arch_info(name, frames, size), frames, size, dtype, ck)
             err = predicted / measured - 1
-            rows.append(dict(model=name, frames=frames, size=size, depth=info.depth, checkpointing=bool(ck),
-                             measured=measured, predicted=predicted, error=err, predicted_full_depth=full_depth))
+            rows.append({"model": name, "frames": frames, "size": size, "depth": info.depth, "checkpointing": bool(ck),
+                             "measured": measured, "predicted": predicted, "error": err, "predicted_full_depth": full_depth})
             print(f"  {name:24s} depth {info.depth:2d} ckpt={'yes' if ck else 'no ':3s} measured {format_bytes(measured):>11s} "
                   f"predicted {format_bytes(predicted):>11s} error {err:+.2%}   (full depth predicted "
                   f"{format_bytes(full_depth)})")
@@ -100,7 +100,7 @@ def part_throughput(args: argparse.Namespace) -> list[dict[str, Any]]:
     for name, micro in (("vit_base_patch16_224", 16), ("vit_large_patch16_224", 8)):
         for backend in ("flash", "sdpa"):
             if backend == "flash" and not flash_available():
-                rows.append(dict(model=name, attn_backend="flash", error="flash-attn not installed"))
+                rows.append({"model": name, "attn_backend": "flash", "error": "flash-attn not installed"})
                 print(f"[throughput] {name} flash: flash-attn not installed")
                 continue
             r = train_step_probe(name, args.frames, args.size, micro, dtype="bf16", attn_backend=backend,
@@ -131,7 +131,7 @@ def part_capacity(args: argparse.Namespace) -> dict[str, Any]:
     from avion_ds.memory.estimate import FRAGMENTATION
 
     cap = args.cap_bytes
-    out: dict[str, Any] = dict(cap=cap, max_micro=[], probes=[])
+    out: dict[str, Any] = {"cap": cap, "max_micro": [], "probes": []}
     for name in args.capacity_sizes:
         for ckpt in (0, 1):
             pred = 0
@@ -149,8 +149,8 @@ def part_capacity(args: argparse.Namespace) -> dict[str, Any]:
                 m = m + 1 if tried[m] else m - 1
             ok = [k for k, v in tried.items() if v]
             measured = max(ok) if ok else 0
-            out["max_micro"].append(dict(model=name, checkpoint_every=ckpt, predicted=pred, measured=measured,
-                                         probes=tried))
+            out["max_micro"].append({"model": name, "checkpoint_every": ckpt, "predicted": pred, "measured": measured,
+                                         "probes": tried})
             print(f"[capacity] {name} ckpt={'every 1' if ckpt else 'none'} under {format_bytes(cap)}: largest micro-batch "
                   f"predicted {pred}, measured {measured}")
             args.save_partial("capacity", out)  # a time limit mid-part keeps what was measured
@@ -201,8 +201,8 @@ def part_offload(args: argparse.Namespace, dtype: torch.dtype) -> list[dict[str,
     with torch.no_grad():
         t_plain, ref = timed(plain)
     peak = torch.cuda.max_memory_allocated() if cuda else None
-    rows.append(dict(model=name, mode="plain", params=params, step_s=t_plain, clips_per_s=args.offload_batch / t_plain,
-                     peak_allocated=peak))
+    rows.append({"model": name, "mode": "plain", "params": params, "step_s": t_plain, "clips_per_s": args.offload_batch / t_plain,
+                     "peak_allocated": peak})
     state = {k: v.detach().cpu() for k, v in plain.state_dict().items()}
     del plain
     print(f"[offload] {name} {args.frames}x{args.size} batch {args.offload_batch} {str(dtype)[6:]}: plain "
@@ -218,9 +218,9 @@ def part_offload(args: argparse.Namespace, dtype: torch.dtype) -> list[dict[str,
         t, out = timed(off)
         peak = torch.cuda.max_memory_allocated() if cuda else None
         diff = float((out.float().cpu() - ref.float().cpu()).abs().max())
-        rows.append(dict(model=name, mode="zero3-offload-cpu", max_live_parameters=live, params=params, step_s=t,
-                         clips_per_s=args.offload_batch / t, peak_allocated=peak, max_abs_diff=diff,
-                         slowdown=t / t_plain))
+        rows.append({"model": name, "mode": "zero3-offload-cpu", "max_live_parameters": live, "params": params, "step_s": t,
+                         "clips_per_s": args.offload_batch / t, "peak_allocated": peak, "max_abs_diff": diff,
+                         "slowdown": t / t_plain})
         print(f"[offload]   max_live_parameters {live:>11,d}: {args.offload_batch / t:.2f} clips/s ({t / t_plain:.2f}x "
               f"the plain time)" + (f", peak {format_bytes(peak)}" if cuda else "") + f", max |logit diff| {diff:.1e}")
         del off, m
@@ -259,10 +259,10 @@ def main(argv: list[str] | None = None) -> int:
     if {"capacity", "giant"} & set(parts):
         total = torch.cuda.get_device_properties(0).total_memory
         torch.cuda.set_per_process_memory_fraction(min(1.0, args.cap_bytes / total))
-    results: dict[str, Any] = dict(machine=dict(python=platform.python_version(), torch=torch.__version__,
-                                                device=torch.cuda.get_device_name() if args.device == "cuda" else
-                                                platform.processor() or platform.machine()),
-                                   command=" ".join(["python", "bench/memory.py"] + (argv or sys.argv[1:])))
+    results: dict[str, Any] = {"machine": {"python": platform.python_version(), "torch": torch.__version__,
+                                                "device": torch.cuda.get_device_name() if args.device == "cuda" else
+                                                platform.processor() or platform.machine()},
+                                   "command": " ".join(["python", "bench/memory.py"] + (argv or sys.argv[1:]))}
     def save(part: str | None = None, partial: Any = None) -> None:
         if part is not None:
             results[part] = partial

@@ -117,19 +117,19 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     dtype = DTYPES[args.dtype or ("bf16" if args.device.startswith("cuda") else "fp32")]
     torch.manual_seed(0)
-    res: dict[str, Any] = dict(model=args.model, attn=args.attn, dtype=str(dtype)[6:], device=args.device,
-                               torch=torch.__version__, transformers=transformers.__version__,
-                               machine=torch.cuda.get_device_name() if args.device.startswith("cuda") else platform.machine(),
-                               command=" ".join(["python", "bench/peer.py"] + (argv or sys.argv[1:])))
+    res: dict[str, Any] = {"model": args.model, "attn": args.attn, "dtype": str(dtype)[6:], "device": args.device,
+                               "torch": torch.__version__, "transformers": transformers.__version__,
+                               "machine": torch.cuda.get_device_name() if args.device.startswith("cuda") else platform.machine(),
+                               "command": " ".join(["python", "bench/peer.py"] + (argv or sys.argv[1:]))}
 
     # activation bytes per clip (forward only)
     af, asz = args.act_frames or args.frames, args.act_size or args.size
     ours, hf = build_pair(args.model, af, asz, args.attn, args.device, dtype)
-    res["params"] = dict(ours=sum(p.numel() for p in ours.parameters()), hf=sum(p.numel() for p in hf.parameters()))
+    res["params"] = {"ours": sum(p.numel() for p in ours.parameters()), "hf": sum(p.numel() for p in hf.parameters())}
     x = torch.randn(1, 3, af, asz, asz, device=args.device, dtype=dtype)
     act_ours = measure_activation_bytes(ours, x, forward=our_forward)
     act_hf = measure_activation_bytes(hf, x, forward=hf_forward)
-    res["activations"] = dict(frames=af, size=asz, ours=act_ours, hf=act_hf, ratio=act_ours / act_hf)
+    res["activations"] = {"frames": af, "size": asz, "ours": act_ours, "hf": act_hf, "ratio": act_ours / act_hf}
     print(f"params: ours {res['params']['ours'] / 1e6:.2f}M, HF VideoMAE {res['params']['hf'] / 1e6:.2f}M")
     print(f"activation bytes/clip {af}x{asz} {str(dtype)[6:]}: ours {format_bytes(act_ours)}, HF {format_bytes(act_hf)} "
           f"-> {act_ours / act_hf:.3f}x (target <= 0.8x)")
@@ -141,7 +141,7 @@ def main(argv: list[str] | None = None) -> int:
     (getattr(hf, "activation_checkpointing_enable", None) or hf.gradient_checkpointing_enable)()
     ck_ours = measure_activation_bytes(ours, x, forward=our_forward)
     ck_hf = measure_activation_bytes(hf, x, forward=hf_forward)
-    res["activations_checkpointed"] = dict(ours=ck_ours, hf=ck_hf, ratio=ck_ours / ck_hf)
+    res["activations_checkpointed"] = {"ours": ck_ours, "hf": ck_hf, "ratio": ck_ours / ck_hf}
     print(f"  with checkpointing of every block: ours {format_bytes(ck_ours)}, HF {format_bytes(ck_hf)} "
           f"-> {ck_ours / ck_hf:.3f}x; ours checkpointed vs HF plain {ck_ours / act_hf:.3f}x")
     del ours, hf
@@ -153,8 +153,8 @@ def main(argv: list[str] | None = None) -> int:
     times = time_steps({"ours": (ours, our_forward), "hf": (hf, hf_forward)}, x, y, args.steps, args.warmup, args.device)
     med = {k: statistics.median(v) for k, v in times.items()}
     clips = {k: args.batch / v for k, v in med.items()}
-    res["throughput"] = dict(frames=args.frames, size=args.size, batch=args.batch, steps=args.steps,
-                             step_s=med, clips_per_s=clips, speedup=clips["ours"] / clips["hf"], all_step_s=times)
+    res["throughput"] = {"frames": args.frames, "size": args.size, "batch": args.batch, "steps": args.steps,
+                             "step_s": med, "clips_per_s": clips, "speedup": clips["ours"] / clips["hf"], "all_step_s": times}
     print(f"train step {args.frames}x{args.size} batch {args.batch} {str(dtype)[6:]} ({args.steps} timed steps, "
           f"median): ours {clips['ours']:.2f} clips/s, HF {clips['hf']:.2f} clips/s -> {clips['ours'] / clips['hf']:.2f}x "
           f"(target >= 1.2x)")

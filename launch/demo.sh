@@ -15,8 +15,8 @@ PY=${PYTHON:-python3}
 OUT=${DEMO_DIR:-demo}
 
 if ! $PY -c "import avion_ds, deepspeed, decord, av, timm, tensorboard" 2>/dev/null; then
-  echo "== installing avion_ds and its dependencies"
-  $PY -m pip install -q -e .
+  echo "== installing avion_ds and its dependencies (pinned torch; see .ci/install.sh)"
+  PYTHON=$PY bash .ci/install.sh
 fi
 
 start=$(date +%s)

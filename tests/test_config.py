@@ -7,7 +7,13 @@ from pathlib import Path
 import pytest
 import yaml
 
-from avion_ds.config import ConfigError, Recipe, load_recipe, recipe_from_dict, save_recipe
+from avion_ds.config import (
+    ConfigError,
+    Recipe,
+    load_recipe,
+    recipe_from_dict,
+    save_recipe,
+)
 
 
 def _write(tmp_path: Path, data: dict) -> Path:

@@ -32,7 +32,13 @@ from itertools import pairwise
 from multiprocessing import get_context
 from pathlib import Path
 
-from .manifest import MANIFEST_NAME, dedupe_records, find_videos, read_manifest_records, write_manifest
+from .manifest import (
+    MANIFEST_NAME,
+    dedupe_records,
+    find_videos,
+    read_manifest_records,
+    write_manifest,
+)
 
 log = logging.getLogger(__name__)
 FAILURES_NAME = "chunk_failures.tsv"

@@ -30,11 +30,24 @@ import torch
 from torch.utils.data import Dataset
 
 from ..config import DataConfig
-from .crop import CropBox, CropSpec, center_crop, clip_rng, random_resized_crop, three_crops
+from .crop import (
+    CropBox,
+    CropSpec,
+    center_crop,
+    clip_rng,
+    random_resized_crop,
+    three_crops,
+)
 from .decoders import _REGISTRY, _load_plugins, get_decoder
 from .errors import DataError
 from .manifest import VideoEntry, find_videos, load_manifest, probe_video
-from .sampling import map_to_chunks, parse_timestamp, seconds_to_frames, segment_indices, stride_indices
+from .sampling import (
+    map_to_chunks,
+    parse_timestamp,
+    seconds_to_frames,
+    segment_indices,
+    stride_indices,
+)
 
 log = logging.getLogger(__name__)
 EPIC_REQUIRED = ("narration_id", "video_id", "start_timestamp", "stop_timestamp", "verb_class", "noun_class")

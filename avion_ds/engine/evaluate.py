@@ -10,7 +10,6 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import traceback
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -94,7 +93,12 @@ def _resolve_recipe(args: argparse.Namespace) -> tuple[Recipe, Path | None]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from avion_ds.engine.train import build_model, check_data_paths, recipe_num_classes, seed_everything
+    from avion_ds.engine.train import (
+        build_model,
+        check_data_paths,
+        recipe_num_classes,
+        seed_everything,
+    )
 
     recipe, run_dir = _resolve_recipe(args)
     check_data_paths(recipe, need_train=args.split == "train")
@@ -156,16 +160,7 @@ def run(args: argparse.Namespace) -> int:
 def main(argv: list[str] | None = None) -> int:
     """Entry point for `avion-ds eval`."""
     args = parse_args(argv)
-    try:
-        code = run(args)
-    except ConfigError as e:
-        print(f"avion-ds eval: error: {e}", file=sys.stderr, flush=True)
-        code = 2
-    except Exception:
-        traceback.print_exc()
-        code = 1
-    return dist.shutdown(code)
-
+    return dist.run_entry("avion-ds eval", lambda: run(args), {ConfigError: 2})
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -13,7 +13,6 @@ import json
 import random
 import sys
 import time
-import traceback
 from pathlib import Path
 from typing import Any
 
@@ -96,10 +95,10 @@ def build_model(recipe: Recipe, pretrained: str | None = None) -> torch.nn.Modul
     from avion_ds.models import create_model
 
     m = recipe.model
-    kw: dict[str, Any] = dict(num_frames=recipe.data.num_frames, img_size=recipe.data.size,
-                              drop_path_rate=m.drop_path_rate, head_drop_rate=m.head_drop_rate,
-                              attn_backend=m.attn_backend, patch_embed=m.patch_embed, pool=m.pool,
-                              pos_embed=m.pos_embed)
+    kw: dict[str, Any] = {"num_frames": recipe.data.num_frames, "img_size": recipe.data.size,
+                              "drop_path_rate": m.drop_path_rate, "head_drop_rate": m.head_drop_rate,
+                              "attn_backend": m.attn_backend, "patch_embed": m.patch_embed, "pool": m.pool,
+                              "pos_embed": m.pos_embed}
     if m.heads is not None:
         kw["heads"] = dict(m.heads)
     else:
@@ -136,10 +135,10 @@ class _SkipSampler(torch.utils.data.Sampler):
 
 def loader_skipping(loader: torch.utils.data.DataLoader, skip_samples: int) -> torch.utils.data.DataLoader:
     """A copy of ``loader`` that starts ``skip_samples`` into its (already epoch-seeded) sampler."""
-    kw: dict[str, Any] = dict(batch_size=loader.batch_size, drop_last=loader.drop_last,
-                              num_workers=loader.num_workers, collate_fn=loader.collate_fn,
-                              pin_memory=loader.pin_memory, worker_init_fn=loader.worker_init_fn,
-                              generator=loader.generator, timeout=loader.timeout)
+    kw: dict[str, Any] = {"batch_size": loader.batch_size, "drop_last": loader.drop_last,
+                              "num_workers": loader.num_workers, "collate_fn": loader.collate_fn,
+                              "pin_memory": loader.pin_memory, "worker_init_fn": loader.worker_init_fn,
+                              "generator": loader.generator, "timeout": loader.timeout}
     if loader.num_workers > 0:
         kw.update(prefetch_factor=loader.prefetch_factor, persistent_workers=False,
                   multiprocessing_context=loader.multiprocessing_context)
@@ -355,19 +354,7 @@ def run(args: argparse.Namespace) -> int:
 def main(argv: list[str] | None = None) -> int:
     """Entry point for `avion-ds train` and `launch/train.py`; exits through ``dist.shutdown``."""
     args = parse_args(argv)
-    try:
-        code = run(args)
-    except ConfigError as e:
-        print(f"avion-ds train: error: {e}", file=sys.stderr, flush=True)
-        code = 2
-    except NonFiniteLoss as e:
-        print(f"avion-ds train: error: {e}", file=sys.stderr, flush=True)
-        code = 3
-    except Exception:
-        traceback.print_exc()
-        code = 1
-    return dist.shutdown(code)
-
+    return dist.run_entry("avion-ds train", lambda: run(args), {ConfigError: 2, NonFiniteLoss: 3})
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -313,10 +313,10 @@ def estimate(
     allocated = params + grads + opt + act + recompute + workspace
     frag = int(FRAGMENTATION * allocated)
     context = CUDA_CONTEXT_BYTES + (COMM_BUFFER_BYTES if world_size > 1 else 0)
-    inputs = dict(model=info.name, frames=frames, size=size, micro_batch=micro_batch, dtype=str(dt).replace("torch.", ""),
-                  zero_stage=zero_stage, offload_optimizer=offload_optimizer, offload_param=offload_param,
-                  checkpointing=int(checkpointing),
-                  world_size=world_size, params_count=info.params)
+    inputs = {"model": info.name, "frames": frames, "size": size, "micro_batch": micro_batch, "dtype": str(dt).replace("torch.", ""),
+                  "zero_stage": zero_stage, "offload_optimizer": offload_optimizer, "offload_param": offload_param,
+                  "checkpointing": int(checkpointing),
+                  "world_size": world_size, "params_count": info.params}
     return MemoryEstimate(
         params=int(params), grads=int(grads), optimizer=int(opt), activations=int(act), recompute=int(recompute),
         workspace=int(workspace), fragmentation=frag, context=context, allocated_peak=int(allocated),

@@ -85,9 +85,9 @@ def train_step_probe(
     _ensure_process_group()
     world = dist.get_world_size()
     cfg = _fill_config(ds_config or {"zero_optimization": {"stage": 0}}, micro_batch, grad_accum, world, dtype)
-    result: dict[str, Any] = dict(model=model_name, frames=frames, size=size, micro_batch=micro_batch, dtype=dtype,
-                                  zero_stage=cfg.get("zero_optimization", {}).get("stage", 0),
-                                  checkpoint_every=checkpoint_every, attn_backend=attn_backend, world_size=world)
+    result: dict[str, Any] = {"model": model_name, "frames": frames, "size": size, "micro_batch": micro_batch, "dtype": dtype,
+                                  "zero_stage": cfg.get("zero_optimization", {}).get("stage", 0),
+                                  "checkpoint_every": checkpoint_every, "attn_backend": attn_backend, "world_size": world}
     engine = model = None
     gc.collect()
     torch.cuda.empty_cache()

@@ -191,7 +191,7 @@ def plan(req: Request) -> tuple[list[Candidate], dict[str, Any]]:
     best = fitting[0].clips_per_s if fitting else None
     for c in fitting:
         c.relative_speed = c.clips_per_s / best
-    facts = dict(params=info.params, depth=info.depth, tokens=tokens, fwd_flops=flops, largest_layer=info.largest_layer_params)
+    facts = {"params": info.params, "depth": info.depth, "tokens": tokens, "fwd_flops": flops, "largest_layer": info.largest_layer_params}
     return fitting + rest, facts
 
 

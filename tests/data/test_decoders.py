@@ -9,7 +9,12 @@ import torch
 
 from avion_ds.data import decoders
 from avion_ds.data.crop import CropBox, CropSpec, crop_resize
-from avion_ds.data.decoders import DataError, DecoderUnavailable, available_backends, get_decoder
+from avion_ds.data.decoders import (
+    DataError,
+    DecoderUnavailable,
+    available_backends,
+    get_decoder,
+)
 from avion_ds.data.synthetic import read_frame_index, write_video
 
 BACKENDS = available_backends()

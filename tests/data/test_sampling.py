@@ -6,7 +6,13 @@ import numpy as np
 import pytest
 
 from avion_ds.data.manifest import Chunk, VideoEntry
-from avion_ds.data.sampling import map_to_chunks, parse_timestamp, seconds_to_frames, segment_indices, stride_indices
+from avion_ds.data.sampling import (
+    map_to_chunks,
+    parse_timestamp,
+    seconds_to_frames,
+    segment_indices,
+    stride_indices,
+)
 
 
 def _entry(frames_per_chunk: list[int], nominal: int = 450) -> VideoEntry:

@@ -75,7 +75,7 @@ def test_synth_chunk_train_eval_export(tmp_path: Path) -> None:
     from avion_ds.engine.export import consolidate
     from avion_ds.models import create_model
 
-    kw = dict(heads={"verb": 4, "noun": 3}, num_frames=4, img_size=32, drop_path_rate=0.0)
+    kw = {"heads": {"verb": 4, "noun": 3}, "num_frames": 4, "img_size": 32, "drop_path_rate": 0.0}
     loaded = create_model("vit_test_tiny", pretrained=str(weights), **kw).eval()
     ref = create_model("vit_test_tiny", **kw).eval()
     ref.load_state_dict(consolidate(run), strict=True)

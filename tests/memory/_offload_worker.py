@@ -30,8 +30,8 @@ def main(out_dir: str) -> None:
                          prefetch_bucket_size=2000)
     heads_diff = max(float((torch.cat([o[k] for o in outs]) - ref_heads[k]).abs().max()) for k in ref_heads)
     rank = int(os.environ["RANK"])
-    result = dict(rank=rank, max_abs_diff=float((out - ref).abs().max()), allclose=bool(torch.allclose(out, ref, atol=1e-5)),
-                  local_params=int(local), total_params=int(total), released=bool(released), heads_diff=heads_diff)
+    result = {"rank": rank, "max_abs_diff": float((out - ref).abs().max()), "allclose": bool(torch.allclose(out, ref, atol=1e-5)),
+                  "local_params": int(local), "total_params": int(total), "released": bool(released), "heads_diff": heads_diff}
     with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:
         json.dump(result, f)
     import torch.distributed as dist
@@ -40,7 +40,7 @@ def main(out_dir: str) -> None:
     del off
     dist.destroy_process_group()
     sys.stdout.flush()
-    os._exit(0)  # gloo threads can abort interpreter shutdown (see DESIGN.md)
+    os._exit(0)  # gloo threads can abort interpreter shutdown (see avion_ds/engine/dist.py)
 
 
 if __name__ == "__main__":

@@ -61,13 +61,13 @@ def test_fp32_and_micro_batch_scaling():
 
 @pytest.mark.parametrize(
     "kwargs, fragment",
-    [(dict(zero_stage=2, offload_param=True), "offload_param needs zero_stage=3"),
-     (dict(zero_stage=0, offload_optimizer=True), "offload_optimizer needs zero_stage >= 1"),
-     (dict(zero_stage=5), "zero_stage=5"), (dict(dtype="int8"), "dtype='int8'"),
-     (dict(frames=15), "got 15")],
+    [({"zero_stage": 2, "offload_param": True}, "offload_param needs zero_stage=3"),
+     ({"zero_stage": 0, "offload_optimizer": True}, "offload_optimizer needs zero_stage >= 1"),
+     ({"zero_stage": 5}, "zero_stage=5"), ({"dtype": "int8"}, "dtype='int8'"),
+     ({"frames": 15}, "got 15")],
 )
 def test_bad_inputs(kwargs, fragment):
-    args = dict(model="vit_base_patch16_224", frames=16, size=224, micro_batch=1)
+    args = {"model": "vit_base_patch16_224", "frames": 16, "size": 224, "micro_batch": 1}
     args.update(kwargs)
     with pytest.raises(ValueError, match=fragment.replace("(", r"\(")):
         estimate(**args)

@@ -23,8 +23,8 @@ def test_inference_config_exposes_the_two_knobs():
 
 @pytest.mark.parametrize(
     "kwargs, fragment",
-    [(dict(offload="gpu"), "offload='gpu'"), (dict(offload="nvme"), "needs nvme_path"),
-     (dict(max_live_parameters=0), "max_live_parameters=0"), (dict(prefetch_bucket_size=-1), "prefetch_bucket_size=-1")],
+    [({"offload": "gpu"}, "offload='gpu'"), ({"offload": "nvme"}, "needs nvme_path"),
+     ({"max_live_parameters": 0}, "max_live_parameters=0"), ({"prefetch_bucket_size": -1}, "prefetch_bucket_size=-1")],
 )
 def test_inference_config_bad_input(kwargs, fragment):
     with pytest.raises(ValueError, match=fragment):
