@@ -31,6 +31,7 @@ class ModelConfig:
     pretrained: str | None = None  # path to a VideoMAE / HF / timm / avion_ds checkpoint
     num_classes: int = 400  # single-head models
     heads: dict[str, int] | None = None  # e.g. {"verb": 97, "noun": 300} (EPIC); overrides num_classes
+    tubelet_size: int | None = None  # frames per token; None = the registered size's (2)
     drop_path_rate: float = 0.1
     head_drop_rate: float = 0.0
     attn_backend: str = "auto"  # auto | flash | sdpa | eager
@@ -329,5 +330,8 @@ def validate(recipe: Recipe) -> None:
         for head, n in recipe.model.heads.items():
             if n <= 0:
                 raise ConfigError(f"model.heads.{head}={n} must be positive")
+    tubelet = recipe.model.tubelet_size
+    if tubelet is not None and (tubelet <= 0 or recipe.data.num_frames % tubelet):
+        raise ConfigError(f"data.num_frames={recipe.data.num_frames} is not divisible by model.tubelet_size={tubelet}")
     if recipe.data.dataset == "epic" and recipe.model.heads is None:
         raise ConfigError("data.dataset='epic' needs model.heads (e.g. {verb: 97, noun: 300})")

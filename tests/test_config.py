@@ -67,6 +67,8 @@ def test_choices_and_ranges() -> None:
         recipe_from_dict({**base, "batch": {"micro_batch": 0}})
     with pytest.raises(ConfigError, match="needs model.heads"):
         recipe_from_dict({"data": {"dataset": "epic"}})
+    with pytest.raises(ConfigError, match="num_frames=15 is not divisible by model.tubelet_size=2"):
+        recipe_from_dict({"model": {"heads": {"verb": 2}, "tubelet_size": 2}, "data": {"num_frames": 15}})
     with pytest.raises(ConfigError, match="crop_scale"):
         recipe_from_dict({**base, "data": {"crop_scale": [0.9, 0.1]}})
 

@@ -99,6 +99,8 @@ def build_model(recipe: Recipe, pretrained: str | None = None) -> torch.nn.Modul
                               "drop_path_rate": m.drop_path_rate, "head_drop_rate": m.head_drop_rate,
                               "attn_backend": m.attn_backend, "patch_embed": m.patch_embed, "pool": m.pool,
                               "pos_embed": m.pos_embed}
+    if m.tubelet_size is not None:
+        kw["tubelet_size"] = m.tubelet_size
     if m.heads is not None:
         kw["heads"] = dict(m.heads)
     else:
