@@ -225,13 +225,14 @@ def run(args: argparse.Namespace) -> int:
              f" | {steps_per_epoch} steps/epoch x {recipe.schedule.epochs} epochs | activation checkpointing "
              f"{recipe.model.checkpoint_impl if recipe.model.activation_checkpointing else 'off'} | run dir {run_dir}")
 
-    start_epoch, start_step, global_step, skipped = 0, 0, 0, 0
+    start_epoch, start_step, global_step, skipped, bad_samples = 0, 0, 0, 0, 0
     pending_rng = None
     if recipe.checkpoint.resume:
         client = ckpt.load_latest(engine, run_dir)
         if client is not None:
             start_epoch, start_step = int(client["epoch"]), int(client["step_in_epoch"])
             global_step, skipped = int(client["global_step"]), int(client.get("skipped", 0))
+            bad_samples = int(client.get("bad_samples", 0))
             pending_rng = client["rng"]
             if engine.lr_scheduler is not None and "scheduler" in client:
                 engine.lr_scheduler.load_state_dict(client["scheduler"])
@@ -242,6 +243,7 @@ def run(args: argparse.Namespace) -> int:
 
     def client_state(epoch: int, step_in_epoch: int) -> dict[str, Any]:
         st = {"epoch": epoch, "step_in_epoch": step_in_epoch, "global_step": global_step, "skipped": skipped,
+              "bad_samples": bad_samples,
               "model": ckpt.model_identity(recipe)}
         if sched is not None and hasattr(sched, "state_dict"):
             st["scheduler"] = sched.state_dict()
@@ -281,7 +283,10 @@ def run(args: argparse.Namespace) -> int:
             timer.mark_data()
             out = engine(x.to(dtype))
             loss, parts = total_loss(out, targets, smoothing)
-            loss_sum = dist.all_reduce_sum(loss.detach().float().clone().view(1))
+            # one collective for the loss and the count of bad input samples the loader skipped
+            bad_here = float(batch["skipped"].sum()) if "skipped" in batch else 0.0
+            reduced = dist.all_reduce_sum(torch.stack([loss.detach().float(), loss.new_tensor(bad_here).float()]))
+            loss_sum, bad_samples = reduced[:1], bad_samples + int(reduced[1])
             if not torch.isfinite(loss_sum).all():
                 if recipe.nonfinite == "stop":
                     raise NonFiniteLoss(f"non-finite loss at global step {global_step + 1} (epoch {epoch}, "
@@ -317,6 +322,7 @@ def run(args: argparse.Namespace) -> int:
                 "data_wait_frac": wait / max(wait + compute, 1e-9),
                 "peak_gib": peak_memory_gib(),
                 "skipped_nonfinite": skipped,
+                "bad_samples": bad_samples,  # unreadable videos / bad rows skipped by the loader so far
             }
             values.update({f"loss_{h}": v / max(1, window_n) for h, v in window_heads.items()})
             log.step(epoch, global_step, values)
@@ -347,7 +353,8 @@ def run(args: argparse.Namespace) -> int:
         if exit_after is not None and global_step >= exit_after:
             log.info(f"stopping after {global_step} steps (--exit-after-steps)")
             break
-    log.info(f"done: {global_step} steps, {skipped} non-finite micro-batches skipped, run dir {run_dir}")
+    log.info(f"done: {global_step} steps, {skipped} non-finite micro-batches skipped, {bad_samples} bad input "
+             f"samples skipped (named in the log above), run dir {run_dir}")
     log.close()
     del engine
     return 0
