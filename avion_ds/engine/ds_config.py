@@ -95,7 +95,7 @@ def _accelerator_name() -> str:
         from deepspeed.accelerator import get_accelerator
 
         return str(get_accelerator().device_name())
-    except Exception:  # pragma: no cover - deepspeed import problems surface later, in initialize
+    except Exception:  # noqa: BLE001  (deepspeed import problems surface later, in initialize)
         return "cpu"
 
 

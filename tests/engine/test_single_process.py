@@ -36,7 +36,7 @@ def test_bad_videos_are_skipped_counted_and_named(tiny_epic: dict, tmp_path: Pat
 
     chunks = tmp_path / "chunks"
     shutil.copytree(tiny_epic["root"], chunks)
-    victim = sorted(p for p in chunks.iterdir() if p.is_dir())[0]
+    victim = min(p for p in chunks.iterdir() if p.is_dir())
     for f in victim.glob("*.mp4"):
         f.write_bytes(b"")
     run = tmp_path / "run"
