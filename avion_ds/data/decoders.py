@@ -78,6 +78,14 @@ def _reason(e: BaseException) -> str:
     return f"{type(e).__name__}: {text[0] if text else ''}"[:300]
 
 
+def _require(backend: str, module: str, install_hint: str) -> None:
+    """Import ``module`` or raise DecoderUnavailable naming the backend, the reason and the fix."""
+    try:
+        importlib.import_module(module)
+    except Exception as e:  # torchcodec raises RuntimeError when the FFmpeg libraries are missing
+        raise DecoderUnavailable(f"decoder {backend!r} is not available ({_reason(e)}); {install_hint}") from e
+
+
 def _validate(path: str | Path, indices: Sequence[int]) -> tuple[str, list[int], list[int]]:
     path = str(path)
     idx = [int(i) for i in indices]
@@ -158,10 +166,7 @@ class DecordDecoder(Decoder):
 
     @classmethod
     def check_available(cls) -> None:
-        try:
-            import decord  # noqa: F401
-        except Exception as e:
-            raise DecoderUnavailable(f"decoder 'decord' is not available ({_reason(e)}); pip install decord") from e
+        _require("decord", "decord", "pip install decord")
 
     def _decode(self, path: str, indices: list[int], crop: CropSpec | None):
         import decord
@@ -228,12 +233,8 @@ class TorchCodecDecoder(Decoder):
 
     @classmethod
     def check_available(cls) -> None:
-        try:
-            from torchcodec.decoders import VideoDecoder  # noqa: F401
-        except Exception as e:  # torchcodec raises RuntimeError when FFmpeg libs are missing
-            raise DecoderUnavailable(
-                f"decoder 'torchcodec' is not available ({_reason(e)}); pip install torchcodec and install "
-                f"FFmpeg shared libraries (Debian/Ubuntu: apt-get install ffmpeg)") from e
+        _require("torchcodec", "torchcodec.decoders", "pip install torchcodec and install FFmpeg shared "
+                 "libraries (Debian/Ubuntu: apt-get install ffmpeg)")
 
     def _open(self, path: str, transforms: list | None):
         from torchcodec.decoders import VideoDecoder
@@ -273,10 +274,7 @@ class PyAVDecoder(Decoder):
 
     @classmethod
     def check_available(cls) -> None:
-        try:
-            import av  # noqa: F401
-        except Exception as e:
-            raise DecoderUnavailable(f"decoder 'pyav' is not available ({_reason(e)}); pip install av") from e
+        _require("pyav", "av", "pip install av")
 
     def _graph(self, stream, crop: CropSpec):
         import av.filter
