@@ -164,10 +164,8 @@ def _float(x: Any) -> float | None:
 
 def _module_grad_norm(engine: Any) -> float | None:
     """Pre-clipping grad norm for ZeRO-0 (DeepSpeed only records it for ZeRO >= 1); grads are all-reduced."""
-    grads = [p.grad.detach().float() for p in engine.module.parameters() if p.grad is not None]
-    if not grads:
-        return None
-    return float(torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in grads])))
+    grads = [p.grad.float() for p in engine.module.parameters() if p.grad is not None]  # no-op for fp32
+    return float(torch.nn.utils.get_total_norm(grads)) if grads else None  # fused (foreach) norms
 
 
 # ---------------------------------------------------------------------------------------------
