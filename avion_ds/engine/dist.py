@@ -108,6 +108,15 @@ def broadcast_object(obj: object, src: int = 0) -> object:
     return box[0]
 
 
+def all_gather_object(obj: object) -> list[object]:
+    """Every rank's ``obj`` (a one-element list in one process)."""
+    if not (is_initialized() and tdist.get_world_size() > 1):
+        return [obj]
+    out: list[object] = [None] * tdist.get_world_size()
+    tdist.all_gather_object(out, obj)
+    return out
+
+
 def shutdown(code: int = 0, hard_exit: bool = True) -> int:
     """End the process cleanly: barrier (on success), gc, destroy the group, flush, ``os._exit``.
 

@@ -9,6 +9,7 @@ TensorBoard tags (also listed in the README):
 from __future__ import annotations
 
 import json
+import os
 import resource
 import sys
 import time
@@ -33,6 +34,14 @@ def _fmt(v: Any) -> str:
     return str(v)
 
 
+def _row_step(line: str) -> float:
+    """A history row's step; a torn line (killed mid-write) counts as past every step."""
+    try:
+        return float(json.loads(line)["step"])
+    except (ValueError, KeyError, TypeError):
+        return float("inf")
+
+
 class RunLogger:
     """Writes scalars to TensorBoard (``run_dir/tb``) and ``run_dir/history.jsonl``; rank 0 only."""
 
@@ -53,6 +62,18 @@ class RunLogger:
             from torch.utils.tensorboard import SummaryWriter
 
             self.writer = SummaryWriter(str(run_dir / "tb"))
+
+    def truncate_history(self, step: int) -> None:
+        """Drop history rows past ``step`` (a resumed run writes those steps again); rank 0."""
+        if self.history is None:
+            return
+        path = Path(self.history.name)
+        self.history.close()
+        keep = [ln for ln in path.read_text().splitlines(keepends=True) if _row_step(ln) <= step]
+        tmp = path.with_name(path.name + ".tmp")
+        tmp.write_text("".join(keep))
+        os.replace(tmp, path)
+        self.history = open(path, "a", buffering=1)
 
     def info(self, msg: str) -> None:
         """One console line (through tqdm so it does not break the bar)."""

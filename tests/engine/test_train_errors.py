@@ -15,8 +15,13 @@ REPO = Path(__file__).resolve().parents[2]
 @pytest.fixture()
 def setup(tmp_path: Path) -> dict:
     (tmp_path / "chunks").mkdir()
+    (tmp_path / "chunks" / "manifest.jsonl").write_text(  # checks never open the video itself
+        '{"video_id": "v0", "path": "v0/0.mp4", "start_frame": 0, "frames": 300, "fps": 30, "width": 64, '
+        '"height": 48, "job": 1}\n')
+    rows = "".join(f"v0_{i},v0,00:00:0{i}.00,00:00:0{i}.50,{i % 4},{i % 3}\n" for i in range(8))
     for name in ("train.csv", "val.csv"):
-        (tmp_path / name).write_text("narration_id,video_id,start_timestamp,stop_timestamp,verb_class,noun_class\n")
+        (tmp_path / name).write_text("narration_id,video_id,start_timestamp,stop_timestamp,verb_class,noun_class\n"
+                                     + rows)
     recipe = {"model": {"name": "vit_test_tiny", "heads": {"verb": 4, "noun": 3}},
               "data": {"dataset": "epic", "root": str(tmp_path / "chunks"), "train_csv": str(tmp_path / "train.csv"),
                        "val_csv": str(tmp_path / "val.csv"), "num_frames": 4, "size": 32},
