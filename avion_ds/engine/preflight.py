@@ -83,8 +83,8 @@ def check_model(recipe: Recipe) -> ModelSummary:
         arch = get_arch(name, **kw)
     except ValueError as e:  # ViTArch.validate: one line naming the field
         raise ConfigError(f"model: {e}") from None
-    with torch.device("meta"):
-        model = create_model(name, pretrained=None, **kw)
+    with torch.device("meta"):  # parameters only: the backend (checked in check_runtime) changes none
+        model = create_model(name, pretrained=None, **{**kw, "attn_backend": "eager"})
     return ModelSummary(name, count_params(model), model_flops(arch) / 1e9, arch.grid)
 
 
