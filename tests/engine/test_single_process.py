@@ -52,3 +52,64 @@ def test_bad_videos_are_skipped_counted_and_named(tiny_epic: dict, tmp_path: Pat
     assert bad and bad[-1] > 0 and bad == sorted(bad)
     assert f"{victim.name}/" in out  # the skipped file is named in the log
     assert f"{bad[-1]} bad input samples skipped" in out
+
+
+def _train_proc(recipe: Path, *extra: str, ds: str = "zero0.json", timeout: int = 240,
+                prefix: list[str] | None = None) -> subprocess.CompletedProcess:
+    cmd = prefix or [sys.executable, str(REPO / "launch" / "train.py")]
+    return subprocess.run([*cmd, "--config", str(recipe), "--deepspeed_config", str(REPO / "ds_configs" / ds), *extra],
+                          cwd=REPO, env=engine_env(), capture_output=True, text=True, timeout=timeout)
+
+
+def test_bad_input_end_to_end_is_one_stderr_line_exit_2(tiny_epic: dict, tmp_path: Path) -> None:
+    """The console command, not the in-process table: exit status and the whole of stderr."""
+    recipe = write_recipe(tmp_path / "r.yaml", tiny_epic, tmp_path / "run")
+    proc = _train_proc(recipe, "--set", "optim.lr=.inf", prefix=[sys.executable, "-m", "avion_ds.cli", "train"])
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    assert proc.stderr.splitlines() == ["avion-ds train: error: optim.lr=inf is not a finite number"]
+    assert not (tmp_path / "run").exists()  # nothing was created
+
+
+def test_unexpected_error_in_a_step_exits_1_with_traceback(tiny_epic: dict, tmp_path: Path) -> None:
+    """No blanket except: a bug inside a training step is a failure (1) with its traceback, not 'bad input'."""
+    recipe = write_recipe(tmp_path / "r.yaml", tiny_epic, tmp_path / "run", schedule={"epochs": 1, "steps_per_epoch": 3},
+                          checkpoint={"every_steps": 0})
+    script = ("import sys\nfrom avion_ds.engine import train\ncalls = []\norig = train.total_loss\n"
+              "def broken(*a, **k):\n    calls.append(1)\n    if len(calls) == 2:\n"
+              "        raise ValueError('injected bug in step 2')\n    return orig(*a, **k)\n"
+              "train.total_loss = broken\nsys.exit(train.main(sys.argv[1:]))\n")
+    proc = _train_proc(recipe, prefix=[sys.executable, "-c", script])
+    assert proc.returncode == 1, (proc.stdout + proc.stderr)[-3000:]
+    assert "Traceback (most recent call last)" in proc.stderr and "ValueError: injected bug in step 2" in proc.stderr
+    assert "error: injected" not in proc.stderr  # not reported as a user error
+
+
+def test_nonfinite_streak_stops_with_exit_3(tiny_epic: dict, tmp_path: Path) -> None:
+    """Under `nonfinite: skip`, a run whose every loss is non-finite stops after the cap (was: exit 0)."""
+    run = tmp_path / "run"
+    recipe = write_recipe(tmp_path / "r.yaml", tiny_epic, run, optim={"lr": 1e30, "clip_grad": 0.0},
+                          schedule={"epochs": 1}, checkpoint={"every_steps": 0})
+    proc = _train_proc(recipe, "--set", "nonfinite_max_consecutive=2", "--set", "batch.global_batch=4")
+    assert proc.returncode == 3, (proc.stdout + proc.stderr)[-3000:]
+    assert "error: 2 non-finite micro-batches in a row (nonfinite_max_consecutive=2)" in proc.stderr
+    assert not list(run.glob("checkpoints/step_*"))
+
+
+def test_checkpoint_with_nonfinite_weights_is_never_written(tiny_epic: dict, tmp_path: Path) -> None:
+    """A weight turned NaN during step 2 (after its loss was computed): step 1 is saved, step 2 is refused."""
+    run = tmp_path / "run"
+    recipe = write_recipe(tmp_path / "r.yaml", tiny_epic, run, schedule={"epochs": 1, "steps_per_epoch": 3},
+                          checkpoint={"every_steps": 1, "keep_last": 5})
+    script = ("import sys, torch\nfrom avion_ds.engine import train\nimport avion_ds.engine.parallelize as P\n"
+              "keep = {}\norig_par = P.parallelize\n"
+              "def par(*a, **k):\n    keep['engine'] = orig_par(*a, **k)\n    return keep['engine']\n"
+              "calls = []\norig_loss = train.total_loss\n"
+              "def loss(*a, **k):\n    calls.append(1)\n    if len(calls) == 2:\n"
+              "        with torch.no_grad():\n            next(keep['engine'].module.parameters()).view(-1)[0] = float('nan')\n"
+              "    return orig_loss(*a, **k)\n"
+              "train.total_loss = loss\nP.parallelize = par\n"
+              "sys.exit(train.main(sys.argv[1:]))\n")
+    proc = _train_proc(recipe, "--set", "batch.global_batch=4", prefix=[sys.executable, "-c", script])
+    assert proc.returncode == 3, (proc.stdout + proc.stderr)[-3000:]
+    assert "error: non-finite weights at global step 2: checkpoint step_00000002 not written" in proc.stderr
+    assert sorted(p.name for p in run.glob("checkpoints/step_*")) == ["step_00000001"]
