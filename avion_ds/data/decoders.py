@@ -398,7 +398,11 @@ class SubprocessDecoder:
         if self._proc is None:
             self._pid = os.getpid()
             cmd = [sys.executable, "-m", "avion_ds.data.decoders", self.name, str(self.threads), str(int(self.fuse))]
-            self._proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, close_fds=True)
+            # the libraries' own stderr (FFmpeg's "moov atom not found", decord's "ERROR opening") stays out
+            # of the run log: each failure already comes back as one DataError line (AVION_DS_VERBOSE=1 keeps it)
+            noise = None if os.environ.get("AVION_DS_VERBOSE") else subprocess.DEVNULL
+            self._proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=noise,
+                                          close_fds=True)
             try:  # the helper says "ready" once its imports are done; only then does the decode clock run
                 ready = _recv(self._proc.stdout.fileno(), time.monotonic() + _STARTUP_LIMIT_S)
             except TimeoutError:

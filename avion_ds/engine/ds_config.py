@@ -131,18 +131,8 @@ def deepspeed_config_keys() -> frozenset[str]:
             return _Keys(self)
 
     with _quiet_deepspeed():
-        DeepSpeedConfig(_Recorder({"train_batch_size": 1}), mpu=_DataParallel(1))
+        DeepSpeedConfig(_Recorder({"train_batch_size": 1}))
     return frozenset(seen) | frozenset(_KEYS_READ_ELSEWHERE)
-
-
-class _DataParallel:
-    """The one method DeepSpeedConfig asks an ``mpu`` for: the data-parallel world size."""
-
-    def __init__(self, world: int) -> None:
-        self.world = world
-
-    def get_data_parallel_world_size(self) -> int:
-        return self.world
 
 
 @contextlib.contextmanager
@@ -194,7 +184,7 @@ def _optimizer_known(name: str) -> bool:
     return name.lower() in DEEPSPEED_OPTIMIZERS or isinstance(getattr(torch.optim, name, None), type)
 
 
-def validate_with_deepspeed(cfg: dict[str, Any], world_size: int) -> None:
+def validate_with_deepspeed(cfg: dict[str, Any]) -> None:
     """Let DeepSpeed's own config model check a built config now (ZeRO stage 7, "two", bad types).
 
     Only DeepSpeed's config errors are turned into one line; anything else propagates.
@@ -202,9 +192,11 @@ def validate_with_deepspeed(cfg: dict[str, Any], world_size: int) -> None:
     from deepspeed.runtime.config import DeepSpeedConfig, DeepSpeedConfigError
     from pydantic import ValidationError
 
-    try:
+    one_rank = copy.deepcopy(cfg)  # without a process group DeepSpeedConfig assumes one rank;
+    one_rank["train_batch_size"] = cfg["train_micro_batch_size_per_gpu"] * cfg["gradient_accumulation_steps"]
+    try:  # (the batch arithmetic over all ranks is resolve_batch's, checked before)
         with _quiet_deepspeed():
-            DeepSpeedConfig(copy.deepcopy(cfg), mpu=_DataParallel(world_size))
+            DeepSpeedConfig(one_rank)
     except ValidationError as e:
         err = e.errors()[0]
         where = ".".join(str(p) for p in err.get("loc", ()))

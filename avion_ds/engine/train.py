@@ -123,7 +123,7 @@ def preflight(args: argparse.Namespace) -> tuple[Recipe, dict[str, Any]]:
         raise ConfigError(f"data.train_csv has {rows['train']} clips: fewer than one optimizer step of "
                           f"{plan.global_batch} (micro {plan.micro_batch} x accum {plan.grad_accum} x world {world})")
     ds_config = build_ds_config(user_ds, recipe, world, steps_per_epoch=steps)  # every conflict surfaces now
-    validate_with_deepspeed(ds_config, world)
+    validate_with_deepspeed(ds_config)
     pf.check_runtime(recipe, precision_of(ds_config), accelerator_name())
     ckpt.check_run_identity(recipe.output_dir, recipe)
     if args.resume_from is not None and args.resume_from.lower() != "none":
