@@ -20,22 +20,13 @@ from avion_ds.config import ConfigError, Recipe, load_recipe
 from avion_ds.data.errors import DataError
 from avion_ds.engine import dist
 from avion_ds.engine.bad_input import BadInputLog, batch_messages
+from avion_ds.engine.logging import progress
 from avion_ds.engine.metrics import (
     PredictionStore,
     aggregate_outputs,
     compute_metrics,
     per_sample_records,
 )
-
-
-def progress(iterable: Any, desc: str, total: int | None = None) -> Any:
-    """A tqdm bar on rank 0 when stderr is a terminal; the plain iterable otherwise."""
-    if not (dist.is_main() and sys.stderr.isatty()):
-        return iterable
-    from tqdm import tqdm
-
-    return tqdm(iterable, desc=desc, total=total, unit="batch", file=sys.stderr, dynamic_ncols=True,
-                mininterval=1.0, leave=False)
 
 
 @torch.no_grad()

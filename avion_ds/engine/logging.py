@@ -26,6 +26,16 @@ def peak_memory_gib() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # KiB on Linux
 
 
+def progress(iterable: Any = None, desc: str = "", total: int | None = None, unit: str = "batch") -> Any:
+    """A tqdm bar on rank 0 when stderr is a terminal, a silent pass-through otherwise (logs, CI, other ranks)."""
+    from tqdm import tqdm
+
+    from avion_ds.engine import dist
+
+    return tqdm(iterable, desc=desc, total=total, unit=unit, file=sys.stderr, dynamic_ncols=True, mininterval=1.0,
+                leave=False, disable=not (dist.is_main() and sys.stderr.isatty()))
+
+
 def _fmt(v: Any) -> str:
     if isinstance(v, float):
         if v == 0.0:
