@@ -126,3 +126,32 @@ def test_checkpoint_with_nonfinite_weights_is_never_written(tiny_epic: dict, tmp
     assert proc.returncode == 3, (proc.stdout + proc.stderr)[-3000:]
     assert "error: non-finite weights at global step 2: checkpoint step_00000002 not written" in proc.stderr
     assert sorted(p.name for p in run.glob("checkpoints/step_*")) == ["step_00000001"]
+
+
+def test_resume_from_tag_rewrites_history_and_eval_names_its_tag(tiny_epic: dict, tmp_path: Path) -> None:
+    """--resume-from an older tag: the rows past it are dropped from history.jsonl (no replayed
+    duplicates), the replayed step's loss equals the first run's; `eval --tag` prints and records the tag."""
+    import json
+
+    run = tmp_path / "run"
+    recipe = write_recipe(tmp_path / "r.yaml", tiny_epic, run, schedule={"epochs": 1, "steps_per_epoch": 4},
+                          checkpoint={"every_steps": 1, "keep_last": 5})
+    first = _train_proc(recipe, "--set", "batch.global_batch=4", "--exit-after-steps", "3")
+    assert first.returncode == 0, (first.stdout + first.stderr)[-3000:]
+    before = [json.loads(x) for x in (run / "history.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in before] == [1, 2, 3]
+    second = _train_proc(recipe, "--set", "batch.global_batch=4", "--exit-after-steps", "2",
+                         "--resume-from", "step_00000001")
+    assert second.returncode == 0, (second.stdout + second.stderr)[-3000:]
+    assert "resumed from step_00000001: epoch 0, step 1 in epoch, global step 1" in second.stdout
+    after = [json.loads(x) for x in (run / "history.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in after] == [1, 2]  # step 3 of the first run is gone, step 2 written once
+    assert after[1]["loss"] == pytest.approx(before[1]["loss"], abs=1e-6)
+
+    out = tmp_path / "eval.json"
+    proc = subprocess.run([sys.executable, "-m", "avion_ds.cli", "eval", "--checkpoint", str(run), "--tag",
+                           "step_00000001", "--out", str(out), "--no-per-sample"],
+                          cwd=REPO, env=engine_env(), capture_output=True, text=True, timeout=240)
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
+    assert f"evaluating {run} checkpoint step_00000001" in proc.stdout
+    assert json.loads(out.read_text())["tag"] == "step_00000001"

@@ -251,3 +251,24 @@ def test_malformed_invocation_is_one_line_exit_2(case: tuple, setup: dict, capsy
 def test_table_covers_the_issue(setup: dict) -> None:
     """61 malformed invocations: 19 former tracebacks, 4 former silent accepts, 38 already right."""
     assert len(CASES) >= 61, len(CASES)
+
+
+def test_dry_run_prints_resolved_recipe_and_ds_config(setup: dict, capsys: pytest.CaptureFixture,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """--dry-run: every check, the resolved recipe + DeepSpeed config, exit 0, no process group."""
+    monkeypatch.setattr(train.dist, "init", lambda: (_ for _ in ()).throw(AssertionError("process group")))
+    weights = setup["tmp"] / "w.safetensors"
+    weights.write_bytes(b"x")  # only its existence is checked before the run
+    code = train.main(_args(setup, "--dry-run", "--set", "optim.lr=2e-3", "--finetune-from", str(weights),
+                            "--resume-from", "none"))
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    recipe_text = out.split("# resolved recipe\n")[1].split("# DeepSpeed config\n")[0]
+    ds = json.loads(out.split("# DeepSpeed config\n")[1])
+    resolved = yaml.safe_load(recipe_text)
+    assert resolved["optim"]["lr"] == 2e-3 and resolved["model"]["pretrained"] == str(weights)
+    assert resolved["checkpoint"]["resume"] is False
+    assert ds["train_batch_size"] == 8 and ds["optimizer"]["params"]["lr"] == pytest.approx(2e-3 * 8 / 256)
+    assert ds["zero_optimization"]["stage"] == 2
+    assert "all checks passed | vit_test_tiny 0.20M params" in out
+    assert not (setup["tmp"] / "run").exists()
