@@ -26,6 +26,7 @@ from avion_ds.engine import checkpoint as ckpt
 from avion_ds.engine import dist
 from avion_ds.engine.bad_input import BadInputLog, batch_messages
 from avion_ds.engine.ds_config import (
+    BatchPlan,
     accelerator_name,
     build_ds_config,
     load_user_config,
@@ -84,6 +85,17 @@ def check_data_paths(recipe: Recipe, need_train: bool = True) -> None:
             raise ConfigError(f"{key}: {kind} not found: {path}")
 
 
+def optimizer_steps_per_epoch(micro_batches: int, clips: int, recipe: Recipe, plan: BatchPlan) -> int:
+    """Optimizer steps per epoch from the micro-batches one rank sees (capped by schedule.steps_per_epoch)."""
+    steps = micro_batches // plan.grad_accum
+    if recipe.schedule.steps_per_epoch:
+        steps = min(steps, recipe.schedule.steps_per_epoch)
+    if steps <= 0:
+        raise ConfigError(f"data.train_csv has {clips} clips: fewer than one optimizer step of {plan.global_batch} "
+                          f"(micro {plan.micro_batch} x accum {plan.grad_accum} x world {plan.world_size})")
+    return steps
+
+
 def _recipe_overrides(args: argparse.Namespace) -> list[str]:
     """--set overrides plus what --finetune-from / --resume-from none imply."""
     extra = []
@@ -115,13 +127,7 @@ def preflight(args: argparse.Namespace) -> tuple[Recipe, dict[str, Any]]:
     user_ds = load_user_config(args.deepspeed_config)
     world = dist.env_world_size()
     plan = resolve_batch(recipe, world)
-    micro_per_epoch = rows["train"] // world // plan.micro_batch  # DistributedSampler + drop_last
-    steps = micro_per_epoch // plan.grad_accum
-    if recipe.schedule.steps_per_epoch:
-        steps = min(steps, recipe.schedule.steps_per_epoch)
-    if steps <= 0:
-        raise ConfigError(f"data.train_csv has {rows['train']} clips: fewer than one optimizer step of "
-                          f"{plan.global_batch} (micro {plan.micro_batch} x accum {plan.grad_accum} x world {world})")
+    steps = optimizer_steps_per_epoch(rows["train"] // world // plan.micro_batch, rows["train"], recipe, plan)
     ds_config = build_ds_config(user_ds, recipe, world, steps_per_epoch=steps)  # every conflict surfaces now
     validate_with_deepspeed(ds_config)
     pf.check_runtime(recipe, precision_of(ds_config), accelerator_name())
@@ -244,13 +250,7 @@ def run(args: argparse.Namespace) -> int:
     eval_bs = recipe.eval.batch_size or plan.micro_batch
     val_loader = build_loader(val_set, eval_bs, recipe.data.workers, shuffle=False, seed=recipe.seed,
                               drop_last=False, distributed=True)
-    micro_per_epoch = len(train_loader)
-    steps_per_epoch = micro_per_epoch // plan.grad_accum
-    if recipe.schedule.steps_per_epoch:
-        steps_per_epoch = min(steps_per_epoch, recipe.schedule.steps_per_epoch)
-    if steps_per_epoch <= 0:
-        raise ConfigError(f"train split has {len(train_set)} clips: fewer than one optimizer step of "
-                          f"{plan.global_batch} (micro {plan.micro_batch} x accum {plan.grad_accum} x world {world})")
+    steps_per_epoch = optimizer_steps_per_epoch(len(train_loader), len(train_set), recipe, plan)
 
     ds_config = build_ds_config(user_ds, recipe, world, steps_per_epoch)
     if dist.is_main():
