@@ -153,6 +153,12 @@ def check_runtime(recipe: Recipe, precision: str, accelerator: str) -> None:
         except RuntimeError as e:  # resolve_backend's "cannot run" signal
             raise ConfigError(f"model.attn_backend='flash' cannot run here ({str(e).split(': ', 1)[-1]}); "
                               "allowed here: auto, sdpa, eager") from None
-    if precision == "fp16" and accelerator != "cuda":
-        raise ConfigError(f"precision=fp16 cannot run on the {accelerator} accelerator (DeepSpeed's fp16 loss "
-                          "scaling needs a GPU); allowed here: fp32, bf16")
+    if precision in ("fp16", "bf16"):  # DeepSpeed's own sanity check, asked before initialize instead of inside it
+        from deepspeed.accelerator import get_accelerator
+
+        acc = get_accelerator()
+        supported = {"fp32": True, "bf16": acc.is_bf16_supported(), "fp16": acc.is_fp16_supported()}
+        if not supported[precision]:
+            allowed = ", ".join(k for k, ok in supported.items() if ok)
+            raise ConfigError(f"precision={precision} cannot run here: the {accelerator} accelerator reports no "
+                              f"{precision} support; allowed here: {allowed}")

@@ -130,6 +130,13 @@ def _other_model_dir(s: dict) -> None:
     (s["tmp"] / "run" / "run.json").write_text('{"model": {"name": "vit_test_small"}}')
 
 
+def _no_fp16(s: dict) -> None:
+    """An accelerator without fp16 (DeepSpeed's CPU accelerator asks oneDNN; this machine has it)."""
+    from deepspeed.accelerator import get_accelerator
+
+    s["monkeypatch"].setattr(type(get_accelerator()), "is_fp16_supported", lambda self: False)
+
+
 def _stage(v: object) -> Callable[[dict], None]:
     return lambda c: c["zero_optimization"].update(stage=v)
 
@@ -151,7 +158,7 @@ CASES: list[tuple[str, list[str], Callable | None, Callable | None, list[str], l
     ("frames_vs_tubelet", ["data.num_frames=5"], None, None, [], ["data.num_frames=5", "tubelet size 2"]),
     ("size_vs_patch", ["data.size=40"], None, None, [], ["data.size=40", "patch size 16"]),
     ("flash_on_cpu", ["model.attn_backend=flash"], None, None, [], ["model.attn_backend='flash'", "allowed here"]),
-    ("fp16_on_cpu", ["precision=fp16"], None, None, [], ["precision=fp16", "allowed here: fp32, bf16"]),
+    ("fp16_unsupported", ["precision=fp16"], None, _no_fp16, [], ["precision=fp16", "allowed here: fp32, bf16"]),
     ("set_bad_yaml", ["optim.lr=[1,"], None, None, [], ["--set optim.lr=[1,", "not valid YAML"]),
     ("zero_stage_7", [], _stage(7), None, [], ["zero_optimization.stage=7", "0, 1, 2, 3"]),
     ("zero_stage_two", [], _stage("two"), None, [], ["zero_optimization.stage='two'", "0, 1, 2, 3"]),
@@ -233,6 +240,7 @@ def test_malformed_invocation_is_one_line_exit_2(case: tuple, setup: dict, capsy
         raise AssertionError("a process group was about to be created: preflight let the bad input through")
 
     monkeypatch.setattr(train.dist, "init", tripwire)
+    setup["monkeypatch"] = monkeypatch
     if prep is not None:
         prep(setup)
     ds = str(_ds_file(setup, ds_patch) if ds_patch is not None else REPO / "ds_configs" / "zero2.json")
@@ -272,3 +280,13 @@ def test_dry_run_prints_resolved_recipe_and_ds_config(setup: dict, capsys: pytes
     assert ds["zero_optimization"]["stage"] == 2
     assert "all checks passed | vit_test_tiny 0.20M params" in out
     assert not (setup["tmp"] / "run").exists()
+
+
+def test_supported_precision_is_not_refused(setup: dict, capsys: pytest.CaptureFixture) -> None:
+    """The precision check asks DeepSpeed's accelerator: fp16/bf16 train on this CPU, so they pass."""
+    from deepspeed.accelerator import get_accelerator
+
+    for precision, ok in (("fp16", get_accelerator().is_fp16_supported()), ("bf16", get_accelerator().is_bf16_supported())):
+        code = train.main(_args(setup, "--dry-run", "--set", f"precision={precision}"))
+        assert code == (0 if ok else 2), capsys.readouterr().err
+        capsys.readouterr()
