@@ -103,8 +103,8 @@ def _recipe_overrides(args: argparse.Namespace) -> list[str]:
         if not Path(args.finetune_from).exists():
             raise ConfigError(f"--finetune-from {args.finetune_from}: file not found")
         extra.append(f"model.pretrained={json.dumps(str(args.finetune_from))}")
-    if args.resume_from is not None and args.resume_from.lower() == "none":
-        extra.append("checkpoint.resume=false")
+    if args.resume_from is not None:  # a tag resumes even where the recipe says checkpoint.resume: false
+        extra.append(f"checkpoint.resume={'false' if args.resume_from.lower() == 'none' else 'true'}")
     return [*args.overrides, *extra]
 
 
