@@ -61,8 +61,12 @@ def test_synth_chunk_train_eval_export(tmp_path: Path) -> None:
 
     # standalone evaluation from the run dir (one process): same metrics as the gathered 2-rank eval
     out = tmp_path / "eval.json"
-    _run(cli + ["eval", "--checkpoint", str(run), "--out", str(out)])
+    from avion_ds.engine.checkpoint import complete_tags
+
+    tags = complete_tags(run)
+    printed = _run(cli + ["eval", "--checkpoint", str(run), "--out", str(out)])
     ev = json.loads(out.read_text())
+    assert f"evaluating {run} checkpoint {tags[-1]}" in printed and ev["tag"] == tags[-1]  # the newest, named
     n_val = sum(1 for _ in open(tmp_path / "synth" / "val.csv")) - 1
     assert ev["num_samples"] == n_val and len(ev["per_sample"]) == n_val
     assert {r["index"] for r in ev["per_sample"]} == set(range(n_val))
@@ -94,7 +98,8 @@ def test_synth_chunk_train_eval_export(tmp_path: Path) -> None:
     # ZeRO-3 CPU-offloaded inference (memory package) through `avion-ds eval --offload cpu`: same metrics
     out3 = tmp_path / "eval_offload.json"
     _run(cli + ["eval", "--checkpoint", str(run), "--out", str(out3), "--offload", "cpu", "--max-live-params", "1e5",
-                "--prefetch-bucket", "1e5", "--no-per-sample"])
+                "--prefetch-bucket", "1e5", "--no-per-sample", "--tag", tags[-1]])
     ev3 = json.loads(out3.read_text())
+    assert ev3["tag"] == tags[-1]
     for key, value in ev["metrics"].items():
         assert ev3["metrics"][key] == pytest.approx(value, abs=1e-3), key
