@@ -89,3 +89,19 @@ def test_models_lists_params_and_gflops(capsys: pytest.CaptureFixture) -> None:
         assert rows[name][7] == f"{real / 1e6:.2f}M"
     assert rows["vit_base_patch16_224"][7] == "86.53M"  # VideoMAE ViT-B/16, 400 classes
     assert float(rows["vit_base_patch16_224"][8]) == pytest.approx(360.7, abs=0.1)
+
+
+def test_progress_bar_only_on_a_terminal(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Eval/export bars: shown on rank 0 when stderr is a terminal, silent in logs and CI."""
+    import sys
+
+    from avion_ds.engine.logging import progress
+
+    monkeypatch.setattr(sys.stderr, "isatty", lambda: False, raising=False)
+    assert progress(range(3), "eval").disable
+    monkeypatch.setattr(sys.stderr, "isatty", lambda: True, raising=False)
+    bar = progress(range(3), "eval")
+    assert not bar.disable and list(bar) == [0, 1, 2]
+    monkeypatch.setenv("RANK", "1")
+    monkeypatch.setattr("avion_ds.engine.dist.is_main", lambda: False)
+    assert progress(range(3), "eval").disable
