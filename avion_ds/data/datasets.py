@@ -1,7 +1,8 @@
 """EPIC-Kitchens-100 and Kinetics-style clip datasets over chunked (or whole) videos.
 
 Each item is ``{"frames": uint8 (T, H, W, C) or (V, T, H, W, C), "label": int | {"verb", "noun"},
-"index": int, "skipped": int}``. Frames stay uint8 (4x less to pickle and pin than float);
+"index": int, "skipped": int, "failed_index": int, "failed_reason": str}`` (``failed_index`` is the
+requested index when it could not be produced and another was returned instead, else -1). Frames stay uint8 (4x less to pickle and pin than float);
 normalisation and flips happen on the device (:mod:`avion_ds.data.augment`).
 
 Determinism: the temporal jitter and the crop box of a clip are drawn from a generator keyed by
@@ -194,16 +195,22 @@ class ClipDataset(Dataset):
         frames = views[0] if len(views) == 1 else torch.stack(views)
         return {"frames": frames, "label": label, "index": i}
 
+    def sample_name(self, i: int) -> str:
+        """A human name for sample ``i`` (annotation id or file), used in reports."""
+        return str(i)
+
     def __getitem__(self, i: int) -> dict:
-        skipped, j = 0, int(i)
+        skipped, j, first_error = 0, int(i), ""
         while True:
             try:
                 item = self._load(j)
-                item["skipped"] = skipped
+                # the requested index failed and was replaced: eval reports it (never silently dropped)
+                item.update(skipped=skipped, failed_index=int(i) if skipped else -1, failed_reason=first_error)
                 return item
             except DataError as e:
                 if self.cfg.on_error == "raise":
                     raise
+                first_error = first_error or str(e)
                 self._count_error()
                 log.warning("skipping sample %d: %s", j, e)
                 skipped += 1
@@ -255,6 +262,9 @@ class EpicDataset(ClipDataset):
 
     def __len__(self) -> int:
         return len(self.rows)
+
+    def sample_name(self, i: int) -> str:
+        return self.rows[i][1]["narration_id"]
 
     def _sample(self, i: int) -> tuple[VideoEntry, int, int, Any]:
         line, r = self.rows[i]
@@ -315,6 +325,9 @@ class KineticsDataset(ClipDataset):
 
     def __len__(self) -> int:
         return len(self.rows)
+
+    def sample_name(self, i: int) -> str:
+        return self.rows[i][1]
 
     def _sample(self, i: int) -> tuple[VideoEntry, int, int, Any]:
         line, rel, lab = self.rows[i]

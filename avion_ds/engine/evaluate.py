@@ -19,34 +19,41 @@ import torch
 from avion_ds.config import ConfigError, Recipe, load_recipe
 from avion_ds.engine import dist
 from avion_ds.engine.metrics import (
+    SCORES,
     PredictionStore,
     aggregate_outputs,
     compute_metrics,
+    failed_in_batch,
+    failed_line,
+    gather_failed,
     per_sample_records,
 )
 
 
 @torch.no_grad()
 def evaluate_model(model: Callable[[torch.Tensor], Any], loader: Any, augment: Callable, views: int,
-                   device: torch.device, dtype: torch.dtype = torch.float32) -> tuple[dict[str, float], tuple]:
-    """Metrics over ``loader`` (all ranks) and the gathered (index, scores, labels)."""
+                   device: torch.device, dtype: torch.dtype = torch.float32
+                   ) -> tuple[dict[str, float], tuple, list[dict[str, Any]]]:
+    """Metrics over ``loader`` (all ranks), the gathered (index, probabilities, labels), and the
+    clips that failed to decode (``[{"index", "name", "reason"}]``, excluded from the metrics)."""
     was_training = getattr(model, "training", False)
     if hasattr(model, "eval"):
         model.eval()
     store = PredictionStore()
+    failed: dict[int, str] = {}
     for batch in loader:
         frames = batch["frames"].to(device, non_blocking=True)
         labels = batch["label"]
         labels = {k: v.to(device) for k, v in labels.items()} if isinstance(labels, dict) else labels.to(device)
         x, targets = augment(frames, labels)
         out = model(x.to(dtype))
-        scores = aggregate_outputs(out, views) if views > 1 else (
-            {k: v.float() for k, v in out.items()} if isinstance(out, dict) else out.float())
+        scores = aggregate_outputs(out, views)  # probabilities for any view count (metrics.SCORES)
         store.add(batch["index"], scores, targets)
+        failed.update(failed_in_batch(batch))
     if was_training and hasattr(model, "train"):
         model.train()
     index, scores, labels = store.gather()
-    return compute_metrics(scores, labels), (index, scores, labels)
+    return compute_metrics(scores, labels), (index, scores, labels), gather_failed(failed, loader.dataset)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -142,17 +149,20 @@ def run(args: argparse.Namespace) -> int:
     loader = build_loader(dataset, recipe.eval.batch_size or recipe.batch.micro_batch, recipe.data.workers,
                           shuffle=False, seed=recipe.seed, drop_last=False, distributed=world > 1)
     augment = DeviceAugment(recipe.data, recipe_num_classes(recipe), train=False)
-    metrics, (index, scores, labels) = evaluate_model(model, loader, augment, views, device, dtype)
+    metrics, (index, scores, labels), failed = evaluate_model(model, loader, augment, views, device, dtype)
     if dist.is_main():
         out = Path(args.out) if args.out else (run_dir or Path(args.checkpoint).parent) / "eval_metrics.json"
         out.parent.mkdir(parents=True, exist_ok=True)
         payload: dict[str, Any] = {"checkpoint": str(args.checkpoint), "split": args.split,
-                                   "num_samples": int(index.numel()), "views": views, "metrics": metrics}
+                                   "num_samples": int(index.numel()), "num_failed": len(failed),
+                                   "failed_samples": failed, "views": views, "scores": SCORES, "metrics": metrics}
         if not args.no_per_sample:
             payload["per_sample"] = per_sample_records(index, scores, labels)
         out.write_text(json.dumps(payload) + "\n")
+        if failed:
+            print(failed_line(failed), flush=True)
         print(" ".join(f"{k}={v:.2f}" for k, v in metrics.items()), flush=True)
-        print(f"wrote {out} ({index.numel()} samples)", flush=True)
+        print(f"wrote {out} ({index.numel()} samples evaluated, {len(failed)} failed to decode)", flush=True)
     del model
     return 0
 

@@ -32,6 +32,7 @@ from avion_ds.engine.ds_config import (
 from avion_ds.engine.evaluate import evaluate_model
 from avion_ds.engine.logging import RunLogger, StepTimer, peak_memory_gib
 from avion_ds.engine.losses import total_loss
+from avion_ds.engine.metrics import failed_line
 
 
 class NonFiniteLoss(RuntimeError):
@@ -341,12 +342,14 @@ def run(args: argparse.Namespace) -> int:
             break
         last = epoch + 1 == recipe.schedule.epochs
         if (epoch + 1) % max(1, recipe.eval.every_epochs) == 0 or last:
-            metrics, _ = evaluate_model(engine, val_loader, eval_aug, recipe.eval.temporal_views
-                                        * recipe.eval.spatial_views, device, dtype)
+            metrics, _, failed = evaluate_model(engine, val_loader, eval_aug, recipe.eval.temporal_views
+                                                * recipe.eval.spatial_views, device, dtype)
+            if failed:
+                log.info(failed_line(failed))
             log.eval(epoch, global_step, metrics)
             if dist.is_main():
-                (run_dir / "metrics.json").write_text(json.dumps({"epoch": epoch, "step": global_step,
-                                                                   **metrics}, indent=2) + "\n")
+                (run_dir / "metrics.json").write_text(json.dumps({"epoch": epoch, "step": global_step, **metrics,
+                                                                   "failed_samples": failed}, indent=2) + "\n")
         ckpt.save(engine, run_dir, global_step, client_state(epoch + 1, 0), recipe.checkpoint.keep_last)
         if exit_after is not None and global_step >= exit_after:
             log.info(f"stopping after {global_step} steps (--exit-after-steps)")
