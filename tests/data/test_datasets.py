@@ -75,11 +75,13 @@ def test_clip_frames_come_from_the_right_chunk_and_clamp(index_chunks, tmp_path)
     ds = build_dataset(cfg, "val")
     assert ds[0]["frames"].shape == (8, 72, 72, 3)  # centre square of the 96x72 chunks
     entry = load_manifest(index_chunks)["idx"]
-    idx = [0, 29, 30, 59, 60, 149, 160]
+    idx = [0, 29, 30, 59, 60, 149, 151]
     got = []
     for path, local in map_to_chunks(idx, entry):
         got += [read_frame_index(f) for f in ds.decoder.decode(path, local).numpy()]
-    assert got == [0, 29, 30, 59, 60, 149, 149]
+    assert got == [0, 29, 30, 59, 60, 149, 149]  # 2 frames past the end clamp; 10 would be a bad sample
+    with pytest.raises(DataError, match="frame 160 of video idx is 11 frames past the last decodable frame 149"):
+        map_to_chunks([0, 160], entry)
 
 
 def test_kinetics_list_formats_and_whole_videos(index_video, index_chunks, tmp_path) -> None:
@@ -166,6 +168,9 @@ def _damage(case: str, root, epic_raw, tmp_path) -> tuple[dict, str]:
         (root / "manifest.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
         row["start_timestamp"], row["stop_timestamp"] = "00:00:11.00", "00:00:14.50"
         return row, f"{root / vid / '9.mp4'}: only 45 decodable frames"
+    if case == "past_the_end":  # the video (12 s) is shorter than the annotation: frozen frames otherwise
+        row["start_timestamp"], row["stop_timestamp"] = "00:00:11.00", "00:00:20.00"
+        return row, "frames past the last decodable frame"
     if case == "stop_before_start":
         row["start_timestamp"], row["stop_timestamp"] = "00:00:02.00", "00:00:01.00"
         return row, "stop_timestamp 00:00:01.00 is before start_timestamp 00:00:02.00"
@@ -175,7 +180,8 @@ def _damage(case: str, root, epic_raw, tmp_path) -> tuple[dict, str]:
     raise AssertionError(case)
 
 
-CASES = ["missing", "zero_byte", "truncated", "not_video", "short_chunk", "stop_before_start", "unknown_video"]
+CASES = ["missing", "zero_byte", "truncated", "not_video", "short_chunk", "past_the_end", "stop_before_start",
+         "unknown_video"]
 
 
 @pytest.mark.parametrize("case", CASES)
