@@ -146,10 +146,9 @@ def _filter_videomae(sd: StateDict, model: VideoViT, report: LoadReport) -> Stat
         k = re.sub(r"^blocks\.(\d+)\.gamma_1$", r"blocks.\1.ls1.gamma", k)
         k = re.sub(r"^blocks\.(\d+)\.gamma_2$", r"blocks.\1.ls2.gamma", k)
         out[k] = v
-    if "norm.weight" in out and "fc_norm.weight" not in out and model.arch.pool == "mean":
-        # pre-training encoder norm -> fine-tuning fc_norm (what VideoMAE's fine-tune script keeps)
-        out["fc_norm.weight"] = out.pop("norm.weight")
-        out["fc_norm.bias"] = out.pop("norm.bias")
+    # No ``norm -> fc_norm`` remap: VideoMAE's run_class_finetuning.py only strips ``encoder.``, so a
+    # pre-training encoder's ``norm`` is unused by a mean-pooling model (its norm is Identity) and
+    # ``fc_norm`` starts fresh (LayerNorm init); we do the same (``norm.*`` reported unexpected).
     return out
 
 
@@ -205,10 +204,7 @@ def _filter_hf(sd: StateDict, model: VideoViT, report: LoadReport) -> StateDict:
         if set(parts) != {"query", "key", "value"}:
             raise ValueError(f"HF checkpoint: layer {i} lacks {sorted({'query', 'key', 'value'} - set(parts))} weights")
         out[f"blocks.{i}.attn.qkv.weight"] = torch.cat([parts["query"], parts["key"], parts["value"]], dim=0)
-    if "norm.weight" in out and "fc_norm.weight" not in out and model.arch.pool == "mean":
-        out["fc_norm.weight"] = out.pop("norm.weight")
-        out["fc_norm.bias"] = out.pop("norm.bias")
-    return out
+    return out  # ``norm`` never becomes ``fc_norm`` (see _filter_videomae)
 
 
 def _filter_timm(sd: StateDict, model: VideoViT, report: LoadReport) -> StateDict:
@@ -245,10 +241,7 @@ def _filter_timm(sd: StateDict, model: VideoViT, report: LoadReport) -> StateDic
         grid = grid.permute(0, 2, 3, 1).reshape(1, 1, gh * gw, -1)
         report.resized.append("pos_embed")
         out["pos_embed"] = grid.expand(1, model.patch_embed.grid[0], gh * gw, grid.shape[-1]).reshape(1, -1, grid.shape[-1])
-    if "norm.weight" in out and "fc_norm.weight" not in out and model.arch.pool == "mean":
-        out["fc_norm.weight"] = out.pop("norm.weight")
-        out["fc_norm.bias"] = out.pop("norm.bias")
-    return out
+    return out  # ``norm`` never becomes ``fc_norm`` (see _filter_videomae)
 
 
 FILTERS: dict[str, Callable[[StateDict, VideoViT, LoadReport], StateDict]] = {
@@ -279,18 +272,27 @@ def resize_patch_weight(w: torch.Tensor, shape: tuple[int, int, int, int, int]) 
 
 
 def _guess_grid(n: int, target: tuple[int, int, int]) -> tuple[int, int, int]:
-    """Token grid (t, h, w) of a flattened position table with n entries (square space)."""
+    """Token grid (t, h, w) of a flattened position table with n entries.
+
+    Among the factorisations t x h x w = n whose h : w equals the target's, the one whose t : h
+    ratio is closest (in log scale) to the target's: 1568 tokens for an (8, 14, 14) or (16, 16, 16)
+    target are (8, 14, 14), never (2, 28, 28) or (32, 7, 7). Ties go to the smaller t.
+    """
     t1, h1, w1 = target
-    if n % (h1 * w1) == 0:
-        return (n // (h1 * w1), h1, w1)
-    if n % t1 == 0 and math.isqrt(n // t1) ** 2 == n // t1:
-        s = math.isqrt(n // t1)
-        return (t1, s, s)
-    for t in range(1, n + 1):
-        if n % t == 0 and math.isqrt(n // t) ** 2 == n // t:
-            s = math.isqrt(n // t)
-            return (t, s, s)
-    raise ValueError(f"pos_embed: cannot infer a (t, h, w) grid for {n} tokens")
+    g = math.gcd(h1, w1)
+    rh, rw = h1 // g, w1 // g  # spatial aspect of the target grid
+    best: tuple[float, tuple[int, int, int]] | None = None
+    for s in range(1, math.isqrt(n // (rh * rw)) + 1 if n >= rh * rw else 1):
+        h, w = rh * s, rw * s
+        if n % (h * w):
+            continue
+        t = n // (h * w)
+        score = abs(math.log(t / h) - math.log(t1 / h1))
+        if best is None or score < best[0] - 1e-12 or (abs(score - best[0]) <= 1e-12 and t < best[1][0]):
+            best = (score, (t, h, w))
+    if best is None:
+        raise ValueError(f"pos_embed: cannot infer a (t, h, w) grid with h:w = {h1}:{w1} for {n} tokens")
+    return best[1]
 
 
 def resize_pos_embed(pos: torch.Tensor, grid: tuple[int, int, int]) -> torch.Tensor:

@@ -58,8 +58,11 @@ def test_videomae_pretrain_checkpoint_loads_encoder(tmp_path):
     dst = _fresh(num_classes=5)
     report = load_pretrained(dst, path)
     assert report.format == "videomae"
-    assert report.missing == ["head.bias", "head.weight"]
-    assert report.unexpected == ["decoder.blocks.0.norm1.weight", "encoder_to_decoder.weight", "mask_token"]
+    assert report.missing == ["fc_norm.bias", "fc_norm.weight", "head.bias", "head.weight"]
+    assert report.unexpected == ["decoder.blocks.0.norm1.weight", "encoder_to_decoder.weight", "mask_token",
+                                 "norm.bias", "norm.weight"]
+    src.fc_norm.weight.fill_(1.0)  # fc_norm starts fresh, as in VideoMAE's fine-tuning
+    src.fc_norm.bias.zero_()
     assert torch.equal(dst.forward_features(X), src.forward_features(X))
 
 
@@ -257,3 +260,42 @@ def test_corrupt_file_is_one_line_error_naming_it(tmp_path):
     with pytest.raises(ValueError, match="cannot read checkpoint .*broken.safetensors") as info:
         load_pretrained(_fresh(), bad)
     assert "\n" not in str(info.value)
+
+
+@pytest.mark.parametrize("src,target", [((8, 14, 14), (16, 16, 16)), ((8, 14, 14), (8, 7, 7)),
+                                        ((16, 14, 14), (8, 7, 7)), ((16, 14, 14), (16, 16, 16)),
+                                        ((8, 14, 14), (16, 14, 14)), ((16, 14, 14), (8, 14, 14))])
+def test_resize_pos_embed_reads_the_source_grid_by_the_target_ratios(src, target):
+    """A table constant in time with a spatial pattern: resizing must keep it constant in time and
+    resample the pattern bilinearly (a wrong grid guess such as 2x28x28 for 1568 tokens mixes them)."""
+    import torch.nn.functional as F
+
+    from avion_ds.models.pretrained import _guess_grid
+
+    t0, h0, w0 = src
+    assert _guess_grid(t0 * h0 * w0, target) == src
+    g = torch.Generator().manual_seed(0)
+    pattern = torch.randn(1, 3, h0, w0, generator=g)  # (1, D, h, w)
+    pos = pattern.permute(0, 2, 3, 1).reshape(1, 1, h0 * w0, 3).expand(1, t0, h0 * w0, 3).reshape(1, -1, 3)
+    out = resize_pos_embed(pos, target).reshape(*target, 3)
+    want = F.interpolate(pattern, size=target[1:], mode="bilinear", align_corners=False)[0].permute(1, 2, 0)
+    for t in range(target[0]):
+        torch.testing.assert_close(out[t], want, atol=1e-5, rtol=1e-5)
+
+
+@torch.no_grad()
+def test_videomae_pretrain_norm_is_not_fc_norm_as_in_official_finetuning(tmp_path):
+    """VideoMAE's run_class_finetuning.py strips ``encoder.`` only: the encoder's final ``norm`` is unused
+    by a mean-pooling model (modeling_finetune: norm = Identity) and ``fc_norm`` keeps its LayerNorm init."""
+    src = _src()
+    ckpt = to_videomae_pretrain(src)
+    dst = _fresh()
+    report = load_pretrained(dst, ckpt)
+    assert {"norm.weight", "norm.bias"} <= set(report.unexpected)
+    assert {"fc_norm.weight", "fc_norm.bias"} <= set(report.missing)
+    assert torch.equal(dst.fc_norm.weight, torch.ones(64)) and torch.equal(dst.fc_norm.bias, torch.zeros(64))
+    # everything below fc_norm is the encoder's: equal to the source with an identity-affine fc_norm
+    with torch.no_grad():
+        src.fc_norm.weight.fill_(1.0)
+        src.fc_norm.bias.zero_()
+    assert torch.equal(dst.forward_features(X), src.forward_features(X))
