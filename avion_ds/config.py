@@ -29,6 +29,8 @@ class ConfigError(ValueError):
 class ModelConfig:
     name: str = "vit_base_patch16_224"
     pretrained: str | None = None  # path to a VideoMAE / HF / timm / avion_ds checkpoint
+    pretrained_strict: bool = True  # refuse to train when < 90% of the backbone parameters were loaded
+    trust_checkpoint: bool = False  # allow full unpickling of model.pretrained (can run code from the file)
     num_classes: int = 400  # single-head models
     heads: dict[str, int] | None = None  # e.g. {"verb": 97, "noun": 300} (EPIC); overrides num_classes
     tubelet_size: int | None = None  # frames per token; None = the registered size's (2)

@@ -74,8 +74,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--prefetch-bucket", type=float, default=5e7, help="ZeRO-3 stage3_prefetch_bucket_size")
     p.add_argument("--nvme-path", default="/local_nvme", help="directory for --offload nvme")
     p.add_argument("--precision", default="auto", choices=("auto", "fp32", "bf16", "fp16"))
+    p.add_argument("--trust-checkpoint", action="store_true",
+                   help="allow full unpickling of a weights file that pickles more than tensors (it can run code); "
+                        "same as --set model.trust_checkpoint=true")
     p.add_argument("--local_rank", "--local-rank", type=int, default=None)
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    if args.trust_checkpoint:
+        args.overrides.append("model.trust_checkpoint=true")
+    return args
 
 
 def consolidated_state_dict(run_dir: str | Path, tag: str | None = None) -> dict[str, torch.Tensor]:
@@ -101,6 +107,7 @@ def _resolve_recipe(args: argparse.Namespace) -> tuple[Recipe, Path | None]:
 
 def run(args: argparse.Namespace) -> int:
     from avion_ds.engine.train import (
+        backends_line,
         build_model,
         check_data_paths,
         recipe_num_classes,
@@ -134,6 +141,8 @@ def run(args: argparse.Namespace) -> int:
     else:
         model = build_model(recipe, pretrained=str(args.checkpoint))
     model.eval()
+    if dist.is_main():
+        print(backends_line(model, recipe, device, dtype), flush=True)
     if args.offload != "none":
         from avion_ds.memory.offload import wrap_for_inference
 

@@ -46,10 +46,16 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help="DeepSpeed JSON (ds_configs/*.json); 'auto' values are filled from the recipe")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                    help="dotted recipe override, repeatable (e.g. --set optim.lr=1e-3)")
+    p.add_argument("--trust-checkpoint", action="store_true",
+                   help="allow full unpickling of a weights file that pickles more than tensors (it can run code); "
+                        "same as --set model.trust_checkpoint=true")
     p.add_argument("--local_rank", "--local-rank", type=int, default=None, help="injected by the deepspeed launcher")
     p.add_argument("--exit-after-steps", type=int, default=None,
                    help="stop cleanly after this many optimizer steps in total (preemption drills, tests)")
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    if args.trust_checkpoint:
+        args.overrides.append("model.trust_checkpoint=true")
+    return args
 
 
 # ---------------------------------------------------------------------------------------------
@@ -91,8 +97,13 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
-def build_model(recipe: Recipe, pretrained: str | None = None) -> torch.nn.Module:
-    """The recipe's model through the model package (frames/size follow the data section)."""
+def build_model(recipe: Recipe, pretrained: str | None = None, run_dir: Path | None = None) -> torch.nn.Module:
+    """The recipe's model through the model package (frames/size follow the data section).
+
+    Weights (``pretrained``, else ``model.pretrained``) load through ``load_and_report``: a summary
+    line on rank 0, ``run_dir/pretrained_report.json``, and the ``model.pretrained_strict`` check.
+    """
+    from avion_ds.engine.pretrained_report import load_and_report
     from avion_ds.models import create_model
 
     m = recipe.model
@@ -106,7 +117,23 @@ def build_model(recipe: Recipe, pretrained: str | None = None) -> torch.nn.Modul
         kw["heads"] = dict(m.heads)
     else:
         kw["num_classes"] = m.num_classes
-    return create_model(m.name, pretrained=pretrained if pretrained is not None else (m.pretrained or None), **kw)
+    model = create_model(m.name, **kw)
+    source = pretrained if pretrained is not None else m.pretrained
+    if source:
+        load_and_report(model, str(source), strict=m.pretrained_strict, trust=m.trust_checkpoint, run_dir=run_dir,
+                        is_main=dist.is_main())
+    return model
+
+
+def backends_line(model: torch.nn.Module, recipe: Recipe, device: torch.device, dtype: torch.dtype) -> str:
+    """Which attention kernel and video decoder actually run (never a silent fallback)."""
+    from avion_ds.models.attention import Attention, describe_backend
+
+    attn = next((m for m in model.modules() if isinstance(m, Attention)), None)
+    a = describe_backend(attn.backend, device, dtype, attn.head_dim) if attn is not None else "none"
+    d = recipe.data
+    where = (f"helper process, timeout {d.decode_timeout_s:g} s" if d.decode_timeout_s > 0 else "in-process")
+    return f"attention backend {a} | decoder {d.decoder} ({where}, {d.decoder_threads} thread(s) per worker)"
 
 
 def recipe_num_classes(recipe: Recipe) -> int | dict[str, int]:
@@ -207,7 +234,7 @@ def run(args: argparse.Namespace) -> int:
         (run_dir / "ds_config.json").write_text(json.dumps(ds_config, indent=2) + "\n")
     ckpt.write_run_identity(run_dir, recipe)
 
-    model = build_model(recipe)
+    model = build_model(recipe, run_dir=run_dir)
     seed_everything(recipe.seed + rank)  # per-rank streams for dropout / augmentation
     engine = parallelize(model, recipe, ds_config, steps_per_epoch)
     del model
@@ -223,6 +250,7 @@ def run(args: argparse.Namespace) -> int:
              f"global batch {plan.global_batch} = micro {plan.micro_batch} x accum {plan.grad_accum} x world {world}"
              f" | {steps_per_epoch} steps/epoch x {recipe.schedule.epochs} epochs | activation checkpointing "
              f"{recipe.model.checkpoint_impl if recipe.model.activation_checkpointing else 'off'} | run dir {run_dir}")
+    log.info(backends_line(engine.module, recipe, device, dtype))
 
     start_epoch, start_step, global_step, skipped, bad_samples = 0, 0, 0, 0, 0
     pending_rng = None

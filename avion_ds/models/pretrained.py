@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import logging
 import math
-import pickle
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -31,6 +30,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from .safe_load import UntrustedCheckpoint, load_checkpoint_file
 from .vit import VideoViT
 
 logger = logging.getLogger(__name__)
@@ -66,15 +66,19 @@ class LoadReport:
 # ----------------------------------------------------------------------------------------------
 # reading
 # ----------------------------------------------------------------------------------------------
-def read_checkpoint(source: str | Path | dict) -> dict[str, Any]:
-    """Read a checkpoint file (.safetensors, torch pickle) or HF directory into a dict."""
+def read_checkpoint(source: str | Path | dict, trust: bool = False) -> dict[str, Any]:
+    """Read a checkpoint file (.safetensors, torch pickle) or HF directory into a dict.
+
+    Pickles are unpickled with tensors and a small allowlist only (see ``safe_load``); other pickled
+    objects raise ``UntrustedCheckpoint`` naming them unless ``trust``.
+    """
     if isinstance(source, dict):
         return source
     path = Path(source)
     if path.is_dir():
         for name in ("model.safetensors", "pytorch_model.bin", "mp_rank_00_model_states.pt"):
             if (path / name).is_file():
-                return read_checkpoint(path / name)
+                return read_checkpoint(path / name, trust)
         raise FileNotFoundError(f"checkpoint directory {path} holds no model.safetensors / pytorch_model.bin")
     if not path.is_file():
         raise FileNotFoundError(f"checkpoint not found: {path}")
@@ -83,12 +87,9 @@ def read_checkpoint(source: str | Path | dict) -> dict[str, Any]:
             from safetensors.torch import load_file
 
             return load_file(str(path), device="cpu")
-        try:
-            return torch.load(path, map_location="cpu", weights_only=True)
-        except pickle.UnpicklingError:
-            # Official VideoMAE checkpoints pickle argparse.Namespace next to the weights.
-            logger.warning("%s holds non-tensor Python objects; loading it with weights_only=False (trust the file)", path)
-            return torch.load(path, map_location="cpu", weights_only=False)
+        return load_checkpoint_file(path, trust)
+    except UntrustedCheckpoint:
+        raise
     except Exception as e:  # corrupt / truncated / not a checkpoint
         msg = (str(e).strip().splitlines() or [type(e).__name__])[0]
         raise ValueError(f"cannot read checkpoint {path}: {msg}") from e
@@ -341,13 +342,15 @@ def _adapt(sd: StateDict, model: VideoViT, report: LoadReport) -> StateDict:
     return out
 
 
-def load_pretrained(model: VideoViT, source: str | Path | dict, strict: bool = False) -> LoadReport:
+def load_pretrained(model: VideoViT, source: str | Path | dict, strict: bool = False,
+                    trust: bool = False) -> LoadReport:
     """Load ``source`` (path, HF directory, or a (wrapped) state dict) into ``model`` in place.
 
     Returns a ``LoadReport``; ``strict=True`` raises listing missing / unexpected / dropped keys.
+    ``trust`` allows full unpickling of a file that pickles more than weights (see ``read_checkpoint``).
     Call before ``deepspeed.initialize`` (ZeRO-3 partitions parameters after that).
     """
-    sd = unwrap(read_checkpoint(source))
+    sd = unwrap(read_checkpoint(source, trust))
     fmt = detect_format(sd)
     report = LoadReport(format=fmt)
     sd = _adapt(FILTERS[fmt](sd, model, report), model, report)

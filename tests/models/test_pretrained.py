@@ -242,15 +242,74 @@ def test_missing_file():
 
 
 @torch.no_grad()
-def test_pickled_training_args_fall_back_to_full_unpickling(tmp_path):
+def test_pickled_training_args_load_through_the_allowlist(tmp_path, monkeypatch):
     import argparse
+
+    import numpy as np
 
     src = _src()
     ckpt = to_videomae(src)
-    ckpt["args"] = argparse.Namespace(model="vit_test_tiny", lr=1e-3)  # as VideoMAE's save_on_master does
+    # as VideoMAE's save_on_master does, with numpy scalars / dtypes / arrays inside
+    ckpt["args"] = argparse.Namespace(model="vit_test_tiny", lr=np.float64(1e-3), steps=np.int64(3),
+                                      dtype=np.dtype("float32"), mean=np.array([0.485, 0.456, 0.406]))
     torch.save(ckpt, tmp_path / "checkpoint-99.pth")
+    real_load = torch.load
+
+    def weights_only_load(*a, **kw):  # never a full unpickling for these harmless types
+        assert kw.get("weights_only") is True, kw
+        return real_load(*a, **kw)
+
+    monkeypatch.setattr(torch, "load", weights_only_load)
     dst = _fresh()
     load_pretrained(dst, tmp_path / "checkpoint-99.pth", strict=True)
+    assert torch.equal(dst(X), src(X))
+
+
+class _RunsCode:
+    """Unpickling this calls os.system: what a malicious .pth could do."""
+
+    def __init__(self, marker):
+        self.marker = str(marker)
+
+    def __reduce__(self):
+        import os
+
+        return (os.system, (f"touch {self.marker}",))
+
+
+class _Harmless:
+    """A custom class: not on the allowlist, loadable only when the user trusts the file."""
+
+    def __init__(self):
+        self.note = "ok"
+
+
+def test_checkpoint_that_would_run_code_is_refused_without_running_it(tmp_path):
+    from avion_ds.models.safe_load import UntrustedCheckpoint
+
+    marker = tmp_path / "pwned"
+    ckpt = to_videomae(_src())
+    ckpt["payload"] = _RunsCode(marker)
+    torch.save(ckpt, tmp_path / "evil.pth")
+    with pytest.raises(UntrustedCheckpoint, match=r"evil.pth pickles Python objects .*\(posix.system\).*"
+                       r"model.trust_checkpoint: true") as info:
+        load_pretrained(_fresh(), tmp_path / "evil.pth")
+    assert "\n" not in str(info.value)
+    assert not marker.exists()  # nothing was executed
+
+
+@torch.no_grad()
+def test_untrusted_custom_object_needs_explicit_trust(tmp_path):
+    from avion_ds.models.safe_load import UntrustedCheckpoint
+
+    src = _src()
+    ckpt = to_videomae(src)
+    ckpt["extra"] = _Harmless()
+    torch.save(ckpt, tmp_path / "custom.pth")
+    with pytest.raises(UntrustedCheckpoint, match="_Harmless"):
+        load_pretrained(_fresh(), tmp_path / "custom.pth")
+    dst = _fresh()
+    load_pretrained(dst, tmp_path / "custom.pth", strict=True, trust=True)
     assert torch.equal(dst(X), src(X))
 
 
