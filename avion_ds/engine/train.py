@@ -22,6 +22,7 @@ import torch
 from avion_ds.config import ConfigError, Recipe, load_recipe, save_recipe
 from avion_ds.engine import checkpoint as ckpt
 from avion_ds.engine import dist
+from avion_ds.engine.accum import poison, step_window
 from avion_ds.engine.ds_config import (
     build_ds_config,
     load_user_config,
@@ -190,10 +191,16 @@ def _float(x: Any) -> float | None:
         return None
 
 
-def _module_grad_norm(engine: Any) -> float | None:
-    """Pre-clipping grad norm for ZeRO-0 (DeepSpeed only records it for ZeRO >= 1); grads are all-reduced."""
+def _module_grad_norm(engine: Any, loss_scale: float | None = None) -> float | None:
+    """Pre-clipping grad norm for ZeRO-0 (DeepSpeed only records it for ZeRO >= 1); grads are all-reduced.
+
+    Under fp16 the gradients still carry the loss scale: pass it to get the true norm.
+    """
     grads = [p.grad.float() for p in engine.module.parameters() if p.grad is not None]  # no-op for fp32
-    return float(torch.nn.utils.get_total_norm(grads)) if grads else None  # fused (foreach) norms
+    if not grads:
+        return None
+    norm = float(torch.nn.utils.get_total_norm(grads))  # fused (foreach) norms
+    return norm / loss_scale if loss_scale else norm
 
 
 # ---------------------------------------------------------------------------------------------
@@ -253,6 +260,7 @@ def run(args: argparse.Namespace) -> int:
     log.info(backends_line(engine.module, recipe, device, dtype))
 
     start_epoch, start_step, global_step, skipped, bad_samples = 0, 0, 0, 0, 0
+    applied_steps, overflow_steps = 0, 0  # optimizer updates applied / skipped by fp16 loss-scale overflow
     pending_rng = None
     if recipe.checkpoint.resume:
         client = ckpt.load_latest(engine, run_dir)
@@ -260,6 +268,8 @@ def run(args: argparse.Namespace) -> int:
             start_epoch, start_step = int(client["epoch"]), int(client["step_in_epoch"])
             global_step, skipped = int(client["global_step"]), int(client.get("skipped", 0))
             bad_samples = int(client.get("bad_samples", 0))
+            applied_steps = int(client.get("applied_steps", global_step))
+            overflow_steps = int(client.get("overflow_steps", 0))
             pending_rng = client["rng"]
             if engine.lr_scheduler is not None and "scheduler" in client:
                 engine.lr_scheduler.load_state_dict(client["scheduler"])
@@ -270,7 +280,7 @@ def run(args: argparse.Namespace) -> int:
 
     def client_state(epoch: int, step_in_epoch: int) -> dict[str, Any]:
         st = {"epoch": epoch, "step_in_epoch": step_in_epoch, "global_step": global_step, "skipped": skipped,
-              "bad_samples": bad_samples,
+              "bad_samples": bad_samples, "applied_steps": applied_steps, "overflow_steps": overflow_steps,
               "model": ckpt.model_identity(recipe)}
         if sched is not None and hasattr(sched, "state_dict"):
             st["scheduler"] = sched.state_dict()
@@ -295,7 +305,7 @@ def run(args: argparse.Namespace) -> int:
         engine.train()
         log.start_epoch(epoch, steps_per_epoch, initial=first)
         step_in_epoch = first
-        window_loss, window_n, window_heads = 0.0, 0, {}
+        window_loss, window_n, window_heads, window_bad = 0.0, 0, {}, False
         t_window = time.perf_counter()
         timer.pop()
         timer._t = time.perf_counter()
@@ -314,46 +324,54 @@ def run(args: argparse.Namespace) -> int:
             bad_here = float(batch["skipped"].sum()) if "skipped" in batch else 0.0
             reduced = dist.all_reduce_sum(torch.stack([loss.detach().float(), loss.new_tensor(bad_here).float()]))
             loss_sum, bad_samples = reduced[:1], bad_samples + int(reduced[1])
-            if not torch.isfinite(loss_sum).all():
+            bad_now = not torch.isfinite(loss_sum).all()  # the same verdict on every rank (all-reduced)
+            if bad_now:
                 if recipe.nonfinite == "stop":
                     raise NonFiniteLoss(f"non-finite loss at global step {global_step + 1} (epoch {epoch}, "
                                         f"step {step_in_epoch + 1} of the epoch); stopping, nothing saved")
                 skipped += 1
-                log.info(f"non-finite loss at global step {global_step + 1}: micro-batch skipped ({skipped} so far)")
-                del out, loss
-                timer.mark_compute()
-                continue
+                window_bad = True
+                log.info(f"non-finite loss at global step {global_step + 1}: its whole accumulation window "
+                         f"({plan.grad_accum} micro-batch(es)) is skipped on every rank ({skipped} so far)")
             boundary = engine.is_gradient_accumulation_boundary()
             step_lr = max(g["lr"] for g in engine.optimizer.param_groups)  # the lr this step uses
-            engine.backward(loss)
-            stage0_norm = _module_grad_norm(engine) if boundary and zero_stage(ds_config) == 0 else None
-            engine.step()
+            scale = _float(engine._get_optimizer_loss_scale()) if precision == "fp16" else None  # before step()
+            engine.backward(poison(loss) if bad_now else loss)
+            stage0_norm = (_module_grad_norm(engine, scale) if boundary and not window_bad
+                           and zero_stage(ds_config) == 0 else None)
+            applied = step_window(engine, window_bad)
             timer.mark_compute()
-            window_loss += float(loss_sum) / world
-            window_n += 1
-            for h, v in parts.items():
-                window_heads[h] = window_heads.get(h, 0.0) + v
+            if not bad_now:
+                window_loss += float(loss_sum) / world
+                window_n += 1
+                for h, v in parts.items():
+                    window_heads[h] = window_heads.get(h, 0.0) + v
             if not boundary:
                 continue
-            global_step += 1
+            global_step += 1  # the data position: one window consumed, applied or not
             step_in_epoch += 1
+            applied_steps += applied
+            overflow_steps += not applied and not window_bad
             wait, compute = timer.pop()
             now = time.perf_counter()
             values: dict[str, Any] = {
-                "loss": window_loss / max(1, window_n),
+                "loss": window_loss / window_n if window_n else None,
                 "lr": step_lr,
-                "grad_norm": _float(engine.get_global_grad_norm()) if stage0_norm is None else stage0_norm,
+                "grad_norm": None if window_bad else (
+                    _float(engine.get_global_grad_norm()) if stage0_norm is None else stage0_norm),
                 "loss_scale": _float(engine._get_optimizer_loss_scale()) if precision == "fp16" else None,
                 "clips_per_s": plan.global_batch / max(now - t_window, 1e-9),
                 "data_wait_s": wait, "compute_s": compute,
                 "data_wait_frac": wait / max(wait + compute, 1e-9),
                 "peak_gib": peak_memory_gib(),
                 "skipped_nonfinite": skipped,
+                "applied_steps": applied_steps,  # optimizer updates applied so far (<= global step)
+                "overflow_steps": overflow_steps,  # fp16 loss-scale overflows (update skipped by DeepSpeed)
                 "bad_samples": bad_samples,  # unreadable videos / bad rows skipped by the loader so far
             }
             values.update({f"loss_{h}": v / max(1, window_n) for h, v in window_heads.items()})
             log.step(epoch, global_step, values)
-            window_loss, window_n, window_heads = 0.0, 0, {}
+            window_loss, window_n, window_heads, window_bad = 0.0, 0, {}, False
             t_window = now
             every = recipe.checkpoint.every_steps
             stop_now = exit_after is not None and global_step >= exit_after
@@ -382,7 +400,8 @@ def run(args: argparse.Namespace) -> int:
         if exit_after is not None and global_step >= exit_after:
             log.info(f"stopping after {global_step} steps (--exit-after-steps)")
             break
-    log.info(f"done: {global_step} steps, {skipped} non-finite micro-batches skipped, {bad_samples} bad input "
+    log.info(f"done: {global_step} steps ({applied_steps} applied, {overflow_steps} fp16 overflows), {skipped} "
+             f"non-finite micro-batches skipped, {bad_samples} bad input "
              f"samples skipped (named in the log above), run dir {run_dir}")
     log.close()
     del engine
