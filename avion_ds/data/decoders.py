@@ -21,7 +21,7 @@ last decodable frame. Selecting a backend that cannot import raises
 Timeouts: decord can spin forever on a container that over-reports frames (decord #373) while
 holding the GIL, so a thread cannot bound it. With ``timeout_s > 0`` :func:`get_decoder` returns
 a :class:`SubprocessDecoder`: the backend runs in one persistent helper process per
-DataLoader worker (started lazily, frames returned over a pipe, ~1-3 ms per 16x224x224 clip); a
+DataLoader worker (started lazily, frames returned over a pipe; its cost is in BENCHMARKS.md); a
 decode that exceeds the limit kills the helper (a fresh one starts on the next call) and raises
 :class:`DataError`. A crash (segfault) inside the decoder becomes a DataError the same way
 instead of killing the DataLoader worker. ``timeout_s = 0`` decodes in-process.
