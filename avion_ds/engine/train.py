@@ -191,7 +191,7 @@ def _float(x: Any) -> float | None:
         return None
 
 
-def _module_grad_norm(engine: Any, loss_scale: float | None = None) -> float | None:
+def zero0_grad_norm(engine: Any, loss_scale: float | None = None) -> float | None:
     """Pre-clipping grad norm for ZeRO-0 (DeepSpeed only records it for ZeRO >= 1); grads are all-reduced.
 
     Under fp16 the gradients still carry the loss scale: pass it to get the true norm.
@@ -337,7 +337,7 @@ def run(args: argparse.Namespace) -> int:
             step_lr = max(g["lr"] for g in engine.optimizer.param_groups)  # the lr this step uses
             scale = _float(engine._get_optimizer_loss_scale()) if precision == "fp16" else None  # before step()
             engine.backward(poison(loss) if bad_now else loss)
-            stage0_norm = (_module_grad_norm(engine, scale) if boundary and not window_bad
+            stage0_norm = (zero0_grad_norm(engine, scale) if boundary and not window_bad
                            and zero_stage(ds_config) == 0 else None)
             applied = step_window(engine, window_bad)
             timer.mark_compute()

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from avion_ds.engine.accum import poison, step_window
-from avion_ds.engine.train import _module_grad_norm
+from avion_ds.engine.train import zero0_grad_norm
 
 
 class _Engine:
@@ -88,5 +88,5 @@ def test_zero0_fp16_grad_norm_is_unscaled() -> None:
     for p, g in zip(eng.module.parameters(), true):
         p.grad = (g * scale).half()
     want = float(torch.cat([g.flatten() for g in true]).norm())
-    assert _module_grad_norm(eng, scale) == pytest.approx(want, rel=1e-3)
-    assert _module_grad_norm(eng) == pytest.approx(want * scale, rel=1e-3)  # fp32 / bf16: no scale
+    assert zero0_grad_norm(eng, scale) == pytest.approx(want, rel=1e-3)
+    assert zero0_grad_norm(eng) == pytest.approx(want * scale, rel=1e-3)  # fp32 / bf16: no scale
