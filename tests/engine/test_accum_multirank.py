@@ -21,9 +21,11 @@ BATCH = {"global_batch": 8, "micro_batch": 2}
 NAN = "1:4,0:9"
 
 
-def _train(tmp: Path, data: dict, name: str, ds: str, nan: str, *extra: str) -> tuple[Path, str]:
+def _train(tmp: Path, data: dict, name: str, ds: str, nan: str, *extra: str,
+           pretrained: Path | None = None) -> tuple[Path, str]:
     run = tmp / name
-    recipe = write_recipe(tmp / f"{name}.yaml", data, run, batch=BATCH,
+    model = {"pretrained": str(pretrained)} if pretrained else {}
+    recipe = write_recipe(tmp / f"{name}.yaml", data, run, batch=BATCH, model=model,
                           checkpoint={"every_steps": 1, "keep_last": 20})
     import os
 
@@ -51,8 +53,26 @@ def _same(a: dict, b: dict) -> bool:
 @pytest.fixture(scope="module")
 def zero0(tiny_epic: dict, tmp_path_factory: pytest.TempPathFactory) -> dict:
     tmp = tmp_path_factory.mktemp("accum0")
-    run, log = _train(tmp, tiny_epic, "zero0", "zero0", NAN)
-    return {"run": run, "log": log, "losses": losses(run)}
+    # both runs start from the same pretrained weights (also checks that loading and backends are shown)
+    from avion_ds.models import create_model
+
+    torch.manual_seed(7)
+    weights = tmp / "init.pt"
+    torch.save(create_model("vit_test_tiny", heads={"verb": 4, "noun": 3}).state_dict(), weights)
+    run, log = _train(tmp, tiny_epic, "zero0", "zero0", NAN, pretrained=weights)
+    return {"run": run, "log": log, "losses": losses(run), "weights": weights}
+
+
+def test_pretrained_load_and_backends_are_shown(zero0: dict) -> None:
+    from avion_ds.models.attention import describe_backend
+
+    log, weights = zero0["log"], zero0["weights"]
+    assert log.count(f"pretrained {weights}: format avion_ds, backbone 100.0% of parameters matched") == 1  # rank 0
+    attn = describe_backend("auto", "cpu", torch.float32, 32)
+    assert attn.startswith("sdpa (auto: ")  # no flash on CPU, and the reason is given
+    assert f"attention backend {attn} | decoder decord (helper process, timeout 60 s, 1 thread(s) per worker)" in log
+    report = json.loads((zero0["run"] / "pretrained_report.json").read_text())
+    assert report["backbone_matched_fraction"] == 1.0 and report["missing"] == []
 
 
 def test_nonfinite_micro_batch_skips_its_whole_window(zero0: dict) -> None:
@@ -77,10 +97,11 @@ def test_nonfinite_micro_batch_skips_its_whole_window(zero0: dict) -> None:
 
 def test_zero2_resumed_mid_epoch_after_a_skip_matches_uninterrupted(zero0: dict, tiny_epic: dict,
                                                                   tmp_path: Path) -> None:
-    run, _ = _train(tmp_path, tiny_epic, "zero2", "zero2", NAN, "--exit-after-steps", "3")
+    run, _ = _train(tmp_path, tiny_epic, "zero2", "zero2", NAN, "--exit-after-steps", "3",
+                    pretrained=zero0["weights"])
     assert sorted(losses(run)) == [1, 2, 3]
     # resumed at step 3 of 4 in epoch 0: its micro-batches start at the 7th, so rank 0's 9th is its 3rd
-    _, log = _train(tmp_path, tiny_epic, "zero2", "zero2", "0:3")
+    _, log = _train(tmp_path, tiny_epic, "zero2", "zero2", "0:3", pretrained=zero0["weights"])
     assert "resumed from step_00000003: epoch 0, step 3 in epoch" in log
     got, ref = losses(run), zero0["losses"]
     assert sorted(got) == sorted(ref) == list(range(1, 9))
