@@ -90,9 +90,15 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
-def build_model(recipe: Recipe, pretrained: str | None = None) -> torch.nn.Module:
-    """The recipe's model through the model package (frames/size follow the data section)."""
+def build_model(recipe: Recipe, pretrained: str | None = None,
+                ds_config: dict[str, Any] | None = None) -> torch.nn.Module:
+    """The recipe's model through the model package (frames/size follow the data section).
+
+    With a ZeRO-3 ``ds_config`` it is built partitioned (``deepspeed.zero.Init``) and the weights
+    are loaded module by module: no rank ever holds the whole model.
+    """
     from avion_ds.models import create_model
+    from avion_ds.models.sharded_load import build_partitioned
 
     m = recipe.model
     kw: dict[str, Any] = {"num_frames": recipe.data.num_frames, "img_size": recipe.data.size,
@@ -105,7 +111,8 @@ def build_model(recipe: Recipe, pretrained: str | None = None) -> torch.nn.Modul
         kw["heads"] = dict(m.heads)
     else:
         kw["num_classes"] = m.num_classes
-    return create_model(m.name, pretrained=pretrained if pretrained is not None else (m.pretrained or None), **kw)
+    source = pretrained if pretrained is not None else (m.pretrained or None)
+    return build_partitioned(lambda: create_model(m.name, **kw), ds_config, source)
 
 
 def recipe_num_classes(recipe: Recipe) -> int | dict[str, int]:
@@ -206,7 +213,7 @@ def run(args: argparse.Namespace) -> int:
         (run_dir / "ds_config.json").write_text(json.dumps(ds_config, indent=2) + "\n")
     ckpt.write_run_identity(run_dir, recipe)
 
-    model = build_model(recipe)
+    model = build_model(recipe, ds_config=ds_config)
     seed_everything(recipe.seed + rank)  # per-rank streams for dropout / augmentation
     engine = parallelize(model, recipe, ds_config, steps_per_epoch)
     del model

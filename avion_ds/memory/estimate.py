@@ -21,6 +21,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from avion_ds.models.partition import full_shape
+
 from .units import format_bytes
 
 GiB = 2**30
@@ -66,8 +68,9 @@ class ArchInfo:
 
 
 def _count(model: nn.Module) -> tuple[int, int]:
-    total = sum(math.prod(p.shape) for p in model.parameters())
-    largest = max((sum(math.prod(p.shape) for p in m.parameters(recurse=False)) for m in model.modules()), default=0)
+    total = sum(math.prod(full_shape(p)) for p in model.parameters())
+    largest = max((sum(math.prod(full_shape(p)) for p in m.parameters(recurse=False)) for m in model.modules()),
+                  default=0)
     return int(total), int(largest)
 
 

@@ -17,11 +17,14 @@ from __future__ import annotations
 
 import os
 import socket
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
+from pathlib import Path
 from typing import Any
 
 import torch
 from torch import nn
+
+from avion_ds.models.partition import is_partitioned_model
 
 OFFLOAD_DEVICES = ("cpu", "nvme")
 
@@ -133,12 +136,36 @@ def wrap_for_inference(
                               param_persistence_threshold)
     _ensure_process_group()
     model.eval()
-    if dtype == torch.float32:
+    if dtype == torch.float32 and not is_partitioned_model(model):  # built by build_for_inference: as is
         model.float()
     engine, *_ = deepspeed.initialize(model=model, config=cfg)
     engine.eval()
     device = torch.device(get_accelerator().current_device_name())
     return OffloadedInference(engine, dtype, device)
+
+
+def build_for_inference(
+    factory: Callable[[], nn.Module],
+    pretrained: str | Path | dict | None = None,
+    offload: str = "cpu",
+    max_live_parameters: int = 100_000_000,
+    prefetch_bucket_size: int = 50_000_000,
+    nvme_path: str | None = None,
+    dtype: torch.dtype = torch.float32,
+    param_persistence_threshold: int = 0,
+    strict: bool = False,
+) -> OffloadedInference:
+    """Like :func:`wrap_for_inference`, but the model is CONSTRUCTED partitioned (``zero.Init``
+    with the inference config) and ``pretrained`` is loaded module by module (rank 0 reads), so no
+    rank ever holds the whole model. ``factory`` builds the bare model (no weights loaded)."""
+    from avion_ds.models.sharded_load import build_partitioned
+
+    cfg = inference_ds_config(offload, max_live_parameters, prefetch_bucket_size, nvme_path, dtype,
+                              param_persistence_threshold)
+    _ensure_process_group()
+    model = build_partitioned(factory, cfg, pretrained, strict=strict)
+    return wrap_for_inference(model, offload, max_live_parameters, prefetch_bucket_size, nvme_path, dtype,
+                              param_persistence_threshold)
 
 
 def stream_logits(
