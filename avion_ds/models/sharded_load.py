@@ -1,7 +1,9 @@
 """Pretrained weights into a ZeRO-3 partitioned model, one submodule at a time.
 
 Rank 0 reads the checkpoint and maps / resizes it with ``pretrained.prepare_state_dict`` (same
-formats, key mapping, position-embedding resizing and ``LoadReport`` as ``load_pretrained``).
+formats, key mapping, position-embedding resizing and ``LoadReport`` as ``load_pretrained``). A
+.safetensors file that needs no conversion (our exports, same-size models) is mapped on its
+header alone and read one tensor at a time, so rank 0 never holds the whole checkpoint either.
 Then every rank walks the modules in the same order: a module's own parameters are gathered,
 rank 0 copies its tensors in, and leaving the context broadcasts and re-partitions them. Peak
 host memory: one checkpoint copy on rank 0 (entries are dropped as they are copied) and one
@@ -11,7 +13,7 @@ submodule's full parameters elsewhere.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +23,7 @@ from torch import nn
 
 from .partition import full_shape, gathered, is_partitioned_model, partitioned_construction
 from .pretrained import LoadReport, finish_report, load_pretrained, prepare_state_dict
+from .safetensors_stream import SafetensorsReader
 
 logger = logging.getLogger(__name__)
 
@@ -37,7 +40,35 @@ def _broadcast(obj: Any) -> Any:
     return box[0]
 
 
-def _copy_partitioned(model: nn.Module, sd: dict[str, torch.Tensor] | None) -> list[str]:
+class _LazyStateDict:
+    """The part of a dict ``_copy_partitioned`` uses, reading each tensor from the file on ``pop``."""
+
+    def __init__(self, names: dict[str, str], reader: SafetensorsReader) -> None:
+        self.names, self.reader = names, reader
+
+    def pop(self, key: str, default: Any = None) -> Any:
+        src = self.names.pop(key, None)
+        return default if src is None else self.reader.get(src)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(list(self.names))
+
+
+def _prepare_lazy(model: nn.Module, source: Any) -> tuple[_LazyStateDict, LoadReport] | None:
+    """For a .safetensors file whose tensors load as stored (no key merging / resizing): the
+    mapping and report computed on shape-only tensors, values read one at a time. Else None."""
+    if not isinstance(source, (str, Path)) or Path(source).suffix != ".safetensors" or not Path(source).is_file():
+        return None
+    reader = SafetensorsReader(source)
+    meta = reader.meta()
+    origin = {id(v): k for k, v in meta.items()}
+    sd, report = prepare_state_dict(model, meta)
+    if any(id(v) not in origin for v in sd.values()):
+        return None  # something was converted: needs the values (one full read on rank 0)
+    return _LazyStateDict({k: origin[id(v)] for k, v in sd.items()}, reader), report
+
+
+def _copy_partitioned(model: nn.Module, sd: Any) -> list[str]:
     """Walk ``model`` module by module (all ranks); rank 0 (``sd`` not None) copies and pops what
     it used. Returns the model names the checkpoint lacked (rank 0)."""
     missing: list[str] = []
@@ -75,7 +106,8 @@ def load_pretrained_sharded(model: nn.Module, source: str | Path | dict, strict:
     sd, report, error = None, None, None
     if _rank() == 0:
         try:
-            sd, report = prepare_state_dict(model, source)
+            lazy = _prepare_lazy(model, source)
+            sd, report = lazy if lazy is not None else prepare_state_dict(model, source)
         except Exception as e:  # every rank raises the same one-line error, nobody hangs
             error = (type(e), str(e))
     error = _broadcast(error)

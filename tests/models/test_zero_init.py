@@ -78,3 +78,10 @@ def test_pretrained_into_shards_equals_plain_load(result: dict) -> None:
     assert r["part_report"] == r["plain_report"]
     assert r["resized"] == ["pos_embed"] and r["dropped"] == ["head.bias", "head.weight"]
     assert r["param_max_diff"] == 0.0 and r["logits_max_diff"] == 0.0
+
+
+@pytest.mark.timeout(300)
+def test_same_size_safetensors_streams_into_shards(result: dict) -> None:
+    r = result["load"]["safetensors"]
+    assert r["part_report"] == r["plain_report"] == "format=avion_ds"
+    assert r["param_max_diff"] == 0.0
