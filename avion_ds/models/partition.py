@@ -83,6 +83,32 @@ def remote_device(ds_config: dict[str, Any]) -> str | None:
     return device if device in ("cpu", "nvme") else None
 
 
+_MALLOC_PINNED = False
+
+
+def pin_malloc_mmap_threshold(nbytes: int = 128 * 1024) -> bool:
+    """Make glibc serve allocations >= ``nbytes`` with mmap and return them to the OS on free.
+
+    glibc raises its mmap threshold after the first large free (up to 32 MiB), after which the
+    full tensors that ``zero.Init`` creates and frees one module at a time come from the heap and
+    stay resident as holes: measured on ViT-B, 2 ranks, per-rank build peak 0.73x of the fp32
+    model instead of 0.57x, and 1.36x instead of 0.58x after loading. Setting the threshold
+    explicitly turns the dynamic adjustment off (same as ``MALLOC_MMAP_THRESHOLD_``). Process-wide,
+    idempotent; returns False where there is no glibc.
+    """
+    global _MALLOC_PINNED
+    if _MALLOC_PINNED:
+        return True
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL("libc.so.6")
+        _MALLOC_PINNED = bool(libc.mallopt(-3, int(nbytes)))  # M_MMAP_THRESHOLD
+    except (OSError, AttributeError):
+        return False
+    return _MALLOC_PINNED
+
+
 @contextlib.contextmanager
 def partitioned_construction(ds_config: dict[str, Any] | None) -> Iterator[bool]:
     """Construct modules partitioned when ``ds_config`` is ZeRO-3 (yields True), plainly otherwise.
@@ -96,6 +122,7 @@ def partitioned_construction(ds_config: dict[str, Any] | None) -> Iterator[bool]
     import deepspeed
 
     assert ds_config is not None
+    pin_malloc_mmap_threshold()
     with deepspeed.zero.Init(config_dict_or_path=ds_config, remote_device=remote_device(ds_config),
                              pin_memory=bool((ds_config["zero_optimization"].get("offload_param") or {})
                                              .get("pin_memory", False)),
