@@ -168,6 +168,29 @@ def build_for_inference(
                               param_persistence_threshold)
 
 
+class ResidentParams:
+    """Counts parameter elements resident (ZeRO status AVAILABLE: gathered, on the compute device)
+    at every module's forward, after DeepSpeed's own pre-forward hook fetched that module (hooks
+    registered after ``deepspeed.initialize`` run after DeepSpeed's). ``peak`` is the largest sum."""
+
+    def __init__(self, model: nn.Module) -> None:
+        from deepspeed.runtime.zero.partition_parameters import ZeroParamStatus
+
+        self.available = ZeroParamStatus.AVAILABLE
+        self.params = [p for p in model.parameters() if hasattr(p, "ds_status")]
+        self.total = sum(int(p.ds_numel) for p in self.params)
+        self.peak = 0
+        self.handles = [m.register_forward_pre_hook(self._count) for m in model.modules()]
+
+    def _count(self, module: nn.Module, args: Any) -> None:
+        now = sum(int(p.ds_numel) for p in self.params if p.ds_status == self.available)
+        self.peak = max(self.peak, now)
+
+    def remove(self) -> None:
+        for h in self.handles:
+            h.remove()
+
+
 def stream_logits(
     model: nn.Module | OffloadedInference,
     batches: torch.Tensor | Iterable[torch.Tensor],
