@@ -31,6 +31,7 @@ from avion_ds.engine.ds_config import (
 )
 from avion_ds.engine.evaluate import evaluate_model
 from avion_ds.engine.logging import RunLogger, StepTimer, peak_memory_gib
+from avion_ds.engine.oom import OutOfMemory, explain_from_args
 from avion_ds.engine.losses import total_loss
 
 
@@ -368,7 +369,16 @@ def run(args: argparse.Namespace) -> int:
 def main(argv: list[str] | None = None) -> int:
     """Entry point for `avion-ds train` and `launch/train.py`; exits through ``dist.shutdown``."""
     args = parse_args(argv)
-    return dist.run_entry("avion-ds train", lambda: run(args), {ConfigError: 2, NonFiniteLoss: 3})
+    return dist.run_entry("avion-ds train", lambda: _run_explaining_oom(args),
+                          {ConfigError: 2, NonFiniteLoss: 3, OutOfMemory: 1})
+
+
+def _run_explaining_oom(args: argparse.Namespace) -> int:
+    """``run``, with an out-of-memory error turned (once) into the one-line ``OutOfMemory``."""
+    try:
+        return run(args)
+    except torch.OutOfMemoryError as e:
+        raise OutOfMemory(explain_from_args(args, e)) from None
 
 if __name__ == "__main__":
     sys.exit(main())
