@@ -21,7 +21,7 @@ import torch
 
 from avion_ds.config import ConfigError, Recipe, load_recipe, save_recipe
 from avion_ds.engine import checkpoint as ckpt
-from avion_ds.engine import dist
+from avion_ds.engine import dist, elastic
 from avion_ds.engine.ds_config import (
     build_ds_config,
     load_user_config,
@@ -214,6 +214,9 @@ def run(args: argparse.Namespace) -> int:
         (run_dir / "ds_config.json").write_text(json.dumps(ds_config, indent=2) + "\n")
     ckpt.write_run_identity(run_dir, recipe)
 
+    resize = elastic.prepare_resume(run_dir, ds_config) if recipe.checkpoint.resume else None
+    if resize and dist.is_main():
+        print(resize, flush=True)
     model = build_model(recipe, ds_config=ds_config)
     seed_everything(recipe.seed + rank)  # per-rank streams for dropout / augmentation
     engine = parallelize(model, recipe, ds_config, steps_per_epoch)
