@@ -14,6 +14,7 @@ Parts (``--parts``, comma separated):
   rss         CPU, 2 ranks: per-rank host RSS (anon / file) after build, pretrained load and
               deepspeed.initialize (no optimizer), --rss-modes before (full build) / after (zero.Init)
   optimizer   CPU, 2 ranks: ZeRO-3 + AdamW per-rank RSS after one step vs 16 B x params / world
+              (--export-after-optimizer: then the streamed `avion-ds export` peak RSS vs fp32 bytes)
   resident    ZeRO-3 param offload: peak parameter elements resident during forward per --offload-live
   (rss / optimizer / resident live in bench/memory_large.py)
 
@@ -256,6 +257,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rss-size", type=int, default=224)
     p.add_argument("--ranks", type=int, default=2)
     p.add_argument("--optimizer-model", default="vit_large_patch16_224")
+    p.add_argument("--export-after-optimizer", action="store_true",
+                   help="optimizer part: save the ZeRO-3 checkpoint and measure the streamed export's peak RSS")
     p.add_argument("--work-dir", default="/tmp/avion_bench_rss", help="weights files and per-run JSON")
     p.add_argument("--keep-weights", action="store_true")
     p.add_argument("--json", default=None)

@@ -41,7 +41,7 @@ def _free_gib() -> float:
 
 
 def _rss_run(model: str, mode: str, weights: Path | None, out: Path, args: argparse.Namespace,
-             optimizer: bool = False) -> dict[str, Any]:
+             optimizer: bool = False, save: Path | None = None) -> dict[str, Any]:
     env = dict(os.environ, DS_ACCELERATOR="cpu", OMP_NUM_THREADS="1",
                PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(args.ranks), "--master_port",
@@ -51,6 +51,8 @@ def _rss_run(model: str, mode: str, weights: Path | None, out: Path, args: argpa
         cmd += ["--pretrained", str(weights)]
     if optimizer:
         cmd.append("--optimizer")
+    if save is not None:
+        cmd += ["--save", str(save)]
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, check=False)
     if proc.returncode != 0 or not out.is_file():
         return {"model": model, "mode": mode, "error": proc.stderr[-1500:]}
@@ -98,7 +100,8 @@ def part_optimizer(args: argparse.Namespace) -> dict[str, Any]:
 
     work = Path(args.work_dir)
     work.mkdir(parents=True, exist_ok=True)
-    r = _rss_run(args.optimizer_model, "after", None, work / "rss_optimizer.json", args, optimizer=True)
+    run_dir = work / "optimizer_run" if args.export_after_optimizer else None
+    r = _rss_run(args.optimizer_model, "after", None, work / "rss_optimizer.json", args, optimizer=True, save=run_dir)
     _print_rss(r)
     if "error" in r:
         return r
@@ -113,12 +116,35 @@ def part_optimizer(args: argparse.Namespace) -> dict[str, Any]:
         print(f"[optimizer] {args.optimizer_model} rank {rank['rank']}: held after step {format_bytes(held)}: "
               f"{held / textbook:.3f}x of 16 B x p / world ({format_bytes(textbook)}), {held / planner:.3f}x of the "
               f"planner's 21 B x p / world + 4 B x min(5e8, p) ({format_bytes(planner)})")
+    if run_dir is not None:
+        r["export"] = _export_rss(run_dir, work / "exported.safetensors", r["fp32_bytes"])
     return r
+
+
+def _export_rss(run_dir: Path, out: Path, fp32: int) -> dict[str, Any]:
+    """`avion-ds export` of the ZeRO-3 checkpoint in a fresh process: peak RSS vs fp32 model bytes."""
+    env = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    code = ("import json, sys; from avion_ds.memory.rss import measure_export; "
+            "print('RESULT ' + json.dumps(measure_export(sys.argv[1], sys.argv[2])))")
+    proc = subprocess.run([sys.executable, "-c", code, str(run_dir), str(out)], env=env, capture_output=True, text=True)
+    line = next((ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")), None)
+    if line is None:
+        print(f"[export] FAILED\n{proc.stderr[-1500:]}")
+        return {"error": proc.stderr[-1500:]}
+    peaks = json.loads(line[7:])
+    peaks["fp32_bytes"] = fp32
+    print(f"[export] streamed export of the ZeRO-3 checkpoint: peak RSS {peaks['peak_total'] / fp32:.2f}x of fp32 "
+          f"({format_bytes(peaks['peak_total'])}; anon {peaks['peak_anon'] / fp32:.2f}x, file-backed "
+          f"{peaks['peak_file'] / fp32:.2f}x), output {format_bytes(out.stat().st_size)}")
+    out.unlink(missing_ok=True)
+    return peaks
 
 
 def part_resident(args: argparse.Namespace) -> list[dict[str, Any]]:
     """Runs itself in a subprocess (one rank) so the DeepSpeed engines do not stay in this process."""
-    env = dict(os.environ, DS_ACCELERATOR="cpu", PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    env = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    if args.device == "cpu":
+        env["DS_ACCELERATOR"] = "cpu"
     cmd = [sys.executable, __file__, "--resident-worker", args.offload_model, str(args.frames), str(args.size),
            ",".join(str(v) for v in args.offload_live)]
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, check=False)
@@ -135,26 +161,9 @@ def part_resident(args: argparse.Namespace) -> list[dict[str, Any]]:
 
 
 def _resident_worker(model: str, frames: int, size: int, lives: list[int]) -> None:
-    from avion_ds.memory.estimate import arch_info
-    from avion_ds.memory.offload import ResidentParams, build_for_inference
-    from avion_ds.models import create_model
+    from avion_ds.memory.offload import resident_peaks
 
-    x = torch.randn(1, 3, frames, size, size)
-    rows = []
-    largest = arch_info(model, frames, size).largest_layer_params
-    for live in lives:
-        torch.manual_seed(0)
-        runner = build_for_inference(lambda: create_model(model, num_frames=frames, img_size=size), None,
-                                     max_live_parameters=live, prefetch_bucket_size=max(live // 2, 1))
-        counter = ResidentParams(runner.module)
-        runner(x)  # first pass records the trace DeepSpeed prefetches from
-        counter.peak = 0
-        runner(x)
-        rows.append({"model": model, "params": counter.total, "max_live_parameters": live,
-                     "prefetch_bucket_size": max(live // 2, 1), "peak_resident": counter.peak,
-                     "largest_module": largest, "frames": frames, "size": size})
-        counter.remove()
-    print("RESULT " + json.dumps(rows), flush=True)
+    print("RESULT " + json.dumps(resident_peaks(model, frames, size, lives)), flush=True)
     os._exit(0)
 
 

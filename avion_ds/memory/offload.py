@@ -191,6 +191,34 @@ class ResidentParams:
             h.remove()
 
 
+def resident_peaks(model_name: str, frames: int, size: int, max_live: list[int]) -> list[dict[str, Any]]:
+    """For each ``stage3_max_live_parameters`` value (prefetch bucket = half of it): build the model
+    partitioned for CPU-offloaded inference and count the peak resident parameter elements of the
+    second forward (the first records DeepSpeed's trace). One process; needs no launcher."""
+    from deepspeed.accelerator import get_accelerator
+
+    from avion_ds.memory.estimate import arch_info
+    from avion_ds.models import create_model
+
+    _ensure_process_group()
+    x = torch.randn(1, 3, frames, size, size, device=get_accelerator().current_device_name())
+    largest = arch_info(model_name, frames, size).largest_layer_params
+    rows = []
+    for live in max_live:
+        torch.manual_seed(0)
+        runner = build_for_inference(lambda: create_model(model_name, num_frames=frames, img_size=size), None,
+                                     max_live_parameters=live, prefetch_bucket_size=max(live // 2, 1))
+        counter = ResidentParams(runner.module)
+        runner(x)
+        counter.peak = 0
+        runner(x)
+        counter.remove()
+        rows.append({"model": model_name, "params": counter.total, "max_live_parameters": live,
+                     "prefetch_bucket_size": max(live // 2, 1), "peak_resident": counter.peak,
+                     "largest_module": largest, "frames": frames, "size": size})
+    return rows
+
+
 def stream_logits(
     model: nn.Module | OffloadedInference,
     batches: torch.Tensor | Iterable[torch.Tensor],

@@ -136,6 +136,13 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         engine.backward(loss)
         engine.step()
         stages["step"] = sampler.stage()
+        if args.save:  # a ZeRO-3 checkpoint for the export measurement
+            from avion_ds.engine import checkpoint as ckpt
+
+            if rank == 0:
+                Path(args.save).mkdir(parents=True, exist_ok=True)
+                (Path(args.save) / "ds_config.json").write_text(json.dumps(cfg))
+            ckpt.save(engine, args.save, 1, {"epoch": 0, "step_in_epoch": 1, "global_step": 1}, keep_last=1)
     sampler.close()
     mine = {"rank": rank, "stages": stages}
     everyone: list[Any] = [None] * world
@@ -153,6 +160,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--optimizer", action="store_true", help="ZeRO-3 + AdamW and one training step")
     p.add_argument("--frames", type=int, default=16)
     p.add_argument("--size", type=int, default=224)
+    p.add_argument("--save", default=None, help="with --optimizer: save a checkpoint into this run dir")
     p.add_argument("--out", required=True)
     args = p.parse_args(argv)
     result = run(args)
@@ -184,3 +192,14 @@ def write_random_weights(name: str, path: str | Path, **overrides: Any) -> Path:
 
 if __name__ == "__main__":
     raise SystemExit(main())
+
+
+def measure_export(run_dir: str | Path, out: str | Path) -> dict[str, Any]:
+    """Peak RSS (total / anon / file-backed) of ``avion-ds export run_dir --out out`` in this process."""
+    from avion_ds.engine.export import export
+
+    sampler = RssSampler()
+    export(run_dir, out)
+    peaks = sampler.stage()
+    sampler.close()
+    return peaks
