@@ -133,7 +133,18 @@ def run(args: argparse.Namespace) -> int:
         recipe.precision if recipe.precision != "auto" else ("bf16" if device.type == "cuda" else "fp32"))
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision, torch.float32)
 
-    if run_dir is not None:
+    if args.offload != "none":
+        # built partitioned under the inference ZeRO-3 config; rank 0 alone reads / consolidates weights
+        from avion_ds.memory.offload import build_for_inference
+
+        source: Any = str(args.checkpoint)
+        if run_dir is not None:
+            source = consolidated_state_dict(run_dir) if dist.is_main() else {}
+        model = build_for_inference(lambda: build_model(recipe, pretrained=""), source, offload=args.offload,
+                                    max_live_parameters=int(args.max_live_params),
+                                    prefetch_bucket_size=int(args.prefetch_bucket), nvme_path=args.nvme_path,
+                                    dtype=dtype, strict=run_dir is not None)
+    elif run_dir is not None:
         model = build_model(recipe, pretrained="")
         from avion_ds.models import load_pretrained
 
@@ -143,13 +154,7 @@ def run(args: argparse.Namespace) -> int:
     model.eval()
     if dist.is_main():
         print(backends_line(model, recipe, device, dtype), flush=True)
-    if args.offload != "none":
-        from avion_ds.memory.offload import wrap_for_inference
-
-        model = wrap_for_inference(model, offload=args.offload, max_live_parameters=int(args.max_live_params),
-                                   prefetch_bucket_size=int(args.prefetch_bucket), nvme_path=args.nvme_path,
-                                   dtype=dtype)
-    else:
+    if args.offload == "none":
         model = model.to(device=device, dtype=dtype)
 
     views = recipe.eval.temporal_views * recipe.eval.spatial_views

@@ -18,7 +18,8 @@ from typing import Any
 from torch import nn
 
 from avion_ds.config import ConfigError
-from avion_ds.models import LoadReport, load_pretrained
+from avion_ds.models import LoadReport
+from avion_ds.models.sharded_load import load_pretrained_sharded
 
 MIN_BACKBONE_MATCH = 0.9
 REPORT_NAME = "pretrained_report.json"
@@ -62,7 +63,7 @@ def load_and_report(model: nn.Module, source: str, *, strict: bool, trust: bool,
     less than ``MIN_BACKBONE_MATCH`` of the backbone parameters were matched.
     """
     try:
-        report = load_pretrained(model, source, trust=trust)
+        report = load_pretrained_sharded(model, source, trust=trust)  # plain models: load_pretrained
     except (OSError, ValueError) as e:  # not found, unreadable, untrusted pickle, unknown format, bad shape
         msg = (str(e).strip().splitlines() or [type(e).__name__])[0]
         raise ConfigError(f"model.pretrained={source}: {msg}") from None

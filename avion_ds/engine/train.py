@@ -21,7 +21,7 @@ import torch
 
 from avion_ds.config import ConfigError, Recipe, load_recipe, save_recipe
 from avion_ds.engine import checkpoint as ckpt
-from avion_ds.engine import dist
+from avion_ds.engine import dist, elastic
 from avion_ds.engine.accum import poison, step_window
 from avion_ds.engine.ds_config import (
     build_ds_config,
@@ -32,6 +32,7 @@ from avion_ds.engine.ds_config import (
 )
 from avion_ds.engine.evaluate import evaluate_model
 from avion_ds.engine.logging import RunLogger, StepTimer, peak_memory_gib
+from avion_ds.engine.oom import OutOfMemory, explain_from_args
 from avion_ds.engine.losses import total_loss
 from avion_ds.engine.metrics import failed_line
 
@@ -98,14 +99,18 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
-def build_model(recipe: Recipe, pretrained: str | None = None, run_dir: Path | None = None) -> torch.nn.Module:
+def build_model(recipe: Recipe, pretrained: str | None = None, run_dir: Path | None = None,
+                ds_config: dict[str, Any] | None = None) -> torch.nn.Module:
     """The recipe's model through the model package (frames/size follow the data section).
 
-    Weights (``pretrained``, else ``model.pretrained``) load through ``load_and_report``: a summary
-    line on rank 0, ``run_dir/pretrained_report.json``, and the ``model.pretrained_strict`` check.
+    With a ZeRO-3 ``ds_config`` it is built partitioned (``deepspeed.zero.Init``) and the weights
+    are loaded module by module: no rank ever holds the whole model. Weights (``pretrained``, else
+    ``model.pretrained``) load through ``load_and_report``: a summary line on rank 0,
+    ``run_dir/pretrained_report.json``, and the ``model.pretrained_strict`` check.
     """
     from avion_ds.engine.pretrained_report import load_and_report
     from avion_ds.models import create_model
+    from avion_ds.models.sharded_load import build_partitioned
 
     m = recipe.model
     kw: dict[str, Any] = {"num_frames": recipe.data.num_frames, "img_size": recipe.data.size,
@@ -118,7 +123,7 @@ def build_model(recipe: Recipe, pretrained: str | None = None, run_dir: Path | N
         kw["heads"] = dict(m.heads)
     else:
         kw["num_classes"] = m.num_classes
-    model = create_model(m.name, **kw)
+    model = build_partitioned(lambda: create_model(m.name, **kw), ds_config)
     source = pretrained if pretrained is not None else m.pretrained
     if source:
         load_and_report(model, str(source), strict=m.pretrained_strict, trust=m.trust_checkpoint, run_dir=run_dir,
@@ -241,7 +246,10 @@ def run(args: argparse.Namespace) -> int:
         (run_dir / "ds_config.json").write_text(json.dumps(ds_config, indent=2) + "\n")
     ckpt.write_run_identity(run_dir, recipe)
 
-    model = build_model(recipe, run_dir=run_dir)
+    resize = elastic.prepare_resume(run_dir, ds_config) if recipe.checkpoint.resume else None
+    if resize and dist.is_main():
+        print(resize, flush=True)
+    model = build_model(recipe, run_dir=run_dir, ds_config=ds_config)
     seed_everything(recipe.seed + rank)  # per-rank streams for dropout / augmentation
     engine = parallelize(model, recipe, ds_config, steps_per_epoch)
     del model
@@ -411,7 +419,16 @@ def run(args: argparse.Namespace) -> int:
 def main(argv: list[str] | None = None) -> int:
     """Entry point for `avion-ds train` and `launch/train.py`; exits through ``dist.shutdown``."""
     args = parse_args(argv)
-    return dist.run_entry("avion-ds train", lambda: run(args), {ConfigError: 2, NonFiniteLoss: 3})
+    return dist.run_entry("avion-ds train", lambda: _run_explaining_oom(args),
+                          {ConfigError: 2, NonFiniteLoss: 3, OutOfMemory: 1})
+
+
+def _run_explaining_oom(args: argparse.Namespace) -> int:
+    """``run``, with an out-of-memory error turned (once) into the one-line ``OutOfMemory``."""
+    try:
+        return run(args)
+    except torch.OutOfMemoryError as e:
+        raise OutOfMemory(explain_from_args(args, e)) from None
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -30,6 +30,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from .partition import state_shapes
 from .safe_load import UntrustedCheckpoint, load_checkpoint_file
 from .vit import VideoViT
 
@@ -314,13 +315,13 @@ def _as_conv_weight(key: str, w: torch.Tensor, conv_shape: tuple[int, int, int, 
 
 
 def _adapt(sd: StateDict, model: VideoViT, report: LoadReport) -> StateDict:
-    target = model.state_dict()
+    target = state_shapes(model)  # logical shapes, also of ZeRO-3 partitioned parameters
     out: StateDict = {}
     for k, v in sd.items():
         if k not in target:
             out[k] = v  # becomes "unexpected"
             continue
-        want = target[k].shape
+        want = target[k]
         if v.shape == want:
             out[k] = v
         elif k == "patch_embed.proj.weight":
@@ -342,6 +343,16 @@ def _adapt(sd: StateDict, model: VideoViT, report: LoadReport) -> StateDict:
     return out
 
 
+def prepare_state_dict(model: VideoViT, source: str | Path | dict,
+                       trust: bool = False) -> tuple[StateDict, LoadReport]:
+    """Read ``source`` and map / resize it to ``model``'s names and shapes; nothing is loaded yet
+    (shared by ``load_pretrained`` and the ZeRO-3 loader in ``sharded_load``)."""
+    sd = unwrap(read_checkpoint(source, trust))
+    fmt = detect_format(sd)
+    report = LoadReport(format=fmt)
+    return _adapt(FILTERS[fmt](sd, model, report), model, report), report
+
+
 def load_pretrained(model: VideoViT, source: str | Path | dict, strict: bool = False,
                     trust: bool = False) -> LoadReport:
     """Load ``source`` (path, HF directory, or a (wrapped) state dict) into ``model`` in place.
@@ -350,13 +361,17 @@ def load_pretrained(model: VideoViT, source: str | Path | dict, strict: bool = F
     ``trust`` allows full unpickling of a file that pickles more than weights (see ``read_checkpoint``).
     Call before ``deepspeed.initialize`` (ZeRO-3 partitions parameters after that).
     """
-    sd = unwrap(read_checkpoint(source, trust))
-    fmt = detect_format(sd)
-    report = LoadReport(format=fmt)
-    sd = _adapt(FILTERS[fmt](sd, model, report), model, report)
+    sd, report = prepare_state_dict(model, source, trust)
     result = model.load_state_dict(sd, strict=False)
-    report.missing = sorted(result.missing_keys)
-    report.unexpected = sorted(result.unexpected_keys)
+    return finish_report(report, model, source, strict, result.missing_keys, result.unexpected_keys)
+
+
+def finish_report(report: LoadReport, model: VideoViT, source: Any, strict: bool, missing: list[str],
+                  unexpected: list[str]) -> LoadReport:
+    """Record what the load left out, warn about a dropped timm table, raise under ``strict``."""
+    fmt = report.format
+    report.missing = sorted(missing)
+    report.unexpected = sorted(unexpected)
     report.resized.sort()
     report.dropped.sort()
     if fmt == "timm" and model.arch.pos_embed == "sincos" and "pos_embed" in report.unexpected:
