@@ -211,8 +211,10 @@ def serve(name: str, threads: int, fuse: bool, exact: bool, fd: int) -> int:
     in_fd = sys.stdin.fileno()
     load_plugins()
     dec = REGISTRY[name](threads, fuse, exact)
-    if "torch" in sys.modules:
-        sys.modules["torch"].set_num_threads(1)
+    import torch  # backends crop + resize with torchvision: import it before "ready", outside the decode clock
+    from torchvision.transforms.v2 import functional  # noqa: F401
+
+    torch.set_num_threads(1)
     buf = SharedBuffer(fd)
     _send(out_fd, "ready")
     while True:
