@@ -148,7 +148,7 @@ def part_paths(a, work: Path, cfg, entry, csv_path: Path) -> None:
     print(f"default recipe path: data.decoder=auto -> {default.decoder_name}, decode_timeout_s={cfg.decode_timeout_s:g}")
     paths = {"ref  AVION-style (decord get_batch + CPU resized_crop)": lambda i: reference(*reqs[i], S),
              "default recipe (auto + timeout helper)": lambda i: default[i]["frames"]}
-    backends = available_backends()
+    backends = available_backends(cuda=True)  # torchcodec-cuda joins where a GPU exists
     floors, helpers = {}, {}
     for b in backends:
         ds = build_dataset(replace(cfg, decoder=b, decode_timeout_s=0.0), "train")

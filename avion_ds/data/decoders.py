@@ -38,7 +38,8 @@ from .decode_base import (
 from .decode_decord import DecordDecoder
 from .decode_helper import SubprocessDecoder
 from .decode_pyav import PyAVDecoder
-from .decode_torchcodec import TorchCodecCudaDecoder, TorchCodecDecoder, _CropAt
+from .decode_torchcodec import _CropAt  # noqa: F401 - tests patch the crop hook as decoders._CropAt
+from .decode_torchcodec import TorchCodecCudaDecoder, TorchCodecDecoder
 from .errors import DataError
 
 if TYPE_CHECKING:
@@ -51,7 +52,6 @@ __all__ = ["BACKENDS", "PLUGINS_ENV", "DataError", "Decoder", "DecoderUnavailabl
 log = logging.getLogger(__name__)
 _REGISTRY = REGISTRY  # older name, used by datasets and plugins' tests
 _load_plugins = load_plugins
-_CropAt = _CropAt  # tests patch the torchcodec crop hook here
 
 register_backend("decord", DecordDecoder)
 register_backend("torchcodec", TorchCodecDecoder)
