@@ -14,9 +14,9 @@ every path, drawn exactly as the dataset draws them.
   fused B  the dataset with backend B, in-process; "+ helper": the same through the timeout helper
   floor B  backend B decoding only the clip's frames of the chunks, no crop / resize
 
-Paths are timed in ``--repeats`` interleaved rounds (order rotated per round); the table gives
-clips/s, the ratio to the reference, to the backend's own floor, and the helper's cost, followed
-by the targets. Parts: ``paths`` (default), ``scaling`` (DataLoader with 1 and 2 workers),
+Paths are interleaved per clip (clip i through every path, order rotated) for ``--repeats``
+rounds; the table gives clips/s, and the median over clips of the per-clip speed ratio to the
+reference, to the backend's own floor, and the helper's cost, followed by the targets. Parts: ``paths`` (default), ``scaling`` (DataLoader with 1 and 2 workers),
 ``encode`` (x264 settings at equal quality: decode clips/s vs chunk bytes vs PSNR).
 
     python bench/loader.py --workdir /tmp/bench --parts paths,scaling,encode [--pattern mandelbrot]
@@ -29,6 +29,7 @@ import csv
 import math
 import os
 import shutil
+import statistics
 import tempfile
 import time
 from fractions import Fraction
@@ -117,23 +118,33 @@ def reference(parts, box, size: int) -> torch.Tensor:
 
 
 def timed_rounds(paths: dict, n: int, repeats: int) -> dict[str, list[float]]:
-    """clips/s of each path per round; rounds interleave the paths, rotating their order."""
+    """Seconds per clip of each path, summed over ``repeats`` rounds: list indexed by clip.
+
+    Interleaved at the clip level (clip i through every path, the order rotated per clip and round)
+    so that load from other jobs on a shared machine hits every path alike.
+    """
     names = list(paths)
     for name in names:  # warm-up: helper processes, library init, page cache
         paths[name](0)
-    rates: dict[str, list[float]] = {k: [] for k in names}
+    times: dict[str, list[float]] = {k: [0.0] * n for k in names}
     for r in range(repeats):
-        for name in names[r % len(names):] + names[:r % len(names)]:
-            t0 = time.perf_counter()
-            for i in range(n):
+        for i in range(n):
+            k = (i + r) % len(names)
+            for name in names[k:] + names[:k]:
+                t0 = time.perf_counter()
                 paths[name](i)
-            rates[name].append(n / (time.perf_counter() - t0))
-    return rates
+                times[name][i] += time.perf_counter() - t0
+    return times
 
 
-def total_rate(rs: list[float]) -> float:
-    """Clips/s over all rounds (harmonic mean of the per-round rates)."""
-    return len(rs) / sum(1 / r for r in rs)
+def rate(ts: list[float], repeats: int) -> float:
+    """Clips/s over all clips and rounds."""
+    return len(ts) * repeats / sum(ts)
+
+
+def ratio(a: list[float], b: list[float]) -> float:
+    """Speed of ``a`` relative to ``b``: median over clips of time(b) / time(a) (robust to load spikes)."""
+    return statistics.median(tb / ta for ta, tb in zip(a, b, strict=True))
 
 
 def part_paths(a, work: Path, cfg, entry, csv_path: Path) -> None:
@@ -159,6 +170,7 @@ def part_paths(a, work: Path, cfg, entry, csv_path: Path) -> None:
         dec = get_decoder(b, exact=False)
         floors[b] = f"floor {b}: clip frames, no crop"
         paths[floors[b]] = lambda i, dec=dec: [dec.decode(p, loc) for p, loc in reqs[i][0]]
+    load = os.getloadavg()[0]
     # correctness first: every path's frames equal the reference's (crop within 1.5/255 on average)
     for i in range(min(3, a.clips)):
         ref = reference(*reqs[i], S).float()
@@ -167,29 +179,27 @@ def part_paths(a, work: Path, cfg, entry, csv_path: Path) -> None:
                 mad = (fn(i).float() - ref).abs().mean().item()
                 if mad > 1.5:
                     print(f"WARNING: {name} clip {i} differs from the reference by {mad:.2f}/255 on average")
-    rates = timed_rounds(paths, a.clips, a.repeats)
-    ref_rate = total_rate(rates[next(iter(paths))])
+    times = timed_rounds(paths, a.clips, a.repeats)
+    ref = times[next(iter(paths))]
     print(f"\n16-frame training clips/s, 1 process, 1 decoder thread, 1 torch thread, {cfg.num_frames}x{S}x{S}; "
-          f"{a.clips} clips x {a.repeats} interleaved rounds; load average before: {os.getloadavg()[0]:.1f}")
-    print(f"{'path':<58} {'clips/s':>8} {'rounds':>17} {'vs ref':>7} {'vs floor':>9} {'helper':>7}")
-    summary = {}
-    for name, rs in rates.items():
-        v = total_rate(rs)
-        b = next((x for x in backends if name.startswith((f"fused {x}", f"floor {x}"))), None)
+          f"{a.clips} clips x {a.repeats} rounds interleaved per clip; load average before: {load:.1f}, after: "
+          f"{os.getloadavg()[0]:.1f}; ratios = median over clips of per-clip time ratios")
+    print(f"{'path':<58} {'clips/s':>8} {'vs ref':>7} {'vs floor':>9} {'helper':>7}")
+    for name, ts in times.items():
+        b = max((x for x in backends if name.startswith((f"fused {x} ", f"floor {x}:")) or name == f"fused {x}"),
+                key=len, default=None)
         if name.startswith("default"):
             b = default.decoder_name
-        fl = f"{v / total_rate(rates[floors[b]]):8.2f}x" if b in floors else f"{'':9}"
-        hc = ""
-        if name.endswith("timeout helper"):
-            hc = f"{1 - v / total_rate(rates[f'fused {b}']):+7.1%}"
-        summary[name] = v
-        print(f"{name:<58} {v:8.2f} {min(rs):7.2f}..{max(rs):<7.2f} {v / ref_rate:6.2f}x {fl} {hc:>7}")
+        fl = f"{ratio(ts, times[floors[b]]):8.2f}x" if b in floors else f"{'':9}"
+        hc = f"{1 - ratio(ts, times[f'fused {b}']):+7.1%}" if name.endswith("timeout helper") else ""
+        print(f"{name:<58} {rate(ts, a.repeats):8.2f} {ratio(ts, ref):6.2f}x {fl} {hc:>7}")
     d = default.decoder_name
     print("\ntargets (this run):")
-    print(f"  default recipe >= 1.2x reference: {summary['default recipe (auto + timeout helper)'] / ref_rate:.2f}x")
+    print(f"  default recipe >= 1.2x reference: {ratio(times['default recipe (auto + timeout helper)'], ref):.2f}x")
     for b in backends:
-        print(f"  fused {b} >= 0.9x its floor: {summary[f'fused {b}'] / summary[floors[b]]:.2f}x;  timeout helper "
-              f"cost <= 3%: {1 - summary[f'fused {b} + timeout helper'] / summary[f'fused {b}']:+.1%}")
+        fused, helper = times[f"fused {b}"], times[f"fused {b} + timeout helper"]
+        print(f"  fused {b} >= 0.9x its floor: {ratio(fused, times[floors[b]]):.2f}x;  timeout helper "
+              f"cost <= 3%: {1 - ratio(helper, fused):+.1%}")
     print(f"  (the default path runs {d} through the helper)")
     for ds in helpers.values():
         ds.decoder.close()
@@ -277,17 +287,16 @@ def part_encode(a, work: Path, src: Path, cfg, csv_path: Path, entry) -> None:
                 paths[(name, b)] = lambda i, m=remap, dec=dec: [
                     dec.decode(m[p], loc, CropSpec(reqs[i][1], (cfg.size, cfg.size), entry.height, entry.width))
                     for p, loc in reqs[i][0]]
-    rates = timed_rounds(paths, a.clips, a.repeats)
-    base = ENCODE_SETTINGS and next(iter(ENCODE_SETTINGS))
+    times = timed_rounds(paths, a.clips, a.repeats)
+    base = next(iter(ENCODE_SETTINGS))
     b = next(k[1] for k in paths if k[1] != "ref")
     print(f"\nchunk encoding (GOP 16, no B-frames, {len(files)} chunks; PSNR vs lossless chunks, RGB); decode clips/s, "
-          f"{a.clips} clips x {a.repeats} rounds; load average before: {os.getloadavg()[0]:.1f}")
+          f"{a.clips} clips x {a.repeats} rounds interleaved per clip; load average after: {os.getloadavg()[0]:.1f}")
     print(f"{'x264 setting':<30} {'MB':>7} {'bytes':>6} {'PSNR dB':>8} {'ref c/s':>8} {'vs':>6} {b + ' c/s':>15} {'vs':>6}")
-    r0, f0 = total_rate(rates[(base, "ref")]), total_rate(rates[(base, b)])
     for name, (size, psnr, _) in rows.items():
-        r, f = total_rate(rates[(name, "ref")]), total_rate(rates[(name, b)])
-        print(f"{name:<30} {size / 1e6:7.2f} {size / rows[base][0]:5.2f}x {psnr:8.2f} {r:8.2f} {r / r0:5.2f}x {f:15.2f} "
-              f"{f / f0:5.2f}x")
+        r, f = times[(name, "ref")], times[(name, b)]
+        print(f"{name:<30} {size / 1e6:7.2f} {size / rows[base][0]:5.2f}x {psnr:8.2f} {rate(r, a.repeats):8.2f} "
+              f"{ratio(r, times[(base, 'ref')]):5.2f}x {rate(f, a.repeats):15.2f} {ratio(f, times[(base, b)]):5.2f}x")
 
 
 def main(argv: list[str] | None = None) -> int:
