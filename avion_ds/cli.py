@@ -17,12 +17,13 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "eval": ("avion_ds.engine.evaluate", "evaluate a checkpoint; writes metrics JSON"),
     "export": ("avion_ds.engine.export", "consolidate ZeRO shards into one fp32 safetensors file"),
     "plan": ("avion_ds.memory.plan", "pick ZeRO stage / offload / checkpointing / micro-batch for a GPU budget"),
+    "bench-loader": ("avion_ds.data.loader_bench", "clips/s per DataLoader worker and workers needed per GPU"),
 }
 
 
 def _usage() -> str:
     lines = ["usage: avion-ds <command> [options]", "", "commands:"]
-    lines += [f"  {name:<8} {help_}" for name, (_, help_) in COMMANDS.items()]
+    lines += [f"  {name:<12} {help_}" for name, (_, help_) in COMMANDS.items()]
     return "\n".join(lines)
 
 

@@ -57,7 +57,7 @@ class DataConfig:
     sampling: str = "segment"  # segment (TSN, EPIC/AVION) | stride (Kinetics/VideoMAE)
     stride: int = 4
     size: int = 224
-    decoder: str = "decord"  # decord | torchcodec | pyav
+    decoder: str = "auto"  # auto (probe on the first chunk) | decord | torchcodec | pyav | torchcodec-cuda
     decoder_threads: int = 1
     workers: int = 4
     crop_scale: list[float] = field(default_factory=lambda: [0.5, 1.0])
@@ -287,7 +287,7 @@ _CHOICES: dict[str, tuple[str, ...]] = {
     "model.checkpoint_impl": ("torch", "deepspeed"),
     "data.dataset": ("epic", "kinetics"),
     "data.sampling": ("segment", "stride"),
-    "data.decoder": ("decord", "torchcodec", "pyav"),
+    "data.decoder": ("auto", "decord", "torchcodec", "pyav", "torchcodec-cuda"),
     "data.mean_std": ("imagenet", "clip"),
     "data.on_error": ("skip", "raise"),
     "precision": ("auto", "fp32", "bf16", "fp16"),

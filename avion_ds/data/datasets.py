@@ -39,7 +39,7 @@ from .crop import (
     random_resized_crop,
     three_crops,
 )
-from .decoders import _REGISTRY, _load_plugins, get_decoder
+from .decoders import _REGISTRY, _load_plugins, get_decoder, pick_decoder
 from .errors import DataError
 from .manifest import VideoEntry, find_videos, load_manifest, probe_video
 from .sampling import (
@@ -113,12 +113,13 @@ class ClipDataset(Dataset):
         if spatial_views not in (1, 3) or temporal_views < 1:
             raise ValueError(f"temporal_views must be >= 1 and spatial_views 1 or 3, got {temporal_views}, {spatial_views}")
         _load_plugins()
-        if cfg.decoder not in _REGISTRY:
-            raise ValueError(f"data.decoder={cfg.decoder!r} is not one of {', '.join(sorted(_REGISTRY))}")
-        _REGISTRY[cfg.decoder].check_available()  # DecoderUnavailable (clear message) now, not in a worker
+        if cfg.decoder not in _REGISTRY and cfg.decoder != "auto":
+            raise ValueError(f"data.decoder={cfg.decoder!r} is not one of auto, {', '.join(sorted(_REGISTRY))}")
         self.cfg, self.split, self.train = cfg, split, split == "train"
         self.temporal_views, self.spatial_views, self.seed = temporal_views, spatial_views, seed
         self.index = index if index is not None else VideoIndex(cfg.root, cfg.chunked)
+        self.decoder_name = pick_decoder(cfg)[0]  # 'auto': probed here unless the trainer resolved it first
+        _REGISTRY[self.decoder_name].check_available()  # DecoderUnavailable (clear message) now, not in a worker
         self._epoch = _shared_zeros(1)
         self._errors = _shared_zeros(_ERROR_SLOTS)
         self._decoder = None
@@ -156,7 +157,8 @@ class ClipDataset(Dataset):
     @property
     def decoder(self):
         if self._decoder is None:
-            self._decoder = get_decoder(self.cfg.decoder, self.cfg.decoder_threads, self.cfg.decode_timeout_s)
+            self._decoder = get_decoder(self.decoder_name, self.cfg.decoder_threads, self.cfg.decode_timeout_s,
+                                        exact=not self.cfg.chunked)
         return self._decoder
 
     # -- subclasses ---------------------------------------------------------------------------

@@ -220,9 +220,13 @@ def run(args: argparse.Namespace) -> int:
     from deepspeed.accelerator import get_accelerator
 
     from avion_ds.data import DeviceAugment, build_dataset, build_loader
+    from avion_ds.data.decoders import pick_decoder
     from avion_ds.engine.parallelize import parallelize
 
     plan = resolve_batch(recipe, world)
+    # data.decoder=auto: probed once on rank 0, recorded in the run dir so a resume keeps the choice
+    picked = pick_decoder(recipe.data, run_dir, recipe.checkpoint.resume) if dist.is_main() else None
+    recipe.data.decoder, decoder_note = dist.broadcast_object(picked)
     train_set = build_dataset(recipe.data, "train", seed=recipe.seed)
     val_set = build_dataset(recipe.data, "val", temporal_views=recipe.eval.temporal_views,
                             spatial_views=recipe.eval.spatial_views, seed=recipe.seed)
@@ -267,6 +271,7 @@ def run(args: argparse.Namespace) -> int:
              f"{recipe.model.checkpoint_impl if recipe.model.activation_checkpointing else 'off'} | run dir {run_dir}")
     log.info(backends_line(engine.module, recipe, device, dtype))
 
+    log.info(decoder_note)
     start_epoch, start_step, global_step, skipped, bad_samples = 0, 0, 0, 0, 0
     applied_steps, overflow_steps = 0, 0  # optimizer updates applied / skipped by fp16 loss-scale overflow
     pending_rng = None
