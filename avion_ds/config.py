@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import math
 import types
 import typing
 from dataclasses import asdict, dataclass, field
@@ -134,6 +135,7 @@ class Recipe:
     seed: int = 0
     precision: str = "auto"  # auto (from ds_config) | fp32 | bf16 | fp16
     nonfinite: str = "skip"  # skip | stop
+    nonfinite_max_consecutive: int = 20  # under skip: stop (exit 3) after this many non-finite micro-batches in a row
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -253,7 +255,11 @@ def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any
             node = node.setdefault(part, {})
             if not isinstance(node, dict):
                 raise ConfigError(f"override {dotted!r}: {part!r} is not a section")
-        node[parts[-1]] = yaml.safe_load(raw) if raw.strip() else ""
+        try:
+            node[parts[-1]] = yaml.safe_load(raw) if raw.strip() else ""
+        except yaml.YAMLError as e:
+            raise ConfigError(f"--set {dotted.strip()}={raw}: value is not valid YAML "
+                              f"({str(e).splitlines()[0]}); quote strings, write lists as [a, b]") from None
     return data
 
 
@@ -268,8 +274,11 @@ def load_recipe(path: str | Path | None, overrides: list[str] | None = None) -> 
             data = yaml.safe_load(p.read_text()) or {}
         except yaml.YAMLError as e:
             raise ConfigError(f"recipe {p} is not valid YAML: {str(e).splitlines()[0]}") from None
+        if data == {}:
+            raise ConfigError(f"recipe {p} is empty: it needs at least model.name, model.heads or "
+                              "model.num_classes and the data section (see launch/recipes/*.yaml)")
         if not isinstance(data, dict):
-            raise ConfigError(f"recipe {p}: top level must be a mapping")
+            raise ConfigError(f"recipe {p}: top level must be a mapping, got {type(data).__name__}")
     apply_overrides(data, overrides or [])
     return recipe_from_dict(data)
 
@@ -295,9 +304,79 @@ _CHOICES: dict[str, tuple[str, ...]] = {
 }
 
 
+def _float_fields(obj: Any, prefix: str = "") -> list[tuple[str, float]]:
+    """(dotted key, value) of every float (and list-of-float) field, recursively."""
+    out: list[tuple[str, float]] = []
+    for f in dataclasses.fields(obj):
+        v = getattr(obj, f.name)
+        key = f"{prefix}{f.name}"
+        if dataclasses.is_dataclass(v):
+            out += _float_fields(v, key + ".")
+        elif isinstance(v, float):
+            out.append((key, v))
+        elif isinstance(v, list):
+            out += [(f"{key}[{i}]", x) for i, x in enumerate(v) if isinstance(x, float)]
+    return out
+
+
+# key -> (low, high, low inclusive, high inclusive); high None = unbounded
+_RANGES: dict[str, tuple[float | None, float | None, bool, bool]] = {
+    "optim.lr": (0.0, None, False, True),
+    "optim.min_lr": (0.0, None, True, True),
+    "optim.weight_decay": (0.0, None, True, True),
+    "optim.eps": (0.0, None, False, True),
+    "optim.clip_grad": (0.0, None, True, True),
+    "optim.betas[0]": (0.0, 1.0, True, False),
+    "optim.betas[1]": (0.0, 1.0, True, False),
+    "schedule.warmup_epochs": (0.0, None, True, True),
+    "data.workers": (0, None, True, True),
+    "data.decoder_threads": (0, None, True, True),
+    "data.decode_timeout_s": (0.0, None, True, True),
+    "data.hflip": (0.0, 1.0, True, True),
+    "data.mixup": (0.0, None, True, True),
+    "data.cutmix": (0.0, None, True, True),
+    "data.label_smoothing": (0.0, 1.0, True, False),
+    "model.drop_path_rate": (0.0, 1.0, True, False),
+    "model.head_drop_rate": (0.0, 1.0, True, False),
+    "checkpoint.every_steps": (0, None, True, True),
+    "checkpoint.keep_last": (1, None, True, True),
+    "logging.log_every": (1, None, True, True),
+    "eval.every_epochs": (1, None, True, True),
+    "schedule.steps_per_epoch": (1, None, True, True),
+    "nonfinite_max_consecutive": (1, None, True, True),
+}
+
+
+def _allowed(low: float | None, high: float | None, lo_inc: bool, hi_inc: bool) -> str:
+    if high is None:
+        return f"must be {'>=' if lo_inc else '>'} {low:g}"
+    return f"must be in {'[' if lo_inc else '('}{low:g}, {high:g}{']' if hi_inc else ')'}"
+
+
+def _lookup(d: dict[str, Any], dotted: str) -> Any:
+    node: Any = d
+    for part in dotted.replace("[", ".").replace("]", "").split("."):
+        node = node[int(part)] if isinstance(node, list) else node[part]
+    return node
+
+
 def validate(recipe: Recipe) -> None:
-    """Check value ranges and choices once, at start-up."""
+    """Check value ranges and choices once, at start-up; each error names key, value and what is allowed."""
     d = recipe.to_dict()
+    for key, value in _float_fields(recipe):
+        if not math.isfinite(value):
+            raise ConfigError(f"{key}={value} is not a finite number")
+    for key, (low, high, lo_inc, hi_inc) in _RANGES.items():
+        try:
+            value = _lookup(d, key)
+        except (KeyError, IndexError):
+            continue
+        if value is None:
+            continue
+        ok = (value >= low if lo_inc else value > low) and (
+            high is None or (value <= high if hi_inc else value < high))
+        if not ok:
+            raise ConfigError(f"{key}={value} {_allowed(low, high, lo_inc, hi_inc)}")
     for dotted, choices in _CHOICES.items():
         section, _, key = dotted.rpartition(".")
         value = d[section][key] if section else d[key]

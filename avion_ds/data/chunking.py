@@ -342,7 +342,7 @@ def main(argv: list[str] | None = None) -> int:
         s = chunk_videos(a.src, a.dst, a.chunk_seconds, a.short_side or None, a.fps or None, a.gop, a.crf,
                          a.workers, not a.no_progress, a.preset)
     except (OSError, ValueError) as e:
-        print(f"avion-ds chunk: {e}", file=sys.stderr)
+        print(f"avion-ds chunk: error: {e}", file=sys.stderr)
         return 2
     print(s)
     if s.failed:

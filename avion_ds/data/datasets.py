@@ -201,24 +201,49 @@ class ClipDataset(Dataset):
         """A human name for sample ``i`` (annotation id or file), used in reports."""
         return str(i)
 
+    # labels of a placeholder item (deferred errors); subclasses with several heads name them
+    label_heads: tuple[str, ...] | None = None
+    # set by training / evaluation loops: report bad samples in the item instead of logging or raising
+    # here, so the loop names each file once per run across workers and ranks and every rank stops together
+    defer_errors: bool = False
+
+    def _placeholder(self, i: int, message: str) -> dict:
+        """An item of the right shape carrying a fatal error (``on_error: raise`` under ``defer_errors``)."""
+        c, views = self.cfg, self.temporal_views * self.spatial_views
+        shape = (c.num_frames, c.size, c.size, 3)
+        frames = torch.zeros(((views,) if views > 1 else ()) + shape, dtype=torch.uint8)
+        label: Any = {h: 0 for h in self.label_heads} if self.label_heads else 0
+        return {"frames": frames, "label": label, "index": int(i), "skipped": 0, "failed_index": -1,
+                "failed_reason": "", "bad": "", "fatal": message}
+
     def __getitem__(self, i: int) -> dict:
-        skipped, j, first_error = 0, int(i), ""
+        skipped, j, first_error, messages = 0, int(i), "", []
         while True:
             try:
                 item = self._load(j)
                 # the requested index failed and was replaced: eval reports it (never silently dropped)
                 item.update(skipped=skipped, failed_index=int(i) if skipped else -1, failed_reason=first_error)
+                if self.defer_errors:
+                    item.update(bad="\n".join(messages), fatal="")
                 return item
             except DataError as e:
                 if self.cfg.on_error == "raise":
+                    if self.defer_errors:
+                        return self._placeholder(i, str(e))
                     raise
                 first_error = first_error or str(e)
                 self._count_error()
-                log.warning("skipping sample %d: %s", j, e)
+                if self.defer_errors:
+                    messages.append(str(e))
+                else:
+                    log.warning("skipping sample %d: %s", j, e)
                 skipped += 1
                 if skipped >= MAX_CONSECUTIVE_SKIPS:
-                    raise DataError(f"{skipped} bad samples in a row while producing index {i} "
-                                    f"(is data.root right?); last: {e}") from e
+                    err = DataError(f"{skipped} bad samples in a row while producing index {i} "
+                                    f"(is data.root right?); last: {e}")
+                    if self.defer_errors:
+                        return self._placeholder(i, str(err))
+                    raise err from e
                 j = int(clip_rng(self.seed, self.epoch, i, 1000 + skipped).integers(len(self)))
 
 
@@ -246,6 +271,8 @@ def _int(text: str) -> int | None:
 
 class EpicDataset(ClipDataset):
     """EPIC-Kitchens-100 action segments (official CSV columns); label = {"verb", "noun"}."""
+
+    label_heads = ("verb", "noun")
 
     def __init__(self, cfg: DataConfig, split: str, temporal_views: int = 1, spatial_views: int = 1,
                  seed: int = 0, index: VideoIndex | None = None) -> None:
@@ -338,6 +365,23 @@ class KineticsDataset(ClipDataset):
             raise DataError(f"{self.list_path}:{line}: bad label {lab!r} for {rel}")
         entry = self.index.by_path(rel)
         return entry, 0, entry.num_frames, label
+
+
+def read_annotations(cfg: DataConfig, split: str) -> tuple[int, int | dict[str, int]]:
+    """(rows, classes seen) of ``split``'s annotation file without opening a video (start-up checks).
+
+    Raises ValueError / FileNotFoundError naming the file (missing column, empty list).
+    """
+    path = cfg.train_csv if split == "train" else cfg.val_csv
+    if cfg.dataset == "epic":
+        _, rows = _open_csv(path, EPIC_REQUIRED)
+        if not rows:
+            raise ValueError(f"{path}: no annotation rows")
+        top = {h: max((v for _, r in rows if (v := _int(r[f"{h}_class"])) is not None), default=-1) + 1
+               for h in ("verb", "noun")}
+        return len(rows), top
+    _, items = read_video_list(path)
+    return len(items), max((x for _, _, lab in items if (x := _int(lab)) is not None), default=-1) + 1
 
 
 def build_dataset(cfg: DataConfig, split: str, temporal_views: int = 1, spatial_views: int = 1,

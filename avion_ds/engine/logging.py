@@ -9,6 +9,7 @@ TensorBoard tags (also listed in the README):
 from __future__ import annotations
 
 import json
+import os
 import resource
 import sys
 import time
@@ -25,12 +26,30 @@ def peak_memory_gib() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # KiB on Linux
 
 
+def progress(iterable: Any = None, desc: str = "", total: int | None = None, unit: str = "batch") -> Any:
+    """A tqdm bar on rank 0 when stderr is a terminal, a silent pass-through otherwise (logs, CI, other ranks)."""
+    from tqdm import tqdm
+
+    from avion_ds.engine import dist
+
+    return tqdm(iterable, desc=desc, total=total, unit=unit, file=sys.stderr, dynamic_ncols=True, mininterval=1.0,
+                leave=False, disable=not (dist.is_main() and sys.stderr.isatty()))
+
+
 def _fmt(v: Any) -> str:
     if isinstance(v, float):
         if v == 0.0:
             return "0"
         return f"{v:.3e}" if abs(v) < 1e-2 or abs(v) >= 1e4 else f"{v:.4g}"
     return str(v)
+
+
+def _row_step(line: str) -> float:
+    """A history row's step; a torn line (killed mid-write) counts as past every step."""
+    try:
+        return float(json.loads(line)["step"])
+    except (ValueError, KeyError, TypeError):
+        return float("inf")
 
 
 class RunLogger:
@@ -53,6 +72,18 @@ class RunLogger:
             from torch.utils.tensorboard import SummaryWriter
 
             self.writer = SummaryWriter(str(run_dir / "tb"))
+
+    def truncate_history(self, step: int) -> None:
+        """Drop history rows past ``step`` (a resumed run writes those steps again); rank 0."""
+        if self.history is None:
+            return
+        path = Path(self.history.name)
+        self.history.close()
+        keep = [ln for ln in path.read_text().splitlines(keepends=True) if _row_step(ln) <= step]
+        tmp = path.with_name(path.name + ".tmp")
+        tmp.write_text("".join(keep))
+        os.replace(tmp, path)
+        self.history = open(path, "a", buffering=1)
 
     def info(self, msg: str) -> None:
         """One console line (through tqdm so it does not break the bar)."""

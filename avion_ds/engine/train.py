@@ -18,16 +18,22 @@ from typing import Any
 
 import numpy as np
 import torch
+import yaml
 
 from avion_ds.config import ConfigError, Recipe, load_recipe, save_recipe
+from avion_ds.data.errors import DataError
 from avion_ds.engine import checkpoint as ckpt
 from avion_ds.engine import dist, elastic
 from avion_ds.engine.accum import poison, step_window
+from avion_ds.engine.bad_input import BadInputLog, batch_messages
 from avion_ds.engine.ds_config import (
+    BatchPlan,
+    accelerator_name,
     build_ds_config,
     load_user_config,
     precision_of,
     resolve_batch,
+    validate_with_deepspeed,
     zero_stage,
 )
 from avion_ds.engine.evaluate import evaluate_model
@@ -42,7 +48,9 @@ class NonFiniteLoss(RuntimeError):
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="avion-ds train", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="avion-ds train", description=__doc__.splitlines()[0],
+                                epilog="exit codes: 0 done, 1 failure (traceback), 2 bad input (one line), "
+                                       "3 non-finite loss/weights stop")
     p.add_argument("--config", required=True, help="YAML recipe (launch/recipes/*.yaml)")
     p.add_argument("--deepspeed_config", "--deepspeed-config", default="ds_configs/zero2.json",
                    help="DeepSpeed JSON (ds_configs/*.json); 'auto' values are filled from the recipe")
@@ -54,6 +62,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--local_rank", "--local-rank", type=int, default=None, help="injected by the deepspeed launcher")
     p.add_argument("--exit-after-steps", type=int, default=None,
                    help="stop cleanly after this many optimizer steps in total (preemption drills, tests)")
+    p.add_argument("--dry-run", action="store_true",
+                   help="run every start-up check, print the resolved recipe and DeepSpeed config, exit 0")
+    p.add_argument("--resume-from", default=None, metavar="TAG|none",
+                   help="resume from this checkpoint tag of output_dir (e.g. step_00000120), or 'none' to start "
+                        "fresh; default: the newest complete checkpoint (checkpoint.resume)")
+    p.add_argument("--finetune-from", default=None, metavar="FILE",
+                   help="initialise the model from these weights (any format model.pretrained reads: VideoMAE, "
+                        "Hugging Face, timm, an avion-ds export); same as --set model.pretrained=FILE")
     args = p.parse_args(argv)
     if args.trust_checkpoint:
         args.overrides.append("model.trust_checkpoint=true")
@@ -78,15 +94,62 @@ def check_data_paths(recipe: Recipe, need_train: bool = True) -> None:
             raise ConfigError(f"{key}: {kind} not found: {path}")
 
 
+def optimizer_steps_per_epoch(micro_batches: int, clips: int, recipe: Recipe, plan: BatchPlan) -> int:
+    """Optimizer steps per epoch from the micro-batches one rank sees (capped by schedule.steps_per_epoch)."""
+    steps = micro_batches // plan.grad_accum
+    if recipe.schedule.steps_per_epoch:
+        steps = min(steps, recipe.schedule.steps_per_epoch)
+    if steps <= 0:
+        raise ConfigError(f"data.train_csv has {clips} clips: fewer than one optimizer step of {plan.global_batch} "
+                          f"(micro {plan.micro_batch} x accum {plan.grad_accum} x world {plan.world_size})")
+    return steps
+
+
+def _recipe_overrides(args: argparse.Namespace) -> list[str]:
+    """--set overrides plus what --finetune-from / --resume-from none imply."""
+    extra = []
+    if args.finetune_from is not None:
+        if not Path(args.finetune_from).exists():
+            raise ConfigError(f"--finetune-from {args.finetune_from}: file not found")
+        extra.append(f"model.pretrained={json.dumps(str(args.finetune_from))}")
+    if args.resume_from is not None:  # a tag resumes even where the recipe says checkpoint.resume: false
+        extra.append(f"checkpoint.resume={'false' if args.resume_from.lower() == 'none' else 'true'}")
+    return [*args.overrides, *extra]
+
+
 def preflight(args: argparse.Namespace) -> tuple[Recipe, dict[str, Any]]:
-    """Load and validate recipe, DeepSpeed JSON, batch arithmetic and run dir; no side effects."""
-    recipe = load_recipe(args.config, args.overrides)
+    """Validate everything that can fail cheaply; no process group, worker, dataset or real model.
+
+    Recipe keys and ranges, data paths, chunk manifest, annotation headers and labels vs heads, model
+    name + geometry (built on the meta device), attention backend and precision vs this machine,
+    DeepSpeed JSON (unknown keys, section types, DeepSpeed's own config model), batch arithmetic,
+    output_dir, run-dir identity, --resume-from tag.
+    """
+    from avion_ds.engine import preflight as pf
+
+    recipe = load_recipe(args.config, _recipe_overrides(args))
+    pf.check_output_dir(recipe)
     check_data_paths(recipe)
+    pf.check_heads(recipe)
+    summary = pf.check_model(recipe)
+    rows = pf.check_data_layout(recipe)
     user_ds = load_user_config(args.deepspeed_config)
     world = dist.env_world_size()
-    resolve_batch(recipe, world)
-    build_ds_config(user_ds, recipe, world, steps_per_epoch=1)  # every conflict surfaces now
+    plan = resolve_batch(recipe, world)
+    steps = optimizer_steps_per_epoch(rows["train"] // world // plan.micro_batch, rows["train"], recipe, plan)
+    ds_config = build_ds_config(user_ds, recipe, world, steps_per_epoch=steps)  # every conflict surfaces now
+    validate_with_deepspeed(ds_config)
+    pf.check_runtime(recipe, precision_of(ds_config), accelerator_name())
     ckpt.check_run_identity(recipe.output_dir, recipe)
+    if args.resume_from is not None and args.resume_from.lower() != "none":
+        ckpt.check_tag(recipe.output_dir, args.resume_from)
+    if args.dry_run:
+        print(f"# avion-ds train --dry-run: all checks passed | {summary.name} {summary.params / 1e6:.2f}M params, "
+              f"{summary.gflops:.1f} GFLOPs/clip, token grid {summary.grid} | world {world} | {steps} steps/epoch")
+        print("# resolved recipe")
+        print(yaml.safe_dump(recipe.to_dict(), sort_keys=False), end="")
+        print("# DeepSpeed config")
+        print(json.dumps(ds_config, indent=2))
     return recipe, user_ds
 
 
@@ -108,21 +171,13 @@ def build_model(recipe: Recipe, pretrained: str | None = None, run_dir: Path | N
     ``model.pretrained``) load through ``load_and_report``: a summary line on rank 0,
     ``run_dir/pretrained_report.json``, and the ``model.pretrained_strict`` check.
     """
+    from avion_ds.engine.preflight import model_kwargs
     from avion_ds.engine.pretrained_report import load_and_report
     from avion_ds.models import create_model
     from avion_ds.models.sharded_load import build_partitioned
 
     m = recipe.model
-    kw: dict[str, Any] = {"num_frames": recipe.data.num_frames, "img_size": recipe.data.size,
-                              "drop_path_rate": m.drop_path_rate, "head_drop_rate": m.head_drop_rate,
-                              "attn_backend": m.attn_backend, "patch_embed": m.patch_embed, "pool": m.pool,
-                              "pos_embed": m.pos_embed}
-    if m.tubelet_size is not None:
-        kw["tubelet_size"] = m.tubelet_size
-    if m.heads is not None:
-        kw["heads"] = dict(m.heads)
-    else:
-        kw["num_classes"] = m.num_classes
+    kw = model_kwargs(recipe)
     model = build_partitioned(lambda: create_model(m.name, **kw), ds_config)
     source = pretrained if pretrained is not None else m.pretrained
     if source:
@@ -213,6 +268,8 @@ def zero0_grad_norm(engine: Any, loss_scale: float | None = None) -> float | Non
 # ---------------------------------------------------------------------------------------------
 def run(args: argparse.Namespace) -> int:
     recipe, user_ds = preflight(args)
+    if args.dry_run:
+        return 0
     rank, world, _ = dist.init()
     seed_everything(recipe.seed)
     run_dir = Path(recipe.output_dir)
@@ -230,18 +287,14 @@ def run(args: argparse.Namespace) -> int:
     train_set = build_dataset(recipe.data, "train", seed=recipe.seed)
     val_set = build_dataset(recipe.data, "val", temporal_views=recipe.eval.temporal_views,
                             spatial_views=recipe.eval.spatial_views, seed=recipe.seed)
+    for ds in (train_set, val_set):
+        ds.defer_errors = True  # bad samples reported through the loop (named once, fatal on every rank)
     train_loader = build_loader(train_set, plan.micro_batch, recipe.data.workers, shuffle=True, seed=recipe.seed,
                                 drop_last=True, distributed=True)
     eval_bs = recipe.eval.batch_size or plan.micro_batch
     val_loader = build_loader(val_set, eval_bs, recipe.data.workers, shuffle=False, seed=recipe.seed,
                               drop_last=False, distributed=True)
-    micro_per_epoch = len(train_loader)
-    steps_per_epoch = micro_per_epoch // plan.grad_accum
-    if recipe.schedule.steps_per_epoch:
-        steps_per_epoch = min(steps_per_epoch, recipe.schedule.steps_per_epoch)
-    if steps_per_epoch <= 0:
-        raise ConfigError(f"train split has {len(train_set)} clips: fewer than one optimizer step of "
-                          f"{plan.global_batch} (micro {plan.micro_batch} x accum {plan.grad_accum} x world {world})")
+    steps_per_epoch = optimizer_steps_per_epoch(len(train_loader), len(train_set), recipe, plan)
 
     ds_config = build_ds_config(user_ds, recipe, world, steps_per_epoch)
     if dist.is_main():
@@ -272,11 +325,13 @@ def run(args: argparse.Namespace) -> int:
     log.info(backends_line(engine.module, recipe, device, dtype))
 
     log.info(decoder_note)
-    start_epoch, start_step, global_step, skipped, bad_samples = 0, 0, 0, 0, 0
+    start_epoch, start_step, global_step, skipped, bad_samples, consecutive = 0, 0, 0, 0, 0, 0
     applied_steps, overflow_steps = 0, 0  # optimizer updates applied / skipped by fp16 loss-scale overflow
     pending_rng = None
+    bad_log = BadInputLog(log.info)
+    resume_tag = args.resume_from if args.resume_from and args.resume_from.lower() != "none" else None
     if recipe.checkpoint.resume:
-        client = ckpt.load_latest(engine, run_dir)
+        client = ckpt.load_latest(engine, run_dir, resume_tag)
         if client is not None:
             start_epoch, start_step = int(client["epoch"]), int(client["step_in_epoch"])
             global_step, skipped = int(client["global_step"]), int(client.get("skipped", 0))
@@ -288,6 +343,7 @@ def run(args: argparse.Namespace) -> int:
                 engine.lr_scheduler.load_state_dict(client["scheduler"])
             log.info(f"resumed from {client['tag']}: epoch {start_epoch}, step {start_step} in epoch, "
                      f"global step {global_step}")
+    log.truncate_history(global_step)  # rows past the resumed step would be written again
 
     sched = engine.lr_scheduler
 
@@ -333,19 +389,30 @@ def run(args: argparse.Namespace) -> int:
             timer.mark_data()
             out = engine(x.to(dtype))
             loss, parts = total_loss(out, targets, smoothing)
-            # one collective for the loss and the count of bad input samples the loader skipped
+            # one collective for the loss, the count of bad input samples the loader skipped and fatal input errors
+            bad_msgs, fatal_msgs = batch_messages(batch)
             bad_here = float(batch["skipped"].sum()) if "skipped" in batch else 0.0
-            reduced = dist.all_reduce_sum(torch.stack([loss.detach().float(), loss.new_tensor(bad_here).float()]))
+            reduced = dist.all_reduce_sum(torch.stack([loss.detach().float(), loss.new_tensor(bad_here).float(),
+                                                       loss.new_tensor(float(len(fatal_msgs))).float()]))
             loss_sum, bad_samples = reduced[:1], bad_samples + int(reduced[1])
             bad_now = not torch.isfinite(loss_sum).all()  # the same verdict on every rank (all-reduced)
+            if int(reduced[1]) or int(reduced[2]):  # rare: name new bad files once, stop every rank on a fatal one
+                bad_log.exchange(bad_msgs, fatal_msgs)
             if bad_now:
                 if recipe.nonfinite == "stop":
                     raise NonFiniteLoss(f"non-finite loss at global step {global_step + 1} (epoch {epoch}, "
                                         f"step {step_in_epoch + 1} of the epoch); stopping, nothing saved")
                 skipped += 1
                 window_bad = True
+                consecutive += 1
                 log.info(f"non-finite loss at global step {global_step + 1}: its whole accumulation window "
                          f"({plan.grad_accum} micro-batch(es)) is skipped on every rank ({skipped} so far)")
+                if consecutive >= recipe.nonfinite_max_consecutive:
+                    raise NonFiniteLoss(f"{consecutive} non-finite micro-batches in a row (nonfinite_max_consecutive="
+                                        f"{recipe.nonfinite_max_consecutive}) at global step {global_step + 1}; "
+                                        "stopping, nothing saved")
+            else:
+                consecutive = 0
             boundary = engine.is_gradient_accumulation_boundary()
             step_lr = max(g["lr"] for g in engine.optimizer.param_groups)  # the lr this step uses
             scale = _float(engine._get_optimizer_loss_scale()) if precision == "fp16" else None  # before step()
@@ -402,7 +469,7 @@ def run(args: argparse.Namespace) -> int:
         last = epoch + 1 == recipe.schedule.epochs
         if (epoch + 1) % max(1, recipe.eval.every_epochs) == 0 or last:
             metrics, _, failed = evaluate_model(engine, val_loader, eval_aug, recipe.eval.temporal_views
-                                                * recipe.eval.spatial_views, device, dtype)
+                                                * recipe.eval.spatial_views, device, dtype, bad_log=bad_log)
             if failed:
                 log.info(failed_line(failed))
             log.eval(epoch, global_step, metrics)
@@ -425,7 +492,7 @@ def main(argv: list[str] | None = None) -> int:
     """Entry point for `avion-ds train` and `launch/train.py`; exits through ``dist.shutdown``."""
     args = parse_args(argv)
     return dist.run_entry("avion-ds train", lambda: _run_explaining_oom(args),
-                          {ConfigError: 2, NonFiniteLoss: 3, OutOfMemory: 1})
+                          {ConfigError: 2, DataError: 2, NonFiniteLoss: 3, ckpt.NonFiniteWeights: 3, OutOfMemory: 1})
 
 
 def _run_explaining_oom(args: argparse.Namespace) -> int:

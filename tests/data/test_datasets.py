@@ -243,3 +243,30 @@ def test_other_backends_in_dataset(decoder, epic_cfg) -> None:
     a = build_dataset(replace(epic_cfg, decoder=decoder), "val")[2]["frames"]
     b = build_dataset(epic_cfg, "val")[2]["frames"]
     assert a.shape == b.shape and (a.float() - b.float()).abs().mean() < 8.0
+
+
+def test_deferred_errors_travel_in_the_item(epic_copy, epic_raw, tmp_path, caplog) -> None:
+    """defer_errors (train/eval loops): skipped samples' messages ride in ``bad`` instead of a worker log
+    line; under on_error=raise a placeholder of the right shape carries the message in ``fatal``."""
+    import torch
+
+    root, cfg = epic_copy
+    row, reason = _damage("zero_byte", root, epic_raw, tmp_path)
+    good = _good_row(epic_raw)
+    good["start_timestamp"], good["stop_timestamp"] = "00:00:06.10", "00:00:07.90"
+    csv_path = tmp_path / "rows.csv"
+    _write_rows(csv_path, [row, good])
+    cfg = replace(cfg, train_csv=str(csv_path), val_csv="")
+    ds = build_dataset(cfg, "train")
+    ds.defer_errors = True
+    with caplog.at_level(logging.WARNING, logger="avion_ds.data.datasets"):
+        item = ds[0]
+    assert not caplog.records and item["fatal"] == "" and item["skipped"] >= 1
+    assert reason in item["bad"] and len(item["bad"].splitlines()) == item["skipped"]
+
+    strict = build_dataset(replace(cfg, on_error="raise"), "train")
+    strict.defer_errors = True
+    placeholder, real = strict[0], strict[1]
+    assert reason in placeholder["fatal"] and real["fatal"] == ""
+    assert placeholder["frames"].shape == real["frames"].shape and placeholder["frames"].dtype == torch.uint8
+    assert set(placeholder["label"]) == {"verb", "noun"}

@@ -69,8 +69,9 @@ def tiny_epic(tmp_path_factory: pytest.TempPathFactory) -> dict:
             "num_train": info["num_train"], "num_val": info["num_val"]}
 
 
-def write_recipe(path: Path, data: dict, output_dir: Path, **sections: dict) -> Path:
-    """A tiny EPIC recipe for vit_test_tiny over ``data`` (fp32, no random augmentation)."""
+def write_recipe(path: Path, data: dict, output_dir: Path, /, **sections: dict) -> Path:
+    """A tiny EPIC recipe for vit_test_tiny over ``data`` (fp32, no random augmentation); ``sections``
+    update the recipe's sections (``data={...}`` included)."""
     recipe = {
         "model": {"name": "vit_test_tiny", "heads": {"verb": 4, "noun": 3}, "drop_path_rate": 0.1,
                   "activation_checkpointing": True},

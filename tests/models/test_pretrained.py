@@ -79,12 +79,13 @@ def test_hf_videomae_state_dict_roundtrip(tmp_path):
 
 
 @torch.no_grad()
-def test_hf_bin_with_query_value_bias_names(tmp_path):
+def test_hf_bin_with_transformers4_q_v_bias_names(tmp_path):
+    """to_hf writes transformers 5's query.bias / value.bias; 4.x checkpoints say q_bias / v_bias."""
     src = _src()
     sd = {}
     for k, v in to_hf(src).items():
-        k = k.replace("attention.attention.q_bias", "attention.attention.query.bias")
-        sd[k.replace("attention.attention.v_bias", "attention.attention.value.bias")] = v
+        k = k.replace("attention.attention.query.bias", "attention.attention.q_bias")
+        sd[k.replace("attention.attention.value.bias", "attention.attention.v_bias")] = v
     torch.save(sd, tmp_path / "pytorch_model.bin")
     dst = _fresh()
     load_pretrained(dst, tmp_path / "pytorch_model.bin", strict=True)
