@@ -35,12 +35,14 @@ from .crop import (
     CropSpec,
     center_crop,
     clip_rng,
+    crop_resize,
     random_resized_crop,
     three_crops,
 )
 from .decoders import _REGISTRY, _load_plugins, get_decoder
 from .errors import DataError
-from .manifest import VideoEntry, find_videos, load_manifest, probe_video
+from .manifest import VideoEntry, check_chunk_file, find_videos, load_manifest, probe_video
+from .quarantine import quarantine_path, read_quarantine, row_key
 from .sampling import (
     map_to_chunks,
     parse_timestamp,
@@ -84,17 +86,37 @@ class VideoIndex:
             if video_id not in self.videos:
                 raise DataError(f"unknown video_id {video_id!r} (not in {self.root / 'manifest.jsonl'})")
             return self.videos[video_id]
-        if self._by_stem is None:
-            self._by_stem = {p.stem: p for p in find_videos(self.root)} if self.root.is_dir() else {}
-        if video_id not in self._by_stem:
+        if video_id not in self._stems():
             raise DataError(f"unknown video_id {video_id!r} (no video file with that name under {self.root})")
         return self._whole(self._by_stem[video_id], video_id)
+
+    def _stems(self) -> dict[str, Path]:
+        if self._by_stem is None:
+            self._by_stem = {p.stem: p for p in find_videos(self.root)} if self.root.is_dir() else {}
+        return self._by_stem
+
+    def _file(self, rel: str) -> Path:
+        return Path(rel) if os.path.isabs(rel) else self.root / rel
+
+    def exists(self, ref: str, by_path: bool = False) -> bool:
+        """Cheap presence check, no probing: a manifest id, a file stem under root, or a file path."""
+        if self.chunked:
+            return (Path(ref).stem if by_path else ref) in self.videos
+        return self._file(ref).is_file() if by_path else ref in self._stems()
+
+    def relative_files(self, ref: str, by_path: bool = False) -> list[str]:
+        """The files (relative to root) that video ``ref`` reads: its chunks, or the whole video."""
+        if self.chunked:
+            entry = self.videos[Path(ref).stem if by_path else ref]
+            return [os.path.relpath(c.path, self.root) for c in entry.chunks]
+        path = self._file(ref) if by_path else self._stems()[ref]
+        return [os.path.relpath(path, self.root)]
 
     def by_path(self, rel: str) -> VideoEntry:
         """Kinetics lookup: chunked -> manifest id = file stem; whole -> the file under root."""
         if self.chunked:
             return self.by_id(Path(rel).stem)
-        path = Path(rel) if os.path.isabs(rel) else self.root / rel
+        path = self._file(rel)
         return self._whole(path, str(path))
 
 
@@ -121,6 +143,14 @@ class ClipDataset(Dataset):
         self._epoch = _shared_zeros(1)
         self._errors = _shared_zeros(_ERROR_SLOTS)
         self._decoder = None
+        self.missing: list[str] = []  # annotation rows dropped up front: video not found
+        self.quarantined: list[str] = []  # annotation rows dropped up front: named by quarantine.tsv
+        self._quarantine = read_quarantine(quarantine_path(cfg.root, cfg.quarantine))
+        self.randaug = None
+        if self.train and cfg.rand_aug:
+            from .randaug import ClipRandAugment
+
+            self.randaug = ClipRandAugment(cfg.rand_aug, cfg.size, cfg.interpolation)
 
     def _split_file(self) -> str:
         key = "train_csv" if self.train else "val_csv"
@@ -163,6 +193,60 @@ class ClipDataset(Dataset):
         """(video, first frame, end frame (exclusive), label) of sample ``i``; DataError if bad."""
         raise NotImplementedError
 
+    def _row_ref(self, i: int) -> tuple[str, bool]:
+        """(video reference, is it a path) of row ``i``: cheap, no probing."""
+        raise NotImplementedError
+
+    def _row_where(self, i: int) -> tuple[Path, int]:
+        """(annotation file, line) of row ``i``."""
+        raise NotImplementedError
+
+    def row_name(self, i: int) -> str:
+        """A human name of row ``i`` (narration id, video path, ...), for reports."""
+        raise NotImplementedError
+
+    # -- up-front row filtering -----------------------------------------------------------------
+    def _quarantine_reason(self, i: int, ref: str, by_path: bool) -> str | None:
+        path, line = self._row_where(i)
+        key = row_key(path, line)
+        if key in self._quarantine:
+            return self._quarantine[key]
+        bad = [f for f in self.index.relative_files(ref, by_path) if f in self._quarantine]
+        if bad and self.index.chunked:  # only the chunks this row's clip can read
+            try:
+                entry, start, end, _ = self._sample(i)
+            except DataError as e:
+                return str(e)
+            touched = {os.path.relpath(c.path, self.index.root) for c in entry.chunks
+                       if c.start_frame < end and c.start_frame + c.frames > start}
+            bad = [f for f in bad if f in touched]
+        return "; ".join(f"{f}: {self._quarantine[f]}" for f in bad) or None
+
+    def _prune(self) -> None:
+        """Drop rows whose video is absent or that quarantine.tsv names, before any epoch (listed, logged)."""
+        keep = []
+        for i, row in enumerate(self.rows):
+            ref, by_path = self._row_ref(i)
+            path, line = self._row_where(i)
+            where = f"{path}:{line} ({self.row_name(i)})"
+            if not self.index.exists(ref, by_path):
+                self.missing.append(f"{where}: video {ref!r} not found under {self.index.root}")
+                continue
+            reason = self._quarantine_reason(i, ref, by_path) if self._quarantine else None
+            if reason:
+                self.quarantined.append(f"{where}: {reason}")
+                continue
+            keep.append(row)
+        total = len(self.rows)
+        self.rows = keep
+        if self.missing or self.quarantined:
+            log.warning("%s split: %d of %d annotation rows usable; %d missing videos, %d quarantined; first: %s",
+                        self.split, len(keep), total, len(self.missing), len(self.quarantined),
+                        (self.missing + self.quarantined)[0])
+        if not keep:
+            raise ValueError(f"{path}: none of its {total} rows is usable ({len(self.missing)} missing videos, "
+                             f"{len(self.quarantined)} quarantined); is data.root={self.index.root} right?")
+
     # -- clips --------------------------------------------------------------------------------
     def _indices(self, start: int, end: int, rng, view: int) -> list[int]:
         c = self.cfg
@@ -178,19 +262,39 @@ class ClipDataset(Dataset):
             return [random_resized_crop(h, w, scale, ratio, rng) for _ in range(self.spatial_views)]
         return [center_crop(h, w)] if self.spatial_views == 1 else three_crops(h, w)
 
-    def _clip(self, entry: VideoEntry, indices: list[int], box: CropBox) -> torch.Tensor:
-        spec = CropSpec(box, (self.cfg.size, self.cfg.size), entry.height, entry.width)
+    def _clip(self, entry: VideoEntry, indices: list[int], box: CropBox | None) -> torch.Tensor:
+        """Frames ``indices`` cropped to ``box`` and resized to size (``box=None``: whole frames, no resize)."""
+        for k in sorted({entry.locate(i)[0] for i in indices}):
+            problem = check_chunk_file(entry.chunks[k])
+            if problem:
+                raise DataError(problem)
+        size = (self.cfg.size, self.cfg.size)
+        fused = self.cfg.interpolation == "bilinear" and box is not None  # decoders resize bilinearly
+        spec = CropSpec(box, size if fused else None, entry.height, entry.width)
         parts = [self.decoder.decode(path, local, spec) for path, local in map_to_chunks(indices, entry)]
-        return parts[0] if len(parts) == 1 else torch.cat(parts)
+        frames = parts[0] if len(parts) == 1 else torch.cat(parts)
+        if box is not None and not fused:
+            frames = crop_resize(frames, None, size, self.cfg.interpolation)
+        return frames
+
+    def _augment(self, frames: torch.Tensor, rng) -> torch.Tensor:
+        return frames if self.randaug is None else self.randaug(frames, int(rng.integers(2**31)))
 
     def _load(self, i: int) -> dict:
         entry, start, end, label = self._sample(i)
         views = []
-        for t in range(self.temporal_views):
+        if self.train and self.cfg.num_sample > 1:  # repeated augmentation: decode once, augment num_sample times
+            rng = clip_rng(self.seed, self.epoch, i, 0)
+            full = self._clip(entry, self._indices(start, end, rng, 0), None)
+            h, w = full.shape[1:3]
+            for _ in range(self.cfg.num_sample):
+                box = self._boxes(h, w, rng)[0]
+                views.append(self._augment(crop_resize(full, box, (self.cfg.size,) * 2, self.cfg.interpolation), rng))
+        for t in range(self.temporal_views if not views else 0):
             rng = clip_rng(self.seed, self.epoch, i, t)
             indices = self._indices(start, end, rng, t)
             for box in self._boxes(entry.height, entry.width, rng):
-                views.append(self._clip(entry, indices, box))
+                views.append(self._augment(self._clip(entry, indices, box), rng))
         frames = views[0] if len(views) == 1 else torch.stack(views)
         return {"frames": frames, "label": label, "index": i}
 
@@ -213,7 +317,8 @@ class ClipDataset(Dataset):
                 j = int(clip_rng(self.seed, self.epoch, i, 1000 + skipped).integers(len(self)))
 
 
-def _open_csv(path: str | Path, required: tuple[str, ...]) -> tuple[Path, list[tuple[int, dict]]]:
+def open_csv(path: str | Path, required: tuple[str, ...]) -> tuple[Path, list[tuple[int, dict]]]:
+    """DictReader rows [(line, row)] with stripped keys/values; ValueError naming missing columns."""
     path = Path(path)
     if not str(path) or not path.is_file():
         raise FileNotFoundError(f"annotation file not found: {path}")
@@ -228,7 +333,8 @@ def _open_csv(path: str | Path, required: tuple[str, ...]) -> tuple[Path, list[t
     return path, rows
 
 
-def _int(text: str) -> int | None:
+def parse_int(text: str) -> int | None:
+    """int(float(text)), or None when it is not a number."""
     try:
         return int(float(text))
     except (TypeError, ValueError):
@@ -241,20 +347,30 @@ class EpicDataset(ClipDataset):
     def __init__(self, cfg: DataConfig, split: str, temporal_views: int = 1, spatial_views: int = 1,
                  seed: int = 0, index: VideoIndex | None = None) -> None:
         super().__init__(cfg, split, temporal_views, spatial_views, seed, index)
-        self.csv, self.rows = _open_csv(self._split_file(), EPIC_REQUIRED)
+        self.csv, self.rows = open_csv(self._split_file(), EPIC_REQUIRED)
         if not self.rows:
             raise ValueError(f"{self.csv}: no annotation rows")
         verbs, nouns = [], []
         for p in {cfg.train_csv, cfg.val_csv} - {""}:
             if Path(p).is_file():
-                for _, r in _open_csv(p, EPIC_REQUIRED)[1]:
-                    verbs.append(_int(r["verb_class"]))
-                    nouns.append(_int(r["noun_class"]))
+                for _, r in open_csv(p, EPIC_REQUIRED)[1]:
+                    verbs.append(parse_int(r["verb_class"]))
+                    nouns.append(parse_int(r["noun_class"]))
         self.num_classes = {"verb": max((v for v in verbs if v is not None), default=-1) + 1,
                             "noun": max((n for n in nouns if n is not None), default=-1) + 1}
+        self._prune()
 
     def __len__(self) -> int:
         return len(self.rows)
+
+    def _row_ref(self, i: int) -> tuple[str, bool]:
+        return self.rows[i][1]["video_id"], False
+
+    def _row_where(self, i: int) -> tuple[Path, int]:
+        return self.csv, self.rows[i][0]
+
+    def row_name(self, i: int) -> str:
+        return self.rows[i][1]["narration_id"]
 
     def _sample(self, i: int) -> tuple[VideoEntry, int, int, Any]:
         line, r = self.rows[i]
@@ -265,7 +381,7 @@ class EpicDataset(ClipDataset):
             raise DataError(f"{where}: {e}") from None
         if stop_s < start_s:
             raise DataError(f"{where}: stop_timestamp {r['stop_timestamp']} is before start_timestamp {r['start_timestamp']}")
-        verb, noun = _int(r["verb_class"]), _int(r["noun_class"])
+        verb, noun = parse_int(r["verb_class"]), parse_int(r["noun_class"])
         if verb is None or noun is None or verb < 0 or noun < 0:
             raise DataError(f"{where}: bad verb_class/noun_class {r['verb_class']!r}/{r['noun_class']!r}")
         try:
@@ -276,60 +392,17 @@ class EpicDataset(ClipDataset):
         return entry, start, end, {"verb": verb, "noun": noun}
 
 
-def read_video_list(path: str | Path) -> tuple[Path, list[tuple[int, str, str]]]:
-    """``path,label`` CSV (header optional) or ``path label`` lines -> [(line, path, label text)]."""
-    path = Path(path)
-    if not str(path) or not path.is_file():
-        raise FileNotFoundError(f"video list not found: {path}")
-    lines = [(n, ln.strip()) for n, ln in enumerate(path.read_text().splitlines(), 1) if ln.strip()]
-    if not lines:
-        raise ValueError(f"{path}: empty video list")
-    out: list[tuple[int, str, str]] = []
-    if "," in lines[0][1]:
-        first = next(csv.reader([lines[0][1]]))
-        if _int(first[-1]) is None:  # a header row
-            _, rows = _open_csv(path, ("path", "label"))
-            return path, [(n, r["path"], r["label"]) for n, r in rows]
-        for n, text in lines:
-            fields = next(csv.reader([text]))
-            out.append((n, ",".join(fields[:-1]).strip(), fields[-1].strip()))
-        return path, out
-    for n, text in lines:
-        parts = text.rsplit(maxsplit=1)
-        out.append((n, parts[0], parts[1] if len(parts) > 1 else ""))
-    return path, out
-
-
-class KineticsDataset(ClipDataset):
-    """Kinetics-style classification: a ``path,label`` CSV or ``path label`` list; label = int."""
-
-    def __init__(self, cfg: DataConfig, split: str, temporal_views: int = 1, spatial_views: int = 1,
-                 seed: int = 0, index: VideoIndex | None = None) -> None:
-        super().__init__(cfg, split, temporal_views, spatial_views, seed, index)
-        self.list_path, self.rows = read_video_list(self._split_file())
-        labels = []
-        for p in {cfg.train_csv, cfg.val_csv} - {""}:
-            if Path(p).is_file():
-                labels += [_int(lab) for _, _, lab in read_video_list(p)[1]]
-        self.num_classes = max((x for x in labels if x is not None), default=-1) + 1
-
-    def __len__(self) -> int:
-        return len(self.rows)
-
-    def _sample(self, i: int) -> tuple[VideoEntry, int, int, Any]:
-        line, rel, lab = self.rows[i]
-        label = _int(lab)
-        if label is None or label < 0:
-            raise DataError(f"{self.list_path}:{line}: bad label {lab!r} for {rel}")
-        entry = self.index.by_path(rel)
-        return entry, 0, entry.num_frames, label
-
-
 def build_dataset(cfg: DataConfig, split: str, temporal_views: int = 1, spatial_views: int = 1,
                   seed: int = 0) -> ClipDataset:
-    """The dataset named by ``cfg.dataset`` (epic | kinetics) for ``split`` (train | val)."""
+    """The dataset named by ``cfg.dataset`` (epic | kinetics | ssv2) for ``split`` (train | val)."""
     if cfg.dataset == "epic":
         return EpicDataset(cfg, split, temporal_views, spatial_views, seed)
     if cfg.dataset == "kinetics":
+        from .kinetics import KineticsDataset
+
         return KineticsDataset(cfg, split, temporal_views, spatial_views, seed)
-    raise ValueError(f"data.dataset={cfg.dataset!r} is not one of epic, kinetics")
+    if cfg.dataset == "ssv2":
+        from .ssv2 import SSv2Dataset
+
+        return SSv2Dataset(cfg, split, temporal_views, spatial_views, seed)
+    raise ValueError(f"data.dataset={cfg.dataset!r} is not one of epic, kinetics, ssv2")
