@@ -145,6 +145,7 @@ class ClipDataset(Dataset):
         self._decoder = None
         self.missing: list[str] = []  # annotation rows dropped up front: video not found
         self.quarantined: list[str] = []  # annotation rows dropped up front: named by quarantine.tsv
+        self.missing_where: list[tuple[Path, int]] = []  # (annotation file, line) of each missing row
         self._quarantine = read_quarantine(quarantine_path(cfg.root, cfg.quarantine))
         self.randaug = None
         if self.train and cfg.rand_aug:
@@ -193,11 +194,11 @@ class ClipDataset(Dataset):
         """(video, first frame, end frame (exclusive), label) of sample ``i``; DataError if bad."""
         raise NotImplementedError
 
-    def _row_ref(self, i: int) -> tuple[str, bool]:
+    def row_ref(self, i: int) -> tuple[str, bool]:
         """(video reference, is it a path) of row ``i``: cheap, no probing."""
         raise NotImplementedError
 
-    def _row_where(self, i: int) -> tuple[Path, int]:
+    def row_where(self, i: int) -> tuple[Path, int]:
         """(annotation file, line) of row ``i``."""
         raise NotImplementedError
 
@@ -205,9 +206,26 @@ class ClipDataset(Dataset):
         """A human name of row ``i`` (narration id, video path, ...), for reports."""
         raise NotImplementedError
 
+    def check_row(self, i: int) -> tuple[str | None, VideoEntry | None]:
+        """(problem or None, video) of row ``i`` without decoding: fields parse, video resolves, span inside it."""
+        try:
+            entry, start, end, _ = self._sample(i)
+        except DataError as e:
+            return str(e), None
+        slack = max(1, int(round(entry.fps)))  # a stop time up to 1 s past the last decodable frame is tolerated
+        if start >= entry.num_frames or end > entry.num_frames + slack:
+            return (f"clip frames [{start}, {end}) lie outside the video ({entry.num_frames} frames at "
+                    f"{entry.fps:g} fps)"), entry
+        return None, entry
+
+    def startup_line(self) -> str:
+        """One start-up log line: usable rows, and rows dropped up front (missing videos, quarantined)."""
+        return (f"{self.split}: {len(self)} samples; skipped up front: {len(self.missing)} rows with missing videos, "
+                f"{len(self.quarantined)} quarantined rows")
+
     # -- up-front row filtering -----------------------------------------------------------------
     def _quarantine_reason(self, i: int, ref: str, by_path: bool) -> str | None:
-        path, line = self._row_where(i)
+        path, line = self.row_where(i)
         key = row_key(path, line)
         if key in self._quarantine:
             return self._quarantine[key]
@@ -226,11 +244,12 @@ class ClipDataset(Dataset):
         """Drop rows whose video is absent or that quarantine.tsv names, before any epoch (listed, logged)."""
         keep = []
         for i, row in enumerate(self.rows):
-            ref, by_path = self._row_ref(i)
-            path, line = self._row_where(i)
+            ref, by_path = self.row_ref(i)
+            path, line = self.row_where(i)
             where = f"{path}:{line} ({self.row_name(i)})"
             if not self.index.exists(ref, by_path):
                 self.missing.append(f"{where}: video {ref!r} not found under {self.index.root}")
+                self.missing_where.append((path, line))
                 continue
             reason = self._quarantine_reason(i, ref, by_path) if self._quarantine else None
             if reason:
@@ -363,10 +382,10 @@ class EpicDataset(ClipDataset):
     def __len__(self) -> int:
         return len(self.rows)
 
-    def _row_ref(self, i: int) -> tuple[str, bool]:
+    def row_ref(self, i: int) -> tuple[str, bool]:
         return self.rows[i][1]["video_id"], False
 
-    def _row_where(self, i: int) -> tuple[Path, int]:
+    def row_where(self, i: int) -> tuple[Path, int]:
         return self.csv, self.rows[i][0]
 
     def row_name(self, i: int) -> str:

@@ -80,10 +80,10 @@ class SSv2Dataset(ClipDataset):
     def __len__(self) -> int:
         return len(self.rows)
 
-    def _row_ref(self, i: int) -> tuple[str, bool]:
+    def row_ref(self, i: int) -> tuple[str, bool]:
         return self.rows[i][1], False
 
-    def _row_where(self, i: int) -> tuple[Path, int]:
+    def row_where(self, i: int) -> tuple[Path, int]:
         return self.split_path, self.rows[i][0]
 
     def row_name(self, i: int) -> str:
