@@ -17,6 +17,7 @@ from typing import Any
 import torch
 
 from avion_ds.config import ConfigError, Recipe, load_recipe
+from avion_ds.data.protocols import eval_report
 from avion_ds.engine import dist
 from avion_ds.engine.metrics import (
     PredictionStore,
@@ -147,12 +148,15 @@ def run(args: argparse.Namespace) -> int:
         out = Path(args.out) if args.out else (run_dir or Path(args.checkpoint).parent) / "eval_metrics.json"
         out.parent.mkdir(parents=True, exist_ok=True)
         payload: dict[str, Any] = {"checkpoint": str(args.checkpoint), "split": args.split,
-                                   "num_samples": int(index.numel()), "views": views, "metrics": metrics}
+                                   "num_samples": int(index.numel()), "views": views, "metrics": metrics,
+                                   **eval_report(recipe.eval.protocol, views, dataset, index)}
         if not args.no_per_sample:
             payload["per_sample"] = per_sample_records(index, scores, labels)
         out.write_text(json.dumps(payload) + "\n")
         print(" ".join(f"{k}={v:.2f}" for k, v in metrics.items()), flush=True)
-        print(f"wrote {out} ({index.numel()} samples)", flush=True)
+        print(f"wrote {out} ({index.numel()} samples; protocol {payload['protocol']}, {views} views, "
+              f"{payload['num_missing']} missing, {payload['num_quarantined']} quarantined, "
+              f"{payload['num_failed']} failed)", flush=True)
     del model
     return 0
 

@@ -20,6 +20,7 @@ import numpy as np
 import torch
 
 from avion_ds.config import ConfigError, Recipe, load_recipe, save_recipe
+from avion_ds.data.protocols import eval_report
 from avion_ds.engine import checkpoint as ckpt
 from avion_ds.engine import dist
 from avion_ds.engine.ds_config import (
@@ -222,6 +223,8 @@ def run(args: argparse.Namespace) -> int:
              f"global batch {plan.global_batch} = micro {plan.micro_batch} x accum {plan.grad_accum} x world {world}"
              f" | {steps_per_epoch} steps/epoch x {recipe.schedule.epochs} epochs | activation checkpointing "
              f"{recipe.model.checkpoint_impl if recipe.model.activation_checkpointing else 'off'} | run dir {run_dir}")
+    for ds in (train_set, val_set):  # rows dropped up front: missing videos, quarantine.tsv (avion-ds check)
+        log.info(f"data {ds.startup_line()}")
 
     start_epoch, start_step, global_step, skipped, bad_samples = 0, 0, 0, 0, 0
     pending_rng = None
@@ -341,12 +344,13 @@ def run(args: argparse.Namespace) -> int:
             break
         last = epoch + 1 == recipe.schedule.epochs
         if (epoch + 1) % max(1, recipe.eval.every_epochs) == 0 or last:
-            metrics, _ = evaluate_model(engine, val_loader, eval_aug, recipe.eval.temporal_views
-                                        * recipe.eval.spatial_views, device, dtype)
+            views = recipe.eval.temporal_views * recipe.eval.spatial_views
+            metrics, (evaluated, _, _) = evaluate_model(engine, val_loader, eval_aug, views, device, dtype)
             log.eval(epoch, global_step, metrics)
             if dist.is_main():
+                report = eval_report(recipe.eval.protocol, views, val_set, evaluated)
                 (run_dir / "metrics.json").write_text(json.dumps({"epoch": epoch, "step": global_step,
-                                                                   **metrics}, indent=2) + "\n")
+                                                                   **metrics, "eval": report}, indent=2) + "\n")
         ckpt.save(engine, run_dir, global_step, client_state(epoch + 1, 0), recipe.checkpoint.keep_last)
         if exit_after is not None and global_step >= exit_after:
             log.info(f"stopping after {global_step} steps (--exit-after-steps)")
