@@ -46,8 +46,10 @@ def _sets(values: list[str]) -> list[str]:
     return [x for v in values for x in ("--set", v)]
 
 
-def _flow(tmp: Path, recipe: str, src: Path, data: list[str], corrupt: str, fail: str) -> tuple[dict, str]:
-    """chunk SRC; corrupt one chunk; check (exit 1, quarantined); train 1 step; corrupt another; eval."""
+def _flow(tmp: Path, recipe: str, src: Path, data: list[str], corrupt: str, fail: str,
+          standalone_eval: bool = False) -> tuple[dict, str]:
+    """chunk SRC; corrupt one chunk; check (exit 1, quarantined); corrupt another (missed by the check);
+    train 1 step + its eval; optionally `avion-ds eval` too. Returns (eval report, train log)."""
     chunks = tmp / "chunks"
     _cli("chunk", str(src), str(chunks), "--chunk-seconds", "2", "--short-side", "48", "--fps", "10", "--gop", "5",
          "--workers", "1", "--no-progress")
@@ -57,15 +59,19 @@ def _flow(tmp: Path, recipe: str, src: Path, data: list[str], corrupt: str, fail
     out = _cli("check", str(REPO / "launch" / "recipes" / recipe), "--workers", "1", *_sets(sets), ok=(1,))
     assert f"QUARANTINED {corrupt}: file does not match its manifest row" in out
     assert corrupt in read_quarantine(chunks / "quarantine.tsv")
+    (chunks / fail).write_bytes(b"\x00" * 64)  # broken after the check: evaluation reports it as failed
     train = [sys.executable, str(REPO / "launch" / "train.py"), "--config", str(REPO / "launch" / "recipes" / recipe),
              "--deepspeed_config", str(REPO / "ds_configs" / "zero0.json"), *_sets(sets)]
     proc = subprocess.run(train, cwd=REPO, env=_env(), capture_output=True, text=True, timeout=400)
     log = proc.stdout + proc.stderr
     assert proc.returncode == 0, log[-4000:]
-    (chunks / fail).write_bytes(b"\x00" * 64)  # broken after the check: the eval reports it as failed
-    ev = tmp / "eval.json"
-    _cli("eval", "--checkpoint", str(tmp / "run"), "--out", str(ev), *_sets([f"data.root={chunks}"]), timeout=400)
-    return json.loads(ev.read_text()), log
+    report = json.loads((tmp / "run" / "metrics.json").read_text())["eval"]
+    if standalone_eval:
+        ev = tmp / "eval.json"
+        _cli("eval", "--checkpoint", str(tmp / "run"), "--out", str(ev), timeout=400)
+        full = json.loads(ev.read_text())
+        assert {k: full[k] for k in report} == report  # the same report from `avion-ds eval`
+    return report, log
 
 
 def _videos(folder: Path, names: list[str], frames: int = 30) -> None:
@@ -87,7 +93,7 @@ def test_k400_style(tmp_path: Path) -> None:
             w.writerows(r for r in rows if r[4] == split)
     data = [f"data.train_csv={tmp_path / 'train.csv'}", f"data.val_csv={tmp_path / 'validate.csv'}"]
     ev, log = _flow(tmp_path, "vit_b_k400.yaml", tmp_path / "k400", data,
-                    corrupt="va_bad_000004_000014/2.mp4", fail="va_fail_000005_000015/0.mp4")
+                    corrupt="va_bad_000004_000014/2.mp4", fail="va_fail_000005_000015/0.mp4", standalone_eval=True)
     assert "data val: 2 samples; skipped up front: 1 rows with missing videos, 1 quarantined rows" in log
     assert (ev["protocol"], ev["views"], ev["protocol_settings"]["temporal_views"]) == ("k400", 15, 5)
     assert ev["annotation_rows"] == 4 and ev["samples_evaluated"] == 1
@@ -127,12 +133,12 @@ def test_epic_style(tmp_path: Path) -> None:
     with open(raw["val_csv"], "a", newline="") as f:
         csv.DictWriter(f, fieldnames=list(val[0])).writerow(extra)
     data = [f"data.train_csv={raw['train_csv']}", f"data.val_csv={raw['val_csv']}"]
-    # P01_101 is 6 s: chunk 2.mp4 holds 2..4 s, 4.mp4 holds 4..6 s
-    ev, log = _flow(tmp_path, "vit_b_epic.yaml", raw["videos"], data, corrupt="P01_101/2.mp4", fail="P02_102/0.mp4")
-    assert (ev["protocol"], ev["views"]) == ("epic", 1)
+    # 6 s videos in 2 s chunks; val rows (seed 3): P01_101_1 1.6-2.9 s, P01_101_2 3.1-4.4 s (both read
+    # P01_101/2.mp4), P02_102_0 0.1-1.4 s (P02_102/0.mp4), P02_102_1 1.6-2.9 s (also P02_102/2.mp4)
+    assert [r["narration_id"] for r in val] == ["P01_101_1", "P01_101_2", "P02_102_0", "P02_102_1"]
+    ev, log = _flow(tmp_path, "vit_b_epic.yaml", raw["videos"], data, corrupt="P01_101/2.mp4", fail="P02_102/2.mp4")
+    assert "data val: 2 samples; skipped up front: 1 rows with missing videos, 2 quarantined rows" in log
+    assert (ev["protocol"], ev["views"], ev["annotation_rows"], ev["samples_evaluated"]) == ("epic", 1, 5, 1)
     assert ev["num_missing"] == 1 and "P09_999_0" in ev["missing"][0]
-    n = len(val) + 1
-    assert ev["annotation_rows"] == n
-    assert ev["samples_evaluated"] + ev["num_failed"] + ev["num_missing"] + ev["num_quarantined"] == n
-    assert all(q.split(" (")[1].startswith("P01_101") for q in ev["quarantined"])
-    assert all(f.startswith("P02_102") for f in ev["failed"])
+    assert [q.split(" (")[1].split(")")[0] for q in ev["quarantined"]] == ["P01_101_1", "P01_101_2"]
+    assert ev["failed"] == ["P02_102_1"]
