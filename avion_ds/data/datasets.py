@@ -218,6 +218,13 @@ class ClipDataset(Dataset):
                     f"{entry.fps:g} fps)"), entry
         return None, entry
 
+    def write_skipped(self, path: str | Path) -> Path | None:
+        """Write every row dropped up front (one a line) to ``path``; None (nothing written) if none was."""
+        if not (self.missing or self.quarantined):
+            return None
+        Path(path).write_text("".join(f"{x}\n" for x in self.missing + self.quarantined))
+        return Path(path)
+
     def startup_line(self) -> str:
         """One start-up log line: usable rows, and rows dropped up front (missing videos, quarantined)."""
         return (f"{self.split}: {len(self)} samples; skipped up front: {len(self.missing)} rows with missing videos, "

@@ -224,7 +224,8 @@ def run(args: argparse.Namespace) -> int:
              f" | {steps_per_epoch} steps/epoch x {recipe.schedule.epochs} epochs | activation checkpointing "
              f"{recipe.model.checkpoint_impl if recipe.model.activation_checkpointing else 'off'} | run dir {run_dir}")
     for ds in (train_set, val_set):  # rows dropped up front: missing videos, quarantine.tsv (avion-ds check)
-        log.info(f"data {ds.startup_line()}")
+        listed = ds.write_skipped(run_dir / f"skipped_rows_{ds.split}.txt") if dist.is_main() else None
+        log.info(f"data {ds.startup_line()}" + (f" (listed in {listed})" if listed else ""))
 
     start_epoch, start_step, global_step, skipped, bad_samples = 0, 0, 0, 0, 0
     pending_rng = None

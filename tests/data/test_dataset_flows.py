@@ -94,7 +94,9 @@ def test_k400_style(tmp_path: Path) -> None:
     data = [f"data.train_csv={tmp_path / 'train.csv'}", f"data.val_csv={tmp_path / 'validate.csv'}"]
     ev, log = _flow(tmp_path, "vit_b_k400.yaml", tmp_path / "k400", data,
                     corrupt="va_bad_000004_000014/2.mp4", fail="va_fail_000005_000015/0.mp4", standalone_eval=True)
-    assert "data val: 2 samples; skipped up front: 1 rows with missing videos, 1 quarantined rows" in log
+    assert "data val: 2 samples; skipped up front: 1 rows with missing videos, 1 quarantined rows (listed in" in log
+    listed = (tmp_path / "run" / "skipped_rows_val.txt").read_text().splitlines()
+    assert len(listed) == 2 and "va_missing_000002_000012" in listed[0] and "va_bad_000004_000014" in listed[1]
     assert (ev["protocol"], ev["views"], ev["protocol_settings"]["temporal_views"]) == ("k400", 15, 5)
     assert ev["annotation_rows"] == 4 and ev["samples_evaluated"] == 1
     assert ev["num_missing"] == 1 and "va_missing_000002_000012" in ev["missing"][0]
