@@ -61,3 +61,17 @@ def test_eval_report_lists_missing_quarantined_and_failed() -> None:
     assert (rep["num_missing"], rep["num_quarantined"], rep["num_failed"]) == (1, 1, 1)
     assert rep["failed"] == ["clip2"] and rep["missing"] == _Rows.missing
     assert "protocol_settings" not in eval_report("custom", 1, _Rows(), range(4))
+
+
+def test_missing_class_list_is_one_line_before_any_work(tmp_path) -> None:
+    from avion_ds.engine.train import check_data_paths
+
+    (tmp_path / "train.json").write_text("[]")
+    base = [f"data.root={tmp_path}", f"data.train_csv={tmp_path / 'train.json'}",
+            f"data.val_csv={tmp_path / 'train.json'}"]
+    r = load_recipe(RECIPES / "vit_b_ssv2.yaml", base)
+    with pytest.raises(ConfigError, match="no labels.json next to .*train.json: set data.class_list"):
+        check_data_paths(r)
+    r = load_recipe(RECIPES / "vit_b_k400.yaml", [*base, f"data.class_list={tmp_path / 'nope.txt'}"])
+    with pytest.raises(ConfigError, match=r"data.class_list: file not found: .*nope.txt"):
+        check_data_paths(r)
