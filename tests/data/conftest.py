@@ -81,11 +81,14 @@ def epic_copy(tmp_path, epic_chunks, epic_cfg):
 
 
 def transcode(src: str | Path, dst: str | Path, codec: str = "libvpx-vp9", fmt: str = "webm",
-              fps: int | None = None) -> Path:
-    """Re-encode ``src`` into another container/codec (webm VP8/VP9, mkv, ...), frames unchanged."""
+              fps: int | None = None, options: dict | None = None) -> Path:
+    """Re-encode ``src`` into another container/codec (webm VP8/VP9, mkv, ...), frames unchanged.
+
+    ``options``: muxer options, e.g. ``{"movflags": "faststart"}`` for a streamable mp4.
+    """
     dst = Path(dst)
     dst.parent.mkdir(parents=True, exist_ok=True)
-    with av.open(str(src)) as inp, av.open(str(dst), mode="w", format=fmt) as out:
+    with av.open(str(src)) as inp, av.open(str(dst), mode="w", format=fmt, options=options or {}) as out:
         s_in = inp.streams.video[0]
         rate = fps or int(round(float(s_in.average_rate)))
         s = out.add_stream(codec, rate=rate)

@@ -97,9 +97,13 @@ def test_dataset_refuses_a_row_whose_file_was_replaced(fifteen_fps_set) -> None:
         skip[0]
 
 
-def test_truncated_source_is_warned_and_recorded(tmp_path, transcode, caplog) -> None:
+@pytest.mark.parametrize("kind", ["mkv", "streamable_mp4"])
+def test_truncated_source_is_warned_and_recorded(kind, tmp_path, transcode) -> None:
     whole = write_video(tmp_path / "w.mp4", 120, 64, 48, fps=30, gop=10)
-    mkv = transcode(whole, tmp_path / "src" / "cut.mkv", "libx264", "matroska")
+    if kind == "mkv":
+        mkv = transcode(whole, tmp_path / "src" / "cut.mkv", "libx264", "matroska")
+    else:  # moov (with the full duration) in front of the media data
+        mkv = transcode(whole, tmp_path / "src" / "cut.mp4", "libx264", "mp4", options={"movflags": "faststart"})
     data = mkv.read_bytes()
     mkv.write_bytes(data[: len(data) // 2])  # a download that stopped halfway; the header still says 4 s
     s = chunk_videos(tmp_path / "src", tmp_path / "dst", chunk_seconds=1.0, fps=30, progress=False)
