@@ -1,17 +1,23 @@
-"""EPIC-Kitchens-100 and Kinetics-style clip datasets over chunked (or whole) videos.
+"""Clip datasets over chunked (or whole) videos: the shared machinery and EPIC-Kitchens-100.
+
+Kinetics lives in :mod:`avion_ds.data.kinetics`, Something-Something V2 in :mod:`avion_ds.data.ssv2`.
+At construction, rows whose video is absent (``dataset.missing``) or that ``quarantine.tsv`` names
+(``dataset.quarantined``; written by ``avion-ds check``) are dropped, counted and logged once.
 
 Each item is ``{"frames": uint8 (T, H, W, C) or (V, T, H, W, C), "label": int | {"verb", "noun"},
 "index": int, "skipped": int}``. Frames stay uint8 (4x less to pickle and pin than float);
-normalisation and flips happen on the device (:mod:`avion_ds.data.augment`).
+normalisation and flips happen on the device (:mod:`avion_ds.data.augment`). Training clips can get
+RandAugment with one draw per clip (``data.rand_aug``) and ``data.num_sample`` augmented views of
+one decode (repeated augmentation, item frames (num_sample, T, H, W, C)).
 
 Determinism: the temporal jitter and the crop box of a clip are drawn from a generator keyed by
 (seed, epoch, index, temporal view), so the same clip comes out in any worker. The epoch lives in
 a shared-memory tensor, so :meth:`set_epoch` reaches persistent DataLoader workers too.
 
-Bad input: a missing / truncated / zero-byte / non-video file, a chunk shorter than the
-manifest says, a decode past ``decode_timeout_s``, a CSV row with stop < start, a bad timestamp
-or an unknown video raises :class:`DataError`. Under ``on_error: skip`` (default) the sample is
-logged in one line (index, file or CSV row, reason), counted (``dataset.errors``, summed over
+Bad input: a missing / truncated / zero-byte / non-video file, a chunk whose size/mtime differs
+from its manifest row (replaced after chunking), a chunk shorter than the manifest says, a decode
+past ``decode_timeout_s``, a CSV row with stop < start or a bad timestamp raises :class:`DataError`.
+Under ``on_error: skip`` (default) the sample is logged in one line (index, file or CSV row, reason), counted (``dataset.errors``, summed over
 all DataLoader workers) and replaced by another index drawn from the same seeded generator;
 the item's ``skipped`` says how many were skipped for it and ``index`` is the sample actually
 returned. Under ``on_error: raise`` the DataError propagates. A malformed CSV header fails at
