@@ -58,10 +58,13 @@ def read_video_list(path: str | Path) -> tuple[Path, list[tuple[int, str, str]]]
 
 
 def is_official_csv(path: str | Path) -> bool:
-    """True when the file's header has the official Kinetics columns."""
+    """True when the file's header has the official Kinetics columns; ValueError for the unlabelled test CSV."""
     with Path(path).open(newline="") as f:
         header = [h.strip() for h in next(csv.reader(f), [])]
-    return all(c in header for c in OFFICIAL_COLUMNS[1:]) and "label" in header
+    if "youtube_id" in header and "label" not in header:
+        raise ValueError(f"{path}: an official Kinetics CSV without a label column (the test split is "
+                         f"unlabelled); train and val need labels")
+    return all(c in header for c in OFFICIAL_COLUMNS)
 
 
 def load_class_list(path: str | Path) -> list[str]:
@@ -103,11 +106,11 @@ class KineticsDataset(ClipDataset):
         self.rows: list[tuple[int, str, bool, int | None, str]] = []  # line, ref, by_path, label, label text
         for n, refs, by_path, lab in raw:
             label = parse_int(lab)
-            if self.classes is not None:
-                if lab not in lookup:
-                    raise ValueError(f"{self.list_path}:{n}: label {lab!r} is not a known class "
-                                     f"({cfg.class_list or 'the sorted train labels'})")
+            if self.classes is not None and lab in lookup:  # a class name
                 label = lookup[lab]
+            elif self.classes is not None and label is None:  # neither a known name nor an index
+                raise ValueError(f"{self.list_path}:{n}: label {lab!r} is not a known class "
+                                 f"({cfg.class_list or 'the sorted train labels'})")
             ref = next((r for r in refs if self.index.exists(r, by_path)), refs[0])
             self.rows.append((n, ref, by_path, label, lab))
         if self.classes is not None:

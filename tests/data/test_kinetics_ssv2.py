@@ -71,6 +71,16 @@ def test_class_list_file_and_unknown_label(k400, tmp_path) -> None:
     classes.write_text("zumba\nabseiling\n")
     with pytest.raises(ValueError, match=r"train.csv:2: label 'air drumming' is not a known class"):
         build_dataset(cfg, "train")
+    test_csv = tmp_path / "test.csv"  # the official test split has no labels
+    test_csv.write_text("youtube_id,time_start,time_end,split\naaa,14,24,test\n")
+    with pytest.raises(ValueError, match="official Kinetics CSV without a label column"):
+        build_dataset(DataConfig(dataset="kinetics", root=str(k400["chunks"]), train_csv=str(test_csv)), "train")
+    lst = tmp_path / "ints.txt"  # integer labels with a class list: taken as indices
+    lst.write_text("abseiling/bbb_000000_000010.mp4 2\n")
+    classes.write_text("zumba\nair drumming\nabseiling\n")
+    ds = build_dataset(DataConfig(dataset="kinetics", root=str(k400["chunks"]), train_csv=str(lst),
+                                  class_list=str(classes), decode_timeout_s=0.0), "train")
+    assert ds.rows[0][3] == 2 and ds.num_classes == 3
 
 
 def test_videomae_path_label_list_with_a_missing_video(k400, tmp_path) -> None:
