@@ -34,11 +34,11 @@ def _env() -> dict[str, str]:
     return env
 
 
-def _cli(*args: str, ok: tuple[int, ...] = (0,), timeout: int = 300) -> str:
+def _cli(*args: str, timeout: int = 300) -> str:
     proc = subprocess.run([sys.executable, "-m", "avion_ds.cli", *args], cwd=REPO, env=_env(), capture_output=True,
                           text=True, timeout=timeout)
     out = proc.stdout + proc.stderr
-    assert proc.returncode in ok, f"{args[:2]} exited {proc.returncode}:\n{out[-4000:]}"
+    assert proc.returncode == 0, f"{args[:2]} exited {proc.returncode}:\n{out[-4000:]}"
     return out
 
 
@@ -46,17 +46,27 @@ def _sets(values: list[str]) -> list[str]:
     return [x for v in values for x in ("--set", v)]
 
 
-def _flow(tmp: Path, recipe: str, src: Path, data: list[str], corrupt: str, fail: str,
+def _inproc(capsys, *args: str) -> tuple[int, str]:
+    """`avion-ds chunk|check` in this process (no interpreter start-up); (exit code, stdout)."""
+    from avion_ds.cli import main
+
+    capsys.readouterr()
+    code = main(list(args))
+    return code, capsys.readouterr().out
+
+
+def _flow(capsys, tmp: Path, recipe: str, src: Path, data: list[str], corrupt: str, fail: str,
           standalone_eval: bool = False) -> tuple[dict, str]:
     """chunk SRC; corrupt one chunk; check (exit 1, quarantined); corrupt another (missed by the check);
     train 1 step + its eval; optionally `avion-ds eval` too. Returns (eval report, train log)."""
     chunks = tmp / "chunks"
-    _cli("chunk", str(src), str(chunks), "--chunk-seconds", "2", "--short-side", "48", "--fps", "10", "--gop", "5",
-         "--workers", "1", "--no-progress")
+    assert _inproc(capsys, "chunk", str(src), str(chunks), "--chunk-seconds", "2", "--short-side", "48", "--fps", "10",
+                   "--gop", "5", "--workers", "1", "--no-progress")[0] == 0
     bad = chunks / corrupt
     bad.write_bytes(bad.read_bytes()[:200])  # a damaged file: caught by the check
     sets = [*TINY, f"data.root={chunks}", f"output_dir={tmp / 'run'}", *data]
-    out = _cli("check", str(REPO / "launch" / "recipes" / recipe), "--workers", "1", *_sets(sets), ok=(1,))
+    code, out = _inproc(capsys, "check", str(REPO / "launch" / "recipes" / recipe), "--workers", "1", *_sets(sets))
+    assert code == 1, out
     assert f"QUARANTINED {corrupt}: file does not match its manifest row" in out
     assert corrupt in read_quarantine(chunks / "quarantine.tsv")
     (chunks / fail).write_bytes(b"\x00" * 64)  # broken after the check: evaluation reports it as failed
@@ -79,7 +89,7 @@ def _videos(folder: Path, names: list[str], frames: int = 30) -> None:
         write_video(folder / n, frames, 64, 48, fps=10, gop=5)
 
 
-def test_k400_style(tmp_path: Path) -> None:
+def test_k400_style(tmp_path: Path, capsys) -> None:
     rows = [("abseiling", "tr_a", 0, 10, "train"), ("air drumming", "tr_b", 3, 13, "train"),
             ("abseiling", "va_ok", 1, 11, "validate"), ("air drumming", "va_missing", 2, 12, "validate"),
             ("abseiling", "va_bad", 4, 14, "validate"), ("air drumming", "va_fail", 5, 15, "validate")]
@@ -92,7 +102,7 @@ def test_k400_style(tmp_path: Path) -> None:
             w.writerow(["label", "youtube_id", "time_start", "time_end", "split"])
             w.writerows(r for r in rows if r[4] == split)
     data = [f"data.train_csv={tmp_path / 'train.csv'}", f"data.val_csv={tmp_path / 'validate.csv'}"]
-    ev, log = _flow(tmp_path, "vit_b_k400.yaml", tmp_path / "k400", data,
+    ev, log = _flow(capsys, tmp_path, "vit_b_k400.yaml", tmp_path / "k400", data,
                     corrupt="va_bad_000004_000014/2.mp4", fail="va_fail_000005_000015/0.mp4", standalone_eval=True)
     assert "data val: 2 samples; skipped up front: 1 rows with missing videos, 1 quarantined rows (listed in" in log
     listed = (tmp_path / "run" / "skipped_rows_val.txt").read_text().splitlines()
@@ -104,7 +114,7 @@ def test_k400_style(tmp_path: Path) -> None:
     assert ev["failed"] == ["va_fail_000005_000015"]
 
 
-def test_ssv2_style_webm(tmp_path: Path, transcode) -> None:
+def test_ssv2_style_webm(tmp_path: Path, transcode, capsys) -> None:
     labels = {"Pushing something from left to right": "0", "Pushing something from right to left": "1"}
     tpl = ["Pushing [something] from left to right", "Pushing [something] from right to left"]
     src = tmp_path / "ssv2"
@@ -120,13 +130,13 @@ def test_ssv2_style_webm(tmp_path: Path, transcode) -> None:
         (ann / f"{split}.json").write_text(json.dumps(
             [{"id": v, "label": "x", "template": tpl[int(v) % 2], "placeholders": ["x"]} for v in vids]))
     data = [f"data.train_csv={ann / 'train.json'}", f"data.val_csv={ann / 'validation.json'}"]
-    ev, log = _flow(tmp_path, "vit_b_ssv2.yaml", src, data, corrupt="5/0.mp4", fail="6/2.mp4")
+    ev, log = _flow(capsys, tmp_path, "vit_b_ssv2.yaml", src, data, corrupt="5/0.mp4", fail="6/2.mp4")
     assert "data val: 2 samples; skipped up front: 1 rows with missing videos, 1 quarantined rows" in log
     assert (ev["protocol"], ev["views"]) == ("ssv2", 6)
     assert (ev["samples_evaluated"], ev["num_missing"], ev["num_quarantined"], ev["failed"]) == (1, 1, 1, ["6"])
 
 
-def test_epic_style(tmp_path: Path) -> None:
+def test_epic_style(tmp_path: Path, capsys) -> None:
     raw = make_synthetic_epic(tmp_path / "epic", num_videos=2, segments_per_video=4, segment_seconds=1.5,
                               width=64, height=48, fps=10, seed=3, val_fraction=0.5)
     with open(raw["val_csv"], newline="") as f:
@@ -138,7 +148,7 @@ def test_epic_style(tmp_path: Path) -> None:
     # 6 s videos in 2 s chunks; val rows (seed 3): P01_101_1 1.6-2.9 s, P01_101_2 3.1-4.4 s (both read
     # P01_101/2.mp4), P02_102_0 0.1-1.4 s (P02_102/0.mp4), P02_102_1 1.6-2.9 s (also P02_102/2.mp4)
     assert [r["narration_id"] for r in val] == ["P01_101_1", "P01_101_2", "P02_102_0", "P02_102_1"]
-    ev, log = _flow(tmp_path, "vit_b_epic.yaml", raw["videos"], data, corrupt="P01_101/2.mp4", fail="P02_102/2.mp4")
+    ev, log = _flow(capsys, tmp_path, "vit_b_epic.yaml", raw["videos"], data, corrupt="P01_101/2.mp4", fail="P02_102/2.mp4")
     assert "data val: 2 samples; skipped up front: 1 rows with missing videos, 2 quarantined rows" in log
     assert (ev["protocol"], ev["views"], ev["annotation_rows"], ev["samples_evaluated"]) == ("epic", 1, 5, 1)
     assert ev["num_missing"] == 1 and "P09_999_0" in ev["missing"][0]
