@@ -49,6 +49,7 @@ from .manifest import (
     video_named_dirs,
     write_manifest,
 )
+from .quarantine import QUARANTINE_NAME
 
 log = logging.getLogger(__name__)
 FAILURES_NAME = "chunk_failures.tsv"
@@ -65,6 +66,7 @@ class ChunkSummary:
     failed: list[tuple[str, str]] = field(default_factory=list)  # (source path, reason)
     truncated: list[tuple[str, float, float]] = field(default_factory=list)  # (source, header s, decoded s)
     not_videos: list[str] = field(default_factory=list)  # directories named like videos (x.mp4/)
+    stale_quarantine: Path | None = None  # an avion-ds check result older than chunks written now
     manifest: Path | None = None
     seconds: float = 0.0
 
@@ -76,6 +78,8 @@ class ChunkSummary:
         lines += [f"TRUNCATED {src}: decodes {got:.2f}s of the {want:.2f}s its header states (chunked what "
                   f"decoded; expected/decoded seconds are in the manifest)" for src, want, got in self.truncated]
         lines += [f"NOT A VIDEO {d}: a directory named like a video, skipped" for d in self.not_videos]
+        if self.stale_quarantine:
+            lines.append(f"STALE {self.stale_quarantine}: written before these chunks; re-run `avion-ds check`")
         return "\n".join(lines)
 
 
@@ -357,6 +361,9 @@ def chunk_videos(src: str | Path, dst: str | Path, chunk_seconds: float = 15.0, 
         fpath.write_text("".join(f"{p}\t{reason}\n" for p, reason in summary.failed))
     else:
         fpath.unlink(missing_ok=True)
+    if summary.ok and (dst / QUARANTINE_NAME).is_file():
+        summary.stale_quarantine = dst / QUARANTINE_NAME
+        log.warning("%s predates this run's chunks: re-run `avion-ds check` before training", dst / QUARANTINE_NAME)
     summary.seconds = time.perf_counter() - t0
     return summary
 

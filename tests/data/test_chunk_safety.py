@@ -70,8 +70,10 @@ def test_kill_during_rechunk_leaves_no_rows_for_replaced_files(fifteen_fps_set) 
     with pytest.raises(ValueError, match="lists no decodable chunks"):
         build_dataset(cfg, "val")
     # the next run re-chunks it completely at 30 fps, frames at the right times
+    (dst / "quarantine.tsv").write_text("idx/0.mp4\tdecoded 3 frames\n")  # an older check's verdict
     s = chunk_videos(src.parent, dst, chunk_seconds=2.0, fps=30, gop=8, progress=False)
     assert s.ok == ["idx"] and not s.failed
+    assert f"STALE {dst / 'quarantine.tsv'}: written before these chunks" in str(s)
     _rows_match_their_files(dst)
     ds = build_dataset(cfg, "val")
     entry = load_manifest(dst)["idx"]
