@@ -105,3 +105,32 @@ def test_check_a_chunk_directory_sampled_and_full(epic_copy, tmp_path, capsys) -
     assert "decoded" in q[recs[-1]["path"]]
     assert check([str(tmp_path / "nothing_here")]) == 2
     assert "neither a recipe file nor a chunk directory" in capsys.readouterr().err
+
+
+def test_check_whole_videos_recipe(tmp_path, capsys) -> None:
+    from avion_ds.data.synthetic import write_video
+
+    root = tmp_path / "videos"
+    write_video(root / "a" / "v1.mp4", 12, 32, 32, fps=10)
+    write_video(root / "b" / "v2.mp4", 12, 32, 32, fps=10)
+    lst = tmp_path / "list.txt"
+    lst.write_text("a/v1.mp4 0\nb/v2.mp4 1\nc/v3.mp4 1\n")
+    data = {"model": {"name": "vit_test_tiny"},
+            "data": {"dataset": "kinetics", "root": str(root), "chunked": False, "train_csv": str(lst),
+                     "val_csv": "", "num_frames": 4, "size": 32, "decode_timeout_s": 0.0}}
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text(yaml.safe_dump(data))
+    (root / "b" / "v2.mp4").write_bytes(b"")
+    assert check([str(recipe), "--workers", "1"]) == 1
+    q = read_quarantine(root / "quarantine.tsv")
+    assert q[row_key(lst, 3)].startswith("video 'c/v3.mp4' not found")
+    assert "zero-byte file" in q[row_key(lst, 2)]  # the row cannot resolve its (empty) video
+    assert set(q) == {row_key(lst, 2), row_key(lst, 3)}
+    ds = build_dataset(replace(_recipe_data(recipe), on_error="raise"), "train")
+    assert len(ds) == 1 and ds[0]["label"] == 0 and len(ds.missing) == 1 and len(ds.quarantined) == 1
+
+
+def _recipe_data(path):
+    from avion_ds.config import load_recipe
+
+    return load_recipe(path).data
