@@ -70,6 +70,8 @@ def check_data_paths(recipe: Recipe, need_train: bool = True) -> None:
             raise ConfigError(f"{key}: {kind} not found: {path}")
     if d.class_list and not Path(d.class_list).is_file():
         raise ConfigError(f"data.class_list: file not found: {d.class_list}")
+    if d.quarantine not in ("", "auto", "none") and not Path(d.quarantine).is_file():
+        raise ConfigError(f"data.quarantine: file not found: {d.quarantine} (auto | none | a quarantine.tsv)")
     if d.dataset == "ssv2" and not d.class_list and not (Path(d.train_csv or d.val_csv).parent / "labels.json").is_file():
         raise ConfigError(f"data.class_list is empty and there is no labels.json next to {d.train_csv or d.val_csv}: "
                           f"set data.class_list to SSv2's labels.json")

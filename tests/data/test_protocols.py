@@ -75,3 +75,6 @@ def test_missing_class_list_is_one_line_before_any_work(tmp_path) -> None:
     r = load_recipe(RECIPES / "vit_b_k400.yaml", [*base, f"data.class_list={tmp_path / 'nope.txt'}"])
     with pytest.raises(ConfigError, match=r"data.class_list: file not found: .*nope.txt"):
         check_data_paths(r)
+    r = load_recipe(RECIPES / "vit_b_k400.yaml", [*base, f"data.quarantine={tmp_path / 'q.tsv'}"])
+    with pytest.raises(ConfigError, match=r"data.quarantine: file not found: .*q.tsv \(auto \| none"):
+        check_data_paths(r)
