@@ -12,6 +12,7 @@ import sys
 # subcommand -> (module, one-line help)
 COMMANDS: dict[str, tuple[str, str]] = {
     "chunk": ("avion_ds.data.chunking", "re-encode long videos into short chunks + manifest.jsonl"),
+    "check": ("avion_ds.data.check", "integrity pass over a prepared dataset; writes quarantine.tsv"),
     "synth": ("avion_ds.data.synthetic", "generate a small learnable EPIC-style synthetic dataset"),
     "train": ("avion_ds.engine.train", "train / fine-tune from a YAML recipe (also under deepspeed)"),
     "eval": ("avion_ds.engine.evaluate", "evaluate a checkpoint; writes metrics JSON"),

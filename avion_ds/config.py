@@ -49,7 +49,7 @@ class ModelConfig:
 
 @dataclass
 class DataConfig:
-    dataset: str = "epic"  # epic | kinetics
+    dataset: str = "epic"  # epic | kinetics | ssv2
     root: str = ""  # chunk root (holds manifest.jsonl) or root of whole videos
     train_csv: str = ""
     val_csv: str = ""
@@ -70,6 +70,12 @@ class DataConfig:
     label_smoothing: float = 0.1
     on_error: str = "skip"  # skip | raise
     decode_timeout_s: float = 60.0
+    class_list: str = ""  # kinetics: class names (one a line; index = line); ssv2: labels.json ("" = next to train_csv)
+    quarantine: str = "auto"  # auto: <root>/quarantine.tsv if present (written by avion-ds check) | none | PATH
+    rand_aug: str = ""  # timm RandAugment spec, e.g. rand-m7-n4-mstd0.5-inc1 (same ops for every frame of a clip)
+    reprob: float = 0.0  # timm RandomErasing probability (pixel mode, VideoMAE: 0.25)
+    num_sample: int = 1  # repeated augmentation: augmented views per loaded training clip (VideoMAE: 2)
+    interpolation: str = "bilinear"  # bilinear | bicubic: crop resize and RandAugment geometric ops
 
 
 @dataclass
@@ -105,6 +111,7 @@ class EvalConfig:
     temporal_views: int = 1
     spatial_views: int = 1
     batch_size: int | None = None  # None: micro_batch
+    protocol: str = "custom"  # k400 | ssv2 | epic | custom: locks the eval sampling and views (data/protocols.py)
 
 
 @dataclass
@@ -294,11 +301,12 @@ _CHOICES: dict[str, tuple[str, ...]] = {
     "model.pool": ("mean", "cls"),
     "model.pos_embed": ("sincos", "learned"),
     "model.checkpoint_impl": ("torch", "deepspeed"),
-    "data.dataset": ("epic", "kinetics"),
+    "data.dataset": ("epic", "kinetics", "ssv2"),
     "data.sampling": ("segment", "stride"),
     "data.decoder": ("auto", "decord", "torchcodec", "pyav", "torchcodec-cuda"),
     "data.mean_std": ("imagenet", "clip"),
     "data.on_error": ("skip", "raise"),
+    "data.interpolation": ("bilinear", "bicubic"),
     "precision": ("auto", "fp32", "bf16", "fp16"),
     "nonfinite": ("skip", "stop"),
 }
@@ -416,3 +424,8 @@ def validate(recipe: Recipe) -> None:
         raise ConfigError(f"data.num_frames={recipe.data.num_frames} is not divisible by model.tubelet_size={tubelet}")
     if recipe.data.dataset == "epic" and recipe.model.heads is None:
         raise ConfigError("data.dataset='epic' needs model.heads (e.g. {verb: 97, noun: 300})")
+    from .data.protocols import check_recipe  # dataset recipes: augmentation specs, eval protocol
+
+    problem = check_recipe(recipe)
+    if problem:
+        raise ConfigError(problem)

@@ -100,8 +100,9 @@ def three_crops(height: int, width: int) -> list[CropBox]:
     return [CropBox(top, 0, s, s) for top in (0, (height - s) // 2, height - s)]
 
 
-def crop_resize(frames: torch.Tensor, box: CropBox | None, size: tuple[int, int] | None) -> torch.Tensor:
-    """uint8 (T, H, W, C) -> crop ``box`` -> bilinear antialiased resize to ``size`` -> uint8 (T, h, w, C)."""
+def crop_resize(frames: torch.Tensor, box: CropBox | None, size: tuple[int, int] | None,
+                interpolation: str = "bilinear") -> torch.Tensor:
+    """uint8 (T, H, W, C) -> crop ``box`` -> antialiased resize (bilinear | bicubic) to ``size`` -> uint8 (T, h, w, C)."""
     if box is not None:
         frames = frames[:, box.top:box.top + box.height, box.left:box.left + box.width]
     if size is None or tuple(frames.shape[1:3]) == tuple(size):
@@ -109,7 +110,8 @@ def crop_resize(frames: torch.Tensor, box: CropBox | None, size: tuple[int, int]
     from torchvision.transforms.v2 import functional as F
 
     x = frames.permute(0, 3, 1, 2)  # a channels-last view: torch's fast uint8 antialias kernel, no copy
-    x = F.resize(x, list(size), interpolation=F.InterpolationMode.BILINEAR, antialias=True)
+    mode = F.InterpolationMode.BICUBIC if interpolation == "bicubic" else F.InterpolationMode.BILINEAR
+    x = F.resize(x, list(size), interpolation=mode, antialias=True)
     return x.permute(0, 2, 3, 1).contiguous()
 
 

@@ -18,6 +18,7 @@ import torch
 
 from avion_ds.config import ConfigError, Recipe, load_recipe
 from avion_ds.data.errors import DataError
+from avion_ds.data.protocols import eval_report
 from avion_ds.engine import dist
 from avion_ds.engine.bad_input import BadInputLog, batch_messages
 from avion_ds.engine.logging import progress
@@ -199,16 +200,18 @@ def run(args: argparse.Namespace) -> int:
         out = Path(args.out) if args.out else (run_dir or Path(args.checkpoint).parent) / "eval_metrics.json"
         out.parent.mkdir(parents=True, exist_ok=True)
         payload: dict[str, Any] = {"checkpoint": str(args.checkpoint), "tag": tag, "split": args.split,
-                                   "num_samples": int(index.numel()), "num_failed": len(failed),
-                                   "failed_samples": failed, "views": views, "scores": SCORES, "metrics": metrics}
+                                   "num_samples": int(index.numel()), "views": views, "scores": SCORES,
+                                   "metrics": metrics, **eval_report(recipe.eval.protocol, views, dataset, index),
+                                   "failed_samples": failed}
         if not args.no_per_sample:
             payload["per_sample"] = per_sample_records(index, scores, labels)
         out.write_text(json.dumps(payload) + "\n")
         if failed:
             print(failed_line(failed), flush=True)
         print(" ".join(f"{k}={v:.2f}" for k, v in metrics.items()), flush=True)
-        print(f"wrote {out} ({index.numel()} samples evaluated, {len(failed)} failed to decode, "
-              f"checkpoint {tag or args.checkpoint})", flush=True)
+        print(f"wrote {out} ({index.numel()} samples evaluated; protocol {payload['protocol']}, {views} views, "
+              f"{payload['num_missing']} missing, {payload['num_quarantined']} quarantined, "
+              f"{len(failed)} failed to decode; checkpoint {tag or args.checkpoint})", flush=True)
     del model
     return 0
 

@@ -166,14 +166,14 @@ def failed_in_batch(batch: dict[str, Any]) -> dict[int, str]:
 
 
 def gather_failed(local: dict[int, str], dataset: Any = None) -> list[dict[str, Any]]:
-    """All ranks' failed clips (padding repeats merged), sorted, named through ``dataset.sample_name``."""
+    """All ranks' failed clips (padding repeats merged), sorted, named through ``dataset.row_name``."""
     merged = dict(local)
     if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
         gathered: list[Any] = [None] * dist.get_world_size()
         dist.all_gather_object(gathered, local)
         for g in gathered:
             merged.update(g)
-    name = getattr(dataset, "sample_name", str)
+    name = getattr(dataset, "row_name", str)
     return [{"index": i, "name": name(i), "reason": merged[i]} for i in sorted(merged)]
 
 

@@ -22,6 +22,7 @@ import yaml
 
 from avion_ds.config import ConfigError, Recipe, load_recipe, save_recipe
 from avion_ds.data.errors import DataError
+from avion_ds.data.protocols import eval_report
 from avion_ds.engine import checkpoint as ckpt
 from avion_ds.engine import dist, elastic
 from avion_ds.engine.accum import poison, step_window
@@ -92,6 +93,13 @@ def check_data_paths(recipe: Recipe, need_train: bool = True) -> None:
         ok = path.is_dir() if kind == "dir" else path.is_file()
         if not ok:
             raise ConfigError(f"{key}: {kind} not found: {path}")
+    if d.class_list and not Path(d.class_list).is_file():
+        raise ConfigError(f"data.class_list: file not found: {d.class_list}")
+    if d.quarantine not in ("", "auto", "none") and not Path(d.quarantine).is_file():
+        raise ConfigError(f"data.quarantine: file not found: {d.quarantine} (auto | none | a quarantine.tsv)")
+    if d.dataset == "ssv2" and not d.class_list and not (Path(d.train_csv or d.val_csv).parent / "labels.json").is_file():
+        raise ConfigError(f"data.class_list is empty and there is no labels.json next to {d.train_csv or d.val_csv}: "
+                          f"set data.class_list to SSv2's labels.json")
 
 
 def optimizer_steps_per_epoch(micro_batches: int, clips: int, recipe: Recipe, plan: BatchPlan) -> int:
@@ -323,6 +331,9 @@ def run(args: argparse.Namespace) -> int:
              f" | {steps_per_epoch} steps/epoch x {recipe.schedule.epochs} epochs | activation checkpointing "
              f"{recipe.model.checkpoint_impl if recipe.model.activation_checkpointing else 'off'} | run dir {run_dir}")
     log.info(backends_line(engine.module, recipe, device, dtype))
+    for ds in (train_set, val_set):  # rows dropped up front: missing videos, quarantine.tsv (avion-ds check)
+        listed = ds.write_skipped(run_dir / f"skipped_rows_{ds.split}.txt") if dist.is_main() else None
+        log.info(f"data {ds.startup_line()}" + (f" (listed in {listed})" if listed else ""))
 
     log.info(decoder_note)
     start_epoch, start_step, global_step, skipped, bad_samples, consecutive = 0, 0, 0, 0, 0, 0
@@ -468,14 +479,18 @@ def run(args: argparse.Namespace) -> int:
             break
         last = epoch + 1 == recipe.schedule.epochs
         if (epoch + 1) % max(1, recipe.eval.every_epochs) == 0 or last:
-            metrics, _, failed = evaluate_model(engine, val_loader, eval_aug, recipe.eval.temporal_views
-                                                * recipe.eval.spatial_views, device, dtype, bad_log=bad_log)
+            views = recipe.eval.temporal_views * recipe.eval.spatial_views
+            metrics, (evaluated, _, _), failed = evaluate_model(engine, val_loader, eval_aug, views, device, dtype,
+                                                                bad_log=bad_log)
             if failed:
                 log.info(failed_line(failed))
             log.eval(epoch, global_step, metrics)
             if dist.is_main():
+                report = eval_report(recipe.eval.protocol, views, val_set, evaluated)
                 (run_dir / "metrics.json").write_text(json.dumps({"epoch": epoch, "step": global_step, **metrics,
-                                                                   "failed_samples": failed}, indent=2) + "\n")
+                                                                   "failed_samples": failed, "eval": report},
+                                                                  indent=2) + "
+")
         ckpt.save(engine, run_dir, global_step, client_state(epoch + 1, 0), recipe.checkpoint.keep_last)
         if exit_after is not None and global_step >= exit_after:
             log.info(f"stopping after {global_step} steps (--exit-after-steps)")
