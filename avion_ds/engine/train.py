@@ -489,8 +489,7 @@ def run(args: argparse.Namespace) -> int:
                 report = eval_report(recipe.eval.protocol, views, val_set, evaluated)
                 (run_dir / "metrics.json").write_text(json.dumps({"epoch": epoch, "step": global_step, **metrics,
                                                                    "failed_samples": failed, "eval": report},
-                                                                  indent=2) + "
-")
+                                                                  indent=2) + "\n")
         ckpt.save(engine, run_dir, global_step, client_state(epoch + 1, 0), recipe.checkpoint.keep_last)
         if exit_after is not None and global_step >= exit_after:
             log.info(f"stopping after {global_step} steps (--exit-after-steps)")
