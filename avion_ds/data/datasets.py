@@ -327,9 +327,13 @@ class KineticsDataset(ClipDataset):
 
 def build_dataset(cfg: DataConfig, split: str, temporal_views: int = 1, spatial_views: int = 1,
                   seed: int = 0) -> ClipDataset:
-    """The dataset named by ``cfg.dataset`` (epic | kinetics) for ``split`` (train | val)."""
+    """The dataset named by ``cfg.dataset`` (epic | kinetics | videos) for ``split`` (train | val)."""
     if cfg.dataset == "epic":
         return EpicDataset(cfg, split, temporal_views, spatial_views, seed)
     if cfg.dataset == "kinetics":
         return KineticsDataset(cfg, split, temporal_views, spatial_views, seed)
-    raise ValueError(f"data.dataset={cfg.dataset!r} is not one of epic, kinetics")
+    if cfg.dataset == "videos":
+        from .videos import VideosDataset
+
+        return VideosDataset(cfg, split, temporal_views, spatial_views, seed)
+    raise ValueError(f"data.dataset={cfg.dataset!r} is not one of epic, kinetics, videos")

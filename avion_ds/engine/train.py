@@ -32,6 +32,13 @@ from avion_ds.engine.ds_config import (
 from avion_ds.engine.evaluate import evaluate_model
 from avion_ds.engine.logging import RunLogger, StepTimer, peak_memory_gib
 from avion_ds.engine.losses import total_loss
+from avion_ds.engine.pretrain import (
+    attach_masks,
+    build_pretrain_model,
+    evaluate_pretrain,
+    is_pretrain,
+    reconstruction_loss,
+)
 
 
 class NonFiniteLoss(RuntimeError):
@@ -61,6 +68,8 @@ def check_data_paths(recipe: Recipe, need_train: bool = True) -> None:
     if need_train:
         keys.insert(1, ("data.train_csv", d.train_csv, "file"))
     for key, value, kind in keys:
+        if not value and d.dataset == "videos" and kind == "file":
+            continue  # unlabelled clips: without a list, every video under data.root
         if not value:
             raise ConfigError(f"{key} is empty; set it in the recipe or with --set {key}=PATH")
         path = Path(value)
@@ -94,6 +103,8 @@ def build_model(recipe: Recipe, pretrained: str | None = None) -> torch.nn.Modul
     """The recipe's model through the model package (frames/size follow the data section)."""
     from avion_ds.models import create_model
 
+    if is_pretrain(recipe):
+        return build_pretrain_model(recipe, pretrained)
     m = recipe.model
     kw: dict[str, Any] = {"num_frames": recipe.data.num_frames, "img_size": recipe.data.size,
                               "drop_path_rate": m.drop_path_rate, "head_drop_rate": m.head_drop_rate,
@@ -186,6 +197,9 @@ def run(args: argparse.Namespace) -> int:
     train_set = build_dataset(recipe.data, "train", seed=recipe.seed)
     val_set = build_dataset(recipe.data, "val", temporal_views=recipe.eval.temporal_views,
                             spatial_views=recipe.eval.spatial_views, seed=recipe.seed)
+    pretraining = is_pretrain(recipe)
+    if pretraining:
+        attach_masks(recipe, train_set, val_set)
     train_loader = build_loader(train_set, plan.micro_batch, recipe.data.workers, shuffle=True, seed=recipe.seed,
                                 drop_last=True, distributed=True)
     eval_bs = recipe.eval.batch_size or plan.micro_batch
@@ -218,7 +232,7 @@ def run(args: argparse.Namespace) -> int:
     eval_aug = DeviceAugment(recipe.data, num_classes, train=False)
     log = RunLogger(run_dir, dist.is_main(), recipe.logging.tensorboard, recipe.logging.progress,
                     recipe.logging.log_every)
-    log.info(f"avion-ds train: {recipe.model.name} | world {world} | ZeRO-{zero_stage(ds_config)} | {precision} | "
+    log.info(f"avion-ds train: {recipe.task} {recipe.model.name} | world {world} | ZeRO-{zero_stage(ds_config)} | {precision} | "
              f"global batch {plan.global_batch} = micro {plan.micro_batch} x accum {plan.grad_accum} x world {world}"
              f" | {steps_per_epoch} steps/epoch x {recipe.schedule.epochs} epochs | activation checkpointing "
              f"{recipe.model.checkpoint_impl if recipe.model.activation_checkpointing else 'off'} | run dir {run_dir}")
@@ -279,8 +293,8 @@ def run(args: argparse.Namespace) -> int:
             labels = to_device(batch["label"], device)
             x, targets = train_aug(frames, labels)
             timer.mark_data()
-            out = engine(x.to(dtype))
-            loss, parts = total_loss(out, targets, smoothing)
+            out = engine(x.to(dtype), **targets) if pretraining else engine(x.to(dtype))
+            loss, parts = reconstruction_loss(out) if pretraining else total_loss(out, targets, smoothing)
             # one collective for the loss and the count of bad input samples the loader skipped
             bad_here = float(batch["skipped"].sum()) if "skipped" in batch else 0.0
             reduced = dist.all_reduce_sum(torch.stack([loss.detach().float(), loss.new_tensor(bad_here).float()]))
@@ -341,8 +355,8 @@ def run(args: argparse.Namespace) -> int:
             break
         last = epoch + 1 == recipe.schedule.epochs
         if (epoch + 1) % max(1, recipe.eval.every_epochs) == 0 or last:
-            metrics, _ = evaluate_model(engine, val_loader, eval_aug, recipe.eval.temporal_views
-                                        * recipe.eval.spatial_views, device, dtype)
+            metrics = evaluate_pretrain(engine, val_loader, eval_aug, device, dtype) if pretraining else evaluate_model(
+                engine, val_loader, eval_aug, recipe.eval.temporal_views * recipe.eval.spatial_views, device, dtype)[0]
             log.eval(epoch, global_step, metrics)
             if dist.is_main():
                 (run_dir / "metrics.json").write_text(json.dumps({"epoch": epoch, "step": global_step,
