@@ -19,7 +19,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 from timm.layers import trunc_normal_
@@ -59,9 +59,11 @@ class MAEArch:
         return e.tubelet_size * e.patch_size * e.patch_size * e.in_chans
 
 
-@dataclass
-class MAEOutput:
-    """What the pretraining model returns: the loss and the decoder's predictions (B, Nd, P)."""
+class MAEOutput(NamedTuple):
+    """What the pretraining model returns: the loss and the decoder's predictions (B, Nd, P).
+
+    A NamedTuple, so that ZeRO-3's backward hooks reach its tensors (they skip dataclasses and
+    would leave the top module's own parameters, e.g. ``mask_token``, partitioned in backward)."""
 
     loss: torch.Tensor
     pred: torch.Tensor
