@@ -15,6 +15,7 @@ mask's True tokens; the V2 decoder reconstructs the tokens where the running-cel
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import numpy as np
@@ -43,8 +44,9 @@ def random_mask(grid: Grid, ratio: float, rng: np.random.Generator) -> np.ndarra
     return mask.astype(bool)
 
 
+@functools.lru_cache(maxsize=16)
 def running_cell_maps(grid: Grid, ratio: float) -> np.ndarray:
-    """All ``cell size`` running-cell masks (S, T, H*W) as VideoMAE V2 precomputes them."""
+    """All ``cell size`` running-cell masks (S, T, H*W) as VideoMAE V2 precomputes them (cached, read-only)."""
     t, h, w = grid
     masked = int(4 * ratio)
     if not 0 < masked < 4:
@@ -61,13 +63,15 @@ def running_cell_maps(grid: Grid, ratio: float) -> np.ndarray:
             cell = queue[(np.arange(size) + ptr) % size].reshape(2, 2)
             frames.append(np.tile(cell, [h // 2, w // 2]).reshape(-1))
         maps.append(np.stack(frames))
-    return np.stack(maps)
+    out = np.stack(maps).astype(bool)
+    out.flags.writeable = False
+    return out
 
 
 def running_cell_mask(grid: Grid, ratio: float, rng: np.random.Generator) -> np.ndarray:
     """VideoMAE V2 running-cell mask: one of the precomputed start offsets, drawn from ``rng``."""
     maps = running_cell_maps(grid, ratio)
-    return maps[int(rng.integers(len(maps)))].reshape(-1).astype(bool)
+    return maps[int(rng.integers(len(maps)))].reshape(-1).copy()
 
 
 @dataclass(frozen=True)

@@ -15,6 +15,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 import yaml
@@ -127,3 +128,19 @@ def test_pretrain_to_finetune_handoff(runs: dict) -> None:
     x = torch.randn(2, 3, 4, 32, 32)
     with torch.no_grad():
         torch.testing.assert_close(ft.eval().forward_features(x), mae.encoder.eval().forward_features(x))
+
+
+def test_reconstruct_writes_the_grid(runs: dict, tiny_epic: dict, tmp_path: Path) -> None:
+    from PIL import Image
+
+    from avion_ds.engine.reconstruct import main
+
+    video = next((Path(tiny_epic["train_csv"]).parent / "videos").glob("*.mp4"))
+    out = tmp_path / "grid.png"
+    assert main(["--checkpoint", str(runs["ref"]), "--video", str(video), "--out", str(out), "--frames", "3"]) == 0
+    img = Image.open(out)
+    assert img.size == (3 * 32 * 4, 3 * 32 * 4)  # 3 frames x 3 rows of 32 px, upscaled 4x to >= 128 px
+    pixels = np.asarray(img)
+    middle = pixels[128:256]
+    assert (middle == 128).all(axis=-1).mean() > 0.3  # hidden tokens are grey in the masked row
+    assert main(["--checkpoint", str(runs["ref"]), "--video", str(tmp_path / "missing.mp4"), "--out", str(out)]) == 2
