@@ -126,3 +126,21 @@ def even_superset(box: CropBox, height: int, width: int) -> tuple[CropBox, CropB
     right = min(width, box.left + box.width + (box.left + box.width) % 2)
     return (CropBox(top, left, bottom - top, right - left),
             CropBox(box.top - top, box.left - left, box.height, box.width))
+
+
+def multi_scale_crop(height: int, width: int, size: int, scales: tuple[float, ...] | list[float],
+                     rng: np.random.Generator, max_distort: int = 1) -> CropBox:
+    """VideoMAE's GroupMultiScaleCrop box (fix_crop, more_fix_crop): side lengths ``int(short * s)``
+    for s in ``scales`` (snapped to ``size`` within 3 px), height and width at most ``max_distort``
+    scale steps apart, placed at one of 13 fixed offsets (corners, centre, edge centres, quarters)."""
+    base = min(height, width)
+    sides = [int(base * s) for s in scales]
+    sides = [size if abs(x - size) < 3 else x for x in sides]
+    pairs = [(w, h) for i, h in enumerate(sides) for j, w in enumerate(sides) if abs(i - j) <= max_distort]
+    crop_w, crop_h = pairs[int(rng.integers(len(pairs)))]
+    crop_w, crop_h = min(crop_w, width), min(crop_h, height)
+    ws, hs = (width - crop_w) // 4, (height - crop_h) // 4
+    offsets = [(0, 0), (4 * ws, 0), (0, 4 * hs), (4 * ws, 4 * hs), (2 * ws, 2 * hs), (0, 2 * hs), (4 * ws, 2 * hs),
+               (2 * ws, 4 * hs), (2 * ws, 0), (ws, hs), (3 * ws, hs), (ws, 3 * hs), (3 * ws, 3 * hs)]
+    left, top = offsets[int(rng.integers(len(offsets)))]
+    return CropBox(top, left, crop_h, crop_w)

@@ -481,7 +481,7 @@ def read_annotations(cfg: DataConfig, split: str) -> tuple[int, int | dict[str, 
 
 def build_dataset(cfg: DataConfig, split: str, temporal_views: int = 1, spatial_views: int = 1,
                   seed: int = 0) -> ClipDataset:
-    """The dataset named by ``cfg.dataset`` (epic | kinetics | ssv2) for ``split`` (train | val)."""
+    """The dataset named by ``cfg.dataset`` (epic | kinetics | ssv2 | videos) for ``split`` (train | val)."""
     if cfg.dataset == "epic":
         return EpicDataset(cfg, split, temporal_views, spatial_views, seed)
     if cfg.dataset == "kinetics":
@@ -492,4 +492,8 @@ def build_dataset(cfg: DataConfig, split: str, temporal_views: int = 1, spatial_
         from .ssv2 import SSv2Dataset
 
         return SSv2Dataset(cfg, split, temporal_views, spatial_views, seed)
-    raise ValueError(f"data.dataset={cfg.dataset!r} is not one of epic, kinetics, ssv2")
+    if cfg.dataset == "videos":
+        from .videos import VideosDataset
+
+        return VideosDataset(cfg, split, temporal_views, spatial_views, seed)
+    raise ValueError(f"data.dataset={cfg.dataset!r} is not one of epic, kinetics, ssv2, videos")

@@ -42,6 +42,13 @@ from avion_ds.engine.logging import RunLogger, StepTimer, peak_memory_gib
 from avion_ds.engine.oom import OutOfMemory, explain_from_args
 from avion_ds.engine.losses import total_loss
 from avion_ds.engine.metrics import failed_line
+from avion_ds.engine.pretrain import (
+    attach_masks,
+    build_pretrain_model,
+    evaluate_pretrain,
+    is_pretrain,
+    reconstruction_loss,
+)
 
 
 class NonFiniteLoss(RuntimeError):
@@ -87,6 +94,8 @@ def check_data_paths(recipe: Recipe, need_train: bool = True) -> None:
     if need_train:
         keys.insert(1, ("data.train_csv", d.train_csv, "file"))
     for key, value, kind in keys:
+        if not value and d.dataset == "videos" and kind == "file":
+            continue  # unlabelled clips: without a list, every video under data.root
         if not value:
             raise ConfigError(f"{key} is empty; set it in the recipe or with --set {key}=PATH")
         path = Path(value)
@@ -185,9 +194,16 @@ def build_model(recipe: Recipe, pretrained: str | None = None, run_dir: Path | N
     from avion_ds.models.sharded_load import build_partitioned
 
     m = recipe.model
+    source = pretrained if pretrained is not None else m.pretrained
+    if is_pretrain(recipe):  # the pretraining model reads its own formats (official / HF VideoMAE pretraining)
+        if source and zero_stage(ds_config or {}) == 3:
+            raise ConfigError(f"model.pretrained={source}: continuing a pretraining run from weights under ZeRO-3 "
+                              "is not supported yet; resume from the run's checkpoint instead")
+        if source:
+            return build_pretrain_model(recipe, str(source))
+        return build_partitioned(lambda: build_pretrain_model(recipe, ""), ds_config)
     kw = model_kwargs(recipe)
     model = build_partitioned(lambda: create_model(m.name, **kw), ds_config)
-    source = pretrained if pretrained is not None else m.pretrained
     if source:
         load_and_report(model, str(source), strict=m.pretrained_strict, trust=m.trust_checkpoint, run_dir=run_dir,
                         is_main=dist.is_main())
@@ -297,6 +313,9 @@ def run(args: argparse.Namespace) -> int:
                             spatial_views=recipe.eval.spatial_views, seed=recipe.seed)
     for ds in (train_set, val_set):
         ds.defer_errors = True  # bad samples reported through the loop (named once, fatal on every rank)
+    pretraining = is_pretrain(recipe)
+    if pretraining:
+        attach_masks(recipe, train_set, val_set)
     train_loader = build_loader(train_set, plan.micro_batch, recipe.data.workers, shuffle=True, seed=recipe.seed,
                                 drop_last=True, distributed=True)
     eval_bs = recipe.eval.batch_size or plan.micro_batch
@@ -326,7 +345,7 @@ def run(args: argparse.Namespace) -> int:
     eval_aug = DeviceAugment(recipe.data, num_classes, train=False)
     log = RunLogger(run_dir, dist.is_main(), recipe.logging.tensorboard, recipe.logging.progress,
                     recipe.logging.log_every)
-    log.info(f"avion-ds train: {recipe.model.name} | world {world} | ZeRO-{zero_stage(ds_config)} | {precision} | "
+    log.info(f"avion-ds train: {recipe.task} {recipe.model.name} | world {world} | ZeRO-{zero_stage(ds_config)} | {precision} | "
              f"global batch {plan.global_batch} = micro {plan.micro_batch} x accum {plan.grad_accum} x world {world}"
              f" | {steps_per_epoch} steps/epoch x {recipe.schedule.epochs} epochs | activation checkpointing "
              f"{recipe.model.checkpoint_impl if recipe.model.activation_checkpointing else 'off'} | run dir {run_dir}")
@@ -398,8 +417,8 @@ def run(args: argparse.Namespace) -> int:
             labels = to_device(batch["label"], device)
             x, targets = train_aug(frames, labels)
             timer.mark_data()
-            out = engine(x.to(dtype))
-            loss, parts = total_loss(out, targets, smoothing)
+            out = engine(x.to(dtype), **targets) if pretraining else engine(x.to(dtype))
+            loss, parts = reconstruction_loss(out) if pretraining else total_loss(out, targets, smoothing)
             # one collective for the loss, the count of bad input samples the loader skipped and fatal input errors
             bad_msgs, fatal_msgs = batch_messages(batch)
             bad_here = float(batch["skipped"].sum()) if "skipped" in batch else 0.0
@@ -480,13 +499,17 @@ def run(args: argparse.Namespace) -> int:
         last = epoch + 1 == recipe.schedule.epochs
         if (epoch + 1) % max(1, recipe.eval.every_epochs) == 0 or last:
             views = recipe.eval.temporal_views * recipe.eval.spatial_views
-            metrics, (evaluated, _, _), failed = evaluate_model(engine, val_loader, eval_aug, views, device, dtype,
-                                                                bad_log=bad_log)
+            failed: list[dict[str, Any]] = []
+            if pretraining:
+                metrics, evaluated = evaluate_pretrain(engine, val_loader, eval_aug, device, dtype), None
+            else:
+                metrics, (evaluated, _, _), failed = evaluate_model(engine, val_loader, eval_aug, views, device,
+                                                                    dtype, bad_log=bad_log)
             if failed:
                 log.info(failed_line(failed))
             log.eval(epoch, global_step, metrics)
             if dist.is_main():
-                report = eval_report(recipe.eval.protocol, views, val_set, evaluated)
+                report = None if evaluated is None else eval_report(recipe.eval.protocol, views, val_set, evaluated)
                 (run_dir / "metrics.json").write_text(json.dumps({"epoch": epoch, "step": global_step, **metrics,
                                                                    "failed_samples": failed, "eval": report},
                                                                   indent=2) + "\n")

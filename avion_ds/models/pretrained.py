@@ -76,6 +76,11 @@ def read_checkpoint(source: str | Path | dict, trust: bool = False) -> dict[str,
     if isinstance(source, dict):
         return source
     path = Path(source)
+    if path.is_dir() and (path / "checkpoints").is_dir() and not (path / "model.safetensors").is_file():
+        from avion_ds.engine.export import consolidate  # a training run directory: its latest checkpoint
+
+        logger.info("%s is a run directory: loading its latest complete checkpoint", path)
+        return consolidate(path)
     if path.is_dir():
         for name in ("model.safetensors", "pytorch_model.bin", "mp_rank_00_model_states.pt"):
             if (path / name).is_file():
@@ -136,6 +141,8 @@ def detect_format(sd: StateDict) -> str:
 
 
 def _filter_avion(sd: StateDict, model: VideoViT, report: LoadReport) -> StateDict:
+    if "encoder_to_decoder.weight" in sd:  # our pretraining model: keep its encoder (fc_norm = token norm)
+        return {k.removeprefix("encoder."): v for k, v in sd.items()}
     return dict(sd)
 
 
@@ -170,6 +177,7 @@ _HF_BLOCK = {
     "layernorm_after.weight": "norm2.weight",
     "layernorm_after.bias": "norm2.bias",
 }
+HF_BLOCK_KEYS = _HF_BLOCK  # public: Hugging Face layer key suffix -> our block key suffix
 _HF_TOP = {
     "embeddings.patch_embeddings.projection.weight": "patch_embed.proj.weight",
     "embeddings.patch_embeddings.projection.bias": "patch_embed.proj.bias",
