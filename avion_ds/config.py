@@ -476,7 +476,9 @@ def validate(recipe: Recipe) -> None:
             raise ConfigError(f"data.multi_scale={recipe.data.multi_scale} must be a non-empty list in (0, 1]")
     if recipe.data.dataset == "epic" and recipe.model.heads is None:
         raise ConfigError("data.dataset='epic' needs model.heads (e.g. {verb: 97, noun: 300})")
-    from .data.protocols import check_recipe  # dataset recipes: augmentation specs, eval protocol
+    from .data.protocols import (
+        check_recipe,  # dataset recipes: augmentation specs, eval protocol
+    )
 
     problem = check_recipe(recipe)
     if problem:

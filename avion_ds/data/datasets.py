@@ -49,7 +49,13 @@ from .crop import (
 )
 from .decoders import _REGISTRY, _load_plugins, get_decoder, pick_decoder
 from .errors import DataError
-from .manifest import VideoEntry, check_chunk_file, find_videos, load_manifest, probe_video
+from .manifest import (
+    VideoEntry,
+    check_chunk_file,
+    find_videos,
+    load_manifest,
+    probe_video,
+)
 from .quarantine import quarantine_path, read_quarantine, row_key
 from .sampling import (
     map_to_chunks,

@@ -164,9 +164,8 @@ def check_user_config(cfg: dict[str, Any]) -> None:
     if opt is not None:
         name = opt.get("type")
         if not isinstance(name, str) or not _optimizer_known(name):
-            from deepspeed.runtime.config import DEEPSPEED_OPTIMIZERS
-
             import torch
+            from deepspeed.runtime.config import DEEPSPEED_OPTIMIZERS
 
             names = sorted(set(DEEPSPEED_OPTIMIZERS) | {n for n in dir(torch.optim) if n[0].isupper()
                                                          and n != "Optimizer"})

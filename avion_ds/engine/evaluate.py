@@ -125,6 +125,7 @@ def _resolve_recipe(args: argparse.Namespace) -> tuple[Recipe, Path | None]:
 
 
 def run(args: argparse.Namespace) -> int:
+    from avion_ds.engine import preflight as pf
     from avion_ds.engine.train import (
         backends_line,
         build_model,
@@ -132,8 +133,6 @@ def run(args: argparse.Namespace) -> int:
         recipe_num_classes,
         seed_everything,
     )
-
-    from avion_ds.engine import preflight as pf
 
     recipe, run_dir = _resolve_recipe(args)
     check_data_paths(recipe, need_train=args.split == "train")

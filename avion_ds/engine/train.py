@@ -39,9 +39,9 @@ from avion_ds.engine.ds_config import (
 )
 from avion_ds.engine.evaluate import evaluate_model
 from avion_ds.engine.logging import RunLogger, StepTimer, peak_memory_gib
-from avion_ds.engine.oom import OutOfMemory, explain_from_args
 from avion_ds.engine.losses import total_loss
 from avion_ds.engine.metrics import failed_line
+from avion_ds.engine.oom import OutOfMemory, explain_from_args
 from avion_ds.engine.pretrain import (
     attach_masks,
     build_pretrain_model,

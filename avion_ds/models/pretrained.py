@@ -77,7 +77,9 @@ def read_checkpoint(source: str | Path | dict, trust: bool = False) -> dict[str,
         return source
     path = Path(source)
     if path.is_dir() and (path / "checkpoints").is_dir() and not (path / "model.safetensors").is_file():
-        from avion_ds.engine.export import consolidate  # a training run directory: its latest checkpoint
+        from avion_ds.engine.export import (
+            consolidate,  # a training run directory: its latest checkpoint
+        )
 
         logger.info("%s is a run directory: loading its latest complete checkpoint", path)
         return consolidate(path)

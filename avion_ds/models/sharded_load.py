@@ -21,7 +21,12 @@ import torch
 import torch.distributed as tdist
 from torch import nn
 
-from .partition import full_shape, gathered, is_partitioned_model, partitioned_construction
+from .partition import (
+    full_shape,
+    gathered,
+    is_partitioned_model,
+    partitioned_construction,
+)
 from .pretrained import LoadReport, finish_report, load_pretrained, prepare_state_dict
 from .safetensors_stream import SafetensorsReader
 

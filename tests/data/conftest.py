@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import shutil
-from fractions import Fraction
 from dataclasses import replace
+from fractions import Fraction
 from pathlib import Path
 
 import av

@@ -7,7 +7,7 @@ this process) return a NaN loss, as a numerically broken batch would.
 import os
 import sys
 
-import avion_ds.engine.train as train
+from avion_ds.engine import train
 
 TARGETS = {tuple(int(v) for v in x.split(":")) for x in os.environ.get("AVION_TEST_NAN", "").split(",") if x}
 _real_loss = train.total_loss
