@@ -12,11 +12,14 @@ import sys
 # subcommand -> (module, one-line help)
 COMMANDS: dict[str, tuple[str, str]] = {
     "chunk": ("avion_ds.data.chunking", "re-encode long videos into short chunks + manifest.jsonl"),
+    "check": ("avion_ds.data.check", "integrity pass over a prepared dataset; writes quarantine.tsv"),
     "synth": ("avion_ds.data.synthetic", "generate a small learnable EPIC-style synthetic dataset"),
     "train": ("avion_ds.engine.train", "train / fine-tune from a YAML recipe (also under deepspeed)"),
     "eval": ("avion_ds.engine.evaluate", "evaluate a checkpoint; writes metrics JSON"),
     "export": ("avion_ds.engine.export", "consolidate ZeRO shards into one fp32 safetensors file"),
+    "reconstruct": ("avion_ds.engine.reconstruct", "pretraining run: original / masked / reconstructed frames as one PNG"),
     "plan": ("avion_ds.memory.plan", "pick ZeRO stage / offload / checkpointing / micro-batch for a GPU budget"),
+    "bench-loader": ("avion_ds.data.loader_bench", "clips/s per DataLoader worker and workers needed per GPU"),
     "models": ("avion_ds.models.listing", "registered model sizes with parameters and GFLOPs per clip"),
 }
 # distribution name -> how --version shows it (read from package metadata: nothing heavy is imported)
@@ -28,7 +31,7 @@ EXIT_CODES = "exit codes: 0 done, 1 failure (traceback), 2 bad input (one line),
 def _usage() -> str:
     lines = ["usage: avion-ds <command> [options]   (avion-ds --version, avion-ds <command> --help)", "",
              "commands:"]
-    lines += [f"  {name:<8} {help_}" for name, (_, help_) in COMMANDS.items()]
+    lines += [f"  {name:<12} {help_}" for name, (_, help_) in COMMANDS.items()]
     return "\n".join([*lines, "", EXIT_CODES])
 
 

@@ -30,6 +30,8 @@ class ConfigError(ValueError):
 class ModelConfig:
     name: str = "vit_base_patch16_224"
     pretrained: str | None = None  # path to a VideoMAE / HF / timm / avion_ds checkpoint
+    pretrained_strict: bool = True  # refuse to train when < 90% of the backbone parameters were loaded
+    trust_checkpoint: bool = False  # allow full unpickling of model.pretrained (can run code from the file)
     num_classes: int = 400  # single-head models
     heads: dict[str, int] | None = None  # e.g. {"verb": 97, "noun": 300} (EPIC); overrides num_classes
     tubelet_size: int | None = None  # frames per token; None = the registered size's (2)
@@ -47,7 +49,7 @@ class ModelConfig:
 
 @dataclass
 class DataConfig:
-    dataset: str = "epic"  # epic | kinetics
+    dataset: str = "epic"  # epic | kinetics | ssv2 | videos (unlabelled clips for task: pretrain)
     root: str = ""  # chunk root (holds manifest.jsonl) or root of whole videos
     train_csv: str = ""
     val_csv: str = ""
@@ -56,7 +58,7 @@ class DataConfig:
     sampling: str = "segment"  # segment (TSN, EPIC/AVION) | stride (Kinetics/VideoMAE)
     stride: int = 4
     size: int = 224
-    decoder: str = "decord"  # decord | torchcodec | pyav
+    decoder: str = "auto"  # auto (probe on the first chunk) | decord | torchcodec | pyav | torchcodec-cuda
     decoder_threads: int = 1
     workers: int = 4
     crop_scale: list[float] = field(default_factory=lambda: [0.5, 1.0])
@@ -68,6 +70,14 @@ class DataConfig:
     label_smoothing: float = 0.1
     on_error: str = "skip"  # skip | raise
     decode_timeout_s: float = 60.0
+    class_list: str = ""  # kinetics: class names (one a line; index = line); ssv2: labels.json ("" = next to train_csv)
+    quarantine: str = "auto"  # auto: <root>/quarantine.tsv if present (written by avion-ds check) | none | PATH
+    rand_aug: str = ""  # timm RandAugment spec, e.g. rand-m7-n4-mstd0.5-inc1 (same ops for every frame of a clip)
+    reprob: float = 0.0  # timm RandomErasing probability (pixel mode, VideoMAE: 0.25)
+    num_sample: int = 1  # repeated augmentation: augmented views per loaded training clip (VideoMAE: 2)
+    interpolation: str = "bilinear"  # bilinear | bicubic: crop resize and RandAugment geometric ops
+    clips_per_video: int = 1  # dataset: videos — clips drawn from every video per epoch
+    multi_scale: list[float] = field(default_factory=lambda: [1.0, 0.875, 0.75, 0.66])  # videos: crop scales
 
 
 @dataclass
@@ -103,6 +113,7 @@ class EvalConfig:
     temporal_views: int = 1
     spatial_views: int = 1
     batch_size: int | None = None  # None: micro_batch
+    protocol: str = "custom"  # k400 | ssv2 | epic | custom: locks the eval sampling and views (data/protocols.py)
 
 
 @dataclass
@@ -120,6 +131,17 @@ class LoggingConfig:
 
 
 @dataclass
+class PretrainConfig:
+    """Masked-autoencoder pretraining (``task: pretrain``): masks and reconstruction target."""
+
+    mask_type: str = "tube"  # tube | random (encoder mask)
+    mask_ratio: float = 0.9
+    decoder_mask_type: str = "none"  # none | running_cell (VideoMAE V2 dual masking)
+    decoder_mask_ratio: float = 0.5
+    norm_pix_loss: bool = True
+
+
+@dataclass
 class Recipe:
     model: ModelConfig = field(default_factory=ModelConfig)
     data: DataConfig = field(default_factory=DataConfig)
@@ -129,6 +151,8 @@ class Recipe:
     eval: EvalConfig = field(default_factory=EvalConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     logging: LoggingConfig = field(default_factory=LoggingConfig)
+    pretrain: PretrainConfig = field(default_factory=PretrainConfig)
+    task: str = "finetune"  # finetune | pretrain (masked autoencoder, see avion_ds.engine.pretrain)
     output_dir: str = "runs/default"
     seed: int = 0
     precision: str = "auto"  # auto (from ds_config) | fp32 | bf16 | fp16
@@ -234,9 +258,31 @@ def _build(cls: type, data: Any, prefix: str = "") -> Any:
     return cls(**kwargs)
 
 
+# task: pretrain changes these defaults (VideoMAE pretraining); keys the recipe sets win.
+PRETRAIN_DEFAULTS: dict[str, dict[str, Any]] = {
+    "model": {"name": "pretrain_videomae_base_patch16_224", "drop_path_rate": 0.0, "num_classes": 0},
+    "data": {"dataset": "videos", "sampling": "stride", "hflip": 0.0, "mixup": 0.0, "cutmix": 0.0,
+             "label_smoothing": 0.0},
+    "optim": {"lr": 1.5e-4, "betas": [0.9, 0.95], "weight_decay": 0.05, "layer_decay": 1.0, "min_lr": 1e-5},
+    "schedule": {"epochs": 800, "warmup_epochs": 40.0},
+}
+
+
+def _task_defaults(data: dict[str, Any]) -> dict[str, Any]:
+    if data.get("task") != "pretrain":
+        return data
+    out = dict(data)
+    for section, values in PRETRAIN_DEFAULTS.items():
+        given = out.get(section) or {}
+        if not isinstance(given, dict):
+            return data  # reported by _build
+        out[section] = {**values, **given}
+    return out
+
+
 def recipe_from_dict(data: dict[str, Any]) -> Recipe:
     """Build a validated Recipe from a plain mapping (as read from YAML)."""
-    recipe = _build(Recipe, data)
+    recipe = _build(Recipe, _task_defaults(data))
     validate(recipe)
     return recipe
 
@@ -292,11 +338,15 @@ _CHOICES: dict[str, tuple[str, ...]] = {
     "model.pool": ("mean", "cls"),
     "model.pos_embed": ("sincos", "learned"),
     "model.checkpoint_impl": ("torch", "deepspeed"),
-    "data.dataset": ("epic", "kinetics"),
+    "data.dataset": ("epic", "kinetics", "ssv2", "videos"),
+    "pretrain.mask_type": ("tube", "random"),
+    "pretrain.decoder_mask_type": ("none", "running_cell"),
+    "task": ("finetune", "pretrain"),
     "data.sampling": ("segment", "stride"),
-    "data.decoder": ("decord", "torchcodec", "pyav"),
+    "data.decoder": ("auto", "decord", "torchcodec", "pyav", "torchcodec-cuda"),
     "data.mean_std": ("imagenet", "clip"),
     "data.on_error": ("skip", "raise"),
+    "data.interpolation": ("bilinear", "bicubic"),
     "precision": ("auto", "fp32", "bf16", "fp16"),
     "nonfinite": ("skip", "stop"),
 }
@@ -412,5 +462,24 @@ def validate(recipe: Recipe) -> None:
     tubelet = recipe.model.tubelet_size
     if tubelet is not None and (tubelet <= 0 or recipe.data.num_frames % tubelet):
         raise ConfigError(f"data.num_frames={recipe.data.num_frames} is not divisible by model.tubelet_size={tubelet}")
+    if (recipe.task == "pretrain") != (recipe.data.dataset == "videos"):
+        raise ConfigError(f"task={recipe.task!r} with data.dataset={recipe.data.dataset!r}: pretraining uses "
+                          "data.dataset 'videos' (unlabelled clips), fine-tuning a labelled dataset")
+    if recipe.task == "pretrain":
+        p = recipe.pretrain
+        for key, value in (("pretrain.mask_ratio", p.mask_ratio), ("pretrain.decoder_mask_ratio", p.decoder_mask_ratio)):
+            if not 0.0 < value < 1.0:
+                raise ConfigError(f"{key}={value} must be in (0, 1)")
+        if recipe.data.clips_per_video <= 0:
+            raise ConfigError(f"data.clips_per_video={recipe.data.clips_per_video} must be positive")
+        if not recipe.data.multi_scale or not all(0 < s <= 1 for s in recipe.data.multi_scale):
+            raise ConfigError(f"data.multi_scale={recipe.data.multi_scale} must be a non-empty list in (0, 1]")
     if recipe.data.dataset == "epic" and recipe.model.heads is None:
         raise ConfigError("data.dataset='epic' needs model.heads (e.g. {verb: 97, noun: 300})")
+    from .data.protocols import (
+        check_recipe,  # dataset recipes: augmentation specs, eval protocol
+    )
+
+    problem = check_recipe(recipe)
+    if problem:
+        raise ConfigError(problem)

@@ -200,9 +200,10 @@ def load_latest(engine: Any, run_dir: str | Path, tag: str | None = None) -> dic
         return None
     root = checkpoint_dir(run_dir)
     marker = json.loads((root / tag / MARKER).read_text())
-    if marker.get("world_size") not in (None, dist.world_size()):
-        raise ConfigError(f"checkpoint {root / tag} was written by {marker['world_size']} ranks, this run has "
-                          f"{dist.world_size()}; resume with the same world size or set checkpoint.resume=false")
+    if marker.get("world_size") not in (None, dist.world_size()):  # converted by elastic.prepare_resume
+        from avion_ds.engine.elastic import load_universal
+
+        return load_universal(engine, root / tag, int(marker["world_size"]))
     path, _ = engine.load_checkpoint(str(root), tag=tag, load_optimizer_states=True, load_lr_scheduler_states=True)
     if path is None:
         raise RuntimeError(f"DeepSpeed could not load checkpoint {root / tag}")

@@ -164,9 +164,8 @@ def check_user_config(cfg: dict[str, Any]) -> None:
     if opt is not None:
         name = opt.get("type")
         if not isinstance(name, str) or not _optimizer_known(name):
-            from deepspeed.runtime.config import DEEPSPEED_OPTIMIZERS
-
             import torch
+            from deepspeed.runtime.config import DEEPSPEED_OPTIMIZERS
 
             names = sorted(set(DEEPSPEED_OPTIMIZERS) | {n for n in dir(torch.optim) if n[0].isupper()
                                                          and n != "Optimizer"})
@@ -285,6 +284,11 @@ def _fill_scheduler(cfg: dict[str, Any], recipe: Recipe, lr: float, steps_per_ep
     sched = cfg.get("scheduler")
     if not sched:
         return
+    if recipe.optim.layer_decay < 1.0:  # DeepSpeed's schedulers set one lr for every group: lr_scale is lost
+        raise ConfigError(f"deepspeed config 'scheduler' ({sched.get('type', '?')}) cannot be combined with "
+                          f"optim.layer_decay={recipe.optim.layer_decay:g}: DeepSpeed's schedulers drop the per-layer "
+                          "lr scale; remove the scheduler section (the built-in warmup + cosine honours layer "
+                          "decay) or set optim.layer_decay=1.0")
     params = sched.setdefault("params", {})
     autos = [k for k, v in params.items() if v == AUTO]
     if autos and steps_per_epoch is None:

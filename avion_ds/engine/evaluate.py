@@ -18,13 +18,18 @@ import torch
 
 from avion_ds.config import ConfigError, Recipe, load_recipe
 from avion_ds.data.errors import DataError
+from avion_ds.data.protocols import eval_report
 from avion_ds.engine import dist
 from avion_ds.engine.bad_input import BadInputLog, batch_messages
 from avion_ds.engine.logging import progress
 from avion_ds.engine.metrics import (
+    SCORES,
     PredictionStore,
     aggregate_outputs,
     compute_metrics,
+    failed_in_batch,
+    failed_line,
+    gather_failed,
     per_sample_records,
 )
 
@@ -32,8 +37,9 @@ from avion_ds.engine.metrics import (
 @torch.no_grad()
 def evaluate_model(model: Callable[[torch.Tensor], Any], loader: Any, augment: Callable, views: int,
                    device: torch.device, dtype: torch.dtype = torch.float32,
-                   bad_log: BadInputLog | None = None) -> tuple[dict[str, float], tuple]:
-    """Metrics over ``loader`` (all ranks) and the gathered (index, scores, labels).
+                   bad_log: BadInputLog | None = None) -> tuple[dict[str, float], tuple, list[dict[str, Any]]]:
+    """Metrics over ``loader`` (all ranks), the gathered (index, probabilities, labels), and the
+    clips that failed to decode (``[{"index", "name", "reason"}]``, excluded from the metrics).
 
     Bad samples a deferring dataset reports are named once (``bad_log``); a fatal one
     (``data.on_error: raise``) raises the same DataError on every rank after the loop.
@@ -42,6 +48,7 @@ def evaluate_model(model: Callable[[torch.Tensor], Any], loader: Any, augment: C
     if hasattr(model, "eval"):
         model.eval()
     store = PredictionStore()
+    failed: dict[int, str] = {}
     bad_log = bad_log or BadInputLog(lambda msg: print(msg, flush=True))
     bad, fatal = [], []
     for batch in progress(loader, "eval"):
@@ -53,14 +60,14 @@ def evaluate_model(model: Callable[[torch.Tensor], Any], loader: Any, augment: C
         labels = {k: v.to(device) for k, v in labels.items()} if isinstance(labels, dict) else labels.to(device)
         x, targets = augment(frames, labels)
         out = model(x.to(dtype))
-        scores = aggregate_outputs(out, views) if views > 1 else (
-            {k: v.float() for k, v in out.items()} if isinstance(out, dict) else out.float())
+        scores = aggregate_outputs(out, views)  # probabilities for any view count (metrics.SCORES)
         store.add(batch["index"], scores, targets)
+        failed.update(failed_in_batch(batch))
     if was_training and hasattr(model, "train"):
         model.train()
     bad_log.exchange(bad, fatal)
     index, scores, labels = store.gather()
-    return compute_metrics(scores, labels), (index, scores, labels)
+    return compute_metrics(scores, labels), (index, scores, labels), gather_failed(failed, loader.dataset)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -86,8 +93,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--nvme-path", default="/local_nvme", help="directory for --offload nvme")
     p.add_argument("--precision", default="auto", choices=("auto", "fp32", "bf16", "fp16"),
                    help="inference dtype (auto: the recipe's, else bf16 on GPUs and fp32 on CPU)")
+    p.add_argument("--trust-checkpoint", action="store_true",
+                   help="allow full unpickling of a weights file that pickles more than tensors (it can run code); "
+                        "same as --set model.trust_checkpoint=true")
     p.add_argument("--local_rank", "--local-rank", type=int, default=None, help="injected by the deepspeed launcher")
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    if args.trust_checkpoint:
+        args.overrides.append("model.trust_checkpoint=true")
+    return args
 
 
 def consolidated_state_dict(run_dir: str | Path, tag: str | None = None) -> dict[str, torch.Tensor]:
@@ -112,14 +125,14 @@ def _resolve_recipe(args: argparse.Namespace) -> tuple[Recipe, Path | None]:
 
 
 def run(args: argparse.Namespace) -> int:
+    from avion_ds.engine import preflight as pf
     from avion_ds.engine.train import (
+        backends_line,
         build_model,
         check_data_paths,
         recipe_num_classes,
         seed_everything,
     )
-
-    from avion_ds.engine import preflight as pf
 
     recipe, run_dir = _resolve_recipe(args)
     check_data_paths(recipe, need_train=args.split == "train")
@@ -148,7 +161,18 @@ def run(args: argparse.Namespace) -> int:
         recipe.precision if recipe.precision != "auto" else ("bf16" if device.type == "cuda" else "fp32"))
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision, torch.float32)
 
-    if run_dir is not None:
+    if args.offload != "none":
+        # built partitioned under the inference ZeRO-3 config; rank 0 alone reads / consolidates weights
+        from avion_ds.memory.offload import build_for_inference
+
+        source: Any = str(args.checkpoint)
+        if run_dir is not None:
+            source = consolidated_state_dict(run_dir, tag) if dist.is_main() else {}
+        model = build_for_inference(lambda: build_model(recipe, pretrained=""), source, offload=args.offload,
+                                    max_live_parameters=int(args.max_live_params),
+                                    prefetch_bucket_size=int(args.prefetch_bucket), nvme_path=args.nvme_path,
+                                    dtype=dtype, strict=run_dir is not None)
+    elif run_dir is not None:
         model = build_model(recipe, pretrained="")
         from avion_ds.models import load_pretrained
 
@@ -157,15 +181,10 @@ def run(args: argparse.Namespace) -> int:
         model = build_model(recipe, pretrained=str(args.checkpoint))
     model.eval()
     if dist.is_main():
+        print(backends_line(model, recipe, device, dtype), flush=True)
         what = f"{run_dir} checkpoint {tag}" if tag else f"weights file {args.checkpoint}"
         print(f"avion-ds eval: evaluating {what} on the {args.split} split", flush=True)
-    if args.offload != "none":
-        from avion_ds.memory.offload import wrap_for_inference
-
-        model = wrap_for_inference(model, offload=args.offload, max_live_parameters=int(args.max_live_params),
-                                   prefetch_bucket_size=int(args.prefetch_bucket), nvme_path=args.nvme_path,
-                                   dtype=dtype)
-    else:
+    if args.offload == "none":
         model = model.to(device=device, dtype=dtype)
 
     views = recipe.eval.temporal_views * recipe.eval.spatial_views
@@ -175,17 +194,23 @@ def run(args: argparse.Namespace) -> int:
     loader = build_loader(dataset, recipe.eval.batch_size or recipe.batch.micro_batch, recipe.data.workers,
                           shuffle=False, seed=recipe.seed, drop_last=False, distributed=world > 1)
     augment = DeviceAugment(recipe.data, recipe_num_classes(recipe), train=False)
-    metrics, (index, scores, labels) = evaluate_model(model, loader, augment, views, device, dtype)
+    metrics, (index, scores, labels), failed = evaluate_model(model, loader, augment, views, device, dtype)
     if dist.is_main():
         out = Path(args.out) if args.out else (run_dir or Path(args.checkpoint).parent) / "eval_metrics.json"
         out.parent.mkdir(parents=True, exist_ok=True)
         payload: dict[str, Any] = {"checkpoint": str(args.checkpoint), "tag": tag, "split": args.split,
-                                   "num_samples": int(index.numel()), "views": views, "metrics": metrics}
+                                   "num_samples": int(index.numel()), "views": views, "scores": SCORES,
+                                   "metrics": metrics, **eval_report(recipe.eval.protocol, views, dataset, index),
+                                   "failed_samples": failed}
         if not args.no_per_sample:
             payload["per_sample"] = per_sample_records(index, scores, labels)
         out.write_text(json.dumps(payload) + "\n")
+        if failed:
+            print(failed_line(failed), flush=True)
         print(" ".join(f"{k}={v:.2f}" for k, v in metrics.items()), flush=True)
-        print(f"wrote {out} ({index.numel()} samples, checkpoint {tag or args.checkpoint})", flush=True)
+        print(f"wrote {out} ({index.numel()} samples evaluated; protocol {payload['protocol']}, {views} views, "
+              f"{payload['num_missing']} missing, {payload['num_quarantined']} quarantined, "
+              f"{len(failed)} failed to decode; checkpoint {tag or args.checkpoint})", flush=True)
     del model
     return 0
 

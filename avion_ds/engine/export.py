@@ -53,18 +53,47 @@ def consolidate(run_dir: str | Path, tag: str | None = None) -> dict[str, torch.
     return {_strip(k): (v.float() if v.is_floating_point() else v) for k, v in sd.items()}
 
 
+def stream_export(run_dir: Path, tag: str, out: Path, meta: dict[str, str]) -> Path:
+    """ZeRO 1/2/3 -> safetensors one tensor at a time: DeepSpeed's lazy fp32 reconstruction
+    (optimizer shards memory-mapped) feeds ``SafetensorsWriter``, so the process holds the mapped
+    fp32 partitions (file-backed) plus one tensor, not the 2-3 full copies of ``consolidate``."""
+    from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
+
+    from avion_ds.models.safetensors_stream import SafetensorsWriter
+
+    lazy = get_fp32_state_dict_from_zero_checkpoint(str(checkpoint_dir(run_dir)), tag=tag, lazy_mode=True)
+    specs = [(_strip(k), torch.float32 if v.dtype.is_floating_point else v.dtype, tuple(v.shape))
+             for k, v in lazy.items()]
+    writer = SafetensorsWriter(out, specs, meta)
+    for (name, dtype, _), v in zip(specs, lazy.values()):
+        t = v.contiguous()
+        writer.write(name, t.to(dtype))
+        del t
+    return writer.close()
+
+
 def export(run_dir: str | Path, out: str | Path, tag: str | None = None) -> Path:
-    """Write the consolidated fp32 weights of ``run_dir`` to ``out`` (safetensors, or .pt)."""
+    """Write the consolidated fp32 weights of ``run_dir`` to ``out`` (safetensors, or .pt).
+
+    ZeRO 1/2/3 runs exported to .safetensors stream (``stream_export``); other cases consolidate
+    in memory first."""
     run_dir = Path(run_dir)
     bar = progress(desc="export (consolidate, write)", total=2, unit="step")
-    sd = consolidate(run_dir, tag)
-    bar.update(1)
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     meta = {"format": "avion_ds", "tag": tag or str(latest_complete(run_dir))}
     ident = run_dir / "run.json"
     if ident.is_file():
         meta["model"] = json.dumps(json.loads(ident.read_text()).get("model", {}))
+    resolved = tag or latest_complete(run_dir)
+    if out.suffix == ".safetensors" and resolved is not None and (checkpoint_dir(run_dir) / resolved / MARKER).is_file() \
+            and _stage(run_dir, checkpoint_dir(run_dir) / resolved) > 0:
+        path = stream_export(run_dir, resolved, out, meta)  # consolidates and writes tensor by tensor
+        bar.update(2)
+        bar.close()
+        return path
+    sd = consolidate(run_dir, tag)
+    bar.update(1)
     if out.suffix == ".safetensors":
         from safetensors.torch import save_file
 

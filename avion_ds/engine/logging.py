@@ -2,7 +2,7 @@
 
 TensorBoard tags (also listed in the README):
   train/loss, train/loss_<head>, train/lr, train/grad_norm, train/loss_scale, train/clips_per_s,
-  train/skipped_nonfinite, train/bad_samples, time/data_wait_s, time/compute_s, time/data_wait_frac, mem/peak_gib,
+  train/skipped_nonfinite, train/applied_steps, train/overflow_steps, train/bad_samples, time/data_wait_s, time/compute_s, time/data_wait_frac, mem/peak_gib,
   eval/<metric> (top1, top5, mean_class; verb_/noun_/action_ for EPIC).
 """
 
@@ -127,9 +127,10 @@ class RunLogger:
             tb["mem/peak_gib"] = values["peak_gib"]
         self.scalars(step, {k: v for k, v in tb.items() if isinstance(v, (int, float))})
         short = {"loss": "loss", "lr": "lr", "grad_norm": "gnorm", "loss_scale": "scale", "clips_per_s": "clips/s",
-                 "data_wait_frac": "wait", "peak_gib": "mem_gib", "bad_samples": "bad"}
+                 "data_wait_frac": "wait", "peak_gib": "mem_gib", "bad_samples": "bad", "overflow_steps": "overflow"}
         compact = " ".join(f"{s}={_fmt(values[k])}" for k, s in short.items()
-                           if values.get(k) is not None and not (k == "bad_samples" and not values[k]))
+                           if values.get(k) is not None and not (k in ("bad_samples", "overflow_steps")
+                                                                 and not values[k]))
         if self.bar is not None:
             self.bar.update(1)
             self.bar.set_postfix_str(compact, refresh=False)

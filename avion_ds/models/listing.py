@@ -12,6 +12,7 @@ import sys
 import torch
 
 from .flops import model_flops
+from .pretrain import get_mae_arch
 from .registry import create_model, get_arch, list_models
 from .vit import count_params
 
@@ -26,12 +27,18 @@ def describe(name: str, num_frames: int | None = None, img_size: int | None = No
         over["img_size"] = img_size
     if num_classes is not None:
         over["num_classes"] = num_classes
-    arch = get_arch(name, **over)
+    pretrain = name.startswith("pretrain_")
+    if pretrain:  # masked-autoencoder sizes: encoder geometry; FLOPs depend on the mask ratio (not listed)
+        over.pop("num_classes", None)
+        arch = get_mae_arch(name, **over).encoder
+    else:
+        arch = get_arch(name, **over)
     with torch.device("meta"):
         params = count_params(create_model(name, attn_backend="eager", **over))
     return {"name": name, "width": arch.embed_dim, "depth": arch.depth, "heads": arch.num_heads,
             "input": f"{arch.num_frames}x{arch.img_size}", "patch": f"{arch.tubelet_size}x{arch.patch_size}",
-            "classes": arch.num_classes, "params_m": params / 1e6, "gflops": model_flops(arch) / 1e9}
+            "classes": "-" if pretrain else arch.num_classes, "params_m": params / 1e6,
+            "gflops": None if pretrain else model_flops(arch) / 1e9}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -53,11 +60,15 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as e:  # ViTArch.validate: geometry that does not divide, one line
         print(f"avion-ds models: error: {e}", file=sys.stderr)
         return 2
-    print(f"{'model':<24} {'width':>5} {'depth':>5} {'heads':>5} {'input':>7} {'patch':>6} {'classes':>7} "
+    print(f"{'model':<36} {'width':>5} {'depth':>5} {'heads':>5} {'input':>7} {'patch':>6} {'classes':>7} "
           f"{'params':>9} {'GFLOPs':>9}")
     for r in rows:
-        print(f"{r['name']:<24} {r['width']:>5} {r['depth']:>5} {r['heads']:>5} {r['input']:>7} {r['patch']:>6} "
-              f"{r['classes']:>7} {r['params_m']:>8.2f}M {r['gflops']:>9.1f}")
+        gflops = "-" if r["gflops"] is None else f"{r['gflops']:.1f}"
+        print(f"{r['name']:<36} {r['width']:>5} {r['depth']:>5} {r['heads']:>5} {r['input']:>7} {r['patch']:>6} "
+              f"{r['classes']:>7} {r['params_m']:>8.2f}M {gflops:>9}")
+    if any(r["gflops"] is None for r in rows):
+        print("note: pretrain_* rows show the encoder's geometry; parameters include the decoder; their FLOPs "
+              "depend on the mask ratio", file=sys.stderr)
     return 0
 
 

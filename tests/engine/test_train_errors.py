@@ -187,7 +187,7 @@ CASES: list[tuple[str, list[str], Callable | None, Callable | None, list[str], l
     ("precision_choice", ["precision=fp8"], None, None, [], ["precision='fp8'", "fp32"]),
     ("nonfinite_choice", ["nonfinite=ignore"], None, None, [], ["nonfinite='ignore'", "skip, stop"]),
     ("on_error_choice", ["data.on_error=ignore"], None, None, [], ["data.on_error='ignore'", "skip, raise"]),
-    ("dataset_choice", ["data.dataset=ssv2"], None, None, [], ["data.dataset='ssv2'", "epic, kinetics"]),
+    ("dataset_choice", ["data.dataset=ucf101"], None, None, [], ["data.dataset='ucf101'", "epic, kinetics"]),
     ("backend_choice", ["model.attn_backend=magic"], None, None, [], ["model.attn_backend='magic'", "sdpa"]),
     ("frames_zero", ["data.num_frames=0"], None, None, [], ["data.num_frames=0", "positive"]),
     ("micro_zero", ["batch.micro_batch=0"], None, None, [], ["batch.micro_batch=0", "positive"]),
