@@ -115,6 +115,6 @@ def test_on_error_raise_is_one_line_exit_2_on_every_rank(tiny_epic: dict, tmp_pa
     # stderr otherwise holds only torch's own start-up warnings ("W... No CUDA runtime is found")
     errors = [ln for ln in proc.stderr.splitlines() if ln.strip() and not ln.startswith("W")]
     assert len(errors) == 1 and errors[0].startswith("avion-ds train: error: "), proc.stderr[-4000:]
-    assert any(str(f) in errors[0] for f in files) and "could not decode" in errors[0]
+    assert any(f"{f}: " in errors[0] for f in files) and "could not decode" in errors[0]  # file + reason
     assert "Traceback" not in out and "Connection closed" not in out and "gloo" not in out.lower()
     assert out.count("exits with return code = 2") >= 1 and "return code = 1" not in out

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -39,13 +40,20 @@ def _truncate_one_video(tiny_epic: dict, tmp_path: Path) -> tuple[dict, list[Pat
     files = sorted(victim.glob("*.mp4"))
     for f in files:
         f.write_bytes(f.read_bytes()[:3000])
+    # the manifest describes the files as they are now (a bad encode, not a later change), so they
+    # reach the decoder instead of failing the manifest's size/mtime check
+    rows = [json.loads(x) for x in (chunks / "manifest.jsonl").read_text().splitlines() if x.strip()]
+    for r in rows:
+        path = chunks / r["path"]
+        if path in files:
+            r.update(bytes=path.stat().st_size, mtime_ns=path.stat().st_mtime_ns)
+    (chunks / "manifest.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     return {**tiny_epic, "root": chunks}, files
 
 
 def test_bad_videos_are_skipped_counted_and_named_once(tiny_epic: dict, tmp_path: Path) -> None:
     """Every chunk of one video is truncated: training goes on over 2 epochs with 2 loader workers,
     reports the count, names each bad file exactly once, and the decoders' own stderr stays out."""
-    import json
 
     data, files = _truncate_one_video(tiny_epic, tmp_path)
     run = tmp_path / "run"
@@ -131,7 +139,6 @@ def test_checkpoint_with_nonfinite_weights_is_never_written(tiny_epic: dict, tmp
 def test_resume_from_tag_rewrites_history(tiny_epic: dict, tmp_path: Path) -> None:
     """--resume-from an older tag: the rows past it are dropped from history.jsonl (no replayed
     duplicates) and the replayed step's loss equals the first run's."""
-    import json
 
     run = tmp_path / "run"
     recipe = write_recipe(tmp_path / "r.yaml", tiny_epic, run, schedule={"epochs": 1, "steps_per_epoch": 4},
