@@ -69,6 +69,7 @@ def test_bad_videos_are_skipped_counted_and_named_once(tiny_epic: dict, tmp_path
     assert bad and bad[-1] > 0 and bad == sorted(bad)
     named = {f: sum(str(f) in line for line in out.splitlines()) for f in files}
     assert any(named.values()), out[-3000:]  # the skipped files are named in the log ...
+    assert all("could not decode" in line for line in out.splitlines() if any(str(f) in line for f in files))
     assert set(named.values()) <= {0, 1}, named  # ... each at most once per run
     assert bad[-1] > sum(named.values())  # the repeats are counted, not named
     assert f"{bad[-1]} bad input samples skipped" in out
