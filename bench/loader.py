@@ -90,7 +90,12 @@ def write_csv(path: Path, segs: list[tuple[float, float]]) -> None:
 def clip_requests(csv_path: Path, entry, cfg, n: int) -> list[tuple[list[tuple[str, list[int]]], object]]:
     """[(chunk parts, crop box)] for the first ``n`` rows, drawn exactly as EpicDataset draws them."""
     from avion_ds.data.crop import clip_rng, random_resized_crop
-    from avion_ds.data.sampling import map_to_chunks, parse_timestamp, seconds_to_frames, segment_indices
+    from avion_ds.data.sampling import (
+        map_to_chunks,
+        parse_timestamp,
+        seconds_to_frames,
+        segment_indices,
+    )
 
     rows = list(csv.DictReader(csv_path.open()))[:n]
     out = []

@@ -129,8 +129,11 @@ class SubprocessDecoder:
             fd = self._buf.fd
             cmd = [sys.executable, "-m", "avion_ds.data.decode_helper", self.name, str(self.threads),
                    str(int(self.fuse)), str(int(self.exact)), str(fd)]
-            self._proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, pass_fds=(fd,),
-                                          env={**os.environ, **_ONE_THREAD})
+            # the libraries' own stderr (FFmpeg's "moov atom not found", decord's "ERROR opening") stays out
+            # of the run log: each failure already comes back as one DataError line (AVION_DS_VERBOSE=1 keeps it)
+            noise = None if os.environ.get("AVION_DS_VERBOSE") else subprocess.DEVNULL
+            self._proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=noise,
+                                          pass_fds=(fd,), env={**os.environ, **_ONE_THREAD})
             try:  # the helper says "ready" once its imports are done; only then does the decode clock run
                 ready = _recv(self._proc.stdout.fileno(), time.monotonic() + STARTUP_LIMIT_S)
             except TimeoutError:

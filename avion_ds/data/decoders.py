@@ -38,8 +38,11 @@ from .decode_base import (
 from .decode_decord import DecordDecoder
 from .decode_helper import SubprocessDecoder
 from .decode_pyav import PyAVDecoder
-from .decode_torchcodec import _CropAt  # noqa: F401 - tests patch the crop hook as decoders._CropAt
-from .decode_torchcodec import TorchCodecCudaDecoder, TorchCodecDecoder
+from .decode_torchcodec import (
+    TorchCodecCudaDecoder,
+    TorchCodecDecoder,
+    _CropAt,  # noqa: F401 - tests patch the crop hook as decoders._CropAt
+)
 from .errors import DataError
 
 if TYPE_CHECKING:
@@ -121,23 +124,35 @@ def probe_backends(path: str | Path, num_frames: int, height: int, width: int, s
     return out
 
 
-def _first_video(cfg: DataConfig) -> tuple[str, int, int, int]:
-    """(path, frames, height, width) of the first chunk (or whole video) of the dataset."""
+PROBE_CANDIDATES = 4  # files tried in turn when a probe file decodes with no backend (a corrupt first chunk)
+
+
+def _probe_videos(cfg: DataConfig) -> list[tuple[str, int, int, int]]:
+    """(path, frames, height, width) of the first few chunks (or whole videos) of the dataset."""
     from .manifest import find_videos, load_manifest, probe_video
 
+    out: list[tuple[str, int, int, int]] = []
     if cfg.chunked:
         videos = load_manifest(cfg.root)
-        if not videos:
+        for vid in sorted(videos):
+            c = videos[vid].chunks[0]
+            out.append((c.path, c.frames, c.height, c.width))
+            if len(out) == PROBE_CANDIDATES:
+                break
+        if not out:
             raise ValueError(f"data.decoder=auto: no chunks under {cfg.root} to probe")
-        c = videos[min(videos)].chunks[0]
-        return c.path, c.frames, c.height, c.width
+        return out
     for p in find_videos(cfg.root):
         try:
             e = probe_video(p)
         except (OSError, ValueError):
             continue
-        return str(p), e.num_frames, e.height, e.width
-    raise ValueError(f"data.decoder=auto: no readable video under {cfg.root} to probe")
+        out.append((str(p), e.num_frames, e.height, e.width))
+        if len(out) == PROBE_CANDIDATES:
+            break
+    if not out:
+        raise ValueError(f"data.decoder=auto: no readable video under {cfg.root} to probe")
+    return out
 
 
 def pick_decoder(cfg: DataConfig, run_dir: str | Path | None = None, resume: bool = True) -> tuple[str, str]:
@@ -156,14 +171,19 @@ def pick_decoder(cfg: DataConfig, run_dir: str | Path | None = None, resume: boo
         if name in names:
             return name, f"data.decoder=auto -> {name} (recorded in {record}; resumed runs keep it)"
         log.warning("%s names decoder %r, which is not available here; probing again", record, name)
-    path, frames, h, w = _first_video(cfg)
-    key = (path, Path(path).stat().st_mtime_ns, cfg.size, tuple(names))
-    if key not in _PROBED:  # train + val datasets (and tests) probe a dataset once per process
-        _PROBED[key] = probe_backends(path, frames, h, w, cfg.size, names, cfg.decode_timeout_s, exact=not cfg.chunked)
-    times = _PROBED[key]
-    name = min(names, key=lambda n: (times[n], names.index(n)))
-    if not math.isfinite(times[name]):
-        raise DataError(f"data.decoder=auto: no backend could decode {path}")
+    tried = []
+    for path, frames, h, w in _probe_videos(cfg):  # a file no backend decodes is bad data, not a verdict
+        key = (path, Path(path).stat().st_mtime_ns, cfg.size, tuple(names))
+        if key not in _PROBED:  # train + val datasets (and tests) probe a dataset once per process
+            _PROBED[key] = probe_backends(path, frames, h, w, cfg.size, names, cfg.decode_timeout_s,
+                                          exact=not cfg.chunked)
+        times = _PROBED[key]
+        name = min(names, key=lambda n: (times[n], names.index(n)))
+        if math.isfinite(times[name]):
+            break
+        tried.append(path)
+    else:
+        raise DataError(f"data.decoder=auto: no backend could decode any of {', '.join(tried)}")
     ms = ", ".join(f"{n} {times[n] * 1e3:.1f} ms" for n in names)
     msg = f"data.decoder=auto -> {name} (probe on {path}, 16 frames to {cfg.size}px: {ms})"
     if record is not None:

@@ -27,7 +27,7 @@ def test_bench_loader_prints_rates_and_workers(epic_cfg, tmp_path, capsys) -> No
     out, err = capsys.readouterr()
     assert rc == 0, err
     assert "data.decoder=auto -> " in out
-    per_worker = float(re.search(r"^\s+1\s+[\d.]+\s+([\d.]+)$", out, re.M).group(1))
+    per_worker = float(re.search(r"^\s+1\s+[\d.]+\s+([\d.]+)$", out, re.MULTILINE).group(1))
     n = int(re.search(r"target 1000 clips/s per GPU -> (\d+) workers", out).group(1))
     assert n == math.ceil(1000 / per_worker) or abs(n - 1000 / per_worker) < 1.01  # printed rate is rounded
 
