@@ -73,8 +73,14 @@ def get_decoder(name: str = "decord", threads: int = 1, timeout_s: float = 0.0, 
     ``exact=False`` allows timestamp seeking (see :class:`Decoder`); use it for chunked datasets.
     """
     load_plugins()
+    if name == AUTO:  # no data to probe here (single-file tools): the first backend that imports
+        found = available_backends()
+        if not found:
+            raise DecoderUnavailable("data.decoder=auto: no decoder backend imports here (pip install decord av torchcodec)")
+        name = found[0]
+        log.info("data.decoder=auto -> %s (first available backend; training probes its data instead)", name)
     if name not in REGISTRY:
-        raise ValueError(f"unknown decoder {name!r} (choose from {', '.join(sorted(REGISTRY))})")
+        raise ValueError(f"unknown decoder {name!r} (choose from auto, {', '.join(sorted(REGISTRY))})")
     if timeout_s and timeout_s > 0:
         return SubprocessDecoder(name, threads, timeout_s, fuse, exact)
     return REGISTRY[name](threads, fuse, exact)
