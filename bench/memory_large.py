@@ -20,7 +20,6 @@ import sys
 from pathlib import Path
 from typing import Any
 
-import torch
 
 from avion_ds.memory.units import format_bytes
 
