@@ -20,7 +20,6 @@ import sys
 from pathlib import Path
 from typing import Any
 
-
 from avion_ds.memory.units import format_bytes
 
 REPO = Path(__file__).resolve().parents[1]
