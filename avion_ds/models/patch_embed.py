@@ -59,11 +59,14 @@ class PatchEmbed(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.mode == "conv":
             return self.proj(x).flatten(2).transpose(1, 2)
+        return self.proj(self.patchify(x))
+
+    def patchify(self, x: torch.Tensor) -> torch.Tensor:
+        """(B, C, T, H, W) -> (B, N, C*t*p*p) tubelets in token order, values in (C, t, p, p) order."""
         B, C, T, H, W = x.shape
         t, p = self.tubelet_size, self.patch_size
         x = x.reshape(B, C, T // t, t, H // p, p, W // p, p)
-        x = x.permute(0, 2, 4, 6, 1, 3, 5, 7).reshape(B, (T // t) * (H // p) * (W // p), C * t * p * p)
-        return self.proj(x)
+        return x.permute(0, 2, 4, 6, 1, 3, 5, 7).reshape(B, (T // t) * (H // p) * (W // p), C * t * p * p)
 
     def _load_from_state_dict(self, state_dict: dict[str, Any], prefix: str, *args: Any, **kwargs: Any) -> None:
         """Accept the weight in either layout (5-D Conv3d or 2-D Linear) when element counts agree."""

@@ -21,7 +21,12 @@ import torch
 import torch.distributed as tdist
 from torch import nn
 
-from .partition import full_shape, gathered, is_partitioned_model, partitioned_construction
+from .partition import (
+    full_shape,
+    gathered,
+    is_partitioned_model,
+    partitioned_construction,
+)
 from .pretrained import LoadReport, finish_report, load_pretrained, prepare_state_dict
 from .safetensors_stream import SafetensorsReader
 
@@ -96,18 +101,19 @@ def _copy_partitioned(model: nn.Module, sd: Any) -> list[str]:
     return missing
 
 
-def load_pretrained_sharded(model: nn.Module, source: str | Path | dict, strict: bool = False) -> LoadReport:
+def load_pretrained_sharded(model: nn.Module, source: str | Path | dict, strict: bool = False,
+                            trust: bool = False) -> LoadReport:
     """``load_pretrained`` for a model built under ``zero.Init`` (plain models go to it directly).
 
     Collective: every rank of the model's process group must call it. Only rank 0 reads ``source``.
     """
     if not is_partitioned_model(model):
-        return load_pretrained(model, source, strict=strict)
+        return load_pretrained(model, source, strict=strict, trust=trust)
     sd, report, error = None, None, None
     if _rank() == 0:
         try:
             lazy = _prepare_lazy(model, source)
-            sd, report = lazy if lazy is not None else prepare_state_dict(model, source)
+            sd, report = lazy if lazy is not None else prepare_state_dict(model, source, trust)
         except Exception as e:  # every rank raises the same one-line error, nobody hangs
             error = (type(e), str(e))
     error = _broadcast(error)

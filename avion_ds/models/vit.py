@@ -7,7 +7,6 @@ their checkpoints load by name; multi-head models use ``heads.<name>``.
 
 from __future__ import annotations
 
-
 import torch
 from timm.layers import DropPath, LayerScale, trunc_normal_
 from torch import nn

@@ -20,8 +20,18 @@ import torch
 import torch.distributed as dist
 
 from avion_ds.engine.optim import param_groups
-from avion_ds.models import apply_activation_checkpointing, count_params, create_model, load_pretrained
-from avion_ds.models.partition import full_shape, gathered, is_partitioned, partitioned_construction
+from avion_ds.models import (
+    apply_activation_checkpointing,
+    count_params,
+    create_model,
+    load_pretrained,
+)
+from avion_ds.models.partition import (
+    full_shape,
+    gathered,
+    is_partitioned,
+    partitioned_construction,
+)
 from avion_ds.models.sharded_load import build_partitioned, load_pretrained_sharded
 from avion_ds.models.vit import sincos_table
 

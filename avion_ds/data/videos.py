@@ -1,0 +1,92 @@
+"""``data.dataset: videos``: unlabelled clips for masked-video pretraining.
+
+Every video of a chunk manifest (or of ``data.root`` when not chunked), or of a plain list of files
+(``data.train_csv`` / ``data.val_csv``: one path per line, an optional trailing label is ignored),
+gives ``data.clips_per_video`` clips per epoch. Clips use stride sampling (VideoMAE: 16 frames,
+stride 4 on K400, 2 on SSv2) and, in training, VideoMAE's multi-scale crop (``data.multi_scale``,
+default 1 / .875 / .75 / .66, fixed offsets) with no flip; validation takes the centre crop and the
+same masks every epoch (a comparable loss curve). Bad inputs are skipped and counted as in the
+labelled datasets (:class:`~avion_ds.data.datasets.ClipDataset`).
+
+Items: ``{"frames": uint8 (T, H, W, C), "label": {"mask": bool (N,)[, "decode_mask": bool (N,)]},
+"index", "skipped"}``; the masks are drawn per clip from the seeded clip generator (same mask in any
+worker) once :attr:`VideosDataset.masks` holds a :class:`~avion_ds.data.masking.MaskSpec`.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import torch
+
+from ..config import DataConfig
+from .crop import CropBox, clip_rng, multi_scale_crop
+from .datasets import ClipDataset, VideoIndex
+from .errors import DataError
+from .kinetics import read_video_list
+from .manifest import VideoEntry, find_videos
+from .masking import MaskSpec
+
+log = logging.getLogger(__name__)
+MASK_STREAM = 7919  # the clip generator's "view" slot reserved for mask draws
+
+
+class VideosDataset(ClipDataset):
+    """Unlabelled clips from every listed video (see module docstring)."""
+
+    def __init__(self, cfg: DataConfig, split: str, temporal_views: int = 1, spatial_views: int = 1,
+                 seed: int = 0, index: VideoIndex | None = None) -> None:
+        super().__init__(cfg, split, temporal_views, spatial_views, seed, index)
+        listed = cfg.train_csv if self.train else cfg.val_csv
+        if listed:
+            self.list_path, rows = read_video_list(listed)
+            self.videos = [rel for _, rel, _ in rows]
+            self.source = str(self.list_path)
+        elif self.index.chunked:
+            self.videos = sorted(self.index.videos)
+            self.source = f"{self.index.root / 'manifest.jsonl'}"
+        else:
+            self.videos = [str(p) for p in find_videos(self.index.root)]
+            self.source = str(self.index.root)
+        if not self.videos:
+            raise ValueError(f"data.dataset=videos: no videos in {self.source}")
+        if not self.train and not cfg.val_csv:
+            log.info("videos: data.val_csv is empty; validation uses the training videos (centre crop, fixed masks)")
+        self.clips_per_video = cfg.clips_per_video
+        self.masks: MaskSpec | None = None
+        self.num_classes = 0
+
+    def __len__(self) -> int:
+        return len(self.videos) * self.clips_per_video
+
+    def _entry(self, name: str) -> VideoEntry:
+        if self.index.chunked:
+            return self.index.by_id(name) if name in self.index.videos else self.index.by_path(name)
+        return self.index.by_path(name)
+
+    def _sample(self, i: int) -> tuple[VideoEntry, int, int, Any]:
+        name = self.videos[i // self.clips_per_video]
+        try:
+            entry = self._entry(name)
+        except DataError as e:
+            raise DataError(f"{self.source}: {name}: {e}") from None
+        return entry, 0, entry.num_frames, None
+
+    @property
+    def epoch(self) -> int:
+        """Validation keeps epoch 0's clips and masks, so its loss is comparable across epochs."""
+        return int(self._epoch[0]) if self.train else 0
+
+    def _boxes(self, h: int, w: int, rng) -> list[CropBox]:
+        if self.train:
+            return [multi_scale_crop(h, w, self.cfg.size, self.cfg.multi_scale, rng)]
+        return super()._boxes(h, w, rng)
+
+    def _load(self, i: int) -> dict:
+        item = super()._load(i)
+        if self.masks is None:
+            raise RuntimeError("VideosDataset.masks is not set: attach a MaskSpec before loading clips")
+        drawn = self.masks.draw(clip_rng(self.seed, self.epoch, i, MASK_STREAM))
+        item["label"] = {k: torch.from_numpy(v) for k, v in drawn.items()}
+        return item

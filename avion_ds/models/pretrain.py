@@ -1,0 +1,315 @@
+"""VideoMAE / VideoMAE V2 masked-autoencoder pretraining model on our ViT blocks.
+
+The encoder is a ``VideoViT`` (same blocks, attention switch, linear tubelet embedding, sin-cos
+positions) run on the VISIBLE tokens only; its final token norm is the ``fc_norm`` LayerNorm, so
+``encoder.*`` minus the prefix is a fine-tuning state dict. The light decoder (``encoder_to_decoder``
+projection, learnable ``mask_token``, fixed sin-cos positions over the full grid, a few blocks, norm,
+linear head to ``tubelet * patch * patch * 3`` pixels) follows VideoMAE V2's ``modeling_pretrain``.
+
+``model(frames, mask, decode_mask=None)``: frames (B, C, T, H, W) normalised as for fine-tuning; mask
+bool (B, N), True = hidden from the encoder, the same count per clip; ``decode_mask`` (V2 dual
+masking) bool (B, N), True = NOT reconstructed: the decoder gets mask tokens at ``~decode_mask`` and
+the loss averages over those positions that the encoder did not see (V2's ``cal_loss_mask``). Without
+``decode_mask`` the decoder reconstructs exactly the encoder-masked tokens (VideoMAE v1 / HF).
+Returns :class:`MAEOutput` with the scalar ``loss``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+from dataclasses import dataclass
+from typing import Any, NamedTuple
+
+import torch
+from timm.layers import trunc_normal_
+from torch import nn
+
+from .arch import ViTArch
+from .registry import register_model
+from .vit import Block, VideoViT, sincos_table
+
+IMAGENET_MEAN = (0.485, 0.456, 0.406)
+IMAGENET_STD = (0.229, 0.224, 0.225)
+
+
+@dataclass
+class MAEArch:
+    """Encoder ``ViTArch`` plus the decoder and target settings of a pretraining model."""
+
+    encoder: ViTArch
+    decoder_dim: int = 384
+    decoder_depth: int = 4
+    decoder_heads: int = 6
+    decoder_norm_eps: float = 1e-6  # official 1e-6; Hugging Face's decoder norm uses 1e-5
+    norm_pix_loss: bool = True
+    mean: tuple[float, float, float] = IMAGENET_MEAN  # to un-normalise frames for the targets
+    std: tuple[float, float, float] = IMAGENET_STD
+
+    @property
+    def decoder_arch(self) -> ViTArch:
+        e = self.encoder
+        return ViTArch(name=f"{e.name}.decoder", embed_dim=self.decoder_dim, depth=self.decoder_depth,
+                       num_heads=self.decoder_heads, mlp_ratio=e.mlp_ratio, qkv_bias=e.qkv_bias,
+                       attn_backend=e.attn_backend, norm_eps=e.norm_eps, num_classes=0).validate()
+
+    @property
+    def pixels_per_token(self) -> int:
+        e = self.encoder
+        return e.tubelet_size * e.patch_size * e.patch_size * e.in_chans
+
+
+class MAEOutput(NamedTuple):
+    """What the pretraining model returns: the loss and the decoder's predictions (B, Nd, P).
+
+    A NamedTuple, so that ZeRO-3's backward hooks reach its tensors (they skip dataclasses and
+    would leave the top module's own parameters, e.g. ``mask_token``, partitioned in backward)."""
+
+    loss: torch.Tensor
+    pred: torch.Tensor
+
+
+class MAEDecoder(nn.Module):
+    """Decoder blocks -> LayerNorm -> linear pixel head, applied to the last ``num_pred`` tokens."""
+
+    def __init__(self, arch: MAEArch) -> None:
+        super().__init__()
+        darch = arch.decoder_arch
+        self.blocks = nn.ModuleList([Block(darch, 0.0) for _ in range(darch.depth)])
+        self.norm = nn.LayerNorm(darch.embed_dim, eps=arch.decoder_norm_eps)
+        self.head = nn.Linear(darch.embed_dim, arch.pixels_per_token)
+
+    def forward(self, x: torch.Tensor, num_pred: int) -> torch.Tensor:
+        for blk in self.blocks:
+            x = blk(x)
+        return self.head(self.norm(x[:, -num_pred:]))
+
+
+def pixel_targets(frames: torch.Tensor, arch: MAEArch) -> torch.Tensor:
+    """Reconstruction targets (B, N, t*p*p*C) from normalised frames (B, C, T, H, W), in float32.
+
+    Un-normalise with the data statistics, cut tubelets (values ordered tubelet, row, column,
+    channel), and with ``norm_pix_loss`` normalise every token and channel over its t*p*p values
+    by the mean and unbiased std (+1e-6), exactly as VideoMAE does.
+    """
+    e = arch.encoder
+    x = frames.float()
+    mean = x.new_tensor(arch.mean).view(1, -1, 1, 1, 1)
+    std = x.new_tensor(arch.std).view(1, -1, 1, 1, 1)
+    x = x * std + mean
+    B, C, T, H, W = x.shape
+    t, p = e.tubelet_size, e.patch_size
+    x = x.reshape(B, C, T // t, t, H // p, p, W // p, p).permute(0, 2, 4, 6, 3, 5, 7, 1)
+    x = x.reshape(B, (T // t) * (H // p) * (W // p), t * p * p, C)
+    if arch.norm_pix_loss:
+        x = (x - x.mean(dim=-2, keepdim=True)) / (x.var(dim=-2, unbiased=True, keepdim=True).sqrt() + 1e-6)
+    return x.reshape(B, x.shape[1], t * p * p * C)
+
+
+def check_masks(mask: torch.Tensor, decode_mask: torch.Tensor | None, batch: int, num_tokens: int) -> None:
+    """One-line ValueError unless the masks are bool (B, N) with equal counts per clip."""
+    for name, m in (("mask", mask), ("decode_mask", decode_mask)):
+        if m is None:
+            continue
+        if not isinstance(m, torch.Tensor) or m.dtype != torch.bool or tuple(m.shape) != (batch, num_tokens):
+            got = f"{m.dtype} {tuple(m.shape)}" if isinstance(m, torch.Tensor) else type(m).__name__
+            raise ValueError(f"{name}: expected a bool tensor of shape ({batch}, {num_tokens}), got {got}")
+        counts = m.sum(dim=1)
+        if batch and bool((counts != counts[0]).any()):
+            raise ValueError(f"{name}: every clip must mask the same number of tokens, got {counts.tolist()}")
+    if bool((~mask).sum(dim=1).eq(0).any()):
+        raise ValueError("mask: hides every token of a clip; the encoder needs at least one visible token")
+
+
+class VideoMAEPretrain(nn.Module):
+    """Masked-autoencoder pretraining model (see module docstring)."""
+
+    def __init__(self, arch: MAEArch) -> None:
+        super().__init__()
+        self.arch = arch
+        self.encoder = VideoViT(arch.encoder)
+        self.depth = arch.encoder.depth
+        self.num_frames, self.img_size = arch.encoder.num_frames, arch.encoder.img_size
+        self.encoder_to_decoder = nn.Linear(arch.encoder.embed_dim, arch.decoder_dim, bias=False)
+        self.mask_token = nn.Parameter(torch.zeros(1, 1, arch.decoder_dim))
+        self.register_buffer("decoder_pos", sincos_table(self.encoder.patch_embed.num_patches, arch.decoder_dim),
+                             persistent=False)
+        self.decoder = MAEDecoder(arch)
+        self._init_weights()
+
+    def _init_weights(self) -> None:
+        """VideoMAE pretraining init: xavier-uniform linears (patch embedding keeps PyTorch's
+        default), zero biases, unit norms, mask token trunc-normal(0.02)."""
+        for name, m in self.named_modules():
+            if name.startswith("encoder.patch_embed"):
+                continue
+            if isinstance(m, nn.Linear):
+                nn.init.xavier_uniform_(m.weight)
+                if m.bias is not None:
+                    nn.init.zeros_(m.bias)
+            elif isinstance(m, nn.LayerNorm):
+                nn.init.ones_(m.weight)
+                nn.init.zeros_(m.bias)
+        trunc_normal_(self.mask_token, std=0.02)
+
+    # -- blocks / optimizer hooks used by activation checkpointing and param groups -------------
+    @property
+    def blocks(self) -> nn.ModuleList:
+        """Encoder blocks then decoder blocks (what activation checkpointing wraps)."""
+        return nn.ModuleList([*self.encoder.blocks, *self.decoder.blocks])
+
+    @property
+    def num_tokens(self) -> int:
+        return self.encoder.patch_embed.num_patches
+
+    def no_weight_decay(self) -> set[str]:
+        """Encoder's (positions, norms, biases), the mask token, and every 1-D decoder parameter."""
+        out = {f"encoder.{n}" for n in self.encoder.no_weight_decay()} | {"mask_token"}
+        return out | {n for n, p in self.named_parameters() if p.ndim <= 1}
+
+    def layer_id(self, param_name: str) -> int:
+        name = param_name.removeprefix("module.")
+        if name.startswith("encoder."):
+            return self.encoder.layer_id(name.removeprefix("encoder."))
+        return self.depth + 1
+
+    # -- forward ---------------------------------------------------------------------------------
+    def encode(self, frames: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """Normed encoder tokens of the visible positions (B, N_vis, D); only those are embedded."""
+        enc = self.encoder
+        B = frames.shape[0]
+        pos = enc.pos_embed.to(frames.dtype).expand(B, -1, -1)[~mask].reshape(B, -1, enc.embed_dim)
+        if enc.patch_embed.mode == "linear":  # embed only the visible tubelets (no full-clip activation)
+            tubelets = enc.patch_embed.patchify(frames)
+            x = enc.patch_embed.proj(tubelets[~mask].reshape(B, -1, tubelets.shape[-1]))
+        else:
+            x = enc.patch_embed(frames)
+            x = x[~mask].reshape(B, -1, x.shape[-1])
+        x = x + pos
+        for blk in enc.blocks:
+            x = blk(x)
+        return enc.fc_norm(x)
+
+    def predict(self, frames: torch.Tensor, mask: torch.Tensor,
+                decode_mask: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Decoder pixel predictions (B, N_dec, P) and the bool (B, N) positions they belong to."""
+        self.encoder.check_input(frames)
+        B = frames.shape[0]
+        check_masks(mask, decode_mask, B, self.num_tokens)
+        decode = mask if decode_mask is None else ~decode_mask
+        vis = self.encoder_to_decoder(self.encode(frames, mask))
+        C = vis.shape[-1]
+        pos = self.decoder_pos.to(vis.dtype).expand(B, -1, -1)
+        x = torch.cat([vis + pos[~mask].reshape(B, -1, C),
+                       self.mask_token.to(vis.dtype) + pos[decode].reshape(B, -1, C)], dim=1)
+        return self.decoder(x, int(decode[0].sum())), decode
+
+    def forward(self, frames: torch.Tensor, mask: torch.Tensor, decode_mask: torch.Tensor | None = None) -> MAEOutput:
+        pred, decode = self.predict(frames, mask, decode_mask)
+        B = frames.shape[0]
+        with torch.no_grad():
+            labels = pixel_targets(frames, self.arch)[decode].reshape(B, -1, pred.shape[-1])
+            weight = mask[decode].reshape(B, -1).float()  # decoded AND hidden from the encoder
+        per_token = (pred.float() - labels).pow(2).mean(dim=-1)
+        loss = (per_token * weight).sum() / weight.sum().clamp_min(1.0)
+        return MAEOutput(loss=loss, pred=pred)
+
+    def extra_repr(self) -> str:
+        a = self.arch
+        return (f"encoder={a.encoder.name}, decoder dim={a.decoder_dim} depth={a.decoder_depth} "
+                f"heads={a.decoder_heads}, norm_pix_loss={a.norm_pix_loss}")
+
+
+# ----------------------------------------------------------------------------------------------
+# registry
+# ----------------------------------------------------------------------------------------------
+_MAE_ARCHS: dict[str, MAEArch] = {}
+_MAE_FIELDS = ("decoder_dim", "decoder_depth", "decoder_heads", "decoder_norm_eps", "norm_pix_loss", "mean", "std")
+
+
+def _mae(name: str, encoder: dict[str, Any], **decoder: Any) -> None:
+    enc = ViTArch(name=name, num_classes=0, drop_path_rate=0.0, **encoder).validate()
+    _MAE_ARCHS[name] = MAEArch(encoder=enc, **decoder)
+
+
+def get_mae_arch(name: str, **overrides: Any) -> MAEArch:
+    """The ``MAEArch`` a registered pretraining name builds, with overrides applied: decoder /
+    target fields by name, every other key a ``ViTArch`` field of the encoder."""
+    if name not in _MAE_ARCHS:
+        close = difflib.get_close_matches(name, list(_MAE_ARCHS), n=3, cutoff=0.5)
+        raise ValueError(f"unknown pretraining model {name!r}; known: {', '.join(close or sorted(_MAE_ARCHS))}")
+    base = _MAE_ARCHS[name]
+    for key in ("num_classes", "heads"):
+        value = overrides.pop(key, None)
+        if value not in (None, 0):
+            raise ValueError(f"{name}: a pretraining model has no classifier; got {key}={value!r}")
+    mae = {k: overrides.pop(k) for k in list(overrides) if k in _MAE_FIELDS}
+    if overrides.get("pool", "mean") != "mean":
+        raise ValueError(f"{name}: pool expected 'mean' (the encoder's final norm is fc_norm), got {overrides['pool']!r}")
+    return dataclasses.replace(base, encoder=base.encoder.replace(**overrides), **mae)
+
+
+def list_mae_models() -> list[str]:
+    return sorted(_MAE_ARCHS)
+
+
+def _build(name: str, pretrained: Any, overrides: dict[str, Any]) -> VideoMAEPretrain:
+    model = VideoMAEPretrain(get_mae_arch(name, **overrides))
+    if pretrained is not None and pretrained != "":
+        import logging
+
+        from .pretrained_mae import load_pretrained_mae
+
+        report = load_pretrained_mae(model, pretrained)
+        logging.getLogger(__name__).info("%s: loaded %s", name, report.summary())
+    return model
+
+
+# VideoMAE V2 modeling_pretrain sizes: decoder depth 4; S 192 wide / 3 heads, B 384 / 6, L H g 512 / 8.
+_mae("pretrain_videomae_test_tiny", dict(embed_dim=64, depth=2, num_heads=2, num_frames=4, img_size=32),
+     decoder_dim=32, decoder_depth=1, decoder_heads=2)
+_mae("pretrain_videomae_small_patch16_224", dict(embed_dim=384, depth=12, num_heads=6), decoder_dim=192,
+     decoder_heads=3)
+_mae("pretrain_videomae_base_patch16_224", dict(embed_dim=768, depth=12, num_heads=12))
+_mae("pretrain_videomae_large_patch16_224", dict(embed_dim=1024, depth=24, num_heads=16), decoder_dim=512,
+     decoder_heads=8)
+_mae("pretrain_videomae_huge_patch16_224", dict(embed_dim=1280, depth=32, num_heads=16), decoder_dim=512,
+     decoder_heads=8)
+_mae("pretrain_videomae_giant_patch14_224", dict(embed_dim=1408, depth=40, num_heads=16, mlp_ratio=48 / 11,
+                                                 patch_size=14), decoder_dim=512, decoder_heads=8)
+
+
+@register_model
+def pretrain_videomae_test_tiny(pretrained: Any = None, **overrides: Any) -> VideoMAEPretrain:
+    """Test size: encoder vit_test_tiny (64 wide, 2 deep, 4 frames x 32 px), decoder 32 wide, 1 deep."""
+    return _build("pretrain_videomae_test_tiny", pretrained, overrides)
+
+
+@register_model
+def pretrain_videomae_small_patch16_224(pretrained: Any = None, **overrides: Any) -> VideoMAEPretrain:
+    """VideoMAE ViT-S/16 pretraining: decoder 4 x 192 wide, 3 heads."""
+    return _build("pretrain_videomae_small_patch16_224", pretrained, overrides)
+
+
+@register_model
+def pretrain_videomae_base_patch16_224(pretrained: Any = None, **overrides: Any) -> VideoMAEPretrain:
+    """VideoMAE ViT-B/16 pretraining: decoder 4 x 384 wide, 6 heads."""
+    return _build("pretrain_videomae_base_patch16_224", pretrained, overrides)
+
+
+@register_model
+def pretrain_videomae_large_patch16_224(pretrained: Any = None, **overrides: Any) -> VideoMAEPretrain:
+    """VideoMAE ViT-L/16 pretraining: decoder 4 x 512 wide, 8 heads."""
+    return _build("pretrain_videomae_large_patch16_224", pretrained, overrides)
+
+
+@register_model
+def pretrain_videomae_huge_patch16_224(pretrained: Any = None, **overrides: Any) -> VideoMAEPretrain:
+    """VideoMAE ViT-H/16 pretraining: decoder 4 x 512 wide, 8 heads."""
+    return _build("pretrain_videomae_huge_patch16_224", pretrained, overrides)
+
+
+@register_model
+def pretrain_videomae_giant_patch14_224(pretrained: Any = None, **overrides: Any) -> VideoMAEPretrain:
+    """VideoMAE V2 ViT-g/14 pretraining: decoder 4 x 512 wide, 8 heads, mlp_ratio 48/11."""
+    return _build("pretrain_videomae_giant_patch14_224", pretrained, overrides)

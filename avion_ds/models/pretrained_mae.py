@@ -1,0 +1,150 @@
+"""Pretraining checkpoints both ways: official VideoMAE / V2, Hugging Face ``VideoMAEForPreTraining``
+and our own layout, into (and out of) a :class:`~avion_ds.models.pretrain.VideoMAEPretrain`.
+
+Layouts (detected from the keys):
+
+* ``avion_ds``  ``encoder.*`` (a ``VideoViT``; ``encoder.fc_norm`` is the final token norm),
+  ``decoder.{blocks,norm,head}.*``, ``encoder_to_decoder.weight``, ``mask_token``;
+* ``videomae``  official (``model`` key): the same, with ``encoder.norm`` for the token norm, a
+  Conv3d ``encoder.patch_embed.proj.weight`` and ``gamma_1`` / ``gamma_2`` LayerScale;
+* ``hf``        ``videomae.*`` encoder (``layernorm`` = token norm), ``decoder.decoder_layers.N.*``,
+  ``decoder.{norm,head}``, ``encoder_to_decoder.weight``, ``mask_token``.
+
+The encoder half reuses the fine-tuning filters of :mod:`avion_ds.models.pretrained` (one place per
+key map); the decoder blocks go through the same maps. Fine-tuning models take the encoder of any
+of these through ``load_pretrained`` / ``create_model(..., pretrained=...)``.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from .pretrain import VideoMAEPretrain
+from .pretrained import FILTERS, HF_BLOCK_KEYS, LoadReport, read_checkpoint, unwrap
+
+StateDict = dict[str, torch.Tensor]
+_SHARED = ("encoder_to_decoder.weight", "mask_token")
+
+
+def detect_mae_format(sd: StateDict) -> str:
+    """``avion_ds`` | ``videomae`` | ``hf`` for a pretraining state dict; ValueError otherwise."""
+    keys = list(sd)
+    if any(k.startswith("decoder.decoder_layers.") for k in keys) or any(k.startswith("videomae.") for k in keys):
+        return "hf"
+    if "encoder.blocks.0.attn.qkv.weight" in sd and "encoder_to_decoder.weight" in sd:
+        return "videomae" if "encoder.norm.weight" in sd else "avion_ds"
+    raise ValueError("not a VideoMAE pretraining checkpoint (expected encoder.* / decoder.* / encoder_to_decoder, "
+                     f"or Hugging Face videomae.* / decoder.decoder_layers.*); first keys: {keys[:8]}")
+
+
+def _gamma(k: str) -> str:
+    return re.sub(r"\.gamma_([12])$", r".ls\1.gamma", k)
+
+
+def _encoder_norm(out: StateDict) -> StateDict:
+    """The pretraining encoder's last LayerNorm is ``norm`` in VideoMAE / HF layouts; ours runs it as the
+    encoder ViT's ``fc_norm`` (the fine-tuning filters no longer remap it: VideoMAE's fine-tuning does not)."""
+    for suffix in ("weight", "bias"):
+        key = f"encoder.norm.{suffix}"
+        if key in out and f"encoder.fc_norm.{suffix}" not in out:
+            out[f"encoder.fc_norm.{suffix}"] = out.pop(key)
+    return out
+
+
+def from_official(sd: StateDict, model: VideoMAEPretrain, report: LoadReport) -> StateDict:
+    """Official VideoMAE / V2 pretraining keys -> ours."""
+    enc = {k: v for k, v in sd.items() if k.startswith("encoder.")}
+    out = {f"encoder.{k}": v for k, v in FILTERS["videomae"](enc, model.encoder, report).items()}
+    out.update({_gamma(k): v for k, v in sd.items() if k.startswith("decoder.") or k in _SHARED})
+    out.update({k: v for k, v in sd.items() if k not in enc and k not in out and not k.startswith("decoder.")})
+    return _encoder_norm(out)
+
+
+def from_hf(sd: StateDict, model: VideoMAEPretrain, report: LoadReport) -> StateDict:
+    """Hugging Face ``VideoMAEForPreTraining`` keys -> ours (decoder layers through the same block map)."""
+    enc = {k: v for k, v in sd.items() if k.startswith("videomae.")}
+    out = {f"encoder.{k}": v for k, v in FILTERS["hf"](enc, model.encoder, report).items()}
+    dec = {re.sub(r"^decoder\.decoder_layers\.", "videomae.encoder.layer.", k): v
+           for k, v in sd.items() if k.startswith("decoder.decoder_layers.")}
+    out.update({f"decoder.{k}": v for k, v in FILTERS["hf"](dec, model.encoder, report).items()})
+    out.update({k: v for k, v in sd.items() if not k.startswith(("videomae.", "decoder.decoder_layers."))})
+    return _encoder_norm(out)
+
+
+_MAE_FILTERS = {"avion_ds": lambda sd, model, report: dict(sd), "videomae": from_official, "hf": from_hf}
+
+
+def load_pretrained_mae(model: VideoMAEPretrain, source: str | Path | dict, strict: bool = False) -> LoadReport:
+    """Load a pretraining checkpoint (file, HF directory, run directory or state dict) into ``model``.
+
+    Returns a ``LoadReport``; shapes must match the model (one-line ValueError naming the key).
+    """
+    sd = unwrap(read_checkpoint(source))
+    fmt = detect_mae_format(sd)
+    report = LoadReport(format=f"{fmt} (pretraining)")
+    sd = _MAE_FILTERS[fmt](sd, model, report)
+    target = model.state_dict()
+    for k, v in list(sd.items()):
+        if k in target and v.shape != target[k].shape and v.numel() != target[k].numel():
+            raise ValueError(f"checkpoint key {k}: shape {tuple(v.shape)} does not fit the model's {tuple(target[k].shape)}")
+    result = model.load_state_dict(sd, strict=False)
+    report.missing, report.unexpected = sorted(result.missing_keys), sorted(result.unexpected_keys)
+    if strict and (report.missing or report.unexpected):
+        raise ValueError(f"load_pretrained_mae(strict=True): {report.summary()}")
+    return report
+
+
+# ----------------------------------------------------------------------------------------------
+# writing other layouts (export to the reference implementations)
+# ----------------------------------------------------------------------------------------------
+def _conv_patch(model: VideoMAEPretrain, sd: StateDict) -> StateDict:
+    key = "encoder.patch_embed.proj.weight"
+    sd[key] = sd[key].reshape(model.encoder.patch_embed.conv_weight_shape)
+    return sd
+
+
+def to_official(model: VideoMAEPretrain) -> dict[str, Any]:
+    """Our weights as an official VideoMAE / V2 pretraining checkpoint ``{"model": ...}``."""
+    sd = _conv_patch(model, {k: v.detach().clone() for k, v in model.state_dict().items()})
+    out = {}
+    for k, v in sd.items():
+        k = re.sub(r"\.ls([12])\.gamma$", r".gamma_\1", k)
+        out["encoder.norm." + k.removeprefix("encoder.fc_norm.") if k.startswith("encoder.fc_norm.") else k] = v
+    return {"model": out}
+
+
+def _hf_block(prefix: str, rest: str, v: torch.Tensor, d: int, out: StateDict) -> None:
+    if rest == "attn.qkv.weight":
+        for j, name in enumerate(("query", "key", "value")):
+            out[f"{prefix}attention.attention.{name}.weight"] = v[j * d:(j + 1) * d]
+        return
+    inverse = {ours: hf for hf, ours in HF_BLOCK_KEYS.items() if not hf.endswith(("q_bias", "v_bias"))}
+    if rest not in inverse:
+        raise KeyError(f"no Hugging Face name for block key {rest!r}")
+    out[prefix + inverse[rest]] = v
+
+
+def to_hf(model: VideoMAEPretrain) -> StateDict:
+    """Our weights as a Hugging Face ``VideoMAEForPreTraining`` state dict."""
+    sd = _conv_patch(model, {k: v.detach().clone() for k, v in model.state_dict().items()})
+    de, dd = model.arch.encoder.embed_dim, model.arch.decoder_dim
+    out: StateDict = {}
+    for k, v in sd.items():
+        m = re.match(r"^(encoder|decoder)\.blocks\.(\d+)\.(.+)$", k)
+        if m:
+            enc = m.group(1) == "encoder"
+            prefix = f"videomae.encoder.layer.{m.group(2)}." if enc else f"decoder.decoder_layers.{m.group(2)}."
+            _hf_block(prefix, m.group(3), v, de if enc else dd, out)
+        elif k.startswith("encoder.patch_embed.proj."):
+            out["videomae.embeddings.patch_embeddings.projection." + k.rsplit(".", 1)[1]] = v
+        elif k.startswith("encoder.fc_norm."):
+            out["videomae.layernorm." + k.rsplit(".", 1)[1]] = v
+        elif k.startswith(("decoder.norm.", "decoder.head.")) or k in _SHARED:
+            out[k] = v
+        else:
+            raise KeyError(f"no Hugging Face name for {k!r}")
+    return out

@@ -1,0 +1,33 @@
+"""Run several `avion-ds train` jobs in ONE launcher process (saves a launcher + op load per config).
+
+Usage (under the deepspeed launcher): ``pretrain_jobs_script.py JOBS.json``; JOBS.json is a list of
+argv lists for ``avion_ds.engine.train``. Each job goes through the real ``train.run``; the first
+failing job's exit code is returned, and the process leaves through ``dist.shutdown``.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+from avion_ds.config import ConfigError
+from avion_ds.engine import dist
+from avion_ds.engine.train import parse_args, run
+
+
+def _all(jobs: list[list[str]]) -> int:
+    for argv in jobs:
+        code = run(parse_args(argv))
+        dist.barrier()
+        if code:
+            return code
+        if dist.is_main():
+            print(f"job done: {' '.join(argv)}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    argv = [a for a in sys.argv[1:] if not a.startswith("--local_rank")]
+    with open(argv[0]) as f:
+        jobs = json.load(f)
+    sys.exit(dist.run_entry("pretrain jobs", lambda: _all(jobs), {ConfigError: 2}))
