@@ -17,7 +17,8 @@ every path, drawn exactly as the dataset draws them.
 Paths are interleaved per clip (clip i through every path, order rotated) for ``--repeats``
 rounds; the table gives clips/s, and the median over clips of the per-clip speed ratio to the
 reference, to the backend's own floor, and the helper's cost, followed by the targets. Parts: ``paths`` (default), ``scaling`` (DataLoader with 1 and 2 workers),
-``encode`` (x264 settings at equal quality: decode clips/s vs chunk bytes vs PSNR).
+``encode`` (x264 settings at equal quality: decode clips/s vs chunk bytes vs PSNR), ``helpercpu``
+(CPU cost of the timeout helper, free of scheduler latency).
 
     python bench/loader.py --workdir /tmp/bench --parts paths,scaling,encode [--pattern mandelbrot]
 """
@@ -224,6 +225,46 @@ def part_scaling(a, cfg) -> None:
         print(f"{w:>8} {r:9.2f} {r / w:11.2f}")
 
 
+def part_helper_cpu(a, cfg, entry, csv_path: Path) -> None:
+    """CPU seconds per clip in-process vs through the timeout helper (parent + helper), per backend.
+
+    Wall-clock helper costs on a loaded machine include scheduler wake-up latency; this isolates the
+    mechanism's own CPU cost (helper CPU from /proc/PID/stat, 10 ms ticks, summed over all clips).
+    """
+    from avion_ds.data.crop import CropSpec
+    from avion_ds.data.decoders import available_backends, get_decoder
+
+    reqs = clip_requests(csv_path, entry, cfg, a.clips)
+    tick = os.sysconf("SC_CLK_TCK")
+
+    def child_cpu(pid: int) -> float:
+        f = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(f[11]) + int(f[12])) / tick
+
+    def run(dec, i: int) -> None:
+        for p, loc in reqs[i][0]:
+            dec.decode(p, loc, CropSpec(reqs[i][1], (cfg.size, cfg.size), entry.height, entry.width))
+
+    print(f"\ntimeout helper CPU cost ({a.clips} clips x {a.repeats} rounds, interleaved)")
+    for name in available_backends():
+        inproc, helper = get_decoder(name, exact=False), get_decoder(name, timeout_s=60, exact=False)
+        run(inproc, 0)
+        run(helper, 0)
+        cpu_in = cpu_h = 0.0
+        for _ in range(a.repeats):
+            for i in range(a.clips):
+                t = time.process_time()
+                run(inproc, i)
+                cpu_in += time.process_time() - t
+                c0, t = child_cpu(helper._proc.pid), time.process_time()
+                run(helper, i)
+                cpu_h += time.process_time() - t + child_cpu(helper._proc.pid) - c0
+        n = a.clips * a.repeats
+        print(f"  {name:<11} in-process {cpu_in / n * 1e3:6.1f} ms CPU/clip, helper (parent + helper) "
+              f"{cpu_h / n * 1e3:6.1f} ms -> {cpu_h / cpu_in - 1:+.1%}")
+        helper.close()
+
+
 def _encode(src: Path, dst: Path, opts: dict[str, str]) -> int:
     """Re-encode every frame of ``src`` (a lossless chunk) with libx264 ``opts``; returns bytes."""
     import av
@@ -317,7 +358,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--num-frames", type=int, default=16)
     p.add_argument("--size", type=int, default=224)
     p.add_argument("--loader-batches", type=int, default=10)
-    p.add_argument("--parts", default="paths,scaling", help="comma-separated: paths, scaling, encode")
+    p.add_argument("--parts", default="paths,scaling", help="comma-separated: paths, scaling, encode, helpercpu")
     p.add_argument("--workdir", default=None, help="keep files here (default: a temp dir, removed)")
     a = p.parse_args(argv)
     parts = set(a.parts.split(","))
@@ -352,6 +393,8 @@ def main(argv: list[str] | None = None) -> int:
         part_paths(a, work, cfg, entry, csv_path)
     if "scaling" in parts:
         part_scaling(a, cfg)
+    if "helpercpu" in parts:
+        part_helper_cpu(a, cfg, entry, csv_path)
     if "encode" in parts:
         part_encode(a, work, src, cfg, csv_path, entry)
     if not a.workdir:

@@ -22,8 +22,10 @@ videos (``x.mp4/``) are listed in the summary, not silently skipped. Sources run
 in parallel worker processes (``workers``); a failing source is reported with its reason in the
 summary and in ``DST/chunk_failures.tsv`` while the others finish; the CLI then exits with 1.
 
-Defaults: 15 s chunks, short side 320 px, 30 fps, GOP 16, CRF 23 (AVION used 15 s / 288-320 px
-/ 30 fps; the short GOP makes a random 16-frame read decode at most ~16 extra frames).
+Defaults: 15 s chunks, short side 320 px, 30 fps, GOP 16, CRF 23, x264 ``tune=fastdecode`` (AVION
+used 15 s / 288-320 px / 30 fps; the short GOP makes a random 16-frame read decode at most ~16 extra
+frames; fastdecode (no CABAC, no deblocking) decoded 1.5x faster with torchcodec at the same PSNR
+within 0.1 dB for 15% more bytes: BENCHMARKS.md, chunk encoding table; ``--tune ""`` turns it off).
 """
 
 from __future__ import annotations
@@ -111,7 +113,8 @@ def count_frames(path: str | Path) -> int:
 
 
 class _ChunkWriter:
-    def __init__(self, path: Path, width: int, height: int, fps: Fraction, gop: int, crf: int, preset: str):
+    def __init__(self, path: Path, width: int, height: int, fps: Fraction, gop: int, crf: int, preset: str,
+                 tune: str = ""):
         import av
 
         self.tmp = path.with_name(path.name + _TMP_SUFFIX)
@@ -120,7 +123,7 @@ class _ChunkWriter:
         self.s = self.c.add_stream("libx264", rate=fps)
         self.s.width, self.s.height, self.s.pix_fmt = width, height, "yuv420p"
         self.s.options = {"crf": str(crf), "preset": preset, "g": str(gop), "keyint_min": str(gop),
-                          "sc_threshold": "0", "bf": "0"}
+                          "sc_threshold": "0", "bf": "0", **({"tune": tune} if tune else {})}
         self.s.codec_context.time_base = 1 / fps
         self.n = 0
 
@@ -193,7 +196,7 @@ def chunk_one(src: str, dst: str, video_id: str, params: dict) -> list[dict]:
                     records.append(_record(writer, base, k - writer.n, fps))
                 start_s = float(k / fps)
                 writer = _ChunkWriter(out_dir / f"{_chunk_name(start_s)}.mp4", width, height, fps,
-                                      params["gop"], params["crf"], params["preset"])
+                                      params["gop"], params["crf"], params["preset"], params.get("tune", ""))
             writer.write(frame)
             k += 1
 
@@ -271,7 +274,7 @@ def _run_job(src: str, dst: str, video_id: str, params: dict) -> list[dict]:
 
 def chunk_videos(src: str | Path, dst: str | Path, chunk_seconds: float = 15.0, short_side: int | None = 320,
                  fps: float | None = 30, gop: int = 16, crf: int = 23, workers: int = 1, progress: bool = True,
-                 preset: str = "veryfast") -> ChunkSummary:
+                 preset: str = "veryfast", tune: str = "fastdecode") -> ChunkSummary:
     """Chunk every video under ``src`` into ``dst`` (see module doc); never raises for one bad source."""
     t0 = time.perf_counter()
     src, dst = Path(src), Path(dst)
@@ -281,7 +284,7 @@ def chunk_videos(src: str | Path, dst: str | Path, chunk_seconds: float = 15.0, 
         raise ValueError(f"chunk_seconds ({chunk_seconds}) and gop ({gop}) must be positive")
     dst.mkdir(parents=True, exist_ok=True)
     params = {"chunk_seconds": float(chunk_seconds), "short_side": short_side, "fps": fps, "gop": int(gop),
-              "crf": int(crf), "preset": preset}
+              "crf": int(crf), "preset": preset, "tune": tune}
     mpath = dst / MANIFEST_NAME
     old = dedupe_records(read_manifest_records(mpath)) if mpath.is_file() else []
     old_by_video: dict[str, list[dict]] = {}
@@ -381,6 +384,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--gop", type=int, default=16, help="keyframe interval in frames (default 16)")
     p.add_argument("--crf", type=int, default=23, help="libx264 CRF (default 23)")
     p.add_argument("--preset", default="veryfast", help="libx264 preset (default veryfast)")
+    p.add_argument("--tune", default="fastdecode", help='libx264 tune (default fastdecode: faster decoding at '
+                   'equal quality, BENCHMARKS.md; "" for none)')
     p.add_argument("--workers", type=int, default=max(1, (os.cpu_count() or 2) // 2),
                    help="parallel processes (default: half the CPUs)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
@@ -388,7 +393,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     try:
         s = chunk_videos(a.src, a.dst, a.chunk_seconds, a.short_side or None, a.fps or None, a.gop, a.crf,
-                         a.workers, not a.no_progress, a.preset)
+                         a.workers, not a.no_progress, a.preset, a.tune)
     except (OSError, ValueError) as e:
         print(f"avion-ds chunk: error: {e}", file=sys.stderr)
         return 2

@@ -63,8 +63,13 @@ def init() -> tuple[int, int, int]:
     warnings.filterwarnings("ignore", message=r".*is deprecated\. Please use `torch\.distributed\.", category=FutureWarning)
 
     if not tdist.is_initialized():
+        kw = {}
+        if os.environ.get("AVION_DS_PG_TIMEOUT_S"):  # a dead peer otherwise blocks survivors 30 min
+            import datetime
+
+            kw["timeout"] = datetime.timedelta(seconds=float(os.environ["AVION_DS_PG_TIMEOUT_S"]))
         deepspeed.init_distributed(dist_backend=get_accelerator().communication_backend_name(),
-                                   auto_mpi_discovery=False, verbose=False)
+                                   auto_mpi_discovery=False, verbose=False, **kw)
         _WE_INITIALISED = True
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     if get_accelerator().device_name() == "cuda":

@@ -8,6 +8,9 @@ the engine is built with ``checkpoint.load_universal``. What bites in deepspeed 
 * checkpoints saved without universal info need ``--inject_missing_state``;
 * ZeRO <= 2 writes no ``latest_universal``: the tag is loaded explicitly (``load_dir=<tag>``,
   ``tag="universal"``);
+* ZeRO-3's universal load overwrites every param group's ``weight_decay`` with the first group's
+  (no-decay groups start decaying: measured 1e-5 loss drift one step later), so the groups'
+  weight decay and lr scale are put back after loading;
 * per-rank client files (RNG streams) do not exist for new ranks: new rank r takes old rank r's
   file when it exists, else old rank ``r % old_world``'s counters with a fresh RNG stream derived
   from (global step, r), so no two ranks share a stream.
@@ -31,6 +34,7 @@ from avion_ds.engine import checkpoint as ckpt
 from avion_ds.engine import dist
 
 UNIVERSAL = "universal"
+GROUP_SETTINGS = ("weight_decay", "lr_scale")  # per-group choices of this run, not checkpoint state
 DONE = "UNIVERSAL_DONE.json"
 
 
@@ -119,10 +123,14 @@ def load_universal(engine: Any, tag_dir: Path, old_world: int) -> dict[str, Any]
     if not engine.load_universal_checkpoint():
         raise RuntimeError("elastic resume: the engine was built without checkpoint.load_universal "
                            "(call elastic.prepare_resume before deepspeed.initialize)")
+    groups = engine.optimizer.param_groups
+    settings = [{k: g[k] for k in GROUP_SETTINGS if k in g} for g in groups]
     path, _ = engine.load_checkpoint(str(tag_dir), tag=UNIVERSAL, load_optimizer_states=True,
                                      load_lr_scheduler_states=True)
     if path is None:
         raise RuntimeError(f"DeepSpeed could not load the universal checkpoint {tag_dir / UNIVERSAL}")
+    for g, kept in zip(engine.optimizer.param_groups, settings):
+        g.update(kept)  # ZeRO-3's universal load gives every group the first group's weight decay
     client = client_for_rank(tag_dir, old_world, dist.rank())
     client["tag"] = tag_dir.name
     return client

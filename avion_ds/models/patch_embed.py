@@ -7,10 +7,13 @@ reshape/permute and applies one ``nn.Linear``; its weight is the Conv3d weight f
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import torch
 from torch import nn
+
+from .partition import full_shape
 
 MODES = ("linear", "conv")
 
@@ -69,6 +72,7 @@ class PatchEmbed(nn.Module):
         """Accept the weight in either layout (5-D Conv3d or 2-D Linear) when element counts agree."""
         key = prefix + "proj.weight"
         w = state_dict.get(key)
-        if isinstance(w, torch.Tensor) and w.numel() == self.proj.weight.numel() and w.shape != self.proj.weight.shape:
-            state_dict[key] = w.reshape(self.proj.weight.shape)
+        shape = full_shape(self.proj.weight)  # ZeRO-3 partitioned: the data is empty, ds_shape is not
+        if isinstance(w, torch.Tensor) and w.numel() == math.prod(shape) and w.shape != shape:
+            state_dict[key] = w.reshape(shape)
         super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)

@@ -49,13 +49,16 @@ class SafetensorsReader:
     def get(self, name: str) -> torch.Tensor:
         e = self.entries[name]
         start, end = e["data_offsets"]
-        out = torch.empty(e["shape"], dtype=DTYPES[e["dtype"]])
-        view = memoryview(out.reshape(-1).view(torch.uint8).numpy()) if out.numel() else memoryview(b"")
+        dtype = DTYPES[e["dtype"]]
+        if end == start:
+            return torch.zeros(e["shape"], dtype=dtype)
+        # frombuffer, not torch.empty: safe inside zero.Init, which patches the tensor constructors
+        buf = bytearray(end - start)
         with open(self.path, "rb") as f:
             f.seek(self.data_start + start)
-            if f.readinto(view) != end - start:
+            if f.readinto(buf) != end - start:
                 raise ValueError(f"{self.path}: tensor {name} is truncated")
-        return out
+        return torch.frombuffer(buf, dtype=dtype).reshape(e["shape"])
 
 
 class SafetensorsWriter:
