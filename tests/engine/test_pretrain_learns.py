@@ -15,7 +15,7 @@ from avion_ds.models import create_model
 from avion_ds.models.pretrain import pixel_targets
 
 pytestmark = pytest.mark.slow
-STEPS = 1500
+STEPS = 2500
 
 
 def _clips(ds: VideosDataset, augment: DeviceAugment) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
