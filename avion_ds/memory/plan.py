@@ -315,7 +315,7 @@ def explain_impossible(req: Request, cands: list[Candidate]) -> str:
     frames = [f for f in range(req.frames - tub, 0, -tub) if _fits(req.model, f)]
     if frames:
         msg.append(f"closest: {req.model} fits with --frames {frames[0]} (micro-batch 1, checkpoint every block)")
-    smaller = [m for m in list_models() if not m.startswith("vit_test") and m != req.model
+    smaller = [m for m in list_models() if not m.startswith(("vit_test", "pretrain_")) and m != req.model
                and req.size % get_arch(m).patch_size == 0 and req.frames % get_arch(m).tubelet_size == 0
                and _fits(m, req.frames)]
     if smaller:
