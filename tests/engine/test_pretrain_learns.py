@@ -51,5 +51,6 @@ def test_tiny_videomae_beats_predict_zero(tiny_epic: dict) -> None:
             zero = float(pixel_targets(xv, model.arch)[vmasks["mask"]].pow(2).mean())
     finally:
         torch.set_num_threads(threads)
+    print(f"recon {recon:.4f} zero {zero:.4f} ratio {recon / zero:.4f}")
     assert 0.95 < zero < 1.0  # normalised targets: (n-1)/n per token
     assert recon <= MARGIN * zero, (recon, zero, losses[::100])
