@@ -12,19 +12,47 @@ import sys
 # subcommand -> (module, one-line help)
 COMMANDS: dict[str, tuple[str, str]] = {
     "chunk": ("avion_ds.data.chunking", "re-encode long videos into short chunks + manifest.jsonl"),
+    "check": ("avion_ds.data.check", "integrity pass over a prepared dataset; writes quarantine.tsv"),
     "synth": ("avion_ds.data.synthetic", "generate a small learnable EPIC-style synthetic dataset"),
     "train": ("avion_ds.engine.train", "train / fine-tune from a YAML recipe (also under deepspeed)"),
     "eval": ("avion_ds.engine.evaluate", "evaluate a checkpoint; writes metrics JSON"),
     "export": ("avion_ds.engine.export", "consolidate ZeRO shards into one fp32 safetensors file"),
     "reconstruct": ("avion_ds.engine.reconstruct", "pretraining run: original / masked / reconstructed frames as one PNG"),
     "plan": ("avion_ds.memory.plan", "pick ZeRO stage / offload / checkpointing / micro-batch for a GPU budget"),
+    "bench-loader": ("avion_ds.data.loader_bench", "clips/s per DataLoader worker and workers needed per GPU"),
+    "models": ("avion_ds.models.listing", "registered model sizes with parameters and GFLOPs per clip"),
 }
+# distribution name -> how --version shows it (read from package metadata: nothing heavy is imported)
+_PACKAGES = {"torch": "torch", "deepspeed": "deepspeed", "flash-attn": "flash-attn", "decord": "decord",
+             "torchcodec": "torchcodec", "av": "PyAV", "transformers": "transformers"}
+EXIT_CODES = "exit codes: 0 done, 1 failure (traceback), 2 bad input (one line), 3 non-finite stop (train)"
 
 
 def _usage() -> str:
-    lines = ["usage: avion-ds <command> [options]", "", "commands:"]
-    lines += [f"  {name:<8} {help_}" for name, (_, help_) in COMMANDS.items()]
-    return "\n".join(lines)
+    lines = ["usage: avion-ds <command> [options]   (avion-ds --version, avion-ds <command> --help)", "",
+             "commands:"]
+    lines += [f"  {name:<12} {help_}" for name, (_, help_) in COMMANDS.items()]
+    return "\n".join([*lines, "", EXIT_CODES])
+
+
+def versions() -> dict[str, str]:
+    """avion_ds and the libraries it runs on: version, or 'not installed'; plus the CUDA torch sees."""
+    from importlib import metadata
+
+    import avion_ds
+
+    out = {"avion_ds": avion_ds.__version__}
+    for dist, shown in _PACKAGES.items():
+        try:
+            out[shown] = metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            out[shown] = "not installed"
+    import torch
+
+    built = torch.version.cuda or "none (CPU build)"
+    out["CUDA"] = f"{built} (torch build); " + (
+        f"{torch.cuda.device_count()} GPU(s) visible" if torch.cuda.is_available() else "no GPU visible")
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -33,6 +61,9 @@ def main(argv: list[str] | None = None) -> int:
     if not argv or argv[0] in ("-h", "--help"):
         print(_usage())
         return 0 if argv else 2
+    if argv[0] in ("-V", "--version"):
+        print("\n".join(f"{k:<13} {v}" for k, v in versions().items()))
+        return 0
     cmd, rest = argv[0], argv[1:]
     if cmd not in COMMANDS:
         print(f"avion-ds: unknown command {cmd!r}\n{_usage()}", file=sys.stderr)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import math
 import types
 import typing
 from dataclasses import asdict, dataclass, field
@@ -29,6 +30,8 @@ class ConfigError(ValueError):
 class ModelConfig:
     name: str = "vit_base_patch16_224"
     pretrained: str | None = None  # path to a VideoMAE / HF / timm / avion_ds checkpoint
+    pretrained_strict: bool = True  # refuse to train when < 90% of the backbone parameters were loaded
+    trust_checkpoint: bool = False  # allow full unpickling of model.pretrained (can run code from the file)
     num_classes: int = 400  # single-head models
     heads: dict[str, int] | None = None  # e.g. {"verb": 97, "noun": 300} (EPIC); overrides num_classes
     tubelet_size: int | None = None  # frames per token; None = the registered size's (2)
@@ -46,7 +49,7 @@ class ModelConfig:
 
 @dataclass
 class DataConfig:
-    dataset: str = "epic"  # epic | kinetics | videos (unlabelled clips for task: pretrain)
+    dataset: str = "epic"  # epic | kinetics | ssv2 | videos (unlabelled clips for task: pretrain)
     root: str = ""  # chunk root (holds manifest.jsonl) or root of whole videos
     train_csv: str = ""
     val_csv: str = ""
@@ -55,7 +58,7 @@ class DataConfig:
     sampling: str = "segment"  # segment (TSN, EPIC/AVION) | stride (Kinetics/VideoMAE)
     stride: int = 4
     size: int = 224
-    decoder: str = "decord"  # decord | torchcodec | pyav
+    decoder: str = "auto"  # auto (probe on the first chunk) | decord | torchcodec | pyav | torchcodec-cuda
     decoder_threads: int = 1
     workers: int = 4
     crop_scale: list[float] = field(default_factory=lambda: [0.5, 1.0])
@@ -67,6 +70,12 @@ class DataConfig:
     label_smoothing: float = 0.1
     on_error: str = "skip"  # skip | raise
     decode_timeout_s: float = 60.0
+    class_list: str = ""  # kinetics: class names (one a line; index = line); ssv2: labels.json ("" = next to train_csv)
+    quarantine: str = "auto"  # auto: <root>/quarantine.tsv if present (written by avion-ds check) | none | PATH
+    rand_aug: str = ""  # timm RandAugment spec, e.g. rand-m7-n4-mstd0.5-inc1 (same ops for every frame of a clip)
+    reprob: float = 0.0  # timm RandomErasing probability (pixel mode, VideoMAE: 0.25)
+    num_sample: int = 1  # repeated augmentation: augmented views per loaded training clip (VideoMAE: 2)
+    interpolation: str = "bilinear"  # bilinear | bicubic: crop resize and RandAugment geometric ops
     clips_per_video: int = 1  # dataset: videos — clips drawn from every video per epoch
     multi_scale: list[float] = field(default_factory=lambda: [1.0, 0.875, 0.75, 0.66])  # videos: crop scales
 
@@ -104,6 +113,7 @@ class EvalConfig:
     temporal_views: int = 1
     spatial_views: int = 1
     batch_size: int | None = None  # None: micro_batch
+    protocol: str = "custom"  # k400 | ssv2 | epic | custom: locks the eval sampling and views (data/protocols.py)
 
 
 @dataclass
@@ -147,6 +157,7 @@ class Recipe:
     seed: int = 0
     precision: str = "auto"  # auto (from ds_config) | fp32 | bf16 | fp16
     nonfinite: str = "skip"  # skip | stop
+    nonfinite_max_consecutive: int = 20  # under skip: stop (exit 3) after this many non-finite micro-batches in a row
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -288,7 +299,11 @@ def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any
             node = node.setdefault(part, {})
             if not isinstance(node, dict):
                 raise ConfigError(f"override {dotted!r}: {part!r} is not a section")
-        node[parts[-1]] = yaml.safe_load(raw) if raw.strip() else ""
+        try:
+            node[parts[-1]] = yaml.safe_load(raw) if raw.strip() else ""
+        except yaml.YAMLError as e:
+            raise ConfigError(f"--set {dotted.strip()}={raw}: value is not valid YAML "
+                              f"({str(e).splitlines()[0]}); quote strings, write lists as [a, b]") from None
     return data
 
 
@@ -303,8 +318,11 @@ def load_recipe(path: str | Path | None, overrides: list[str] | None = None) -> 
             data = yaml.safe_load(p.read_text()) or {}
         except yaml.YAMLError as e:
             raise ConfigError(f"recipe {p} is not valid YAML: {str(e).splitlines()[0]}") from None
+        if data == {}:
+            raise ConfigError(f"recipe {p} is empty: it needs at least model.name, model.heads or "
+                              "model.num_classes and the data section (see launch/recipes/*.yaml)")
         if not isinstance(data, dict):
-            raise ConfigError(f"recipe {p}: top level must be a mapping")
+            raise ConfigError(f"recipe {p}: top level must be a mapping, got {type(data).__name__}")
     apply_overrides(data, overrides or [])
     return recipe_from_dict(data)
 
@@ -320,22 +338,93 @@ _CHOICES: dict[str, tuple[str, ...]] = {
     "model.pool": ("mean", "cls"),
     "model.pos_embed": ("sincos", "learned"),
     "model.checkpoint_impl": ("torch", "deepspeed"),
-    "data.dataset": ("epic", "kinetics", "videos"),
+    "data.dataset": ("epic", "kinetics", "ssv2", "videos"),
     "pretrain.mask_type": ("tube", "random"),
     "pretrain.decoder_mask_type": ("none", "running_cell"),
     "task": ("finetune", "pretrain"),
     "data.sampling": ("segment", "stride"),
-    "data.decoder": ("decord", "torchcodec", "pyav"),
+    "data.decoder": ("auto", "decord", "torchcodec", "pyav", "torchcodec-cuda"),
     "data.mean_std": ("imagenet", "clip"),
     "data.on_error": ("skip", "raise"),
+    "data.interpolation": ("bilinear", "bicubic"),
     "precision": ("auto", "fp32", "bf16", "fp16"),
     "nonfinite": ("skip", "stop"),
 }
 
 
+def _float_fields(obj: Any, prefix: str = "") -> list[tuple[str, float]]:
+    """(dotted key, value) of every float (and list-of-float) field, recursively."""
+    out: list[tuple[str, float]] = []
+    for f in dataclasses.fields(obj):
+        v = getattr(obj, f.name)
+        key = f"{prefix}{f.name}"
+        if dataclasses.is_dataclass(v):
+            out += _float_fields(v, key + ".")
+        elif isinstance(v, float):
+            out.append((key, v))
+        elif isinstance(v, list):
+            out += [(f"{key}[{i}]", x) for i, x in enumerate(v) if isinstance(x, float)]
+    return out
+
+
+# key -> (low, high, low inclusive, high inclusive); high None = unbounded
+_RANGES: dict[str, tuple[float | None, float | None, bool, bool]] = {
+    "optim.lr": (0.0, None, False, True),
+    "optim.min_lr": (0.0, None, True, True),
+    "optim.weight_decay": (0.0, None, True, True),
+    "optim.eps": (0.0, None, False, True),
+    "optim.clip_grad": (0.0, None, True, True),
+    "optim.betas[0]": (0.0, 1.0, True, False),
+    "optim.betas[1]": (0.0, 1.0, True, False),
+    "schedule.warmup_epochs": (0.0, None, True, True),
+    "data.workers": (0, None, True, True),
+    "data.decoder_threads": (0, None, True, True),
+    "data.decode_timeout_s": (0.0, None, True, True),
+    "data.hflip": (0.0, 1.0, True, True),
+    "data.mixup": (0.0, None, True, True),
+    "data.cutmix": (0.0, None, True, True),
+    "data.label_smoothing": (0.0, 1.0, True, False),
+    "model.drop_path_rate": (0.0, 1.0, True, False),
+    "model.head_drop_rate": (0.0, 1.0, True, False),
+    "checkpoint.every_steps": (0, None, True, True),
+    "checkpoint.keep_last": (1, None, True, True),
+    "logging.log_every": (1, None, True, True),
+    "eval.every_epochs": (1, None, True, True),
+    "schedule.steps_per_epoch": (1, None, True, True),
+    "nonfinite_max_consecutive": (1, None, True, True),
+}
+
+
+def _allowed(low: float | None, high: float | None, lo_inc: bool, hi_inc: bool) -> str:
+    if high is None:
+        return f"must be {'>=' if lo_inc else '>'} {low:g}"
+    return f"must be in {'[' if lo_inc else '('}{low:g}, {high:g}{']' if hi_inc else ')'}"
+
+
+def _lookup(d: dict[str, Any], dotted: str) -> Any:
+    node: Any = d
+    for part in dotted.replace("[", ".").replace("]", "").split("."):
+        node = node[int(part)] if isinstance(node, list) else node[part]
+    return node
+
+
 def validate(recipe: Recipe) -> None:
-    """Check value ranges and choices once, at start-up."""
+    """Check value ranges and choices once, at start-up; each error names key, value and what is allowed."""
     d = recipe.to_dict()
+    for key, value in _float_fields(recipe):
+        if not math.isfinite(value):
+            raise ConfigError(f"{key}={value} is not a finite number")
+    for key, (low, high, lo_inc, hi_inc) in _RANGES.items():
+        try:
+            value = _lookup(d, key)
+        except (KeyError, IndexError):
+            continue
+        if value is None:
+            continue
+        ok = (value >= low if lo_inc else value > low) and (
+            high is None or (value <= high if hi_inc else value < high))
+        if not ok:
+            raise ConfigError(f"{key}={value} {_allowed(low, high, lo_inc, hi_inc)}")
     for dotted, choices in _CHOICES.items():
         section, _, key = dotted.rpartition(".")
         value = d[section][key] if section else d[key]
@@ -387,3 +476,10 @@ def validate(recipe: Recipe) -> None:
             raise ConfigError(f"data.multi_scale={recipe.data.multi_scale} must be a non-empty list in (0, 1]")
     if recipe.data.dataset == "epic" and recipe.model.heads is None:
         raise ConfigError("data.dataset='epic' needs model.heads (e.g. {verb: 97, noun: 300})")
+    from .data.protocols import (
+        check_recipe,  # dataset recipes: augmentation specs, eval protocol
+    )
+
+    problem = check_recipe(recipe)
+    if problem:
+        raise ConfigError(problem)

@@ -7,6 +7,10 @@
 #   4. ViT-B 16x224 bf16 activation bytes with vs without checkpointing on the GPU     (bench/memory.py ratio)
 #   5. layer-streaming inference: ViT-L eval clips/s + peak vs stage3_max_live_parameters  (bench/memory.py offload)
 #   6. ours vs HF transformers VideoMAE (only when transformers is installed)         (bench/peer.py)
+#   7. ZeRO-3 offload inference: peak parameters resident on the GPU during forward for three
+#      stage3_max_live_parameters values, ViT-L 16x224 (model built partitioned)       (bench/memory.py resident)
+#   8. (LOADER=1 only, ~90 s) decode paths incl. torchcodec-cuda (NVDEC + GPU crop) vs the AVION-style
+#      reference, one process, one decoder thread                                        (bench/loader.py)
 # then bench/report.py merges the JSON files into suite.json and draws suite.png.
 #
 # usage: bash bench/gpu_suite.sh [OUT_DIR]      (default: bench_out/gpu_suite_<timestamp>)
@@ -60,6 +64,12 @@ if [ -z "${SKIP_PEER:-}" ] && python -c "import transformers" 2>/dev/null; then
     run peer 55 python bench/peer.py --device cuda --dtype bf16 --batch 8 --steps 8 --json "$OUT/peer.json"
 else
     echo "== peer: skipped (transformers not installed or SKIP_PEER set)"
+fi
+run resident 60 python bench/memory.py --device cuda --parts resident --offload-model vit_large_patch16_224 \
+    --frames 16 --size 224 --offload-live 10000000,50000000,200000000 --json "$OUT/resident.json"
+if [ -n "${LOADER:-}" ]; then
+    run loader 90 python bench/loader.py --seconds 20 --fps 30 --clips 10 --repeats 2 --parts paths \
+        --workdir "$OUT/loader_work"
 fi
 
 shopt -s nullglob

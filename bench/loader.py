@@ -1,28 +1,35 @@
-"""Loader benchmark: naive long-video decode vs chunked + fused decode+crop, per decoder process.
+"""Loader benchmark: every project decode path against a fixed AVION-style reference, side by side.
 
 Generates an EPIC-like long source video with FFmpeg's lavfi sources through PyAV (default 60 s
-1920x1080 at 60 fps, keyframe every 4 s; ``--seconds 180`` for the issue's full 3 minutes — the
-naive cost per clip depends on resolution and GOP, not on length), chunks it with ``avion-ds chunk`` defaults (15 s, short side 320, 30 fps,
-GOP 16), then measures 16-frame training clips/s in ONE process, one decoder thread, one torch
-thread, over the same random EPIC-style segments (TSN sampling with jitter, RandomResizedCrop
-scale (0.5, 1) to 224):
+1920x1080 at 60 fps, keyframe every 4 s; ``--pattern mandelbrot`` for content that is costly to
+decode), chunks it with ``avion-ds chunk`` defaults, and times 16-frame training clips (TSN
+sampling with jitter over random 1-4 s segments, RandomResizedCrop scale (0.5, 1) to 224) in ONE
+process, one decoder thread, one torch thread. Every clip is the same (indices and crop box) for
+every path, drawn exactly as the dataset draws them.
 
-  (a) naive   decord on the original long video, accurate get_batch, RandomResizedCrop + resize on CPU
-  (b) chunked the dataset's own path (EpicDataset.__getitem__) over chunks, crop fused per backend,
-              also decord through the timeout helper process (decode_timeout_s > 0)
-  (c) floor   each backend decoding only the needed frames of the chunks, no crop / resize
+  ref      AVION-style reference (fixed): decord.VideoReader(chunk, num_threads=1), get_batch of the
+           clip's frames, torchvision v2 resized_crop (bilinear, antialias) on the uint8 frames
+  default  the default recipe's path: the dataset with DataConfig defaults (decoder auto, decode
+           timeout helper on)
+  fused B  the dataset with backend B, in-process; "+ helper": the same through the timeout helper
+  floor B  backend B decoding only the clip's frames of the chunks, no crop / resize
 
-and prints clips/s with the ratios (b)/(a) and (b)/(c) (same backend's floor), then DataLoader
-throughput with 2 workers.
+Paths are interleaved per clip (clip i through every path, order rotated) for ``--repeats``
+rounds; the table gives clips/s, and the median over clips of the per-clip speed ratio to the
+reference, to the backend's own floor, and the helper's cost, followed by the targets. Parts: ``paths`` (default), ``scaling`` (DataLoader with 1 and 2 workers),
+``encode`` (x264 settings at equal quality: decode clips/s vs chunk bytes vs PSNR).
 
-    python bench/loader.py [--seconds 60 --width 1920 --height 1080 --fps 60 --clips 30 --workdir DIR]
+    python bench/loader.py --workdir /tmp/bench --parts paths,scaling,encode [--pattern mandelbrot]
 """
 
 from __future__ import annotations
 
 import argparse
 import csv
+import math
+import os
 import shutil
+import statistics
 import tempfile
 import time
 from fractions import Fraction
@@ -68,13 +75,233 @@ def segments(seconds: float, n: int, seed: int) -> list[tuple[float, float]]:
     return out
 
 
-def rate(fn, n: int, warmup: int = 2) -> float:
-    for i in range(warmup):
-        fn(i)
-    t0 = time.perf_counter()
-    for i in range(n):
-        fn(i)
-    return n / (time.perf_counter() - t0)
+def write_csv(path: Path, segs: list[tuple[float, float]]) -> None:
+    from avion_ds.data.synthetic import EPIC_COLUMNS, _timestamp
+
+    with path.open("w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=list(EPIC_COLUMNS), extrasaction="ignore")
+        w.writeheader()
+        for i, (s, e) in enumerate(segs):
+            w.writerow({"narration_id": f"P01_01_{i}", "video_id": "P01_01", "start_timestamp": _timestamp(s),
+                        "stop_timestamp": _timestamp(e), "verb_class": 0, "noun_class": 0})
+
+
+def clip_requests(csv_path: Path, entry, cfg, n: int) -> list[tuple[list[tuple[str, list[int]]], object]]:
+    """[(chunk parts, crop box)] for the first ``n`` rows, drawn exactly as EpicDataset draws them."""
+    from avion_ds.data.crop import clip_rng, random_resized_crop
+    from avion_ds.data.sampling import (
+        map_to_chunks,
+        parse_timestamp,
+        seconds_to_frames,
+        segment_indices,
+    )
+
+    rows = list(csv.DictReader(csv_path.open()))[:n]
+    out = []
+    for i, r in enumerate(rows):
+        f0, f1 = seconds_to_frames(parse_timestamp(r["start_timestamp"]), parse_timestamp(r["stop_timestamp"]), entry.fps)
+        rng = clip_rng(0, 0, i, 0)
+        idx = segment_indices(f0, f1, cfg.num_frames, train=True, rng=rng)
+        box = random_resized_crop(entry.height, entry.width, tuple(cfg.crop_scale), tuple(cfg.crop_ratio), rng)
+        out.append((map_to_chunks(idx, entry), box))
+    return out
+
+
+def reference(parts, box, size: int) -> torch.Tensor:
+    """AVION-style: decord VideoReader per chunk, get_batch, torchvision resized_crop on uint8."""
+    import decord
+    from torchvision.transforms.v2 import functional as F
+
+    out = []
+    for path, local in parts:
+        vr = decord.VideoReader(path, num_threads=1)
+        x = torch.from_numpy(vr.get_batch(local).asnumpy()).permute(0, 3, 1, 2)
+        x = F.resized_crop(x, box.top, box.left, box.height, box.width, [size, size],
+                           interpolation=F.InterpolationMode.BILINEAR, antialias=True)
+        out.append(x.permute(0, 2, 3, 1))
+    return out[0] if len(out) == 1 else torch.cat(out)
+
+
+def timed_rounds(paths: dict, n: int, repeats: int) -> dict[str, list[float]]:
+    """Seconds per clip of each path, summed over ``repeats`` rounds: list indexed by clip.
+
+    Interleaved at the clip level (clip i through every path, the order rotated per clip and round)
+    so that load from other jobs on a shared machine hits every path alike.
+    """
+    names = list(paths)
+    for name in names:  # warm-up: helper processes, library init, page cache
+        paths[name](0)
+    times: dict[str, list[float]] = {k: [0.0] * n for k in names}
+    for r in range(repeats):
+        for i in range(n):
+            k = (i + r) % len(names)
+            for name in names[k:] + names[:k]:
+                t0 = time.perf_counter()
+                paths[name](i)
+                times[name][i] += time.perf_counter() - t0
+    return times
+
+
+def rate(ts: list[float], repeats: int) -> float:
+    """Clips/s over all clips and rounds."""
+    return len(ts) * repeats / sum(ts)
+
+
+def ratio(a: list[float], b: list[float]) -> float:
+    """Speed of ``a`` relative to ``b``: median over clips of time(b) / time(a) (robust to load spikes)."""
+    return statistics.median(tb / ta for ta, tb in zip(a, b, strict=True))
+
+
+def part_paths(a, work: Path, cfg, entry, csv_path: Path) -> None:
+    from dataclasses import replace
+
+    from avion_ds.data import build_dataset
+    from avion_ds.data.decoders import available_backends, get_decoder
+
+    S = cfg.size
+    reqs = clip_requests(csv_path, entry, cfg, a.clips)
+    default = build_dataset(cfg, "train")
+    print(f"default recipe path: data.decoder=auto -> {default.decoder_name}, decode_timeout_s={cfg.decode_timeout_s:g}")
+    paths = {"ref  AVION-style (decord get_batch + CPU resized_crop)": lambda i: reference(*reqs[i], S),
+             "default recipe (auto + timeout helper)": lambda i: default[i]["frames"]}
+    backends = available_backends(cuda=True)  # torchcodec-cuda joins where a GPU exists
+    floors, helpers = {}, {}
+    for b in backends:
+        ds = build_dataset(replace(cfg, decoder=b, decode_timeout_s=0.0), "train")
+        paths[f"fused {b}"] = lambda i, ds=ds: ds[i]["frames"]
+        dsh = build_dataset(replace(cfg, decoder=b), "train")
+        helpers[b] = dsh
+        paths[f"fused {b} + timeout helper"] = lambda i, ds=dsh: ds[i]["frames"]
+        dec = get_decoder(b, exact=False)
+        floors[b] = f"floor {b}: clip frames, no crop"
+        paths[floors[b]] = lambda i, dec=dec: [dec.decode(p, loc) for p, loc in reqs[i][0]]
+    load = os.getloadavg()[0]
+    # correctness first: every path's frames equal the reference's (crop within 1.5/255 on average)
+    for i in range(min(3, a.clips)):
+        ref = reference(*reqs[i], S).float()
+        for name, fn in paths.items():
+            if name.startswith(("fused", "default")):
+                mad = (fn(i).float() - ref).abs().mean().item()
+                if mad > 1.5:
+                    print(f"WARNING: {name} clip {i} differs from the reference by {mad:.2f}/255 on average")
+    times = timed_rounds(paths, a.clips, a.repeats)
+    ref = times[next(iter(paths))]
+    print(f"\n16-frame training clips/s, 1 process, 1 decoder thread, 1 torch thread, {cfg.num_frames}x{S}x{S}; "
+          f"{a.clips} clips x {a.repeats} rounds interleaved per clip; load average before: {load:.1f}, after: "
+          f"{os.getloadavg()[0]:.1f}; ratios = median over clips of per-clip time ratios")
+    print(f"{'path':<58} {'clips/s':>8} {'vs ref':>7} {'vs floor':>9} {'helper':>7}")
+    for name, ts in times.items():
+        b = max((x for x in backends if name.startswith((f"fused {x} ", f"floor {x}:")) or name == f"fused {x}"),
+                key=len, default=None)
+        if name.startswith("default"):
+            b = default.decoder_name
+        fl = f"{ratio(ts, times[floors[b]]):8.2f}x" if b in floors else f"{'':9}"
+        hc = f"{1 - ratio(ts, times[f'fused {b}']):+7.1%}" if name.endswith("timeout helper") else ""
+        print(f"{name:<58} {rate(ts, a.repeats):8.2f} {ratio(ts, ref):6.2f}x {fl} {hc:>7}")
+    d = default.decoder_name
+    print("\ntargets (this run):")
+    print(f"  default recipe >= 1.2x reference: {ratio(times['default recipe (auto + timeout helper)'], ref):.2f}x")
+    for b in backends:
+        fused, helper = times[f"fused {b}"], times[f"fused {b} + timeout helper"]
+        print(f"  fused {b} >= 0.9x its floor: {ratio(fused, times[floors[b]]):.2f}x;  timeout helper "
+              f"cost <= 3%: {1 - ratio(helper, fused):+.1%}")
+    print(f"  (the default path runs {d} through the helper)")
+    for ds in helpers.values():
+        ds.decoder.close()
+    default.decoder.close()
+
+
+def part_scaling(a, cfg) -> None:
+    from avion_ds.data import build_dataset
+    from avion_ds.data.loader_bench import clips_per_s_loader
+
+    ds = build_dataset(cfg, "train")
+    print(f"\nDataLoader, default recipe path ({ds.decoder_name} + timeout helper), batch 4, {a.loader_batches} "
+          f"batches after 2 warm-up, {os.cpu_count()} CPUs, load average before: {os.getloadavg()[0]:.1f}")
+    print(f"{'workers':>8} {'clips/s':>9} {'per worker':>11}")
+    for w in (1, 2):
+        r = clips_per_s_loader(ds, w, 4, a.loader_batches)
+        print(f"{w:>8} {r:9.2f} {r / w:11.2f}")
+
+
+def _encode(src: Path, dst: Path, opts: dict[str, str]) -> int:
+    """Re-encode every frame of ``src`` (a lossless chunk) with libx264 ``opts``; returns bytes."""
+    import av
+
+    with av.open(str(src)) as c:
+        s = c.streams.video[0]
+        fps = s.average_rate
+        out = av.open(str(dst), "w", format="mp4")
+        st = out.add_stream("libx264", rate=fps)
+        st.width, st.height, st.pix_fmt = s.codec_context.width, s.codec_context.height, "yuv420p"
+        st.options = {"g": "16", "keyint_min": "16", "sc_threshold": "0", "bf": "0", **opts}
+        for n, f in enumerate(c.decode(s)):
+            f.pts, f.time_base = n, Fraction(1) / fps
+            for p in st.encode(f):
+                out.mux(p)
+        for p in st.encode(None):
+            out.mux(p)
+        out.close()
+    return dst.stat().st_size
+
+
+def _psnr(a: Path, b: Path) -> float:
+    """RGB PSNR of every frame of ``a`` against ``b`` (the lossless chunk)."""
+    import av
+
+    se, n = 0.0, 0
+    with av.open(str(a)) as ca, av.open(str(b)) as cb:
+        for fa, fb in zip(ca.decode(video=0), cb.decode(video=0), strict=False):
+            d = fa.to_ndarray(format="rgb24").astype(np.float32) - fb.to_ndarray(format="rgb24").astype(np.float32)
+            se, n = se + float((d * d).sum()), n + d.size
+    return 10 * math.log10(255**2 / (se / n)) if se else float("inf")
+
+
+ENCODE_SETTINGS = {  # name -> libx264 options (GOP 16, no B-frames as in avion-ds chunk)
+    "veryfast crf23 (old default)": {"preset": "veryfast", "crf": "23"},
+    "veryfast crf23 fastdecode": {"preset": "veryfast", "crf": "23", "tune": "fastdecode"},
+    "veryfast crf21 fastdecode": {"preset": "veryfast", "crf": "21", "tune": "fastdecode"},
+    "veryfast crf19 fastdecode": {"preset": "veryfast", "crf": "19", "tune": "fastdecode"},
+    "ultrafast crf21": {"preset": "ultrafast", "crf": "21"},
+}
+
+
+def part_encode(a, work: Path, src: Path, cfg, csv_path: Path, entry) -> None:
+    from avion_ds.data.chunking import chunk_videos
+    from avion_ds.data.crop import CropSpec
+    from avion_ds.data.decoders import available_backends, get_decoder
+
+    lossless = work / "chunks_lossless"
+    chunk_videos(src.parent, lossless, progress=False, workers=1, crf=0)
+    reqs = clip_requests(csv_path, entry, cfg, a.clips)
+    files = {c.path: lossless / "P01_01" / Path(c.path).name for c in entry.chunks}
+    rows, paths = {}, {}
+    for name, opts in ENCODE_SETTINGS.items():
+        d = work / "encode" / name.split(" (")[0].replace(" ", "_")
+        d.mkdir(parents=True, exist_ok=True)
+        t0 = time.perf_counter()
+        size = sum(_encode(lf, d / lf.name, opts) for lf in files.values())
+        psnr = float(np.mean([_psnr(d / lf.name, lf) for lf in files.values()]))
+        rows[name] = (size, psnr, time.perf_counter() - t0)
+        remap = {p: str(d / Path(p).name) for p in files}
+        for b in ("ref",) + tuple(x for x in ("torchcodec", "decord") if x in available_backends())[:1]:
+            if b == "ref":
+                paths[(name, b)] = lambda i, m=remap: reference([(m[p], loc) for p, loc in reqs[i][0]], reqs[i][1], cfg.size)
+            else:
+                dec = get_decoder(b, exact=False)
+                paths[(name, b)] = lambda i, m=remap, dec=dec: [
+                    dec.decode(m[p], loc, CropSpec(reqs[i][1], (cfg.size, cfg.size), entry.height, entry.width))
+                    for p, loc in reqs[i][0]]
+    times = timed_rounds(paths, a.clips, a.repeats)
+    base = next(iter(ENCODE_SETTINGS))
+    b = next(k[1] for k in paths if k[1] != "ref")
+    print(f"\nchunk encoding (GOP 16, no B-frames, {len(files)} chunks; PSNR vs lossless chunks, RGB); decode clips/s, "
+          f"{a.clips} clips x {a.repeats} rounds interleaved per clip; load average after: {os.getloadavg()[0]:.1f}")
+    print(f"{'x264 setting':<30} {'MB':>7} {'bytes':>6} {'PSNR dB':>8} {'ref c/s':>8} {'vs':>6} {b + ' c/s':>15} {'vs':>6}")
+    for name, (size, psnr, _) in rows.items():
+        r, f = times[(name, "ref")], times[(name, b)]
+        print(f"{name:<30} {size / 1e6:7.2f} {size / rows[base][0]:5.2f}x {psnr:8.2f} {rate(r, a.repeats):8.2f} "
+              f"{ratio(r, times[(base, 'ref')]):5.2f}x {rate(f, a.repeats):15.2f} {ratio(f, times[(base, b)]):5.2f}x")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -85,23 +312,19 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--fps", type=int, default=60)
     p.add_argument("--gop-seconds", type=float, default=4.0)
     p.add_argument("--pattern", default="testsrc2", help="lavfi source: testsrc2 | mandelbrot | life | ...")
-    p.add_argument("--clips", type=int, default=30, help="timed clips per method")
+    p.add_argument("--clips", type=int, default=20, help="timed clips per path per round")
+    p.add_argument("--repeats", type=int, default=3, help="interleaved rounds")
     p.add_argument("--num-frames", type=int, default=16)
     p.add_argument("--size", type=int, default=224)
     p.add_argument("--loader-batches", type=int, default=10)
+    p.add_argument("--parts", default="paths,scaling", help="comma-separated: paths, scaling, encode")
     p.add_argument("--workdir", default=None, help="keep files here (default: a temp dir, removed)")
     a = p.parse_args(argv)
-
-    from torchvision.transforms.v2 import functional as F
+    parts = set(a.parts.split(","))
 
     from avion_ds.config import DataConfig
-    from avion_ds.data import build_dataset, build_loader
     from avion_ds.data.chunking import chunk_videos
-    from avion_ds.data.crop import clip_rng, random_resized_crop
-    from avion_ds.data.decoders import available_backends, get_decoder
     from avion_ds.data.manifest import load_manifest
-    from avion_ds.data.sampling import map_to_chunks, seconds_to_frames, segment_indices
-    from avion_ds.data.synthetic import EPIC_COLUMNS, _timestamp
 
     torch.set_num_threads(1)
     work = Path(a.workdir) if a.workdir else Path(tempfile.mkdtemp(prefix="avion_bench_"))
@@ -113,83 +336,24 @@ def main(argv: list[str] | None = None) -> int:
         print(f"source: {a.seconds:g} s {a.width}x{a.height} @ {a.fps} fps, GOP {a.gop_seconds:g} s, {a.pattern}: "
               f"{src.stat().st_size / 1e6:.1f} MB, generated in {t:.1f} s")
     summary = chunk_videos(src.parent, work / "chunks", progress=False, workers=1)
-    print(f"chunk (15 s, short side 320, 30 fps, GOP 16, CRF 23; 1 worker): {summary.seconds:.1f} s for "
-          f"{a.seconds:g} s of video ({'up to date' if summary.skipped else 'encoded'})")
+    entry = load_manifest(work / "chunks")["P01_01"]
+    c = entry.chunks[0]
+    print(f"chunks: {len(entry.chunks)} x {c.frames} frames {c.width}x{c.height} @ {c.fps:g} fps (avion-ds chunk "
+          f"defaults: {summary.seconds:.1f} s, {'up to date' if summary.skipped else 'encoded'})")
     if summary.failed:
         print(summary)
         return 1
-    segs = segments(a.seconds, max(a.clips + 4, 4 * a.loader_batches + 12), seed=0)
+    seconds = entry.num_frames / entry.fps
     csv_path = work / "segments.csv"
-    with csv_path.open("w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=list(EPIC_COLUMNS), extrasaction="ignore")
-        w.writeheader()
-        for i, (s, e) in enumerate(segs):
-            w.writerow({"narration_id": f"P01_01_{i}", "video_id": "P01_01", "start_timestamp": _timestamp(s),
-                        "stop_timestamp": _timestamp(e), "verb_class": 0, "noun_class": 0})
-    T, S = a.num_frames, a.size
+    write_csv(csv_path, segments(seconds, max(a.clips, 4 * a.loader_batches + 12), seed=0))
     cfg = DataConfig(dataset="epic", root=str(work / "chunks"), train_csv=str(csv_path), val_csv=str(csv_path),
-                     num_frames=T, size=S, decode_timeout_s=0.0)
-    results: dict[str, float] = {}
-
-    # (a) naive: decord on the long source, accurate get_batch, RRC + resize on CPU
-    import decord
-
-    def naive(i: int) -> torch.Tensor:
-        start, end = segs[i]
-        vr = decord.VideoReader(str(src), ctx=decord.cpu(0), num_threads=1)
-        rng = clip_rng(0, 0, i)
-        f0, f1 = seconds_to_frames(start, end, float(vr.get_avg_fps()))
-        idx = segment_indices(f0, min(f1, len(vr)), T, train=True, rng=rng)
-        frames = torch.from_numpy(vr.get_batch(idx).asnumpy()).permute(0, 3, 1, 2)
-        b = random_resized_crop(frames.shape[2], frames.shape[3], (0.5, 1.0), (0.75, 4 / 3), rng)
-        return F.resized_crop(frames, b.top, b.left, b.height, b.width, [S, S], antialias=True)
-
-    results["(a) naive decord, long video, CPU crop"] = rate(naive, a.clips)
-
-    # (b) chunked + fused, through the dataset
-    for name in available_backends():
-        ds = build_dataset(DataConfig(**{**cfg.__dict__, "decoder": name}), "train")
-        results[f"(b) chunked+fused {name}"] = rate(lambda i, ds=ds: ds[i]["frames"], a.clips)
-    ds_t = build_dataset(DataConfig(**{**cfg.__dict__, "decode_timeout_s": 60.0}), "train")
-    results["(b) chunked+fused decord via timeout helper"] = rate(lambda i: ds_t[i]["frames"], a.clips)
-    ds_t.decoder.close()
-    ds_nf = build_dataset(cfg, "train")
-    ds_nf._decoder = get_decoder("decord", fuse=False)
-    results["(b') chunked decord, crop after decode"] = rate(lambda i: ds_nf[i]["frames"], a.clips)
-
-    # (c) floor: only the needed frames of the chunks, no crop / resize, per backend
-    entry = load_manifest(work / "chunks")["P01_01"]
-
-    def floor_fn(dec):
-        def floor(i: int) -> None:
-            start, end = segs[i]
-            f0, f1 = seconds_to_frames(start, end, entry.fps)
-            idx = segment_indices(f0, f1, T, train=True, rng=clip_rng(0, 0, i))
-            for path, local in map_to_chunks(idx, entry):
-                dec.decode(path, local)
-        return floor
-
-    floors = {name: rate(floor_fn(get_decoder(name)), a.clips) for name in available_backends()}
-    for name, v in floors.items():
-        results[f"(c) floor {name}: needed chunk frames, no crop"] = v
-
-    base = results["(a) naive decord, long video, CPU crop"]
-    print(f"\n16-frame training clips/s, 1 process, 1 decoder thread, {T}x{S}x{S} output")
-    print(f"{'method':<50} {'clips/s':>8} {'vs (a)':>8} {'vs (c)':>8}")
-    for k, v in results.items():
-        backend = next((b for b in floors if b in k), "decord")
-        print(f"{k:<50} {v:8.2f} {v / base:7.1f}x {v / floors[backend]:7.2f}x")
-
-    # DataLoader throughput, 2 workers (decord, timeout helper on as in the default recipe)
-    ds = build_dataset(DataConfig(**{**cfg.__dict__, "decode_timeout_s": 60.0}), "train")
-    loader = build_loader(ds, batch_size=4, workers=2, shuffle=True, seed=0, drop_last=True, distributed=False)
-    it = iter(loader)
-    next(it)
-    next(it)
-    t0, n = time.perf_counter(), 0
-    for _ in range(min(a.loader_batches, len(loader) - 2)):
-        n += next(it)["frames"].shape[0]
-    print(f"\nDataLoader, 2 workers, batch 4, decord + timeout helper: {n / (time.perf_counter() - t0):.2f} clips/s")
+                     num_frames=a.num_frames, size=a.size)
+    if "paths" in parts:
+        part_paths(a, work, cfg, entry, csv_path)
+    if "scaling" in parts:
+        part_scaling(a, cfg)
+    if "encode" in parts:
+        part_encode(a, work, src, cfg, csv_path, entry)
     if not a.workdir:
         shutil.rmtree(work, ignore_errors=True)
     return 0

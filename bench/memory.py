@@ -11,11 +11,18 @@ Parts (``--parts``, comma separated):
   giant       CUDA: ViT-g training with ZeRO-3 param+optimizer offload + checkpointing under the cap
   offload     layer-streaming inference (ZeRO-3 parameter offload to CPU): eval clips/s (and CUDA peak
               memory) vs the plain model for several stage3_max_live_parameters values; same logits
+  rss         CPU, 2 ranks: per-rank host RSS (anon / file) after build, pretrained load and
+              deepspeed.initialize (no optimizer), --rss-modes before (full build) / after (zero.Init)
+  optimizer   CPU, 2 ranks: ZeRO-3 + AdamW per-rank RSS after one step vs 16 B x params / world
+              (--export-after-optimizer: then the streamed `avion-ds export` peak RSS vs fp32 bytes)
+  resident    ZeRO-3 param offload: peak parameter elements resident during forward per --offload-live
+  (rss / optimizer / resident live in bench/memory_large.py)
 
 Examples:
   python bench/memory.py --parts ratio,activations --dtype fp32 --depth 2 --json out/memory_cpu.json
   python bench/memory.py --device cuda --parts throughput --json out/throughput.json
   python bench/memory.py --device cuda --parts capacity,giant --cap 24GiB --json out/capacity.json
+  python bench/memory.py --parts rss --rss-models vit_giant_patch14_224 --rss-modes after --json out/rss_g.json
 """
 
 from __future__ import annotations
@@ -244,8 +251,20 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--offload-iters", type=int, default=2)
     p.add_argument("--offload-live", default="1000000,10000000,100000000",
                    help="stage3_max_live_parameters values to compare")
+    p.add_argument("--rss-models", default="vit_huge_patch16_224,vit_giant_patch14_224")
+    p.add_argument("--rss-modes", default="after,before", help="after = zero.Init build; before = full build")
+    p.add_argument("--rss-frames", type=int, default=16)
+    p.add_argument("--rss-size", type=int, default=224)
+    p.add_argument("--ranks", type=int, default=2)
+    p.add_argument("--optimizer-model", default="vit_large_patch16_224")
+    p.add_argument("--export-after-optimizer", action="store_true",
+                   help="optimizer part: save the ZeRO-3 checkpoint and measure the streamed export's peak RSS")
+    p.add_argument("--work-dir", default="/tmp/avion_bench_rss", help="weights files and per-run JSON")
+    p.add_argument("--keep-weights", action="store_true")
     p.add_argument("--json", default=None)
     args = p.parse_args(argv)
+    args.rss_models = [s for s in args.rss_models.split(",") if s]
+    args.rss_modes = [s for s in args.rss_modes.split(",") if s]
     args.sizes = [s for s in args.sizes.split(",") if s]
     args.capacity_sizes = [s for s in args.capacity_sizes.split(",") if s]
     args.cap_bytes = parse_bytes(args.cap, "--cap")
@@ -285,6 +304,10 @@ def main(argv: list[str] | None = None) -> int:
             results["giant"] = part_giant(args)
         elif part == "offload":
             results["offload"] = part_offload(args, dtype)
+        elif part in ("rss", "optimizer", "resident"):
+            import memory_large
+
+            results[part] = getattr(memory_large, f"part_{part}")(args)
         else:
             print(f"bench/memory.py: unknown part {part!r}", file=sys.stderr)
             return 2

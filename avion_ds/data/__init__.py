@@ -13,7 +13,8 @@ from typing import Any
 _LAZY = {
     "build_dataset": "avion_ds.data.datasets",
     "EpicDataset": "avion_ds.data.datasets",
-    "KineticsDataset": "avion_ds.data.datasets",
+    "KineticsDataset": "avion_ds.data.kinetics",
+    "SSv2Dataset": "avion_ds.data.ssv2",
     "DataError": "avion_ds.data.errors",
     "DeviceAugment": "avion_ds.data.augment",
     "build_loader": "avion_ds.data.loader",

@@ -2,7 +2,9 @@
 
 Frames cross the DataLoader as uint8 (T, H, W, C); here, on the GPU (or CPU), they become float
 (B, C, T, H, W): resize if the decoder did not produce ``cfg.size``, scale + normalise (ImageNet or
-OpenAI-CLIP mean/std), random horizontal flip (training), then mixup/cutmix with label smoothing
+OpenAI-CLIP mean/std), random horizontal flip (training), random erasing (``cfg.reprob``, timm's
+RandomErasing in pixel mode applied to each clip as a (T, C, H, W) batch, i.e. per frame, as
+VideoMAE's fine-tuning does), then mixup/cutmix with label smoothing
 through timm's ``Mixup`` (training, when ``cfg.mixup`` or ``cfg.cutmix`` > 0). Videos are mixed as
 (B, C*T, H, W) views so cutmix boxes cut the same region out of every frame. EPIC's dict labels
 get ONE lambda and permutation shared by the verb and noun targets.
@@ -47,6 +49,11 @@ class DeviceAugment:
             k = num_classes if isinstance(num_classes, int) else max(num_classes.values())
             self.mixup = Mixup(mixup_alpha=cfg.mixup, cutmix_alpha=cfg.cutmix, label_smoothing=cfg.label_smoothing,
                                num_classes=k, mode="batch")
+        self.erase = None
+        if train and cfg.reprob > 0:
+            from timm.data.random_erasing import RandomErasing
+
+            self.erase = RandomErasing(probability=cfg.reprob, mode="pixel", max_count=1, num_splits=0, device="cpu")
 
     @property
     def soft_targets(self) -> bool:
@@ -68,13 +75,18 @@ class DeviceAugment:
         if x.shape[-2:] != (self.size, self.size):
             bsz, c, t, h, w = x.shape
             x = x.transpose(1, 2).reshape(bsz * t, c, h, w)
-            x = F.interpolate(x, size=(self.size, self.size), mode="bilinear", align_corners=False, antialias=True)
+            x = F.interpolate(x, size=(self.size, self.size), mode=self.cfg.interpolation, align_corners=False,
+                              antialias=True)
             x = x.reshape(bsz, t, c, self.size, self.size).transpose(1, 2)
         x = x.sub_(self._mean.to(device)).div_(self._std.to(device))
         if self.train and self.cfg.hflip > 0:
             flip = torch.rand(x.shape[0], device=device) < self.cfg.hflip
             x = torch.where(flip.view(-1, 1, 1, 1, 1), x.flip(-1), x)
         x = x.contiguous()
+        if self.erase is not None:  # timm RandomErasing on each clip as (T, C, H, W): per frame, as VideoMAE
+            self.erase.device = device
+            for clip in x:
+                self.erase(clip.transpose(0, 1))
         labels = _map(labels, lambda t: t.to(device, non_blocking=True))
         if self.mixup is None:
             return x, labels

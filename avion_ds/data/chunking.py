@@ -8,8 +8,17 @@ up), and encoded with libx264 (``crf``, keyframe every ``gop`` frames, no B-fram
 of ``chunk_seconds``. Each chunk is written under a temporary name, decoded again to COUNT its
 frames, then renamed: an interrupted run never leaves a half chunk that looks complete.
 
+Any source FFmpeg reads is re-encoded the same way, e.g. SSv2's VP8/VP9 ``.webm`` (seeking in
+webm is unreliable in decord; the H.264 chunks are not).
+
 Re-runs are incremental: a source whose size, mtime and chunking parameters match its manifest
-records, and whose chunk files are all present with the recorded sizes, is skipped. Sources run
+records, and whose chunk files are all present with the recorded sizes and mtimes, is skipped.
+A video to re-chunk loses its manifest rows BEFORE any of its files is replaced, so a run killed
+midway never leaves rows that describe replaced files (the dataset also refuses a chunk whose
+size/mtime differs from its row). A source that decodes to less than 90% of the duration its
+header states (truncated download) is chunked as far as it decodes, warned about, and listed in
+the summary; its rows record ``source_expected_s`` / ``source_decoded_s``. Directories named like
+videos (``x.mp4/``) are listed in the summary, not silently skipped. Sources run
 in parallel worker processes (``workers``); a failing source is reported with its reason in the
 summary and in ``DST/chunk_failures.tsv`` while the others finish; the CLI then exits with 1.
 
@@ -37,11 +46,14 @@ from .manifest import (
     dedupe_records,
     find_videos,
     read_manifest_records,
+    video_named_dirs,
     write_manifest,
 )
+from .quarantine import QUARANTINE_NAME
 
 log = logging.getLogger(__name__)
 FAILURES_NAME = "chunk_failures.tsv"
+TRUNCATED_FRACTION = 0.9  # a source decoding less than this share of its header's duration is reported
 _TMP_SUFFIX = ".part"
 
 
@@ -52,6 +64,9 @@ class ChunkSummary:
     ok: list[str] = field(default_factory=list)
     skipped: list[str] = field(default_factory=list)
     failed: list[tuple[str, str]] = field(default_factory=list)  # (source path, reason)
+    truncated: list[tuple[str, float, float]] = field(default_factory=list)  # (source, header s, decoded s)
+    not_videos: list[str] = field(default_factory=list)  # directories named like videos (x.mp4/)
+    stale_quarantine: Path | None = None  # an avion-ds check result older than chunks written now
     manifest: Path | None = None
     seconds: float = 0.0
 
@@ -60,6 +75,11 @@ class ChunkSummary:
                 f"in {self.seconds:.1f}s; manifest: {self.manifest}")
         lines = [head]
         lines += [f"FAILED {src}: {reason}" for src, reason in self.failed]
+        lines += [f"TRUNCATED {src}: decodes {got:.2f}s of the {want:.2f}s its header states (chunked what "
+                  f"decoded; expected/decoded seconds are in the manifest)" for src, want, got in self.truncated]
+        lines += [f"NOT A VIDEO {d}: a directory named like a video, skipped" for d in self.not_videos]
+        if self.stale_quarantine:
+            lines.append(f"STALE {self.stale_quarantine}: written before these chunks; re-run `avion-ds check`")
         return "\n".join(lines)
 
 
@@ -80,7 +100,7 @@ def _chunk_name(start_s: float) -> str:
     return f"{int(start_s)}" if float(start_s).is_integer() else f"{start_s:g}"
 
 
-def _count_frames(path: Path) -> int:
+def count_frames(path: str | Path) -> int:
     """Number of frames that actually decode (never the header's count)."""
     import av
 
@@ -115,7 +135,7 @@ class _ChunkWriter:
         for p in self.s.encode(None):
             self.c.mux(p)
         self.c.close()
-        frames = _count_frames(self.tmp)
+        frames = count_frames(self.tmp)
         os.replace(self.tmp, self.path)
         return frames, self.path.stat().st_size
 
@@ -161,6 +181,7 @@ def chunk_one(src: str, dst: str, video_id: str, params: dict) -> list[dict]:
         out_dir.mkdir(parents=True, exist_ok=True)
         for stale in out_dir.glob("*" + _TMP_SUFFIX):
             stale.unlink()
+        expected_s = _header_seconds(container, stream)
         base = {"video_id": video_id, "fps": float(fps), "width": width, "height": height, "source": str(src_p),
                 "source_size": st.st_size, "source_mtime_ns": st.st_mtime_ns, "params": params, "job": time.time_ns()}
         k = 0
@@ -197,6 +218,12 @@ def chunk_one(src: str, dst: str, video_id: str, params: dict) -> list[dict]:
             raise ValueError("no decodable video frames")
         records.append(_record(writer, base, k - writer.n, fps))
         writer = None
+        decoded_s = float(k / fps)
+        if expected_s and decoded_s < TRUNCATED_FRACTION * expected_s:
+            log.warning("%s: truncated source? decodes %.2fs of the %.2fs its header states", src, decoded_s,
+                        expected_s)
+            for r in records:
+                r["source_expected_s"], r["source_decoded_s"] = round(expected_s, 3), round(decoded_s, 3)
     except BaseException:
         if writer is not None:
             writer.abort()
@@ -210,11 +237,18 @@ def chunk_one(src: str, dst: str, video_id: str, params: dict) -> list[dict]:
     return records
 
 
+def _header_seconds(container, stream) -> float:
+    """Duration the source's header states (stream, else container); 0.0 when it states none."""
+    if stream.duration and stream.time_base:
+        return float(stream.duration * stream.time_base)
+    return (container.duration or 0) / 1e6
+
+
 def _record(writer: _ChunkWriter, base: dict, start_frame: int, fps: Fraction) -> dict:
     frames, size = writer.finish()
     rel = f"{base['video_id']}/{writer.path.name}"
     return {**base, "path": rel, "start": float(start_frame / fps), "start_frame": start_frame,
-            "frames": frames, "bytes": size}
+            "frames": frames, "bytes": size, "mtime_ns": writer.path.stat().st_mtime_ns}
 
 
 def _up_to_date(records: list[dict], src: Path, dst: Path, params: dict) -> bool:
@@ -225,7 +259,7 @@ def _up_to_date(records: list[dict], src: Path, dst: Path, params: dict) -> bool
         if (r.get("source_size"), r.get("source_mtime_ns"), r.get("params")) != (st.st_size, st.st_mtime_ns, params):
             return False
         p = dst / r["path"]
-        if not p.is_file() or p.stat().st_size != r.get("bytes"):
+        if not p.is_file() or p.stat().st_size != r.get("bytes") or p.stat().st_mtime_ns != r.get("mtime_ns"):
             return False
     return True
 
@@ -268,6 +302,15 @@ def chunk_videos(src: str | Path, dst: str | Path, chunk_seconds: float = 15.0, 
         else:
             jobs.append((path, vid))
     results: dict[str, list[dict]] = {vid: old_by_video[vid] for vid in summary.skipped}
+    summary.not_videos = [str(d) for d in video_named_dirs(src)]
+    for d in summary.not_videos:
+        log.warning("%s: a directory named like a video; skipped", d)
+    redo = {vid for _, vid in jobs}
+    if any(vid in old_by_video for vid in redo):
+        # a video's old rows go BEFORE any of its files is replaced: a run killed midway leaves the
+        # video absent from the manifest (re-chunked next run), never rows describing replaced files
+        old = [r for r in old if r["video_id"] not in redo]
+        write_manifest(mpath, old)
 
     from tqdm import tqdm
 
@@ -281,6 +324,8 @@ def chunk_videos(src: str | Path, dst: str | Path, chunk_seconds: float = 15.0, 
             else:
                 results[vid] = recs or []
                 summary.ok.append(vid)
+                if recs and "source_expected_s" in recs[0]:
+                    summary.truncated.append((str(path), recs[0]["source_expected_s"], recs[0]["source_decoded_s"]))
                 for r in recs or []:
                     journal.write(json.dumps(r, sort_keys=True) + "\n")
                 journal.flush()
@@ -316,6 +361,9 @@ def chunk_videos(src: str | Path, dst: str | Path, chunk_seconds: float = 15.0, 
         fpath.write_text("".join(f"{p}\t{reason}\n" for p, reason in summary.failed))
     else:
         fpath.unlink(missing_ok=True)
+    if summary.ok and (dst / QUARANTINE_NAME).is_file():
+        summary.stale_quarantine = dst / QUARANTINE_NAME
+        log.warning("%s predates this run's chunks: re-run `avion-ds check` before training", dst / QUARANTINE_NAME)
     summary.seconds = time.perf_counter() - t0
     return summary
 
@@ -342,7 +390,7 @@ def main(argv: list[str] | None = None) -> int:
         s = chunk_videos(a.src, a.dst, a.chunk_seconds, a.short_side or None, a.fps or None, a.gop, a.crf,
                          a.workers, not a.no_progress, a.preset)
     except (OSError, ValueError) as e:
-        print(f"avion-ds chunk: {e}", file=sys.stderr)
+        print(f"avion-ds chunk: error: {e}", file=sys.stderr)
         return 2
     print(s)
     if s.failed:

@@ -100,17 +100,32 @@ def three_crops(height: int, width: int) -> list[CropBox]:
     return [CropBox(top, 0, s, s) for top in (0, (height - s) // 2, height - s)]
 
 
-def crop_resize(frames: torch.Tensor, box: CropBox | None, size: tuple[int, int] | None) -> torch.Tensor:
-    """uint8 (T, H, W, C) -> crop ``box`` -> bilinear antialiased resize to ``size`` -> uint8 (T, h, w, C)."""
+def crop_resize(frames: torch.Tensor, box: CropBox | None, size: tuple[int, int] | None,
+                interpolation: str = "bilinear") -> torch.Tensor:
+    """uint8 (T, H, W, C) -> crop ``box`` -> antialiased resize (bilinear | bicubic) to ``size`` -> uint8 (T, h, w, C)."""
     if box is not None:
         frames = frames[:, box.top:box.top + box.height, box.left:box.left + box.width]
     if size is None or tuple(frames.shape[1:3]) == tuple(size):
         return frames.contiguous()
     from torchvision.transforms.v2 import functional as F
 
-    x = frames.permute(0, 3, 1, 2)
-    x = F.resize(x, list(size), interpolation=F.InterpolationMode.BILINEAR, antialias=True)
+    x = frames.permute(0, 3, 1, 2)  # a channels-last view: torch's fast uint8 antialias kernel, no copy
+    mode = F.InterpolationMode.BICUBIC if interpolation == "bicubic" else F.InterpolationMode.BILINEAR
+    x = F.resize(x, list(size), interpolation=mode, antialias=True)
     return x.permute(0, 2, 3, 1).contiguous()
+
+
+def even_superset(box: CropBox, height: int, width: int) -> tuple[CropBox, CropBox]:
+    """(box with even top/left/bottom/right inside the frame, ``box`` relative to it).
+
+    A crop of a 4:2:0 frame at even offsets keeps every pixel's own chroma sample, so converting
+    just that region to RGB gives exactly the pixels a full-frame conversion would.
+    """
+    top, left = box.top - box.top % 2, box.left - box.left % 2
+    bottom = min(height, box.top + box.height + (box.top + box.height) % 2)
+    right = min(width, box.left + box.width + (box.left + box.width) % 2)
+    return (CropBox(top, left, bottom - top, right - left),
+            CropBox(box.top - top, box.left - left, box.height, box.width))
 
 
 def multi_scale_crop(height: int, width: int, size: int, scales: tuple[float, ...] | list[float],

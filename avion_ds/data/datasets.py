@@ -1,17 +1,25 @@
-"""EPIC-Kitchens-100 and Kinetics-style clip datasets over chunked (or whole) videos.
+"""Clip datasets over chunked (or whole) videos: the shared machinery and EPIC-Kitchens-100.
+
+Kinetics lives in :mod:`avion_ds.data.kinetics`, Something-Something V2 in :mod:`avion_ds.data.ssv2`.
+At construction, rows whose video is absent (``dataset.missing``) or that ``quarantine.tsv`` names
+(``dataset.quarantined``; written by ``avion-ds check``) are dropped, counted and logged once.
 
 Each item is ``{"frames": uint8 (T, H, W, C) or (V, T, H, W, C), "label": int | {"verb", "noun"},
-"index": int, "skipped": int}``. Frames stay uint8 (4x less to pickle and pin than float);
-normalisation and flips happen on the device (:mod:`avion_ds.data.augment`).
+"index": int, "skipped": int, "failed_index": int, "failed_reason": str}`` (``failed_index`` is the
+requested index when it could not be produced and another was returned instead, else -1). Frames stay
+uint8 (4x less to pickle and pin than float); normalisation and flips happen on the device
+(:mod:`avion_ds.data.augment`). Training clips can get RandAugment with one draw per clip
+(``data.rand_aug``) and ``data.num_sample`` augmented views of one decode (repeated augmentation,
+item frames (num_sample, T, H, W, C)).
 
 Determinism: the temporal jitter and the crop box of a clip are drawn from a generator keyed by
 (seed, epoch, index, temporal view), so the same clip comes out in any worker. The epoch lives in
 a shared-memory tensor, so :meth:`set_epoch` reaches persistent DataLoader workers too.
 
-Bad input: a missing / truncated / zero-byte / non-video file, a chunk shorter than the
-manifest says, a decode past ``decode_timeout_s``, a CSV row with stop < start, a bad timestamp
-or an unknown video raises :class:`DataError`. Under ``on_error: skip`` (default) the sample is
-logged in one line (index, file or CSV row, reason), counted (``dataset.errors``, summed over
+Bad input: a missing / truncated / zero-byte / non-video file, a chunk whose size/mtime differs
+from its manifest row (replaced after chunking), a chunk shorter than the manifest says, a decode
+past ``decode_timeout_s``, a CSV row with stop < start or a bad timestamp raises :class:`DataError`.
+Under ``on_error: skip`` (default) the sample is logged in one line (index, file or CSV row, reason), counted (``dataset.errors``, summed over
 all DataLoader workers) and replaced by another index drawn from the same seeded generator;
 the item's ``skipped`` says how many were skipped for it and ``index`` is the sample actually
 returned. Under ``on_error: raise`` the DataError propagates. A malformed CSV header fails at
@@ -35,12 +43,20 @@ from .crop import (
     CropSpec,
     center_crop,
     clip_rng,
+    crop_resize,
     random_resized_crop,
     three_crops,
 )
-from .decoders import _REGISTRY, _load_plugins, get_decoder
+from .decoders import _REGISTRY, _load_plugins, get_decoder, pick_decoder
 from .errors import DataError
-from .manifest import VideoEntry, find_videos, load_manifest, probe_video
+from .manifest import (
+    VideoEntry,
+    check_chunk_file,
+    find_videos,
+    load_manifest,
+    probe_video,
+)
+from .quarantine import quarantine_path, read_quarantine, row_key
 from .sampling import (
     map_to_chunks,
     parse_timestamp,
@@ -84,17 +100,37 @@ class VideoIndex:
             if video_id not in self.videos:
                 raise DataError(f"unknown video_id {video_id!r} (not in {self.root / 'manifest.jsonl'})")
             return self.videos[video_id]
-        if self._by_stem is None:
-            self._by_stem = {p.stem: p for p in find_videos(self.root)} if self.root.is_dir() else {}
-        if video_id not in self._by_stem:
+        if video_id not in self._stems():
             raise DataError(f"unknown video_id {video_id!r} (no video file with that name under {self.root})")
         return self._whole(self._by_stem[video_id], video_id)
+
+    def _stems(self) -> dict[str, Path]:
+        if self._by_stem is None:
+            self._by_stem = {p.stem: p for p in find_videos(self.root)} if self.root.is_dir() else {}
+        return self._by_stem
+
+    def _file(self, rel: str) -> Path:
+        return Path(rel) if os.path.isabs(rel) else self.root / rel
+
+    def exists(self, ref: str, by_path: bool = False) -> bool:
+        """Cheap presence check, no probing: a manifest id, a file stem under root, or a file path."""
+        if self.chunked:
+            return (Path(ref).stem if by_path else ref) in self.videos
+        return self._file(ref).is_file() if by_path else ref in self._stems()
+
+    def relative_files(self, ref: str, by_path: bool = False) -> list[str]:
+        """The files (relative to root) that video ``ref`` reads: its chunks, or the whole video."""
+        if self.chunked:
+            entry = self.videos[Path(ref).stem if by_path else ref]
+            return [os.path.relpath(c.path, self.root) for c in entry.chunks]
+        path = self._file(ref) if by_path else self._stems()[ref]
+        return [os.path.relpath(path, self.root)]
 
     def by_path(self, rel: str) -> VideoEntry:
         """Kinetics lookup: chunked -> manifest id = file stem; whole -> the file under root."""
         if self.chunked:
             return self.by_id(Path(rel).stem)
-        path = Path(rel) if os.path.isabs(rel) else self.root / rel
+        path = self._file(rel)
         return self._whole(path, str(path))
 
 
@@ -112,15 +148,25 @@ class ClipDataset(Dataset):
         if spatial_views not in (1, 3) or temporal_views < 1:
             raise ValueError(f"temporal_views must be >= 1 and spatial_views 1 or 3, got {temporal_views}, {spatial_views}")
         _load_plugins()
-        if cfg.decoder not in _REGISTRY:
-            raise ValueError(f"data.decoder={cfg.decoder!r} is not one of {', '.join(sorted(_REGISTRY))}")
-        _REGISTRY[cfg.decoder].check_available()  # DecoderUnavailable (clear message) now, not in a worker
+        if cfg.decoder not in _REGISTRY and cfg.decoder != "auto":
+            raise ValueError(f"data.decoder={cfg.decoder!r} is not one of auto, {', '.join(sorted(_REGISTRY))}")
         self.cfg, self.split, self.train = cfg, split, split == "train"
         self.temporal_views, self.spatial_views, self.seed = temporal_views, spatial_views, seed
         self.index = index if index is not None else VideoIndex(cfg.root, cfg.chunked)
+        self.decoder_name = pick_decoder(cfg)[0]  # 'auto': probed here unless the trainer resolved it first
+        _REGISTRY[self.decoder_name].check_available()  # DecoderUnavailable (clear message) now, not in a worker
         self._epoch = _shared_zeros(1)
         self._errors = _shared_zeros(_ERROR_SLOTS)
         self._decoder = None
+        self.missing: list[str] = []  # annotation rows dropped up front: video not found
+        self.quarantined: list[str] = []  # annotation rows dropped up front: named by quarantine.tsv
+        self.missing_where: list[tuple[Path, int]] = []  # (annotation file, line) of each missing row
+        self._quarantine = read_quarantine(quarantine_path(cfg.root, cfg.quarantine))
+        self.randaug = None
+        if self.train and cfg.rand_aug:
+            from .randaug import ClipRandAugment
+
+            self.randaug = ClipRandAugment(cfg.rand_aug, cfg.size, cfg.interpolation)
 
     def _split_file(self) -> str:
         key = "train_csv" if self.train else "val_csv"
@@ -155,13 +201,93 @@ class ClipDataset(Dataset):
     @property
     def decoder(self):
         if self._decoder is None:
-            self._decoder = get_decoder(self.cfg.decoder, self.cfg.decoder_threads, self.cfg.decode_timeout_s)
+            self._decoder = get_decoder(self.decoder_name, self.cfg.decoder_threads, self.cfg.decode_timeout_s,
+                                        exact=not self.cfg.chunked)
         return self._decoder
 
     # -- subclasses ---------------------------------------------------------------------------
     def _sample(self, i: int) -> tuple[VideoEntry, int, int, Any]:
         """(video, first frame, end frame (exclusive), label) of sample ``i``; DataError if bad."""
         raise NotImplementedError
+
+    def row_ref(self, i: int) -> tuple[str, bool]:
+        """(video reference, is it a path) of row ``i``: cheap, no probing."""
+        raise NotImplementedError
+
+    def row_where(self, i: int) -> tuple[Path, int]:
+        """(annotation file, line) of row ``i``."""
+        raise NotImplementedError
+
+    def row_name(self, i: int) -> str:
+        """A human name of row ``i`` (narration id, video path, ...), for reports."""
+        raise NotImplementedError
+
+    def check_row(self, i: int) -> tuple[str | None, VideoEntry | None]:
+        """(problem or None, video) of row ``i`` without decoding: fields parse, video resolves, span inside it."""
+        try:
+            entry, start, end, _ = self._sample(i)
+        except DataError as e:
+            return str(e), None
+        slack = max(1, int(round(entry.fps)))  # a stop time up to 1 s past the last decodable frame is tolerated
+        if start >= entry.num_frames or end > entry.num_frames + slack:
+            return (f"clip frames [{start}, {end}) lie outside the video ({entry.num_frames} frames at "
+                    f"{entry.fps:g} fps)"), entry
+        return None, entry
+
+    def write_skipped(self, path: str | Path) -> Path | None:
+        """Write every row dropped up front (one a line) to ``path``; None (nothing written) if none was."""
+        if not (self.missing or self.quarantined):
+            return None
+        Path(path).write_text("".join(f"{x}\n" for x in self.missing + self.quarantined))
+        return Path(path)
+
+    def startup_line(self) -> str:
+        """One start-up log line: usable rows, and rows dropped up front (missing videos, quarantined)."""
+        return (f"{self.split}: {len(self)} samples; skipped up front: {len(self.missing)} rows with missing videos, "
+                f"{len(self.quarantined)} quarantined rows")
+
+    # -- up-front row filtering -----------------------------------------------------------------
+    def _quarantine_reason(self, i: int, ref: str, by_path: bool) -> str | None:
+        path, line = self.row_where(i)
+        key = row_key(path, line)
+        if key in self._quarantine:
+            return self._quarantine[key]
+        bad = [f for f in self.index.relative_files(ref, by_path) if f in self._quarantine]
+        if bad and self.index.chunked:  # only the chunks this row's clip can read
+            try:
+                entry, start, end, _ = self._sample(i)
+            except DataError as e:
+                return str(e)
+            touched = {os.path.relpath(c.path, self.index.root) for c in entry.chunks
+                       if c.start_frame < end and c.start_frame + c.frames > start}
+            bad = [f for f in bad if f in touched]
+        return "; ".join(f"{f}: {self._quarantine[f]}" for f in bad) or None
+
+    def _prune(self) -> None:
+        """Drop rows whose video is absent or that quarantine.tsv names, before any epoch (listed, logged)."""
+        keep = []
+        for i, row in enumerate(self.rows):
+            ref, by_path = self.row_ref(i)
+            path, line = self.row_where(i)
+            where = f"{path}:{line} ({self.row_name(i)})"
+            if not self.index.exists(ref, by_path):
+                self.missing.append(f"{where}: video {ref!r} not found under {self.index.root}")
+                self.missing_where.append((path, line))
+                continue
+            reason = self._quarantine_reason(i, ref, by_path) if self._quarantine else None
+            if reason:
+                self.quarantined.append(f"{where}: {reason}")
+                continue
+            keep.append(row)
+        total = len(self.rows)
+        self.rows = keep
+        if self.missing or self.quarantined:
+            log.warning("%s split: %d of %d annotation rows usable; %d missing videos, %d quarantined; first: %s",
+                        self.split, len(keep), total, len(self.missing), len(self.quarantined),
+                        (self.missing + self.quarantined)[0])
+        if not keep:
+            raise ValueError(f"{path}: none of its {total} rows is usable ({len(self.missing)} missing videos, "
+                             f"{len(self.quarantined)} quarantined); is data.root={self.index.root} right?")
 
     # -- clips --------------------------------------------------------------------------------
     def _indices(self, start: int, end: int, rng, view: int) -> list[int]:
@@ -178,42 +304,90 @@ class ClipDataset(Dataset):
             return [random_resized_crop(h, w, scale, ratio, rng) for _ in range(self.spatial_views)]
         return [center_crop(h, w)] if self.spatial_views == 1 else three_crops(h, w)
 
-    def _clip(self, entry: VideoEntry, indices: list[int], box: CropBox) -> torch.Tensor:
-        spec = CropSpec(box, (self.cfg.size, self.cfg.size), entry.height, entry.width)
+    def _clip(self, entry: VideoEntry, indices: list[int], box: CropBox | None) -> torch.Tensor:
+        """Frames ``indices`` cropped to ``box`` and resized to size (``box=None``: whole frames, no resize)."""
+        for k in sorted({entry.locate(i)[0] for i in indices}):
+            problem = check_chunk_file(entry.chunks[k])
+            if problem:
+                raise DataError(problem)
+        size = (self.cfg.size, self.cfg.size)
+        fused = self.cfg.interpolation == "bilinear" and box is not None  # decoders resize bilinearly
+        spec = CropSpec(box, size if fused else None, entry.height, entry.width)
         parts = [self.decoder.decode(path, local, spec) for path, local in map_to_chunks(indices, entry)]
-        return parts[0] if len(parts) == 1 else torch.cat(parts)
+        frames = parts[0] if len(parts) == 1 else torch.cat(parts)
+        if box is not None and not fused:
+            frames = crop_resize(frames, None, size, self.cfg.interpolation)
+        return frames
+
+    def _augment(self, frames: torch.Tensor, rng) -> torch.Tensor:
+        return frames if self.randaug is None else self.randaug(frames, int(rng.integers(2**31)))
 
     def _load(self, i: int) -> dict:
         entry, start, end, label = self._sample(i)
         views = []
-        for t in range(self.temporal_views):
+        if self.train and self.cfg.num_sample > 1:  # repeated augmentation: decode once, augment num_sample times
+            rng = clip_rng(self.seed, self.epoch, i, 0)
+            full = self._clip(entry, self._indices(start, end, rng, 0), None)
+            h, w = full.shape[1:3]
+            for _ in range(self.cfg.num_sample):
+                box = self._boxes(h, w, rng)[0]
+                views.append(self._augment(crop_resize(full, box, (self.cfg.size,) * 2, self.cfg.interpolation), rng))
+        for t in range(self.temporal_views if not views else 0):
             rng = clip_rng(self.seed, self.epoch, i, t)
             indices = self._indices(start, end, rng, t)
             for box in self._boxes(entry.height, entry.width, rng):
-                views.append(self._clip(entry, indices, box))
+                views.append(self._augment(self._clip(entry, indices, box), rng))
         frames = views[0] if len(views) == 1 else torch.stack(views)
         return {"frames": frames, "label": label, "index": i}
 
+    # labels of a placeholder item (deferred errors); subclasses with several heads name them
+    label_heads: tuple[str, ...] | None = None
+    # set by training / evaluation loops: report bad samples in the item instead of logging or raising
+    # here, so the loop names each file once per run across workers and ranks and every rank stops together
+    defer_errors: bool = False
+
+    def _placeholder(self, i: int, message: str) -> dict:
+        """An item of the right shape carrying a fatal error (``on_error: raise`` under ``defer_errors``)."""
+        c, views = self.cfg, self.temporal_views * self.spatial_views
+        shape = (c.num_frames, c.size, c.size, 3)
+        frames = torch.zeros(((views,) if views > 1 else ()) + shape, dtype=torch.uint8)
+        label: Any = {h: 0 for h in self.label_heads} if self.label_heads else 0
+        return {"frames": frames, "label": label, "index": int(i), "skipped": 0, "failed_index": -1,
+                "failed_reason": "", "bad": "", "fatal": message}
+
     def __getitem__(self, i: int) -> dict:
-        skipped, j = 0, int(i)
+        skipped, j, first_error, messages = 0, int(i), "", []
         while True:
             try:
                 item = self._load(j)
-                item["skipped"] = skipped
+                # the requested index failed and was replaced: eval reports it (never silently dropped)
+                item.update(skipped=skipped, failed_index=int(i) if skipped else -1, failed_reason=first_error)
+                if self.defer_errors:
+                    item.update(bad="\n".join(messages), fatal="")
                 return item
             except DataError as e:
                 if self.cfg.on_error == "raise":
+                    if self.defer_errors:
+                        return self._placeholder(i, str(e))
                     raise
+                first_error = first_error or str(e)
                 self._count_error()
-                log.warning("skipping sample %d: %s", j, e)
+                if self.defer_errors:
+                    messages.append(str(e))
+                else:
+                    log.warning("skipping sample %d: %s", j, e)
                 skipped += 1
                 if skipped >= MAX_CONSECUTIVE_SKIPS:
-                    raise DataError(f"{skipped} bad samples in a row while producing index {i} "
-                                    f"(is data.root right?); last: {e}") from e
+                    err = DataError(f"{skipped} bad samples in a row while producing index {i} "
+                                    f"(is data.root right?); last: {e}")
+                    if self.defer_errors:
+                        return self._placeholder(i, str(err))
+                    raise err from e
                 j = int(clip_rng(self.seed, self.epoch, i, 1000 + skipped).integers(len(self)))
 
 
-def _open_csv(path: str | Path, required: tuple[str, ...]) -> tuple[Path, list[tuple[int, dict]]]:
+def open_csv(path: str | Path, required: tuple[str, ...]) -> tuple[Path, list[tuple[int, dict]]]:
+    """DictReader rows [(line, row)] with stripped keys/values; ValueError naming missing columns."""
     path = Path(path)
     if not str(path) or not path.is_file():
         raise FileNotFoundError(f"annotation file not found: {path}")
@@ -228,7 +402,8 @@ def _open_csv(path: str | Path, required: tuple[str, ...]) -> tuple[Path, list[t
     return path, rows
 
 
-def _int(text: str) -> int | None:
+def parse_int(text: str) -> int | None:
+    """int(float(text)), or None when it is not a number."""
     try:
         return int(float(text))
     except (TypeError, ValueError):
@@ -238,23 +413,35 @@ def _int(text: str) -> int | None:
 class EpicDataset(ClipDataset):
     """EPIC-Kitchens-100 action segments (official CSV columns); label = {"verb", "noun"}."""
 
+    label_heads = ("verb", "noun")
+
     def __init__(self, cfg: DataConfig, split: str, temporal_views: int = 1, spatial_views: int = 1,
                  seed: int = 0, index: VideoIndex | None = None) -> None:
         super().__init__(cfg, split, temporal_views, spatial_views, seed, index)
-        self.csv, self.rows = _open_csv(self._split_file(), EPIC_REQUIRED)
+        self.csv, self.rows = open_csv(self._split_file(), EPIC_REQUIRED)
         if not self.rows:
             raise ValueError(f"{self.csv}: no annotation rows")
         verbs, nouns = [], []
         for p in {cfg.train_csv, cfg.val_csv} - {""}:
             if Path(p).is_file():
-                for _, r in _open_csv(p, EPIC_REQUIRED)[1]:
-                    verbs.append(_int(r["verb_class"]))
-                    nouns.append(_int(r["noun_class"]))
+                for _, r in open_csv(p, EPIC_REQUIRED)[1]:
+                    verbs.append(parse_int(r["verb_class"]))
+                    nouns.append(parse_int(r["noun_class"]))
         self.num_classes = {"verb": max((v for v in verbs if v is not None), default=-1) + 1,
                             "noun": max((n for n in nouns if n is not None), default=-1) + 1}
+        self._prune()
 
     def __len__(self) -> int:
         return len(self.rows)
+
+    def row_ref(self, i: int) -> tuple[str, bool]:
+        return self.rows[i][1]["video_id"], False
+
+    def row_where(self, i: int) -> tuple[Path, int]:
+        return self.csv, self.rows[i][0]
+
+    def row_name(self, i: int) -> str:
+        return self.rows[i][1]["narration_id"]
 
     def _sample(self, i: int) -> tuple[VideoEntry, int, int, Any]:
         line, r = self.rows[i]
@@ -265,7 +452,7 @@ class EpicDataset(ClipDataset):
             raise DataError(f"{where}: {e}") from None
         if stop_s < start_s:
             raise DataError(f"{where}: stop_timestamp {r['stop_timestamp']} is before start_timestamp {r['start_timestamp']}")
-        verb, noun = _int(r["verb_class"]), _int(r["noun_class"])
+        verb, noun = parse_int(r["verb_class"]), parse_int(r["noun_class"])
         if verb is None or noun is None or verb < 0 or noun < 0:
             raise DataError(f"{where}: bad verb_class/noun_class {r['verb_class']!r}/{r['noun_class']!r}")
         try:
@@ -276,64 +463,43 @@ class EpicDataset(ClipDataset):
         return entry, start, end, {"verb": verb, "noun": noun}
 
 
-def read_video_list(path: str | Path) -> tuple[Path, list[tuple[int, str, str]]]:
-    """``path,label`` CSV (header optional) or ``path label`` lines -> [(line, path, label text)]."""
-    path = Path(path)
-    if not str(path) or not path.is_file():
-        raise FileNotFoundError(f"video list not found: {path}")
-    lines = [(n, ln.strip()) for n, ln in enumerate(path.read_text().splitlines(), 1) if ln.strip()]
-    if not lines:
-        raise ValueError(f"{path}: empty video list")
-    out: list[tuple[int, str, str]] = []
-    if "," in lines[0][1]:
-        first = next(csv.reader([lines[0][1]]))
-        if _int(first[-1]) is None:  # a header row
-            _, rows = _open_csv(path, ("path", "label"))
-            return path, [(n, r["path"], r["label"]) for n, r in rows]
-        for n, text in lines:
-            fields = next(csv.reader([text]))
-            out.append((n, ",".join(fields[:-1]).strip(), fields[-1].strip()))
-        return path, out
-    for n, text in lines:
-        parts = text.rsplit(maxsplit=1)
-        out.append((n, parts[0], parts[1] if len(parts) > 1 else ""))
-    return path, out
+def read_annotations(cfg: DataConfig, split: str) -> tuple[int, int | dict[str, int]]:
+    """(rows, classes seen) of ``split``'s annotation file without opening a video (start-up checks).
 
+    Raises ValueError / FileNotFoundError naming the file (missing column, empty list).
+    """
+    path = cfg.train_csv if split == "train" else cfg.val_csv
+    if cfg.dataset == "epic":
+        _, rows = open_csv(path, EPIC_REQUIRED)
+        if not rows:
+            raise ValueError(f"{path}: no annotation rows")
+        top = {h: max((v for _, r in rows if (v := parse_int(r[f"{h}_class"])) is not None), default=-1) + 1
+               for h in ("verb", "noun")}
+        return len(rows), top
+    if cfg.dataset == "ssv2":
+        from .ssv2 import split_summary as ssv2_summary
 
-class KineticsDataset(ClipDataset):
-    """Kinetics-style classification: a ``path,label`` CSV or ``path label`` list; label = int."""
+        return ssv2_summary(cfg, path)
+    from .kinetics import split_summary
 
-    def __init__(self, cfg: DataConfig, split: str, temporal_views: int = 1, spatial_views: int = 1,
-                 seed: int = 0, index: VideoIndex | None = None) -> None:
-        super().__init__(cfg, split, temporal_views, spatial_views, seed, index)
-        self.list_path, self.rows = read_video_list(self._split_file())
-        labels = []
-        for p in {cfg.train_csv, cfg.val_csv} - {""}:
-            if Path(p).is_file():
-                labels += [_int(lab) for _, _, lab in read_video_list(p)[1]]
-        self.num_classes = max((x for x in labels if x is not None), default=-1) + 1
-
-    def __len__(self) -> int:
-        return len(self.rows)
-
-    def _sample(self, i: int) -> tuple[VideoEntry, int, int, Any]:
-        line, rel, lab = self.rows[i]
-        label = _int(lab)
-        if label is None or label < 0:
-            raise DataError(f"{self.list_path}:{line}: bad label {lab!r} for {rel}")
-        entry = self.index.by_path(rel)
-        return entry, 0, entry.num_frames, label
+    return split_summary(cfg, path)
 
 
 def build_dataset(cfg: DataConfig, split: str, temporal_views: int = 1, spatial_views: int = 1,
                   seed: int = 0) -> ClipDataset:
-    """The dataset named by ``cfg.dataset`` (epic | kinetics | videos) for ``split`` (train | val)."""
+    """The dataset named by ``cfg.dataset`` (epic | kinetics | ssv2 | videos) for ``split`` (train | val)."""
     if cfg.dataset == "epic":
         return EpicDataset(cfg, split, temporal_views, spatial_views, seed)
     if cfg.dataset == "kinetics":
+        from .kinetics import KineticsDataset
+
         return KineticsDataset(cfg, split, temporal_views, spatial_views, seed)
+    if cfg.dataset == "ssv2":
+        from .ssv2 import SSv2Dataset
+
+        return SSv2Dataset(cfg, split, temporal_views, spatial_views, seed)
     if cfg.dataset == "videos":
         from .videos import VideosDataset
 
         return VideosDataset(cfg, split, temporal_views, spatial_views, seed)
-    raise ValueError(f"data.dataset={cfg.dataset!r} is not one of epic, kinetics, videos")
+    raise ValueError(f"data.dataset={cfg.dataset!r} is not one of epic, kinetics, ssv2, videos")

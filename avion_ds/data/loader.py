@@ -16,7 +16,11 @@ from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
 
 def _seed_worker(worker_id: int) -> None:
-    """Seed numpy / random from torch's per-worker seed (itself derived from the loader's generator)."""
+    """Seed numpy / random from torch's per-worker seed (itself derived from the loader's generator).
+
+    torch already runs each worker with one intra-op thread; the decoders use ``decoder_threads``
+    (1) and the timeout helper one-thread math libraries, so N workers keep to about N cores.
+    """
     seed = torch.initial_seed() % 2**32
     np.random.seed(seed)
     random.seed(seed)
@@ -38,6 +42,8 @@ def build_loader(dataset: Dataset, batch_size: int, workers: int, shuffle: bool,
     kwargs = {}
     if workers > 0:
         kwargs = {"persistent_workers": True, "prefetch_factor": 2, "worker_init_fn": _seed_worker}
+        if getattr(dataset, "decoder_name", None) == "torchcodec-cuda":
+            kwargs["multiprocessing_context"] = "spawn"  # CUDA cannot be initialised in forked workers
     return DataLoader(dataset, batch_size=batch_size, sampler=sampler, num_workers=workers,
                       pin_memory=torch.cuda.is_available(), drop_last=drop_last, generator=gen, **kwargs)
 

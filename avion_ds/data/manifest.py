@@ -41,6 +41,31 @@ class Chunk:
     fps: float
     width: int
     height: int
+    bytes: int = -1  # file size and mtime when chunked (-1: not recorded); see check_chunk_file
+    mtime_ns: int = -1
+
+
+def check_chunk_file(chunk: Chunk) -> str | None:
+    """Why ``chunk``'s file no longer matches its manifest row (replaced, truncated, rewritten), else None.
+
+    A re-chunk with other settings killed midway could otherwise leave rows describing files
+    that were already replaced: the reader would take frames from the wrong times. A missing file
+    is left to the decoder (which names it).
+    """
+    if chunk.bytes < 0:
+        return None
+    try:
+        st = os.stat(chunk.path)
+    except FileNotFoundError:
+        return None
+    if st.st_size == 0 and chunk.bytes:
+        return f"{chunk.path}: zero-byte file (its manifest row says {chunk.bytes} bytes)"
+    if st.st_size != chunk.bytes or (chunk.mtime_ns >= 0 and st.st_mtime_ns != chunk.mtime_ns):
+        what = f"size {st.st_size} vs {chunk.bytes} bytes" if st.st_size != chunk.bytes else \
+            f"mtime_ns {st.st_mtime_ns} vs {chunk.mtime_ns}"
+        return (f"{chunk.path}: file does not match its manifest row ({what}); re-run `avion-ds chunk` on this "
+                f"video (copies must keep timestamps: cp -a / rsync -a)")
+    return None
 
 
 @dataclass
@@ -82,6 +107,14 @@ class VideoEntry:
 
 def is_video_file(path: Path) -> bool:
     return path.is_file() and path.suffix.lower() in VIDEO_EXTENSIONS and not path.name.startswith(".")
+
+
+def video_named_dirs(src: str | Path) -> list[Path]:
+    """Directories under ``src`` named like videos (``x.mp4/``): not videos, listed so they are not lost."""
+    src = Path(src)
+    if not src.is_dir():
+        return []
+    return sorted(p for p in src.rglob("*") if p.is_dir() and p.suffix.lower() in VIDEO_EXTENSIONS)
 
 
 def find_videos(src: str | Path) -> list[Path]:
@@ -151,7 +184,7 @@ def load_manifest(root: str | Path) -> dict[str, VideoEntry]:
     for r in dedupe_records(read_manifest_records(mpath)):
         try:
             chunk = Chunk(str(base / r["path"]), int(r["start_frame"]), int(r["frames"]), float(r["fps"]),
-                          int(r["width"]), int(r["height"]))
+                          int(r["width"]), int(r["height"]), int(r.get("bytes", -1)), int(r.get("mtime_ns", -1)))
         except (KeyError, TypeError, ValueError) as e:
             raise ValueError(f"{mpath}: bad manifest record for video {r.get('video_id')!r}: {e}") from None
         if chunk.frames > 0:

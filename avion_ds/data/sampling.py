@@ -2,8 +2,9 @@
 
 Frame indices live on the video's constant-rate time line (frame ``i`` is at ``i / fps``
 seconds). :func:`map_to_chunks` turns them into ``[(chunk_path, local_indices)]`` with the
-manifest's DECODED frame counts, clamping any index that falls past a chunk's last decodable
-frame (AVION issue #17: 449 of 450) or past the end of the video to the nearest earlier frame.
+manifest's DECODED frame counts, clamping an index that falls at most ``MAX_CLAMP_FRAMES`` past a
+chunk's last decodable frame (AVION issue #17: 449 of 450) or past the end of the video to the
+nearest earlier frame; a larger shortfall is a bad sample (:class:`DataError`).
 """
 
 from __future__ import annotations
@@ -14,8 +15,10 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from .errors import DataError
 from .manifest import VideoEntry
 
+MAX_CLAMP_FRAMES = 2  # a missing tail frame or two (AVION issue #17) is clamped; more is a bad sample
 _TS = re.compile(r"^\s*(\d+):(\d{1,2}):(\d{1,2}(?:\.\d+)?)\s*$")
 
 
@@ -95,11 +98,22 @@ def stride_indices(start: int, end: int, num_frames: int, stride: int, *, train:
 
 
 def map_to_chunks(indices: Sequence[int], entry: VideoEntry) -> list[tuple[str, list[int]]]:
-    """Global frame indices -> ``[(chunk_path, local_indices)]``, consecutive runs per chunk, order kept."""
+    """Global frame indices -> ``[(chunk_path, local_indices)]``, consecutive runs per chunk, order kept.
+
+    An index past a chunk's (or the video's) last decodable frame is clamped by at most
+    ``MAX_CLAMP_FRAMES``; a bigger shortfall (a truncated video or chunk) raises DataError instead of
+    returning a clip of one frozen frame under a valid label.
+    """
     groups: list[tuple[str, list[int]]] = []
     last_k = -1
     for idx in indices:
         k, local = entry.locate(idx)
+        chunk = entry.chunks[k]
+        short = int(idx) - (chunk.start_frame + local)
+        if short > MAX_CLAMP_FRAMES:
+            raise DataError(f"{chunk.path}: frame {int(idx)} of video {entry.video_id} is {short} frames past the "
+                            f"last decodable frame {chunk.start_frame + local} (video or chunk shorter than the "
+                            f"annotation; at most {MAX_CLAMP_FRAMES} frames are clamped)")
         if k != last_k:
             groups.append((entry.chunks[k].path, []))
             last_k = k

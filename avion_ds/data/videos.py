@@ -22,8 +22,9 @@ import torch
 
 from ..config import DataConfig
 from .crop import CropBox, clip_rng, multi_scale_crop
-from .datasets import ClipDataset, VideoIndex, read_video_list
+from .datasets import ClipDataset, VideoIndex
 from .errors import DataError
+from .kinetics import read_video_list
 from .manifest import VideoEntry, find_videos
 from .masking import MaskSpec
 

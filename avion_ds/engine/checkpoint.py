@@ -127,10 +127,35 @@ def _atomic_write(path: Path, text: str) -> None:
     os.replace(tmp, path)
 
 
+class NonFiniteWeights(RuntimeError):
+    """The model holds NaN/Inf weights: nothing is saved (exit code 3)."""
+
+
+def weights_finite(engine: Any) -> bool:
+    """True when every rank's parameters (its ZeRO-3 partition) are finite; a collective."""
+    from deepspeed.accelerator import get_accelerator
+
+    bad = 0.0
+    for p in engine.module.parameters():
+        t = getattr(p, "ds_tensor", None)
+        t = p if t is None else t
+        if t.numel() and not bool(torch.isfinite(t).all()):
+            bad = 1.0
+            break
+    flag = dist.all_reduce_sum(torch.tensor([bad], device=get_accelerator().current_device_name()))
+    return float(flag[0]) == 0.0
+
+
 def save(engine: Any, run_dir: str | Path, global_step: int, client: dict[str, Any], keep_last: int) -> str:
-    """Save a DeepSpeed checkpoint on all ranks, then mark it complete and prune old ones (rank 0)."""
+    """Save a DeepSpeed checkpoint on all ranks, then mark it complete and prune old ones (rank 0).
+
+    Refuses (NonFiniteWeights, on every rank) to write a checkpoint whose weights are not finite.
+    """
     root = checkpoint_dir(run_dir)
     tag = tag_for(global_step)
+    if not weights_finite(engine):
+        raise NonFiniteWeights(f"non-finite weights at global step {global_step}: checkpoint {tag} not written "
+                               f"(the newest complete one in {root} is kept)")
     engine.save_checkpoint(str(root), tag=tag, client_state={"avion_ds": {k: v for k, v in client.items()
                                                                           if k != "rng"}})
     torch.save({**client, "rng": rng_state()}, root / tag / f"client_rank{dist.rank()}.pt")
@@ -159,17 +184,26 @@ def prune(run_dir: str | Path, keep_last: int) -> None:
             shutil.rmtree(p, ignore_errors=True)
 
 
-def load_latest(engine: Any, run_dir: str | Path) -> dict[str, Any] | None:
-    """Load the newest complete checkpoint into ``engine``; returns this rank's client state."""
-    tag = latest_complete(run_dir)
+def check_tag(run_dir: str | Path, tag: str, flag: str = "--resume-from") -> None:
+    """``tag`` must be a complete checkpoint of ``run_dir`` (one line listing the complete ones)."""
+    have = complete_tags(run_dir)
+    if tag not in have:
+        raise ConfigError(f"{flag} {tag!r}: not a complete checkpoint in {checkpoint_dir(run_dir)} "
+                          f"(complete: {', '.join(have) if have else 'none'})")
+
+
+def load_latest(engine: Any, run_dir: str | Path, tag: str | None = None) -> dict[str, Any] | None:
+    """Load ``tag`` (default: the newest complete checkpoint) into ``engine``; returns this rank's client state."""
+    tag = tag or latest_complete(run_dir)
     tag = dist.broadcast_object(tag)  # all ranks agree even if the filesystem view lags
     if tag is None:
         return None
     root = checkpoint_dir(run_dir)
     marker = json.loads((root / tag / MARKER).read_text())
-    if marker.get("world_size") not in (None, dist.world_size()):
-        raise ConfigError(f"checkpoint {root / tag} was written by {marker['world_size']} ranks, this run has "
-                          f"{dist.world_size()}; resume with the same world size or set checkpoint.resume=false")
+    if marker.get("world_size") not in (None, dist.world_size()):  # converted by elastic.prepare_resume
+        from avion_ds.engine.elastic import load_universal
+
+        return load_universal(engine, root / tag, int(marker["world_size"]))
     path, _ = engine.load_checkpoint(str(root), tag=tag, load_optimizer_states=True, load_lr_scheduler_states=True)
     if path is None:
         raise RuntimeError(f"DeepSpeed could not load checkpoint {root / tag}")

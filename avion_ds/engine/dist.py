@@ -108,6 +108,15 @@ def broadcast_object(obj: object, src: int = 0) -> object:
     return box[0]
 
 
+def all_gather_object(obj: object) -> list[object]:
+    """Every rank's ``obj`` (a one-element list in one process)."""
+    if not (is_initialized() and tdist.get_world_size() > 1):
+        return [obj]
+    out: list[object] = [None] * tdist.get_world_size()
+    tdist.all_gather_object(out, obj)
+    return out
+
+
 def shutdown(code: int = 0, hard_exit: bool = True) -> int:
     """End the process cleanly: barrier (on success), gc, destroy the group, flush, ``os._exit``.
 
@@ -139,12 +148,15 @@ def run_entry(prog: str, fn: Callable[[], int], error_codes: dict[type[BaseExcep
     """Run an entry point's body and always leave through ``shutdown``.
 
     Exceptions listed in ``error_codes`` are user errors: one line ``<prog>: error: <msg>`` on stderr
-    and their exit code. Anything else prints its traceback and exits 1.
+    (printed by rank 0 only: every rank meets the same error, checked on the same inputs or exchanged)
+    and their exit code on every rank. Anything else prints its traceback and exits 1.
     """
     try:
         code = fn()
     except tuple(error_codes) as e:
-        print(f"{prog}: error: {e}", file=sys.stderr, flush=True)
+        if int(os.environ.get("RANK", "0")) == 0:
+            print(f"{prog}: error: {str(e).splitlines()[0] if str(e) else type(e).__name__}", file=sys.stderr,
+                  flush=True)
         code = next(c for t, c in error_codes.items() if isinstance(e, t))
     except Exception:
         traceback.print_exc()

@@ -9,8 +9,12 @@ because DeepSpeed itself either silently picks one or fails deep inside ``initia
 
 from __future__ import annotations
 
+import contextlib
 import copy
+import difflib
+import functools
 import json
+import logging
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -78,19 +82,155 @@ def load_user_config(user: dict | str | Path) -> dict[str, Any]:
     return data
 
 
+# keys DeepSpeed reads outside ``DeepSpeedConfig._initialize_params`` (engine / initialize)
+_KEYS_READ_ELSEWHERE = ("sequence_parallel_size",)
+# sections that must be JSON objects when present
+_SECTIONS = ("zero_optimization", "optimizer", "scheduler", "bf16", "fp16", "activation_checkpointing",
+             "flops_profiler", "tensorboard", "aio", "checkpoint", "data_types", "comms_logger")
+
+
+@functools.cache
+def deepspeed_config_keys() -> frozenset[str]:
+    """Top-level keys DeepSpeed's own config parser reads, recorded by letting it parse a minimal config.
+
+    Built from DeepSpeed itself (``deepspeed.runtime.config.DeepSpeedConfig``) rather than a hand list,
+    so a DeepSpeed upgrade that adds a key keeps working.
+    """
+    from deepspeed.runtime.config import DeepSpeedConfig
+
+    seen: set[str] = set()
+
+    class _Keys:
+        def __init__(self, d: dict) -> None:
+            self.d = d
+
+        def __contains__(self, k: object) -> bool:
+            seen.add(str(k))
+            return dict.__contains__(self.d, k)
+
+        def __iter__(self):  # type: ignore[no-untyped-def]
+            return iter(dict.keys(self.d))
+
+        def __len__(self) -> int:
+            return dict.__len__(self.d)
+
+    class _Recorder(dict):
+        def get(self, k: Any, *default: Any) -> Any:
+            seen.add(str(k))
+            return super().get(k, *default)
+
+        def __getitem__(self, k: Any) -> Any:
+            seen.add(str(k))
+            return super().__getitem__(k)
+
+        def __contains__(self, k: object) -> bool:
+            seen.add(str(k))
+            return super().__contains__(k)
+
+        def keys(self) -> Any:  # type: ignore[override]
+            return _Keys(self)
+
+    with _quiet_deepspeed():
+        DeepSpeedConfig(_Recorder({"train_batch_size": 1}))
+    return frozenset(seen) | frozenset(_KEYS_READ_ELSEWHERE)
+
+
+@contextlib.contextmanager
+def _quiet_deepspeed() -> Any:
+    """DeepSpeed's INFO lines (config dumps) off while we only validate."""
+    from deepspeed.utils import logger as ds_logger
+
+    level = ds_logger.level
+    ds_logger.setLevel(logging.WARNING)
+    try:
+        yield
+    finally:
+        ds_logger.setLevel(level)
+
+
+def check_user_config(cfg: dict[str, Any]) -> None:
+    """Unknown top-level keys (with the closest known ones), section types, optimizer type: one line each."""
+    known = deepspeed_config_keys()
+    for key in cfg:
+        if key not in known:
+            close = difflib.get_close_matches(str(key), sorted(known), n=3, cutoff=0.6)
+            hint = f", did you mean {', '.join(close)}?" if close else " (not a key DeepSpeed reads)"
+            raise ConfigError(f"unknown DeepSpeed key {key!r}{hint}")
+    for key in _SECTIONS:
+        if key in cfg and not isinstance(cfg[key], dict):
+            raise ConfigError(f"deepspeed config {key} must be a JSON object {{...}}, got "
+                              f"{type(cfg[key]).__name__} {cfg[key]!r}")
+    opt = cfg.get("optimizer")
+    if opt is not None:
+        name = opt.get("type")
+        if not isinstance(name, str) or not _optimizer_known(name):
+            import torch
+            from deepspeed.runtime.config import DEEPSPEED_OPTIMIZERS
+
+            names = sorted(set(DEEPSPEED_OPTIMIZERS) | {n for n in dir(torch.optim) if n[0].isupper()
+                                                         and n != "Optimizer"})
+            close = difflib.get_close_matches(str(name).lower(), names, n=3, cutoff=0.6)
+            hint = f"; did you mean {', '.join(close)}?" if close else f"; known: {', '.join(names)}"
+            raise ConfigError(f"deepspeed config optimizer.type={name!r} is neither a DeepSpeed nor a "
+                              f"torch.optim optimizer{hint}")
+
+
+def _optimizer_known(name: str) -> bool:
+    """DeepSpeed accepts its own optimizer names (any case) or a ``torch.optim`` class name."""
+    import torch
+    from deepspeed.runtime.config import DEEPSPEED_OPTIMIZERS
+
+    return name.lower() in DEEPSPEED_OPTIMIZERS or isinstance(getattr(torch.optim, name, None), type)
+
+
+def validate_with_deepspeed(cfg: dict[str, Any]) -> None:
+    """Let DeepSpeed's own config model check a built config now (ZeRO stage 7, "two", bad types).
+
+    Only DeepSpeed's config errors are turned into one line; anything else propagates.
+    """
+    from deepspeed.runtime.config import DeepSpeedConfig, DeepSpeedConfigError
+    from pydantic import ValidationError
+
+    one_rank = copy.deepcopy(cfg)  # without a process group DeepSpeedConfig assumes one rank;
+    one_rank["train_batch_size"] = cfg["train_micro_batch_size_per_gpu"] * cfg["gradient_accumulation_steps"]
+    try:  # (the batch arithmetic over all ranks is resolve_batch's, checked before)
+        with _quiet_deepspeed():
+            DeepSpeedConfig(one_rank)
+    except ValidationError as e:
+        err = e.errors()[0]
+        where = ".".join(str(p) for p in err.get("loc", ()))
+        section = _section_of(cfg, err)
+        key = f"{section}.{where}" if section and where else (section or where)
+        raise ConfigError(f"deepspeed config {key}={err.get('input')!r}: {err.get('msg')}") from None
+    except (DeepSpeedConfigError, AssertionError) as e:
+        raise ConfigError(f"deepspeed config rejected by DeepSpeed: {str(e).splitlines()[0]}") from None
+
+
+def _section_of(cfg: dict[str, Any], err: dict) -> str:
+    """Which top-level section a pydantic error belongs to (pydantic only knows the model's own fields)."""
+    loc = err.get("loc", ())
+    for name, section in cfg.items():
+        if isinstance(section, dict) and loc and str(loc[0]) in section:
+            return str(name)
+    return ""
+
+
 def _fill(section: dict, key: str, value: Any, where: str, close: bool = False) -> None:
     """Set ``section[key]`` when absent/"auto"; reject a concrete value that differs from ``value``."""
     current = section.get(key, AUTO)
     if current == AUTO or current is None:
         section[key] = value
         return
+    if close and (isinstance(current, bool) or not isinstance(current, (int, float))):
+        raise ConfigError(f"deepspeed config {where}={current!r} is not a number (write a number or \"auto\")")
     same = math.isclose(float(current), float(value), rel_tol=1e-9, abs_tol=0.0) if close else current == value
     if not same:
         raise ConfigError(f"deepspeed config {where}={current!r} conflicts with the recipe value {value!r}"
                           " (write \"auto\" in the JSON or change the recipe)")
 
 
-def _accelerator_name() -> str:
+def accelerator_name() -> str:
+    """The DeepSpeed accelerator's device name (cuda, cpu, ...), without a process group."""
     try:
         from deepspeed.accelerator import get_accelerator
 
@@ -126,7 +266,7 @@ def resolve_precision(cfg: dict[str, Any], recipe: Recipe, accel: str | None = N
     if json_on:
         return json_on[0]
     has_auto = any(cfg.get(n, {}).get("enabled") == AUTO for n in ("bf16", "fp16"))
-    return _default_precision(accel or _accelerator_name()) if has_auto else "fp32"
+    return _default_precision(accel or accelerator_name()) if has_auto else "fp32"
 
 
 def zero_stage(cfg: dict[str, Any]) -> int:
@@ -144,6 +284,11 @@ def _fill_scheduler(cfg: dict[str, Any], recipe: Recipe, lr: float, steps_per_ep
     sched = cfg.get("scheduler")
     if not sched:
         return
+    if recipe.optim.layer_decay < 1.0:  # DeepSpeed's schedulers set one lr for every group: lr_scale is lost
+        raise ConfigError(f"deepspeed config 'scheduler' ({sched.get('type', '?')}) cannot be combined with "
+                          f"optim.layer_decay={recipe.optim.layer_decay:g}: DeepSpeed's schedulers drop the per-layer "
+                          "lr scale; remove the scheduler section (the built-in warmup + cosine honours layer "
+                          "decay) or set optim.layer_decay=1.0")
     params = sched.setdefault("params", {})
     autos = [k for k, v in params.items() if v == AUTO]
     if autos and steps_per_epoch is None:
@@ -171,6 +316,7 @@ def build_ds_config(user: dict | str | Path, recipe: Recipe, world_size: int,
     rejects values that contradict the recipe with a one-line message showing the numbers.
     """
     cfg = load_user_config(user)
+    check_user_config(cfg)
     plan = resolve_batch(recipe, world_size)
 
     # ---- batch arithmetic -------------------------------------------------------------------
@@ -195,7 +341,7 @@ def build_ds_config(user: dict | str | Path, recipe: Recipe, world_size: int,
 
     # ---- optimizer --------------------------------------------------------------------------
     lr = scaled_lr(recipe, plan.global_batch)
-    accel = _accelerator_name()
+    accel = accelerator_name()
     if "optimizer" in cfg:
         opt = cfg["optimizer"]
         params = opt.setdefault("params", {})

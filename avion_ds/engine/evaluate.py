@@ -17,58 +17,90 @@ from typing import Any
 import torch
 
 from avion_ds.config import ConfigError, Recipe, load_recipe
+from avion_ds.data.errors import DataError
+from avion_ds.data.protocols import eval_report
 from avion_ds.engine import dist
+from avion_ds.engine.bad_input import BadInputLog, batch_messages
+from avion_ds.engine.logging import progress
 from avion_ds.engine.metrics import (
+    SCORES,
     PredictionStore,
     aggregate_outputs,
     compute_metrics,
+    failed_in_batch,
+    failed_line,
+    gather_failed,
     per_sample_records,
 )
 
 
 @torch.no_grad()
 def evaluate_model(model: Callable[[torch.Tensor], Any], loader: Any, augment: Callable, views: int,
-                   device: torch.device, dtype: torch.dtype = torch.float32) -> tuple[dict[str, float], tuple]:
-    """Metrics over ``loader`` (all ranks) and the gathered (index, scores, labels)."""
+                   device: torch.device, dtype: torch.dtype = torch.float32,
+                   bad_log: BadInputLog | None = None) -> tuple[dict[str, float], tuple, list[dict[str, Any]]]:
+    """Metrics over ``loader`` (all ranks), the gathered (index, probabilities, labels), and the
+    clips that failed to decode (``[{"index", "name", "reason"}]``, excluded from the metrics).
+
+    Bad samples a deferring dataset reports are named once (``bad_log``); a fatal one
+    (``data.on_error: raise``) raises the same DataError on every rank after the loop.
+    """
     was_training = getattr(model, "training", False)
     if hasattr(model, "eval"):
         model.eval()
     store = PredictionStore()
-    for batch in loader:
+    failed: dict[int, str] = {}
+    bad_log = bad_log or BadInputLog(lambda msg: print(msg, flush=True))
+    bad, fatal = [], []
+    for batch in progress(loader, "eval"):
+        b, f = batch_messages(batch)
+        bad += b
+        fatal += f
         frames = batch["frames"].to(device, non_blocking=True)
         labels = batch["label"]
         labels = {k: v.to(device) for k, v in labels.items()} if isinstance(labels, dict) else labels.to(device)
         x, targets = augment(frames, labels)
         out = model(x.to(dtype))
-        scores = aggregate_outputs(out, views) if views > 1 else (
-            {k: v.float() for k, v in out.items()} if isinstance(out, dict) else out.float())
+        scores = aggregate_outputs(out, views)  # probabilities for any view count (metrics.SCORES)
         store.add(batch["index"], scores, targets)
+        failed.update(failed_in_batch(batch))
     if was_training and hasattr(model, "train"):
         model.train()
+    bad_log.exchange(bad, fatal)
     index, scores, labels = store.gather()
-    return compute_metrics(scores, labels), (index, scores, labels)
+    return compute_metrics(scores, labels), (index, scores, labels), gather_failed(failed, loader.dataset)
 
 
 # ---------------------------------------------------------------------------------------------
 # standalone evaluation
 # ---------------------------------------------------------------------------------------------
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="avion-ds eval", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="avion-ds eval", description=__doc__.splitlines()[0],
+                                epilog="exit codes: 0 done, 1 failure (traceback), 2 bad input (one line)")
     p.add_argument("--config", default=None, help="YAML recipe (default: RUN_DIR/recipe.yaml)")
     p.add_argument("--checkpoint", required=True,
                    help="run directory (latest complete checkpoint) or a weights file (.safetensors/.pt)")
+    p.add_argument("--tag", default=None, help="checkpoint tag of the run directory to evaluate (e.g. step_00000120); "
+                   "default: the newest complete one")
     p.add_argument("--out", default=None, help="metrics JSON (default: <run dir or file dir>/eval_metrics.json)")
-    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
-    p.add_argument("--split", default="val", choices=("val", "train"))
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                   help="dotted recipe override, repeatable (e.g. --set eval.temporal_views=2)")
+    p.add_argument("--split", default="val", choices=("val", "train"), help="annotation file to evaluate on")
     p.add_argument("--no-per-sample", action="store_true", help="omit per-sample scores from the JSON")
     p.add_argument("--offload", default="none", choices=("none", "cpu", "nvme"),
                    help="ZeRO-3 parameter offload for models larger than accelerator memory")
     p.add_argument("--max-live-params", type=float, default=1e9, help="ZeRO-3 stage3_max_live_parameters")
     p.add_argument("--prefetch-bucket", type=float, default=5e7, help="ZeRO-3 stage3_prefetch_bucket_size")
     p.add_argument("--nvme-path", default="/local_nvme", help="directory for --offload nvme")
-    p.add_argument("--precision", default="auto", choices=("auto", "fp32", "bf16", "fp16"))
-    p.add_argument("--local_rank", "--local-rank", type=int, default=None)
-    return p.parse_args(argv)
+    p.add_argument("--precision", default="auto", choices=("auto", "fp32", "bf16", "fp16"),
+                   help="inference dtype (auto: the recipe's, else bf16 on GPUs and fp32 on CPU)")
+    p.add_argument("--trust-checkpoint", action="store_true",
+                   help="allow full unpickling of a weights file that pickles more than tensors (it can run code); "
+                        "same as --set model.trust_checkpoint=true")
+    p.add_argument("--local_rank", "--local-rank", type=int, default=None, help="injected by the deepspeed launcher")
+    args = p.parse_args(argv)
+    if args.trust_checkpoint:
+        args.overrides.append("model.trust_checkpoint=true")
+    return args
 
 
 def consolidated_state_dict(run_dir: str | Path, tag: str | None = None) -> dict[str, torch.Tensor]:
@@ -93,7 +125,9 @@ def _resolve_recipe(args: argparse.Namespace) -> tuple[Recipe, Path | None]:
 
 
 def run(args: argparse.Namespace) -> int:
+    from avion_ds.engine import preflight as pf
     from avion_ds.engine.train import (
+        backends_line,
         build_model,
         check_data_paths,
         recipe_num_classes,
@@ -106,11 +140,19 @@ def run(args: argparse.Namespace) -> int:
         from avion_ds.engine.pretrain import run_eval
 
         return run_eval(args, recipe)
+    pf.check_heads(recipe)
+    pf.check_model(recipe)
+    pf.check_data_layout(recipe, need_train=args.split == "train")
+    tag = None
     if run_dir is not None:
-        from avion_ds.engine.checkpoint import latest_complete
+        from avion_ds.engine.checkpoint import check_tag, latest_complete
 
-        if latest_complete(run_dir) is None:
+        tag = args.tag or latest_complete(run_dir)
+        if tag is None:
             raise ConfigError(f"--checkpoint {run_dir}: no complete checkpoint in {run_dir / 'checkpoints'}")
+        check_tag(run_dir, tag, flag="--tag")
+    elif args.tag is not None:
+        raise ConfigError(f"--tag {args.tag}: --checkpoint {args.checkpoint} is a weights file, not a run directory")
     _, world, _ = dist.init()
     seed_everything(recipe.seed)
 
@@ -123,40 +165,56 @@ def run(args: argparse.Namespace) -> int:
         recipe.precision if recipe.precision != "auto" else ("bf16" if device.type == "cuda" else "fp32"))
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision, torch.float32)
 
-    if run_dir is not None:
+    if args.offload != "none":
+        # built partitioned under the inference ZeRO-3 config; rank 0 alone reads / consolidates weights
+        from avion_ds.memory.offload import build_for_inference
+
+        source: Any = str(args.checkpoint)
+        if run_dir is not None:
+            source = consolidated_state_dict(run_dir, tag) if dist.is_main() else {}
+        model = build_for_inference(lambda: build_model(recipe, pretrained=""), source, offload=args.offload,
+                                    max_live_parameters=int(args.max_live_params),
+                                    prefetch_bucket_size=int(args.prefetch_bucket), nvme_path=args.nvme_path,
+                                    dtype=dtype, strict=run_dir is not None)
+    elif run_dir is not None:
         model = build_model(recipe, pretrained="")
         from avion_ds.models import load_pretrained
 
-        load_pretrained(model, consolidated_state_dict(run_dir), strict=True)
+        load_pretrained(model, consolidated_state_dict(run_dir, tag), strict=True)
     else:
         model = build_model(recipe, pretrained=str(args.checkpoint))
     model.eval()
-    if args.offload != "none":
-        from avion_ds.memory.offload import wrap_for_inference
-
-        model = wrap_for_inference(model, offload=args.offload, max_live_parameters=int(args.max_live_params),
-                                   prefetch_bucket_size=int(args.prefetch_bucket), nvme_path=args.nvme_path,
-                                   dtype=dtype)
-    else:
+    if dist.is_main():
+        print(backends_line(model, recipe, device, dtype), flush=True)
+        what = f"{run_dir} checkpoint {tag}" if tag else f"weights file {args.checkpoint}"
+        print(f"avion-ds eval: evaluating {what} on the {args.split} split", flush=True)
+    if args.offload == "none":
         model = model.to(device=device, dtype=dtype)
 
     views = recipe.eval.temporal_views * recipe.eval.spatial_views
     dataset = build_dataset(recipe.data, args.split, temporal_views=recipe.eval.temporal_views,
                             spatial_views=recipe.eval.spatial_views, seed=recipe.seed)
+    dataset.defer_errors = True  # bad samples named once; a fatal one stops every rank with one line
     loader = build_loader(dataset, recipe.eval.batch_size or recipe.batch.micro_batch, recipe.data.workers,
                           shuffle=False, seed=recipe.seed, drop_last=False, distributed=world > 1)
     augment = DeviceAugment(recipe.data, recipe_num_classes(recipe), train=False)
-    metrics, (index, scores, labels) = evaluate_model(model, loader, augment, views, device, dtype)
+    metrics, (index, scores, labels), failed = evaluate_model(model, loader, augment, views, device, dtype)
     if dist.is_main():
         out = Path(args.out) if args.out else (run_dir or Path(args.checkpoint).parent) / "eval_metrics.json"
         out.parent.mkdir(parents=True, exist_ok=True)
-        payload: dict[str, Any] = {"checkpoint": str(args.checkpoint), "split": args.split,
-                                   "num_samples": int(index.numel()), "views": views, "metrics": metrics}
+        payload: dict[str, Any] = {"checkpoint": str(args.checkpoint), "tag": tag, "split": args.split,
+                                   "num_samples": int(index.numel()), "views": views, "scores": SCORES,
+                                   "metrics": metrics, **eval_report(recipe.eval.protocol, views, dataset, index),
+                                   "failed_samples": failed}
         if not args.no_per_sample:
             payload["per_sample"] = per_sample_records(index, scores, labels)
         out.write_text(json.dumps(payload) + "\n")
+        if failed:
+            print(failed_line(failed), flush=True)
         print(" ".join(f"{k}={v:.2f}" for k, v in metrics.items()), flush=True)
-        print(f"wrote {out} ({index.numel()} samples)", flush=True)
+        print(f"wrote {out} ({index.numel()} samples evaluated; protocol {payload['protocol']}, {views} views, "
+              f"{payload['num_missing']} missing, {payload['num_quarantined']} quarantined, "
+              f"{len(failed)} failed to decode; checkpoint {tag or args.checkpoint})", flush=True)
     del model
     return 0
 
@@ -164,7 +222,7 @@ def run(args: argparse.Namespace) -> int:
 def main(argv: list[str] | None = None) -> int:
     """Entry point for `avion-ds eval`."""
     args = parse_args(argv)
-    return dist.run_entry("avion-ds eval", lambda: run(args), {ConfigError: 2})
+    return dist.run_entry("avion-ds eval", lambda: run(args), {ConfigError: 2, DataError: 2})
 
 if __name__ == "__main__":
     sys.exit(main())

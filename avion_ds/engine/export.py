@@ -16,6 +16,7 @@ import torch
 
 from avion_ds.config import ConfigError
 from avion_ds.engine.checkpoint import MARKER, checkpoint_dir, latest_complete
+from avion_ds.engine.logging import progress
 
 
 def _strip(name: str) -> str:
@@ -52,16 +53,47 @@ def consolidate(run_dir: str | Path, tag: str | None = None) -> dict[str, torch.
     return {_strip(k): (v.float() if v.is_floating_point() else v) for k, v in sd.items()}
 
 
+def stream_export(run_dir: Path, tag: str, out: Path, meta: dict[str, str]) -> Path:
+    """ZeRO 1/2/3 -> safetensors one tensor at a time: DeepSpeed's lazy fp32 reconstruction
+    (optimizer shards memory-mapped) feeds ``SafetensorsWriter``, so the process holds the mapped
+    fp32 partitions (file-backed) plus one tensor, not the 2-3 full copies of ``consolidate``."""
+    from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
+
+    from avion_ds.models.safetensors_stream import SafetensorsWriter
+
+    lazy = get_fp32_state_dict_from_zero_checkpoint(str(checkpoint_dir(run_dir)), tag=tag, lazy_mode=True)
+    specs = [(_strip(k), torch.float32 if v.dtype.is_floating_point else v.dtype, tuple(v.shape))
+             for k, v in lazy.items()]
+    writer = SafetensorsWriter(out, specs, meta)
+    for (name, dtype, _), v in zip(specs, lazy.values()):
+        t = v.contiguous()
+        writer.write(name, t.to(dtype))
+        del t
+    return writer.close()
+
+
 def export(run_dir: str | Path, out: str | Path, tag: str | None = None) -> Path:
-    """Write the consolidated fp32 weights of ``run_dir`` to ``out`` (safetensors, or .pt)."""
+    """Write the consolidated fp32 weights of ``run_dir`` to ``out`` (safetensors, or .pt).
+
+    ZeRO 1/2/3 runs exported to .safetensors stream (``stream_export``); other cases consolidate
+    in memory first."""
     run_dir = Path(run_dir)
-    sd = consolidate(run_dir, tag)
+    bar = progress(desc="export (consolidate, write)", total=2, unit="step")
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     meta = {"format": "avion_ds", "tag": tag or str(latest_complete(run_dir))}
     ident = run_dir / "run.json"
     if ident.is_file():
         meta["model"] = json.dumps(json.loads(ident.read_text()).get("model", {}))
+    resolved = tag or latest_complete(run_dir)
+    if out.suffix == ".safetensors" and resolved is not None and (checkpoint_dir(run_dir) / resolved / MARKER).is_file() \
+            and _stage(run_dir, checkpoint_dir(run_dir) / resolved) > 0:
+        path = stream_export(run_dir, resolved, out, meta)  # consolidates and writes tensor by tensor
+        bar.update(2)
+        bar.close()
+        return path
+    sd = consolidate(run_dir, tag)
+    bar.update(1)
     if out.suffix == ".safetensors":
         from safetensors.torch import save_file
 
@@ -69,24 +101,70 @@ def export(run_dir: str | Path, out: str | Path, tag: str | None = None) -> Path
         save_file({k: v.detach().contiguous().clone() for k, v in sd.items()}, str(out), metadata=meta)
     else:
         torch.save({"state_dict": sd, "meta": meta}, out)
+    bar.update(1)
+    bar.close()
     return out
+
+
+def export_hf(run_dir: str | Path, out: str | Path, tag: str | None = None, head: str | None = None) -> float:
+    """Write ``run_dir``'s checkpoint as a Hugging Face ``VideoMAEForVideoClassification`` directory.
+
+    Needs the run's ``recipe.yaml`` (the architecture); returns the max |logit difference| between
+    our model and the directory loaded back by transformers (see ``avion_ds.models.hf``).
+    """
+    from avion_ds.config import load_recipe
+    from avion_ds.engine.train import build_model
+    from avion_ds.models import load_pretrained
+    from avion_ds.models.hf import check_exportable, save_hf
+
+    run_dir = Path(run_dir)
+    if not (run_dir / "recipe.yaml").is_file():
+        raise ConfigError(f"--format hf needs {run_dir / 'recipe.yaml'} (the run's architecture)")
+    model = build_model(load_recipe(run_dir / "recipe.yaml", ["model.drop_path_rate=0.0"]), pretrained="")
+    try:
+        check_exportable(model, head)
+    except ValueError as e:
+        raise ConfigError(f"--format hf: {e}") from None
+    with progress(desc="export (consolidate, convert + write + reload)", total=2, unit="step") as bar:
+        load_pretrained(model, consolidate(run_dir, tag), strict=True)
+        bar.update(1)
+        try:
+            diff = save_hf(model, out, head)
+        except ValueError as e:  # transformers missing
+            raise ConfigError(str(e)) from None
+        bar.update(1)
+    return diff
 
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point for `avion-ds export`."""
-    p = argparse.ArgumentParser(prog="avion-ds export", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="avion-ds export", description=__doc__.splitlines()[0],
+                                epilog="exit codes: 0 done, 1 failure (traceback), 2 bad input (one line)")
     p.add_argument("run_dir", help="training output_dir holding checkpoints/")
-    p.add_argument("--out", required=True, help="output file (.safetensors recommended)")
+    p.add_argument("--out", required=True, help="output file (.safetensors recommended, or .pt), or the "
+                   "directory to create with --format hf")
     p.add_argument("--tag", default=None, help="checkpoint tag (default: newest complete)")
+    p.add_argument("--format", default="safetensors", choices=("safetensors", "hf"),
+                   help="safetensors: one fp32 state dict for create_model(pretrained=...); hf: a Hugging Face "
+                        "VideoMAEForVideoClassification directory (single-head models, or one --head)")
+    p.add_argument("--head", default=None, help="with --format hf and a multi-head model (EPIC verb + noun): "
+                   "the head to export as the classifier")
     args = p.parse_args(argv)
     try:
         if not Path(args.run_dir).is_dir():
             raise ConfigError(f"run dir not found: {args.run_dir}")
-        out = export(args.run_dir, args.out, args.tag)
+        tag = args.tag or latest_complete(args.run_dir)
+        if args.format == "hf":
+            diff = export_hf(args.run_dir, args.out, tag, args.head)
+            print(f"wrote {args.out} (Hugging Face VideoMAEForVideoClassification, checkpoint {tag}"
+                  f"{', head ' + args.head if args.head else ''}; reloaded with transformers: max |logit "
+                  f"difference| {diff:.2e})")
+            return 0
+        out = export(args.run_dir, args.out, tag)
     except ConfigError as e:
         print(f"avion-ds export: error: {e}", file=sys.stderr)
         return 2
-    print(f"wrote {out}")
+    print(f"wrote {out} (checkpoint {tag})")
     return 0
 
 

@@ -2,13 +2,14 @@
 
 TensorBoard tags (also listed in the README):
   train/loss, train/loss_<head>, train/lr, train/grad_norm, train/loss_scale, train/clips_per_s,
-  train/skipped_nonfinite, train/bad_samples, time/data_wait_s, time/compute_s, time/data_wait_frac, mem/peak_gib,
+  train/skipped_nonfinite, train/applied_steps, train/overflow_steps, train/bad_samples, time/data_wait_s, time/compute_s, time/data_wait_frac, mem/peak_gib,
   eval/<metric> (top1, top5, mean_class; verb_/noun_/action_ for EPIC).
 """
 
 from __future__ import annotations
 
 import json
+import os
 import resource
 import sys
 import time
@@ -25,12 +26,30 @@ def peak_memory_gib() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # KiB on Linux
 
 
+def progress(iterable: Any = None, desc: str = "", total: int | None = None, unit: str = "batch") -> Any:
+    """A tqdm bar on rank 0 when stderr is a terminal, a silent pass-through otherwise (logs, CI, other ranks)."""
+    from tqdm import tqdm
+
+    from avion_ds.engine import dist
+
+    return tqdm(iterable, desc=desc, total=total, unit=unit, file=sys.stderr, dynamic_ncols=True, mininterval=1.0,
+                leave=False, disable=not (dist.is_main() and sys.stderr.isatty()))
+
+
 def _fmt(v: Any) -> str:
     if isinstance(v, float):
         if v == 0.0:
             return "0"
         return f"{v:.3e}" if abs(v) < 1e-2 or abs(v) >= 1e4 else f"{v:.4g}"
     return str(v)
+
+
+def _row_step(line: str) -> float:
+    """A history row's step; a torn line (killed mid-write) counts as past every step."""
+    try:
+        return float(json.loads(line)["step"])
+    except (ValueError, KeyError, TypeError):
+        return float("inf")
 
 
 class RunLogger:
@@ -53,6 +72,18 @@ class RunLogger:
             from torch.utils.tensorboard import SummaryWriter
 
             self.writer = SummaryWriter(str(run_dir / "tb"))
+
+    def truncate_history(self, step: int) -> None:
+        """Drop history rows past ``step`` (a resumed run writes those steps again); rank 0."""
+        if self.history is None:
+            return
+        path = Path(self.history.name)
+        self.history.close()
+        keep = [ln for ln in path.read_text().splitlines(keepends=True) if _row_step(ln) <= step]
+        tmp = path.with_name(path.name + ".tmp")
+        tmp.write_text("".join(keep))
+        os.replace(tmp, path)
+        self.history = open(path, "a", buffering=1)
 
     def info(self, msg: str) -> None:
         """One console line (through tqdm so it does not break the bar)."""
@@ -96,9 +127,10 @@ class RunLogger:
             tb["mem/peak_gib"] = values["peak_gib"]
         self.scalars(step, {k: v for k, v in tb.items() if isinstance(v, (int, float))})
         short = {"loss": "loss", "lr": "lr", "grad_norm": "gnorm", "loss_scale": "scale", "clips_per_s": "clips/s",
-                 "data_wait_frac": "wait", "peak_gib": "mem_gib", "bad_samples": "bad"}
+                 "data_wait_frac": "wait", "peak_gib": "mem_gib", "bad_samples": "bad", "overflow_steps": "overflow"}
         compact = " ".join(f"{s}={_fmt(values[k])}" for k, s in short.items()
-                           if values.get(k) is not None and not (k == "bad_samples" and not values[k]))
+                           if values.get(k) is not None and not (k in ("bad_samples", "overflow_steps")
+                                                                 and not values[k]))
         if self.bar is not None:
             self.bar.update(1)
             self.bar.set_postfix_str(compact, refresh=False)

@@ -13,6 +13,10 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
+# What every score tensor in evaluation holds (named in the eval JSON as "scores"): one
+# representation end to end, so action (verb x noun) ranking is a product of probabilities.
+SCORES = "probabilities: softmax per view, averaged over the temporal x spatial views"
+
 
 def topk_correct(scores: Tensor, target: Tensor, k: int) -> Tensor:
     """Bool (N,) — the true class is among the k highest scores."""
@@ -37,17 +41,27 @@ def classification_metrics(scores: Tensor, target: Tensor, prefix: str = "") -> 
     }
 
 
-def action_topk_correct(verb_scores: Tensor, noun_scores: Tensor, verb: Tensor, noun: Tensor, k: int) -> Tensor:
-    """Bool (N,) — (verb, noun) pair is among the top-k of p(verb) x p(noun) (top-1 = both right)."""
-    pv = verb_scores.float().softmax(-1)
-    pn = noun_scores.float().softmax(-1)
-    joint = (pv.unsqueeze(2) * pn.unsqueeze(1)).flatten(1)  # (N, V*N)
-    target = verb.long() * noun_scores.shape[-1] + noun.long()
+def action_topk_correct(verb_probs: Tensor, noun_probs: Tensor, verb: Tensor, noun: Tensor, k: int) -> Tensor:
+    """Bool (N,) — (verb, noun) pair is among the top-k of p(verb) x p(noun) (top-1 = both right).
+
+    Takes PROBABILITIES (softmax, averaged over views for multi-view eval): ranking pairs by a
+    product only means p(verb, noun) when both factors are probabilities, so logits are refused.
+    """
+    for name, p in (("verb", verb_probs), ("noun", noun_probs)):
+        if p.numel() and ((p < 0).any() or not torch.allclose(p.float().sum(-1), p.new_ones(p.shape[0]).float(),
+                                                                atol=1e-3)):
+            raise ValueError(f"action_topk_correct: {name} scores are not probabilities (rows must be >= 0 "
+                             "and sum to 1); pass softmax outputs averaged over views")
+    joint = (verb_probs.float().unsqueeze(2) * noun_probs.float().unsqueeze(1)).flatten(1)  # (N, V*N)
+    target = verb.long() * noun_probs.shape[-1] + noun.long()
     return topk_correct(joint, target, k)
 
 
 def epic_metrics(scores: dict[str, Tensor], target: dict[str, Tensor]) -> dict[str, float]:
-    """EPIC-Kitchens metrics: verb / noun top-1, top-5, mean-class and action top-1 / top-5 (percent)."""
+    """EPIC-Kitchens metrics: verb / noun top-1, top-5, mean-class and action top-1 / top-5 (percent).
+
+    ``scores`` are per-head probabilities (see :data:`SCORES`).
+    """
     out: dict[str, float] = {}
     for head in ("verb", "noun"):
         out.update(classification_metrics(scores[head], target[head], prefix=f"{head}_"))
@@ -142,8 +156,39 @@ def per_sample_records(index: Tensor, scores: Any, labels: Any) -> list[dict[str
     return rows
 
 
+def failed_in_batch(batch: dict[str, Any]) -> dict[int, str]:
+    """{dataset index: reason} of the clips a batch's loader could not decode (replaced by others)."""
+    idx = batch.get("failed_index")
+    if idx is None:
+        return {}
+    reasons = batch.get("failed_reason") or [""] * len(idx)
+    return {int(i): str(r) for i, r in zip(idx.tolist(), reasons) if int(i) >= 0}
+
+
+def gather_failed(local: dict[int, str], dataset: Any = None) -> list[dict[str, Any]]:
+    """All ranks' failed clips (padding repeats merged), sorted, named through ``dataset.row_name``."""
+    merged = dict(local)
+    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+        gathered: list[Any] = [None] * dist.get_world_size()
+        dist.all_gather_object(gathered, local)
+        for g in gathered:
+            merged.update(g)
+    name = getattr(dataset, "row_name", str)
+    return [{"index": i, "name": name(i), "reason": merged[i]} for i in sorted(merged)]
+
+
+def failed_line(failed: list[dict[str, Any]], show: int = 5) -> str:
+    """One log line counting and naming the clips that failed to decode."""
+    names = ", ".join(str(f["name"]) for f in failed[:show]) + (f", ... (+{len(failed) - show})"
+                                                                 if len(failed) > show else "")
+    return f"{len(failed)} eval clip(s) failed to decode and are excluded from the metrics: {names}"
+
+
 def aggregate_outputs(outputs: Tensor | dict[str, Tensor], views: int) -> Tensor | dict[str, Tensor]:
-    """(B*V, K) logits of V views per clip -> (B, K) clip scores (mean softmax over views, per head)."""
+    """(B*V, K) logits of V views per clip -> (B, K) clip probabilities (mean softmax over views, per head).
+
+    Also for ``views == 1`` (plain softmax), so the scores are probabilities whatever the view count.
+    """
     from avion_ds.data.views import aggregate_views
 
     def one(x: Tensor) -> Tensor:

@@ -13,6 +13,7 @@ import torch
 from torch import nn
 
 from avion_ds.config import Recipe
+from avion_ds.models.partition import full_ndim
 
 
 def _strip_wrappers(name: str) -> str:
@@ -51,7 +52,7 @@ def param_groups(model: nn.Module, weight_decay: float, layer_decay: float = 1.0
         if not p.requires_grad:
             continue
         name = _strip_wrappers(raw_name)
-        no_decay = p.ndim <= 1 or name in skip or name.endswith(".bias")
+        no_decay = full_ndim(p) <= 1 or name in skip or name.endswith(".bias")
         lid = int(layer_id(name)) if use_layers else n_layers - 1
         key = (no_decay, lid)
         if key not in groups:

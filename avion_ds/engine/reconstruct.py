@@ -29,7 +29,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--video", required=True, help="a video file")
     p.add_argument("--out", required=True, help="PNG to write")
     p.add_argument("--config", default=None, help="recipe (default: RUN/recipe.yaml)")
-    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                   help="dotted recipe override, repeatable (e.g. --set data.root=PATH)")
     p.add_argument("--frames", type=int, default=4, help="frames (columns) to show")
     p.add_argument("--seed", type=int, default=0, help="seed of the masks")
     p.add_argument("--min-side", type=int, default=128, help="upscale (nearest) small frames to at least this")

@@ -18,20 +18,30 @@ from typing import Any
 
 import numpy as np
 import torch
+import yaml
 
 from avion_ds.config import ConfigError, Recipe, load_recipe, save_recipe
+from avion_ds.data.errors import DataError
+from avion_ds.data.protocols import eval_report
 from avion_ds.engine import checkpoint as ckpt
-from avion_ds.engine import dist
+from avion_ds.engine import dist, elastic
+from avion_ds.engine.accum import poison, step_window
+from avion_ds.engine.bad_input import BadInputLog, batch_messages
 from avion_ds.engine.ds_config import (
+    BatchPlan,
+    accelerator_name,
     build_ds_config,
     load_user_config,
     precision_of,
     resolve_batch,
+    validate_with_deepspeed,
     zero_stage,
 )
 from avion_ds.engine.evaluate import evaluate_model
 from avion_ds.engine.logging import RunLogger, StepTimer, peak_memory_gib
 from avion_ds.engine.losses import total_loss
+from avion_ds.engine.metrics import failed_line
+from avion_ds.engine.oom import OutOfMemory, explain_from_args
 from avion_ds.engine.pretrain import (
     attach_masks,
     build_pretrain_model,
@@ -46,16 +56,32 @@ class NonFiniteLoss(RuntimeError):
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="avion-ds train", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="avion-ds train", description=__doc__.splitlines()[0],
+                                epilog="exit codes: 0 done, 1 failure (traceback), 2 bad input (one line), "
+                                       "3 non-finite loss/weights stop")
     p.add_argument("--config", required=True, help="YAML recipe (launch/recipes/*.yaml)")
     p.add_argument("--deepspeed_config", "--deepspeed-config", default="ds_configs/zero2.json",
                    help="DeepSpeed JSON (ds_configs/*.json); 'auto' values are filled from the recipe")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                    help="dotted recipe override, repeatable (e.g. --set optim.lr=1e-3)")
+    p.add_argument("--trust-checkpoint", action="store_true",
+                   help="allow full unpickling of a weights file that pickles more than tensors (it can run code); "
+                        "same as --set model.trust_checkpoint=true")
     p.add_argument("--local_rank", "--local-rank", type=int, default=None, help="injected by the deepspeed launcher")
     p.add_argument("--exit-after-steps", type=int, default=None,
                    help="stop cleanly after this many optimizer steps in total (preemption drills, tests)")
-    return p.parse_args(argv)
+    p.add_argument("--dry-run", action="store_true",
+                   help="run every start-up check, print the resolved recipe and DeepSpeed config, exit 0")
+    p.add_argument("--resume-from", default=None, metavar="TAG|none",
+                   help="resume from this checkpoint tag of output_dir (e.g. step_00000120), or 'none' to start "
+                        "fresh; default: the newest complete checkpoint (checkpoint.resume)")
+    p.add_argument("--finetune-from", default=None, metavar="FILE",
+                   help="initialise the model from these weights (any format model.pretrained reads: VideoMAE, "
+                        "Hugging Face, timm, an avion-ds export); same as --set model.pretrained=FILE")
+    args = p.parse_args(argv)
+    if args.trust_checkpoint:
+        args.overrides.append("model.trust_checkpoint=true")
+    return args
 
 
 # ---------------------------------------------------------------------------------------------
@@ -76,17 +102,71 @@ def check_data_paths(recipe: Recipe, need_train: bool = True) -> None:
         ok = path.is_dir() if kind == "dir" else path.is_file()
         if not ok:
             raise ConfigError(f"{key}: {kind} not found: {path}")
+    if d.class_list and not Path(d.class_list).is_file():
+        raise ConfigError(f"data.class_list: file not found: {d.class_list}")
+    if d.quarantine not in ("", "auto", "none") and not Path(d.quarantine).is_file():
+        raise ConfigError(f"data.quarantine: file not found: {d.quarantine} (auto | none | a quarantine.tsv)")
+    if d.dataset == "ssv2" and not d.class_list and not (Path(d.train_csv or d.val_csv).parent / "labels.json").is_file():
+        raise ConfigError(f"data.class_list is empty and there is no labels.json next to {d.train_csv or d.val_csv}: "
+                          f"set data.class_list to SSv2's labels.json")
+
+
+def optimizer_steps_per_epoch(micro_batches: int, clips: int, recipe: Recipe, plan: BatchPlan) -> int:
+    """Optimizer steps per epoch from the micro-batches one rank sees (capped by schedule.steps_per_epoch)."""
+    steps = micro_batches // plan.grad_accum
+    if recipe.schedule.steps_per_epoch:
+        steps = min(steps, recipe.schedule.steps_per_epoch)
+    if steps <= 0:
+        raise ConfigError(f"data.train_csv has {clips} clips: fewer than one optimizer step of {plan.global_batch} "
+                          f"(micro {plan.micro_batch} x accum {plan.grad_accum} x world {plan.world_size})")
+    return steps
+
+
+def _recipe_overrides(args: argparse.Namespace) -> list[str]:
+    """--set overrides plus what --finetune-from / --resume-from none imply."""
+    extra = []
+    if args.finetune_from is not None:
+        if not Path(args.finetune_from).exists():
+            raise ConfigError(f"--finetune-from {args.finetune_from}: file not found")
+        extra.append(f"model.pretrained={json.dumps(str(args.finetune_from))}")
+    if args.resume_from is not None:  # a tag resumes even where the recipe says checkpoint.resume: false
+        extra.append(f"checkpoint.resume={'false' if args.resume_from.lower() == 'none' else 'true'}")
+    return [*args.overrides, *extra]
 
 
 def preflight(args: argparse.Namespace) -> tuple[Recipe, dict[str, Any]]:
-    """Load and validate recipe, DeepSpeed JSON, batch arithmetic and run dir; no side effects."""
-    recipe = load_recipe(args.config, args.overrides)
+    """Validate everything that can fail cheaply; no process group, worker, dataset or real model.
+
+    Recipe keys and ranges, data paths, chunk manifest, annotation headers and labels vs heads, model
+    name + geometry (built on the meta device), attention backend and precision vs this machine,
+    DeepSpeed JSON (unknown keys, section types, DeepSpeed's own config model), batch arithmetic,
+    output_dir, run-dir identity, --resume-from tag.
+    """
+    from avion_ds.engine import preflight as pf
+
+    recipe = load_recipe(args.config, _recipe_overrides(args))
+    pf.check_output_dir(recipe)
     check_data_paths(recipe)
+    pf.check_heads(recipe)
+    summary = pf.check_model(recipe)
+    rows = pf.check_data_layout(recipe)
     user_ds = load_user_config(args.deepspeed_config)
     world = dist.env_world_size()
-    resolve_batch(recipe, world)
-    build_ds_config(user_ds, recipe, world, steps_per_epoch=1)  # every conflict surfaces now
+    plan = resolve_batch(recipe, world)
+    steps = optimizer_steps_per_epoch(rows["train"] // world // plan.micro_batch, rows["train"], recipe, plan)
+    ds_config = build_ds_config(user_ds, recipe, world, steps_per_epoch=steps)  # every conflict surfaces now
+    validate_with_deepspeed(ds_config)
+    pf.check_runtime(recipe, precision_of(ds_config), accelerator_name())
     ckpt.check_run_identity(recipe.output_dir, recipe)
+    if args.resume_from is not None and args.resume_from.lower() != "none":
+        ckpt.check_tag(recipe.output_dir, args.resume_from)
+    if args.dry_run:
+        print(f"# avion-ds train --dry-run: all checks passed | {summary.name} {summary.params / 1e6:.2f}M params, "
+              f"{summary.gflops:.1f} GFLOPs/clip, token grid {summary.grid} | world {world} | {steps} steps/epoch")
+        print("# resolved recipe")
+        print(yaml.safe_dump(recipe.to_dict(), sort_keys=False), end="")
+        print("# DeepSpeed config")
+        print(json.dumps(ds_config, indent=2))
     return recipe, user_ds
 
 
@@ -99,24 +179,46 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
-def build_model(recipe: Recipe, pretrained: str | None = None) -> torch.nn.Module:
-    """The recipe's model through the model package (frames/size follow the data section)."""
-    from avion_ds.models import create_model
+def build_model(recipe: Recipe, pretrained: str | None = None, run_dir: Path | None = None,
+                ds_config: dict[str, Any] | None = None) -> torch.nn.Module:
+    """The recipe's model through the model package (frames/size follow the data section).
 
-    if is_pretrain(recipe):
-        return build_pretrain_model(recipe, pretrained)
+    With a ZeRO-3 ``ds_config`` it is built partitioned (``deepspeed.zero.Init``) and the weights
+    are loaded module by module: no rank ever holds the whole model. Weights (``pretrained``, else
+    ``model.pretrained``) load through ``load_and_report``: a summary line on rank 0,
+    ``run_dir/pretrained_report.json``, and the ``model.pretrained_strict`` check.
+    """
+    from avion_ds.engine.preflight import model_kwargs
+    from avion_ds.engine.pretrained_report import load_and_report
+    from avion_ds.models import create_model
+    from avion_ds.models.sharded_load import build_partitioned
+
     m = recipe.model
-    kw: dict[str, Any] = {"num_frames": recipe.data.num_frames, "img_size": recipe.data.size,
-                              "drop_path_rate": m.drop_path_rate, "head_drop_rate": m.head_drop_rate,
-                              "attn_backend": m.attn_backend, "patch_embed": m.patch_embed, "pool": m.pool,
-                              "pos_embed": m.pos_embed}
-    if m.tubelet_size is not None:
-        kw["tubelet_size"] = m.tubelet_size
-    if m.heads is not None:
-        kw["heads"] = dict(m.heads)
-    else:
-        kw["num_classes"] = m.num_classes
-    return create_model(m.name, pretrained=pretrained if pretrained is not None else (m.pretrained or None), **kw)
+    source = pretrained if pretrained is not None else m.pretrained
+    if is_pretrain(recipe):  # the pretraining model reads its own formats (official / HF VideoMAE pretraining)
+        if source and zero_stage(ds_config or {}) == 3:
+            raise ConfigError(f"model.pretrained={source}: continuing a pretraining run from weights under ZeRO-3 "
+                              "is not supported yet; resume from the run's checkpoint instead")
+        if source:
+            return build_pretrain_model(recipe, str(source))
+        return build_partitioned(lambda: build_pretrain_model(recipe, ""), ds_config)
+    kw = model_kwargs(recipe)
+    model = build_partitioned(lambda: create_model(m.name, **kw), ds_config)
+    if source:
+        load_and_report(model, str(source), strict=m.pretrained_strict, trust=m.trust_checkpoint, run_dir=run_dir,
+                        is_main=dist.is_main())
+    return model
+
+
+def backends_line(model: torch.nn.Module, recipe: Recipe, device: torch.device, dtype: torch.dtype) -> str:
+    """Which attention kernel and video decoder actually run (never a silent fallback)."""
+    from avion_ds.models.attention import Attention, describe_backend
+
+    attn = next((m for m in model.modules() if isinstance(m, Attention)), None)
+    a = describe_backend(attn.backend, device, dtype, attn.head_dim) if attn is not None else "none"
+    d = recipe.data
+    where = (f"helper process, timeout {d.decode_timeout_s:g} s" if d.decode_timeout_s > 0 else "in-process")
+    return f"attention backend {a} | decoder {d.decoder} ({where}, {d.decoder_threads} thread(s) per worker)"
 
 
 def recipe_num_classes(recipe: Recipe) -> int | dict[str, int]:
@@ -173,10 +275,16 @@ def _float(x: Any) -> float | None:
         return None
 
 
-def _module_grad_norm(engine: Any) -> float | None:
-    """Pre-clipping grad norm for ZeRO-0 (DeepSpeed only records it for ZeRO >= 1); grads are all-reduced."""
+def zero0_grad_norm(engine: Any, loss_scale: float | None = None) -> float | None:
+    """Pre-clipping grad norm for ZeRO-0 (DeepSpeed only records it for ZeRO >= 1); grads are all-reduced.
+
+    Under fp16 the gradients still carry the loss scale: pass it to get the true norm.
+    """
     grads = [p.grad.float() for p in engine.module.parameters() if p.grad is not None]  # no-op for fp32
-    return float(torch.nn.utils.get_total_norm(grads)) if grads else None  # fused (foreach) norms
+    if not grads:
+        return None
+    norm = float(torch.nn.utils.get_total_norm(grads))  # fused (foreach) norms
+    return norm / loss_scale if loss_scale else norm
 
 
 # ---------------------------------------------------------------------------------------------
@@ -184,6 +292,8 @@ def _module_grad_norm(engine: Any) -> float | None:
 # ---------------------------------------------------------------------------------------------
 def run(args: argparse.Namespace) -> int:
     recipe, user_ds = preflight(args)
+    if args.dry_run:
+        return 0
     rank, world, _ = dist.init()
     seed_everything(recipe.seed)
     run_dir = Path(recipe.output_dir)
@@ -191,12 +301,18 @@ def run(args: argparse.Namespace) -> int:
     from deepspeed.accelerator import get_accelerator
 
     from avion_ds.data import DeviceAugment, build_dataset, build_loader
+    from avion_ds.data.decoders import pick_decoder
     from avion_ds.engine.parallelize import parallelize
 
     plan = resolve_batch(recipe, world)
+    # data.decoder=auto: probed once on rank 0, recorded in the run dir so a resume keeps the choice
+    picked = pick_decoder(recipe.data, run_dir, recipe.checkpoint.resume) if dist.is_main() else None
+    recipe.data.decoder, decoder_note = dist.broadcast_object(picked)
     train_set = build_dataset(recipe.data, "train", seed=recipe.seed)
     val_set = build_dataset(recipe.data, "val", temporal_views=recipe.eval.temporal_views,
                             spatial_views=recipe.eval.spatial_views, seed=recipe.seed)
+    for ds in (train_set, val_set):
+        ds.defer_errors = True  # bad samples reported through the loop (named once, fatal on every rank)
     pretraining = is_pretrain(recipe)
     if pretraining:
         attach_masks(recipe, train_set, val_set)
@@ -205,13 +321,7 @@ def run(args: argparse.Namespace) -> int:
     eval_bs = recipe.eval.batch_size or plan.micro_batch
     val_loader = build_loader(val_set, eval_bs, recipe.data.workers, shuffle=False, seed=recipe.seed,
                               drop_last=False, distributed=True)
-    micro_per_epoch = len(train_loader)
-    steps_per_epoch = micro_per_epoch // plan.grad_accum
-    if recipe.schedule.steps_per_epoch:
-        steps_per_epoch = min(steps_per_epoch, recipe.schedule.steps_per_epoch)
-    if steps_per_epoch <= 0:
-        raise ConfigError(f"train split has {len(train_set)} clips: fewer than one optimizer step of "
-                          f"{plan.global_batch} (micro {plan.micro_batch} x accum {plan.grad_accum} x world {world})")
+    steps_per_epoch = optimizer_steps_per_epoch(len(train_loader), len(train_set), recipe, plan)
 
     ds_config = build_ds_config(user_ds, recipe, world, steps_per_epoch)
     if dist.is_main():
@@ -220,7 +330,10 @@ def run(args: argparse.Namespace) -> int:
         (run_dir / "ds_config.json").write_text(json.dumps(ds_config, indent=2) + "\n")
     ckpt.write_run_identity(run_dir, recipe)
 
-    model = build_model(recipe)
+    resize = elastic.prepare_resume(run_dir, ds_config) if recipe.checkpoint.resume else None
+    if resize and dist.is_main():
+        print(resize, flush=True)
+    model = build_model(recipe, run_dir=run_dir, ds_config=ds_config)
     seed_everything(recipe.seed + rank)  # per-rank streams for dropout / augmentation
     engine = parallelize(model, recipe, ds_config, steps_per_epoch)
     del model
@@ -236,26 +349,37 @@ def run(args: argparse.Namespace) -> int:
              f"global batch {plan.global_batch} = micro {plan.micro_batch} x accum {plan.grad_accum} x world {world}"
              f" | {steps_per_epoch} steps/epoch x {recipe.schedule.epochs} epochs | activation checkpointing "
              f"{recipe.model.checkpoint_impl if recipe.model.activation_checkpointing else 'off'} | run dir {run_dir}")
+    log.info(backends_line(engine.module, recipe, device, dtype))
+    for ds in (train_set, val_set):  # rows dropped up front: missing videos, quarantine.tsv (avion-ds check)
+        listed = ds.write_skipped(run_dir / f"skipped_rows_{ds.split}.txt") if dist.is_main() else None
+        log.info(f"data {ds.startup_line()}" + (f" (listed in {listed})" if listed else ""))
 
-    start_epoch, start_step, global_step, skipped, bad_samples = 0, 0, 0, 0, 0
+    log.info(decoder_note)
+    start_epoch, start_step, global_step, skipped, bad_samples, consecutive = 0, 0, 0, 0, 0, 0
+    applied_steps, overflow_steps = 0, 0  # optimizer updates applied / skipped by fp16 loss-scale overflow
     pending_rng = None
+    bad_log = BadInputLog(log.info)
+    resume_tag = args.resume_from if args.resume_from and args.resume_from.lower() != "none" else None
     if recipe.checkpoint.resume:
-        client = ckpt.load_latest(engine, run_dir)
+        client = ckpt.load_latest(engine, run_dir, resume_tag)
         if client is not None:
             start_epoch, start_step = int(client["epoch"]), int(client["step_in_epoch"])
             global_step, skipped = int(client["global_step"]), int(client.get("skipped", 0))
             bad_samples = int(client.get("bad_samples", 0))
+            applied_steps = int(client.get("applied_steps", global_step))
+            overflow_steps = int(client.get("overflow_steps", 0))
             pending_rng = client["rng"]
             if engine.lr_scheduler is not None and "scheduler" in client:
                 engine.lr_scheduler.load_state_dict(client["scheduler"])
             log.info(f"resumed from {client['tag']}: epoch {start_epoch}, step {start_step} in epoch, "
                      f"global step {global_step}")
+    log.truncate_history(global_step)  # rows past the resumed step would be written again
 
     sched = engine.lr_scheduler
 
     def client_state(epoch: int, step_in_epoch: int) -> dict[str, Any]:
         st = {"epoch": epoch, "step_in_epoch": step_in_epoch, "global_step": global_step, "skipped": skipped,
-              "bad_samples": bad_samples,
+              "bad_samples": bad_samples, "applied_steps": applied_steps, "overflow_steps": overflow_steps,
               "model": ckpt.model_identity(recipe)}
         if sched is not None and hasattr(sched, "state_dict"):
             st["scheduler"] = sched.state_dict()
@@ -280,7 +404,7 @@ def run(args: argparse.Namespace) -> int:
         engine.train()
         log.start_epoch(epoch, steps_per_epoch, initial=first)
         step_in_epoch = first
-        window_loss, window_n, window_heads = 0.0, 0, {}
+        window_loss, window_n, window_heads, window_bad = 0.0, 0, {}, False
         t_window = time.perf_counter()
         timer.pop()
         timer._t = time.perf_counter()
@@ -295,50 +419,69 @@ def run(args: argparse.Namespace) -> int:
             timer.mark_data()
             out = engine(x.to(dtype), **targets) if pretraining else engine(x.to(dtype))
             loss, parts = reconstruction_loss(out) if pretraining else total_loss(out, targets, smoothing)
-            # one collective for the loss and the count of bad input samples the loader skipped
+            # one collective for the loss, the count of bad input samples the loader skipped and fatal input errors
+            bad_msgs, fatal_msgs = batch_messages(batch)
             bad_here = float(batch["skipped"].sum()) if "skipped" in batch else 0.0
-            reduced = dist.all_reduce_sum(torch.stack([loss.detach().float(), loss.new_tensor(bad_here).float()]))
+            reduced = dist.all_reduce_sum(torch.stack([loss.detach().float(), loss.new_tensor(bad_here).float(),
+                                                       loss.new_tensor(float(len(fatal_msgs))).float()]))
             loss_sum, bad_samples = reduced[:1], bad_samples + int(reduced[1])
-            if not torch.isfinite(loss_sum).all():
+            bad_now = not torch.isfinite(loss_sum).all()  # the same verdict on every rank (all-reduced)
+            if int(reduced[1]) or int(reduced[2]):  # rare: name new bad files once, stop every rank on a fatal one
+                bad_log.exchange(bad_msgs, fatal_msgs)
+            if bad_now:
                 if recipe.nonfinite == "stop":
                     raise NonFiniteLoss(f"non-finite loss at global step {global_step + 1} (epoch {epoch}, "
                                         f"step {step_in_epoch + 1} of the epoch); stopping, nothing saved")
                 skipped += 1
-                log.info(f"non-finite loss at global step {global_step + 1}: micro-batch skipped ({skipped} so far)")
-                del out, loss
-                timer.mark_compute()
-                continue
+                window_bad = True
+                consecutive += 1
+                log.info(f"non-finite loss at global step {global_step + 1}: its whole accumulation window "
+                         f"({plan.grad_accum} micro-batch(es)) is skipped on every rank ({skipped} so far)")
+                if consecutive >= recipe.nonfinite_max_consecutive:
+                    raise NonFiniteLoss(f"{consecutive} non-finite micro-batches in a row (nonfinite_max_consecutive="
+                                        f"{recipe.nonfinite_max_consecutive}) at global step {global_step + 1}; "
+                                        "stopping, nothing saved")
+            else:
+                consecutive = 0
             boundary = engine.is_gradient_accumulation_boundary()
             step_lr = max(g["lr"] for g in engine.optimizer.param_groups)  # the lr this step uses
-            engine.backward(loss)
-            stage0_norm = _module_grad_norm(engine) if boundary and zero_stage(ds_config) == 0 else None
-            engine.step()
+            scale = _float(engine._get_optimizer_loss_scale()) if precision == "fp16" else None  # before step()
+            engine.backward(poison(loss) if bad_now else loss)
+            stage0_norm = (zero0_grad_norm(engine, scale) if boundary and not window_bad
+                           and zero_stage(ds_config) == 0 else None)
+            applied = step_window(engine, window_bad)
             timer.mark_compute()
-            window_loss += float(loss_sum) / world
-            window_n += 1
-            for h, v in parts.items():
-                window_heads[h] = window_heads.get(h, 0.0) + v
+            if not bad_now:
+                window_loss += float(loss_sum) / world
+                window_n += 1
+                for h, v in parts.items():
+                    window_heads[h] = window_heads.get(h, 0.0) + v
             if not boundary:
                 continue
-            global_step += 1
+            global_step += 1  # the data position: one window consumed, applied or not
             step_in_epoch += 1
+            applied_steps += applied
+            overflow_steps += not applied and not window_bad
             wait, compute = timer.pop()
             now = time.perf_counter()
             values: dict[str, Any] = {
-                "loss": window_loss / max(1, window_n),
+                "loss": window_loss / window_n if window_n else None,
                 "lr": step_lr,
-                "grad_norm": _float(engine.get_global_grad_norm()) if stage0_norm is None else stage0_norm,
+                "grad_norm": None if window_bad else (
+                    _float(engine.get_global_grad_norm()) if stage0_norm is None else stage0_norm),
                 "loss_scale": _float(engine._get_optimizer_loss_scale()) if precision == "fp16" else None,
                 "clips_per_s": plan.global_batch / max(now - t_window, 1e-9),
                 "data_wait_s": wait, "compute_s": compute,
                 "data_wait_frac": wait / max(wait + compute, 1e-9),
                 "peak_gib": peak_memory_gib(),
                 "skipped_nonfinite": skipped,
+                "applied_steps": applied_steps,  # optimizer updates applied so far (<= global step)
+                "overflow_steps": overflow_steps,  # fp16 loss-scale overflows (update skipped by DeepSpeed)
                 "bad_samples": bad_samples,  # unreadable videos / bad rows skipped by the loader so far
             }
             values.update({f"loss_{h}": v / max(1, window_n) for h, v in window_heads.items()})
             log.step(epoch, global_step, values)
-            window_loss, window_n, window_heads = 0.0, 0, {}
+            window_loss, window_n, window_heads, window_bad = 0.0, 0, {}, False
             t_window = now
             every = recipe.checkpoint.every_steps
             stop_now = exit_after is not None and global_step >= exit_after
@@ -355,17 +498,27 @@ def run(args: argparse.Namespace) -> int:
             break
         last = epoch + 1 == recipe.schedule.epochs
         if (epoch + 1) % max(1, recipe.eval.every_epochs) == 0 or last:
-            metrics = evaluate_pretrain(engine, val_loader, eval_aug, device, dtype) if pretraining else evaluate_model(
-                engine, val_loader, eval_aug, recipe.eval.temporal_views * recipe.eval.spatial_views, device, dtype)[0]
+            views = recipe.eval.temporal_views * recipe.eval.spatial_views
+            failed: list[dict[str, Any]] = []
+            if pretraining:
+                metrics, evaluated = evaluate_pretrain(engine, val_loader, eval_aug, device, dtype), None
+            else:
+                metrics, (evaluated, _, _), failed = evaluate_model(engine, val_loader, eval_aug, views, device,
+                                                                    dtype, bad_log=bad_log)
+            if failed:
+                log.info(failed_line(failed))
             log.eval(epoch, global_step, metrics)
             if dist.is_main():
-                (run_dir / "metrics.json").write_text(json.dumps({"epoch": epoch, "step": global_step,
-                                                                   **metrics}, indent=2) + "\n")
+                report = None if evaluated is None else eval_report(recipe.eval.protocol, views, val_set, evaluated)
+                (run_dir / "metrics.json").write_text(json.dumps({"epoch": epoch, "step": global_step, **metrics,
+                                                                   "failed_samples": failed, "eval": report},
+                                                                  indent=2) + "\n")
         ckpt.save(engine, run_dir, global_step, client_state(epoch + 1, 0), recipe.checkpoint.keep_last)
         if exit_after is not None and global_step >= exit_after:
             log.info(f"stopping after {global_step} steps (--exit-after-steps)")
             break
-    log.info(f"done: {global_step} steps, {skipped} non-finite micro-batches skipped, {bad_samples} bad input "
+    log.info(f"done: {global_step} steps ({applied_steps} applied, {overflow_steps} fp16 overflows), {skipped} "
+             f"non-finite micro-batches skipped, {bad_samples} bad input "
              f"samples skipped (named in the log above), run dir {run_dir}")
     log.close()
     del engine
@@ -375,7 +528,16 @@ def run(args: argparse.Namespace) -> int:
 def main(argv: list[str] | None = None) -> int:
     """Entry point for `avion-ds train` and `launch/train.py`; exits through ``dist.shutdown``."""
     args = parse_args(argv)
-    return dist.run_entry("avion-ds train", lambda: run(args), {ConfigError: 2, NonFiniteLoss: 3})
+    return dist.run_entry("avion-ds train", lambda: _run_explaining_oom(args),
+                          {ConfigError: 2, DataError: 2, NonFiniteLoss: 3, ckpt.NonFiniteWeights: 3, OutOfMemory: 1})
+
+
+def _run_explaining_oom(args: argparse.Namespace) -> int:
+    """``run``, with an out-of-memory error turned (once) into the one-line ``OutOfMemory``."""
+    try:
+        return run(args)
+    except torch.OutOfMemoryError as e:
+        raise OutOfMemory(explain_from_args(args, e)) from None
 
 if __name__ == "__main__":
     sys.exit(main())

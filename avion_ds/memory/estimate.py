@@ -21,6 +21,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from avion_ds.models.partition import full_shape
+
 from .units import format_bytes
 
 GiB = 2**30
@@ -66,8 +68,9 @@ class ArchInfo:
 
 
 def _count(model: nn.Module) -> tuple[int, int]:
-    total = sum(math.prod(p.shape) for p in model.parameters())
-    largest = max((sum(math.prod(p.shape) for p in m.parameters(recurse=False)) for m in model.modules()), default=0)
+    total = sum(math.prod(full_shape(p)) for p in model.parameters())
+    largest = max((sum(math.prod(full_shape(p)) for p in m.parameters(recurse=False)) for m in model.modules()),
+                  default=0)
     return int(total), int(largest)
 
 
@@ -208,6 +211,9 @@ class MemoryEstimate:
         return f"total {format_bytes(self.total)} per GPU ({body}); host {format_bytes(self.host)} per node"
 
 
+ZERO3_FP32_EXTRA_BYTES = 5  # per parameter / world, measured beyond 16 B (fp32 ZeRO-3 + Adam)
+
+
 def _model_states(
     p: int, largest: int, s: int, stage: int, off_opt: bool, off_param: bool, world: int, per_node: int, nodes: int,
     live_window: int,
@@ -224,6 +230,12 @@ def _model_states(
         params = (0 if off_param else 4 * p // w) + live if stage == 3 else 4 * p
         grads = 0 if (off_opt and stage >= 2) else 4 * p // (w if stage >= 2 else 1)
         opt = 0 if off_opt else 8 * p // (w if stage >= 1 else 1)
+        if stage == 3 and not off_opt:
+            # Measured (BENCHMARKS.md "ZeRO-3 + Adam per rank", ViT-B/L, 2 CPU ranks): after a step
+            # each rank holds ~21 B x p / world plus the contiguous-gradient bucket (counted in
+            # ``workspace``), not 16 B: +5 B/param/world that the stage-3 optimizer keeps beyond
+            # params, grads and moments.
+            grads += ZERO3_FP32_EXTRA_BYTES * p // w
         host = int(p * 16 * 1.5 / nodes) if (off_opt or off_param) else int(p * 4 * per_node * 1.5)
         return params, grads, opt, host, "formula (fp32 Adam)"
     if stage in (2, 3):

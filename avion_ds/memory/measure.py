@@ -79,6 +79,7 @@ def train_step_probe(
         create_model,
         model_flops,
     )
+    from avion_ds.models.partition import partitioned_construction
 
     from .offload import _ensure_process_group
 
@@ -94,8 +95,8 @@ def train_step_probe(
     torch.cuda.reset_peak_memory_stats()
     try:
         stage3 = result["zero_stage"] == 3
-        # ZeRO-3 partitions (and offloads) from host memory; the others initialise on the GPU (fast)
-        with torch.device("cpu" if stage3 else "cuda"):
+        # ZeRO-3 is built partitioned (zero.Init: nothing full on any rank); the others on the GPU (fast)
+        with torch.device("cpu" if stage3 else "cuda"), partitioned_construction(cfg):
             model = create_model(model_name, num_frames=frames, img_size=size, attn_backend=attn_backend,
                                  num_classes=400)
         if checkpoint_every:

@@ -17,11 +17,14 @@ from __future__ import annotations
 
 import os
 import socket
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
+from pathlib import Path
 from typing import Any
 
 import torch
 from torch import nn
+
+from avion_ds.models.partition import is_partitioned_model
 
 OFFLOAD_DEVICES = ("cpu", "nvme")
 
@@ -133,12 +136,87 @@ def wrap_for_inference(
                               param_persistence_threshold)
     _ensure_process_group()
     model.eval()
-    if dtype == torch.float32:
+    if dtype == torch.float32 and not is_partitioned_model(model):  # built by build_for_inference: as is
         model.float()
     engine, *_ = deepspeed.initialize(model=model, config=cfg)
     engine.eval()
     device = torch.device(get_accelerator().current_device_name())
     return OffloadedInference(engine, dtype, device)
+
+
+def build_for_inference(
+    factory: Callable[[], nn.Module],
+    pretrained: str | Path | dict | None = None,
+    offload: str = "cpu",
+    max_live_parameters: int = 100_000_000,
+    prefetch_bucket_size: int = 50_000_000,
+    nvme_path: str | None = None,
+    dtype: torch.dtype = torch.float32,
+    param_persistence_threshold: int = 0,
+    strict: bool = False,
+) -> OffloadedInference:
+    """Like :func:`wrap_for_inference`, but the model is CONSTRUCTED partitioned (``zero.Init``
+    with the inference config) and ``pretrained`` is loaded module by module (rank 0 reads), so no
+    rank ever holds the whole model. ``factory`` builds the bare model (no weights loaded)."""
+    from avion_ds.models.sharded_load import build_partitioned
+
+    cfg = inference_ds_config(offload, max_live_parameters, prefetch_bucket_size, nvme_path, dtype,
+                              param_persistence_threshold)
+    _ensure_process_group()
+    model = build_partitioned(factory, cfg, pretrained, strict=strict)
+    return wrap_for_inference(model, offload, max_live_parameters, prefetch_bucket_size, nvme_path, dtype,
+                              param_persistence_threshold)
+
+
+class ResidentParams:
+    """Counts parameter elements resident (ZeRO status AVAILABLE: gathered, on the compute device)
+    at every module's forward, after DeepSpeed's own pre-forward hook fetched that module (hooks
+    registered after ``deepspeed.initialize`` run after DeepSpeed's). ``peak`` is the largest sum."""
+
+    def __init__(self, model: nn.Module) -> None:
+        from deepspeed.runtime.zero.partition_parameters import ZeroParamStatus
+
+        self.available = ZeroParamStatus.AVAILABLE
+        self.params = [p for p in model.parameters() if hasattr(p, "ds_status")]
+        self.total = sum(int(p.ds_numel) for p in self.params)
+        self.peak = 0
+        self.handles = [m.register_forward_pre_hook(self._count) for m in model.modules()]
+
+    def _count(self, module: nn.Module, args: Any) -> None:
+        now = sum(int(p.ds_numel) for p in self.params if p.ds_status == self.available)
+        self.peak = max(self.peak, now)
+
+    def remove(self) -> None:
+        for h in self.handles:
+            h.remove()
+
+
+def resident_peaks(model_name: str, frames: int, size: int, max_live: list[int]) -> list[dict[str, Any]]:
+    """For each ``stage3_max_live_parameters`` value (prefetch bucket = half of it): build the model
+    partitioned for CPU-offloaded inference and count the peak resident parameter elements of the
+    second forward (the first records DeepSpeed's trace). One process; needs no launcher."""
+    from deepspeed.accelerator import get_accelerator
+
+    from avion_ds.memory.estimate import arch_info
+    from avion_ds.models import create_model
+
+    _ensure_process_group()
+    x = torch.randn(1, 3, frames, size, size, device=get_accelerator().current_device_name())
+    largest = arch_info(model_name, frames, size).largest_layer_params
+    rows = []
+    for live in max_live:
+        torch.manual_seed(0)
+        runner = build_for_inference(lambda: create_model(model_name, num_frames=frames, img_size=size), None,
+                                     max_live_parameters=live, prefetch_bucket_size=max(live // 2, 1))
+        counter = ResidentParams(runner.module)
+        runner(x)
+        counter.peak = 0
+        runner(x)
+        counter.remove()
+        rows.append({"model": model_name, "params": counter.total, "max_live_parameters": live,
+                     "prefetch_bucket_size": max(live // 2, 1), "peak_resident": counter.peak,
+                     "largest_module": largest, "frames": frames, "size": size})
+    return rows
 
 
 def stream_logits(

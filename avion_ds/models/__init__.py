@@ -23,8 +23,8 @@ from .vit import VideoViT, count_params
 __all__ = [
     "LoadReport",
     "MAEArch",
-    "VideoMAEPretrain",
     "ViTArch",
+    "VideoMAEPretrain",
     "VideoViT",
     "apply_activation_checkpointing",
     "count_params",

@@ -82,6 +82,14 @@ def resolve_backend(requested: str, device: torch.device | str, dtype: torch.dty
     return _resolve_cached(requested, device, dtype, int(head_dim))
 
 
+def describe_backend(requested: str, device: torch.device | str, dtype: torch.dtype, head_dim: int) -> str:
+    """The backend that runs for these inputs, and why when ``auto`` did not pick flash (for logs)."""
+    chosen = resolve_backend(requested, device, dtype, head_dim)
+    if requested == "auto" and chosen != "flash":
+        return f"{chosen} (auto: {_flash_unsupported_reason(torch.device(device), dtype, int(head_dim))})"
+    return chosen if requested == chosen else f"{chosen} (auto)"
+
+
 def check_backend_request(requested: str) -> None:
     """Fail early (at model construction) for a backend that can never run in this environment."""
     if requested not in BACKENDS:

@@ -1,8 +1,9 @@
 """Analytic forward FLOPs of a video ViT (for MFU): matmuls as 2 * multiply-accumulates.
 
 Counted: tubelet embedding, q/k/v projection, attention scores Q K^T and A V, output projection,
-MLP, classifier(s). Not counted: norms, softmax, GELU, residual adds (elementwise, < 1% for ViT-B
-16x224). Training step FLOPs ~= 3x forward (4x with full activation checkpointing).
+MLP, classifier(s). Not counted: norms, softmax, GELU, residual adds (elementwise; how far that puts
+us from DeepSpeed's flops profiler is bounded in tests/models/test_flops.py). Training step FLOPs ~=
+3x forward (4x with full activation checkpointing: one more forward).
 """
 
 from __future__ import annotations

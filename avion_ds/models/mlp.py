@@ -3,8 +3,8 @@
 A plain ``fc1 -> GELU -> fc2`` saves three tensors per token for backward: fc1's input (D),
 GELU's input (F) and fc2's input = GELU's output (F). GELU is elementwise and cheap, so
 ``GeluLinear`` (fc2 with the activation folded in) saves only GELU's input and recomputes its
-output in backward: the block keeps D + F instead of D + 2F values per token (~25% fewer
-activation bytes for a ViT block at mlp_ratio 4) for one extra elementwise pass. Outputs and
+output in backward: the block keeps D + F instead of D + 2F values per token (the saving is
+measured in BENCHMARKS.md, bench/memory.py) for one extra elementwise pass. Outputs and
 gradients are the same computation as timm's ``Mlp``. Parameter names stay ``fc1.*`` / ``fc2.*``
 and fc2 is a real ``nn.Linear`` whose ``forward`` runs, so checkpoints load by name and ZeRO-3
 gathers its weights through its usual module hooks.

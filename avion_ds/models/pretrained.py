@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import logging
 import math
-import pickle
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -31,6 +30,8 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from .partition import state_shapes
+from .safe_load import UntrustedCheckpoint, load_checkpoint_file
 from .vit import VideoViT
 
 logger = logging.getLogger(__name__)
@@ -66,20 +67,26 @@ class LoadReport:
 # ----------------------------------------------------------------------------------------------
 # reading
 # ----------------------------------------------------------------------------------------------
-def read_checkpoint(source: str | Path | dict) -> dict[str, Any]:
-    """Read a checkpoint file (.safetensors, torch pickle) or HF directory into a dict."""
+def read_checkpoint(source: str | Path | dict, trust: bool = False) -> dict[str, Any]:
+    """Read a checkpoint file (.safetensors, torch pickle) or HF directory into a dict.
+
+    Pickles are unpickled with tensors and a small allowlist only (see ``safe_load``); other pickled
+    objects raise ``UntrustedCheckpoint`` naming them unless ``trust``.
+    """
     if isinstance(source, dict):
         return source
     path = Path(source)
     if path.is_dir() and (path / "checkpoints").is_dir() and not (path / "model.safetensors").is_file():
-        from avion_ds.engine.export import consolidate  # a training run directory: its latest checkpoint
+        from avion_ds.engine.export import (
+            consolidate,  # a training run directory: its latest checkpoint
+        )
 
         logger.info("%s is a run directory: loading its latest complete checkpoint", path)
         return consolidate(path)
     if path.is_dir():
         for name in ("model.safetensors", "pytorch_model.bin", "mp_rank_00_model_states.pt"):
             if (path / name).is_file():
-                return read_checkpoint(path / name)
+                return read_checkpoint(path / name, trust)
         raise FileNotFoundError(f"checkpoint directory {path} holds no model.safetensors / pytorch_model.bin")
     if not path.is_file():
         raise FileNotFoundError(f"checkpoint not found: {path}")
@@ -88,12 +95,9 @@ def read_checkpoint(source: str | Path | dict) -> dict[str, Any]:
             from safetensors.torch import load_file
 
             return load_file(str(path), device="cpu")
-        try:
-            return torch.load(path, map_location="cpu", weights_only=True)
-        except pickle.UnpicklingError:
-            # Official VideoMAE checkpoints pickle argparse.Namespace next to the weights.
-            logger.warning("%s holds non-tensor Python objects; loading it with weights_only=False (trust the file)", path)
-            return torch.load(path, map_location="cpu", weights_only=False)
+        return load_checkpoint_file(path, trust)
+    except UntrustedCheckpoint:
+        raise
     except Exception as e:  # corrupt / truncated / not a checkpoint
         msg = (str(e).strip().splitlines() or [type(e).__name__])[0]
         raise ValueError(f"cannot read checkpoint {path}: {msg}") from e
@@ -153,10 +157,9 @@ def _filter_videomae(sd: StateDict, model: VideoViT, report: LoadReport) -> Stat
         k = re.sub(r"^blocks\.(\d+)\.gamma_1$", r"blocks.\1.ls1.gamma", k)
         k = re.sub(r"^blocks\.(\d+)\.gamma_2$", r"blocks.\1.ls2.gamma", k)
         out[k] = v
-    if "norm.weight" in out and "fc_norm.weight" not in out and model.arch.pool == "mean":
-        # pre-training encoder norm -> fine-tuning fc_norm (what VideoMAE's fine-tune script keeps)
-        out["fc_norm.weight"] = out.pop("norm.weight")
-        out["fc_norm.bias"] = out.pop("norm.bias")
+    # No ``norm -> fc_norm`` remap: VideoMAE's run_class_finetuning.py only strips ``encoder.``, so a
+    # pre-training encoder's ``norm`` is unused by a mean-pooling model (its norm is Identity) and
+    # ``fc_norm`` starts fresh (LayerNorm init); we do the same (``norm.*`` reported unexpected).
     return out
 
 
@@ -213,10 +216,7 @@ def _filter_hf(sd: StateDict, model: VideoViT, report: LoadReport) -> StateDict:
         if set(parts) != {"query", "key", "value"}:
             raise ValueError(f"HF checkpoint: layer {i} lacks {sorted({'query', 'key', 'value'} - set(parts))} weights")
         out[f"blocks.{i}.attn.qkv.weight"] = torch.cat([parts["query"], parts["key"], parts["value"]], dim=0)
-    if "norm.weight" in out and "fc_norm.weight" not in out and model.arch.pool == "mean":
-        out["fc_norm.weight"] = out.pop("norm.weight")
-        out["fc_norm.bias"] = out.pop("norm.bias")
-    return out
+    return out  # ``norm`` never becomes ``fc_norm`` (see _filter_videomae)
 
 
 def _filter_timm(sd: StateDict, model: VideoViT, report: LoadReport) -> StateDict:
@@ -253,10 +253,7 @@ def _filter_timm(sd: StateDict, model: VideoViT, report: LoadReport) -> StateDic
         grid = grid.permute(0, 2, 3, 1).reshape(1, 1, gh * gw, -1)
         report.resized.append("pos_embed")
         out["pos_embed"] = grid.expand(1, model.patch_embed.grid[0], gh * gw, grid.shape[-1]).reshape(1, -1, grid.shape[-1])
-    if "norm.weight" in out and "fc_norm.weight" not in out and model.arch.pool == "mean":
-        out["fc_norm.weight"] = out.pop("norm.weight")
-        out["fc_norm.bias"] = out.pop("norm.bias")
-    return out
+    return out  # ``norm`` never becomes ``fc_norm`` (see _filter_videomae)
 
 
 FILTERS: dict[str, Callable[[StateDict, VideoViT, LoadReport], StateDict]] = {
@@ -287,18 +284,27 @@ def resize_patch_weight(w: torch.Tensor, shape: tuple[int, int, int, int, int]) 
 
 
 def _guess_grid(n: int, target: tuple[int, int, int]) -> tuple[int, int, int]:
-    """Token grid (t, h, w) of a flattened position table with n entries (square space)."""
+    """Token grid (t, h, w) of a flattened position table with n entries.
+
+    Among the factorisations t x h x w = n whose h : w equals the target's, the one whose t : h
+    ratio is closest (in log scale) to the target's: 1568 tokens for an (8, 14, 14) or (16, 16, 16)
+    target are (8, 14, 14), never (2, 28, 28) or (32, 7, 7). Ties go to the smaller t.
+    """
     t1, h1, w1 = target
-    if n % (h1 * w1) == 0:
-        return (n // (h1 * w1), h1, w1)
-    if n % t1 == 0 and math.isqrt(n // t1) ** 2 == n // t1:
-        s = math.isqrt(n // t1)
-        return (t1, s, s)
-    for t in range(1, n + 1):
-        if n % t == 0 and math.isqrt(n // t) ** 2 == n // t:
-            s = math.isqrt(n // t)
-            return (t, s, s)
-    raise ValueError(f"pos_embed: cannot infer a (t, h, w) grid for {n} tokens")
+    g = math.gcd(h1, w1)
+    rh, rw = h1 // g, w1 // g  # spatial aspect of the target grid
+    best: tuple[float, tuple[int, int, int]] | None = None
+    for s in range(1, math.isqrt(n // (rh * rw)) + 1 if n >= rh * rw else 1):
+        h, w = rh * s, rw * s
+        if n % (h * w):
+            continue
+        t = n // (h * w)
+        score = abs(math.log(t / h) - math.log(t1 / h1))
+        if best is None or score < best[0] - 1e-12 or (abs(score - best[0]) <= 1e-12 and t < best[1][0]):
+            best = (score, (t, h, w))
+    if best is None:
+        raise ValueError(f"pos_embed: cannot infer a (t, h, w) grid with h:w = {h1}:{w1} for {n} tokens")
+    return best[1]
 
 
 def resize_pos_embed(pos: torch.Tensor, grid: tuple[int, int, int]) -> torch.Tensor:
@@ -319,13 +325,13 @@ def _as_conv_weight(key: str, w: torch.Tensor, conv_shape: tuple[int, int, int, 
 
 
 def _adapt(sd: StateDict, model: VideoViT, report: LoadReport) -> StateDict:
-    target = model.state_dict()
+    target = state_shapes(model)  # logical shapes, also of ZeRO-3 partitioned parameters
     out: StateDict = {}
     for k, v in sd.items():
         if k not in target:
             out[k] = v  # becomes "unexpected"
             continue
-        want = target[k].shape
+        want = target[k]
         if v.shape == want:
             out[k] = v
         elif k == "patch_embed.proj.weight":
@@ -347,19 +353,35 @@ def _adapt(sd: StateDict, model: VideoViT, report: LoadReport) -> StateDict:
     return out
 
 
-def load_pretrained(model: VideoViT, source: str | Path | dict, strict: bool = False) -> LoadReport:
+def prepare_state_dict(model: VideoViT, source: str | Path | dict,
+                       trust: bool = False) -> tuple[StateDict, LoadReport]:
+    """Read ``source`` and map / resize it to ``model``'s names and shapes; nothing is loaded yet
+    (shared by ``load_pretrained`` and the ZeRO-3 loader in ``sharded_load``)."""
+    sd = unwrap(read_checkpoint(source, trust))
+    fmt = detect_format(sd)
+    report = LoadReport(format=fmt)
+    return _adapt(FILTERS[fmt](sd, model, report), model, report), report
+
+
+def load_pretrained(model: VideoViT, source: str | Path | dict, strict: bool = False,
+                    trust: bool = False) -> LoadReport:
     """Load ``source`` (path, HF directory, or a (wrapped) state dict) into ``model`` in place.
 
     Returns a ``LoadReport``; ``strict=True`` raises listing missing / unexpected / dropped keys.
+    ``trust`` allows full unpickling of a file that pickles more than weights (see ``read_checkpoint``).
     Call before ``deepspeed.initialize`` (ZeRO-3 partitions parameters after that).
     """
-    sd = unwrap(read_checkpoint(source))
-    fmt = detect_format(sd)
-    report = LoadReport(format=fmt)
-    sd = _adapt(FILTERS[fmt](sd, model, report), model, report)
+    sd, report = prepare_state_dict(model, source, trust)
     result = model.load_state_dict(sd, strict=False)
-    report.missing = sorted(result.missing_keys)
-    report.unexpected = sorted(result.unexpected_keys)
+    return finish_report(report, model, source, strict, result.missing_keys, result.unexpected_keys)
+
+
+def finish_report(report: LoadReport, model: VideoViT, source: Any, strict: bool, missing: list[str],
+                  unexpected: list[str]) -> LoadReport:
+    """Record what the load left out, warn about a dropped timm table, raise under ``strict``."""
+    fmt = report.format
+    report.missing = sorted(missing)
+    report.unexpected = sorted(unexpected)
     report.resized.sort()
     report.dropped.sort()
     if fmt == "timm" and model.arch.pos_embed == "sincos" and "pos_embed" in report.unexpected:

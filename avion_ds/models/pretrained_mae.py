@@ -45,13 +45,23 @@ def _gamma(k: str) -> str:
     return re.sub(r"\.gamma_([12])$", r".ls\1.gamma", k)
 
 
+def _encoder_norm(out: StateDict) -> StateDict:
+    """The pretraining encoder's last LayerNorm is ``norm`` in VideoMAE / HF layouts; ours runs it as the
+    encoder ViT's ``fc_norm`` (the fine-tuning filters no longer remap it: VideoMAE's fine-tuning does not)."""
+    for suffix in ("weight", "bias"):
+        key = f"encoder.norm.{suffix}"
+        if key in out and f"encoder.fc_norm.{suffix}" not in out:
+            out[f"encoder.fc_norm.{suffix}"] = out.pop(key)
+    return out
+
+
 def from_official(sd: StateDict, model: VideoMAEPretrain, report: LoadReport) -> StateDict:
     """Official VideoMAE / V2 pretraining keys -> ours."""
     enc = {k: v for k, v in sd.items() if k.startswith("encoder.")}
     out = {f"encoder.{k}": v for k, v in FILTERS["videomae"](enc, model.encoder, report).items()}
     out.update({_gamma(k): v for k, v in sd.items() if k.startswith("decoder.") or k in _SHARED})
     out.update({k: v for k, v in sd.items() if k not in enc and k not in out and not k.startswith("decoder.")})
-    return out
+    return _encoder_norm(out)
 
 
 def from_hf(sd: StateDict, model: VideoMAEPretrain, report: LoadReport) -> StateDict:
@@ -62,7 +72,7 @@ def from_hf(sd: StateDict, model: VideoMAEPretrain, report: LoadReport) -> State
            for k, v in sd.items() if k.startswith("decoder.decoder_layers.")}
     out.update({f"decoder.{k}": v for k, v in FILTERS["hf"](dec, model.encoder, report).items()})
     out.update({k: v for k, v in sd.items() if not k.startswith(("videomae.", "decoder.decoder_layers."))})
-    return out
+    return _encoder_norm(out)
 
 
 _MAE_FILTERS = {"avion_ds": lambda sd, model, report: dict(sd), "videomae": from_official, "hf": from_hf}

@@ -79,9 +79,11 @@ def create_model_from_config(model_cfg: Any, num_frames: int, img_size: int, **o
 def _build(name: str, pretrained: str | Path | dict | None, overrides: dict[str, Any]) -> VideoViT:
     model = VideoViT(_ARCHS[name].replace(**overrides))
     if pretrained is not None and pretrained != "":
-        from .pretrained import load_pretrained
+        from .sharded_load import (
+            load_pretrained_sharded,  # plain models: load_pretrained
+        )
 
-        report = load_pretrained(model, pretrained)
+        report = load_pretrained_sharded(model, pretrained)
         logger.info("%s: loaded %s", name, report.summary())
     return model
 

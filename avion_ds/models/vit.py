@@ -7,8 +7,6 @@ their checkpoints load by name; multi-head models use ``heads.<name>``.
 
 from __future__ import annotations
 
-import math
-
 import torch
 from timm.layers import DropPath, LayerScale, trunc_normal_
 from torch import nn
@@ -16,13 +14,18 @@ from torch import nn
 from .arch import ViTArch
 from .attention import Attention
 from .mlp import Mlp
+from .partition import full_ndim, gathered, param_count
 from .patch_embed import PatchEmbed
 
 
 def sincos_table(num_positions: int, dim: int, device: torch.device | str | None = None) -> torch.Tensor:
-    """VideoMAE's fixed 1-D sinusoid table over flattened tokens -> (1, num_positions, dim) float32."""
-    pos = torch.arange(num_positions, dtype=torch.float64, device=device)[:, None]
-    idx = torch.arange(dim, dtype=torch.float64, device=device)
+    """VideoMAE's fixed 1-D sinusoid table over flattened tokens -> (1, num_positions, dim) float32.
+
+    Integer ``arange`` then an explicit cast: under ``zero.Init`` a floating ``arange`` is made in
+    the run's dtype (bf16 makes positions 1560..1567 equal).
+    """
+    pos = torch.arange(num_positions, dtype=torch.int64, device=device).to(torch.float64)[:, None]
+    idx = torch.arange(dim, dtype=torch.int64, device=device).to(torch.float64)
     angle = pos / torch.pow(10000.0, 2 * torch.div(idx, 2, rounding_mode="floor") / dim)
     table = torch.empty_like(angle)
     table[:, 0::2] = torch.sin(angle[:, 0::2])
@@ -97,25 +100,33 @@ class VideoViT(nn.Module):
 
     # ------------------------------------------------------------------------------------------
     def _init_weights(self) -> None:
-        """VideoMAE init: trunc-normal(0.02) linears, unit LayerNorms, classifier scaled down."""
+        """VideoMAE init: trunc-normal(0.02) linears, unit LayerNorms, classifier scaled down.
+
+        Under ``zero.Init`` children are already partitioned here: each one is gathered (all ranks
+        draw the same numbers, rank 0's are kept), so the result equals the unpartitioned model.
+        """
         for name, m in self.named_modules():
             if name.startswith("patch_embed"):
                 continue  # keep PyTorch's default (same for the Conv3d and Linear paths)
-            if isinstance(m, nn.Linear):
-                trunc_normal_(m.weight, std=0.02)
-                if m.bias is not None:
+            if not isinstance(m, (nn.Linear, nn.LayerNorm)):
+                continue
+            with gathered(m.parameters(recurse=False)):
+                if isinstance(m, nn.Linear):
+                    trunc_normal_(m.weight, std=0.02)
+                    if m.bias is not None:
+                        nn.init.zeros_(m.bias)
+                else:
+                    nn.init.ones_(m.weight)
                     nn.init.zeros_(m.bias)
-            elif isinstance(m, nn.LayerNorm):
-                nn.init.ones_(m.weight)
-                nn.init.zeros_(m.bias)
         if isinstance(self.pos_embed, nn.Parameter):
             trunc_normal_(self.pos_embed, std=0.02)
         if self.cls_token is not None:
             trunc_normal_(self.cls_token, std=0.02)
         with torch.no_grad():
             for head in self._head_modules():
-                head.weight.mul_(self.arch.head_init_scale)
-                head.bias.mul_(self.arch.head_init_scale)
+                with gathered(head.parameters(recurse=False)):
+                    head.weight.mul_(self.arch.head_init_scale)
+                    head.bias.mul_(self.arch.head_init_scale)
 
     def _head_modules(self) -> list[nn.Linear]:
         if self.heads is not None:
@@ -174,7 +185,7 @@ class VideoViT(nn.Module):
         """Names of parameters to exclude from weight decay: biases, norms, q/v bias, LayerScale,
         position embedding and class token (every parameter with fewer than 2 dims, plus tokens)."""
         skip = {"pos_embed", "cls_token"}
-        return {n for n, p in self.named_parameters() if p.ndim <= 1 or n in skip or n.endswith(".bias")}
+        return {n for n, p in self.named_parameters() if full_ndim(p) <= 1 or n in skip or n.endswith(".bias")}
 
     def layer_id(self, param_name: str) -> int:
         """Layer index for layer-wise lr decay: 0 embeddings, i+1 for blocks.i, depth+1 otherwise."""
@@ -194,5 +205,5 @@ class VideoViT(nn.Module):
 
 
 def count_params(model: nn.Module) -> int:
-    """Number of parameters (works on the meta device)."""
-    return sum(math.prod(p.shape) for p in model.parameters())
+    """Number of parameters (works on the meta device and on ZeRO-3 partitioned models)."""
+    return param_count(model)

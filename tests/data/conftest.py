@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import shutil
 from dataclasses import replace
+from fractions import Fraction
 from pathlib import Path
 
 import av
@@ -77,3 +78,34 @@ def epic_copy(tmp_path, epic_chunks, epic_cfg):
     dst = tmp_path / "chunks"
     shutil.copytree(epic_chunks, dst)
     return dst, replace(epic_cfg, root=str(dst))
+
+
+def transcode(src: str | Path, dst: str | Path, codec: str = "libvpx-vp9", fmt: str = "webm",
+              fps: int | None = None, options: dict | None = None) -> Path:
+    """Re-encode ``src`` into another container/codec (webm VP8/VP9, mkv, ...), frames unchanged.
+
+    ``options``: muxer options, e.g. ``{"movflags": "faststart"}`` for a streamable mp4.
+    """
+    dst = Path(dst)
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    with av.open(str(src)) as inp, av.open(str(dst), mode="w", format=fmt, options=options or {}) as out:
+        s_in = inp.streams.video[0]
+        rate = fps or int(round(float(s_in.average_rate)))
+        s = out.add_stream(codec, rate=rate)
+        s.width, s.height, s.pix_fmt = s_in.codec_context.width, s_in.codec_context.height, "yuv420p"
+        if codec.startswith("libvpx"):
+            s.options = {"crf": "10", "b": "0", "deadline": "realtime", "cpu-used": "8"}
+        for n, frame in enumerate(inp.decode(s_in)):
+            vf = av.VideoFrame.from_ndarray(frame.to_ndarray(format="rgb24"), format="rgb24")
+            vf.pts, vf.time_base = n, Fraction(1, rate)
+            for p in s.encode(vf):
+                out.mux(p)
+        for p in s.encode(None):
+            out.mux(p)
+    return dst
+
+
+@pytest.fixture(name="transcode", scope="session")
+def transcode_fixture():
+    """:func:`transcode` as a fixture."""
+    return transcode

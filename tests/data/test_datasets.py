@@ -75,11 +75,13 @@ def test_clip_frames_come_from_the_right_chunk_and_clamp(index_chunks, tmp_path)
     ds = build_dataset(cfg, "val")
     assert ds[0]["frames"].shape == (8, 72, 72, 3)  # centre square of the 96x72 chunks
     entry = load_manifest(index_chunks)["idx"]
-    idx = [0, 29, 30, 59, 60, 149, 160]
+    idx = [0, 29, 30, 59, 60, 149, 151]
     got = []
     for path, local in map_to_chunks(idx, entry):
         got += [read_frame_index(f) for f in ds.decoder.decode(path, local).numpy()]
-    assert got == [0, 29, 30, 59, 60, 149, 149]
+    assert got == [0, 29, 30, 59, 60, 149, 149]  # 2 frames past the end clamp; 10 would be a bad sample
+    with pytest.raises(DataError, match="frame 160 of video idx is 11 frames past the last decodable frame 149"):
+        map_to_chunks([0, 160], entry)
 
 
 def test_kinetics_list_formats_and_whole_videos(index_video, index_chunks, tmp_path) -> None:
@@ -152,12 +154,12 @@ def _damage(case: str, root, epic_raw, tmp_path) -> tuple[dict, str]:
     if case == "zero_byte":
         chunk.write_bytes(b"")
         return row, f"{chunk}: zero-byte file"
-    if case == "truncated":
+    if case == "truncated":  # refused before decoding: its size no longer matches the manifest row
         chunk.write_bytes(chunk.read_bytes()[:300])
-        return row, f"{chunk}: decord could not decode"
+        return row, f"{chunk}: file does not match its manifest row (size 300 vs"
     if case == "not_video":
         chunk.write_text("hello\n" * 100)
-        return row, f"{chunk}: decord could not decode"
+        return row, f"{chunk}: file does not match its manifest row (size 600 vs"
     if case == "short_chunk":
         recs = [json.loads(x) for x in (root / "manifest.jsonl").read_text().splitlines()]
         for r in recs:  # manifest claims more frames than the last chunk (9 s..12 s) decodes
@@ -166,16 +168,16 @@ def _damage(case: str, root, epic_raw, tmp_path) -> tuple[dict, str]:
         (root / "manifest.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
         row["start_timestamp"], row["stop_timestamp"] = "00:00:11.00", "00:00:14.50"
         return row, f"{root / vid / '9.mp4'}: only 45 decodable frames"
+    if case == "past_the_end":  # the video (12 s) is shorter than the annotation: frozen frames otherwise
+        row["start_timestamp"], row["stop_timestamp"] = "00:00:11.00", "00:00:20.00"
+        return row, "frames past the last decodable frame"
     if case == "stop_before_start":
         row["start_timestamp"], row["stop_timestamp"] = "00:00:02.00", "00:00:01.00"
         return row, "stop_timestamp 00:00:01.00 is before start_timestamp 00:00:02.00"
-    if case == "unknown_video":
-        row["video_id"] = "P99_999"
-        return row, "unknown video_id 'P99_999'"
     raise AssertionError(case)
 
 
-CASES = ["missing", "zero_byte", "truncated", "not_video", "short_chunk", "stop_before_start", "unknown_video"]
+CASES = ["missing", "zero_byte", "truncated", "not_video", "short_chunk", "past_the_end", "stop_before_start"]
 
 
 @pytest.mark.parametrize("case", CASES)
@@ -197,6 +199,23 @@ def test_bad_input_is_skipped_with_one_log_line(case, epic_copy, epic_raw, tmp_p
 
     with pytest.raises(DataError, match=reason.replace("(", r"\(").replace(".", r"\.")):
         build_dataset(replace(cfg, on_error="raise"), "train")[0]
+
+
+def test_unknown_videos_are_dropped_listed_and_counted_at_start(epic_copy, epic_raw, tmp_path, caplog) -> None:
+    root, cfg = epic_copy
+    good, bad = _good_row(epic_raw), dict(_good_row(epic_raw), video_id="P99_999", narration_id="P99_999_0")
+    csv_path = tmp_path / "rows.csv"
+    _write_rows(csv_path, [bad, good, dict(bad, narration_id="P99_999_1")])
+    with caplog.at_level(logging.WARNING, logger="avion_ds.data.datasets"):
+        ds = build_dataset(replace(cfg, train_csv=str(csv_path), val_csv="", on_error="raise"), "train")
+    assert len(ds) == 1 and ds.row_name(0) == good["narration_id"] and ds[0]["skipped"] == 0
+    assert len(ds.missing) == 2 and all("video 'P99_999' not found" in m for m in ds.missing)
+    assert "P99_999_0" in ds.missing[0] and f"{csv_path}:2" in ds.missing[0]
+    assert [r.getMessage() for r in caplog.records if "annotation rows usable" in r.getMessage()] == [
+        f"train split: 1 of 3 annotation rows usable; 2 missing videos, 0 quarantined; first: {ds.missing[0]}"]
+    with pytest.raises(ValueError, match="none of its 1 rows is usable"):
+        _write_rows(csv_path, [bad])
+        build_dataset(replace(cfg, train_csv=str(csv_path), val_csv=""), "train")
 
 
 def test_timeout_skips_a_hung_sample(epic_cfg, tmp_path, monkeypatch, caplog) -> None:
@@ -237,3 +256,30 @@ def test_other_backends_in_dataset(decoder, epic_cfg) -> None:
     a = build_dataset(replace(epic_cfg, decoder=decoder), "val")[2]["frames"]
     b = build_dataset(epic_cfg, "val")[2]["frames"]
     assert a.shape == b.shape and (a.float() - b.float()).abs().mean() < 8.0
+
+
+def test_deferred_errors_travel_in_the_item(epic_copy, epic_raw, tmp_path, caplog) -> None:
+    """defer_errors (train/eval loops): skipped samples' messages ride in ``bad`` instead of a worker log
+    line; under on_error=raise a placeholder of the right shape carries the message in ``fatal``."""
+    import torch
+
+    root, cfg = epic_copy
+    row, reason = _damage("zero_byte", root, epic_raw, tmp_path)
+    good = _good_row(epic_raw)
+    good["start_timestamp"], good["stop_timestamp"] = "00:00:06.10", "00:00:07.90"
+    csv_path = tmp_path / "rows.csv"
+    _write_rows(csv_path, [row, good])
+    cfg = replace(cfg, train_csv=str(csv_path), val_csv="")
+    ds = build_dataset(cfg, "train")
+    ds.defer_errors = True
+    with caplog.at_level(logging.WARNING, logger="avion_ds.data.datasets"):
+        item = ds[0]
+    assert not caplog.records and item["fatal"] == "" and item["skipped"] >= 1
+    assert reason in item["bad"] and len(item["bad"].splitlines()) == item["skipped"]
+
+    strict = build_dataset(replace(cfg, on_error="raise"), "train")
+    strict.defer_errors = True
+    placeholder, real = strict[0], strict[1]
+    assert reason in placeholder["fatal"] and real["fatal"] == ""
+    assert placeholder["frames"].shape == real["frames"].shape and placeholder["frames"].dtype == torch.uint8
+    assert set(placeholder["label"]) == {"verb", "noun"}

@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from avion_ds.data.errors import DataError
 from avion_ds.data.manifest import Chunk, VideoEntry
 from avion_ds.data.sampling import (
     map_to_chunks,
@@ -81,7 +82,22 @@ def test_map_to_chunks_clamps_issue_17_gap() -> None:
 def test_map_to_chunks_clamps_past_the_end() -> None:
     e = _entry([450, 120])
     assert e.num_frames == 570
-    assert map_to_chunks([560, 569, 570, 9999], e) == [("v/15.mp4", [110, 119, 119, 119])]
+    assert map_to_chunks([560, 569, 570, 571], e) == [("v/15.mp4", [110, 119, 119, 119])]
+
+
+@pytest.mark.parametrize("frames", [[560, 573], [9999]])
+def test_map_to_chunks_refuses_frozen_frames_past_the_end(frames: list[int]) -> None:
+    """A truncated video: more than 2 frames past its end would repeat one frame -> bad sample."""
+    with pytest.raises(DataError, match=r"v/15.mp4: frame \d+ of video v is \d+ frames past the last decodable"):
+        map_to_chunks(frames, _entry([450, 120]))
+
+
+def test_map_to_chunks_refuses_a_short_chunk_mid_video() -> None:
+    """A chunk that decodes 100 of its 450 frames: frame 300 would freeze on local frame 99."""
+    e = _entry([100, 450])
+    assert map_to_chunks([101, 450], e) == [("v/0.mp4", [99]), ("v/15.mp4", [0])]
+    with pytest.raises(DataError, match="frame 300 of video v is 201 frames past"):
+        map_to_chunks([99, 300], e)
 
 
 def test_unchunked_video_is_one_chunk() -> None:

@@ -53,5 +53,5 @@ def test_synth_cli(tmp_path, capsys) -> None:
     assert synthetic.main([str(tmp_path / "s"), "--num-videos", "1", "--segments-per-video", "2",
                            "--segment-seconds", "0.5", "--width", "32", "--height", "32"]) == 0
     assert (tmp_path / "s" / "train.csv").is_file() and (tmp_path / "s" / "videos").is_dir()
-    assert synthetic.main([str(tmp_path / "bad"), "--num-verbs", "99"]) == 1
+    assert synthetic.main([str(tmp_path / "bad"), "--num-verbs", "99"]) == 2  # bad input: exit 2 (one convention for every subcommand)
     assert "num_verbs" in capsys.readouterr().err

@@ -66,6 +66,8 @@ def test_synth_chunk_train_eval_export(tmp_path: Path) -> None:
     n_val = sum(1 for _ in open(tmp_path / "synth" / "val.csv")) - 1
     assert ev["num_samples"] == n_val and len(ev["per_sample"]) == n_val
     assert {r["index"] for r in ev["per_sample"]} == set(range(n_val))
+    assert ev["num_failed"] == 0 and ev["failed_samples"] == [] and trained["failed_samples"] == []
+    assert ev["scores"].startswith("probabilities")  # one representation, named
     for key, value in ev["metrics"].items():
         assert value == pytest.approx(trained[key], abs=1e-3), key
 

@@ -24,9 +24,10 @@ def engine_env() -> dict[str, str]:
     return env
 
 
-def launch(args: list[str], nprocs: int = 2, timeout: int = 600, launcher: str = "deepspeed") -> subprocess.CompletedProcess:
-    """Run ``launch/train.py`` (or another script given as args[0] ending in .py) on ``nprocs`` CPU ranks."""
-    script = [str(REPO / "launch" / "train.py")]
+def launch(args: list[str], nprocs: int = 2, timeout: int = 600, launcher: str = "deepspeed",
+           script_path: Path | None = None) -> subprocess.CompletedProcess:
+    """Run ``launch/train.py`` (or ``script_path``) on ``nprocs`` CPU ranks."""
+    script = [str(script_path or REPO / "launch" / "train.py")]
     if launcher == "deepspeed":
         cmd = [sys.executable, "-m", "deepspeed.launcher.runner", "--num_gpus", str(nprocs),
                "--master_port", str(_free_port()), *script, *args]
@@ -49,7 +50,7 @@ def losses(run_dir: Path) -> dict[int, float]:
     out: dict[int, float] = {}
     for line in (run_dir / "history.jsonl").read_text().splitlines():
         row = json.loads(line)
-        if "loss" in row:
+        if row.get("loss") is not None:  # None: a window skipped for a non-finite loss
             out[int(row["step"])] = float(row["loss"])
     return out
 
@@ -68,8 +69,9 @@ def tiny_epic(tmp_path_factory: pytest.TempPathFactory) -> dict:
             "num_train": info["num_train"], "num_val": info["num_val"]}
 
 
-def write_recipe(path: Path, data: dict, output_dir: Path, **sections: dict) -> Path:
-    """A tiny EPIC recipe for vit_test_tiny over ``data`` (fp32, no random augmentation)."""
+def write_recipe(path: Path, data: dict, output_dir: Path, /, **sections: dict) -> Path:
+    """A tiny EPIC recipe for vit_test_tiny over ``data`` (fp32, no random augmentation); ``sections``
+    update the recipe's sections (``data={...}`` included)."""
     recipe = {
         "model": {"name": "vit_test_tiny", "heads": {"verb": 4, "noun": 3}, "drop_path_rate": 0.1,
                   "activation_checkpointing": True},

@@ -50,3 +50,51 @@ def test_resume_into_other_models_dir_is_refused(tmp_path: Path) -> None:
         ckpt.check_run_identity(tmp_path, other)
     fresh = load_recipe(None, base + ["model.name=vit_test_small", "checkpoint.resume=false"])
     ckpt.check_run_identity(tmp_path, fresh)  # resume disabled: allowed
+
+
+class _FakeEngine:
+    """Just enough of a DeepSpeed engine for ``ckpt.save``: a module and a save that records calls."""
+
+    def __init__(self, value: float) -> None:
+        import torch
+
+        self.module = torch.nn.Linear(3, 2)
+        with torch.no_grad():
+            self.module.weight[0, 0] = value
+        self.saved: list[str] = []
+
+    def save_checkpoint(self, root: str, tag: str, client_state: dict) -> None:
+        Path(root, tag).mkdir(parents=True)
+        self.saved.append(tag)
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf")])
+def test_non_finite_weights_are_never_saved(tmp_path: Path, bad: float) -> None:
+    good = _FakeEngine(1.0)
+    assert ckpt.save(good, tmp_path, 1, {"epoch": 0}, keep_last=2) == "step_00000001"
+    engine = _FakeEngine(bad)
+    with pytest.raises(ckpt.NonFiniteWeights, match="non-finite weights at global step 2"):
+        ckpt.save(engine, tmp_path, 2, {"epoch": 0}, keep_last=2)
+    assert engine.saved == [] and ckpt.complete_tags(tmp_path) == ["step_00000001"]
+
+
+def test_history_after_resume_has_no_replayed_rows(tmp_path: Path) -> None:
+    """A run killed after logging steps 5-6 but checkpointed at 4 logs 5-6 again after resuming."""
+    from avion_ds.engine.logging import RunLogger
+
+    log = RunLogger(tmp_path, True, tensorboard=False, progress=False)
+    for step in range(1, 7):
+        log.step(0, step, {"loss": float(step)})
+    log.eval(0, 4, {"top1": 1.0})
+    log.history.write('{"epoch": 0, "st')  # torn line: killed mid-write
+    log.close()
+    log = RunLogger(tmp_path, True, tensorboard=False, progress=False)
+    log.truncate_history(4)  # resumed from step 4
+    for step in range(5, 8):
+        log.step(0, step, {"loss": 10.0 + step})
+    log.close()
+    rows = [json.loads(x) for x in (tmp_path / "history.jsonl").read_text().splitlines()]
+    steps = [r["step"] for r in rows if "loss" in r]
+    assert steps == [1, 2, 3, 4, 5, 6, 7]
+    assert [r["loss"] for r in rows if "loss" in r][4:] == [15.0, 16.0, 17.0]
+    assert [r["step"] for r in rows if "eval" in r] == [4]

@@ -87,11 +87,19 @@ def test_precision_from_json_and_recipe() -> None:
 def test_scheduler_auto_steps() -> None:
     user = {"scheduler": {"type": "WarmupCosineLR", "params": {"total_num_steps": "auto", "warmup_num_steps": "auto",
                                                                 "warmup_min_ratio": 0.0, "cos_min_ratio": "auto"}}}
-    r = recipe("schedule.epochs=3", "schedule.warmup_epochs=0.5")
+    r = recipe("schedule.epochs=3", "schedule.warmup_epochs=0.5", "optim.layer_decay=1.0")
     cfg = build_ds_config(user, r, world_size=4, steps_per_epoch=10)
     p = cfg["scheduler"]["params"]
     assert (p["total_num_steps"], p["warmup_num_steps"]) == (30, 5)
     assert p["cos_min_ratio"] == pytest.approx(r.optim.min_lr / scaled_lr(r, 32))
+
+
+def test_scheduler_section_with_layer_decay_is_refused() -> None:
+    """A DeepSpeed JSON scheduler sets one lr for all groups: layer-wise decay would be dropped silently."""
+    user = {"scheduler": {"type": "WarmupCosineLR", "params": {"total_num_steps": "auto", "warmup_num_steps": "auto"}}}
+    with pytest.raises(ConfigError, match=r"deepspeed config 'scheduler' \(WarmupCosineLR\) cannot be combined with "
+                                          r"optim.layer_decay=0.75: .* or set optim.layer_decay=1.0"):
+        build_ds_config(user, recipe("optim.layer_decay=0.75"), world_size=1, steps_per_epoch=10)
 
 
 @pytest.mark.parametrize("path", SHIPPED, ids=[p.name for p in SHIPPED])

@@ -41,7 +41,8 @@ def test_top1_top5_mean_class() -> None:
 def test_epic_action_needs_both_right() -> None:
     verb = torch.tensor([0, 1, 2, 0])
     noun = torch.tensor([1, 1, 0, 2])
-    scores = {"verb": _onehot_scores([0, 1, 0, 0], 3) * 5, "noun": _onehot_scores([1, 0, 0, 2], 3) * 5}
+    scores = {"verb": (_onehot_scores([0, 1, 0, 0], 3) * 5).softmax(-1),  # probabilities, as evaluate_model gives
+              "noun": (_onehot_scores([1, 0, 0, 2], 3) * 5).softmax(-1)}
     m = compute_metrics(scores, {"verb": verb, "noun": noun})
     assert m["verb_top1"] == pytest.approx(75.0)  # samples 0, 1, 3
     assert m["noun_top1"] == pytest.approx(75.0)  # samples 0, 2, 3

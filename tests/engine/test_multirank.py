@@ -99,3 +99,22 @@ def test_cpu_offload_matches(reference: dict, tiny_epic: dict, tmp_path: Path) -
     assert sorted(got) == [1, 2]
     for s in got:
         assert got[s] == pytest.approx(ref[s], abs=1e-4), (s, got[s], ref[s])
+
+
+def test_on_error_raise_is_one_line_exit_2_on_every_rank(tiny_epic: dict, tmp_path: Path) -> None:
+    """`data.on_error: raise` on 2 ranks: one line naming the file and reason, exit 2, no tracebacks,
+    no broken-connection noise from the rank that did not meet the bad file."""
+    from .test_single_process import _truncate_one_video
+
+    data, files = _truncate_one_video(tiny_epic, tmp_path)
+    recipe = write_recipe(tmp_path / "r.yaml", data, tmp_path / "run", data={"on_error": "raise"},
+                          schedule={"epochs": 1}, checkpoint={"every_steps": 0})
+    proc = launch(["--config", str(recipe), "--deepspeed_config", str(REPO / "ds_configs" / "zero2.json")])
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 2, out[-4000:]
+    # stderr otherwise holds only torch's own start-up warnings ("W... No CUDA runtime is found")
+    errors = [ln for ln in proc.stderr.splitlines() if ln.strip() and not ln.startswith("W")]
+    assert len(errors) == 1 and errors[0].startswith("avion-ds train: error: "), proc.stderr[-4000:]
+    assert any(str(f) in errors[0] for f in files) and "could not decode" in errors[0]
+    assert "Traceback" not in out and "Connection closed" not in out and "gloo" not in out.lower()
+    assert out.count("exits with return code = 2") >= 1 and "return code = 1" not in out

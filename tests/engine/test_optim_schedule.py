@@ -58,7 +58,17 @@ def test_scheduler_honours_lr_scale_and_state_round_trip() -> None:
     base = cosine_lr(5, 1.0, 0.0, 2, 10)
     for g in opt.param_groups:
         assert g["lr"] == pytest.approx(base * g["lr_scale"])
-    other = WarmupCosine(opt, base_lr=1.0, min_lr=0.0, warmup_steps=2, total_steps=10)
+    # a resumed run: fresh optimizer + scheduler (at step 0), then the saved state; it must continue at step 5
+    groups2 = [{k: v for k, v in g.items() if k != "names"} for g in param_groups(model, 0.05, 0.5)]
+    opt2 = client_adamw(groups2, load_recipe(None, ["data.dataset=kinetics"]), lr=1.0)
+    other = WarmupCosine(opt2, base_lr=1.0, min_lr=0.0, warmup_steps=2, total_steps=10)
+    assert other.get_last_lr() != sched.get_last_lr()  # step 0 (warmup) vs step 5
     other.load_state_dict(sched.state_dict())
-    assert other.get_last_lr() == sched.get_last_lr()
+    assert other.last_step == 5
+    assert other.get_last_lr() == pytest.approx(sched.get_last_lr())
+    for g in opt2.param_groups:
+        assert g["lr"] == pytest.approx(base * g["lr_scale"])
+    other.step()
+    sched.step()
+    assert other.get_last_lr() == pytest.approx(sched.get_last_lr())
     assert isinstance(opt, torch.optim.AdamW)

@@ -41,40 +41,7 @@ def to_videomae_pretrain(model: VideoViT) -> dict:
 
 
 def to_hf(model: VideoViT) -> dict[str, torch.Tensor]:
-    """transformers VideoMAEForVideoClassification state dict."""
-    d = model.embed_dim
-    out = {}
-    for k, v in _ours(model).items():
-        m = re.match(r"^blocks\.(\d+)\.(.+)$", k)
-        if m:
-            p = f"videomae.encoder.layer.{m.group(1)}."
-            rest = m.group(2)
-            if rest == "attn.qkv.weight":
-                out[p + "attention.attention.query.weight"] = v[:d]
-                out[p + "attention.attention.key.weight"] = v[d:2 * d]
-                out[p + "attention.attention.value.weight"] = v[2 * d:]
-                continue
-            name = {
-                "attn.q_bias": "attention.attention.q_bias",
-                "attn.v_bias": "attention.attention.v_bias",
-                "attn.proj.weight": "attention.output.dense.weight",
-                "attn.proj.bias": "attention.output.dense.bias",
-                "mlp.fc1.weight": "intermediate.dense.weight",
-                "mlp.fc1.bias": "intermediate.dense.bias",
-                "mlp.fc2.weight": "output.dense.weight",
-                "mlp.fc2.bias": "output.dense.bias",
-                "norm1.weight": "layernorm_before.weight",
-                "norm1.bias": "layernorm_before.bias",
-                "norm2.weight": "layernorm_after.weight",
-                "norm2.bias": "layernorm_after.bias",
-            }[rest]
-            out[p + name] = v
-        elif k.startswith("patch_embed.proj."):
-            out["videomae.embeddings.patch_embeddings.projection." + k.split(".")[-1]] = v
-        elif k.startswith("fc_norm."):
-            out[k] = v
-        elif k.startswith("head."):
-            out["classifier." + k.split(".")[-1]] = v
-        else:
-            raise KeyError(k)
-    return out
+    """transformers VideoMAEForVideoClassification state dict (the package's export conversion)."""
+    from avion_ds.models.hf import to_hf_state_dict
+
+    return to_hf_state_dict(model)

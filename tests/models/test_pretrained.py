@@ -58,8 +58,11 @@ def test_videomae_pretrain_checkpoint_loads_encoder(tmp_path):
     dst = _fresh(num_classes=5)
     report = load_pretrained(dst, path)
     assert report.format == "videomae"
-    assert report.missing == ["head.bias", "head.weight"]
-    assert report.unexpected == ["decoder.blocks.0.norm1.weight", "encoder_to_decoder.weight", "mask_token"]
+    assert report.missing == ["fc_norm.bias", "fc_norm.weight", "head.bias", "head.weight"]
+    assert report.unexpected == ["decoder.blocks.0.norm1.weight", "encoder_to_decoder.weight", "mask_token",
+                                 "norm.bias", "norm.weight"]
+    src.fc_norm.weight.fill_(1.0)  # fc_norm starts fresh, as in VideoMAE's fine-tuning
+    src.fc_norm.bias.zero_()
     assert torch.equal(dst.forward_features(X), src.forward_features(X))
 
 
@@ -76,12 +79,13 @@ def test_hf_videomae_state_dict_roundtrip(tmp_path):
 
 
 @torch.no_grad()
-def test_hf_bin_with_query_value_bias_names(tmp_path):
+def test_hf_bin_with_transformers4_q_v_bias_names(tmp_path):
+    """to_hf writes transformers 5's query.bias / value.bias; 4.x checkpoints say q_bias / v_bias."""
     src = _src()
     sd = {}
     for k, v in to_hf(src).items():
-        k = k.replace("attention.attention.q_bias", "attention.attention.query.bias")
-        sd[k.replace("attention.attention.v_bias", "attention.attention.value.bias")] = v
+        k = k.replace("attention.attention.query.bias", "attention.attention.q_bias")
+        sd[k.replace("attention.attention.value.bias", "attention.attention.v_bias")] = v
     torch.save(sd, tmp_path / "pytorch_model.bin")
     dst = _fresh()
     load_pretrained(dst, tmp_path / "pytorch_model.bin", strict=True)
@@ -89,8 +93,11 @@ def test_hf_bin_with_query_value_bias_names(tmp_path):
 
 
 @torch.no_grad()
-def test_against_transformers_videomae_if_installed():
-    transformers = pytest.importorskip("transformers")
+def test_against_transformers_videomae():
+    """Reference: transformers' own VideoMAE (the test extra pins transformers 5.x); runs, never skips."""
+    import transformers
+
+    assert int(transformers.__version__.split(".")[0]) == 5, transformers.__version__
     cfg = transformers.VideoMAEConfig(
         image_size=32, patch_size=16, num_channels=3, num_frames=4, tubelet_size=2, hidden_size=64,
         num_hidden_layers=2, num_attention_heads=2, intermediate_size=256, qkv_bias=True, use_mean_pooling=True,
@@ -239,15 +246,74 @@ def test_missing_file():
 
 
 @torch.no_grad()
-def test_pickled_training_args_fall_back_to_full_unpickling(tmp_path):
+def test_pickled_training_args_load_through_the_allowlist(tmp_path, monkeypatch):
     import argparse
+
+    import numpy as np
 
     src = _src()
     ckpt = to_videomae(src)
-    ckpt["args"] = argparse.Namespace(model="vit_test_tiny", lr=1e-3)  # as VideoMAE's save_on_master does
+    # as VideoMAE's save_on_master does, with numpy scalars / dtypes / arrays inside
+    ckpt["args"] = argparse.Namespace(model="vit_test_tiny", lr=np.float64(1e-3), steps=np.int64(3),
+                                      dtype=np.dtype("float32"), mean=np.array([0.485, 0.456, 0.406]))
     torch.save(ckpt, tmp_path / "checkpoint-99.pth")
+    real_load = torch.load
+
+    def weights_only_load(*a, **kw):  # never a full unpickling for these harmless types
+        assert kw.get("weights_only") is True, kw
+        return real_load(*a, **kw)
+
+    monkeypatch.setattr(torch, "load", weights_only_load)
     dst = _fresh()
     load_pretrained(dst, tmp_path / "checkpoint-99.pth", strict=True)
+    assert torch.equal(dst(X), src(X))
+
+
+class _RunsCode:
+    """Unpickling this calls os.system: what a malicious .pth could do."""
+
+    def __init__(self, marker):
+        self.marker = str(marker)
+
+    def __reduce__(self):
+        import os
+
+        return (os.system, (f"touch {self.marker}",))
+
+
+class _Harmless:
+    """A custom class: not on the allowlist, loadable only when the user trusts the file."""
+
+    def __init__(self):
+        self.note = "ok"
+
+
+def test_checkpoint_that_would_run_code_is_refused_without_running_it(tmp_path):
+    from avion_ds.models.safe_load import UntrustedCheckpoint
+
+    marker = tmp_path / "pwned"
+    ckpt = to_videomae(_src())
+    ckpt["payload"] = _RunsCode(marker)
+    torch.save(ckpt, tmp_path / "evil.pth")
+    with pytest.raises(UntrustedCheckpoint, match=r"evil.pth pickles Python objects .*\(posix.system\).*"
+                       r"model.trust_checkpoint: true") as info:
+        load_pretrained(_fresh(), tmp_path / "evil.pth")
+    assert "\n" not in str(info.value)
+    assert not marker.exists()  # nothing was executed
+
+
+@torch.no_grad()
+def test_untrusted_custom_object_needs_explicit_trust(tmp_path):
+    from avion_ds.models.safe_load import UntrustedCheckpoint
+
+    src = _src()
+    ckpt = to_videomae(src)
+    ckpt["extra"] = _Harmless()
+    torch.save(ckpt, tmp_path / "custom.pth")
+    with pytest.raises(UntrustedCheckpoint, match="_Harmless"):
+        load_pretrained(_fresh(), tmp_path / "custom.pth")
+    dst = _fresh()
+    load_pretrained(dst, tmp_path / "custom.pth", strict=True, trust=True)
     assert torch.equal(dst(X), src(X))
 
 
@@ -257,3 +323,42 @@ def test_corrupt_file_is_one_line_error_naming_it(tmp_path):
     with pytest.raises(ValueError, match="cannot read checkpoint .*broken.safetensors") as info:
         load_pretrained(_fresh(), bad)
     assert "\n" not in str(info.value)
+
+
+@pytest.mark.parametrize("src,target", [((8, 14, 14), (16, 16, 16)), ((8, 14, 14), (8, 7, 7)),
+                                        ((16, 14, 14), (8, 7, 7)), ((16, 14, 14), (16, 16, 16)),
+                                        ((8, 14, 14), (16, 14, 14)), ((16, 14, 14), (8, 14, 14))])
+def test_resize_pos_embed_reads_the_source_grid_by_the_target_ratios(src, target):
+    """A table constant in time with a spatial pattern: resizing must keep it constant in time and
+    resample the pattern bilinearly (a wrong grid guess such as 2x28x28 for 1568 tokens mixes them)."""
+    import torch.nn.functional as F
+
+    from avion_ds.models.pretrained import _guess_grid
+
+    t0, h0, w0 = src
+    assert _guess_grid(t0 * h0 * w0, target) == src
+    g = torch.Generator().manual_seed(0)
+    pattern = torch.randn(1, 3, h0, w0, generator=g)  # (1, D, h, w)
+    pos = pattern.permute(0, 2, 3, 1).reshape(1, 1, h0 * w0, 3).expand(1, t0, h0 * w0, 3).reshape(1, -1, 3)
+    out = resize_pos_embed(pos, target).reshape(*target, 3)
+    want = F.interpolate(pattern, size=target[1:], mode="bilinear", align_corners=False)[0].permute(1, 2, 0)
+    for t in range(target[0]):
+        torch.testing.assert_close(out[t], want, atol=1e-5, rtol=1e-5)
+
+
+@torch.no_grad()
+def test_videomae_pretrain_norm_is_not_fc_norm_as_in_official_finetuning(tmp_path):
+    """VideoMAE's run_class_finetuning.py strips ``encoder.`` only: the encoder's final ``norm`` is unused
+    by a mean-pooling model (modeling_finetune: norm = Identity) and ``fc_norm`` keeps its LayerNorm init."""
+    src = _src()
+    ckpt = to_videomae_pretrain(src)
+    dst = _fresh()
+    report = load_pretrained(dst, ckpt)
+    assert {"norm.weight", "norm.bias"} <= set(report.unexpected)
+    assert {"fc_norm.weight", "fc_norm.bias"} <= set(report.missing)
+    assert torch.equal(dst.fc_norm.weight, torch.ones(64)) and torch.equal(dst.fc_norm.bias, torch.zeros(64))
+    # everything below fc_norm is the encoder's: equal to the source with an identity-affine fc_norm
+    with torch.no_grad():
+        src.fc_norm.weight.fill_(1.0)
+        src.fc_norm.bias.zero_()
+    assert torch.equal(dst.forward_features(X), src.forward_features(X))

@@ -1,0 +1,135 @@
+"""Decoder base class, backend registry and the helpers every backend shares.
+
+A backend subclasses :class:`Decoder` and implements ``_decode(path, sorted_unique_indices, crop)``;
+the base class validates the request, turns library errors into one :class:`DataError` line naming
+the file, applies the crop when the backend could not fuse it, and restores the requested order
+(duplicates allowed). Backends live in ``decode_<backend>.py``; :mod:`avion_ds.data.decoders`
+registers them and picks one (``get_decoder``).
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from .crop import CropSpec, crop_resize
+from .errors import DataError
+
+if TYPE_CHECKING:
+    import torch
+
+PLUGINS_ENV = "AVION_DS_DECODER_PLUGINS"  # comma-separated modules that call register_backend()
+
+
+class DecoderUnavailable(ImportError):
+    """The selected decoder backend cannot be imported here."""
+
+
+REGISTRY: dict[str, type[Decoder]] = {}
+
+
+def register_backend(name: str, cls: type[Decoder]) -> None:
+    """Add a backend under ``name`` (plugins listed in $AVION_DS_DECODER_PLUGINS also load in helpers)."""
+    REGISTRY[name] = cls
+
+
+def load_plugins() -> None:
+    """Import the plugin modules named in $AVION_DS_DECODER_PLUGINS (they register backends)."""
+    for mod in filter(None, (m.strip() for m in os.environ.get(PLUGINS_ENV, "").split(","))):
+        importlib.import_module(mod)
+
+
+def reason(e: BaseException) -> str:
+    """``Type: first line`` of an exception, capped (for one-line error messages)."""
+    text = str(e).strip().splitlines()
+    return f"{type(e).__name__}: {text[0] if text else ''}"[:300]
+
+
+def require(backend: str, module: str, install_hint: str) -> None:
+    """Import ``module`` or raise DecoderUnavailable naming the backend, the reason and the fix."""
+    try:
+        importlib.import_module(module)
+    except Exception as e:  # torchcodec raises RuntimeError when the FFmpeg libraries are missing
+        raise DecoderUnavailable(f"decoder {backend!r} is not available ({reason(e)}); {install_hint}") from e
+
+
+def validate(path: str | Path, indices: Sequence[int]) -> tuple[str, list[int], list[int]]:
+    """(path, requested indices, sorted unique indices); DataError for a missing / empty file."""
+    path = str(path)
+    idx = [int(i) for i in indices]
+    if not idx:
+        raise ValueError("decode() needs at least one frame index")
+    if not os.path.isfile(path):
+        raise DataError(f"{path}: file not found")
+    if os.path.getsize(path) == 0:
+        raise DataError(f"{path}: zero-byte file")
+    if min(idx) < 0:
+        raise DataError(f"{path}: negative frame index {min(idx)}")
+    return path, idx, sorted(set(idx))
+
+
+def finish(frames, done: bool, crop: CropSpec | None, uniq: list[int], idx: list[int]) -> torch.Tensor:
+    """To torch, apply the crop if the backend could not, and expand to the requested order."""
+    import torch
+
+    frames = torch.from_numpy(frames) if isinstance(frames, np.ndarray) else frames
+    if crop is not None and not done:
+        h, w = frames.shape[1:3]
+        frames = crop_resize(frames, crop.for_frame(h, w), crop.out_size(h, w))
+    if uniq != idx:
+        pos = {v: i for i, v in enumerate(uniq)}
+        frames = frames[torch.tensor([pos[i] for i in idx])]
+    return frames
+
+
+class Decoder:
+    """Base class: validation, error wording, de-duplication and re-ordering around ``_decode``.
+
+    A backend's ``_decode(path, sorted_unique_indices, crop)`` returns ``(frames, done)``: numpy
+    or torch uint8 (N, h, w, C), and whether the crop was already applied (fused) or still has
+    to be applied to the uint8 frames. ``exact=False`` lets a backend locate frames by timestamp
+    (index / fps) instead of scanning the file first: exact for chunks written by ``avion-ds chunk``
+    (constant frame rate, pts = frame number), which is what the datasets read when ``chunked``.
+    """
+
+    name = "base"
+
+    def __init__(self, threads: int = 1, fuse: bool = True, exact: bool = True) -> None:
+        self.threads = max(1, int(threads))
+        self.fuse = fuse
+        self.exact = exact
+        self.check_available()
+
+    @classmethod
+    def check_available(cls) -> None:
+        """Import the backend's library or raise DecoderUnavailable."""
+
+    def decode(self, path: str | Path, indices: Sequence[int], crop: CropSpec | None = None) -> torch.Tensor:
+        """Frames ``indices`` of ``path`` (cropped/resized per ``crop``) as uint8 (T, H, W, C)."""
+        path, idx, uniq = validate(path, indices)
+        frames, done = self.decode_raw(path, uniq, crop)
+        return finish(frames, done, crop, uniq, idx)
+
+    def decode_raw(self, path: str, uniq: list[int], crop: CropSpec | None):
+        """``_decode`` with every library error turned into one DataError line naming the file."""
+        try:
+            frames, done = self._decode(path, uniq, crop)
+        except DataError:
+            raise
+        except Exception as e:  # any library error on a bad file becomes one DataError line
+            raise DataError(f"{path}: {self.name} could not decode frames {uniq[0]}..{uniq[-1]} ({reason(e)})") from e
+        if frames.shape[0] != len(uniq):
+            raise DataError(f"{path}: {self.name} decoded {frames.shape[0]} of {len(uniq)} requested frames")
+        return frames, done
+
+    def _decode(self, path: str, indices: list[int], crop: CropSpec | None):
+        raise NotImplementedError
+
+    @staticmethod
+    def _too_few(path: str, have: int, want: int) -> DataError:
+        return DataError(f"{path}: only {have} decodable frames, asked for frame {want} (file shorter than its manifest?)")

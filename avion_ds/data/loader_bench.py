@@ -1,0 +1,120 @@
+"""`avion-ds bench-loader RECIPE`: how many DataLoader workers a GPU needs, measured on this machine.
+
+Builds the recipe's training set (its decoder, crop, timeout helper: the path training uses) and
+times it in the main process and through ``build_loader`` with each worker count, then prints
+clips/s, clips/s per worker and, for ``--target`` clips/s (what one GPU consumes: global batch /
+step time / GPUs), the workers needed::
+
+    workers per GPU = ceil(target clips/s / clips/s per worker)
+
+valid while every worker has a core of its own (each decodes with one thread); beyond that
+per-worker throughput drops, which the 1 vs 2 (vs N) worker rows show.
+
+    avion-ds bench-loader launch/recipes/vit_b_epic.yaml --workers 1,2 --target 40
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import sys
+import time
+
+import torch
+
+from ..config import ConfigError, load_recipe
+from .decoders import pick_decoder
+
+
+def clips_per_s_main(dataset, clips: int, warmup: int = 2, offset: int = 0) -> float:
+    """Clips/s of ``dataset[i]`` in this process (one decoder process, this process's threads)."""
+    n = len(dataset)
+    for i in range(warmup):
+        dataset[(offset + i) % n]
+    t0 = time.perf_counter()
+    for i in range(clips):
+        dataset[(offset + warmup + i) % n]
+    return clips / (time.perf_counter() - t0)
+
+
+def clips_per_s_loader(dataset, workers: int, batch_size: int, batches: int, seed: int = 0) -> float:
+    """Clips/s through ``build_loader`` with ``workers`` workers (after two warm-up batches)."""
+    from .loader import build_loader
+
+    loader = build_loader(dataset, batch_size, workers, shuffle=True, seed=seed, drop_last=True, distributed=False)
+    it = iter(loader)
+    left = len(loader)
+    if left < 3:
+        raise ValueError(f"the training set gives {left} batches of {batch_size}: too few to time (need >= 3)")
+    next(it)
+    next(it)
+    t0, n = time.perf_counter(), 0
+    for _ in range(min(batches, left - 2)):
+        n += next(it)["frames"].shape[0]
+    rate = n / (time.perf_counter() - t0)
+    del it, loader
+    return rate
+
+
+def workers_needed(target: float, per_worker: float) -> int:
+    """ceil(target / per_worker): the formula printed for sizing workers per GPU."""
+    return max(1, math.ceil(target / per_worker))
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="avion-ds bench-loader", description=__doc__.splitlines()[0])
+    p.add_argument("recipe", help="YAML recipe (its data section is measured)")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                   help="dotted recipe override, repeatable (e.g. --set data.root=PATH)")
+    p.add_argument("--workers", default="1,2", help="comma-separated worker counts (default 1,2)")
+    p.add_argument("--batch", type=int, default=4, help="batch size for the DataLoader rows (default 4)")
+    p.add_argument("--batches", type=int, default=10, help="timed batches per worker count (default 10)")
+    p.add_argument("--clips", type=int, default=20, help="timed clips in the main process (default 20)")
+    p.add_argument("--target", type=float, default=None, help="clips/s one GPU consumes; prints workers needed")
+    a = p.parse_args(argv)
+    try:
+        workers = [int(w) for w in a.workers.split(",") if w.strip()]
+        if not workers or min(workers) < 1:
+            raise ValueError
+    except ValueError:
+        print(f"avion-ds bench-loader: error: --workers {a.workers!r}: give positive integers like 1,2", file=sys.stderr)
+        return 2
+    try:
+        recipe = load_recipe(a.recipe, a.overrides)
+        for key in ("root", "train_csv"):
+            if not getattr(recipe.data, key) or not os.path.exists(getattr(recipe.data, key)):
+                raise ConfigError(f"data.{key}: not found: {getattr(recipe.data, key)!r}")
+    except ConfigError as e:
+        print(f"avion-ds bench-loader: error: {e}", file=sys.stderr)
+        return 2
+    from .datasets import build_dataset
+
+    torch.set_num_threads(1)
+    name, why = pick_decoder(recipe.data)
+    recipe.data.decoder = name
+    ds = build_dataset(recipe.data, "train", seed=recipe.seed)
+    d = recipe.data
+    print(f"{why}\ndataset: {d.dataset} {len(ds)} clips, {d.num_frames}x{d.size}px, decode_timeout_s={d.decode_timeout_s:g}, "
+          f"{os.cpu_count()} CPUs")
+    main_rate = clips_per_s_main(ds, a.clips)
+    print(f"{'workers':>8} {'clips/s':>9} {'per worker':>11}")
+    print(f"{'main':>8} {main_rate:9.2f} {main_rate:11.2f}")
+    per_worker = main_rate
+    for w in workers:
+        rate = clips_per_s_loader(ds, w, a.batch, a.batches, recipe.seed)
+        per_worker = rate / w
+        print(f"{w:>8} {rate:9.2f} {per_worker:11.2f}")
+    if a.target:
+        n = workers_needed(a.target, per_worker)
+        print(f"target {a.target:g} clips/s per GPU -> {n} workers (ceil({a.target:g} / {per_worker:.2f} clips/s per "
+              f"worker at {workers[-1]} workers); needs {n} free cores per GPU")
+    else:
+        print("workers per GPU = ceil(target clips/s / clips/s per worker); pass --target to compute it")
+    if ds.errors:
+        print(f"note: {ds.errors} bad samples were skipped while measuring (named in the log)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,102 @@
+"""Something-Something V2: ``labels.json`` + ``train.json`` / ``validation.json`` over ``{id}.webm`` videos.
+
+A split file is the official JSON list of ``{"id", "label", "template", "placeholders"}``; the
+class of a row is ``labels.json[template without brackets]`` ("Putting [something] onto
+[something]" -> "Putting something onto something" -> "95"). ``labels.json`` is
+``data.class_list`` or, when empty, the file next to ``data.train_csv``. The sources are VP8/VP9
+``.webm``: ``avion-ds chunk`` re-encodes them to H.264 (seeking in webm is unreliable in
+decord); the manifest id is the file stem, i.e. the SSv2 ``id``. SSv2 labels name directions
+("left to right"), so its recipes turn horizontal flips off (``data.hflip: 0``).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from ..config import DataConfig
+from .datasets import ClipDataset, VideoIndex
+from .manifest import VideoEntry
+
+LABELS_NAME = "labels.json"
+
+
+def template_class(template: str) -> str:
+    """The labels.json key of a template: the placeholders' brackets removed."""
+    return template.replace("[", "").replace("]", "")
+
+
+def load_labels(path: str | Path) -> dict[str, int]:
+    """labels.json -> {class text: index}; ValueError naming the file when malformed."""
+    p = Path(path)
+    if not p.is_file():
+        raise FileNotFoundError(f"SSv2 labels file not found: {p} (set data.class_list to labels.json)")
+    try:
+        raw = json.loads(p.read_text())
+        labels = {str(k): int(v) for k, v in raw.items()}
+    except (json.JSONDecodeError, AttributeError, TypeError, ValueError) as e:
+        raise ValueError(f"{p}: not an SSv2 labels.json mapping of class text to index ({e})") from None
+    if sorted(labels.values()) != list(range(len(labels))):
+        raise ValueError(f"{p}: class indices are not 0..{len(labels) - 1}")
+    return labels
+
+
+def read_split(path: str | Path, labels: dict[str, int]) -> tuple[Path, list[tuple[int, str, int]]]:
+    """train.json / validation.json -> [(position, id, class index)]; ValueError naming the bad entry."""
+    p = Path(path)
+    if not str(p) or not p.is_file():
+        raise FileNotFoundError(f"SSv2 split file not found: {p}")
+    try:
+        items = json.loads(p.read_text())
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{p}: not JSON ({e})") from None
+    if not isinstance(items, list) or not items:
+        raise ValueError(f"{p}: expected a non-empty JSON list of {{id, template}} entries")
+    rows = []
+    for n, it in enumerate(items, 1):
+        if not isinstance(it, dict) or "id" not in it or "template" not in it:
+            raise ValueError(f"{p}: entry {n} has no id/template (the test split has no labels)")
+        key = template_class(str(it["template"]))
+        if key not in labels:
+            raise ValueError(f"{p}: entry {n} (id {it['id']}): template {it['template']!r} is not in labels.json")
+        rows.append((n, str(it["id"]), labels[key]))
+    return p, rows
+
+
+class SSv2Dataset(ClipDataset):
+    """Something-Something V2 classification; label = int (174 classes)."""
+
+    def __init__(self, cfg: DataConfig, split: str, temporal_views: int = 1, spatial_views: int = 1,
+                 seed: int = 0, index: VideoIndex | None = None) -> None:
+        super().__init__(cfg, split, temporal_views, spatial_views, seed, index)
+        split_file = self._split_file()
+        labels_path = cfg.class_list or str(Path(cfg.train_csv or split_file).parent / LABELS_NAME)
+        self.labels = load_labels(labels_path)
+        self.num_classes = len(self.labels)
+        self.split_path, self.rows = read_split(split_file, self.labels)
+        self._prune()
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def row_ref(self, i: int) -> tuple[str, bool]:
+        return self.rows[i][1], False
+
+    def row_where(self, i: int) -> tuple[Path, int]:
+        return self.split_path, self.rows[i][0]
+
+    def row_name(self, i: int) -> str:
+        return self.rows[i][1]
+
+    def _sample(self, i: int) -> tuple[VideoEntry, int, int, Any]:
+        _, vid, label = self.rows[i]
+        entry = self.index.by_id(vid)
+        return entry, 0, entry.num_frames, label
+
+
+def split_summary(cfg: DataConfig, path: str | Path) -> tuple[int, int]:
+    """(rows, classes) of an SSv2 split file without touching a video (start-up checks)."""
+    labels = load_labels(cfg.class_list or str(Path(cfg.train_csv or path).parent / LABELS_NAME))
+    _, rows = read_split(path, labels)
+    return len(rows), len(labels)

@@ -1,0 +1,205 @@
+"""Per-rank host memory (RSS) of building, loading and wrapping a model with ZeRO-3.
+
+Run one process per rank (``python -m torch.distributed.run --nproc_per_node 2 -m
+avion_ds.memory.rss ...``); rank 0 writes the JSON. Stages: ``build`` (construct the model),
+``load`` (pretrained weights from ``--pretrained``), ``init`` (``deepspeed.initialize`` without an
+optimizer: the inference / offload path) and, with ``--optimizer``, ``step`` (ZeRO-3 + Adam: one
+training step, so fp32 master, grads and moments exist). ``--mode before`` builds every rank's
+full model and loads with ``load_pretrained`` (what the code did before partitioned construction);
+``--mode after`` uses ``zero.Init`` and the module-by-module loader.
+
+Peaks are per stage: anonymous and file-backed RSS sampled from /proc/self/status every 2 ms
+(``RssAnon`` / ``RssFile``) and the kernel's exact total peak (``VmHWM``, reset per stage
+through /proc/self/clear_refs). Values are bytes above the baseline taken after imports, process
+group and a warm-up build of a tiny model.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+
+def _status() -> dict[str, int]:
+    out = {}
+    with open("/proc/self/status") as f:
+        for line in f:
+            key, _, rest = line.partition(":")
+            if key in ("VmRSS", "VmHWM", "RssAnon", "RssFile", "RssShmem"):
+                out[key] = int(rest.split()[0]) * 1024
+    return out
+
+
+class RssSampler:
+    """Background sampler of anonymous / file-backed RSS peaks; ``stage()`` closes one stage."""
+
+    def __init__(self, interval: float = 0.002) -> None:
+        self.interval = interval
+        self.peak_anon = self.peak_file = 0
+        self._stop = threading.Event()
+        self._lock = threading.Lock()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self.baseline = self._reset()
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            s = _status()
+            with self._lock:
+                self.peak_anon = max(self.peak_anon, s["RssAnon"])
+                self.peak_file = max(self.peak_file, s["RssFile"] + s.get("RssShmem", 0))
+            time.sleep(self.interval)
+
+    def _reset(self) -> dict[str, int]:
+        gc.collect()
+        try:
+            Path("/proc/self/clear_refs").write_text("5")  # resets VmHWM to the current RSS
+        except OSError:
+            pass
+        s = _status()
+        with self._lock:
+            self.peak_anon, self.peak_file = s["RssAnon"], s["RssFile"] + s.get("RssShmem", 0)
+        return s
+
+    def stage(self) -> dict[str, int]:
+        """Peaks since the previous stage, relative to the baseline; starts the next stage."""
+        s = _status()
+        b = self.baseline
+        with self._lock:
+            anon, file = max(self.peak_anon, s["RssAnon"]), max(self.peak_file, s["RssFile"] + s.get("RssShmem", 0))
+        out = {"peak_total": s["VmHWM"] - b["VmRSS"], "peak_anon": anon - b["RssAnon"],
+               "peak_file": file - b["RssFile"] - b.get("RssShmem", 0), "now_total": s["VmRSS"] - b["VmRSS"]}
+        self._reset()
+        return out
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
+def _ds_config(world: int, optimizer: bool) -> dict[str, Any]:
+    cfg: dict[str, Any] = {"train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": 1,
+                           "train_batch_size": world, "gradient_clipping": 0.0, "steps_per_print": 10**9,
+                           "zero_optimization": {"stage": 3, "stage3_param_persistence_threshold": 0}}
+    if optimizer:
+        cfg["optimizer"] = {"type": "AdamW", "params": {"lr": 1e-4, "weight_decay": 0.05, "torch_adam": True}}
+    return cfg
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    import deepspeed
+    import torch.distributed as dist
+
+    from avion_ds.models import create_model, load_pretrained
+    from avion_ds.models.partition import param_count, partitioned_construction
+    from avion_ds.models.sharded_load import load_pretrained_sharded
+
+    deepspeed.init_distributed(dist_backend="gloo", verbose=False)
+    world, rank = dist.get_world_size(), dist.get_rank()
+    cfg = _ds_config(world, args.optimizer)
+    partitioned = args.mode == "after"
+    kw = dict(num_frames=args.frames, img_size=args.size)
+    # warm-up: first-use imports and allocator set-up happen before the baseline
+    with partitioned_construction(cfg if partitioned else None):
+        warm = create_model("vit_test_tiny")
+    del warm
+    torch.manual_seed(0)
+    dist.barrier()
+    sampler = RssSampler()
+    stages: dict[str, Any] = {}
+    with partitioned_construction(cfg if partitioned else None):
+        model = create_model(args.model, **kw)
+    stages["build"] = sampler.stage()
+    if args.pretrained:
+        if partitioned:
+            report = load_pretrained_sharded(model, args.pretrained)
+        else:
+            report = load_pretrained(model, args.pretrained)
+        stages["load"] = sampler.stage()
+        stages["load"]["report"] = report.summary()
+    params = param_count(model)
+    dist.barrier()
+    engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters() if args.optimizer else None,
+                                      config=cfg)
+    stages["init"] = sampler.stage()
+    if args.optimizer:
+        x = torch.randn(1, 3, args.frames, args.size, args.size)
+        loss = engine(x).float().square().mean()
+        engine.backward(loss)
+        engine.step()
+        stages["step"] = sampler.stage()
+        if args.save:  # a ZeRO-3 checkpoint for the export measurement
+            from avion_ds.engine import checkpoint as ckpt
+
+            if rank == 0:
+                Path(args.save).mkdir(parents=True, exist_ok=True)
+                (Path(args.save) / "ds_config.json").write_text(json.dumps(cfg))
+            ckpt.save(engine, args.save, 1, {"epoch": 0, "step_in_epoch": 1, "global_step": 1}, keep_last=1)
+    sampler.close()
+    mine = {"rank": rank, "stages": stages}
+    everyone: list[Any] = [None] * world
+    dist.all_gather_object(everyone, mine)
+    return {"model": args.model, "mode": args.mode, "world_size": world, "params": params,
+            "fp32_bytes": 4 * params, "optimizer": bool(args.optimizer), "frames": args.frames, "size": args.size,
+            "ranks": everyone}
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m avion_ds.memory.rss", description=__doc__.splitlines()[0])
+    p.add_argument("--model", required=True)
+    p.add_argument("--mode", choices=("before", "after"), default="after")
+    p.add_argument("--pretrained", default=None, help="weights file to load (e.g. written by --write-weights)")
+    p.add_argument("--optimizer", action="store_true", help="ZeRO-3 + AdamW and one training step")
+    p.add_argument("--frames", type=int, default=16)
+    p.add_argument("--size", type=int, default=224)
+    p.add_argument("--save", default=None, help="with --optimizer: save a checkpoint into this run dir")
+    p.add_argument("--out", required=True)
+    args = p.parse_args(argv)
+    result = run(args)
+    import torch.distributed as dist
+
+    if dist.get_rank() == 0:
+        Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
+    dist.barrier()
+    dist.destroy_process_group()
+    os._exit(0)
+
+
+def write_random_weights(name: str, path: str | Path, **overrides: Any) -> Path:
+    """A safetensors file with random weights for ``name``, written tensor by tensor (the model is
+    built on the meta device: nothing full is ever in memory)."""
+    from avion_ds.models import create_model
+    from avion_ds.models.safetensors_stream import SafetensorsWriter
+
+    with torch.device("meta"):
+        model = create_model(name, **overrides)
+    sd = model.state_dict()
+    writer = SafetensorsWriter(path, [(k, torch.float32, tuple(v.shape)) for k, v in sd.items()],
+                               {"format": "avion_ds", "model": name})
+    g = torch.Generator().manual_seed(0)
+    for k, v in sd.items():
+        writer.write(k, torch.randn(tuple(v.shape), generator=g) * 0.02)
+    return writer.close()
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
+
+
+def measure_export(run_dir: str | Path, out: str | Path) -> dict[str, Any]:
+    """Peak RSS (total / anon / file-backed) of ``avion-ds export run_dir --out out`` in this process."""
+    from avion_ds.engine.export import export
+
+    sampler = RssSampler()
+    export(run_dir, out)
+    peaks = sampler.stage()
+    sampler.close()
+    return peaks

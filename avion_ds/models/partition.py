@@ -1,0 +1,136 @@
+"""ZeRO-3 partitioned construction: build a model so that no rank ever holds all of it.
+
+DeepSpeed moves a ZeRO-3 model whose parameters lack ``ds_id`` WHOLE to the accelerator before
+partitioning it (``engine._configure_distributed_model``), and every rank first builds the full
+fp32 model in host RAM. Building under ``deepspeed.zero.Init`` partitions each parameter as its
+module's ``__init__`` returns. Three consequences the model code must respect (helpers below):
+
+* a partitioned ``p.data`` is empty: shapes / element counts come from ``ds_shape`` / ``ds_numel``
+  (:func:`full_shape`, :func:`full_numel`, :func:`full_ndim`);
+* weight init that runs after a child's ``__init__`` sees empty tensors: run it inside
+  :func:`gathered` (all ranks draw the same random numbers; rank 0's values are kept);
+* ``torch.arange`` / ``zeros`` / ``empty`` inside ``__init__`` are patched to the run's dtype
+  (bf16 collapses positions >= 256), so fixed tables use integer ``arange`` and an explicit cast.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from collections.abc import Iterable, Iterator
+from typing import Any
+
+import torch
+from torch import nn
+
+
+def is_partitioned(p: torch.Tensor) -> bool:
+    """True for a ZeRO-3 parameter (built under ``zero.Init`` or converted by DeepSpeed)."""
+    return hasattr(p, "ds_id")
+
+
+def is_partitioned_model(model: nn.Module) -> bool:
+    return any(is_partitioned(p) for p in model.parameters())
+
+
+def full_shape(p: torch.Tensor) -> torch.Size:
+    """The parameter's logical shape, also when its data is a (possibly empty) ZeRO-3 partition."""
+    return p.ds_shape if is_partitioned(p) else p.shape
+
+
+def full_numel(p: torch.Tensor) -> int:
+    return int(p.ds_numel) if is_partitioned(p) else p.numel()
+
+
+def full_ndim(p: torch.Tensor) -> int:
+    return len(full_shape(p))
+
+
+def param_count(model: nn.Module) -> int:
+    """Number of parameter elements of the whole model (partitioned, meta or real)."""
+    return sum(math.prod(full_shape(p)) for p in model.parameters())
+
+
+def gathered(params: Iterable[torch.Tensor], modifier_rank: int | None = 0) -> contextlib.AbstractContextManager:
+    """Full tensors of ``params`` inside the context; a no-op unless some are partitioned.
+
+    With ``modifier_rank`` set, that rank's modifications are broadcast and re-partitioned on exit.
+    """
+    params = [p for p in params if p is not None]
+    if not any(is_partitioned(p) for p in params):
+        return contextlib.nullcontext()
+    import deepspeed
+
+    return deepspeed.zero.GatheredParameters(params, modifier_rank=modifier_rank)
+
+
+def zero3_stage(ds_config: dict[str, Any] | None) -> bool:
+    return bool(ds_config) and int(ds_config.get("zero_optimization", {}).get("stage", 0)) == 3
+
+
+def config_dtype(ds_config: dict[str, Any]) -> torch.dtype:
+    """The parameter dtype a DeepSpeed config trains in."""
+    if ds_config.get("bf16", {}).get("enabled", False) is True:
+        return torch.bfloat16
+    if ds_config.get("fp16", {}).get("enabled", False) is True:
+        return torch.float16
+    return torch.float32
+
+
+def remote_device(ds_config: dict[str, Any]) -> str | None:
+    """Where ZeRO-3 keeps parameter partitions: ``offload_param.device`` (cpu | nvme) or None."""
+    device = (ds_config.get("zero_optimization", {}).get("offload_param") or {}).get("device")
+    return device if device in ("cpu", "nvme") else None
+
+
+_MALLOC_PINNED = False
+
+
+def pin_malloc_mmap_threshold(nbytes: int = 128 * 1024) -> bool:
+    """Make glibc serve allocations >= ``nbytes`` with mmap and return them to the OS on free.
+
+    glibc raises its mmap threshold after the first large free (up to 32 MiB), after which the
+    full tensors that ``zero.Init`` creates and frees one module at a time come from the heap and
+    stay resident as holes: measured on ViT-B, 2 ranks, per-rank build peak 0.73x of the fp32
+    model instead of 0.57x, and 1.36x instead of 0.58x after loading. Setting the threshold
+    explicitly turns the dynamic adjustment off (same as ``MALLOC_MMAP_THRESHOLD_``). Process-wide,
+    idempotent; returns False where there is no glibc.
+    """
+    global _MALLOC_PINNED
+    if _MALLOC_PINNED:
+        return True
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL("libc.so.6")
+        _MALLOC_PINNED = bool(libc.mallopt(-3, int(nbytes)))  # M_MMAP_THRESHOLD
+    except (OSError, AttributeError):
+        return False
+    return _MALLOC_PINNED
+
+
+@contextlib.contextmanager
+def partitioned_construction(ds_config: dict[str, Any] | None) -> Iterator[bool]:
+    """Construct modules partitioned when ``ds_config`` is ZeRO-3 (yields True), plainly otherwise.
+
+    Wrap ANY model construction (``create_model``, pretraining models) in it; the model must then
+    be handed to ``deepspeed.initialize`` with the same config. Needs a process group.
+    """
+    if not zero3_stage(ds_config):
+        yield False
+        return
+    import deepspeed
+
+    assert ds_config is not None
+    pin_malloc_mmap_threshold()
+    with deepspeed.zero.Init(config_dict_or_path=ds_config, remote_device=remote_device(ds_config),
+                             pin_memory=bool((ds_config["zero_optimization"].get("offload_param") or {})
+                                             .get("pin_memory", False)),
+                             dtype=config_dtype(ds_config)):
+        yield True
+
+
+def state_shapes(model: nn.Module) -> dict[str, torch.Size]:
+    """``state_dict`` names -> logical shapes (parameters' ``ds_shape`` when partitioned)."""
+    params = dict(model.named_parameters())
+    return {k: full_shape(params[k]) if k in params else v.shape for k, v in model.state_dict().items()}
