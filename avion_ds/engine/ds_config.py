@@ -191,8 +191,13 @@ def validate_with_deepspeed(cfg: dict[str, Any]) -> None:
     from deepspeed.runtime.config import DeepSpeedConfig, DeepSpeedConfigError
     from pydantic import ValidationError
 
-    one_rank = copy.deepcopy(cfg)  # without a process group DeepSpeedConfig assumes one rank;
-    one_rank["train_batch_size"] = cfg["train_micro_batch_size_per_gpu"] * cfg["gradient_accumulation_steps"]
+    import torch.distributed as tdist
+
+    # without a process group DeepSpeedConfig assumes one rank; with one (a second run in the same
+    # process, e.g. tests/engine/pretrain_jobs_script.py) it checks against the live world size
+    live = tdist.get_world_size() if tdist.is_available() and tdist.is_initialized() else 1
+    one_rank = copy.deepcopy(cfg)
+    one_rank["train_batch_size"] = cfg["train_micro_batch_size_per_gpu"] * cfg["gradient_accumulation_steps"] * live
     try:  # (the batch arithmetic over all ranks is resolve_batch's, checked before)
         with _quiet_deepspeed():
             DeepSpeedConfig(one_rank)

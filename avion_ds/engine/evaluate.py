@@ -136,6 +136,10 @@ def run(args: argparse.Namespace) -> int:
 
     recipe, run_dir = _resolve_recipe(args)
     check_data_paths(recipe, need_train=args.split == "train")
+    if recipe.task == "pretrain":  # reconstruction loss vs predict-zero (avion_ds.engine.pretrain)
+        from avion_ds.engine.pretrain import run_eval
+
+        return run_eval(args, recipe)
     pf.check_heads(recipe)
     pf.check_model(recipe)
     pf.check_data_layout(recipe, need_train=args.split == "train")

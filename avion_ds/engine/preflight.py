@@ -69,6 +69,17 @@ def check_model(recipe: Recipe) -> ModelSummary:
         close = difflib.get_close_matches(name, list_models(), n=3, cutoff=0.5)
         hint = f"did you mean {', '.join(close)}?" if close else f"known: {', '.join(list_models())}"
         raise ConfigError(f"model.name={name!r} is not a registered model; {hint} (avion-ds models lists them)")
+    if recipe.task == "pretrain":  # masked autoencoder: the encoder's geometry (avion_ds.engine.pretrain)
+        from avion_ds.engine.pretrain import model_options
+        from avion_ds.models import get_mae_arch
+
+        try:
+            enc = get_mae_arch(name, **model_options(recipe)).encoder
+        except (ValueError, TypeError) as e:
+            raise ConfigError(f"model: {e}") from None
+        with torch.device("meta"):  # FLOPs: the encoder over the whole clip (the masked share is less)
+            model = create_model(name, pretrained=None, **{**model_options(recipe), "attn_backend": "eager"})
+        return ModelSummary(name, count_params(model), model_flops(enc) / 1e9, enc.grid)
     base = get_arch(name)
     patch = base.patch_size
     tubelet = recipe.model.tubelet_size or base.tubelet_size
@@ -119,6 +130,21 @@ def check_data_layout(recipe: Recipe, need_train: bool = True) -> dict[str, int]
         if not videos:
             raise ConfigError(f"data.root={d.root!r}: {MANIFEST_NAME} lists no decodable chunks")
     rows: dict[str, int] = {}
+    if d.dataset == "videos":  # unlabelled clips: an optional list of videos per split, no labels
+        for split in (("train", "val") if need_train else ("val",)):
+            value = getattr(d, f"{split}_csv")
+            if value and not Path(value).is_file():
+                raise ConfigError(f"data.{split}_csv: video list not found: {value}")
+            if value:
+                n = sum(1 for line in Path(value).read_text().splitlines() if line.strip())
+            elif d.chunked:
+                n = len(videos)
+            else:
+                from avion_ds.data.manifest import find_videos
+
+                n = len(find_videos(d.root))
+            rows[split] = n * d.clips_per_video  # clips per epoch
+        return rows
     for split in (("train", "val") if need_train else ("val",)):
         key = f"data.{split}_csv"
         try:

@@ -123,3 +123,32 @@ def fit_clips(model: torch.nn.Module, clips: torch.Tensor, spec: MaskSpec, steps
         opt.step()
         out.append(float(loss.detach()))
     return out
+
+
+def run_eval(args: Any, recipe: Recipe) -> int:
+    """`avion-ds eval` of a pretraining run or weights file: reconstruction loss vs predict-zero, JSON out."""
+    import json
+    from pathlib import Path
+
+    from deepspeed.accelerator import get_accelerator
+
+    from avion_ds.data import DeviceAugment, build_dataset, build_loader
+
+    _, world, _ = dist.init()
+    device = torch.device(get_accelerator().current_device_name())
+    model = build_pretrain_model(recipe, pretrained=str(args.checkpoint)).to(device).eval()
+    dataset = build_dataset(recipe.data, args.split, seed=recipe.seed)
+    attach_masks(recipe, dataset)
+    loader = build_loader(dataset, recipe.eval.batch_size or recipe.batch.micro_batch, recipe.data.workers,
+                          shuffle=False, seed=recipe.seed, drop_last=False, distributed=world > 1)
+    metrics = evaluate_pretrain(model, loader, DeviceAugment(recipe.data, 0, train=False), device)
+    if dist.is_main():
+        ckpt = Path(args.checkpoint)
+        out = Path(args.out) if args.out else (ckpt if ckpt.is_dir() else ckpt.parent) / "eval_metrics.json"
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps({"checkpoint": str(ckpt), "split": args.split, "num_samples": len(dataset),
+                                   "metrics": metrics}) + "\n")
+        print(" ".join(f"{k}={v:.4f}" for k, v in metrics.items()), flush=True)
+        print(f"wrote {out} ({len(dataset)} clips)", flush=True)
+    del model
+    return 0

@@ -139,7 +139,18 @@ class VideoMAEPretrain(nn.Module):
 
     def _init_weights(self) -> None:
         """VideoMAE pretraining init: xavier-uniform linears (patch embedding keeps PyTorch's
-        default), zero biases, unit norms, mask token trunc-normal(0.02)."""
+        default), zero biases, unit norms, mask token trunc-normal(0.02). Under ZeRO-3 partitioned
+        construction the parameters are gathered for it (rank 0 initialises, then re-partitions)."""
+        params = list(self.parameters())
+        if any(hasattr(p, "ds_id") for p in params):
+            import deepspeed
+
+            with deepspeed.zero.GatheredParameters(params, modifier_rank=0):
+                self._init_full()
+        else:
+            self._init_full()
+
+    def _init_full(self) -> None:
         for name, m in self.named_modules():
             if name.startswith("encoder.patch_embed"):
                 continue

@@ -13,7 +13,8 @@ def test_list_models_has_all_sizes():
     for n in ("vit_test_tiny", "vit_small_patch16_224", "vit_base_patch16_224", "vit_large_patch16_224",
               "vit_huge_patch16_224", "vit_giant_patch14_224"):
         assert n in names
-    assert list_models("giant") == ["vit_giant_patch14_224"]
+    assert list_models("vit_giant") == ["vit_giant_patch14_224"]
+    assert list_models("pretrain_videomae_giant") == ["pretrain_videomae_giant_patch14_224"]
 
 
 @pytest.mark.parametrize(
