@@ -168,7 +168,7 @@ def part_gpu(args: argparse.Namespace) -> None:
             x = torch.randn(args.batch, 3, 16, 224, 224, device=dev)
             mask = _tube(args.batch, m.encoder.patch_embed.grid, 0).to(dev)
 
-            def step() -> None:
+            def step(m: torch.nn.Module = m, x: torch.Tensor = x, mask: torch.Tensor = mask) -> None:
                 with torch.autocast("cuda", dtype=torch.bfloat16):
                     loss = m(x, mask).loss
                 loss.backward()

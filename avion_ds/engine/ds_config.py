@@ -188,10 +188,9 @@ def validate_with_deepspeed(cfg: dict[str, Any]) -> None:
 
     Only DeepSpeed's config errors are turned into one line; anything else propagates.
     """
+    import torch.distributed as tdist
     from deepspeed.runtime.config import DeepSpeedConfig, DeepSpeedConfigError
     from pydantic import ValidationError
-
-    import torch.distributed as tdist
 
     # without a process group DeepSpeedConfig assumes one rank; with one (a second run in the same
     # process, e.g. tests/engine/pretrain_jobs_script.py) it checks against the live world size

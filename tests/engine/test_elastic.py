@@ -74,7 +74,9 @@ def _check(tmp: Path, data: dict, ds: str, before: int, after: int, tol: float =
     got = losses(resumed)
     assert sorted(got) == [s for s in sorted(ref) if s > K]
     for s in got:
-        assert got[s] == pytest.approx(ref[s], abs=tol if s > K + 1 else 1e-6), (s, got, ref)
+        # after the first resumed step the two world sizes sum gradients in a different order: within 1e-5
+        # relative (~2.5e-5 absolute at these losses), while dropping the optimizer state moves it > 1e-3
+        assert abs(got[s] - ref[s]) <= (tol * abs(ref[s]) if s > K + 1 else 1e-6), (s, got, ref)
 
     # the same resume with the optimizer moments zeroed must NOT match: the state really was used
     dropped = tmp / "dropped"
