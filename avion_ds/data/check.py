@@ -104,22 +104,9 @@ def _check_file(job: tuple[str, int, int, int, bool, str, float]) -> str | None:
     return None
 
 
-def check_decoder(cfg: DataConfig) -> str:
-    """The backend the check decodes with: the recipe's, or for ``auto`` the first that imports here
-    (a probe on a possibly broken first chunk would make the check depend on what it checks)."""
-    from .decoders import AUTO, available_backends
-
-    if cfg.decoder != AUTO:
-        return cfg.decoder
-    names = available_backends()
-    if not names:
-        raise ValueError("data.decoder=auto: no decoder backend imports here (pip install decord av torchcodec)")
-    return names[0]
-
-
 def _file_jobs(cfg: DataConfig, full: bool, entries) -> list[tuple]:
-    decoder = check_decoder(cfg)
-    return [(c.path, c.frames, c.bytes, c.mtime_ns, full, decoder, cfg.decode_timeout_s)
+    # data.decoder=auto: get_decoder takes the first backend that imports (no probe on the data being checked)
+    return [(c.path, c.frames, c.bytes, c.mtime_ns, full, cfg.decoder, cfg.decode_timeout_s)
             for e in entries for c in e.chunks]
 
 
