@@ -24,6 +24,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from avion_ds.engine.dist import unlink_shm_buffer
 from avion_ds.models.partition import is_partitioned_model
 
 OFFLOAD_DEVICES = ("cpu", "nvme")
@@ -87,6 +88,7 @@ def _ensure_process_group() -> None:
 
     deepspeed.init_distributed(dist_backend=get_accelerator().communication_backend_name(),
                                auto_mpi_discovery=False, verbose=False)
+    unlink_shm_buffer()
     if get_accelerator().device_name() == "cuda":
         get_accelerator().set_device(int(os.environ.get("LOCAL_RANK", "0")))
 
