@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import logging
 
-from .crop import CropBox, CropSpec, crop_resize
+from .crop import CropBox, CropSpec
 from .decode_base import Decoder, DecoderUnavailable, reason, require
 from .errors import DataError
 
@@ -110,9 +110,9 @@ class TorchCodecDecoder(Decoder):
             return frames
         if fused:  # the decoder cropped (only the box was converted to RGB); resize like the reference
             box = crop.for_frame(crop.frame_h, crop.frame_w)
-            return crop_resize(frames, None, crop.size or (box.height, box.width))
+            return self._crop_resize(frames, None, crop.size or (box.height, box.width))
         h, w = frames.shape[1:3]
-        return crop_resize(frames, crop.for_frame(h, w), crop.out_size(h, w))
+        return self._crop_resize(frames, crop.for_frame(h, w), crop.out_size(h, w))
 
 
 def _on_grid(pts: list[float], indices: list[int], meta) -> bool:
