@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 
 import decord
+import numpy as np
 import pytest
 import torch
 from torchvision.transforms.v2 import functional as F
@@ -143,5 +144,25 @@ def test_helper_hands_out_regions_only_while_free(chunk) -> None:
         assert dec._held[0]() is not None and dec._held[1] is not None and dec._held[1]() is None
         for c, frames in zip(clips[2:], held, strict=True):  # still untouched by the reuse
             assert torch.equal(frames, inproc.decode(chunk.path, c, spec)), c
+    finally:
+        dec.close()
+
+
+def test_helper_never_reuses_a_region_held_across_a_fork(chunk) -> None:
+    """After a fork the child may still read frames it inherited: the parent never writes that region again."""
+    dec = get_decoder("pyav", timeout_s=30.0, exact=False)
+    spec = CropSpec(None, (SIZE, SIZE), chunk.height, chunk.width)
+    try:
+        held = dec.decode(chunk.path, [1, 2], spec)
+        pid = os.fork()
+        if pid == 0:  # the child only has to exist
+            os._exit(0)
+        os.waitpid(pid, 0)
+        expected = held.clone()
+        del held  # gone here, but a forked child could still hold its copy
+        later = [dec.decode(chunk.path, [i], spec) for i in range(3)]
+        assert dec._held[0]() is True and all(f.shape == (1, SIZE, SIZE, 3) for f in later)
+        view = np.frombuffer(dec._bufs[0].view(), np.uint8, expected.numel())
+        assert torch.equal(torch.from_numpy(view.copy()).view(expected.shape), expected)  # never overwritten
     finally:
         dec.close()
