@@ -229,40 +229,55 @@ def part_helper_cpu(a, cfg, entry, csv_path: Path) -> None:
     """CPU seconds per clip in-process vs through the timeout helper (parent + helper), per backend.
 
     Wall-clock helper costs on a loaded machine include scheduler wake-up latency; this isolates the
-    mechanism's own CPU cost (helper CPU from /proc/PID/stat, 10 ms ticks, summed over all clips).
+    mechanism's own CPU cost: the parent's ``process_time`` plus the helper's own ``process_time``
+    (all its threads, reported with every reply), per clip, interleaved, median of per-clip ratios.
     """
     from avion_ds.data.crop import CropSpec
     from avion_ds.data.decoders import available_backends, get_decoder
 
     reqs = clip_requests(csv_path, entry, cfg, a.clips)
-    tick = os.sysconf("SC_CLK_TCK")
-
-    def child_cpu(pid: int) -> float:
-        f = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-        return (int(f[11]) + int(f[12])) / tick
 
     def run(dec, i: int) -> None:
         for p, loc in reqs[i][0]:
             dec.decode(p, loc, CropSpec(reqs[i][1], (cfg.size, cfg.size), entry.height, entry.width))
 
-    print(f"\ntimeout helper CPU cost ({a.clips} clips x {a.repeats} rounds, interleaved)")
+    print(f"\ntimeout helper CPU cost ({a.clips} clips x {a.repeats} rounds, interleaved; load average "
+          f"{os.getloadavg()[0]:.1f})")
     for name in available_backends():
         inproc, helper = get_decoder(name, exact=False), get_decoder(name, timeout_s=60, exact=False)
         run(inproc, 0)
         run(helper, 0)
-        cpu_in = cpu_h = 0.0
-        for _ in range(a.repeats):
+        cpu_in, cpu_h = [0.0] * a.clips, [0.0] * a.clips
+        for r in range(a.repeats):
             for i in range(a.clips):
-                t = time.process_time()
-                run(inproc, i)
-                cpu_in += time.process_time() - t
-                c0, t = child_cpu(helper._proc.pid), time.process_time()
-                run(helper, i)
-                cpu_h += time.process_time() - t + child_cpu(helper._proc.pid) - c0
+                for first in ((inproc, helper) if (i + r) % 2 else (helper, inproc)):
+                    t, c0 = time.process_time(), helper.helper_cpu_s
+                    run(first, i)
+                    if first is inproc:
+                        cpu_in[i] += time.process_time() - t
+                    else:
+                        cpu_h[i] += time.process_time() - t + helper.helper_cpu_s - c0
         n = a.clips * a.repeats
-        print(f"  {name:<11} in-process {cpu_in / n * 1e3:6.1f} ms CPU/clip, helper (parent + helper) "
-              f"{cpu_h / n * 1e3:6.1f} ms -> {cpu_h / cpu_in - 1:+.1%}")
+        print(f"  {name:<11} in-process {sum(cpu_in) / n * 1e3:6.2f} ms CPU/clip, helper (parent + helper) "
+              f"{sum(cpu_h) / n * 1e3:6.2f} ms: {1 - ratio(cpu_h, cpu_in):+.1%} (median per clip), "
+              f"{sum(cpu_h) / sum(cpu_in) - 1:+.1%} (totals)")
         helper.close()
+    # the mechanism alone: a backend that decodes nothing (bench/null_backend.py, loaded in the helper too)
+    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, (str(Path(__file__).parent), os.environ.get("PYTHONPATH"))))
+    os.environ["AVION_DS_DECODER_PLUGINS"] = ",".join(filter(None, (os.environ.get("AVION_DS_DECODER_PLUGINS"),
+                                                                      "null_backend")))
+    inproc, helper = get_decoder("null"), get_decoder("null", timeout_s=60)
+    path, spec, calls = reqs[0][0][0][0], CropSpec(None, (cfg.size, cfg.size), entry.height, entry.width), 2000
+    res = {}
+    for dec in (inproc, helper, inproc, helper):  # warm-up pass, then the timed pass
+        t, w, c0 = time.process_time(), time.perf_counter(), helper.helper_cpu_s
+        for _ in range(calls):
+            dec.decode(path, [0], spec)
+        res[dec is helper] = (time.perf_counter() - w, time.process_time() - t + helper.helper_cpu_s - c0)
+    (w_in, c_in), (w_h, c_h) = res[False], res[True]
+    print(f"  mechanism only (null backend, {calls} calls): helper minus in-process per call: wall "
+          f"{(w_h - w_in) / calls * 1e6:.0f} us, CPU (parent + helper) {(c_h - c_in) / calls * 1e6:.0f} us")
+    helper.close()
 
 
 def _encode(src: Path, dst: Path, opts: dict[str, str]) -> int:

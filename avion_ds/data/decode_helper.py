@@ -139,6 +139,7 @@ class SubprocessDecoder:
         self._bufs: list[SharedBuffer] | None = None  # SLOTS regions handed out, then the scratch region
         self._held: list[Callable[[], object] | None] = [None] * SLOTS  # the array handed out from each region
         self._pid = os.getpid()
+        self.helper_cpu_s = 0.0  # CPU seconds the current helper process has used so far (benchmarks read it)
         _INSTANCES.add(self)
 
     def _retire(self) -> None:
@@ -205,7 +206,7 @@ class SubprocessDecoder:
             raise DataError(f"{path}: {self.name} decoder process died (exit code {code}) while decoding")
         kind, payload = reply
         if kind == "ok":
-            shape, done, where = payload
+            shape, done, where, self.helper_cpu_s = payload
             arr = np.frombuffer(self._bufs[where].view(), np.uint8, math.prod(shape))
             if where < SLOTS:  # handed out as is; the region is reused once this array is gone
                 self._held[where] = weakref.ref(arr)
@@ -283,7 +284,7 @@ def serve(name: str, threads: int, fuse: bool, exact: bool, fds: list[int]) -> i
                 region = region if n <= SLOT_MAX_BYTES else len(bufs) - 1
                 view = torch.frombuffer(bufs[region].view(n), dtype=torch.uint8, count=n)
                 view.view(frames.shape).copy_(frames)  # frames from the library itself: the one copy in
-            reply = ("ok", (tuple(frames.shape), done, region))
+            reply = ("ok", (tuple(frames.shape), done, region, time.process_time()))
         except DataError as e:
             reply = ("data", str(e))
         except Exception as e:  # noqa: BLE001 - reported to the parent as one line
