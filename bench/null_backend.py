@@ -1,7 +1,7 @@
 """A decoder backend that decodes nothing (bench/loader.py ``--parts helpercpu``): what is left when it
 runs through the timeout helper is the helper mechanism's own cost (pipes, pickles, wake-ups, regions).
 
-Its "fused crop" output is a 16x224x224 clip placed where the helper asks (``Decoder.alloc``), as a
+Its "fused crop" output is a 224x224 clip of the requested frames placed where the helper asks (``Decoder.alloc``), as a
 real backend's resize output is; it is not written, so no decoding or copying work is timed.
 """
 
@@ -11,15 +11,16 @@ import torch
 
 from avion_ds.data.decode_base import Decoder, register_backend
 
-SHAPE = (16, 224, 224, 3)
+SIZE = 224
 
 
 class NullDecoder(Decoder):
     name = "null"
 
     def _decode(self, path: str, indices: list[int], crop):
-        out = self.alloc(SHAPE) if self.alloc is not None else None
-        return (out if out is not None else torch.empty(SHAPE, dtype=torch.uint8)), True
+        shape = (len(indices), SIZE, SIZE, 3)
+        out = self.alloc(shape) if self.alloc is not None else None
+        return (out if out is not None else torch.empty(shape, dtype=torch.uint8)), True
 
 
 register_backend("null", NullDecoder)
