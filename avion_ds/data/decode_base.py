@@ -98,6 +98,7 @@ class Decoder:
     """
 
     name = "base"
+    alloc: Callable[[tuple[int, ...]], torch.Tensor | None] | None = None  # see __init__
 
     def __init__(self, threads: int = 1, fuse: bool = True, exact: bool = True) -> None:
         self.threads = max(1, int(threads))
