@@ -2,7 +2,8 @@
 
 Every import counts, also those inside functions (a lazy import is still a dependency), and
 ``from pkg import name`` where ``name`` is a submodule counts as an import of that submodule.
-A package's ``__init__`` is a module of its own (named like the package).
+A package's ``__init__`` is a module of its own (named like the package). Imports under
+``if TYPE_CHECKING:`` are not runtime dependencies and are skipped.
 """
 
 from __future__ import annotations
@@ -38,6 +39,24 @@ def _resolve(module: str, is_package: bool, level: int, target: str | None) -> s
     return ".".join(base + ([target] if target else []))
 
 
+def _is_type_checking(test: ast.expr) -> bool:
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or \
+        (isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
+
+
+def _runtime_nodes(tree: ast.AST) -> list[ast.AST]:
+    """Every node of ``tree`` except the bodies of ``if TYPE_CHECKING:`` blocks (their else runs)."""
+    out, todo = [], [tree]
+    while todo:
+        node = todo.pop()
+        out.append(node)
+        if isinstance(node, ast.If) and _is_type_checking(node.test):
+            todo.extend(node.orelse)
+            continue
+        todo.extend(ast.iter_child_nodes(node))
+    return out
+
+
 def imports_of(module: str, path: Path, modules: set[str]) -> set[str]:
     """Modules of ``modules`` that ``module`` imports anywhere in its file (module or function level)."""
     tree = ast.parse(path.read_text(), filename=str(path))
@@ -54,7 +73,7 @@ def imports_of(module: str, path: Path, modules: set[str]) -> set[str]:
                 found.add(prefix)
                 return
 
-    for node in ast.walk(tree):
+    for node in _runtime_nodes(tree):
         if isinstance(node, ast.Import):
             for alias in node.names:
                 add(alias.name)
@@ -193,6 +212,10 @@ def _write(root: Path, files: dict[str, str]) -> None:
     # `from .. import sub` where sub is a subpackage, three modules long
     ({"pkg/__init__.py": "", "pkg/x/__init__.py": "from .a import f\n", "pkg/x/a.py": "from ..y import b\n",
       "pkg/y/__init__.py": "", "pkg/y/b.py": "from .. import x\n"}, ["pkg.x", "pkg.x.a", "pkg.y.b"]),
+    # an `else:` of a TYPE_CHECKING block runs
+    ({"pkg/__init__.py": "", "pkg/a.py": "import pkg.b\n",
+      "pkg/b.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    pass\nelse:\n    import pkg.a\n"},
+     ["pkg.a", "pkg.b"]),
 ])
 def test_cycle_check_detects(tmp_path: Path, files: dict[str, str], cycle: list[str]) -> None:
     _write(tmp_path, files)
@@ -204,7 +227,8 @@ def test_cycle_check_detects(tmp_path: Path, files: dict[str, str], cycle: list[
 def test_cycle_check_accepts_a_dag(tmp_path: Path) -> None:
     _write(tmp_path, {"pkg/__init__.py": "from .a import f\n", "pkg/a.py": "from .b import g\n",
                       "pkg/b.py": "import os\n\ndef g():\n    from pkg import c\n    from pkg.c import h\n",
-                      "pkg/c.py": "import pkg.d\n", "pkg/d.py": ""})
+                      "pkg/c.py": "import typing\nimport pkg.d\nif typing.TYPE_CHECKING:\n    from pkg.b import g\n",
+                      "pkg/d.py": ""})
     assert import_cycles(tmp_path, "pkg") == []
 
 

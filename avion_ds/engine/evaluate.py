@@ -1,8 +1,6 @@
 """`avion-ds eval`: evaluate a run directory or exported weights; writes metrics + per-sample scores.
 
-``evaluate_model`` is shared with the training loop: it runs any callable model (a DeepSpeed
-engine, a plain module, or a ZeRO-3 offload inference wrapper) over a (distributed) loader,
-aggregates multi-view clips, gathers all ranks' predictions and removes the sampler's padding.
+The loop itself (``evaluate_model``, shared with training) lives in :mod:`avion_ds.engine.eval_loop`.
 """
 
 from __future__ import annotations
@@ -10,7 +8,6 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -20,54 +17,12 @@ from avion_ds.config import ConfigError, Recipe, load_recipe
 from avion_ds.data.errors import DataError
 from avion_ds.data.protocols import eval_report
 from avion_ds.engine import dist
-from avion_ds.engine.bad_input import BadInputLog, batch_messages
-from avion_ds.engine.logging import progress
+from avion_ds.engine.eval_loop import evaluate_model
 from avion_ds.engine.metrics import (
     SCORES,
-    PredictionStore,
-    aggregate_outputs,
-    compute_metrics,
-    failed_in_batch,
     failed_line,
-    gather_failed,
     per_sample_records,
 )
-
-
-@torch.no_grad()
-def evaluate_model(model: Callable[[torch.Tensor], Any], loader: Any, augment: Callable, views: int,
-                   device: torch.device, dtype: torch.dtype = torch.float32,
-                   bad_log: BadInputLog | None = None) -> tuple[dict[str, float], tuple, list[dict[str, Any]]]:
-    """Metrics over ``loader`` (all ranks), the gathered (index, probabilities, labels), and the
-    clips that failed to decode (``[{"index", "name", "reason"}]``, excluded from the metrics).
-
-    Bad samples a deferring dataset reports are named once (``bad_log``); a fatal one
-    (``data.on_error: raise``) raises the same DataError on every rank after the loop.
-    """
-    was_training = getattr(model, "training", False)
-    if hasattr(model, "eval"):
-        model.eval()
-    store = PredictionStore()
-    failed: dict[int, str] = {}
-    bad_log = bad_log or BadInputLog(lambda msg: print(msg, flush=True))
-    bad, fatal = [], []
-    for batch in progress(loader, "eval"):
-        b, f = batch_messages(batch)
-        bad += b
-        fatal += f
-        frames = batch["frames"].to(device, non_blocking=True)
-        labels = batch["label"]
-        labels = {k: v.to(device) for k, v in labels.items()} if isinstance(labels, dict) else labels.to(device)
-        x, targets = augment(frames, labels)
-        out = model(x.to(dtype))
-        scores = aggregate_outputs(out, views)  # probabilities for any view count (metrics.SCORES)
-        store.add(batch["index"], scores, targets)
-        failed.update(failed_in_batch(batch))
-    if was_training and hasattr(model, "train"):
-        model.train()
-    bad_log.exchange(bad, fatal)
-    index, scores, labels = store.gather()
-    return compute_metrics(scores, labels), (index, scores, labels), gather_failed(failed, loader.dataset)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -105,7 +60,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def consolidated_state_dict(run_dir: str | Path, tag: str | None = None) -> dict[str, torch.Tensor]:
     """fp32 weights of a run's latest complete (or given) checkpoint, via the export path."""
-    from avion_ds.engine.export import consolidate
+    from avion_ds.rundir import consolidate
 
     return consolidate(run_dir, tag)
 

@@ -77,7 +77,7 @@ def read_checkpoint(source: str | Path | dict, trust: bool = False) -> dict[str,
         return source
     path = Path(source)
     if path.is_dir() and (path / "checkpoints").is_dir() and not (path / "model.safetensors").is_file():
-        from avion_ds.engine.export import (
+        from avion_ds.rundir import (
             consolidate,  # a training run directory: its latest checkpoint
         )
 
