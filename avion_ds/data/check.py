@@ -126,7 +126,7 @@ def check_files(cfg: DataConfig, entries, full: bool, workers: int, report: Chec
 
 def check_rows(cfg: DataConfig, report: CheckReport) -> list:
     """Every annotation row of train/val: resolves, parses, span inside the video. Returns the videos used."""
-    from .datasets import build_dataset
+    from .build import build_dataset
 
     used = {}
     plain = replace(cfg, quarantine="none", on_error="raise", rand_aug="", num_sample=1)

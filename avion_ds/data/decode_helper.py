@@ -239,6 +239,6 @@ def serve(name: str, threads: int, fuse: bool, exact: bool, fd: int) -> int:
 
 
 if __name__ == "__main__":
-    from avion_ds.data import decoders  # noqa: F401 - registers the built-in backends (plugins load in serve)
+    from avion_ds.data import decode_backends  # noqa: F401 - registers the built-in backends (plugins load in serve)
 
     sys.exit(serve(sys.argv[1], int(sys.argv[2]), bool(int(sys.argv[3])), bool(int(sys.argv[4])), int(sys.argv[5])))

@@ -88,7 +88,7 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as e:
         print(f"avion-ds bench-loader: error: {e}", file=sys.stderr)
         return 2
-    from .datasets import build_dataset
+    from .build import build_dataset
 
     torch.set_num_threads(1)
     name, why = pick_decoder(recipe.data)

@@ -115,7 +115,7 @@ def check_heads(recipe: Recipe) -> None:
 
 def check_data_layout(recipe: Recipe, need_train: bool = True) -> dict[str, int]:
     """Chunk manifest present, annotation headers right, labels within the heads; returns rows per split."""
-    from avion_ds.data.datasets import read_annotations
+    from avion_ds.data.build import read_annotations
     from avion_ds.data.manifest import MANIFEST_NAME, load_manifest
 
     d = recipe.data

@@ -7,7 +7,7 @@ import sys
 import pytest
 import torch
 
-from avion_ds.data import decoders
+from avion_ds.data import decode_torchcodec, decoders
 from avion_ds.data.crop import CropBox, CropSpec, crop_resize
 from avion_ds.data.decoders import (
     DataError,
@@ -67,7 +67,7 @@ def test_torchcodec_falls_back_when_hook_breaks(monkeypatch, index_video, decode
     def broken(cls, box):
         raise TypeError("hook changed upstream")
 
-    monkeypatch.setattr(decoders._CropAt, "__new__", broken)
+    monkeypatch.setattr(decode_torchcodec.CropHook, "__new__", broken)
     dec = get_decoder("torchcodec")
     box = CropBox(0, 0, 48, 48)
     out = dec.decode(index_video, [1, 2], CropSpec(box, (24, 24), 72, 96))
@@ -138,7 +138,7 @@ def hang_backend(tmp_path, monkeypatch):
     for name in ("ok.mp4", "hang.mp4", "crash.mp4"):
         (tmp_path / name).write_bytes(b"x")
     yield tmp_path
-    decoders._REGISTRY.pop("hang", None)
+    decoders.REGISTRY.pop("hang", None)
 
 
 def test_timeout_kills_a_hung_decode_and_recovers(hang_backend) -> None:
