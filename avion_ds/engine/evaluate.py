@@ -17,6 +17,7 @@ from avion_ds.config import ConfigError, Recipe, load_recipe
 from avion_ds.data.errors import DataError
 from avion_ds.data.protocols import eval_report
 from avion_ds.engine import dist
+from avion_ds.engine.ds_config import torch_dtype
 from avion_ds.engine.eval_loop import evaluate_model
 from avion_ds.engine.metrics import (
     SCORES,
@@ -79,11 +80,71 @@ def _resolve_recipe(args: argparse.Namespace) -> tuple[Recipe, Path | None]:
     return recipe, run_dir
 
 
+def _resolve_tag(args: argparse.Namespace, run_dir: Path | None) -> str | None:
+    """The complete checkpoint of a run directory to evaluate (``--tag`` or the newest), else None."""
+    if run_dir is None:
+        if args.tag is not None:
+            raise ConfigError(f"--tag {args.tag}: --checkpoint {args.checkpoint} is a weights file, not a run directory")
+        return None
+    from avion_ds.engine.checkpoint import check_tag, latest_complete
+
+    tag = args.tag or latest_complete(run_dir)
+    if tag is None:
+        raise ConfigError(f"--checkpoint {run_dir}: no complete checkpoint in {run_dir / 'checkpoints'}")
+    check_tag(run_dir, tag, flag="--tag")
+    return tag
+
+
+def _eval_model(args: argparse.Namespace, recipe: Recipe, run_dir: Path | None, tag: str | None,
+                dtype: torch.dtype) -> torch.nn.Module:
+    """The model with the checkpoint's weights: plain, or built partitioned for ZeRO-3 offload inference."""
+    from avion_ds.engine.train import build_model
+
+    if args.offload != "none":
+        # built partitioned under the inference ZeRO-3 config; rank 0 alone reads / consolidates weights
+        from avion_ds.memory.offload import build_for_inference
+
+        source: Any = str(args.checkpoint)
+        if run_dir is not None:
+            source = consolidated_state_dict(run_dir, tag) if dist.is_main() else {}
+        return build_for_inference(lambda: build_model(recipe, pretrained=""), source, offload=args.offload,
+                                   max_live_parameters=int(args.max_live_params),
+                                   prefetch_bucket_size=int(args.prefetch_bucket), nvme_path=args.nvme_path,
+                                   dtype=dtype, strict=run_dir is not None)
+    if run_dir is None:
+        return build_model(recipe, pretrained=str(args.checkpoint))
+    model = build_model(recipe, pretrained="")
+    from avion_ds.models import load_pretrained
+
+    load_pretrained(model, consolidated_state_dict(run_dir, tag), strict=True)
+    return model
+
+
+def _write_results(args: argparse.Namespace, recipe: Recipe, run_dir: Path | None, tag: str | None, views: int,
+                   dataset: Any, result: tuple) -> None:
+    """eval_metrics.json (metrics, protocol report, failed samples, per-sample scores) and the summary lines."""
+    metrics, (index, scores, labels), failed = result
+    out = Path(args.out) if args.out else (run_dir or Path(args.checkpoint).parent) / "eval_metrics.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    payload: dict[str, Any] = {"checkpoint": str(args.checkpoint), "tag": tag, "split": args.split,
+                               "num_samples": int(index.numel()), "views": views, "scores": SCORES,
+                               "metrics": metrics, **eval_report(recipe.eval.protocol, views, dataset, index),
+                               "failed_samples": failed}
+    if not args.no_per_sample:
+        payload["per_sample"] = per_sample_records(index, scores, labels)
+    out.write_text(json.dumps(payload) + "\n")
+    if failed:
+        print(failed_line(failed), flush=True)
+    print(" ".join(f"{k}={v:.2f}" for k, v in metrics.items()), flush=True)
+    print(f"wrote {out} ({index.numel()} samples evaluated; protocol {payload['protocol']}, {views} views, "
+          f"{payload['num_missing']} missing, {payload['num_quarantined']} quarantined, "
+          f"{len(failed)} failed to decode; checkpoint {tag or args.checkpoint})", flush=True)
+
+
 def run(args: argparse.Namespace) -> int:
     from avion_ds.engine import preflight as pf
     from avion_ds.engine.train import (
         backends_line,
-        build_model,
         check_data_paths,
         recipe_num_classes,
         seed_everything,
@@ -98,16 +159,7 @@ def run(args: argparse.Namespace) -> int:
     pf.check_heads(recipe)
     pf.check_model(recipe)
     pf.check_data_layout(recipe, need_train=args.split == "train")
-    tag = None
-    if run_dir is not None:
-        from avion_ds.engine.checkpoint import check_tag, latest_complete
-
-        tag = args.tag or latest_complete(run_dir)
-        if tag is None:
-            raise ConfigError(f"--checkpoint {run_dir}: no complete checkpoint in {run_dir / 'checkpoints'}")
-        check_tag(run_dir, tag, flag="--tag")
-    elif args.tag is not None:
-        raise ConfigError(f"--tag {args.tag}: --checkpoint {args.checkpoint} is a weights file, not a run directory")
+    tag = _resolve_tag(args, run_dir)
     _, world, _ = dist.init()
     seed_everything(recipe.seed)
 
@@ -118,26 +170,8 @@ def run(args: argparse.Namespace) -> int:
     device = torch.device(get_accelerator().current_device_name())
     precision = args.precision if args.precision != "auto" else (
         recipe.precision if recipe.precision != "auto" else ("bf16" if device.type == "cuda" else "fp32"))
-    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision, torch.float32)
-
-    if args.offload != "none":
-        # built partitioned under the inference ZeRO-3 config; rank 0 alone reads / consolidates weights
-        from avion_ds.memory.offload import build_for_inference
-
-        source: Any = str(args.checkpoint)
-        if run_dir is not None:
-            source = consolidated_state_dict(run_dir, tag) if dist.is_main() else {}
-        model = build_for_inference(lambda: build_model(recipe, pretrained=""), source, offload=args.offload,
-                                    max_live_parameters=int(args.max_live_params),
-                                    prefetch_bucket_size=int(args.prefetch_bucket), nvme_path=args.nvme_path,
-                                    dtype=dtype, strict=run_dir is not None)
-    elif run_dir is not None:
-        model = build_model(recipe, pretrained="")
-        from avion_ds.models import load_pretrained
-
-        load_pretrained(model, consolidated_state_dict(run_dir, tag), strict=True)
-    else:
-        model = build_model(recipe, pretrained=str(args.checkpoint))
+    dtype = torch_dtype(precision)
+    model = _eval_model(args, recipe, run_dir, tag, dtype)
     model.eval()
     if dist.is_main():
         print(backends_line(model, recipe, device, dtype), flush=True)
@@ -153,23 +187,9 @@ def run(args: argparse.Namespace) -> int:
     loader = build_loader(dataset, recipe.eval.batch_size or recipe.batch.micro_batch, recipe.data.workers,
                           shuffle=False, seed=recipe.seed, drop_last=False, distributed=world > 1)
     augment = DeviceAugment(recipe.data, recipe_num_classes(recipe), train=False)
-    metrics, (index, scores, labels), failed = evaluate_model(model, loader, augment, views, device, dtype)
+    result = evaluate_model(model, loader, augment, views, device, dtype)
     if dist.is_main():
-        out = Path(args.out) if args.out else (run_dir or Path(args.checkpoint).parent) / "eval_metrics.json"
-        out.parent.mkdir(parents=True, exist_ok=True)
-        payload: dict[str, Any] = {"checkpoint": str(args.checkpoint), "tag": tag, "split": args.split,
-                                   "num_samples": int(index.numel()), "views": views, "scores": SCORES,
-                                   "metrics": metrics, **eval_report(recipe.eval.protocol, views, dataset, index),
-                                   "failed_samples": failed}
-        if not args.no_per_sample:
-            payload["per_sample"] = per_sample_records(index, scores, labels)
-        out.write_text(json.dumps(payload) + "\n")
-        if failed:
-            print(failed_line(failed), flush=True)
-        print(" ".join(f"{k}={v:.2f}" for k, v in metrics.items()), flush=True)
-        print(f"wrote {out} ({index.numel()} samples evaluated; protocol {payload['protocol']}, {views} views, "
-              f"{payload['num_missing']} missing, {payload['num_quarantined']} quarantined, "
-              f"{len(failed)} failed to decode; checkpoint {tag or args.checkpoint})", flush=True)
+        _write_results(args, recipe, run_dir, tag, views, dataset, result)
     del model
     return 0
 
