@@ -30,6 +30,7 @@ import torch
 from avion_ds.config import BatchConfig, ConfigError, Recipe
 
 AUTO = "auto"
+PRECISIONS = ("fp32", "bf16", "fp16")  # names torch_dtype maps
 DS_CONFIGS = Path(__file__).resolve().parents[2] / "ds_configs"  # the hand-tuned reference JSONs
 
 
