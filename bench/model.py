@@ -25,6 +25,7 @@ from dataclasses import dataclass
 import torch
 
 from avion_ds.engine.ds_config import PRECISIONS, torch_dtype
+from avion_ds.memory.activations import measure_activation_bytes
 from avion_ds.models import apply_activation_checkpointing, create_model, model_flops
 from avion_ds.models.attention import flash_available
 
@@ -43,23 +44,6 @@ class Variant:
     def label(self) -> str:
         short = self.model.replace("_patch16_224", "").replace("_patch14_224", "")
         return f"{short} attn={self.backend} embed={self.embed}" + (" +AC" if self.ckpt else "")
-
-
-def saved_activation_bytes(model: torch.nn.Module, x: torch.Tensor) -> int:
-    """Bytes of distinct tensors autograd saves for backward in one forward, parameters excluded."""
-    param_storages = {p.untyped_storage().data_ptr() for p in model.parameters()}
-    seen: dict[int, int] = {}
-
-    def pack(t: torch.Tensor) -> torch.Tensor:
-        st = t.untyped_storage()
-        if st.data_ptr() not in param_storages:
-            seen[st.data_ptr()] = max(seen.get(st.data_ptr(), 0), st.nbytes())
-        return t
-
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        out = model(x)
-    del out
-    return sum(seen.values())
 
 
 def _step(model: torch.nn.Module, x: torch.Tensor) -> None:
@@ -101,7 +85,7 @@ def run(args: argparse.Namespace) -> list[dict]:
     act: dict[str, int] = {}
     peak_mem: dict[str, int] = {}
     for v, model in built:  # activation bytes + warm-up
-        act[v.label] = saved_activation_bytes(model, x)
+        act[v.label] = measure_activation_bytes(model, x)  # the package's saved-tensor counter
         for _ in range(args.warmup):
             _step(model, x)
     for _ in range(args.iters):  # round-robin so load changes hit every variant alike
