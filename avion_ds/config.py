@@ -367,6 +367,8 @@ def _float_fields(obj: Any, prefix: str = "") -> list[tuple[str, float]]:
     return out
 
 
+FLOAT32_MAX = 3.4028234663852886e38  # torch.finfo(torch.float32).max; config stays torch-free
+
 # key -> (low, high, low inclusive, high inclusive); high None = unbounded
 _RANGES: dict[str, tuple[float | None, float | None, bool, bool]] = {
     "optim.lr": (0.0, None, False, True),
@@ -414,6 +416,8 @@ def validate(recipe: Recipe) -> None:
     for key, value in _float_fields(recipe):
         if not math.isfinite(value):
             raise ConfigError(f"{key}={value} is not a finite number")
+        if abs(value) > FLOAT32_MAX:  # finite in Python, inf once it reaches a float32 tensor
+            raise ConfigError(f"{key}={value} overflows float32 (largest {FLOAT32_MAX:.4g})")
     for key, (low, high, lo_inc, hi_inc) in _RANGES.items():
         try:
             value = _lookup(d, key)
