@@ -7,6 +7,7 @@ mistyped keys fail at load time naming the key; values are coerced to the annota
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import difflib
 import math
@@ -487,3 +488,9 @@ def validate(recipe: Recipe) -> None:
     problem = check_recipe(recipe)
     if problem:
         raise ConfigError(problem)
+
+
+def add_override_option(parser: argparse.ArgumentParser, example: str = "data.root=PATH") -> None:
+    """The ``--set KEY=VALUE`` option every recipe-reading command shares (collected in ``args.overrides``)."""
+    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                        help=f"dotted recipe override, repeatable (e.g. --set {example})")
