@@ -13,11 +13,11 @@ from typing import Any
 
 import torch
 
-from avion_ds.config import ConfigError, Recipe, load_recipe
+from avion_ds.config import ConfigError, Recipe, add_override_option, load_recipe
 from avion_ds.data.errors import DataError
 from avion_ds.data.protocols import eval_report
 from avion_ds.engine import dist
-from avion_ds.engine.ds_config import torch_dtype
+from avion_ds.engine.ds_config import PRECISIONS, torch_dtype
 from avion_ds.engine.eval_loop import evaluate_model
 from avion_ds.engine.metrics import (
     SCORES,
@@ -38,8 +38,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--tag", default=None, help="checkpoint tag of the run directory to evaluate (e.g. step_00000120); "
                    "default: the newest complete one")
     p.add_argument("--out", default=None, help="metrics JSON (default: <run dir or file dir>/eval_metrics.json)")
-    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-                   help="dotted recipe override, repeatable (e.g. --set eval.temporal_views=2)")
+    add_override_option(p, "eval.temporal_views=2")
     p.add_argument("--split", default="val", choices=("val", "train"), help="annotation file to evaluate on")
     p.add_argument("--no-per-sample", action="store_true", help="omit per-sample scores from the JSON")
     p.add_argument("--offload", default="none", choices=("none", "cpu", "nvme"),
@@ -47,7 +46,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--max-live-params", type=float, default=1e9, help="ZeRO-3 stage3_max_live_parameters")
     p.add_argument("--prefetch-bucket", type=float, default=5e7, help="ZeRO-3 stage3_prefetch_bucket_size")
     p.add_argument("--nvme-path", default="/local_nvme", help="directory for --offload nvme")
-    p.add_argument("--precision", default="auto", choices=("auto", "fp32", "bf16", "fp16"),
+    p.add_argument("--precision", default="auto", choices=("auto", *PRECISIONS),
                    help="inference dtype (auto: the recipe's, else bf16 on GPUs and fp32 on CPU)")
     p.add_argument("--trust-checkpoint", action="store_true",
                    help="allow full unpickling of a weights file that pickles more than tensors (it can run code); "

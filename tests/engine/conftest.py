@@ -39,8 +39,6 @@ def launch(args: list[str], nprocs: int = 2, timeout: int = 600, launcher: str =
     return subprocess.run(cmd, cwd=REPO, env=engine_env(), capture_output=True, text=True, timeout=timeout)
 
 
-
-
 def losses(run_dir: Path) -> dict[int, float]:
     """step -> loss from a run's history.jsonl (later lines win, as after a resume)."""
     out: dict[int, float] = {}
