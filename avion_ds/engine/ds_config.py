@@ -27,11 +27,9 @@ from typing import Any
 
 import torch
 
-from avion_ds.config import BatchConfig, ConfigError, Recipe
+from avion_ds.config import ConfigError, Recipe
 
 AUTO = "auto"
-PRECISIONS = ("fp32", "bf16", "fp16")  # names torch_dtype maps
-DS_CONFIGS = Path(__file__).resolve().parents[2] / "ds_configs"  # the hand-tuned reference JSONs
 
 
 @dataclass(frozen=True)
@@ -91,6 +89,10 @@ def load_user_config(user: dict | str | Path) -> dict[str, Any]:
     return data
 
 
+PRECISIONS = ("fp32", "bf16", "fp16")  # names torch_dtype maps
+DS_CONFIGS = Path(__file__).resolve().parents[2] / "ds_configs"  # the hand-tuned reference JSONs
+
+
 def reference_config(name: str) -> dict[str, Any]:
     """``ds_configs/<name>.json`` of this checkout: the settings every generated config starts from."""
     path = DS_CONFIGS / f"{name}.json"
@@ -117,6 +119,8 @@ def merge_overrides(base: dict[str, Any], overrides: dict[str, Any] | None) -> d
 def fixed_batch_recipe(micro_batch: int, grad_accum: int, precision: str) -> Recipe:
     """The default recipe with only the batch shape and precision set: what a config built outside a
     training run (planner probes, offload inference) fills its "auto" values from."""
+    from avion_ds.config import BatchConfig
+
     return dataclasses.replace(Recipe(), precision=precision,
                                batch=BatchConfig(global_batch=None, micro_batch=micro_batch, grad_accum=grad_accum))
 
