@@ -256,9 +256,9 @@ def part_helper_cpu(a, cfg, entry, csv_path: Path) -> None:
                 t = time.process_time()
                 run(inproc, i)
                 cpu_in += time.process_time() - t
-                c0, t = child_cpu(helper._proc.pid), time.process_time()
+                c0, t = child_cpu(helper.helper_pid), time.process_time()
                 run(helper, i)
-                cpu_h += time.process_time() - t + child_cpu(helper._proc.pid) - c0
+                cpu_h += time.process_time() - t + child_cpu(helper.helper_pid) - c0
         n = a.clips * a.repeats
         print(f"  {name:<11} in-process {cpu_in / n * 1e3:6.1f} ms CPU/clip, helper (parent + helper) "
               f"{cpu_h / n * 1e3:6.1f} ms -> {cpu_h / cpu_in - 1:+.1%}")

@@ -117,6 +117,11 @@ class SubprocessDecoder:
         self._buf: SharedBuffer | None = None
         self._pid = os.getpid()
 
+    @property
+    def helper_pid(self) -> int | None:
+        """Process id of the running helper (None before the first decode or after close)."""
+        return self._proc.pid if self._proc is not None else None
+
     def _ensure(self) -> subprocess.Popen:
         if self._pid != os.getpid():  # a forked copy: never share the parent's helper or buffer
             self._proc, self._buf = None, None

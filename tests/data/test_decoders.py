@@ -145,13 +145,13 @@ def test_timeout_kills_a_hung_decode_and_recovers(hang_backend) -> None:
     dec = get_decoder("hang", timeout_s=1.0)
     assert isinstance(dec, decoders.SubprocessDecoder)
     assert dec.decode(hang_backend / "ok.mp4", [0, 1, 1]).shape == (3, 4, 4, 3)
-    first = dec._proc.pid
+    first = dec.helper_pid
     with pytest.raises(DataError, match=r"hang.mp4: hang decode timed out after 1s"):
         dec.decode(hang_backend / "hang.mp4", [0])
     with pytest.raises(DataError, match=r"crash.mp4: hang decoder process died \(exit code 3\)"):
         dec.decode(hang_backend / "crash.mp4", [0])
     assert dec.decode(hang_backend / "ok.mp4", [5]).shape == (1, 4, 4, 3)  # a fresh helper
-    assert dec._proc.pid != first
+    assert dec.helper_pid != first
     dec.close()
 
 
