@@ -24,6 +24,7 @@ from avion_ds.engine.metrics import (
     failed_line,
     per_sample_records,
 )
+from avion_ds.rundir import consolidate
 
 
 # ---------------------------------------------------------------------------------------------
@@ -56,13 +57,6 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     if args.trust_checkpoint:
         args.overrides.append("model.trust_checkpoint=true")
     return args
-
-
-def consolidated_state_dict(run_dir: str | Path, tag: str | None = None) -> dict[str, torch.Tensor]:
-    """fp32 weights of a run's latest complete (or given) checkpoint, via the export path."""
-    from avion_ds.rundir import consolidate
-
-    return consolidate(run_dir, tag)
 
 
 def _resolve_recipe(args: argparse.Namespace) -> tuple[Recipe, Path | None]:
@@ -105,7 +99,7 @@ def _eval_model(args: argparse.Namespace, recipe: Recipe, run_dir: Path | None, 
 
         source: Any = str(args.checkpoint)
         if run_dir is not None:
-            source = consolidated_state_dict(run_dir, tag) if dist.is_main() else {}
+            source = consolidate(run_dir, tag) if dist.is_main() else {}
         return build_for_inference(lambda: build_model(recipe, pretrained=""), source, offload=args.offload,
                                    max_live_parameters=int(args.max_live_params),
                                    prefetch_bucket_size=int(args.prefetch_bucket), nvme_path=args.nvme_path,
@@ -115,7 +109,7 @@ def _eval_model(args: argparse.Namespace, recipe: Recipe, run_dir: Path | None, 
     model = build_model(recipe, pretrained="")
     from avion_ds.models import load_pretrained
 
-    load_pretrained(model, consolidated_state_dict(run_dir, tag), strict=True)
+    load_pretrained(model, consolidate(run_dir, tag), strict=True)
     return model
 
 
