@@ -305,20 +305,39 @@ class ClipDataset(Dataset):
             return [random_resized_crop(h, w, scale, ratio, rng) for _ in range(self.spatial_views)]
         return [center_crop(h, w)] if self.spatial_views == 1 else three_crops(h, w)
 
-    def _clip(self, entry: VideoEntry, indices: list[int], box: CropBox | None) -> torch.Tensor:
-        """Frames ``indices`` cropped to ``box`` and resized to size (``box=None``: whole frames, no resize)."""
+    def _clip(self, entry: VideoEntry, indices: list[int], box: CropBox | None, resize: bool = True) -> torch.Tensor:
+        """Frames ``indices`` cropped to ``box`` and resized to size (``box=None``: whole frames, no resize;
+        ``resize=False``: the box's pixels as decoded)."""
         for k in sorted({entry.locate(i)[0] for i in indices}):
             problem = check_chunk_file(entry.chunks[k])
             if problem:
                 raise DataError(problem)
         size = (self.cfg.size, self.cfg.size)
-        fused = self.cfg.interpolation == "bilinear" and box is not None  # decoders resize bilinearly
+        resize = resize and box is not None
+        fused = resize and self.cfg.interpolation == "bilinear"  # decoders resize bilinearly
         spec = CropSpec(box, size if fused else None, entry.height, entry.width)
         parts = [self.decoder.decode(path, local, spec) for path, local in map_to_chunks(indices, entry)]
         frames = parts[0] if len(parts) == 1 else torch.cat(parts)
-        if box is not None and not fused:
+        if resize and not fused:
             frames = crop_resize(frames, None, size, self.cfg.interpolation)
         return frames
+
+    def _clips(self, entry: VideoEntry, indices: list[int], boxes: list[CropBox]) -> list[torch.Tensor]:
+        """:meth:`_clip` for each of ``boxes`` from ONE decode of the boxes' union (eval's 3 crops).
+
+        Every backend's crop gives the pixels a whole-frame decode has at the box, and the resize
+        runs on those pixels: the views equal per-box decodes bit for bit (tests/data/test_datasets.py).
+        """
+        if len(boxes) == 1:
+            return [self._clip(entry, indices, boxes[0])]
+        top, left = min(b.top for b in boxes), min(b.left for b in boxes)
+        union = CropBox(top, left, max(b.top + b.height for b in boxes) - top, max(b.left + b.width for b in boxes) - left)
+        frames = self._clip(entry, indices, union, resize=False)
+        if tuple(frames.shape[1:3]) != (union.height, union.width):  # a chunk of another size than the manifest's
+            return [self._clip(entry, indices, b) for b in boxes]
+        size = (self.cfg.size, self.cfg.size)
+        return [crop_resize(frames, CropBox(b.top - top, b.left - left, b.height, b.width), size, self.cfg.interpolation)
+                for b in boxes]
 
     def _augment(self, frames: torch.Tensor, rng) -> torch.Tensor:
         return frames if self.randaug is None else self.randaug(frames, int(rng.integers(2**31)))
@@ -336,8 +355,8 @@ class ClipDataset(Dataset):
         for t in range(self.temporal_views if not views else 0):
             rng = clip_rng(self.seed, self.epoch, i, t)
             indices = self._indices(start, end, rng, t)
-            for box in self._boxes(entry.height, entry.width, rng):
-                views.append(self._augment(self._clip(entry, indices, box), rng))
+            for frames in self._clips(entry, indices, self._boxes(entry.height, entry.width, rng)):
+                views.append(self._augment(frames, rng))
         frames = views[0] if len(views) == 1 else torch.stack(views)
         return {"frames": frames, "label": label, "index": i}
 
