@@ -77,14 +77,14 @@ def segments(seconds: float, n: int, seed: int) -> list[tuple[float, float]]:
 
 
 def write_csv(path: Path, segs: list[tuple[float, float]]) -> None:
-    from avion_ds.data.synthetic import EPIC_COLUMNS, _timestamp
+    from avion_ds.data.synthetic import EPIC_COLUMNS, format_timestamp
 
     with path.open("w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=list(EPIC_COLUMNS), extrasaction="ignore")
         w.writeheader()
         for i, (s, e) in enumerate(segs):
-            w.writerow({"narration_id": f"P01_01_{i}", "video_id": "P01_01", "start_timestamp": _timestamp(s),
-                        "stop_timestamp": _timestamp(e), "verb_class": 0, "noun_class": 0})
+            w.writerow({"narration_id": f"P01_01_{i}", "video_id": "P01_01", "start_timestamp": format_timestamp(s),
+                        "stop_timestamp": format_timestamp(e), "verb_class": 0, "noun_class": 0})
 
 
 def clip_requests(csv_path: Path, entry, cfg, n: int) -> list[tuple[list[tuple[str, list[int]]], object]]:

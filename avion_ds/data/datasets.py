@@ -47,7 +47,8 @@ from .crop import (
     random_resized_crop,
     three_crops,
 )
-from .decoders import _REGISTRY, _load_plugins, get_decoder, pick_decoder
+from .decode_base import REGISTRY, load_plugins
+from .decoders import get_decoder, pick_decoder
 from .errors import DataError
 from .manifest import (
     VideoEntry,
@@ -147,14 +148,14 @@ class ClipDataset(Dataset):
             raise ValueError(f"split must be 'train' or 'val', got {split!r}")
         if spatial_views not in (1, 3) or temporal_views < 1:
             raise ValueError(f"temporal_views must be >= 1 and spatial_views 1 or 3, got {temporal_views}, {spatial_views}")
-        _load_plugins()
-        if cfg.decoder not in _REGISTRY and cfg.decoder != "auto":
-            raise ValueError(f"data.decoder={cfg.decoder!r} is not one of auto, {', '.join(sorted(_REGISTRY))}")
+        load_plugins()
+        if cfg.decoder not in REGISTRY and cfg.decoder != "auto":
+            raise ValueError(f"data.decoder={cfg.decoder!r} is not one of auto, {', '.join(sorted(REGISTRY))}")
         self.cfg, self.split, self.train = cfg, split, split == "train"
         self.temporal_views, self.spatial_views, self.seed = temporal_views, spatial_views, seed
         self.index = index if index is not None else VideoIndex(cfg.root, cfg.chunked)
         self.decoder_name = pick_decoder(cfg)[0]  # 'auto': probed here unless the trainer resolved it first
-        _REGISTRY[self.decoder_name].check_available()  # DecoderUnavailable (clear message) now, not in a worker
+        REGISTRY[self.decoder_name].check_available()  # DecoderUnavailable (clear message) now, not in a worker
         self._epoch = _shared_zeros(1)
         self._errors = _shared_zeros(_ERROR_SLOTS)
         self._decoder = None
@@ -480,45 +481,3 @@ class EpicDataset(ClipDataset):
             raise DataError(f"{where}: {e}") from None
         start, end = seconds_to_frames(start_s, stop_s, entry.fps)
         return entry, start, end, {"verb": verb, "noun": noun}
-
-
-def read_annotations(cfg: DataConfig, split: str) -> tuple[int, int | dict[str, int]]:
-    """(rows, classes seen) of ``split``'s annotation file without opening a video (start-up checks).
-
-    Raises ValueError / FileNotFoundError naming the file (missing column, empty list).
-    """
-    path = cfg.train_csv if split == "train" else cfg.val_csv
-    if cfg.dataset == "epic":
-        _, rows = open_csv(path, EPIC_REQUIRED)
-        if not rows:
-            raise ValueError(f"{path}: no annotation rows")
-        top = {h: max((v for _, r in rows if (v := parse_int(r[f"{h}_class"])) is not None), default=-1) + 1
-               for h in ("verb", "noun")}
-        return len(rows), top
-    if cfg.dataset == "ssv2":
-        from .ssv2 import split_summary as ssv2_summary
-
-        return ssv2_summary(cfg, path)
-    from .kinetics import split_summary
-
-    return split_summary(cfg, path)
-
-
-def build_dataset(cfg: DataConfig, split: str, temporal_views: int = 1, spatial_views: int = 1,
-                  seed: int = 0) -> ClipDataset:
-    """The dataset named by ``cfg.dataset`` (epic | kinetics | ssv2 | videos) for ``split`` (train | val)."""
-    if cfg.dataset == "epic":
-        return EpicDataset(cfg, split, temporal_views, spatial_views, seed)
-    if cfg.dataset == "kinetics":
-        from .kinetics import KineticsDataset
-
-        return KineticsDataset(cfg, split, temporal_views, spatial_views, seed)
-    if cfg.dataset == "ssv2":
-        from .ssv2 import SSv2Dataset
-
-        return SSv2Dataset(cfg, split, temporal_views, spatial_views, seed)
-    if cfg.dataset == "videos":
-        from .videos import VideosDataset
-
-        return VideosDataset(cfg, split, temporal_views, spatial_views, seed)
-    raise ValueError(f"data.dataset={cfg.dataset!r} is not one of epic, kinetics, ssv2, videos")

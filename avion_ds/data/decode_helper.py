@@ -145,6 +145,11 @@ class SubprocessDecoder:
     def _retire(self) -> None:
         self._held = [_Retired() if h is not None and h() is not None else h for h in self._held]
 
+    @property
+    def helper_pid(self) -> int | None:
+        """Process id of the running helper (None before the first decode or after close)."""
+        return self._proc.pid if self._proc is not None else None
+
     def _ensure(self) -> subprocess.Popen:
         if self._pid != os.getpid():  # a forked copy: never share the parent's helper or regions
             self._proc, self._bufs, self._held = None, None, [None] * SLOTS
@@ -295,7 +300,7 @@ def serve(name: str, threads: int, fuse: bool, exact: bool, fds: list[int]) -> i
 
 
 if __name__ == "__main__":
-    from avion_ds.data import decoders  # noqa: F401 - registers the built-in backends (plugins load in serve)
+    from avion_ds.data import decode_backends  # noqa: F401 - registers the built-in backends (plugins load in serve)
 
     sys.exit(serve(sys.argv[1], int(sys.argv[2]), bool(int(sys.argv[3])), bool(int(sys.argv[4])),
                    [int(x) for x in sys.argv[5].split(",")]))

@@ -34,7 +34,7 @@ log = logging.getLogger(__name__)
 _INSTALL = "pip install torchcodec and install FFmpeg shared libraries (Debian/Ubuntu: apt-get install ffmpeg)"
 
 
-class _CropAt:
+class CropHook:
     """torchcodec decoder transform: crop at a chosen (top, left) via the private spec hook."""
 
     def __new__(cls, box: CropBox):  # built lazily so the module imports without torchcodec
@@ -80,7 +80,7 @@ class TorchCodecDecoder(Decoder):
         if crop is None or not self.fuse or self.hook_ok is False:
             return self._open(path, None, exact), crop is None
         try:
-            dec = self._open(path, [_CropAt(crop.for_frame(crop.frame_h, crop.frame_w))], exact)
+            dec = self._open(path, [CropHook(crop.for_frame(crop.frame_h, crop.frame_w))], exact)
         except Exception as e:  # noqa: BLE001 - a newer torchcodec may reject the private hook
             plain = self._open(path, None, exact)  # raises for a bad file: then it was not the hook
             if self.hook_ok is None:

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from .conftest import free_port, engine_env
+from .conftest import engine_env, free_port
 
 pytestmark = pytest.mark.slow
 

@@ -15,7 +15,7 @@ import pytest
 
 from avion_ds.engine.checkpoint import complete_tags
 
-from .conftest import REPO, free_port, engine_env, losses, write_recipe
+from .conftest import REPO, engine_env, free_port, losses, write_recipe
 
 pytestmark = pytest.mark.slow
 
