@@ -11,7 +11,10 @@ once no tensor views it any more (a weak reference to the array the parent hande
 region is still in use, or a result is bigger than ``SLOT_MAX_BYTES`` (whole frames), the child
 writes into a scratch region and the parent copies the frames out once. A pass through the helper
 thus costs one pipe round trip (two process wake-ups) and two small pickles, not copies. After a
-fork, regions still in use are never reused (the child may still read the frames through its copy). Nothing has a name in
+fork, regions still in use are never reused (the child may still read the frames through its copy).
+Memory: a region keeps its largest size while the decoder lives (at most ``SLOTS`` x ``SLOT_MAX_BYTES``
+= 64 MiB of clips, in practice one 2.4 MB clip per region in use, plus the scratch region at the
+largest whole-frame read): pages of released clips stay with the decoder for reuse. Nothing has a name in
 ``/dev/shm``, so a killed process leaks nothing and a small ``/dev/shm`` in a container is no limit.
 A decode that exceeds ``timeout_s`` kills the helper (a fresh one starts on the next call, reusing
 the regions) and raises :class:`DataError`; a crash (segfault) inside the decoder becomes a DataError the same
