@@ -20,6 +20,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from avion_ds.config import ConfigError, Recipe
 
 AUTO = "auto"
@@ -398,3 +400,8 @@ def precision_of(cfg: dict[str, Any]) -> str:
     if cfg.get("fp16", {}).get("enabled"):
         return "fp16"
     return "fp32"
+
+
+def torch_dtype(precision: str) -> torch.dtype:
+    """The compute dtype of a precision name (fp32 | bf16 | fp16); the one precision -> dtype map."""
+    return {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision, torch.float32)
