@@ -1,8 +1,9 @@
 """Engine overhead and data-wait benchmark (one process, run side by side in one invocation).
 
-1. Step time of a plain PyTorch loop (AdamW, same param groups, clipping) vs the DeepSpeed engine
-   with ZeRO-0 and ZeRO-2 on the same model, batch and device -> ratio (target <= 1.05 for ZeRO-0).
-   Inputs are pre-made tensors so only the optimisation step is timed.
+1. Step time of a plain PyTorch loop (AdamW, same param groups, clipping) vs the training loop's
+   step (``Trainer.train_step`` on the DeepSpeed engine) with ZeRO-0 and ZeRO-2 on the same model,
+   batch and device -> ratio (target <= 1.03 for ZeRO-0). Inputs are pre-made tensors so only the
+   optimisation step is timed.
 2. Data-wait fraction of the real training input path (synthetic EPIC chunks -> dataset -> loader ->
    device augment -> step) with 0 vs 2 loader workers.
 
@@ -12,6 +13,7 @@
 from __future__ import annotations
 
 import argparse
+import itertools
 import os
 import statistics
 import sys
@@ -90,17 +92,17 @@ def bench_plain(recipe, device, steps: int) -> list[float]:
 
 
 def bench_ds(recipe, device, steps: int, config: str) -> list[float]:
+    """The training loop's own step (``Trainer.train_step``, logging every ``logging.log_every`` steps)."""
     from avion_ds.engine.parallelize import parallelize
+    from avion_ds.engine.trainer import Trainer
 
     cfg = build_ds_config(REPO / "ds_configs" / config, recipe, dist.world_size(), steps_per_epoch=1000)
-    engine = parallelize(make_model(recipe), recipe, cfg, steps_per_epoch=1000)
+    trainer = Trainer(parallelize(make_model(recipe), recipe, cfg, steps_per_epoch=1000), recipe)
     x, y = batch_for(recipe, recipe.batch.micro_batch)
-    x, y = x.to(device), {k: v.to(device) for k, v in y.items()}
+    batches = itertools.repeat({"frames": x.to(device), "label": {k: v.to(device) for k, v in y.items()}})
 
     def step() -> None:
-        loss, _ = total_loss(engine(x), y, 0.1)
-        engine.backward(loss)
-        engine.step()
+        trainer.train_step(batches)
 
     return time_steps(step, steps)
 
@@ -173,6 +175,7 @@ def main() -> int:
 
     device = torch.device(get_accelerator().current_device_name())
     recipe = recipe_for(args)
+    print("load average (1, 5, 15 min) at start: " + ", ".join(f"{v:.2f}" for v in os.getloadavg()))
     print(f"device {device}, torch {torch.__version__}, threads {torch.get_num_threads()}, model {args.model} "
           f"{args.frames}x{args.size}, batch {args.batch}, {args.steps} timed steps x {args.repeats} repeats")
     times: dict[str, list[float]] = {"plain": [], "zero0": [], "zero2": []}
@@ -181,6 +184,7 @@ def main() -> int:
         times["zero0"] += bench_ds(recipe, device, args.steps, "zero0.json")
         times["zero2"] += bench_ds(recipe, device, args.steps, "zero2.json")
     med = {k: statistics.median(v) for k, v in times.items()}
+    print("load average (1, 5, 15 min) after the step timings: " + ", ".join(f"{v:.2f}" for v in os.getloadavg()))
     print(f"{'variant':<22}{'median step ms':>16}{'ratio vs plain':>16}")
     print(f"{'plain PyTorch AdamW':<22}{1e3 * med['plain']:>16.2f}{1.0:>16.3f}")
     for k in ("zero0", "zero2"):
