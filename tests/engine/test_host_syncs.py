@@ -13,7 +13,7 @@ from __future__ import annotations
 import sys
 from collections import Counter
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
 
 import pytest
 import torch
@@ -55,7 +55,7 @@ class HostReads(TorchDispatchMode):
             self.counts[_origin()] += 1
         return func(*args, **(kwargs or {}))
 
-    def __enter__(self) -> HostReads:
+    def __enter__(self) -> Self:
         for name in ("tolist", "numpy"):
             real = getattr(torch.Tensor, name)
             self._patched[name] = real
@@ -67,7 +67,7 @@ class HostReads(TorchDispatchMode):
             setattr(torch.Tensor, name, counted)
         return super().__enter__()
 
-    def __exit__(self, *exc: Any) -> None:
+    def __exit__(self, *exc: object) -> None:
         for name, real in self._patched.items():
             setattr(torch.Tensor, name, real)
         super().__exit__(*exc)
