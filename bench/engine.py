@@ -58,16 +58,19 @@ def batch_for(recipe, n: int):
     return x, y
 
 
+CLOCK = time.perf_counter  # --clock cpu: time.process_time (this process's CPU time, all its threads)
+
+
 def time_steps(step, steps: int, warmup: int = 3) -> list[float]:
     for _ in range(warmup):
         step()
     out = []
     for _ in range(steps):
-        t = time.perf_counter()
+        t = CLOCK()
         step()
         if torch.cuda.is_available():
             torch.cuda.synchronize()
-        out.append(time.perf_counter() - t)
+        out.append(CLOCK() - t)
     return out
 
 
@@ -168,7 +171,14 @@ def main() -> int:
     p.add_argument("--steps", type=int, default=30)
     p.add_argument("--data-steps", type=int, default=20)
     p.add_argument("--repeats", type=int, default=2, help="alternate plain / DS this many times")
+    p.add_argument("--clock", choices=("wall", "cpu"), default="wall",
+                   help="step timer: wall clock, or this process's CPU time (less sensitive to other "
+                        "processes on a shared machine; use with OMP_NUM_THREADS=1, CPU only)")
+    p.add_argument("--no-data", action="store_true", help="skip part 2 (data wait)")
     args = p.parse_args()
+    global CLOCK
+    if args.clock == "cpu":
+        CLOCK = time.process_time
     os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(REPO / ".torch_extensions"))
     dist.init()
     from deepspeed.accelerator import get_accelerator
@@ -176,7 +186,7 @@ def main() -> int:
     device = torch.device(get_accelerator().current_device_name())
     recipe = recipe_for(args)
     print("load average (1, 5, 15 min) at start: " + ", ".join(f"{v:.2f}" for v in os.getloadavg()))
-    print(f"device {device}, torch {torch.__version__}, threads {torch.get_num_threads()}, model {args.model} "
+    print(f"device {device}, torch {torch.__version__}, threads {torch.get_num_threads()}, clock {args.clock}, model {args.model} "
           f"{args.frames}x{args.size}, batch {args.batch}, {args.steps} timed steps x {args.repeats} repeats")
     times: dict[str, list[float]] = {"plain": [], "zero0": [], "zero2": []}
     for _ in range(args.repeats):  # interleave so background load hits all variants alike
@@ -189,6 +199,8 @@ def main() -> int:
     print(f"{'plain PyTorch AdamW':<22}{1e3 * med['plain']:>16.2f}{1.0:>16.3f}")
     for k in ("zero0", "zero2"):
         print(f"{'DeepSpeed ' + k.upper().replace('ZERO', 'ZeRO-'):<22}{1e3 * med[k]:>16.2f}{med[k] / med['plain']:>16.3f}")
+    if args.no_data:
+        return dist.shutdown(0)
     with tempfile.TemporaryDirectory() as tmp:
         data = make_data(Path(tmp), args.size)
         print(f"{'loader workers':<22}{'data-wait frac':>16}{'clips/s':>16}")
