@@ -3,7 +3,8 @@
 1. Step time of a plain PyTorch loop (AdamW, same param groups, clipping) vs the training loop's
    step (``Trainer.train_step`` on the DeepSpeed engine) with ZeRO-0 and ZeRO-2 on the same model,
    batch and device -> ratio (target <= 1.03 for ZeRO-0). Inputs are pre-made tensors so only the
-   optimisation step is timed.
+   optimisation step is timed; the variants take turns step by step, so background load on a shared
+   machine hits them alike.
 2. Data-wait fraction of the real training input path (synthetic EPIC chunks -> dataset -> loader ->
    device augment -> step) with 0 vs 2 loader workers.
 
@@ -61,20 +62,7 @@ def batch_for(recipe, n: int):
 CLOCK = time.perf_counter  # --clock cpu: time.process_time (this process's CPU time, all its threads)
 
 
-def time_steps(step, steps: int, warmup: int = 3) -> list[float]:
-    for _ in range(warmup):
-        step()
-    out = []
-    for _ in range(steps):
-        t = CLOCK()
-        step()
-        if torch.cuda.is_available():
-            torch.cuda.synchronize()
-        out.append(CLOCK() - t)
-    return out
-
-
-def bench_plain(recipe, device, steps: int) -> list[float]:
+def plain_step(recipe, device):
     model = make_model(recipe).to(device)
     groups = optimizer_groups(model, recipe)
     lr = scaled_lr(recipe, recipe.batch.micro_batch)
@@ -91,10 +79,10 @@ def bench_plain(recipe, device, steps: int) -> list[float]:
         opt.zero_grad(set_to_none=True)
         sched.step()
 
-    return time_steps(step, steps)
+    return step
 
 
-def bench_ds(recipe, device, steps: int, config: str) -> list[float]:
+def ds_step(recipe, device, config: str):
     """The training loop's own step (``Trainer.train_step``, logging every ``logging.log_every`` steps)."""
     from avion_ds.engine.parallelize import parallelize
     from avion_ds.engine.trainer import Trainer
@@ -107,7 +95,23 @@ def bench_ds(recipe, device, steps: int, config: str) -> list[float]:
     def step() -> None:
         trainer.train_step(batches)
 
-    return time_steps(step, steps)
+    return step
+
+
+def interleaved(steps: dict, n: int, warmup: int = 3) -> dict[str, list[float]]:
+    """Time ``n`` steps of each variant, one step of each in turn (background load hits all alike)."""
+    for _ in range(warmup):
+        for step in steps.values():
+            step()
+    out: dict[str, list[float]] = {k: [] for k in steps}
+    for _ in range(n):
+        for k, step in steps.items():
+            t = CLOCK()
+            step()
+            if torch.cuda.is_available():
+                torch.cuda.synchronize()
+            out[k].append(CLOCK() - t)
+    return out
 
 
 def bench_data_wait(args: argparse.Namespace, device, data: dict, workers: int) -> tuple[float, float]:
@@ -189,10 +193,12 @@ def main() -> int:
     print(f"device {device}, torch {torch.__version__}, threads {torch.get_num_threads()}, clock {args.clock}, model {args.model} "
           f"{args.frames}x{args.size}, batch {args.batch}, {args.steps} timed steps x {args.repeats} repeats")
     times: dict[str, list[float]] = {"plain": [], "zero0": [], "zero2": []}
-    for _ in range(args.repeats):  # interleave so background load hits all variants alike
-        times["plain"] += bench_plain(recipe, device, args.steps)
-        times["zero0"] += bench_ds(recipe, device, args.steps, "zero0.json")
-        times["zero2"] += bench_ds(recipe, device, args.steps, "zero2.json")
+    for _ in range(args.repeats):  # fresh models each repeat; steps interleaved one by one
+        steps = {"plain": plain_step(recipe, device), "zero0": ds_step(recipe, device, "zero0.json"),
+                 "zero2": ds_step(recipe, device, "zero2.json")}
+        for k, v in interleaved(steps, args.steps).items():
+            times[k] += v
+        del steps
     med = {k: statistics.median(v) for k, v in times.items()}
     print("load average (1, 5, 15 min) after the step timings: " + ", ".join(f"{v:.2f}" for v in os.getloadavg()))
     print(f"{'variant':<22}{'median step ms':>16}{'ratio vs plain':>16}")
