@@ -6,18 +6,19 @@ holds the engine and runs ``train_step`` (one optimizer step = one gradient-accu
 ``avion-ds plan --measure`` and ``bench/engine.py`` time the same ``train_step``.
 
 Host synchronisation. A micro-step that is not an accumulation boundary never waits for the device:
-the loss, its finiteness and the per-head losses stay on the device, a non-finite loss poisons its
-own backward there (:func:`~avion_ds.engine.accum.poison_nonfinite`), nothing is all-reduced and no
-timer synchronises. At the boundary ONE small all-reduce (per-micro-batch loss sums and non-finite
-flags, bad / fatal input counts) and ONE read on the host give every rank the same verdict: skip the
-window or apply it (engine/accum.py), count bad samples, stop on ``nonfinite: stop``. The grad norm,
-lr, loss scale and memory are read only on logged steps (``logging.log_every``); a logged row reports
-the steps since the previous logged one (with ``log_every: 1``, every step as before).
+the loss and the per-head losses stay on the device, a non-finite loss poisons its own backward there
+(:func:`~avion_ds.engine.accum.poison_nonfinite`), nothing is all-reduced and no timer synchronises.
+At the boundary ONE small all-reduce (per-micro-batch losses, bad / fatal input counts) and ONE read
+on the host give every rank the same verdict (a micro-batch whose loss summed over ranks is not
+finite skips the window: engine/accum.py), count bad samples and stop on ``nonfinite: stop``. The
+grad norm, lr, loss scale and memory are read only on logged steps (``logging.log_every``); a logged
+row reports the steps since the previous logged one (with ``log_every: 1``, every step as before).
 """
 
 from __future__ import annotations
 
 import json
+import math
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
@@ -78,7 +79,6 @@ class _Window:
     """One accumulation window, on the device until its boundary."""
 
     losses: list[torch.Tensor] = field(default_factory=list)  # this rank's loss per micro-batch
-    nonfinite: list[torch.Tensor] = field(default_factory=list)  # 1.0 where that loss is not finite
     heads: list[dict[str, torch.Tensor]] = field(default_factory=list)
     bad_msgs: list[str] = field(default_factory=list)
     fatal_msgs: list[str] = field(default_factory=list)
@@ -190,9 +190,7 @@ class Trainer:
 
     def _remember(self, loss: torch.Tensor, parts: dict[str, torch.Tensor], batch: dict[str, Any]) -> None:
         w = self._window
-        value = loss.detach().float()
-        w.losses.append(value)
-        w.nonfinite.append((~torch.isfinite(value)).float())
+        w.losses.append(loss.detach().float())
         w.heads.append({h: v.detach().float() for h, v in parts.items()})
         bad, fatal = batch_messages(batch)
         w.bad_msgs += bad
@@ -232,13 +230,19 @@ class Trainer:
         return _float(self.engine._get_optimizer_loss_scale()) if self.precision == "fp16" else None
 
     def _account_window(self) -> bool:
-        """All-reduce the window's losses / flags / input counts, read them once; True: skip the window."""
+        """All-reduce the window's losses and input counts, read them once; True: skip the window.
+
+        A micro-batch is non-finite when its loss summed over ranks is (the verdict every rank shares)."""
         w, self._window = self._window, _Window()
         n = len(w.losses)
-        counts = torch.tensor([float(w.bad_count), float(len(w.fatal_msgs))]).to(self.device, non_blocking=True)
-        local = torch.cat([torch.stack(w.losses), torch.stack(w.nonfinite), counts])
-        values = dist.all_reduce_sum(local).tolist()  # THE host sync of a non-logged step
-        sums, flags, (bad_count, fatal) = values[:n], values[n:2 * n], values[2 * n:]
+        local = torch.stack(w.losses)
+        if self.world > 1:
+            counts = torch.tensor([float(w.bad_count), float(len(w.fatal_msgs))], device=self.device)
+            values = dist.all_reduce_sum(torch.cat([local, counts])).tolist()  # THE host sync of a step
+            sums, (bad_count, fatal) = values[:n], values[n:]
+        else:
+            sums, bad_count, fatal = local.tolist(), w.bad_count, len(w.fatal_msgs)
+        flags = [not math.isfinite(v) for v in sums]
         self.state.bad_samples += int(bad_count)
         if bad_count or fatal:  # rare: name new bad files once, stop every rank on a fatal one
             self.bad_log.exchange(w.bad_msgs, w.fatal_msgs)
