@@ -353,7 +353,7 @@ class Trainer:
     def evaluate(self, data: TrainData) -> dict[str, float]:
         """Validation metrics (all ranks), logged and written to ``metrics.json`` on rank 0."""
         from avion_ds.data.protocols import eval_report
-        from avion_ds.engine.evaluate import evaluate_model
+        from avion_ds.engine.eval_loop import evaluate_model
         from avion_ds.engine.metrics import failed_line
         from avion_ds.engine.pretrain import evaluate_pretrain
 

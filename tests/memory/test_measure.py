@@ -8,8 +8,7 @@ from typing import Any
 import pytest
 
 from avion_ds.engine.trainer import Trainer
-from avion_ds.memory.measure import measure_candidates
-from avion_ds.memory.plan import Candidate
+from avion_ds.memory.plan import Candidate, measure_candidates
 
 
 def test_planner_probe_runs_the_trainers_step(one_rank: None, monkeypatch: pytest.MonkeyPatch) -> None:
