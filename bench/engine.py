@@ -1,8 +1,10 @@
 """Engine overhead and data-wait benchmark (one process, run side by side in one invocation).
 
-1. Step time of a plain PyTorch loop (AdamW, same param groups, clipping) vs the DeepSpeed engine
-   with ZeRO-0 and ZeRO-2 on the same model, batch and device -> ratio (target <= 1.05 for ZeRO-0).
-   Inputs are pre-made tensors so only the optimisation step is timed.
+1. Step time of a plain PyTorch loop (AdamW, same param groups, clipping) vs the training loop's
+   step (``Trainer.train_step`` on the DeepSpeed engine) with ZeRO-0 and ZeRO-2 on the same model,
+   batch and device -> ratio (target <= 1.03 for ZeRO-0). Inputs are pre-made tensors so only the
+   optimisation step is timed; the variants take turns step by step, so background load on a shared
+   machine hits them alike.
 2. Data-wait fraction of the real training input path (synthetic EPIC chunks -> dataset -> loader ->
    device augment -> step) with 0 vs 2 loader workers.
 
@@ -12,6 +14,7 @@
 from __future__ import annotations
 
 import argparse
+import itertools
 import os
 import statistics
 import sys
@@ -56,20 +59,10 @@ def batch_for(recipe, n: int):
     return x, y
 
 
-def time_steps(step, steps: int, warmup: int = 3) -> list[float]:
-    for _ in range(warmup):
-        step()
-    out = []
-    for _ in range(steps):
-        t = time.perf_counter()
-        step()
-        if torch.cuda.is_available():
-            torch.cuda.synchronize()
-        out.append(time.perf_counter() - t)
-    return out
+CLOCK = time.perf_counter  # --clock cpu: time.process_time (this process's CPU time, all its threads)
 
 
-def bench_plain(recipe, device, steps: int) -> list[float]:
+def plain_step(recipe, device):
     model = make_model(recipe).to(device)
     groups = optimizer_groups(model, recipe)
     lr = scaled_lr(recipe, recipe.batch.micro_batch)
@@ -86,23 +79,39 @@ def bench_plain(recipe, device, steps: int) -> list[float]:
         opt.zero_grad(set_to_none=True)
         sched.step()
 
-    return time_steps(step, steps)
+    return step
 
 
-def bench_ds(recipe, device, steps: int, config: str) -> list[float]:
+def ds_step(recipe, device, config: str):
+    """The training loop's own step (``Trainer.train_step``, logging every ``logging.log_every`` steps)."""
     from avion_ds.engine.parallelize import parallelize
+    from avion_ds.engine.trainer import Trainer
 
     cfg = build_ds_config(REPO / "ds_configs" / config, recipe, dist.world_size(), steps_per_epoch=1000)
-    engine = parallelize(make_model(recipe), recipe, cfg, steps_per_epoch=1000)
+    trainer = Trainer(parallelize(make_model(recipe), recipe, cfg, steps_per_epoch=1000), recipe)
     x, y = batch_for(recipe, recipe.batch.micro_batch)
-    x, y = x.to(device), {k: v.to(device) for k, v in y.items()}
+    batches = itertools.repeat({"frames": x.to(device), "label": {k: v.to(device) for k, v in y.items()}})
 
     def step() -> None:
-        loss, _ = total_loss(engine(x), y, 0.1)
-        engine.backward(loss)
-        engine.step()
+        trainer.train_step(batches)
 
-    return time_steps(step, steps)
+    return step
+
+
+def interleaved(steps: dict, n: int, warmup: int = 3) -> dict[str, list[float]]:
+    """Time ``n`` steps of each variant, one step of each in turn (background load hits all alike)."""
+    for _ in range(warmup):
+        for step in steps.values():
+            step()
+    out: dict[str, list[float]] = {k: [] for k in steps}
+    for _ in range(n):
+        for k, step in steps.items():
+            t = CLOCK()
+            step()
+            if torch.cuda.is_available():
+                torch.cuda.synchronize()
+            out[k].append(CLOCK() - t)
+    return out
 
 
 def bench_data_wait(args: argparse.Namespace, device, data: dict, workers: int) -> tuple[float, float]:
@@ -166,25 +175,38 @@ def main() -> int:
     p.add_argument("--steps", type=int, default=30)
     p.add_argument("--data-steps", type=int, default=20)
     p.add_argument("--repeats", type=int, default=2, help="alternate plain / DS this many times")
+    p.add_argument("--clock", choices=("wall", "cpu"), default="wall",
+                   help="step timer: wall clock, or this process's CPU time (less sensitive to other "
+                        "processes on a shared machine; use with OMP_NUM_THREADS=1, CPU only)")
+    p.add_argument("--no-data", action="store_true", help="skip part 2 (data wait)")
     args = p.parse_args()
+    global CLOCK
+    if args.clock == "cpu":
+        CLOCK = time.process_time
     os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(REPO / ".torch_extensions"))
     dist.init()
     from deepspeed.accelerator import get_accelerator
 
     device = torch.device(get_accelerator().current_device_name())
     recipe = recipe_for(args)
-    print(f"device {device}, torch {torch.__version__}, threads {torch.get_num_threads()}, model {args.model} "
+    print("load average (1, 5, 15 min) at start: " + ", ".join(f"{v:.2f}" for v in os.getloadavg()))
+    print(f"device {device}, torch {torch.__version__}, threads {torch.get_num_threads()}, clock {args.clock}, model {args.model} "
           f"{args.frames}x{args.size}, batch {args.batch}, {args.steps} timed steps x {args.repeats} repeats")
     times: dict[str, list[float]] = {"plain": [], "zero0": [], "zero2": []}
-    for _ in range(args.repeats):  # interleave so background load hits all variants alike
-        times["plain"] += bench_plain(recipe, device, args.steps)
-        times["zero0"] += bench_ds(recipe, device, args.steps, "zero0.json")
-        times["zero2"] += bench_ds(recipe, device, args.steps, "zero2.json")
+    for _ in range(args.repeats):  # fresh models each repeat; steps interleaved one by one
+        steps = {"plain": plain_step(recipe, device), "zero0": ds_step(recipe, device, "zero0.json"),
+                 "zero2": ds_step(recipe, device, "zero2.json")}
+        for k, v in interleaved(steps, args.steps).items():
+            times[k] += v
+        del steps
     med = {k: statistics.median(v) for k, v in times.items()}
+    print("load average (1, 5, 15 min) after the step timings: " + ", ".join(f"{v:.2f}" for v in os.getloadavg()))
     print(f"{'variant':<22}{'median step ms':>16}{'ratio vs plain':>16}")
     print(f"{'plain PyTorch AdamW':<22}{1e3 * med['plain']:>16.2f}{1.0:>16.3f}")
     for k in ("zero0", "zero2"):
         print(f"{'DeepSpeed ' + k.upper().replace('ZERO', 'ZeRO-'):<22}{1e3 * med[k]:>16.2f}{med[k] / med['plain']:>16.3f}")
+    if args.no_data:
+        return dist.shutdown(0)
     with tempfile.TemporaryDirectory() as tmp:
         data = make_data(Path(tmp), args.size)
         print(f"{'loader workers':<22}{'data-wait frac':>16}{'clips/s':>16}")

@@ -2,10 +2,11 @@
 
 Skipping only the bad micro-batch (no backward, no ``engine.step``) would shift every later window
 by one micro-batch and keep the window's earlier gradients, to be applied with the next window or
-carried past a checkpoint. Instead the bad micro-batch's backward runs on a NaN loss on every rank
-(all ranks already agree it is bad: the loss is all-reduced first), so the window's gradients are
-non-finite everywhere; the window's remaining micro-batches run as usual, keeping DeepSpeed's
-micro-step count aligned; and at the boundary the update is discarded:
+carried past a checkpoint. Instead the bad micro-batch's backward runs on a NaN loss (decided on the
+device, no host sync: :func:`poison_nonfinite`), so the window's gradients are non-finite (on every
+rank once DeepSpeed reduces them); the window's remaining micro-batches run as usual, keeping
+DeepSpeed's micro-step count aligned; at the boundary one all-reduce of the window's per-micro-batch
+non-finite flags gives every rank the same verdict (engine/trainer.py), and the update is discarded:
 
 * optimizers DeepSpeed wraps (fp16, bf16, ZeRO 1-3) detect the non-finite gradients, clear their
   gradient buffers and skip the step (and the lr scheduler step), exactly as for an fp16 overflow;
@@ -25,6 +26,16 @@ import torch
 def poison(loss: torch.Tensor) -> torch.Tensor:
     """A loss whose gradients are NaN everywhere (the window it belongs to must not be applied)."""
     return loss * float("nan")
+
+
+def poison_nonfinite(loss: torch.Tensor) -> torch.Tensor:
+    """``loss`` itself when finite, else :func:`poison` of it, decided on the device (no host sync).
+
+    ``loss * 1`` back-propagates bit-identical gradients; a non-finite loss gives NaN gradients
+    everywhere, so the window's gradients are non-finite and the boundary discards it.
+    """
+    factor = loss.detach() * 0.0 + 1.0  # 1 for a finite loss, NaN for inf / NaN (two cheap ops)
+    return loss * factor
 
 
 def _finish_without_update(engine: Any) -> None:

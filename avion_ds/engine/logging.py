@@ -113,8 +113,9 @@ class RunLogger:
                 if v is not None:
                     self.writer.add_scalar(k, v, step)
 
-    def step(self, epoch: int, step: int, values: dict[str, Any]) -> None:
-        """Record one optimizer step; console line every ``log_every`` steps."""
+    def step(self, epoch: int, step: int, values: dict[str, Any], steps: int = 1) -> None:
+        """Record a logged optimizer step (``values`` cover the ``steps`` since the previous logged one);
+        console line every ``log_every`` steps."""
         if not self.enabled:
             return
         row = {"epoch": epoch, "step": step, **values}
@@ -132,7 +133,7 @@ class RunLogger:
                            if values.get(k) is not None and not (k in ("bad_samples", "overflow_steps")
                                                                  and not values[k]))
         if self.bar is not None:
-            self.bar.update(1)
+            self.bar.update(steps)
             self.bar.set_postfix_str(compact, refresh=False)
         if step % self.log_every == 0:
             self.info(f"[ep {epoch} step {step}] {compact}")

@@ -18,10 +18,11 @@ def classification_loss(logits: Tensor, target: Tensor, label_smoothing: float =
 
 
 def total_loss(outputs: Tensor | dict[str, Tensor], targets: Tensor | dict[str, Tensor],
-               label_smoothing: float = 0.0) -> tuple[Tensor, dict[str, float]]:
+               label_smoothing: float = 0.0) -> tuple[Tensor, dict[str, Tensor]]:
     """Loss for one batch: single head, or the sum over heads (EPIC: verb + noun).
 
-    Returns the loss and the detached per-head values for logging.
+    Returns the loss and the detached per-head values for logging (device tensors: reading them is a
+    host sync, done only on logged steps).
     """
     if isinstance(outputs, dict):
         if not isinstance(targets, dict) or set(targets) != set(outputs):
@@ -29,7 +30,7 @@ def total_loss(outputs: Tensor | dict[str, Tensor], targets: Tensor | dict[str, 
             raise ValueError(f"model heads {sorted(outputs)} do not match target heads {got}")
         parts = {h: classification_loss(outputs[h], targets[h], label_smoothing) for h in outputs}
         loss = sum(parts.values())
-        return loss, {h: float(v.detach()) for h, v in parts.items()}
+        return loss, {h: v.detach() for h, v in parts.items()}
     if isinstance(targets, dict):
         raise ValueError(f"single-head model got targets for heads {sorted(targets)}")
     return classification_loss(outputs, targets, label_smoothing), {}

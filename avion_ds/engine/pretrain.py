@@ -66,7 +66,7 @@ def attach_masks(recipe: Recipe, *datasets: Any) -> MaskSpec:
     return spec
 
 
-def reconstruction_loss(out: Any) -> tuple[torch.Tensor, dict[str, float]]:
+def reconstruction_loss(out: Any) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """The model's own loss (``MAEOutput.loss`` or a tensor), in the shape ``total_loss`` returns."""
     return (out.loss if hasattr(out, "loss") else out), {}
 

@@ -1,9 +1,10 @@
 """Real training steps on a CUDA GPU to check the planner: clips/s, peak allocated memory, MFU.
 
-Used by ``avion-ds plan --measure`` and by ``bench/gpu_suite.sh``. Each probe builds the model,
-applies activation checkpointing, initialises DeepSpeed with the candidate's config (batch sizes
-and optimizer values filled in here), runs warm-up + timed steps on random clips and reports
-``torch.cuda.max_memory_allocated`` (what :class:`MemoryEstimate.allocated_peak` predicts).
+Used by ``avion-ds plan --measure`` and by ``bench/gpu_suite.sh``. Each probe builds the model and
+the engine as ``avion-ds train`` does (``build_model`` + ``parallelize``, with the candidate's config:
+batch sizes and optimizer values filled in here), runs warm-up + timed steps of the training loop's
+own step (``Trainer.train_step``) on random clips and reports the accelerator's max allocated memory
+(what :class:`MemoryEstimate.allocated_peak` predicts).
 Probes run in the calling process with its world size (one GPU unless started by a launcher).
 """
 
@@ -47,6 +48,20 @@ def _fill_config(cfg: dict[str, Any], micro: int, accum: int, world: int, dtype:
     return build_ds_config(cfg, fixed_batch_recipe(micro, accum, dtype), world, overrides={"optimizer": opt})
 
 
+def probe_recipe(model_name: str, frames: int, size: int, micro_batch: int, grad_accum: int, world: int,
+                 dtype: str, checkpoint_every: int = 0, attn_backend: str = "auto") -> Any:
+    """The recipe a probe trains with: the candidate's model, clip shape, batch and checkpointing."""
+    from avion_ds.config import load_recipe
+
+    return load_recipe(None, [
+        f"model.name={model_name}", "model.num_classes=400", "data.dataset=kinetics", "model.drop_path_rate=0.0",
+        f"model.attn_backend={attn_backend}", f"model.activation_checkpointing={str(bool(checkpoint_every)).lower()}",
+        f"model.checkpoint_every={max(1, checkpoint_every)}", f"data.num_frames={frames}", f"data.size={size}",
+        f"batch.micro_batch={micro_batch}", f"batch.global_batch={micro_batch * grad_accum * world}",
+        f"precision={dtype}", "optim.clip_grad=0.0", "logging.log_every=1000000000", "logging.tensorboard=false",
+        "logging.progress=false"])
+
+
 def train_step_probe(
     model_name: str,
     frames: int,
@@ -62,68 +77,57 @@ def train_step_probe(
     steps: int = 3,
     peak_tflops: float | None = None,
 ) -> dict[str, Any]:
-    """Run ``warmup + steps`` optimizer steps; returns clips/s, step time, peak memory, MFU, or
-    ``{"oom": True}`` when the step does not fit. CUDA only (RuntimeError otherwise)."""
-    if not torch.cuda.is_available():
-        raise RuntimeError("train_step_probe needs a CUDA GPU; none is visible")
-    import deepspeed
-    import torch.distributed as dist
-    import torch.nn.functional as F
+    """Run ``warmup + steps`` optimizer steps of the TRAINING step (``Trainer.train_step`` on an engine
+    built as ``avion-ds train`` builds it: ``build_model`` + ``parallelize``) on random clips; returns
+    clips/s, step time, peak memory, MFU, or ``{"oom": True}`` when the step does not fit. Meant for a
+    CUDA GPU (``plan --measure`` refuses without one); runs on any DeepSpeed accelerator."""
+    import itertools
 
-    from avion_ds.engine import dist as engine_dist
-    from avion_ds.models import (
-        apply_activation_checkpointing,
-        create_model,
-        model_flops,
-    )
-    from avion_ds.models.partition import partitioned_construction
+    from deepspeed.accelerator import get_accelerator
 
-    engine_dist.init()
-    world = dist.get_world_size()
+    from avion_ds.engine import dist
+    from avion_ds.engine.parallelize import parallelize, unwrap
+    from avion_ds.engine.train import build_model
+    from avion_ds.engine.trainer import Trainer
+    from avion_ds.models import model_flops
+
+    dist.init()
+    world = dist.world_size()
     cfg = _fill_config(ds_config or {"zero_optimization": {"stage": 0}}, micro_batch, grad_accum, world, dtype)
-    result: dict[str, Any] = {"model": model_name, "frames": frames, "size": size, "micro_batch": micro_batch, "dtype": dtype,
-                                  "zero_stage": cfg.get("zero_optimization", {}).get("stage", 0),
-                                  "checkpoint_every": checkpoint_every, "attn_backend": attn_backend, "world_size": world}
-    engine = model = None
+    result: dict[str, Any] = {"model": model_name, "frames": frames, "size": size, "micro_batch": micro_batch,
+                              "dtype": dtype, "zero_stage": cfg.get("zero_optimization", {}).get("stage", 0),
+                              "checkpoint_every": checkpoint_every, "attn_backend": attn_backend, "world_size": world}
+    recipe = probe_recipe(model_name, frames, size, micro_batch, grad_accum, world, dtype, checkpoint_every,
+                          attn_backend)
+    accel = get_accelerator()
+    engine = None
     gc.collect()
-    torch.cuda.empty_cache()
-    torch.cuda.reset_peak_memory_stats()
+    accel.empty_cache()
     try:
-        stage3 = result["zero_stage"] == 3
-        # ZeRO-3 is built partitioned (zero.Init: nothing full on any rank); the others on the GPU (fast)
-        with torch.device("cpu" if stage3 else "cuda"), partitioned_construction(cfg):
-            model = create_model(model_name, num_frames=frames, img_size=size, attn_backend=attn_backend,
-                                 num_classes=400)
-        if checkpoint_every:
-            apply_activation_checkpointing(model, every=checkpoint_every)
-        engine, *_ = deepspeed.initialize(model=model, model_parameters=[p for p in model.parameters()], config=cfg)
+        engine = parallelize(build_model(recipe, ds_config=cfg), recipe, cfg, steps_per_epoch=warmup + steps)
         gc.collect()
-        torch.cuda.reset_peak_memory_stats()  # the peak of the steps, not of fp32 construction
-        device = engine.device
-        cdtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(dtype, torch.float32)
-        x = torch.randn(micro_batch, 3, frames, size, size, device=device, dtype=cdtype)
-        y = torch.randint(0, 400, (micro_batch,), device=device)
+        accel.reset_peak_memory_stats()  # the peak of the steps, not of fp32 construction
+        trainer = Trainer(engine, recipe)
+        batches = itertools.repeat({"frames": torch.randn(micro_batch, 3, frames, size, size, device=engine.device),
+                                    "label": torch.randint(0, 400, (micro_batch,), device=engine.device)})
         times = []
         for i in range(warmup + steps):
-            torch.cuda.synchronize()
+            accel.synchronize()
             t0 = time.perf_counter()
-            for _ in range(grad_accum):
-                loss = F.cross_entropy(engine(x).float(), y)
-                engine.backward(loss)
-                engine.step()
-            torch.cuda.synchronize()
+            trainer.train_step(batches)
+            accel.synchronize()
             if i >= warmup:
                 times.append(time.perf_counter() - t0)
         step_s = sorted(times)[len(times) // 2]
         clips = micro_batch * grad_accum / step_s
-        r = len(range(0, model.depth, checkpoint_every)) / model.depth if checkpoint_every else 0.0
+        depth = unwrap(engine).depth
+        r = len(range(0, depth, checkpoint_every)) / depth if checkpoint_every else 0.0
         achieved = clips * model_flops(model_name, num_frames=frames, img_size=size) * (3 + r) / 1e12
         peak = peak_tflops if peak_tflops is not None else gpu_peak_tflops()
         result.update(oom=False, step_s=step_s, clips_per_s=clips, achieved_tflops=achieved,
-                      mfu=(achieved / peak if peak else None),
-                      peak_allocated=int(torch.cuda.max_memory_allocated()),
-                      peak_reserved=int(torch.cuda.max_memory_reserved()))
-    except torch.cuda.OutOfMemoryError:
+                      mfu=(achieved / peak if peak else None), peak_allocated=int(accel.max_memory_allocated()),
+                      peak_reserved=int(accel.max_memory_reserved()))
+    except torch.OutOfMemoryError:
         result.update(oom=True)
     except RuntimeError as e:  # DeepSpeed wraps some OOMs; other errors are reported, not raised
         result.update(oom="out of memory" in str(e).lower(), error=str(e).splitlines()[0][:300])
@@ -133,7 +137,7 @@ def train_step_probe(
                 engine.destroy()
             except Exception as e:  # noqa: BLE001 - best-effort cleanup between probes
                 result.setdefault("cleanup_error", str(e)[:200])
-        del engine, model
+        del engine
         gc.collect()
-        torch.cuda.empty_cache()
+        accel.empty_cache()
     return result

@@ -1,0 +1,466 @@
+"""The training loop as a small object, in torchtitan's shape.
+
+``TrainState`` is where training stands (what a checkpoint's client state restores); ``Trainer``
+holds the engine and runs ``train_step`` (one optimizer step = one gradient-accumulation window),
+``maybe_save``, ``evaluate`` and ``fit`` (epochs). ``avion-ds train`` only wires one up;
+``avion-ds plan --measure`` and ``bench/engine.py`` time the same ``train_step``.
+
+Host synchronisation. A micro-step that is not an accumulation boundary never waits for the device:
+the loss and the per-head losses stay on the device, a non-finite loss poisons its own backward there
+(:func:`~avion_ds.engine.accum.poison_nonfinite`), nothing is all-reduced and no timer synchronises.
+At the boundary ONE small all-reduce (per-micro-batch losses, bad / fatal input counts) and ONE read
+on the host give every rank the same verdict (a micro-batch whose loss summed over ranks is not
+finite skips the window: engine/accum.py), count bad samples and stop on ``nonfinite: stop``. The
+grad norm, lr, loss scale and memory are read only on logged steps (``logging.log_every``); a logged
+row reports the steps since the previous logged one (with ``log_every: 1``, every step as before).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from avion_ds.config import Recipe
+from avion_ds.engine import checkpoint as ckpt
+from avion_ds.engine import dist
+from avion_ds.engine.accum import poison_nonfinite, step_window
+from avion_ds.engine.bad_input import BadInputLog, batch_messages
+from avion_ds.engine.ds_config import torch_dtype
+from avion_ds.engine.logging import RunLogger, peak_memory_gib
+from avion_ds.engine.losses import total_loss
+from avion_ds.engine.parallelize import CLIP_ATTR
+from avion_ds.engine.pretrain import is_pretrain, reconstruction_loss
+
+
+class NonFiniteLoss(RuntimeError):
+    """Raised under ``nonfinite: stop`` or after ``nonfinite_max_consecutive``; exit 3, nothing saved."""
+
+
+@dataclass
+class TrainState:
+    """Where training stands; saved as (and restored from) the checkpoint's client state.
+
+    ``epoch`` / ``step_in_epoch``: the position a resume starts at; ``global_step``: windows consumed
+    (the data position, applied or not); ``skipped``: non-finite micro-batches; ``bad_samples``:
+    unreadable inputs the loader replaced; ``applied_steps`` / ``overflow_steps``: optimizer updates
+    applied / dropped by an fp16 loss-scale overflow.
+    """
+
+    epoch: int = 0
+    step_in_epoch: int = 0
+    global_step: int = 0
+    skipped: int = 0
+    bad_samples: int = 0
+    applied_steps: int = 0
+    overflow_steps: int = 0
+
+    def state_dict(self) -> dict[str, int]:
+        return asdict(self)
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """From a client state (keys older checkpoints lack get their defaults)."""
+        self.epoch, self.step_in_epoch = int(state["epoch"]), int(state["step_in_epoch"])
+        self.global_step = int(state["global_step"])
+        self.skipped = int(state.get("skipped", 0))
+        self.bad_samples = int(state.get("bad_samples", 0))
+        self.applied_steps = int(state.get("applied_steps", self.global_step))
+        self.overflow_steps = int(state.get("overflow_steps", 0))
+
+
+@dataclass
+class _Window:
+    """One accumulation window, on the device until its boundary."""
+
+    losses: list[torch.Tensor] = field(default_factory=list)  # this rank's loss per micro-batch
+    heads: list[dict[str, torch.Tensor]] = field(default_factory=list)
+    bad_msgs: list[str] = field(default_factory=list)
+    fatal_msgs: list[str] = field(default_factory=list)
+    bad_count: int = 0
+
+
+@dataclass
+class _Interval:
+    """What the next logged row reports: the steps since the previous logged one."""
+
+    steps: int = 0
+    timed: int = 0  # steps since t0 (a restart drops the time of evaluation, saving, loader start-up)
+    loss: float = 0.0
+    n: int = 0
+    heads: dict[str, torch.Tensor] = field(default_factory=dict)
+    data_s: float = 0.0
+    t0: float = field(default_factory=time.perf_counter)
+
+
+def to_device(labels: Any, device: torch.device) -> Any:
+    if isinstance(labels, dict):
+        return {k: v.to(device, non_blocking=True) for k, v in labels.items()}
+    return labels.to(device, non_blocking=True)
+
+
+def zero0_grad_norm_tensor(engine: Any, loss_scale: float | None = None) -> torch.Tensor | None:
+    """Pre-clipping grad norm for ZeRO-0 as a device tensor (DeepSpeed records it only for ZeRO >= 1)."""
+    grads = [p.grad for p in engine.module.parameters() if p.grad is not None]
+    if not grads:
+        return None
+    norm = torch.nn.utils.get_total_norm([g.float() for g in grads])  # fused (foreach) norms
+    return norm / loss_scale if loss_scale else norm
+
+
+def zero0_grad_norm(engine: Any, loss_scale: float | None = None) -> float | None:
+    """Pre-clipping grad norm for ZeRO-0 (grads are all-reduced); under fp16 pass the loss scale."""
+    norm = zero0_grad_norm_tensor(engine, loss_scale)
+    return None if norm is None else float(norm)
+
+
+def _float(x: Any) -> float | None:
+    if x is None:
+        return None
+    try:
+        return float(x)
+    except (TypeError, ValueError):
+        return None
+
+
+class Trainer:
+    """The engine, the state, and one optimizer step; ``fit`` runs epochs over a :class:`TrainData`."""
+
+    def __init__(self, engine: Any, recipe: Recipe, *, log: RunLogger | None = None,
+                 augment: Callable[[torch.Tensor, Any], tuple[torch.Tensor, Any]] | None = None,
+                 loss_fn: Callable[..., tuple[torch.Tensor, dict[str, torch.Tensor]]] = total_loss,
+                 bad_log: BadInputLog | None = None) -> None:
+        self.engine, self.recipe = engine, recipe
+        self.state = TrainState()
+        self.log = log if log is not None else RunLogger(".", enabled=False, log_every=recipe.logging.log_every)
+        self.augment, self.loss_fn = augment, loss_fn
+        self.bad_log = bad_log if bad_log is not None else BadInputLog(self.log.info)
+        self.precision = "bf16" if engine.bfloat16_enabled() else "fp16" if engine.fp16_enabled() else "fp32"
+        self.dtype = torch_dtype(self.precision)
+        self.device = torch.device(engine.device)
+        self.world = dist.world_size()
+        self.stage = int(engine.zero_optimization_stage())
+        self.pretraining = is_pretrain(recipe)
+        self.clip = float(getattr(engine, CLIP_ATTR, 0.0))  # > 0: we clip (torch's clip_grad_norm_)
+        self.consecutive = 0  # non-finite micro-batches in a row (not saved: a resume starts at 0)
+        self._window, self._interval = _Window(), _Interval()
+        self._pending_rng: dict[str, Any] | None = None  # restored once the resumed epoch's loader started
+        self._params = list(engine.module.parameters())  # walking the module tree costs ~1 ms a step
+
+    # ------------------------------------------------------------------ one optimizer step
+    def train_step(self, batches: Iterator[dict[str, Any]]) -> bool:
+        """One optimizer step over the next micro-batches of ``batches`` (up to the accumulation
+        boundary); False when ``batches`` ran out first."""
+        while True:
+            t0 = time.perf_counter()
+            try:
+                batch = next(batches)
+            except StopIteration:
+                return False
+            self._interval.data_s += time.perf_counter() - t0
+            if self.micro_step(batch):
+                return True
+
+    def micro_step(self, batch: dict[str, Any]) -> bool:
+        """Forward + backward of one micro-batch; at the boundary also the update. True at a boundary.
+
+        No host sync unless this is a boundary (then one; more on a logged step)."""
+        t0 = time.perf_counter()
+        frames = batch["frames"].to(self.device, non_blocking=True)
+        labels = to_device(batch["label"], self.device)
+        x, targets = self.augment(frames, labels) if self.augment is not None else (frames, labels)
+        self._interval.data_s += time.perf_counter() - t0
+        if self.pretraining:
+            loss, parts = reconstruction_loss(self.engine(x.to(self.dtype), **targets))
+        else:
+            loss, parts = self.loss_fn(self.engine(x.to(self.dtype)), targets, self.recipe.data.label_smoothing)
+        self._remember(loss, parts, batch)
+        boundary = self.engine.is_gradient_accumulation_boundary()
+        self.engine.backward(poison_nonfinite(loss))
+        if not boundary:
+            step_window(self.engine, poisoned=False)  # DeepSpeed's micro-step bookkeeping only
+            return False
+        self._finish_window()
+        return True
+
+    def _remember(self, loss: torch.Tensor, parts: dict[str, torch.Tensor], batch: dict[str, Any]) -> None:
+        w = self._window
+        w.losses.append(loss.detach().float())
+        w.heads.append({h: v.detach().float() for h, v in parts.items()})
+        bad, fatal = batch_messages(batch)
+        w.bad_msgs += bad
+        w.fatal_msgs += fatal
+        if "skipped" in batch and (bad or "bad" not in batch):  # deferred errors name every skip
+            w.bad_count += int(batch["skipped"].sum())  # a CPU tensor: no device sync
+
+    def _finish_window(self) -> None:
+        """The boundary: one reduction + host read decide the window; update; count; log when due."""
+        st = self.state
+        log_now = (st.global_step + 1) % self.log.log_every == 0
+        bad = self._account_window()
+        lr = max(g["lr"] for g in self.engine.optimizer.param_groups) if log_now else None  # before step()
+        scale = self.loss_scale() if log_now else None
+        norm = None
+        if not bad and self.clip:  # fp32 ZeRO-0: one norm clips and is logged
+            norm = torch.nn.utils.clip_grad_norm_(self._grads_params(), self.clip)
+        elif not bad and log_now and self.stage == 0:
+            norm = zero0_grad_norm_tensor(self.engine, scale)
+        applied = step_window(self.engine, bad)
+        if log_now and not bad and self.stage > 0:
+            norm = self.engine.get_global_grad_norm()
+        st.global_step += 1  # the data position: one window consumed, applied or not
+        st.step_in_epoch += 1
+        st.applied_steps += applied
+        st.overflow_steps += not applied and not bad
+        self._interval.steps += 1
+        self._interval.timed += 1
+        if log_now:
+            self._log_interval(lr, None if bad else norm)
+
+    def _grads_params(self) -> list[torch.nn.Parameter]:
+        return [p for p in self._params if p.grad is not None]
+
+    def loss_scale(self) -> float | None:
+        """fp16's current loss scale (None otherwise); a host read."""
+        return _float(self.engine._get_optimizer_loss_scale()) if self.precision == "fp16" else None
+
+    def _account_window(self) -> bool:
+        """All-reduce the window's losses and input counts, read them once; True: skip the window.
+
+        A micro-batch is non-finite when its loss summed over ranks is (the verdict every rank shares)."""
+        w, self._window = self._window, _Window()
+        n = len(w.losses)
+        local = torch.stack(w.losses)
+        if self.world > 1:
+            counts = torch.tensor([float(w.bad_count), float(len(w.fatal_msgs))], device=self.device)
+            values = dist.all_reduce_sum(torch.cat([local, counts])).tolist()  # THE host sync of a step
+            sums, (bad_count, fatal) = values[:n], values[n:]
+        else:
+            sums, bad_count, fatal = local.tolist(), w.bad_count, len(w.fatal_msgs)
+        flags = [not math.isfinite(v) for v in sums]
+        self.state.bad_samples += int(bad_count)
+        if bad_count or fatal:  # rare: name new bad files once, stop every rank on a fatal one
+            self.bad_log.exchange(w.bad_msgs, w.fatal_msgs)
+        for i in range(n):
+            if flags[i]:
+                self._nonfinite()
+                continue
+            self.consecutive = 0
+            iv = self._interval
+            iv.loss += sums[i] / self.world
+            iv.n += 1
+            for h, v in w.heads[i].items():
+                iv.heads[h] = iv.heads[h] + v if h in iv.heads else v
+        return any(flags)
+
+    def _nonfinite(self) -> None:
+        """One micro-batch whose loss was non-finite on some rank (every rank agrees)."""
+        st, r = self.state, self.recipe
+        if r.nonfinite == "stop":
+            raise NonFiniteLoss(f"non-finite loss at global step {st.global_step + 1} (epoch {st.epoch}, "
+                                f"step {st.step_in_epoch + 1} of the epoch); stopping, nothing saved")
+        st.skipped += 1
+        self.consecutive += 1
+        accum = self.engine.gradient_accumulation_steps()
+        self.log.info(f"non-finite loss at global step {st.global_step + 1}: its whole accumulation window "
+                      f"({accum} micro-batch(es)) is skipped on every rank ({st.skipped} so far)")
+        if self.consecutive >= r.nonfinite_max_consecutive:
+            raise NonFiniteLoss(f"{self.consecutive} non-finite micro-batches in a row (nonfinite_max_consecutive="
+                                f"{r.nonfinite_max_consecutive}) at global step {st.global_step + 1}; "
+                                "stopping, nothing saved")
+
+    def _log_interval(self, lr: float | None, norm: Any) -> None:
+        """Read what a logged row needs (host syncs allowed here) and write it."""
+        from deepspeed.accelerator import get_accelerator
+
+        iv, self._interval = self._interval, _Interval()
+        st = self.state
+        heads = {h: float(v) / max(1, iv.n) for h, v in iv.heads.items()}
+        grad_norm = _float(norm)
+        get_accelerator().synchronize()  # the interval's wall time includes its device work
+        now = time.perf_counter()
+        self._interval.t0 = now
+        wall = max(now - iv.t0, 1e-9)
+        timed = max(1, iv.timed)
+        wait = iv.data_s / timed
+        values: dict[str, Any] = {
+            "loss": iv.loss / iv.n if iv.n else None,
+            "lr": lr,
+            "grad_norm": grad_norm,
+            "loss_scale": self.loss_scale(),
+            "clips_per_s": self.engine.train_batch_size() * timed / wall,
+            "data_wait_s": wait, "compute_s": max(wall / timed - wait, 0.0),
+            "data_wait_frac": min(iv.data_s / wall, 1.0),
+            "peak_gib": peak_memory_gib(),
+            "skipped_nonfinite": st.skipped,
+            "applied_steps": st.applied_steps,  # optimizer updates applied so far (<= global step)
+            "overflow_steps": st.overflow_steps,  # fp16 loss-scale overflows (update skipped by DeepSpeed)
+            "bad_samples": st.bad_samples,  # unreadable videos / bad rows skipped by the loader so far
+        }
+        values.update({f"loss_{h}": v for h, v in heads.items()})
+        self.log.step(st.epoch, st.global_step, values, steps=iv.steps)
+
+    def restart_interval(self) -> None:
+        """Start timing afresh (after evaluation, a checkpoint or an epoch's loader start-up)."""
+        iv = self._interval
+        iv.t0, iv.data_s, iv.timed = time.perf_counter(), 0.0, 0
+
+    # ------------------------------------------------------------------ checkpoints, evaluation, epochs
+    def client_state(self) -> dict[str, Any]:
+        """What a checkpoint stores besides DeepSpeed's own state (rng is added by ``ckpt.save``)."""
+        client: dict[str, Any] = {**self.state.state_dict(), "model": ckpt.model_identity(self.recipe)}
+        sched = self.engine.lr_scheduler
+        if sched is not None and hasattr(sched, "state_dict"):
+            client["scheduler"] = sched.state_dict()
+        return client
+
+    def save(self) -> str:
+        """A checkpoint of the current state (every rank; refuses non-finite weights)."""
+        c = self.recipe.checkpoint
+        return ckpt.save(self.engine, Path(self.recipe.output_dir), self.state.global_step, self.client_state(),
+                         c.keep_last)
+
+    def maybe_save(self, steps_per_epoch: int, force: bool = False) -> str | None:
+        """Mid-epoch checkpoint every ``checkpoint.every_steps`` (or ``force``: --exit-after-steps);
+        none on an epoch's last step, where the epoch-end checkpoint follows evaluation."""
+        st, every = self.state, self.recipe.checkpoint.every_steps
+        if st.step_in_epoch >= steps_per_epoch:
+            return None
+        if force or (every and st.global_step % every == 0):
+            return self.save()
+        return None
+
+    def resume(self, tag: str | None = None) -> bool:
+        """Load ``tag`` (default: the newest complete checkpoint) into the engine and the state."""
+        client = ckpt.load_latest(self.engine, Path(self.recipe.output_dir), tag)
+        if client is None:
+            return False
+        self.state.load_state_dict(client)
+        self._pending_rng = client["rng"]
+        sched = self.engine.lr_scheduler
+        if sched is not None and "scheduler" in client:
+            sched.load_state_dict(client["scheduler"])
+        st = self.state
+        self.log.info(f"resumed from {client['tag']}: epoch {st.epoch}, step {st.step_in_epoch} in epoch, "
+                      f"global step {st.global_step}")
+        return True
+
+    def evaluate(self, data: TrainData) -> dict[str, float]:
+        """Validation metrics (all ranks), logged and written to ``metrics.json`` on rank 0."""
+        from avion_ds.data.protocols import eval_report
+        from avion_ds.engine.eval_loop import evaluate_model
+        from avion_ds.engine.metrics import failed_line
+        from avion_ds.engine.pretrain import evaluate_pretrain
+
+        r, st = self.recipe, self.state
+        views = r.eval.temporal_views * r.eval.spatial_views
+        failed: list[dict[str, Any]] = []
+        if self.pretraining:
+            metrics, evaluated = evaluate_pretrain(self.engine, data.val_loader, data.eval_aug, self.device,
+                                                   self.dtype), None
+        else:
+            metrics, (evaluated, _, _), failed = evaluate_model(self.engine, data.val_loader, data.eval_aug, views,
+                                                                self.device, self.dtype, bad_log=self.bad_log)
+        if failed:
+            self.log.info(failed_line(failed))
+        self.log.eval(st.epoch, st.global_step, metrics)
+        if dist.is_main():
+            report = None if evaluated is None else eval_report(r.eval.protocol, views, data.val_set, evaluated)
+            (Path(r.output_dir) / "metrics.json").write_text(json.dumps(
+                {"epoch": st.epoch, "step": st.global_step, **metrics, "failed_samples": failed, "eval": report},
+                indent=2) + "\n")
+        return metrics
+
+    def train_epoch(self, data: TrainData, exit_after: int | None = None) -> bool:
+        """The rest of epoch ``state.epoch``; True when --exit-after-steps stopped it early."""
+        st, spe = self.state, data.steps_per_epoch
+        for ds in (data.train_set, data.val_set):
+            if hasattr(ds, "set_epoch"):
+                ds.set_epoch(st.epoch)
+        if hasattr(data.train_loader.sampler, "set_epoch"):
+            data.train_loader.sampler.set_epoch(st.epoch)
+        first = st.step_in_epoch
+        skip = first * self.engine.gradient_accumulation_steps() * self.engine.train_micro_batch_size_per_gpu()
+        loader = data.train_loader if first == 0 else loader_skipping(data.train_loader, skip)
+        it = iter(loader)
+        if self._pending_rng is not None:  # after the iterator drew its worker seeds, as the first run did
+            ckpt.set_rng_state(self._pending_rng)
+            self._pending_rng = None
+        self.engine.train()
+        self.log.start_epoch(st.epoch, spe, initial=first)
+        self.restart_interval()
+        stop = False
+        while st.step_in_epoch < spe and not stop and self.train_step(it):
+            stop = exit_after is not None and st.global_step >= exit_after
+            self.maybe_save(spe, force=stop)
+        self.log.end_epoch()
+        del it, loader
+        return stop and st.step_in_epoch < spe
+
+    def fit(self, data: TrainData, exit_after: int | None = None) -> TrainState:
+        """Epochs from ``state``: train, evaluate every ``eval.every_epochs`` (and last), checkpoint."""
+        r, st = self.recipe, self.state
+        for epoch in range(st.epoch, r.schedule.epochs):
+            st.epoch = epoch
+            if self.train_epoch(data, exit_after):
+                self.log.info(f"stopping after {st.global_step} steps (--exit-after-steps)")
+                break
+            if (epoch + 1) % max(1, r.eval.every_epochs) == 0 or epoch + 1 == r.schedule.epochs:
+                self.evaluate(data)
+            st.epoch, st.step_in_epoch = epoch + 1, 0
+            self.save()
+            if exit_after is not None and st.global_step >= exit_after:
+                self.log.info(f"stopping after {st.global_step} steps (--exit-after-steps)")
+                break
+        self.log.info(f"done: {st.global_step} steps ({st.applied_steps} applied, {st.overflow_steps} fp16 "
+                      f"overflows), {st.skipped} non-finite micro-batches skipped, {st.bad_samples} bad input "
+                      f"samples skipped (named in the log above), run dir {r.output_dir}")
+        return st
+
+
+@dataclass
+class TrainData:
+    """What ``Trainer.fit`` iterates: loaders, their datasets (epoch seeding), eval augment, epoch length."""
+
+    train_loader: torch.utils.data.DataLoader
+    val_loader: torch.utils.data.DataLoader
+    train_set: Any
+    val_set: Any
+    eval_aug: Callable[[torch.Tensor, Any], tuple[torch.Tensor, Any]]
+    steps_per_epoch: int
+
+
+class _SkipSampler(torch.utils.data.Sampler):
+    """Yields ``sampler``'s indices after the first ``skip`` (resume inside an epoch)."""
+
+    def __init__(self, sampler: Any, skip: int) -> None:
+        self.sampler, self.skip = sampler, skip
+
+    def __iter__(self):  # type: ignore[no-untyped-def]
+        for i, idx in enumerate(self.sampler):
+            if i >= self.skip:
+                yield idx
+
+    def __len__(self) -> int:
+        return max(0, len(self.sampler) - self.skip)
+
+    def set_epoch(self, epoch: int) -> None:
+        if hasattr(self.sampler, "set_epoch"):
+            self.sampler.set_epoch(epoch)
+
+
+def loader_skipping(loader: torch.utils.data.DataLoader, skip_samples: int) -> torch.utils.data.DataLoader:
+    """A copy of ``loader`` that starts ``skip_samples`` into its (already epoch-seeded) sampler."""
+    kw: dict[str, Any] = {"batch_size": loader.batch_size, "drop_last": loader.drop_last,
+                          "num_workers": loader.num_workers, "collate_fn": loader.collate_fn,
+                          "pin_memory": loader.pin_memory, "worker_init_fn": loader.worker_init_fn,
+                          "generator": loader.generator, "timeout": loader.timeout}
+    if loader.num_workers > 0:
+        kw.update(prefetch_factor=loader.prefetch_factor, persistent_workers=False,
+                  multiprocessing_context=loader.multiprocessing_context)
+    return torch.utils.data.DataLoader(loader.dataset, sampler=_SkipSampler(loader.sampler, skip_samples), **kw)

@@ -1,0 +1,19 @@
+"""Fixtures shared by every test package."""
+
+from __future__ import annotations
+
+import socket
+
+import pytest
+
+
+@pytest.fixture
+def one_rank(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The env a one-rank launcher sets, for tests that build a DeepSpeed engine in the pytest process;
+    undone afterwards, so later launches of multi-rank subprocesses do not inherit it."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    for key, value in (("RANK", "0"), ("WORLD_SIZE", "1"), ("LOCAL_RANK", "0"), ("MASTER_ADDR", "127.0.0.1"),
+                       ("MASTER_PORT", str(port))):
+        monkeypatch.setenv(key, value)
