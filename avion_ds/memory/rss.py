@@ -131,6 +131,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         stages["load"]["report"] = report.summary()
     params = param_count(model)
     dist.barrier()
+    if args.no_init:
+        return _gather_result(args, world, rank, params, stages, sampler)
     client = torch.optim.SGD(model.parameters(), lr=1e-3, momentum=0.0) if args.optimizer and args.sgd else None
     engine, *_ = deepspeed.initialize(model=model, optimizer=client, config=cfg,
                                       model_parameters=model.parameters() if args.optimizer and not args.sgd else None)
@@ -150,6 +152,13 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 Path(args.save).mkdir(parents=True, exist_ok=True)
                 (Path(args.save) / "ds_config.json").write_text(json.dumps(cfg))
             ckpt.save(engine, args.save, 1, {"epoch": 0, "step_in_epoch": 1, "global_step": 1}, keep_last=1)
+    return _gather_result(args, world, rank, params, stages, sampler)
+
+
+def _gather_result(args: argparse.Namespace, world: int, rank: int, params: int, stages: dict[str, Any],
+                   sampler: RssSampler) -> dict[str, Any]:
+    import torch.distributed as dist
+
     sampler.close()
     mine = {"rank": rank, "stages": stages}
     everyone: list[Any] = [None] * world
@@ -172,8 +181,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--frames", type=int, default=16)
     p.add_argument("--size", type=int, default=224)
     p.add_argument("--save", default=None, help="with --optimizer: save a checkpoint into this run dir")
+    p.add_argument("--no-init", action="store_true", help="stop after build (+ load): no deepspeed.initialize")
     p.add_argument("--out", required=True)
     args = p.parse_args(argv)
+    if args.no_init and args.optimizer:
+        p.error("--no-init and --optimizer exclude each other")
     result = run(args)
     import torch.distributed as dist
 
