@@ -14,7 +14,7 @@ os.environ.setdefault("WORLD_SIZE", "1")
 os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
 
 import deepspeed
-from zero3_steps import train_steps  # this directory (run as a script)
+from ds_steps import checkpointed_losses  # next to this script (run as a subprocess)
 
 from avion_ds.models import apply_activation_checkpointing, create_model
 
@@ -32,7 +32,7 @@ def losses(impl: str | None) -> list[float]:
         "activation_checkpointing": {"partition_activations": False, "cpu_checkpointing": False},
     }
     engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=cfg)
-    return train_steps(engine, cfg, impl)
+    return checkpointed_losses(engine, cfg, impl)
 
 
 if __name__ == "__main__":

@@ -18,7 +18,7 @@ from pathlib import Path
 import deepspeed
 import torch
 import torch.distributed as dist
-from zero3_steps import train_steps  # this directory (run as a script)
+from ds_steps import checkpointed_losses  # next to this script (run as a subprocess)
 
 from avion_ds.engine.optim import param_groups
 from avion_ds.models import (
@@ -117,7 +117,7 @@ def train_losses(partitioned: bool, impl: str | None) -> list[float]:
         del g["names"]
     opt = torch.optim.AdamW(groups, lr=1e-2, weight_decay=0.05)
     engine, *_ = deepspeed.initialize(model=model, optimizer=opt, config=cfg)
-    return train_steps(engine, cfg, impl)
+    return checkpointed_losses(engine, cfg, impl)
 
 
 def sharded_load(tmp: Path) -> dict:

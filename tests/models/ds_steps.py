@@ -1,5 +1,5 @@
-"""The 3-step training loop shared by zero_init_script.py and zero3_ckpt_script.py (run as scripts:
-imported from this directory)."""
+"""Shared by the ZeRO-3 test scripts (run as subprocesses): three seeded training steps of an engine
+whose model may be activation-checkpointed, returning the losses."""
 
 from __future__ import annotations
 
@@ -9,9 +9,8 @@ import deepspeed
 import torch
 
 
-def train_steps(engine: Any, cfg: dict, impl: str | None, steps: int = 3) -> list[float]:
-    """``steps`` DeepSpeed steps on random 2x3x4x32x32 clips (seed 1), sum of squared logits per
-    head as the loss; ``impl == "deepspeed"`` configures deepspeed.checkpointing first."""
+def checkpointed_losses(engine: Any, cfg: dict[str, Any], impl: str | None, steps: int = 3) -> list[float]:
+    """Losses of ``steps`` steps on seeded random clips (multi-head logits: sum of mean squares)."""
     if impl == "deepspeed":
         deepspeed.checkpointing.configure(None, deepspeed_config=cfg)
     torch.manual_seed(1)
