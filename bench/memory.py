@@ -15,14 +15,18 @@ Parts (``--parts``, comma separated):
               deepspeed.initialize (no optimizer), --rss-modes before (full build) / after (zero.Init)
   optimizer   CPU, 2 ranks: ZeRO-3 + AdamW per-rank RSS after one step vs 16 B x params / world
               (--export-after-optimizer: then the streamed `avion-ds export` peak RSS vs fp32 bytes)
+  export      CPU, 2 ranks: ZeRO-3 checkpoint (--export-optimizers adamw:1 / sgd:0) of --export-models, then
+              the streamed `avion-ds export` peak RSS (fresh process) vs fp32 bytes and the output verified
   resident    ZeRO-3 param offload: peak parameter elements resident during forward per --offload-live
-  (rss / optimizer / resident live in bench/memory_large.py)
+  (rss / optimizer / export / resident live in bench/memory_large.py)
 
 Examples:
   python bench/memory.py --parts ratio,activations --dtype fp32 --depth 2 --json out/memory_cpu.json
   python bench/memory.py --device cuda --parts throughput --json out/throughput.json
   python bench/memory.py --device cuda --parts capacity,giant --cap 24GiB --json out/capacity.json
   python bench/memory.py --parts rss --rss-models vit_giant_patch14_224 --rss-modes after --json out/rss_g.json
+  python bench/memory.py --parts export --export-models vit_giant_patch14_224 --export-optimizers sgd:0 \
+      --rss-frames 2 --rss-size 112 --export-load-back --json out/export_g.json
 """
 
 from __future__ import annotations
@@ -259,12 +263,23 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--optimizer-model", default="vit_large_patch16_224")
     p.add_argument("--export-after-optimizer", action="store_true",
                    help="optimizer part: save the ZeRO-3 checkpoint and measure the streamed export's peak RSS")
+    p.add_argument("--export-models", default="vit_giant_patch14_224")
+    p.add_argument("--export-optimizers", default="sgd:0",
+                   help="OPT:STEPS list: adamw:1 (AdamW, one step) / sgd:0 (SGD without momentum, no step)")
+    p.add_argument("--export-load-back", action="store_true",
+                   help="export part: also load the output with create_model(pretrained=...) (full model in memory)")
     p.add_argument("--work-dir", default="/tmp/avion_bench_rss", help="weights files and per-run JSON")
     p.add_argument("--keep-weights", action="store_true")
     p.add_argument("--json", default=None)
     args = p.parse_args(argv)
     args.rss_models = [s for s in args.rss_models.split(",") if s]
     args.rss_modes = [s for s in args.rss_modes.split(",") if s]
+    args.export_models = [s for s in args.export_models.split(",") if s]
+    args.export_optimizers = [s for s in args.export_optimizers.split(",") if s]
+    bad = [s for s in args.export_optimizers if s.partition(":")[0] not in ("adamw", "sgd")
+           or not s.partition(":")[2].isdigit()]
+    if bad:
+        p.error(f"--export-optimizers {bad[0]!r}: use OPT:STEPS with OPT adamw or sgd, e.g. adamw:1,sgd:0")
     args.sizes = [s for s in args.sizes.split(",") if s]
     args.capacity_sizes = [s for s in args.capacity_sizes.split(",") if s]
     args.cap_bytes = parse_bytes(args.cap, "--cap")
@@ -304,7 +319,7 @@ def main(argv: list[str] | None = None) -> int:
             results["giant"] = part_giant(args)
         elif part == "offload":
             results["offload"] = part_offload(args, dtype)
-        elif part in ("rss", "optimizer", "resident"):
+        elif part in ("rss", "optimizer", "export", "resident"):
             import memory_large
 
             results[part] = getattr(memory_large, f"part_{part}")(args)

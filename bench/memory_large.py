@@ -5,6 +5,11 @@ planner's formula, and parameters resident during ``eval --offload`` forward.
   rss        per model in --rss-models and mode in --rss-modes: 2 ranks (torchrun) of
              ``python -m avion_ds.memory.rss``; weights written first (safetensors, tensor by tensor)
   optimizer  ViT-L (--optimizer-model) ZeRO-3 + AdamW, one step: per-rank RSS vs 16 B x params / world
+  export     per --export-models and --export-optimizers (``adamw:1`` = AdamW, one step; ``sgd:0`` =
+             client SGD without momentum, saved right after initialize): a ZeRO-3 checkpoint written by
+             DeepSpeed (weights loaded from a random file first), then ``avion-ds export`` in a fresh
+             process (peak RSS anon / file vs fp32 bytes), then the output checked (shapes; equal to the
+             weights when no step was taken; --export-load-back: through create_model(pretrained=...))
   resident   ZeRO-3 param offload (``build_for_inference``): peak resident parameter elements during
              forward for each --offload-live value (prefetch bucket = live / 2), next to the model size
 """
@@ -14,6 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -39,7 +45,7 @@ def _free_gib() -> float:
 
 
 def _rss_run(model: str, mode: str, weights: Path | None, out: Path, args: argparse.Namespace,
-             optimizer: bool = False, save: Path | None = None) -> dict[str, Any]:
+             optimizer: bool = False, save: Path | None = None, sgd: bool = False, steps: int = 1) -> dict[str, Any]:
     env = dict(os.environ, DS_ACCELERATOR="cpu", OMP_NUM_THREADS="1",
                PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(args.ranks), "--master_port",
@@ -48,7 +54,7 @@ def _rss_run(model: str, mode: str, weights: Path | None, out: Path, args: argpa
     if weights is not None:
         cmd += ["--pretrained", str(weights)]
     if optimizer:
-        cmd.append("--optimizer")
+        cmd += ["--optimizer", "--steps", str(steps)] + (["--sgd"] if sgd else [])
     if save is not None:
         cmd += ["--save", str(save)]
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, check=False)
@@ -119,22 +125,81 @@ def part_optimizer(args: argparse.Namespace) -> dict[str, Any]:
     return r
 
 
-def _export_rss(run_dir: Path, out: Path, fp32: int) -> dict[str, Any]:
-    """`avion-ds export` of the ZeRO-3 checkpoint in a fresh process: peak RSS vs fp32 model bytes."""
+def _in_fresh_process(code: str, *argv: str) -> Any:
+    """Run ``code`` (which prints ``RESULT <json>``) in a new interpreter; the parsed JSON or None."""
     env = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    code = ("import json, sys; from avion_ds.memory.rss import measure_export; "
-            "print('RESULT ' + json.dumps(measure_export(sys.argv[1], sys.argv[2])))")
-    proc = subprocess.run([sys.executable, "-c", code, str(run_dir), str(out)], env=env, capture_output=True, text=True)
+    proc = subprocess.run([sys.executable, "-c", code, *argv], env=env, capture_output=True, text=True, check=False)
     line = next((ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")), None)
     if line is None:
-        print(f"[export] FAILED\n{proc.stderr[-1500:]}")
-        return {"error": proc.stderr[-1500:]}
-    peaks = json.loads(line[7:])
+        print(f"FAILED\n{proc.stderr[-1500:]}")
+        return None
+    return json.loads(line[7:])
+
+
+def part_export(args: argparse.Namespace) -> list[dict[str, Any]]:
+    """ZeRO-3 checkpoint per (model, optimizer) -> streamed export RSS -> output verified."""
+    from avion_ds.memory.rss import write_random_weights
+
+    work = Path(args.work_dir)
+    work.mkdir(parents=True, exist_ok=True)
+    kw = {"num_frames": args.rss_frames, "img_size": args.rss_size}
+    rows = []
+    for model in args.export_models:
+        weights = work / f"{model}.safetensors"
+        if not weights.is_file():
+            write_random_weights(model, weights, **kw)
+        fp32_gib = weights.stat().st_size / 2**30
+        for spec in args.export_optimizers:
+            opt, steps = spec.split(":")
+            need = 2.0 * args.ranks * fp32_gib + 2  # ~1.7x per rank measured after initialize (ViT-B)
+            if _free_gib() < need:
+                rows.append({"model": model, "optimizer": spec, "skipped": f"needs ~{need:.0f} GiB, {_free_gib():.0f} free"})
+                print(f"[export] {model} {spec}: skipped ({rows[-1]['skipped']})")
+                continue
+            run_dir, out = work / f"export_run_{opt}{steps}", work / f"exported_{opt}{steps}.safetensors"
+            r = _rss_run(model, "after", weights, work / f"rss_export_{opt}{steps}.json", args, optimizer=True,
+                         save=run_dir, sgd=opt == "sgd", steps=int(steps))
+            if "error" in r:
+                print(f"[export] {model} {spec}: checkpoint FAILED\n{r['error']}")
+                rows.append(r)
+                continue
+            shards = sorted(run_dir.rglob("*optim_states.pt"))
+            row = {"model": model, "optimizer": spec, "params": r["params"], "fp32_bytes": r["fp32_bytes"],
+                   "world_size": r["world_size"], "optim_shard_bytes": sum(f.stat().st_size for f in shards),
+                   "checkpoint_rss": r["ranks"]}
+            row["export"] = _export_rss(run_dir, out, r["fp32_bytes"], keep=True)
+            print(f"[export] {model} {spec}: {len(shards)} optimizer shards, "
+                  f"{row['optim_shard_bytes'] / r['fp32_bytes']:.2f}x fp32 bytes on disk")
+            if "error" not in row["export"]:
+                ref = str(weights) if int(steps) == 0 else ""
+                row["verify"] = _in_fresh_process(
+                    "import json, sys; from avion_ds.memory.rss import verify_export; "
+                    "print('RESULT ' + json.dumps(verify_export(sys.argv[1], sys.argv[2], sys.argv[3] or None, "
+                    "sys.argv[4] == '1', num_frames=int(sys.argv[5]), img_size=int(sys.argv[6]))))",
+                    str(out), model, ref, "1" if args.export_load_back else "0", str(args.rss_frames),
+                    str(args.rss_size))
+                print(f"[export] {model} {spec}: output check {row['verify']}")
+            out.unlink(missing_ok=True)
+            shutil.rmtree(run_dir, ignore_errors=True)
+            rows.append(row)
+        if not args.keep_weights:
+            weights.unlink(missing_ok=True)
+    return rows
+
+
+def _export_rss(run_dir: Path, out: Path, fp32: int, keep: bool = False) -> dict[str, Any]:
+    """`avion-ds export` of the ZeRO-3 checkpoint in a fresh process: peak RSS vs fp32 model bytes."""
+    code = ("import json, sys; from avion_ds.memory.rss import measure_export; "
+            "print('RESULT ' + json.dumps(measure_export(sys.argv[1], sys.argv[2])))")
+    peaks = _in_fresh_process(code, str(run_dir), str(out))
+    if peaks is None:
+        return {"error": "export failed"}
     peaks["fp32_bytes"] = fp32
     print(f"[export] streamed export of the ZeRO-3 checkpoint: peak RSS {peaks['peak_total'] / fp32:.2f}x of fp32 "
           f"({format_bytes(peaks['peak_total'])}; anon {peaks['peak_anon'] / fp32:.2f}x, file-backed "
           f"{peaks['peak_file'] / fp32:.2f}x), output {format_bytes(out.stat().st_size)}")
-    out.unlink(missing_ok=True)
+    if not keep:
+        out.unlink(missing_ok=True)
     return peaks
 
 

@@ -4,7 +4,9 @@ Run one process per rank (``python -m torch.distributed.run --nproc_per_node 2 -
 avion_ds.memory.rss ...``); rank 0 writes the JSON. Stages: ``build`` (construct the model),
 ``load`` (pretrained weights from ``--pretrained``), ``init`` (``deepspeed.initialize`` without an
 optimizer: the inference / offload path) and, with ``--optimizer``, ``step`` (ZeRO-3 + Adam: one
-training step, so fp32 master, grads and moments exist). ``--mode before`` builds every rank's
+training step, so fp32 master, grads and moments exist; ``--sgd``: a client ``torch.optim.SGD``
+without momentum, which keeps no state, and ``--steps 0``: save right after initialize, so a
+checkpoint of a model whose Adam run does not fit here can still be written). ``--mode before`` builds every rank's
 full model and loads with ``load_pretrained`` (what the code did before partitioned construction);
 ``--mode after`` uses ``zero.Init`` and the module-by-module loader.
 
@@ -85,11 +87,13 @@ class RssSampler:
         self._thread.join()
 
 
-def _ds_config(world: int, optimizer: bool) -> dict[str, Any]:
+def _ds_config(world: int, optimizer: bool, sgd: bool = False) -> dict[str, Any]:
     cfg: dict[str, Any] = {"train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": 1,
                            "train_batch_size": world, "gradient_clipping": 0.0, "steps_per_print": 10**9,
                            "zero_optimization": {"stage": 3, "stage3_param_persistence_threshold": 0}}
-    if optimizer:
+    if optimizer and sgd:
+        cfg["zero_allow_untested_optimizer"] = True  # the client torch.optim.SGD below
+    elif optimizer:
         cfg["optimizer"] = {"type": "AdamW", "params": {"lr": 1e-4, "weight_decay": 0.05, "torch_adam": True}}
     return cfg
 
@@ -106,7 +110,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     deepspeed.init_distributed(dist_backend="gloo", verbose=False)
     unlink_shm_buffer()
     world, rank = dist.get_world_size(), dist.get_rank()
-    cfg = _ds_config(world, args.optimizer)
+    cfg = _ds_config(world, args.optimizer, args.sgd)
     partitioned = args.mode == "after"
     kw = dict(num_frames=args.frames, img_size=args.size)
     # warm-up: first-use imports and allocator set-up happen before the baseline
@@ -129,15 +133,20 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         stages["load"]["report"] = report.summary()
     params = param_count(model)
     dist.barrier()
-    engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters() if args.optimizer else None,
-                                      config=cfg)
+    if args.no_init:
+        return _gather_result(args, world, rank, params, stages, sampler)
+    client = torch.optim.SGD(model.parameters(), lr=1e-3, momentum=0.0) if args.optimizer and args.sgd else None
+    engine, *_ = deepspeed.initialize(model=model, optimizer=client, config=cfg,
+                                      model_parameters=model.parameters() if args.optimizer and not args.sgd else None)
     stages["init"] = sampler.stage()
     if args.optimizer:
-        x = torch.randn(1, 3, args.frames, args.size, args.size)
-        loss = engine(x).float().square().mean()
-        engine.backward(loss)
-        engine.step()
-        stages["step"] = sampler.stage()
+        for _ in range(args.steps):
+            x = torch.randn(1, 3, args.frames, args.size, args.size)
+            loss = engine(x).float().square().mean()
+            engine.backward(loss)
+            engine.step()
+        if args.steps:
+            stages["step"] = sampler.stage()
         if args.save:  # a ZeRO-3 checkpoint for the export measurement
             from avion_ds.engine import checkpoint as ckpt
 
@@ -145,12 +154,20 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 Path(args.save).mkdir(parents=True, exist_ok=True)
                 (Path(args.save) / "ds_config.json").write_text(json.dumps(cfg))
             ckpt.save(engine, args.save, 1, {"epoch": 0, "step_in_epoch": 1, "global_step": 1}, keep_last=1)
+    return _gather_result(args, world, rank, params, stages, sampler)
+
+
+def _gather_result(args: argparse.Namespace, world: int, rank: int, params: int, stages: dict[str, Any],
+                   sampler: RssSampler) -> dict[str, Any]:
+    import torch.distributed as dist
+
     sampler.close()
     mine = {"rank": rank, "stages": stages}
     everyone: list[Any] = [None] * world
     dist.all_gather_object(everyone, mine)
     return {"model": args.model, "mode": args.mode, "world_size": world, "params": params,
-            "fp32_bytes": 4 * params, "optimizer": bool(args.optimizer), "frames": args.frames, "size": args.size,
+            "fp32_bytes": 4 * params, "optimizer": ("sgd" if args.sgd else "adamw") if args.optimizer else None,
+            "steps": args.steps if args.optimizer else 0, "frames": args.frames, "size": args.size,
             "ranks": everyone}
 
 
@@ -159,12 +176,18 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--model", required=True)
     p.add_argument("--mode", choices=("before", "after"), default="after")
     p.add_argument("--pretrained", default=None, help="weights file to load (e.g. written by --write-weights)")
-    p.add_argument("--optimizer", action="store_true", help="ZeRO-3 + AdamW and one training step")
+    p.add_argument("--optimizer", action="store_true", help="ZeRO-3 + AdamW and --steps training steps")
+    p.add_argument("--sgd", action="store_true", help="with --optimizer: a client torch.optim.SGD without momentum "
+                   "(no optimizer state) instead of AdamW")
+    p.add_argument("--steps", type=int, default=1, help="with --optimizer: training steps before --save (0: none)")
     p.add_argument("--frames", type=int, default=16)
     p.add_argument("--size", type=int, default=224)
     p.add_argument("--save", default=None, help="with --optimizer: save a checkpoint into this run dir")
+    p.add_argument("--no-init", action="store_true", help="stop after build (+ load): no deepspeed.initialize")
     p.add_argument("--out", required=True)
     args = p.parse_args(argv)
+    if args.no_init and args.optimizer:
+        p.error("--no-init and --optimizer exclude each other")
     result = run(args)
     import torch.distributed as dist
 
@@ -205,3 +228,31 @@ def measure_export(run_dir: str | Path, out: str | Path) -> dict[str, Any]:
     peaks = sampler.stage()
     sampler.close()
     return peaks
+
+
+def verify_export(exported: str | Path, model: str, reference: str | Path | None = None, load_back: bool = False,
+                  **overrides: Any) -> dict[str, Any]:
+    """Check an exported safetensors file of ``model``: every state-dict entry present with its shape
+    (header only); with ``reference`` (the weights the checkpoint was made from, no step taken) every
+    tensor equal to it, read one at a time; with ``load_back`` through ``create_model(model,
+    pretrained=exported)`` (the full model in memory), compared with ``reference`` or the file."""
+    from avion_ds.models import create_model
+    from avion_ds.models.safetensors_stream import SafetensorsReader
+
+    out_file = SafetensorsReader(exported)
+    with torch.device("meta"):
+        want = {k: tuple(v.shape) for k, v in create_model(model, **overrides).state_dict().items()}
+    got = {k: tuple(e["shape"]) for k, e in out_file.entries.items()}
+    result: dict[str, Any] = {"tensors": len(got), "expected": len(want),
+                              "missing": sorted(set(want) - set(got)), "unexpected": sorted(set(got) - set(want)),
+                              "wrong_shape": sorted(k for k in set(want) & set(got) if want[k] != got[k])}
+    ref = SafetensorsReader(reference) if reference is not None else None
+    if ref is not None:
+        result["max_abs_diff_vs_reference"] = max(float((out_file.get(k) - ref.get(k)).abs().max())
+                                                  for k in ref.entries)
+    if load_back:
+        loaded = create_model(model, pretrained=str(exported), **overrides).state_dict()
+        against = ref or out_file
+        result["load_back_max_abs_diff"] = max(float((loaded[k] - against.get(k)).abs().max())
+                                               for k in against.entries)
+    return result

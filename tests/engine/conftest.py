@@ -86,3 +86,19 @@ def write_recipe(path: Path, data: dict, output_dir: Path, /, **sections: dict) 
         recipe.setdefault(section, {}).update(values)
     path.write_text(yaml.safe_dump(recipe))
     return path
+
+
+@pytest.fixture(scope="session")
+def tiny_epic_quick(tiny_epic: dict, tmp_path_factory: pytest.TempPathFactory) -> dict:
+    """``tiny_epic`` with a 3-clip validation CSV (still odd: 2 ranks pad) for multi-process tests whose
+    assertions are about training, resume or export: every run ends with an eval, and 11 clips of it
+    cost seconds per launch. Pair with ``QUICK_DATA`` in the recipe."""
+    rows = Path(tiny_epic["val_csv"]).read_text().splitlines()
+    val = tmp_path_factory.mktemp("tiny_epic_quick") / "val3.csv"
+    val.write_text("\n".join(rows[:4]) + "\n")
+    return {**tiny_epic, "val_csv": val, "num_val": 3}
+
+
+# decode in the loader process (no decode-timeout helper process to start per loader and per run):
+# for multi-process tests that are not about decoding; the frames are the same
+QUICK_DATA = {"decode_timeout_s": 0.0}

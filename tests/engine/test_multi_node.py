@@ -1,7 +1,8 @@
 """Two "nodes" on this machine through launch/multi_node.sh in no-ssh mode (`deepspeed --hostfile H
 --no_ssh --node_rank N --master_addr 127.0.0.1`): ZeRO-3 training writes checkpoints, node 1 is
 killed (-9), node 0 gives up after the short process-group timeout instead of hanging, both are
-relaunched with the same command and resume from the newest complete checkpoint to the end."""
+relaunched with the same command and resume from the newest complete checkpoint to the end.
+3-clip val set, in-process decoding, no TensorBoard: the launch, kill and resume are the subject."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ import pytest
 
 from avion_ds.engine.checkpoint import complete_tags
 
-from .conftest import REPO, engine_env, free_port, losses, write_recipe
+from .conftest import QUICK_DATA, REPO, engine_env, free_port, losses, write_recipe
 
 pytestmark = pytest.mark.slow
 
@@ -31,10 +32,12 @@ def _node(rank: int, recipe: Path, hostfile: Path, port: int, log: Path) -> subp
 
 
 @pytest.mark.timeout(600)
-def test_two_nodes_no_ssh_kill_and_resume(tiny_epic: dict, tmp_path: Path) -> None:
+def test_two_nodes_no_ssh_kill_and_resume(tiny_epic_quick: dict, tmp_path: Path) -> None:
+    tiny_epic = tiny_epic_quick
     run = tmp_path / "run"
     recipe = write_recipe(tmp_path / "r.yaml", tiny_epic, run, checkpoint={"every_steps": 1, "keep_last": 20},
-                          eval={"every_epochs": 5})
+                          eval={"every_epochs": 5}, data=QUICK_DATA,
+                          logging={"tensorboard": False, "log_every": 1, "progress": False})
     hostfile = tmp_path / "hostfile"
     hostfile.write_text("localhost slots=1\n127.0.0.1 slots=1\n")  # a hostfile cannot repeat a host name
 

@@ -1,6 +1,7 @@
 """2-rank DeepSpeed runs on CPU through the deepspeed launcher: ZeRO 0 / 2 / 3 and CPU offload give the
 same fp32 loss trajectory, and an interrupted + resumed run (ZeRO-2, ZeRO-3) reproduces it exactly,
-ignoring a newer checkpoint that was killed mid-save."""
+ignoring a newer checkpoint that was killed mid-save. Runs use a 3-clip val set and in-process
+decoding (``tiny_epic_quick``, ``QUICK_DATA``): evaluation and the decode helper are other tests' subject."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from .conftest import REPO, launch, losses, write_recipe
+from .conftest import QUICK_DATA, REPO, launch, losses, write_recipe
 
 pytestmark = pytest.mark.slow
 TOL = 1e-5  # measured: fp32 trajectories agree to ~1e-6 across stages and after resume
@@ -24,7 +25,7 @@ def steps_per_epoch(data: dict) -> int:
 
 def _train(tmp: Path, data: dict, name: str, ds: str, *extra: str, launcher: str = "deepspeed") -> tuple[Path, str]:
     run = tmp / name
-    recipe = write_recipe(tmp / f"{name}.yaml", data, run)
+    recipe = write_recipe(tmp / f"{name}.yaml", data, run, data=QUICK_DATA)
     proc = launch(["--config", str(recipe), "--deepspeed_config", str(REPO / "ds_configs" / f"{ds}.json"), *extra],
                   launcher=launcher)
     log = proc.stdout + proc.stderr
@@ -33,16 +34,16 @@ def _train(tmp: Path, data: dict, name: str, ds: str, *extra: str, launcher: str
 
 
 @pytest.fixture(scope="module")
-def reference(tiny_epic: dict, tmp_path_factory: pytest.TempPathFactory) -> dict:
-    """Uninterrupted ZeRO-0 run: 2 epochs of 3 steps."""
+def reference(tiny_epic_quick: dict, tmp_path_factory: pytest.TempPathFactory) -> dict:
+    """Uninterrupted ZeRO-0 run: 2 epochs of 4 steps."""
     tmp = tmp_path_factory.mktemp("ref")
-    run, log = _train(tmp, tiny_epic, "zero0", "zero0")
+    run, log = _train(tmp, tiny_epic_quick, "zero0", "zero0")
     return {"run": run, "log": log, "losses": losses(run)}
 
 
-def test_zero0_run_logs_checkpoints_and_evaluates(reference: dict, tiny_epic: dict) -> None:
+def test_zero0_run_logs_checkpoints_and_evaluates(reference: dict, tiny_epic_quick: dict) -> None:
     run, got = reference["run"], reference["losses"]
-    spe = steps_per_epoch(tiny_epic)
+    spe = steps_per_epoch(tiny_epic_quick)
     assert sorted(got) == list(range(1, 2 * spe + 1))
     assert "world 2 | ZeRO-0 | fp32" in reference["log"]
     rows = [json.loads(x) for x in (run / "history.jsonl").read_text().splitlines()]
@@ -61,8 +62,9 @@ def test_zero0_run_logs_checkpoints_and_evaluates(reference: dict, tiny_epic: di
 
 
 @pytest.mark.parametrize("stage", ["zero2", "zero3"])
-def test_resume_reproduces_uninterrupted_run(stage: str, reference: dict, tiny_epic: dict,
+def test_resume_reproduces_uninterrupted_run(stage: str, reference: dict, tiny_epic_quick: dict,
                                              tmp_path: Path) -> None:
+    tiny_epic = tiny_epic_quick
     stop = steps_per_epoch(tiny_epic) + 1  # one step into the second epoch: resume mid-epoch
     # ZeRO-3 also switches activation checkpointing to deepspeed.checkpointing (the JSON's section)
     impl = ["--set", "model.checkpoint_impl=deepspeed"] if stage == "zero3" else []
@@ -92,8 +94,9 @@ def test_resume_reproduces_uninterrupted_run(stage: str, reference: dict, tiny_e
         torch.testing.assert_close(mine[k], base[k], rtol=0, atol=1e-5, msg=k)
 
 
-def test_cpu_offload_matches(reference: dict, tiny_epic: dict, tmp_path: Path) -> None:
-    run, log = _train(tmp_path, tiny_epic, "offload", "zero3_offload", "--exit-after-steps", "2")
+def test_cpu_offload_matches(reference: dict, tiny_epic_quick: dict, tmp_path: Path) -> None:
+    run, log = _train(tmp_path, tiny_epic_quick, "offload", "zero3_offload", "--exit-after-steps", "2",
+                      launcher="torchrun")
     assert "ZeRO-3" in log
     got, ref = losses(run), reference["losses"]
     assert sorted(got) == [1, 2]
