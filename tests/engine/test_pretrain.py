@@ -48,7 +48,8 @@ def _recipe(tmp: Path, data: dict) -> Path:
         "task": "pretrain",
         "model": {"name": "pretrain_videomae_test_tiny"},
         "data": {"root": str(data["root"]), "num_frames": 4, "size": 32, "workers": 0, "stride": 2,
-                 "clips_per_video": 4, "decoder": "decord"},
+                 "clips_per_video": 4, "decoder": "decord",
+                 "decode_timeout_s": 0.0},  # decode in-process: a helper process per dataset costs ~10 s per job
         "pretrain": {"mask_ratio": 0.5, "decoder_mask_type": "running_cell", "decoder_mask_ratio": 0.5},
         "optim": {"lr": 1e-3, "base_batch": 4, "clip_grad": 1.0},
         "schedule": {"epochs": 2, "warmup_epochs": 0.5},
