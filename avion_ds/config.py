@@ -7,6 +7,7 @@ mistyped keys fail at load time naming the key; values are coerced to the annota
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import difflib
 import math
@@ -367,6 +368,8 @@ def _float_fields(obj: Any, prefix: str = "") -> list[tuple[str, float]]:
     return out
 
 
+FLOAT32_MAX = 3.4028234663852886e38  # torch.finfo(torch.float32).max; config stays torch-free
+
 # key -> (low, high, low inclusive, high inclusive); high None = unbounded
 _RANGES: dict[str, tuple[float | None, float | None, bool, bool]] = {
     "optim.lr": (0.0, None, False, True),
@@ -414,6 +417,8 @@ def validate(recipe: Recipe) -> None:
     for key, value in _float_fields(recipe):
         if not math.isfinite(value):
             raise ConfigError(f"{key}={value} is not a finite number")
+        if abs(value) > FLOAT32_MAX:  # finite in Python, inf once it reaches a float32 tensor
+            raise ConfigError(f"{key}={value} overflows float32 (largest {FLOAT32_MAX:.4g})")
     for key, (low, high, lo_inc, hi_inc) in _RANGES.items():
         try:
             value = _lookup(d, key)
@@ -483,3 +488,9 @@ def validate(recipe: Recipe) -> None:
     problem = check_recipe(recipe)
     if problem:
         raise ConfigError(problem)
+
+
+def add_override_option(parser: argparse.ArgumentParser, example: str = "data.root=PATH") -> None:
+    """The ``--set KEY=VALUE`` option every recipe-reading command shares (collected in ``args.overrides``)."""
+    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                        help=f"dotted recipe override, repeatable (e.g. --set {example})")

@@ -77,14 +77,14 @@ def segments(seconds: float, n: int, seed: int) -> list[tuple[float, float]]:
 
 
 def write_csv(path: Path, segs: list[tuple[float, float]]) -> None:
-    from avion_ds.data.synthetic import EPIC_COLUMNS, _timestamp
+    from avion_ds.data.synthetic import EPIC_COLUMNS, format_timestamp
 
     with path.open("w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=list(EPIC_COLUMNS), extrasaction="ignore")
         w.writeheader()
         for i, (s, e) in enumerate(segs):
-            w.writerow({"narration_id": f"P01_01_{i}", "video_id": "P01_01", "start_timestamp": _timestamp(s),
-                        "stop_timestamp": _timestamp(e), "verb_class": 0, "noun_class": 0})
+            w.writerow({"narration_id": f"P01_01_{i}", "video_id": "P01_01", "start_timestamp": format_timestamp(s),
+                        "stop_timestamp": format_timestamp(e), "verb_class": 0, "noun_class": 0})
 
 
 def clip_requests(csv_path: Path, entry, cfg, n: int) -> list[tuple[list[tuple[str, list[int]]], object]]:
@@ -256,9 +256,9 @@ def part_helper_cpu(a, cfg, entry, csv_path: Path) -> None:
                 t = time.process_time()
                 run(inproc, i)
                 cpu_in += time.process_time() - t
-                c0, t = child_cpu(helper._proc.pid), time.process_time()
+                c0, t = child_cpu(helper.helper_pid), time.process_time()
                 run(helper, i)
-                cpu_h += time.process_time() - t + child_cpu(helper._proc.pid) - c0
+                cpu_h += time.process_time() - t + child_cpu(helper.helper_pid) - c0
         n = a.clips * a.repeats
         print(f"  {name:<11} in-process {cpu_in / n * 1e3:6.1f} ms CPU/clip, helper (parent + helper) "
               f"{cpu_h / n * 1e3:6.1f} ms -> {cpu_h / cpu_in - 1:+.1%}")

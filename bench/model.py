@@ -24,6 +24,8 @@ from dataclasses import dataclass
 
 import torch
 
+from avion_ds.engine.ds_config import PRECISIONS, torch_dtype
+from avion_ds.memory.activations import measure_activation_bytes
 from avion_ds.models import apply_activation_checkpointing, create_model, model_flops
 from avion_ds.models.attention import flash_available
 
@@ -44,23 +46,6 @@ class Variant:
         return f"{short} attn={self.backend} embed={self.embed}" + (" +AC" if self.ckpt else "")
 
 
-def saved_activation_bytes(model: torch.nn.Module, x: torch.Tensor) -> int:
-    """Bytes of distinct tensors autograd saves for backward in one forward, parameters excluded."""
-    param_storages = {p.untyped_storage().data_ptr() for p in model.parameters()}
-    seen: dict[int, int] = {}
-
-    def pack(t: torch.Tensor) -> torch.Tensor:
-        st = t.untyped_storage()
-        if st.data_ptr() not in param_storages:
-            seen[st.data_ptr()] = max(seen.get(st.data_ptr(), 0), st.nbytes())
-        return t
-
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        out = model(x)
-    del out
-    return sum(seen.values())
-
-
 def _step(model: torch.nn.Module, x: torch.Tensor) -> None:
     out = model(x)
     out.float().square().mean().backward()
@@ -74,7 +59,7 @@ def _sync(device: torch.device) -> None:
 
 def run(args: argparse.Namespace) -> list[dict]:
     device = torch.device(args.device)
-    dtype = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[args.dtype]
+    dtype = torch_dtype(args.dtype)
     if args.grid:
         variants = [Variant(m, b, e) for m in args.models for b in args.backends for e in args.embeds]
     else:  # the first backend/embed is the baseline; change one factor at a time
@@ -100,7 +85,7 @@ def run(args: argparse.Namespace) -> list[dict]:
     act: dict[str, int] = {}
     peak_mem: dict[str, int] = {}
     for v, model in built:  # activation bytes + warm-up
-        act[v.label] = saved_activation_bytes(model, x)
+        act[v.label] = measure_activation_bytes(model, x)  # the package's saved-tensor counter
         for _ in range(args.warmup):
             _step(model, x)
     for _ in range(args.iters):  # round-robin so load changes hit every variant alike
@@ -136,7 +121,7 @@ def embed_only(args: argparse.Namespace) -> str:
     from avion_ds.models.patch_embed import PatchEmbed
 
     device = torch.device(args.device)
-    dtype = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[args.dtype]
+    dtype = torch_dtype(args.dtype)
     x = torch.randn(args.batch, 3, args.frames, args.size, args.size, device=device, dtype=dtype)
     mods = {m: PatchEmbed(args.size, 16, 2, args.frames, 3, 768, mode=m).to(device, dtype) for m in ("linear", "conv")}
     mods["conv"].load_state_dict(mods["linear"].state_dict())
@@ -177,7 +162,7 @@ def report(rows: list[dict], args: argparse.Namespace) -> str:
 def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--device", default="cpu")
-    p.add_argument("--dtype", default="fp32", choices=["fp32", "bf16", "fp16"])
+    p.add_argument("--dtype", default="fp32", choices=PRECISIONS)
     p.add_argument("--models", nargs="+", default=["vit_base_patch16_224"])
     p.add_argument("--backends", nargs="+", default=["sdpa", "eager"], choices=["flash", "sdpa", "eager"])
     p.add_argument("--embeds", nargs="+", default=["linear", "conv"], choices=["linear", "conv"])

@@ -28,11 +28,10 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from avion_ds.engine.ds_config import PRECISIONS, torch_dtype
 from avion_ds.memory.activations import measure_activation_bytes
 from avion_ds.memory.units import format_bytes
 from avion_ds.models import create_model
-
-DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
 def build_pair(name: str, frames: int, size: int, attn: str, device: str, dtype: torch.dtype):
@@ -107,7 +106,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--act-size", type=int, default=None)
     p.add_argument("--attn", default="sdpa", choices=("sdpa", "eager", "flash"))
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    p.add_argument("--dtype", default=None, choices=tuple(DTYPES), help="default: bf16 on CUDA, fp32 on CPU")
+    p.add_argument("--dtype", default=None, choices=PRECISIONS, help="default: bf16 on CUDA, fp32 on CPU")
     p.add_argument("--json", default=None)
     args = p.parse_args(argv)
     try:
@@ -115,7 +114,7 @@ def main(argv: list[str] | None = None) -> int:
     except ImportError:
         print("bench/peer.py needs transformers (bench-only extra): pip install transformers", file=sys.stderr)
         return 2
-    dtype = DTYPES[args.dtype or ("bf16" if args.device.startswith("cuda") else "fp32")]
+    dtype = torch_dtype(args.dtype or ("bf16" if args.device.startswith("cuda") else "fp32"))
     torch.manual_seed(0)
     res: dict[str, Any] = {"model": args.model, "attn": args.attn, "dtype": str(dtype)[6:], "device": args.device,
                                "torch": torch.__version__, "transformers": transformers.__version__,

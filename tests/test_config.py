@@ -71,6 +71,17 @@ def test_choices_and_ranges() -> None:
         recipe_from_dict({"model": {"heads": {"verb": 2}, "tubelet_size": 2}, "data": {"num_frames": 15}})
     with pytest.raises(ConfigError, match="crop_scale"):
         recipe_from_dict({**base, "data": {"crop_scale": [0.9, 0.1]}})
+    with pytest.raises(ConfigError, match=r"optim.lr=1e\+39 overflows float32"):  # finite as a Python float
+        recipe_from_dict({**base, "optim": {"lr": 1e39}})
+    recipe_from_dict({**base, "optim": {"lr": 3e38}})  # the largest float32 values are still accepted
+
+
+def test_float32_max_matches_torch() -> None:
+    import torch
+
+    from avion_ds.config import FLOAT32_MAX
+
+    assert FLOAT32_MAX == torch.finfo(torch.float32).max
 
 
 def test_missing_file_and_bad_yaml(tmp_path: Path) -> None:

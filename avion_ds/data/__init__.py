@@ -11,7 +11,7 @@ import importlib
 from typing import Any
 
 _LAZY = {
-    "build_dataset": "avion_ds.data.datasets",
+    "build_dataset": "avion_ds.data.build",
     "EpicDataset": "avion_ds.data.datasets",
     "KineticsDataset": "avion_ds.data.kinetics",
     "SSv2Dataset": "avion_ds.data.ssv2",

@@ -29,7 +29,7 @@ from dataclasses import dataclass, field, replace
 from multiprocessing import get_context
 from pathlib import Path
 
-from ..config import ConfigError, DataConfig, load_recipe
+from ..config import ConfigError, DataConfig, add_override_option, load_recipe
 from .quarantine import QUARANTINE_NAME, row_key, write_quarantine
 
 log = logging.getLogger(__name__)
@@ -126,7 +126,7 @@ def check_files(cfg: DataConfig, entries, full: bool, workers: int, report: Chec
 
 def check_rows(cfg: DataConfig, report: CheckReport) -> list:
     """Every annotation row of train/val: resolves, parses, span inside the video. Returns the videos used."""
-    from .datasets import build_dataset
+    from .build import build_dataset
 
     used = {}
     plain = replace(cfg, quarantine="none", on_error="raise", rand_aug="", num_sample=1)
@@ -183,8 +183,7 @@ def main(argv: list[str] | None = None) -> int:
     """``avion-ds check RECIPE_OR_DATA``: exit 0 clean, 1 something quarantined, 2 bad input."""
     p = argparse.ArgumentParser(prog="avion-ds check", description=__doc__.splitlines()[0])
     p.add_argument("target", help="a recipe YAML (annotations + videos) or a chunk directory (chunks only)")
-    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-                   help="dotted recipe override, repeatable (e.g. --set data.root=/data/k400/chunks)")
+    add_override_option(p, "data.root=/data/k400/chunks")
     p.add_argument("--full", action="store_true", help="decode and count every frame (default: first/middle/last)")
     p.add_argument("--workers", type=int, default=max(1, (os.cpu_count() or 2) // 2), help="parallel processes")
     p.add_argument("--out", default=None, help="where quarantine.tsv and check_summary.json go (default: data root)")

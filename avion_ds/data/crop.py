@@ -101,18 +101,31 @@ def three_crops(height: int, width: int) -> list[CropBox]:
 
 
 def crop_resize(frames: torch.Tensor, box: CropBox | None, size: tuple[int, int] | None,
-                interpolation: str = "bilinear") -> torch.Tensor:
-    """uint8 (T, H, W, C) -> crop ``box`` -> antialiased resize (bilinear | bicubic) to ``size`` -> uint8 (T, h, w, C)."""
+                interpolation: str = "bilinear", out: torch.Tensor | None = None) -> torch.Tensor:
+    """uint8 (T, H, W, C) -> crop ``box`` -> antialiased resize (bilinear | bicubic) to ``size`` -> uint8 (T, h, w, C).
+
+    ``out``: a contiguous (T, h, w, C) tensor to write the result into (the timeout helper passes one
+    over its shared mapping, so the frames are written once, in place); else a new tensor.
+    """
+    import torch
+
     if box is not None:
         frames = frames[:, box.top:box.top + box.height, box.left:box.left + box.width]
     if size is None or tuple(frames.shape[1:3]) == tuple(size):
-        return frames.contiguous()
-    from torchvision.transforms.v2 import functional as F
-
+        return frames.contiguous() if out is None else out.copy_(frames)
     x = frames.permute(0, 3, 1, 2)  # a channels-last view: torch's fast uint8 antialias kernel, no copy
-    mode = F.InterpolationMode.BICUBIC if interpolation == "bicubic" else F.InterpolationMode.BILINEAR
-    x = F.resize(x, list(size), interpolation=mode, antialias=True)
-    return x.permute(0, 2, 3, 1).contiguous()
+    if frames.dtype != torch.uint8 or frames.device.type != "cpu":  # e.g. NVDEC frames: torchvision's own path
+        from torchvision.transforms.v2 import functional as F
+
+        mode = F.InterpolationMode.BICUBIC if interpolation == "bicubic" else F.InterpolationMode.BILINEAR
+        y = F.resize(x, list(size), interpolation=mode, antialias=True).permute(0, 2, 3, 1)
+        return y.contiguous() if out is None else out.copy_(y)
+    # the op torchvision's resize runs for uint8 CPU images (same kernel, same bits), with an output argument
+    op = torch.ops.aten._upsample_bicubic2d_aa if interpolation == "bicubic" else torch.ops.aten._upsample_bilinear2d_aa
+    if out is None:
+        out = frames.new_empty((frames.shape[0], *size, frames.shape[3]))
+    op.out(x, list(size), False, None, None, out=out.permute(0, 3, 1, 2))
+    return out
 
 
 def even_superset(box: CropBox, height: int, width: int) -> tuple[CropBox, CropBox]:

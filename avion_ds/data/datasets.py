@@ -47,7 +47,8 @@ from .crop import (
     random_resized_crop,
     three_crops,
 )
-from .decoders import _REGISTRY, _load_plugins, get_decoder, pick_decoder
+from .decode_base import REGISTRY, load_plugins
+from .decoders import get_decoder, pick_decoder
 from .errors import DataError
 from .manifest import (
     VideoEntry,
@@ -147,14 +148,14 @@ class ClipDataset(Dataset):
             raise ValueError(f"split must be 'train' or 'val', got {split!r}")
         if spatial_views not in (1, 3) or temporal_views < 1:
             raise ValueError(f"temporal_views must be >= 1 and spatial_views 1 or 3, got {temporal_views}, {spatial_views}")
-        _load_plugins()
-        if cfg.decoder not in _REGISTRY and cfg.decoder != "auto":
-            raise ValueError(f"data.decoder={cfg.decoder!r} is not one of auto, {', '.join(sorted(_REGISTRY))}")
+        load_plugins()
+        if cfg.decoder not in REGISTRY and cfg.decoder != "auto":
+            raise ValueError(f"data.decoder={cfg.decoder!r} is not one of auto, {', '.join(sorted(REGISTRY))}")
         self.cfg, self.split, self.train = cfg, split, split == "train"
         self.temporal_views, self.spatial_views, self.seed = temporal_views, spatial_views, seed
         self.index = index if index is not None else VideoIndex(cfg.root, cfg.chunked)
         self.decoder_name = pick_decoder(cfg)[0]  # 'auto': probed here unless the trainer resolved it first
-        _REGISTRY[self.decoder_name].check_available()  # DecoderUnavailable (clear message) now, not in a worker
+        REGISTRY[self.decoder_name].check_available()  # DecoderUnavailable (clear message) now, not in a worker
         self._epoch = _shared_zeros(1)
         self._errors = _shared_zeros(_ERROR_SLOTS)
         self._decoder = None
@@ -304,20 +305,39 @@ class ClipDataset(Dataset):
             return [random_resized_crop(h, w, scale, ratio, rng) for _ in range(self.spatial_views)]
         return [center_crop(h, w)] if self.spatial_views == 1 else three_crops(h, w)
 
-    def _clip(self, entry: VideoEntry, indices: list[int], box: CropBox | None) -> torch.Tensor:
-        """Frames ``indices`` cropped to ``box`` and resized to size (``box=None``: whole frames, no resize)."""
+    def _clip(self, entry: VideoEntry, indices: list[int], box: CropBox | None, resize: bool = True) -> torch.Tensor:
+        """Frames ``indices`` cropped to ``box`` and resized to size (``box=None``: whole frames, no resize;
+        ``resize=False``: the box's pixels as decoded)."""
         for k in sorted({entry.locate(i)[0] for i in indices}):
             problem = check_chunk_file(entry.chunks[k])
             if problem:
                 raise DataError(problem)
         size = (self.cfg.size, self.cfg.size)
-        fused = self.cfg.interpolation == "bilinear" and box is not None  # decoders resize bilinearly
+        resize = resize and box is not None
+        fused = resize and self.cfg.interpolation == "bilinear"  # decoders resize bilinearly
         spec = CropSpec(box, size if fused else None, entry.height, entry.width)
         parts = [self.decoder.decode(path, local, spec) for path, local in map_to_chunks(indices, entry)]
         frames = parts[0] if len(parts) == 1 else torch.cat(parts)
-        if box is not None and not fused:
+        if resize and not fused:
             frames = crop_resize(frames, None, size, self.cfg.interpolation)
         return frames
+
+    def _clips(self, entry: VideoEntry, indices: list[int], boxes: list[CropBox]) -> list[torch.Tensor]:
+        """:meth:`_clip` for each of ``boxes`` from ONE decode of the boxes' union (eval's 3 crops).
+
+        Every backend's crop gives the pixels a whole-frame decode has at the box, and the resize
+        runs on those pixels: the views equal per-box decodes bit for bit (tests/data/test_datasets.py).
+        """
+        if len(boxes) == 1:
+            return [self._clip(entry, indices, boxes[0])]
+        top, left = min(b.top for b in boxes), min(b.left for b in boxes)
+        union = CropBox(top, left, max(b.top + b.height for b in boxes) - top, max(b.left + b.width for b in boxes) - left)
+        frames = self._clip(entry, indices, union, resize=False)
+        if tuple(frames.shape[1:3]) != (union.height, union.width):  # a chunk of another size than the manifest's
+            return [self._clip(entry, indices, b) for b in boxes]
+        size = (self.cfg.size, self.cfg.size)
+        return [crop_resize(frames, CropBox(b.top - top, b.left - left, b.height, b.width), size, self.cfg.interpolation)
+                for b in boxes]
 
     def _augment(self, frames: torch.Tensor, rng) -> torch.Tensor:
         return frames if self.randaug is None else self.randaug(frames, int(rng.integers(2**31)))
@@ -335,8 +355,8 @@ class ClipDataset(Dataset):
         for t in range(self.temporal_views if not views else 0):
             rng = clip_rng(self.seed, self.epoch, i, t)
             indices = self._indices(start, end, rng, t)
-            for box in self._boxes(entry.height, entry.width, rng):
-                views.append(self._augment(self._clip(entry, indices, box), rng))
+            for frames in self._clips(entry, indices, self._boxes(entry.height, entry.width, rng)):
+                views.append(self._augment(frames, rng))
         frames = views[0] if len(views) == 1 else torch.stack(views)
         return {"frames": frames, "label": label, "index": i}
 
@@ -461,45 +481,3 @@ class EpicDataset(ClipDataset):
             raise DataError(f"{where}: {e}") from None
         start, end = seconds_to_frames(start_s, stop_s, entry.fps)
         return entry, start, end, {"verb": verb, "noun": noun}
-
-
-def read_annotations(cfg: DataConfig, split: str) -> tuple[int, int | dict[str, int]]:
-    """(rows, classes seen) of ``split``'s annotation file without opening a video (start-up checks).
-
-    Raises ValueError / FileNotFoundError naming the file (missing column, empty list).
-    """
-    path = cfg.train_csv if split == "train" else cfg.val_csv
-    if cfg.dataset == "epic":
-        _, rows = open_csv(path, EPIC_REQUIRED)
-        if not rows:
-            raise ValueError(f"{path}: no annotation rows")
-        top = {h: max((v for _, r in rows if (v := parse_int(r[f"{h}_class"])) is not None), default=-1) + 1
-               for h in ("verb", "noun")}
-        return len(rows), top
-    if cfg.dataset == "ssv2":
-        from .ssv2 import split_summary as ssv2_summary
-
-        return ssv2_summary(cfg, path)
-    from .kinetics import split_summary
-
-    return split_summary(cfg, path)
-
-
-def build_dataset(cfg: DataConfig, split: str, temporal_views: int = 1, spatial_views: int = 1,
-                  seed: int = 0) -> ClipDataset:
-    """The dataset named by ``cfg.dataset`` (epic | kinetics | ssv2 | videos) for ``split`` (train | val)."""
-    if cfg.dataset == "epic":
-        return EpicDataset(cfg, split, temporal_views, spatial_views, seed)
-    if cfg.dataset == "kinetics":
-        from .kinetics import KineticsDataset
-
-        return KineticsDataset(cfg, split, temporal_views, spatial_views, seed)
-    if cfg.dataset == "ssv2":
-        from .ssv2 import SSv2Dataset
-
-        return SSv2Dataset(cfg, split, temporal_views, spatial_views, seed)
-    if cfg.dataset == "videos":
-        from .videos import VideosDataset
-
-        return VideosDataset(cfg, split, temporal_views, spatial_views, seed)
-    raise ValueError(f"data.dataset={cfg.dataset!r} is not one of epic, kinetics, ssv2, videos")

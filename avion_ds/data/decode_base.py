@@ -11,13 +11,13 @@ from __future__ import annotations
 
 import importlib
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
 
-from .crop import CropSpec, crop_resize
+from .crop import CropBox, CropSpec, crop_resize
 from .errors import DataError
 
 if TYPE_CHECKING:
@@ -103,6 +103,9 @@ class Decoder:
         self.threads = max(1, int(threads))
         self.fuse = fuse
         self.exact = exact
+        # where the fused crop's frames go: ``alloc(shape) -> uint8 tensor | None`` (None: a new tensor). The
+        # timeout helper points it at its shared mapping, so the frames are written there once, in place.
+        self.alloc: Callable[[tuple[int, ...]], torch.Tensor | None] | None = None
         self.check_available()
 
     @classmethod
@@ -129,6 +132,15 @@ class Decoder:
 
     def _decode(self, path: str, indices: list[int], crop: CropSpec | None):
         raise NotImplementedError
+
+    def _crop_resize(self, frames: torch.Tensor, box: CropBox | None, size: tuple[int, int] | None) -> torch.Tensor:
+        """:func:`crop_resize` into ``self.alloc``'s buffer when one is set (the fused crop's last step)."""
+        t, h, w, c = frames.shape
+        if box is not None:
+            h, w = box.height, box.width
+        shape = (t, *(size or (h, w)), c)
+        out = self.alloc(shape) if self.alloc is not None and frames.device.type == "cpu" else None
+        return crop_resize(frames, box, size, out=out)
 
     @staticmethod
     def _too_few(path: str, have: int, want: int) -> DataError:

@@ -10,7 +10,7 @@ timeout helper, which then ships the small clip instead of full frames).
 
 from __future__ import annotations
 
-from .crop import CropSpec, crop_resize
+from .crop import CropSpec
 from .decode_base import Decoder, require
 
 
@@ -35,4 +35,4 @@ class DecordDecoder(Decoder):
         if crop is None or not self.fuse:
             return frames, crop is None
         h, w = frames.shape[1:3]
-        return crop_resize(torch.from_numpy(frames), crop.for_frame(h, w), crop.out_size(h, w)), True
+        return self._crop_resize(torch.from_numpy(frames), crop.for_frame(h, w), crop.out_size(h, w)), True

@@ -3,18 +3,25 @@
 decord can spin forever on a container that over-reports frames (decord #373) while holding the
 GIL, so a thread cannot bound it. :class:`SubprocessDecoder` runs the backend in one persistent
 helper process per DataLoader worker (started lazily). Requests and one-line replies travel over
-pipes as small pickles; the frames themselves are written by the child straight into a shared
-anonymous buffer (``memfd_create``; an unlinked temporary file where memfd does not exist) that
-both processes map, and the parent copies them out once. Nothing has a name in ``/dev/shm``, so
-a killed process leaks nothing and a small ``/dev/shm`` in a container is no limit. A decode that
-exceeds ``timeout_s`` kills the helper (a fresh one starts on the next call, reusing the buffer)
-and raises :class:`DataError`; a crash (segfault) inside the decoder becomes a DataError the same
+pipes as small pickles; the frames never do. They live in anonymous shared memory
+(``memfd_create``; unlinked temporary files where memfd does not exist) that both processes map:
+the backend's fused crop writes its output straight into one of ``SLOTS`` shared regions, and the
+parent hands that region out as the returned tensor without copying it. A region is reused only
+once no tensor views it any more (a weak reference to the array the parent handed out); when every
+region is still in use, or a result is bigger than ``SLOT_MAX_BYTES`` (whole frames), the child
+writes into a scratch region and the parent copies the frames out once. A pass through the helper
+thus costs one pipe round trip (two process wake-ups) and two small pickles, not copies. After a
+fork, regions still in use are never reused (the child may still read the frames through its copy). Nothing has a name in
+``/dev/shm``, so a killed process leaks nothing and a small ``/dev/shm`` in a container is no limit.
+A decode that exceeds ``timeout_s`` kills the helper (a fresh one starts on the next call, reusing
+the regions) and raises :class:`DataError`; a crash (segfault) inside the decoder becomes a DataError the same
 way instead of killing the DataLoader worker. The helper runs single-threaded math libraries
 (OMP/MKL/torch 1 thread) so N workers never oversubscribe the cores.
 """
 
 from __future__ import annotations
 
+import math
 import mmap
 import os
 import pickle
@@ -24,7 +31,8 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
+import weakref
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -38,39 +46,35 @@ if TYPE_CHECKING:
     import torch
 
 STARTUP_LIMIT_S = 120.0  # a helper process must be importable and ready within this
-_INITIAL_BYTES = 16 * 224 * 224 * 3  # one 16x224x224 RGB clip; the buffer grows on demand
+SLOTS = 8  # shared regions handed out without a copy (one more, the scratch region, is always copied out)
+SLOT_MAX_BYTES = 8 << 20  # a bigger result (whole frames) goes through the scratch region
+_INITIAL_BYTES = 16 * 224 * 224 * 3  # one 16x224x224 RGB clip; a region grows on demand (pages cost on touch)
 _ONE_THREAD = {k: "1" for k in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")}
 
 
 def _send(fd: int, obj: object) -> None:
     data = pickle.dumps(obj, protocol=5)
-    os.write(fd, struct.pack("<Q", len(data)))
+    data = struct.pack("<Q", len(data)) + data
     view = memoryview(data)
     while view:
         view = view[os.write(fd, view):]
 
 
-def _recv_exact(fd: int, n: int, deadline: float | None) -> bytes | None:
-    """Read n bytes; None at EOF; TimeoutError past ``deadline`` (monotonic)."""
-    buf = bytearray()
-    while len(buf) < n:
+def _recv(fd: int, deadline: float | None = None) -> object | None:
+    """One framed pickle (usually a single read); None at EOF; TimeoutError past ``deadline`` (monotonic)."""
+    buf, need = bytearray(), 8
+    while len(buf) < need:
         if deadline is not None:
             left = deadline - time.monotonic()
             if left <= 0 or not select.select([fd], [], [], left)[0]:
                 raise TimeoutError
-        chunk = os.read(fd, min(n - len(buf), 1 << 20))
+        chunk = os.read(fd, max(need - len(buf), 1 << 16))  # never past this message: one request at a time
         if not chunk:
             return None
         buf += chunk
-    return bytes(buf)
-
-
-def _recv(fd: int, deadline: float | None = None) -> object | None:
-    head = _recv_exact(fd, 8, deadline)
-    if head is None:
-        return None
-    body = _recv_exact(fd, struct.unpack("<Q", head)[0], deadline)
-    return None if body is None else pickle.loads(body)
+        if need == 8 and len(buf) >= 8:
+            need = 8 + struct.unpack_from("<Q", buf)[0]
+    return pickle.loads(memoryview(buf)[8:need])
 
 
 def _anonymous_fd(size: int) -> int:
@@ -84,7 +88,10 @@ def _anonymous_fd(size: int) -> int:
 
 
 class SharedBuffer:
-    """A growable shared mapping of ``fd``; either side may grow it, the other remaps on next use."""
+    """A growable shared mapping of ``fd``; either side may grow it, the other remaps on next use.
+
+    A remap never closes the old mapping: tensors handed out over it keep it (and their bytes) alive.
+    """
 
     def __init__(self, fd: int) -> None:
         self.fd, self.map = fd, None
@@ -95,15 +102,30 @@ class SharedBuffer:
             os.ftruncate(self.fd, need)
             size = need
         if self.map is None or len(self.map) != size:
-            if self.map is not None:
-                self.map.close()
             self.map = mmap.mmap(self.fd, size)
         return self.map
 
     def close(self) -> None:
-        if self.map is not None:
-            self.map.close()
-            self.map = None
+        self.map = None  # unmapped once the last tensor over it is gone
+
+
+class _Retired:
+    """A region's marker after a fork: in use forever (a forked child may still read the frames)."""
+
+    def __call__(self) -> bool:
+        return True
+
+
+_INSTANCES: weakref.WeakSet[SubprocessDecoder] = weakref.WeakSet()
+
+
+def _retire_held_regions() -> None:
+    for dec in list(_INSTANCES):
+        dec._retire()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_parent=_retire_held_regions)
 
 
 class SubprocessDecoder:
@@ -114,26 +136,36 @@ class SubprocessDecoder:
         REGISTRY[name].check_available()
         self.name, self.threads, self.timeout_s, self.fuse, self.exact = name, threads, float(timeout_s), fuse, exact
         self._proc: subprocess.Popen | None = None
-        self._buf: SharedBuffer | None = None
+        self._bufs: list[SharedBuffer] | None = None  # SLOTS regions handed out, then the scratch region
+        self._held: list[Callable[[], object] | None] = [None] * SLOTS  # the array handed out from each region
         self._pid = os.getpid()
+        _INSTANCES.add(self)
+
+    def _retire(self) -> None:
+        self._held = [_Retired() if h is not None and h() is not None else h for h in self._held]
+
+    @property
+    def helper_pid(self) -> int | None:
+        """Process id of the running helper (None before the first decode or after close)."""
+        return self._proc.pid if self._proc is not None else None
 
     def _ensure(self) -> subprocess.Popen:
-        if self._pid != os.getpid():  # a forked copy: never share the parent's helper or buffer
-            self._proc, self._buf = None, None
+        if self._pid != os.getpid():  # a forked copy: never share the parent's helper or regions
+            self._proc, self._bufs, self._held = None, None, [None] * SLOTS
         if self._proc is not None and self._proc.poll() is not None:
             self._proc = None  # dead helper: start a fresh one
-        if self._buf is None:
-            self._buf = SharedBuffer(_anonymous_fd(_INITIAL_BYTES))
+        if self._bufs is None:
+            self._bufs = [SharedBuffer(_anonymous_fd(_INITIAL_BYTES)) for _ in range(SLOTS + 1)]
         if self._proc is None:
             self._pid = os.getpid()
-            fd = self._buf.fd
+            fds = [b.fd for b in self._bufs]
             cmd = [sys.executable, "-m", "avion_ds.data.decode_helper", self.name, str(self.threads),
-                   str(int(self.fuse)), str(int(self.exact)), str(fd)]
+                   str(int(self.fuse)), str(int(self.exact)), ",".join(map(str, fds))]
             # the libraries' own stderr (FFmpeg's "moov atom not found", decord's "ERROR opening") stays out
             # of the run log: each failure already comes back as one DataError line (AVION_DS_VERBOSE=1 keeps it)
             noise = None if os.environ.get("AVION_DS_VERBOSE") else subprocess.DEVNULL
             self._proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=noise,
-                                          pass_fds=(fd,), env={**os.environ, **_ONE_THREAD})
+                                          pass_fds=fds, env={**os.environ, **_ONE_THREAD})
             try:  # the helper says "ready" once its imports are done; only then does the decode clock run
                 ready = _recv(self._proc.stdout.fileno(), time.monotonic() + STARTUP_LIMIT_S)
             except TimeoutError:
@@ -149,14 +181,22 @@ class SubprocessDecoder:
             self._proc.wait()
             self._proc = None
 
+    def _free_region(self) -> int:
+        """A region no handed-out tensor views any more, else the scratch region (``SLOTS``)."""
+        for i, held in enumerate(self._held):
+            if held is None or held() is None:
+                return i
+        return SLOTS
+
     def decode(self, path: str | Path, indices: Sequence[int], crop: CropSpec | None = None) -> torch.Tensor:
         """Like :meth:`Decoder.decode`, bounded by ``timeout_s``."""
         import torch
 
         path, idx, uniq = validate(path, indices)
         proc = self._ensure()
+        region = self._free_region()
         try:
-            _send(proc.stdin.fileno(), (path, uniq, crop))
+            _send(proc.stdin.fileno(), (path, uniq, crop, region))
             reply = _recv(proc.stdout.fileno(), time.monotonic() + self.timeout_s)
         except TimeoutError:
             self._kill()
@@ -170,18 +210,20 @@ class SubprocessDecoder:
             raise DataError(f"{path}: {self.name} decoder process died (exit code {code}) while decoding")
         kind, payload = reply
         if kind == "ok":
-            shape, done = payload
-            n = int(np.prod(shape))
-            frames = torch.empty(shape, dtype=torch.uint8)
-            frames.numpy().reshape(-1)[:] = np.frombuffer(self._buf.view(), np.uint8, n)  # the one copy out
-            return finish(frames, done, crop, uniq, idx)
+            shape, done, where = payload
+            arr = np.frombuffer(self._bufs[where].view(), np.uint8, math.prod(shape))
+            if where < SLOTS:  # handed out as is; the region is reused once this array is gone
+                self._held[where] = weakref.ref(arr)
+            else:
+                arr = arr.copy()  # the scratch region: the one copy out
+            return finish(torch.from_numpy(arr).view(shape), done, crop, uniq, idx)
         if kind == "data":
             raise DataError(payload)
         raise ValueError(payload)
 
     def close(self) -> None:
         if self._pid != os.getpid():
-            self._proc, self._buf = None, None
+            self._proc, self._bufs = None, None
             return
         if self._proc is not None:
             try:
@@ -190,10 +232,11 @@ class SubprocessDecoder:
             except Exception:  # noqa: BLE001 - the helper is already gone
                 self._kill()
         self._proc = None
-        if self._buf is not None:
-            self._buf.close()
-            os.close(self._buf.fd)
-            self._buf = None
+        if self._bufs is not None:
+            for b in self._bufs:  # frames handed out keep their mapping (the fd is not needed for that)
+                b.close()
+                os.close(b.fd)
+            self._bufs, self._held = None, [None] * SLOTS
 
     def __del__(self) -> None:
         try:
@@ -203,12 +246,12 @@ class SubprocessDecoder:
 
     def __getstate__(self) -> dict:
         state = dict(self.__dict__)
-        state["_proc"], state["_buf"] = None, None
+        state["_proc"], state["_bufs"], state["_held"] = None, None, [None] * SLOTS
         return state
 
 
-def serve(name: str, threads: int, fuse: bool, exact: bool, fd: int) -> int:
-    """Helper-process loop: framed pickled requests on stdin, frames into the shared buffer."""
+def serve(name: str, threads: int, fuse: bool, exact: bool, fds: list[int]) -> int:
+    """Helper-process loop: framed pickled requests on stdin, frames into the shared region the parent named."""
     out_fd = os.dup(1)
     os.dup2(2, 1)  # stray prints / library logs go to stderr, never into the reply stream
     in_fd = sys.stdin.fileno()
@@ -218,27 +261,45 @@ def serve(name: str, threads: int, fuse: bool, exact: bool, fd: int) -> int:
     from torchvision.transforms.v2 import functional  # noqa: F401
 
     torch.set_num_threads(1)
-    buf = SharedBuffer(fd)
+    bufs = [SharedBuffer(fd) for fd in fds]
+    target: list = [None, None]  # (region, tensor) the backend's fused crop wrote into
+
+    def alloc(shape: tuple[int, ...]) -> torch.Tensor | None:
+        n = math.prod(shape)
+        if target[0] == len(bufs) - 1 or n > SLOT_MAX_BYTES:  # scratch / oversized: the backend allocates
+            return None
+        target[1] = torch.frombuffer(bufs[target[0]].view(n), dtype=torch.uint8, count=n).view(shape)
+        return target[1]
+
+    dec.alloc = alloc
     _send(out_fd, "ready")
     while True:
         req = _recv(in_fd)
         if req is None:
             return 0
-        path, uniq, crop = req
+        path, uniq, crop, region = req
+        target[:] = [region, None]
         try:
             frames, done = dec.decode_raw(path, uniq, crop)
-            frames = frames.numpy() if hasattr(frames, "numpy") else np.asarray(frames)
-            mm = buf.view(frames.nbytes)
-            np.frombuffer(mm, np.uint8, frames.nbytes).reshape(frames.shape)[...] = frames
-            reply = ("ok", (tuple(frames.shape), done))
+            frames = torch.from_numpy(frames) if isinstance(frames, np.ndarray) else frames
+            out = target[1]
+            if out is None or frames.data_ptr() != out.data_ptr() or frames.shape != out.shape:
+                n = frames.numel()
+                region = region if n <= SLOT_MAX_BYTES else len(bufs) - 1
+                view = torch.frombuffer(bufs[region].view(n), dtype=torch.uint8, count=n)
+                view.view(frames.shape).copy_(frames)  # frames from the library itself: the one copy in
+            reply = ("ok", (tuple(frames.shape), done, region))
         except DataError as e:
             reply = ("data", str(e))
         except Exception as e:  # noqa: BLE001 - reported to the parent as one line
             reply = ("error", f"{path}: {reason(e)}")
+        frames = out = view = None
+        target[:] = [None, None]
         _send(out_fd, reply)
 
 
 if __name__ == "__main__":
-    from avion_ds.data import decoders  # noqa: F401 - registers the built-in backends (plugins load in serve)
+    from avion_ds.data import decode_backends  # noqa: F401 - registers the built-in backends (plugins load in serve)
 
-    sys.exit(serve(sys.argv[1], int(sys.argv[2]), bool(int(sys.argv[3])), bool(int(sys.argv[4])), int(sys.argv[5])))
+    sys.exit(serve(sys.argv[1], int(sys.argv[2]), bool(int(sys.argv[3])), bool(int(sys.argv[4])),
+                   [int(x) for x in sys.argv[5].split(",")]))

@@ -11,7 +11,7 @@ from itertools import pairwise
 
 import numpy as np
 
-from .crop import CropSpec, crop_resize, even_superset
+from .crop import CropSpec, even_superset
 from .decode_base import Decoder, require
 from .errors import DataError
 
@@ -83,7 +83,7 @@ class PyAVDecoder(Decoder):
             return frames, crop is None
         import torch
 
-        return crop_resize(torch.from_numpy(frames), None, size), True
+        return self._crop_resize(torch.from_numpy(frames), None, size), True
 
     def _decode_counting(self, path: str, indices: list[int], crop: CropSpec | None):
         import av

@@ -1,10 +1,14 @@
 """torchcodec backends: ``torchcodec`` (CPU, decoder-native crop + resize) and ``torchcodec-cuda`` (NVDEC).
 
 CPU: a crop at a CHOSEN position through the private ``DecoderTransform._make_transform_spec``
-hook ("crop, h, w, left, top", torchcodec pinned to >=0.17,<0.18 in setup.cfg), so only the
-crop is converted to RGB, then torchvision's bilinear antialiased resize (the reference's
-arithmetic). torchcodec's own ``Resize`` transform was slower than the plain decode (37 vs 29 ms
-CPU for 16 frames, bench footage) and 0.1-0.3/255 off the reference. The hook is private: if
+hook ("crop, h, w, left, top", torchcodec pinned to >=0.17,<0.18 in setup.cfg), then
+torchvision's bilinear antialiased resize kernel (the reference's arithmetic). torchcodec 0.17
+runs decoder transforms in a filter graph AFTER its RGB conversion (``format=rgb24,crop=...``,
+CpuDeviceInterface.cpp, note "Transform and Format Conversion Order"), so the hook saves the copy
+of the pixels outside the box, not their conversion (16 frames of the bench chunk, CPU: no
+transform 13.7 ms, whole-frame crop 12.8, a 32x32 crop 11.3; loaded machine). torchcodec's own
+``Resize`` (swscale after the RGB conversion) was slower still: 21.4 vs 15.4 ms CPU per clip for
+hook + torch resize (0.03/255 off the reference). The hook is private: if
 torchcodec rejects it, the backend logs one warning and falls back to decode + crop/resize on
 the uint8 frames (tests/data/test_decoders.py guards both).
 
@@ -22,7 +26,7 @@ from __future__ import annotations
 
 import logging
 
-from .crop import CropBox, CropSpec, crop_resize
+from .crop import CropBox, CropSpec
 from .decode_base import Decoder, DecoderUnavailable, reason, require
 from .errors import DataError
 
@@ -30,7 +34,7 @@ log = logging.getLogger(__name__)
 _INSTALL = "pip install torchcodec and install FFmpeg shared libraries (Debian/Ubuntu: apt-get install ffmpeg)"
 
 
-class _CropAt:
+class CropHook:
     """torchcodec decoder transform: crop at a chosen (top, left) via the private spec hook."""
 
     def __new__(cls, box: CropBox):  # built lazily so the module imports without torchcodec
@@ -76,7 +80,7 @@ class TorchCodecDecoder(Decoder):
         if crop is None or not self.fuse or self.hook_ok is False:
             return self._open(path, None, exact), crop is None
         try:
-            dec = self._open(path, [_CropAt(crop.for_frame(crop.frame_h, crop.frame_w))], exact)
+            dec = self._open(path, [CropHook(crop.for_frame(crop.frame_h, crop.frame_w))], exact)
         except Exception as e:  # noqa: BLE001 - a newer torchcodec may reject the private hook
             plain = self._open(path, None, exact)  # raises for a bad file: then it was not the hook
             if self.hook_ok is None:
@@ -110,9 +114,9 @@ class TorchCodecDecoder(Decoder):
             return frames
         if fused:  # the decoder cropped (only the box was converted to RGB); resize like the reference
             box = crop.for_frame(crop.frame_h, crop.frame_w)
-            return crop_resize(frames, None, crop.size or (box.height, box.width))
+            return self._crop_resize(frames, None, crop.size or (box.height, box.width))
         h, w = frames.shape[1:3]
-        return crop_resize(frames, crop.for_frame(h, w), crop.out_size(h, w))
+        return self._crop_resize(frames, crop.for_frame(h, w), crop.out_size(h, w))
 
 
 def _on_grid(pts: list[float], indices: list[int], meta) -> bool:

@@ -27,6 +27,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from .crop import CropSpec, center_crop
+from .decode_backends import (
+    BACKENDS,
+    DecordDecoder,
+    PyAVDecoder,
+    TorchCodecCudaDecoder,
+    TorchCodecDecoder,
+)
 from .decode_base import (
     PLUGINS_ENV,
     REGISTRY,
@@ -35,14 +42,7 @@ from .decode_base import (
     load_plugins,
     register_backend,
 )
-from .decode_decord import DecordDecoder
 from .decode_helper import SubprocessDecoder
-from .decode_pyav import PyAVDecoder
-from .decode_torchcodec import (
-    TorchCodecCudaDecoder,
-    TorchCodecDecoder,
-    _CropAt,  # noqa: F401 - tests patch the crop hook as decoders._CropAt
-)
 from .errors import DataError
 
 if TYPE_CHECKING:
@@ -53,14 +53,6 @@ __all__ = ["BACKENDS", "PLUGINS_ENV", "DataError", "Decoder", "DecoderUnavailabl
            "pick_decoder", "probe_backends", "register_backend"]
 
 log = logging.getLogger(__name__)
-_REGISTRY = REGISTRY  # older name, used by datasets and plugins' tests
-_load_plugins = load_plugins
-
-register_backend("decord", DecordDecoder)
-register_backend("torchcodec", TorchCodecDecoder)
-register_backend("pyav", PyAVDecoder)
-register_backend("torchcodec-cuda", TorchCodecCudaDecoder)
-BACKENDS = ("decord", "torchcodec", "pyav")  # CPU backends, in preference order for ties
 AUTO = "auto"
 RECORD_NAME = "decoder.json"
 _PROBED: dict[tuple, dict[str, float]] = {}

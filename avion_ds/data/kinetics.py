@@ -159,10 +159,17 @@ def split_summary(cfg: DataConfig, path: str | Path) -> tuple[int, int]:
     _, raw = _raw_rows(path)
     if not raw:
         raise ValueError(f"{path}: no annotation rows")
-    if cfg.class_list:
-        return len(raw), len(load_class_list(cfg.class_list))
     texts = [lab for *_, lab in raw]
-    if all(parse_int(t) is not None for t in texts):
+    if cfg.class_list:
+        names = load_class_list(cfg.class_list)
+    elif all(parse_int(t) is not None for t in texts):
         return len(raw), max(parse_int(t) for t in texts) + 1
-    train = cfg.train_csv if cfg.train_csv and Path(cfg.train_csv).is_file() else path
-    return len(raw), len({lab for *_, lab in _raw_rows(train)[1]})
+    else:
+        train = cfg.train_csv if cfg.train_csv and Path(cfg.train_csv).is_file() else path
+        names = sorted({lab for *_, lab in _raw_rows(train)[1]})
+    known = set(names)
+    for n, _, _, lab in raw:  # the dataset would refuse it later, after the process group exists
+        if lab not in known and parse_int(lab) is None:
+            raise ValueError(f"{path}:{n}: label {lab!r} is not a known class "
+                             f"({cfg.class_list or 'the sorted train labels'})")
+    return len(raw), len(names)

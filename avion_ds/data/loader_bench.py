@@ -23,7 +23,7 @@ import time
 
 import torch
 
-from ..config import ConfigError, load_recipe
+from ..config import ConfigError, add_override_option, load_recipe
 from .decoders import pick_decoder
 
 
@@ -65,8 +65,7 @@ def workers_needed(target: float, per_worker: float) -> int:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="avion-ds bench-loader", description=__doc__.splitlines()[0])
     p.add_argument("recipe", help="YAML recipe (its data section is measured)")
-    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-                   help="dotted recipe override, repeatable (e.g. --set data.root=PATH)")
+    add_override_option(p)
     p.add_argument("--workers", default="1,2", help="comma-separated worker counts (default 1,2)")
     p.add_argument("--batch", type=int, default=4, help="batch size for the DataLoader rows (default 4)")
     p.add_argument("--batches", type=int, default=10, help="timed batches per worker count (default 10)")
@@ -88,7 +87,7 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as e:
         print(f"avion-ds bench-loader: error: {e}", file=sys.stderr)
         return 2
-    from .datasets import build_dataset
+    from .build import build_dataset
 
     torch.set_num_threads(1)
     name, why = pick_decoder(recipe.data)

@@ -140,7 +140,7 @@ def write_video(path: str | Path, num_frames: int, width: int, height: int, fps:
 # ----------------------------------------------------------------------------------------------
 # learnable EPIC-style data
 # ----------------------------------------------------------------------------------------------
-def _shape_mask(noun: int, yy: np.ndarray, xx: np.ndarray, cy: float, cx: float, r: float) -> np.ndarray:
+def shape_mask(noun: int, yy: np.ndarray, xx: np.ndarray, cy: float, cx: float, r: float) -> np.ndarray:
     dy, dx = yy - cy, xx - cx
     kind = noun % len(NOUN_NAMES)
     if kind == 0:
@@ -161,7 +161,7 @@ def _shape_mask(noun: int, yy: np.ndarray, xx: np.ndarray, cy: float, cx: float,
     return ((abs(dy) <= r * 0.2) | (abs(dx) <= r * 0.2)) & (abs(dy) + abs(dx) <= 1.3 * r)
 
 
-def _segment_track(verb: int, t: float, width: int, height: int, rng_pos: tuple[float, float]) -> tuple[float, float, float]:
+def segment_track(verb: int, t: float, width: int, height: int, rng_pos: tuple[float, float]) -> tuple[float, float, float]:
     """(cy, cx, radius) of the shape at segment phase t in [0, 1] for motion ``verb``."""
     base_r = min(width, height) * 0.16
     jy, jx = rng_pos  # per-segment offset in [-1, 1]
@@ -233,7 +233,7 @@ def _canvas(background: str, height: int, width: int, rng: np.random.Generator) 
     raise ValueError(f"background must be one of {', '.join(BACKGROUNDS)}, got {background!r}")
 
 
-def _timestamp(seconds: float) -> str:
+def format_timestamp(seconds: float) -> str:
     """Seconds -> EPIC ``HH:MM:SS.ff``."""
     cs = int(round(seconds * 100))
     h, rem = divmod(cs, 360000)
@@ -290,17 +290,17 @@ def make_synthetic_epic(out_dir: str | Path, num_videos: int = 4, segments_per_v
                     frame = _scene(canvas, verb, t, yy, xx, origin)
                     # a fading trail (motion blur) of earlier positions, then the shape on top
                     for lag, fade in _TRAIL:
-                        cy, cx, r = _segment_track(verb, max(0.0, t - lag), width, height, pos)
-                        frame[_shape_mask(noun, yy, xx, cy, cx, r)] = (colour * fade).astype(np.uint8)
-                    cy, cx, r = _segment_track(verb, t, width, height, pos)
-                    frame[_shape_mask(noun, yy, xx, cy, cx, r)] = _NOUN_COLOURS[noun]
+                        cy, cx, r = segment_track(verb, max(0.0, t - lag), width, height, pos)
+                        frame[shape_mask(noun, yy, xx, cy, cx, r)] = (colour * fade).astype(np.uint8)
+                    cy, cx, r = segment_track(verb, t, width, height, pos)
+                    frame[shape_mask(noun, yy, xx, cy, cx, r)] = _NOUN_COLOURS[noun]
                     writer.write(frame)
                 start = s * seg_frames / fps
                 stop = (s + 1) * seg_frames / fps
                 rows.append({
                     "narration_id": f"{video_id}_{s}", "participant_id": video_id[:3], "video_id": video_id,
-                    "narration_timestamp": _timestamp(start), "start_timestamp": _timestamp(start + 0.1),
-                    "stop_timestamp": _timestamp(stop - 0.1), "start_frame": int(start * fps) + 1,
+                    "narration_timestamp": format_timestamp(start), "start_timestamp": format_timestamp(start + 0.1),
+                    "stop_timestamp": format_timestamp(stop - 0.1), "start_frame": int(start * fps) + 1,
                     "stop_frame": int(stop * fps), "narration": f"{VERB_NAMES[verb]} {NOUN_NAMES[noun]}",
                     "verb": VERB_NAMES[verb], "verb_class": verb, "noun": NOUN_NAMES[noun], "noun_class": noun,
                 })

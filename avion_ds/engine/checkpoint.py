@@ -1,6 +1,6 @@
 """DeepSpeed checkpoints with completeness markers, keep-last-K pruning, auto-resume and run identity.
 
-Layout of a run directory::
+Layout of a run directory (``avion_ds.rundir``)::
 
     run.json                       model identity (resume into a different model is refused)
     checkpoints/step_00000120/     DeepSpeed shards (all ranks) + client_rank<r>.pt (per-rank state)
@@ -14,51 +14,24 @@ from __future__ import annotations
 
 import json
 import os
-import random
 import shutil
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 
 from avion_ds.config import ConfigError, Recipe
 from avion_ds.engine import dist
-
-MARKER = "COMPLETE.json"
-CKPT_SUBDIR = "checkpoints"
-
-
-def tag_for(step: int) -> str:
-    return f"step_{step:08d}"
-
-
-def _tag_step(name: str) -> int | None:
-    if not name.startswith("step_"):
-        return None
-    try:
-        return int(name[5:])
-    except ValueError:
-        return None
-
-
-def checkpoint_dir(run_dir: str | Path) -> Path:
-    return Path(run_dir) / CKPT_SUBDIR
-
-
-def complete_tags(run_dir: str | Path) -> list[str]:
-    """Tags that carry a completeness marker, oldest first."""
-    root = checkpoint_dir(run_dir)
-    if not root.is_dir():
-        return []
-    tags = [(s, p.name) for p in root.iterdir() if (s := _tag_step(p.name)) is not None and (p / MARKER).is_file()]
-    return [name for _, name in sorted(tags)]
-
-
-def latest_complete(run_dir: str | Path) -> str | None:
-    """Newest complete tag, or None."""
-    tags = complete_tags(run_dir)
-    return tags[-1] if tags else None
+from avion_ds.engine.rng import rng_state, set_rng_state  # noqa: F401 - set_rng_state re-exported
+from avion_ds.rundir import (  # noqa: F401 - the layout names are re-exported as checkpoint.*
+    CKPT_SUBDIR,
+    MARKER,
+    checkpoint_dir,
+    complete_tags,
+    latest_complete,
+    tag_for,
+    tag_step,
+)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -98,24 +71,6 @@ def write_run_identity(run_dir: str | Path, recipe: Recipe) -> None:
     if dist.is_main():
         Path(run_dir).mkdir(parents=True, exist_ok=True)
         _atomic_write(Path(run_dir) / "run.json", json.dumps({"model": model_identity(recipe)}, indent=2))
-
-
-# ---------------------------------------------------------------------------------------------
-# RNG
-# ---------------------------------------------------------------------------------------------
-def rng_state() -> dict[str, Any]:
-    state = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
-        state["cuda"] = torch.cuda.get_rng_state()
-    return state
-
-
-def set_rng_state(state: dict[str, Any]) -> None:
-    random.setstate(state["python"])
-    np.random.set_state(state["numpy"])
-    torch.set_rng_state(state["torch"])
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state(state["cuda"])
 
 
 # ---------------------------------------------------------------------------------------------
@@ -175,9 +130,9 @@ def prune(run_dir: str | Path, keep_last: int) -> None:
     if not tags:
         return
     keep = set(tags[-max(1, keep_last):])
-    newest = _tag_step(tags[-1]) or 0
+    newest = tag_step(tags[-1]) or 0
     for p in checkpoint_dir(run_dir).iterdir():
-        s = _tag_step(p.name)
+        s = tag_step(p.name)
         if s is None or p.name in keep:
             continue
         if (p / MARKER).is_file() or s < newest:

@@ -5,12 +5,17 @@ precision switches); the recipe says *what* to train (batch sizes, lr, clipping,
 Every value the two could disagree on is written ``"auto"`` in the JSON and filled here from the
 recipe; a concrete JSON value that contradicts the recipe is rejected with the numbers shown,
 because DeepSpeed itself either silently picks one or fails deep inside ``initialize``.
+
+Generated configs (``avion-ds plan``, its ``--measure`` probes, ZeRO-3 offload inference) start from
+the same hand-tuned JSON (:func:`reference_config`) and change only named knobs through
+``overrides`` (:func:`merge_overrides`), so they differ from ``ds_configs/*.json`` exactly there.
 """
 
 from __future__ import annotations
 
 import contextlib
 import copy
+import dataclasses
 import difflib
 import functools
 import json
@@ -19,6 +24,8 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+import torch
 
 from avion_ds.config import ConfigError, Recipe
 
@@ -80,6 +87,42 @@ def load_user_config(user: dict | str | Path) -> dict[str, Any]:
     if not isinstance(data, dict):
         raise ConfigError(f"deepspeed config {path}: top level must be a JSON object")
     return data
+
+
+PRECISIONS = ("fp32", "bf16", "fp16")  # names torch_dtype maps
+DS_CONFIGS = Path(__file__).resolve().parents[2] / "ds_configs"  # the hand-tuned reference JSONs
+
+
+def reference_config(name: str) -> dict[str, Any]:
+    """``ds_configs/<name>.json`` of this checkout: the settings every generated config starts from."""
+    path = DS_CONFIGS / f"{name}.json"
+    if not path.is_file():
+        known = ", ".join(sorted(p.stem for p in DS_CONFIGS.glob("*.json"))) or f"none: no {DS_CONFIGS}"
+        raise ConfigError(f"reference DeepSpeed config {name!r} not found (known: {known})")
+    return load_user_config(path)
+
+
+def merge_overrides(base: dict[str, Any], overrides: dict[str, Any] | None) -> dict[str, Any]:
+    """A copy of ``base`` with ``overrides`` deep-merged: dicts merge key by key, any other value
+    replaces, ``None`` removes the key (e.g. ``{"optimizer": None}`` for an inference config)."""
+    out = copy.deepcopy(base)
+    for key, value in (overrides or {}).items():
+        if value is None:
+            out.pop(key, None)
+        elif isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = merge_overrides(out[key], value)
+        else:
+            out[key] = copy.deepcopy(value)
+    return out
+
+
+def fixed_batch_recipe(micro_batch: int, grad_accum: int, precision: str) -> Recipe:
+    """The default recipe with only the batch shape and precision set: what a config built outside a
+    training run (planner probes, offload inference) fills its "auto" values from."""
+    from avion_ds.config import BatchConfig
+
+    return dataclasses.replace(Recipe(), precision=precision,
+                               batch=BatchConfig(global_batch=None, micro_batch=micro_batch, grad_accum=grad_accum))
 
 
 # keys DeepSpeed reads outside ``DeepSpeedConfig._initialize_params`` (engine / initialize)
@@ -312,14 +355,16 @@ def _fill_scheduler(cfg: dict[str, Any], recipe: Recipe, lr: float, steps_per_ep
 
 
 def build_ds_config(user: dict | str | Path, recipe: Recipe, world_size: int,
-                    steps_per_epoch: int | None = None) -> dict[str, Any]:
+                    steps_per_epoch: int | None = None, overrides: dict[str, Any] | None = None) -> dict[str, Any]:
     """Merge the user's DeepSpeed JSON with the recipe into one complete DeepSpeed config.
 
-    Fills "auto" batch sizes, optimizer lr/betas/eps/weight decay, scheduler steps and precision,
-    always writes ``gradient_clipping`` explicitly (DeepSpeed defaults it to 1.0 otherwise), and
-    rejects values that contradict the recipe with a one-line message showing the numbers.
+    ``overrides`` are deep-merged into the JSON first (:func:`merge_overrides`): the knobs a caller
+    sets on top of a reference JSON. Then fills "auto" batch sizes, optimizer lr/betas/eps/weight
+    decay, scheduler steps and precision, always writes ``gradient_clipping`` explicitly (DeepSpeed
+    defaults it to 1.0 otherwise), and rejects values that contradict the recipe with a one-line
+    message showing the numbers.
     """
-    cfg = load_user_config(user)
+    cfg = merge_overrides(load_user_config(user), overrides)
     check_user_config(cfg)
     plan = resolve_batch(recipe, world_size)
 
@@ -398,3 +443,8 @@ def precision_of(cfg: dict[str, Any]) -> str:
     if cfg.get("fp16", {}).get("enabled"):
         return "fp16"
     return "fp32"
+
+
+def torch_dtype(precision: str) -> torch.dtype:
+    """The compute dtype of a precision name (fp32 | bf16 | fp16); the one precision -> dtype map."""
+    return {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision, torch.float32)

@@ -30,8 +30,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from avion_ds.engine import checkpoint as ckpt
+from avion_ds import rundir
 from avion_ds.engine import dist
+from avion_ds.engine.rng import rng_state, set_rng_state
 
 UNIVERSAL = "universal"
 GROUP_SETTINGS = ("weight_decay", "lr_scale")  # per-group choices of this run, not checkpoint state
@@ -41,10 +42,10 @@ DONE = "UNIVERSAL_DONE.json"
 def old_world_size(run_dir: str | Path) -> tuple[str, int] | None:
     """(tag, world size) of the newest complete checkpoint when it was written by another world
     size than this run's, else None."""
-    tag = ckpt.latest_complete(run_dir)
+    tag = rundir.latest_complete(run_dir)
     if tag is None:
         return None
-    marker = json.loads((ckpt.checkpoint_dir(run_dir) / tag / ckpt.MARKER).read_text())
+    marker = json.loads((rundir.checkpoint_dir(run_dir) / tag / rundir.MARKER).read_text())
     old = marker.get("world_size")
     if old is None or int(old) == dist.world_size():
         return None
@@ -80,7 +81,7 @@ def prepare_resume(run_dir: str | Path, ds_config: dict[str, Any]) -> str | None
     if found is None:
         return None
     tag, old = found
-    tag_dir = ckpt.checkpoint_dir(run_dir) / tag
+    tag_dir = rundir.checkpoint_dir(run_dir) / tag
     error = None
     if dist.is_main():
         try:
@@ -98,13 +99,13 @@ def prepare_resume(run_dir: str | Path, ds_config: dict[str, Any]) -> str | None
 
 def _fresh_rng(global_step: int, rank: int) -> dict[str, Any]:
     """An RNG state for a rank the old run did not have, without disturbing the current streams."""
-    saved = ckpt.rng_state()
+    saved = rng_state()
     seed = (1_000_003 * (global_step + 1) + 7919 * rank) % 2**31
     random.seed(seed)
     np.random.seed(seed)
     torch.manual_seed(seed)
-    fresh = ckpt.rng_state()
-    ckpt.set_rng_state(saved)
+    fresh = rng_state()
+    set_rng_state(saved)
     return fresh
 
 

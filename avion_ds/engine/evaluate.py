@@ -1,8 +1,6 @@
 """`avion-ds eval`: evaluate a run directory or exported weights; writes metrics + per-sample scores.
 
-``evaluate_model`` is shared with the training loop: it runs any callable model (a DeepSpeed
-engine, a plain module, or a ZeRO-3 offload inference wrapper) over a (distributed) loader,
-aggregates multi-view clips, gathers all ranks' predictions and removes the sampler's padding.
+The loop itself (``evaluate_model``, shared with training) lives in :mod:`avion_ds.engine.eval_loop`.
 """
 
 from __future__ import annotations
@@ -10,64 +8,23 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from avion_ds.config import ConfigError, Recipe, load_recipe
+from avion_ds.config import ConfigError, Recipe, add_override_option, load_recipe
 from avion_ds.data.errors import DataError
 from avion_ds.data.protocols import eval_report
 from avion_ds.engine import dist
-from avion_ds.engine.bad_input import BadInputLog, batch_messages
-from avion_ds.engine.logging import progress
+from avion_ds.engine.ds_config import PRECISIONS, torch_dtype
+from avion_ds.engine.eval_loop import evaluate_model
 from avion_ds.engine.metrics import (
     SCORES,
-    PredictionStore,
-    aggregate_outputs,
-    compute_metrics,
-    failed_in_batch,
     failed_line,
-    gather_failed,
     per_sample_records,
 )
-
-
-@torch.no_grad()
-def evaluate_model(model: Callable[[torch.Tensor], Any], loader: Any, augment: Callable, views: int,
-                   device: torch.device, dtype: torch.dtype = torch.float32,
-                   bad_log: BadInputLog | None = None) -> tuple[dict[str, float], tuple, list[dict[str, Any]]]:
-    """Metrics over ``loader`` (all ranks), the gathered (index, probabilities, labels), and the
-    clips that failed to decode (``[{"index", "name", "reason"}]``, excluded from the metrics).
-
-    Bad samples a deferring dataset reports are named once (``bad_log``); a fatal one
-    (``data.on_error: raise``) raises the same DataError on every rank after the loop.
-    """
-    was_training = getattr(model, "training", False)
-    if hasattr(model, "eval"):
-        model.eval()
-    store = PredictionStore()
-    failed: dict[int, str] = {}
-    bad_log = bad_log or BadInputLog(lambda msg: print(msg, flush=True))
-    bad, fatal = [], []
-    for batch in progress(loader, "eval"):
-        b, f = batch_messages(batch)
-        bad += b
-        fatal += f
-        frames = batch["frames"].to(device, non_blocking=True)
-        labels = batch["label"]
-        labels = {k: v.to(device) for k, v in labels.items()} if isinstance(labels, dict) else labels.to(device)
-        x, targets = augment(frames, labels)
-        out = model(x.to(dtype))
-        scores = aggregate_outputs(out, views)  # probabilities for any view count (metrics.SCORES)
-        store.add(batch["index"], scores, targets)
-        failed.update(failed_in_batch(batch))
-    if was_training and hasattr(model, "train"):
-        model.train()
-    bad_log.exchange(bad, fatal)
-    index, scores, labels = store.gather()
-    return compute_metrics(scores, labels), (index, scores, labels), gather_failed(failed, loader.dataset)
+from avion_ds.rundir import consolidate
 
 
 # ---------------------------------------------------------------------------------------------
@@ -82,8 +39,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--tag", default=None, help="checkpoint tag of the run directory to evaluate (e.g. step_00000120); "
                    "default: the newest complete one")
     p.add_argument("--out", default=None, help="metrics JSON (default: <run dir or file dir>/eval_metrics.json)")
-    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-                   help="dotted recipe override, repeatable (e.g. --set eval.temporal_views=2)")
+    add_override_option(p, "eval.temporal_views=2")
     p.add_argument("--split", default="val", choices=("val", "train"), help="annotation file to evaluate on")
     p.add_argument("--no-per-sample", action="store_true", help="omit per-sample scores from the JSON")
     p.add_argument("--offload", default="none", choices=("none", "cpu", "nvme"),
@@ -91,7 +47,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--max-live-params", type=float, default=1e9, help="ZeRO-3 stage3_max_live_parameters")
     p.add_argument("--prefetch-bucket", type=float, default=5e7, help="ZeRO-3 stage3_prefetch_bucket_size")
     p.add_argument("--nvme-path", default="/local_nvme", help="directory for --offload nvme")
-    p.add_argument("--precision", default="auto", choices=("auto", "fp32", "bf16", "fp16"),
+    p.add_argument("--precision", default="auto", choices=("auto", *PRECISIONS),
                    help="inference dtype (auto: the recipe's, else bf16 on GPUs and fp32 on CPU)")
     p.add_argument("--trust-checkpoint", action="store_true",
                    help="allow full unpickling of a weights file that pickles more than tensors (it can run code); "
@@ -101,13 +57,6 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     if args.trust_checkpoint:
         args.overrides.append("model.trust_checkpoint=true")
     return args
-
-
-def consolidated_state_dict(run_dir: str | Path, tag: str | None = None) -> dict[str, torch.Tensor]:
-    """fp32 weights of a run's latest complete (or given) checkpoint, via the export path."""
-    from avion_ds.engine.export import consolidate
-
-    return consolidate(run_dir, tag)
 
 
 def _resolve_recipe(args: argparse.Namespace) -> tuple[Recipe, Path | None]:
@@ -124,11 +73,71 @@ def _resolve_recipe(args: argparse.Namespace) -> tuple[Recipe, Path | None]:
     return recipe, run_dir
 
 
+def _resolve_tag(args: argparse.Namespace, run_dir: Path | None) -> str | None:
+    """The complete checkpoint of a run directory to evaluate (``--tag`` or the newest), else None."""
+    if run_dir is None:
+        if args.tag is not None:
+            raise ConfigError(f"--tag {args.tag}: --checkpoint {args.checkpoint} is a weights file, not a run directory")
+        return None
+    from avion_ds.engine.checkpoint import check_tag, latest_complete
+
+    tag = args.tag or latest_complete(run_dir)
+    if tag is None:
+        raise ConfigError(f"--checkpoint {run_dir}: no complete checkpoint in {run_dir / 'checkpoints'}")
+    check_tag(run_dir, tag, flag="--tag")
+    return tag
+
+
+def _eval_model(args: argparse.Namespace, recipe: Recipe, run_dir: Path | None, tag: str | None,
+                dtype: torch.dtype) -> torch.nn.Module:
+    """The model with the checkpoint's weights: plain, or built partitioned for ZeRO-3 offload inference."""
+    from avion_ds.engine.train import build_model
+
+    if args.offload != "none":
+        # built partitioned under the inference ZeRO-3 config; rank 0 alone reads / consolidates weights
+        from avion_ds.memory.offload import build_for_inference
+
+        source: Any = str(args.checkpoint)
+        if run_dir is not None:
+            source = consolidate(run_dir, tag) if dist.is_main() else {}
+        return build_for_inference(lambda: build_model(recipe, pretrained=""), source, offload=args.offload,
+                                   max_live_parameters=int(args.max_live_params),
+                                   prefetch_bucket_size=int(args.prefetch_bucket), nvme_path=args.nvme_path,
+                                   dtype=dtype, strict=run_dir is not None)
+    if run_dir is None:
+        return build_model(recipe, pretrained=str(args.checkpoint))
+    model = build_model(recipe, pretrained="")
+    from avion_ds.models import load_pretrained
+
+    load_pretrained(model, consolidate(run_dir, tag), strict=True)
+    return model
+
+
+def _write_results(args: argparse.Namespace, recipe: Recipe, run_dir: Path | None, tag: str | None, views: int,
+                   dataset: Any, result: tuple) -> None:
+    """eval_metrics.json (metrics, protocol report, failed samples, per-sample scores) and the summary lines."""
+    metrics, (index, scores, labels), failed = result
+    out = Path(args.out) if args.out else (run_dir or Path(args.checkpoint).parent) / "eval_metrics.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    payload: dict[str, Any] = {"checkpoint": str(args.checkpoint), "tag": tag, "split": args.split,
+                               "num_samples": int(index.numel()), "views": views, "scores": SCORES,
+                               "metrics": metrics, **eval_report(recipe.eval.protocol, views, dataset, index),
+                               "failed_samples": failed}
+    if not args.no_per_sample:
+        payload["per_sample"] = per_sample_records(index, scores, labels)
+    out.write_text(json.dumps(payload) + "\n")
+    if failed:
+        print(failed_line(failed), flush=True)
+    print(" ".join(f"{k}={v:.2f}" for k, v in metrics.items()), flush=True)
+    print(f"wrote {out} ({index.numel()} samples evaluated; protocol {payload['protocol']}, {views} views, "
+          f"{payload['num_missing']} missing, {payload['num_quarantined']} quarantined, "
+          f"{len(failed)} failed to decode; checkpoint {tag or args.checkpoint})", flush=True)
+
+
 def run(args: argparse.Namespace) -> int:
     from avion_ds.engine import preflight as pf
     from avion_ds.engine.train import (
         backends_line,
-        build_model,
         check_data_paths,
         recipe_num_classes,
         seed_everything,
@@ -143,16 +152,7 @@ def run(args: argparse.Namespace) -> int:
     pf.check_heads(recipe)
     pf.check_model(recipe)
     pf.check_data_layout(recipe, need_train=args.split == "train")
-    tag = None
-    if run_dir is not None:
-        from avion_ds.engine.checkpoint import check_tag, latest_complete
-
-        tag = args.tag or latest_complete(run_dir)
-        if tag is None:
-            raise ConfigError(f"--checkpoint {run_dir}: no complete checkpoint in {run_dir / 'checkpoints'}")
-        check_tag(run_dir, tag, flag="--tag")
-    elif args.tag is not None:
-        raise ConfigError(f"--tag {args.tag}: --checkpoint {args.checkpoint} is a weights file, not a run directory")
+    tag = _resolve_tag(args, run_dir)
     _, world, _ = dist.init()
     seed_everything(recipe.seed)
 
@@ -163,26 +163,8 @@ def run(args: argparse.Namespace) -> int:
     device = torch.device(get_accelerator().current_device_name())
     precision = args.precision if args.precision != "auto" else (
         recipe.precision if recipe.precision != "auto" else ("bf16" if device.type == "cuda" else "fp32"))
-    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision, torch.float32)
-
-    if args.offload != "none":
-        # built partitioned under the inference ZeRO-3 config; rank 0 alone reads / consolidates weights
-        from avion_ds.memory.offload import build_for_inference
-
-        source: Any = str(args.checkpoint)
-        if run_dir is not None:
-            source = consolidated_state_dict(run_dir, tag) if dist.is_main() else {}
-        model = build_for_inference(lambda: build_model(recipe, pretrained=""), source, offload=args.offload,
-                                    max_live_parameters=int(args.max_live_params),
-                                    prefetch_bucket_size=int(args.prefetch_bucket), nvme_path=args.nvme_path,
-                                    dtype=dtype, strict=run_dir is not None)
-    elif run_dir is not None:
-        model = build_model(recipe, pretrained="")
-        from avion_ds.models import load_pretrained
-
-        load_pretrained(model, consolidated_state_dict(run_dir, tag), strict=True)
-    else:
-        model = build_model(recipe, pretrained=str(args.checkpoint))
+    dtype = torch_dtype(precision)
+    model = _eval_model(args, recipe, run_dir, tag, dtype)
     model.eval()
     if dist.is_main():
         print(backends_line(model, recipe, device, dtype), flush=True)
@@ -198,23 +180,9 @@ def run(args: argparse.Namespace) -> int:
     loader = build_loader(dataset, recipe.eval.batch_size or recipe.batch.micro_batch, recipe.data.workers,
                           shuffle=False, seed=recipe.seed, drop_last=False, distributed=world > 1)
     augment = DeviceAugment(recipe.data, recipe_num_classes(recipe), train=False)
-    metrics, (index, scores, labels), failed = evaluate_model(model, loader, augment, views, device, dtype)
+    result = evaluate_model(model, loader, augment, views, device, dtype)
     if dist.is_main():
-        out = Path(args.out) if args.out else (run_dir or Path(args.checkpoint).parent) / "eval_metrics.json"
-        out.parent.mkdir(parents=True, exist_ok=True)
-        payload: dict[str, Any] = {"checkpoint": str(args.checkpoint), "tag": tag, "split": args.split,
-                                   "num_samples": int(index.numel()), "views": views, "scores": SCORES,
-                                   "metrics": metrics, **eval_report(recipe.eval.protocol, views, dataset, index),
-                                   "failed_samples": failed}
-        if not args.no_per_sample:
-            payload["per_sample"] = per_sample_records(index, scores, labels)
-        out.write_text(json.dumps(payload) + "\n")
-        if failed:
-            print(failed_line(failed), flush=True)
-        print(" ".join(f"{k}={v:.2f}" for k, v in metrics.items()), flush=True)
-        print(f"wrote {out} ({index.numel()} samples evaluated; protocol {payload['protocol']}, {views} views, "
-              f"{payload['num_missing']} missing, {payload['num_quarantined']} quarantined, "
-              f"{len(failed)} failed to decode; checkpoint {tag or args.checkpoint})", flush=True)
+        _write_results(args, recipe, run_dir, tag, views, dataset, result)
     del model
     return 0
 

@@ -15,42 +15,15 @@ from pathlib import Path
 import torch
 
 from avion_ds.config import ConfigError
-from avion_ds.engine.checkpoint import MARKER, checkpoint_dir, latest_complete
 from avion_ds.engine.logging import progress
-
-
-def _strip(name: str) -> str:
-    for seg in ("_checkpoint_wrapped_module.", "_orig_mod."):
-        name = name.replace(seg, "")
-    return name.removeprefix("module.")
-
-
-def _stage(run_dir: Path, tag_dir: Path) -> int:
-    cfg = run_dir / "ds_config.json"
-    if cfg.is_file():
-        return int(json.loads(cfg.read_text()).get("zero_optimization", {}).get("stage", 0))
-    return 1 if any(tag_dir.glob("*optim_states.pt")) and not (tag_dir / "mp_rank_00_model_states.pt").is_file() else 0
-
-
-def consolidate(run_dir: str | Path, tag: str | None = None) -> dict[str, torch.Tensor]:
-    """fp32 state dict of ``tag`` (default: newest complete checkpoint) in ``run_dir``."""
-    run_dir = Path(run_dir)
-    tag = tag or latest_complete(run_dir)
-    if tag is None:
-        raise ConfigError(f"{run_dir}: no complete checkpoint under {checkpoint_dir(run_dir)}")
-    tag_dir = checkpoint_dir(run_dir) / tag
-    if not (tag_dir / MARKER).is_file():
-        raise ConfigError(f"{tag_dir} is not a complete checkpoint (no {MARKER})")
-    if _stage(run_dir, tag_dir) == 0:
-        states = torch.load(tag_dir / "mp_rank_00_model_states.pt", map_location="cpu", weights_only=False)
-        sd = states["module"]
-    else:
-        from deepspeed.utils.zero_to_fp32 import (
-            get_fp32_state_dict_from_zero_checkpoint,
-        )
-
-        sd = get_fp32_state_dict_from_zero_checkpoint(str(checkpoint_dir(run_dir)), tag=tag)
-    return {_strip(k): (v.float() if v.is_floating_point() else v) for k, v in sd.items()}
+from avion_ds.rundir import (
+    MARKER,
+    checkpoint_dir,
+    clean_key,
+    consolidate,
+    latest_complete,
+    run_zero_stage,
+)
 
 
 def stream_export(run_dir: Path, tag: str, out: Path, meta: dict[str, str]) -> Path:
@@ -62,7 +35,7 @@ def stream_export(run_dir: Path, tag: str, out: Path, meta: dict[str, str]) -> P
     from avion_ds.models.safetensors_stream import SafetensorsWriter
 
     lazy = get_fp32_state_dict_from_zero_checkpoint(str(checkpoint_dir(run_dir)), tag=tag, lazy_mode=True)
-    specs = [(_strip(k), torch.float32 if v.dtype.is_floating_point else v.dtype, tuple(v.shape))
+    specs = [(clean_key(k), torch.float32 if v.dtype.is_floating_point else v.dtype, tuple(v.shape))
              for k, v in lazy.items()]
     writer = SafetensorsWriter(out, specs, meta)
     for (name, dtype, _), v in zip(specs, lazy.values()):
@@ -87,7 +60,7 @@ def export(run_dir: str | Path, out: str | Path, tag: str | None = None) -> Path
         meta["model"] = json.dumps(json.loads(ident.read_text()).get("model", {}))
     resolved = tag or latest_complete(run_dir)
     if out.suffix == ".safetensors" and resolved is not None and (checkpoint_dir(run_dir) / resolved / MARKER).is_file() \
-            and _stage(run_dir, checkpoint_dir(run_dir) / resolved) > 0:
+            and run_zero_stage(run_dir, checkpoint_dir(run_dir) / resolved) > 0:
         path = stream_export(run_dir, resolved, out, meta)  # consolidates and writes tensor by tensor
         bar.update(2)
         bar.close()

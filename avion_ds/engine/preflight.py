@@ -115,7 +115,7 @@ def check_heads(recipe: Recipe) -> None:
 
 def check_data_layout(recipe: Recipe, need_train: bool = True) -> dict[str, int]:
     """Chunk manifest present, annotation headers right, labels within the heads; returns rows per split."""
-    from avion_ds.data.datasets import read_annotations
+    from avion_ds.data.build import read_annotations
     from avion_ds.data.manifest import MANIFEST_NAME, load_manifest
 
     d = recipe.data
@@ -170,9 +170,10 @@ def _check_labels(recipe: Recipe, key: str, classes: int | dict[str, int]) -> No
 def check_runtime(recipe: Recipe, precision: str, accelerator: str) -> None:
     """Attention backend and precision the recipe asks for must be able to run on this machine."""
     if recipe.model.attn_backend == "flash":
+        from avion_ds.engine.ds_config import torch_dtype
         from avion_ds.models import get_arch, resolve_backend
 
-        dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision, torch.float32)
+        dtype = torch_dtype(precision)
         device = torch.device("cuda" if accelerator == "cuda" else accelerator)
         try:
             resolve_backend("flash", device, dtype, get_arch(recipe.model.name).head_dim)

@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from avion_ds.config import ConfigError, Recipe, load_recipe
+from avion_ds.config import ConfigError, Recipe, add_override_option, load_recipe
 from avion_ds.engine import dist
 
 
@@ -29,8 +29,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--video", required=True, help="a video file")
     p.add_argument("--out", required=True, help="PNG to write")
     p.add_argument("--config", default=None, help="recipe (default: RUN/recipe.yaml)")
-    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-                   help="dotted recipe override, repeatable (e.g. --set data.root=PATH)")
+    add_override_option(p)
     p.add_argument("--frames", type=int, default=4, help="frames (columns) to show")
     p.add_argument("--seed", type=int, default=0, help="seed of the masks")
     p.add_argument("--min-side", type=int, default=128, help="upscale (nearest) small frames to at least this")

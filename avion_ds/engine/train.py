@@ -37,7 +37,7 @@ from avion_ds.engine.ds_config import (
     validate_with_deepspeed,
     zero_stage,
 )
-from avion_ds.engine.evaluate import evaluate_model
+from avion_ds.engine.eval_loop import evaluate_model
 from avion_ds.engine.logging import RunLogger, StepTimer, peak_memory_gib
 from avion_ds.engine.losses import total_loss
 from avion_ds.engine.metrics import failed_line

@@ -21,6 +21,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from avion_ds.engine.ds_config import PRECISIONS, torch_dtype
 from avion_ds.models.partition import full_shape
 
 from .units import format_bytes
@@ -30,8 +31,8 @@ CUDA_CONTEXT_BYTES = 512 * 2**20  # CUDA context + cuBLAS/cuDNN handles (not see
 COMM_BUFFER_BYTES = 256 * 2**20  # NCCL buffers when world_size > 1
 FRAGMENTATION = 0.08  # caching-allocator slack, fraction of the allocated peak
 DTYPE_BYTES = {torch.float32: 4, torch.bfloat16: 2, torch.float16: 2}
-_DTYPE_NAMES = {"fp32": torch.float32, "float32": torch.float32, "bf16": torch.bfloat16, "bfloat16": torch.bfloat16,
-                "fp16": torch.float16, "float16": torch.float16}
+_DTYPE_NAMES = {name: torch_dtype(p) for p in PRECISIONS  # fp32 | float32, bf16 | bfloat16, fp16 | float16
+                for name in (p, str(torch_dtype(p)).removeprefix("torch."))}
 
 
 def as_dtype(dtype: torch.dtype | str) -> torch.dtype:

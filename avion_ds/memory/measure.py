@@ -9,7 +9,6 @@ Probes run in the calling process with its world size (one GPU unless started by
 
 from __future__ import annotations
 
-import copy
 import gc
 import time
 from typing import Any
@@ -33,22 +32,19 @@ def gpu_peak_tflops(default: float = 0.0) -> float:
 
 
 def _fill_config(cfg: dict[str, Any], micro: int, accum: int, world: int, dtype: str) -> dict[str, Any]:
-    cfg = copy.deepcopy(cfg)
-    cfg.update(train_batch_size=micro * accum * world, train_micro_batch_size_per_gpu=micro,
-               gradient_accumulation_steps=accum, gradient_clipping=0.0, steps_per_print=10**9,
-               wall_clock_breakdown=False)
-    opt = cfg.setdefault("optimizer", {"type": "AdamW", "params": {}})
-    params = opt.setdefault("params", {})
-    for key, value in (("lr", 1e-4), ("betas", [0.9, 0.999]), ("eps", 1e-8), ("weight_decay", 0.05)):
-        if params.get(key, "auto") == "auto":
-            params[key] = value
-    offloaded = cfg.get("zero_optimization", {}).get("offload_optimizer", {}).get("device", "none") != "none"
-    if not offloaded:
-        params.setdefault("torch_adam", True)  # no FusedAdam JIT build (needs nvcc)
-    cfg["bf16"] = {"enabled": dtype == "bf16"}
-    fp16 = {k: v for k, v in cfg.get("fp16", {}).items() if k != "enabled"}
-    cfg["fp16"] = {**fp16, "enabled": dtype == "fp16"}
-    return cfg
+    """The candidate's JSON through the one builder, for a probe: batch shape and precision from the
+    arguments, the recipe's default optimizer values; torch AdamW unless the optimizer is offloaded
+    (no FusedAdam JIT build, which needs nvcc)."""
+    from avion_ds.engine.ds_config import (
+        build_ds_config,
+        fixed_batch_recipe,
+        offloads_optimizer,
+    )
+
+    opt: dict[str, Any] = {} if "optimizer" in cfg else {"type": "AdamW"}
+    if not offloads_optimizer(cfg):
+        opt["params"] = {"torch_adam": True}
+    return build_ds_config(cfg, fixed_batch_recipe(micro, accum, dtype), world, overrides={"optimizer": opt})
 
 
 def train_step_probe(
@@ -74,6 +70,7 @@ def train_step_probe(
     import torch.distributed as dist
     import torch.nn.functional as F
 
+    from avion_ds.engine import dist as engine_dist
     from avion_ds.models import (
         apply_activation_checkpointing,
         create_model,
@@ -81,9 +78,7 @@ def train_step_probe(
     )
     from avion_ds.models.partition import partitioned_construction
 
-    from .offload import _ensure_process_group
-
-    _ensure_process_group()
+    engine_dist.init()
     world = dist.get_world_size()
     cfg = _fill_config(ds_config or {"zero_optimization": {"stage": 0}}, micro_batch, grad_accum, world, dtype)
     result: dict[str, Any] = {"model": model_name, "frames": frames, "size": size, "micro_batch": micro_batch, "dtype": dtype,
@@ -142,18 +137,3 @@ def train_step_probe(
         gc.collect()
         torch.cuda.empty_cache()
     return result
-
-
-def measure_candidates(cands: list[Any], req: Any, steps: int = 3) -> None:
-    """Probe each planner candidate (one GPU: per-GPU memory and speed; gradient accumulation 1)
-    and store measured clips/s (scaled to ``req.gpus``, communication not included) and peak."""
-    from .plan import ds_config_for
-
-    for c in cands:
-        res = train_step_probe(req.model, req.frames, req.size, c.micro_batch, ds_config_for(c, req.nvme_path),
-                               dtype=req.dtype, checkpoint_every=c.checkpoint_every, steps=steps)
-        if res.get("oom") or "clips_per_s" not in res:
-            c.measured_clips_per_s, c.measured_peak = 0.0, None
-            continue
-        c.measured_clips_per_s = res["clips_per_s"] * req.gpus / res["world_size"]
-        c.measured_peak = res["peak_allocated"]

@@ -15,8 +15,6 @@ Logits equal the plain model's (same weights, same kernels); tests check allclos
 
 from __future__ import annotations
 
-import os
-import socket
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
@@ -24,9 +22,14 @@ from typing import Any
 import torch
 from torch import nn
 
+from avion_ds.engine import dist
 from avion_ds.models.partition import is_partitioned_model
 
 OFFLOAD_DEVICES = ("cpu", "nvme")
+
+
+INFERENCE_KNOBS = ("max_live_parameters", "prefetch_bucket_size", "param_persistence_threshold", "pin_memory",
+                   "nvme_path")  # what an inference config changes in its reference JSON (+ no optimizer)
 
 
 def inference_ds_config(
@@ -38,7 +41,17 @@ def inference_ds_config(
     param_persistence_threshold: int = 0,
     pin_memory: bool | None = None,
 ) -> dict[str, Any]:
-    """The inference-only DeepSpeed config (ZeRO-3, parameter offload, no optimizer)."""
+    """The inference-only DeepSpeed config (ZeRO-3, parameter offload, no optimizer), built by
+    ``build_ds_config`` from ``ds_configs/zero3_offload.json`` (``zero3_nvme.json`` for NVMe) with
+    only :data:`INFERENCE_KNOBS` changed and the optimizer sections removed; micro-batch 1.
+    ``train_batch_size`` is left to DeepSpeed (1 x its world size)."""
+    from avion_ds.engine.ds_config import (
+        build_ds_config,
+        fixed_batch_recipe,
+        reference_config,
+        torch_dtype,
+    )
+
     if offload not in OFFLOAD_DEVICES:
         raise ValueError(f"offload={offload!r} is not one of {', '.join(OFFLOAD_DEVICES)}")
     for key, value in (("max_live_parameters", max_live_parameters), ("prefetch_bucket_size", prefetch_bucket_size)):
@@ -46,49 +59,24 @@ def inference_ds_config(
             raise ValueError(f"{key}={value} must be a positive number of parameters")
     if offload == "nvme" and not nvme_path:
         raise ValueError("offload='nvme' needs nvme_path (a directory on a fast local disk)")
-    if pin_memory is None:
-        pin_memory = torch.cuda.is_available()
-    param: dict[str, Any] = {"device": offload, "pin_memory": bool(pin_memory)}
+    base = reference_config("zero3_nvme" if offload == "nvme" else "zero3_offload")
+    param: dict[str, Any] = {"pin_memory": bool(torch.cuda.is_available() if pin_memory is None else pin_memory)}
     if offload == "nvme":
-        param.update(nvme_path=str(nvme_path), buffer_count=5, buffer_size=max(int(prefetch_bucket_size), 100_000_000))
-    return {
-        "train_micro_batch_size_per_gpu": 1,
-        "gradient_accumulation_steps": 1,
-        "steps_per_print": 10**9,
-        "wall_clock_breakdown": False,
-        "bf16": {"enabled": dtype == torch.bfloat16},
-        "fp16": {"enabled": dtype == torch.float16},
-        "zero_optimization": {
-            "stage": 3,
-            "offload_param": param,
-            "stage3_max_live_parameters": int(max_live_parameters),
-            "stage3_prefetch_bucket_size": int(prefetch_bucket_size),
-            "stage3_param_persistence_threshold": int(param_persistence_threshold),
-            "stage3_max_reuse_distance": int(max_live_parameters),
-        },
-    }
-
-
-def _ensure_process_group() -> None:
-    """A plain single-process Python call gets the one-rank env a launcher would set."""
-    import torch.distributed as dist
-
-    if dist.is_available() and dist.is_initialized():
-        return
-    if "RANK" not in os.environ or "WORLD_SIZE" not in os.environ:
-        os.environ.update({"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0"})
-        os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-        if "MASTER_PORT" not in os.environ:
-            with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-                s.bind(("127.0.0.1", 0))
-                os.environ["MASTER_PORT"] = str(s.getsockname()[1])
-    import deepspeed
-    from deepspeed.accelerator import get_accelerator
-
-    deepspeed.init_distributed(dist_backend=get_accelerator().communication_backend_name(),
-                               auto_mpi_discovery=False, verbose=False)
-    if get_accelerator().device_name() == "cuda":
-        get_accelerator().set_device(int(os.environ.get("LOCAL_RANK", "0")))
+        param["nvme_path"] = str(nvme_path)
+        if int(prefetch_bucket_size) > base["zero_optimization"]["offload_param"].get("buffer_size", 0):
+            param["buffer_size"] = int(prefetch_bucket_size)  # a prefetch must fit one swap buffer
+    overrides = {"optimizer": None, "zero_optimization": {
+        "offload_optimizer": None,
+        "offload_param": param,
+        "stage3_max_live_parameters": int(max_live_parameters),
+        "stage3_prefetch_bucket_size": int(prefetch_bucket_size),
+        "stage3_param_persistence_threshold": int(param_persistence_threshold),
+        "stage3_max_reuse_distance": int(max_live_parameters),
+    }}
+    precision = next((p for p in ("bf16", "fp16") if torch_dtype(p) == dtype), "fp32")
+    cfg = build_ds_config(base, fixed_batch_recipe(1, 1, precision), 1, overrides=overrides)
+    del cfg["train_batch_size"]  # micro 1 x accum 1 x the live world size, which DeepSpeed knows
+    return cfg
 
 
 class OffloadedInference(nn.Module):
@@ -110,31 +98,26 @@ class OffloadedInference(nn.Module):
             return self.engine(x.to(device=self.device, dtype=self.dtype, non_blocking=True))
 
 
-def wrap_for_inference(
-    model: nn.Module,
-    offload: str = "cpu",
-    max_live_parameters: int = 100_000_000,
-    prefetch_bucket_size: int = 50_000_000,
-    nvme_path: str | None = None,
-    dtype: torch.dtype | None = None,
-    param_persistence_threshold: int = 0,
-) -> OffloadedInference:
+def wrap_for_inference(model: nn.Module, **knobs: Any) -> OffloadedInference:
     """Partition ``model``'s weights to ``offload`` ("cpu" | "nvme") with ZeRO-3 and return a module
     whose ``forward(x)`` gives the plain model's outputs (eval mode, no autograd).
 
+    ``knobs``: the keyword arguments of :func:`inference_ds_config` (offload, max_live_parameters,
+    prefetch_bucket_size, nvme_path, dtype, param_persistence_threshold, pin_memory); ``dtype`` is the
+    compute dtype (bf16/fp16 enable DeepSpeed's 16-bit mode; default: the model's current dtype).
     Every rank must pass a model with the same weights (e.g. loaded from the same checkpoint); under
     several ranks each holds 1/world of the weights and all ranks must call forward together (the
-    same number of batches; a padded DistributedSampler guarantees it). ``dtype``: compute dtype
-    (bf16/fp16 enable DeepSpeed's 16-bit mode; default: the model's current dtype).
+    same number of batches; a padded DistributedSampler guarantees it).
     """
     import deepspeed
     from deepspeed.accelerator import get_accelerator
 
     first = next(model.parameters(), None)
-    dtype = dtype or (first.dtype if first is not None else torch.float32)
-    cfg = inference_ds_config(offload, max_live_parameters, prefetch_bucket_size, nvme_path, dtype,
-                              param_persistence_threshold)
-    _ensure_process_group()
+    if knobs.get("dtype") is None:
+        knobs["dtype"] = first.dtype if first is not None else torch.float32
+    dtype = knobs["dtype"]
+    cfg = inference_ds_config(**knobs)
+    dist.init()  # a plain single-process call gets the one-rank env a launcher would set
     model.eval()
     if dtype == torch.float32 and not is_partitioned_model(model):  # built by build_for_inference: as is
         model.float()
@@ -144,28 +127,19 @@ def wrap_for_inference(
     return OffloadedInference(engine, dtype, device)
 
 
-def build_for_inference(
-    factory: Callable[[], nn.Module],
-    pretrained: str | Path | dict | None = None,
-    offload: str = "cpu",
-    max_live_parameters: int = 100_000_000,
-    prefetch_bucket_size: int = 50_000_000,
-    nvme_path: str | None = None,
-    dtype: torch.dtype = torch.float32,
-    param_persistence_threshold: int = 0,
-    strict: bool = False,
-) -> OffloadedInference:
-    """Like :func:`wrap_for_inference`, but the model is CONSTRUCTED partitioned (``zero.Init``
-    with the inference config) and ``pretrained`` is loaded module by module (rank 0 reads), so no
-    rank ever holds the whole model. ``factory`` builds the bare model (no weights loaded)."""
+def build_for_inference(factory: Callable[[], nn.Module], pretrained: str | Path | dict | None = None,
+                        strict: bool = False, **knobs: Any) -> OffloadedInference:
+    """Like :func:`wrap_for_inference` (same ``knobs``; ``dtype`` defaults to float32 here), but the
+    model is CONSTRUCTED partitioned (``zero.Init`` with the inference config) and ``pretrained`` is
+    loaded module by module (rank 0 reads), so no rank ever holds the whole model. ``factory``
+    builds the bare model (no weights loaded)."""
     from avion_ds.models.sharded_load import build_partitioned
 
-    cfg = inference_ds_config(offload, max_live_parameters, prefetch_bucket_size, nvme_path, dtype,
-                              param_persistence_threshold)
-    _ensure_process_group()
+    knobs["dtype"] = knobs.get("dtype") or torch.float32
+    cfg = inference_ds_config(**knobs)
+    dist.init()  # a plain single-process call gets the one-rank env a launcher would set
     model = build_partitioned(factory, cfg, pretrained, strict=strict)
-    return wrap_for_inference(model, offload, max_live_parameters, prefetch_bucket_size, nvme_path, dtype,
-                              param_persistence_threshold)
+    return wrap_for_inference(model, **knobs)
 
 
 class ResidentParams:
@@ -200,7 +174,7 @@ def resident_peaks(model_name: str, frames: int, size: int, max_live: list[int])
     from avion_ds.memory.estimate import arch_info
     from avion_ds.models import create_model
 
-    _ensure_process_group()
+    dist.init()  # a plain single-process call gets the one-rank env a launcher would set
     x = torch.randn(1, 3, frames, size, size, device=get_accelerator().current_device_name())
     largest = arch_info(model_name, frames, size).largest_layer_params
     rows = []

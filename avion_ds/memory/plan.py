@@ -198,45 +198,36 @@ def plan(req: Request) -> tuple[list[Candidate], dict[str, Any]]:
 # ----------------------------------------------------------------------------------------------
 # outputs
 # ----------------------------------------------------------------------------------------------
-def ds_config_for(c: Candidate, nvme_path: str | None = None) -> dict[str, Any]:
-    """A DeepSpeed JSON of the shape of ds_configs/*.json ("auto" where build_ds_config fills)."""
-    zo: dict[str, Any] = {"stage": c.zero_stage}
-    if c.zero_stage >= 1:
-        zo["reduce_bucket_size"] = 50_000_000
+def reference_name(c: Candidate) -> str:
+    """The ``ds_configs/*.json`` a candidate's DeepSpeed config starts from."""
+    if c.zero_stage < 2:
+        return f"zero{c.zero_stage}"
     if c.zero_stage == 2:
-        zo.update(overlap_comm=True, contiguous_gradients=True, allgather_bucket_size=50_000_000)
-    if c.offload in ("optimizer", "all"):
-        dev: dict[str, Any] = {"device": c.offload_device, "pin_memory": True}
-        if c.offload_device == "nvme":
-            dev.update(nvme_path=nvme_path, buffer_count=4)
-        zo["offload_optimizer"] = dev
+        return "zero2" if c.offload == "none" else "zero2_offload"
     if c.offload == "all":
-        dev = {"device": c.offload_device, "pin_memory": True}
-        if c.offload_device == "nvme":
-            dev.update(nvme_path=nvme_path, buffer_count=5, buffer_size=100_000_000, max_in_cpu=1_000_000_000)
-        zo["offload_param"] = dev
-    if c.zero_stage == 3:
-        zo.update(overlap_comm=True, contiguous_gradients=True, stage3_prefetch_bucket_size=50_000_000,
-                  stage3_param_persistence_threshold=100_000, stage3_max_live_parameters=100_000_000,
-                  stage3_max_reuse_distance=100_000_000, stage3_gather_16bit_weights_on_model_save=False)
-    cfg: dict[str, Any] = {
-        "train_batch_size": "auto",
-        "train_micro_batch_size_per_gpu": "auto",
-        "gradient_accumulation_steps": "auto",
-        "gradient_clipping": "auto",
-        "optimizer": {"type": "AdamW", "params": {"lr": "auto", "betas": "auto", "eps": "auto", "weight_decay": "auto"}},
-        "bf16": {"enabled": "auto"},
-        "fp16": {"enabled": "auto", "loss_scale": 0, "initial_scale_power": 16, "loss_scale_window": 1000,
-                 "hysteresis": 2, "min_loss_scale": 1},
-        "activation_checkpointing": {"partition_activations": False, "cpu_checkpointing": False,
-                                     "contiguous_memory_optimization": False, "number_checkpoints": None,
-                                     "synchronize_checkpoint_boundary": False, "profile": False},
-        "zero_optimization": zo,
-    }
-    if c.offload_device == "nvme" and c.offload != "none":
-        cfg["aio"] = {"block_size": 1048576, "queue_depth": 8, "thread_count": 1, "single_submit": False,
-                      "overlap_events": True}
-    return cfg
+        return "zero3_nvme" if c.offload_device == "nvme" else "zero3_offload"
+    return "zero3"
+
+
+def plan_overrides(c: Candidate, nvme_path: str | None = None) -> dict[str, Any]:
+    """The knobs a plan sets on top of its reference JSON (everything else is the hand-tuned file):
+    ZeRO-3 optimizer-only offload adds ``offload_optimizer`` to zero3.json; NVMe offload sets
+    ``nvme_path`` in both offload sections of zero3_nvme.json."""
+    zo: dict[str, Any] = {}
+    if c.zero_stage == 3 and c.offload == "optimizer":
+        zo["offload_optimizer"] = {"device": c.offload_device, "pin_memory": True}
+    if c.offload == "all" and c.offload_device == "nvme":
+        zo["offload_optimizer"] = {"nvme_path": nvme_path}
+        zo["offload_param"] = {"nvme_path": nvme_path}
+    return {"zero_optimization": zo} if zo else {}
+
+
+def ds_config_for(c: Candidate, nvme_path: str | None = None) -> dict[str, Any]:
+    """The DeepSpeed JSON a plan writes: its reference ``ds_configs/*.json`` with :func:`plan_overrides`
+    merged in ("auto" kept where ``build_ds_config`` fills from the recipe at launch)."""
+    from avion_ds.engine.ds_config import merge_overrides, reference_config
+
+    return merge_overrides(reference_config(reference_name(c)), plan_overrides(c, nvme_path))
 
 
 def recipe_overrides(c: Candidate, req: Request) -> list[str]:
@@ -442,8 +433,6 @@ def main(argv: list[str] | None = None) -> int:
     if args.measure:
         import torch.distributed as tdist
 
-        from .measure import measure_candidates
-
         measure_candidates(fitting[: args.measure_top], req, steps=args.measure_steps)
         world = tdist.get_world_size() if tdist.is_initialized() else 1
         print(f"measured {args.measure_top} candidates on {world} GPU(s), gradient accumulation 1, "
@@ -462,6 +451,21 @@ def main(argv: list[str] | None = None) -> int:
     print(f"run: deepspeed{nodes} --num_gpus {min(req.gpus, req.gpus_per_node)} launch/train.py --config RECIPE.yaml "
           f"--deepspeed_config {out} " + " ".join(f"--set {s}" for s in sets))
     return 0
+
+
+def measure_candidates(cands: list[Candidate], req: Request, steps: int = 3) -> None:
+    """Probe each planner candidate (one GPU: per-GPU memory and speed; gradient accumulation 1)
+    and store measured clips/s (scaled to ``req.gpus``, communication not included) and peak."""
+    from .measure import train_step_probe
+
+    for c in cands:
+        res = train_step_probe(req.model, req.frames, req.size, c.micro_batch, ds_config_for(c, req.nvme_path),
+                               dtype=req.dtype, checkpoint_every=c.checkpoint_every, steps=steps)
+        if res.get("oom") or "clips_per_s" not in res:
+            c.measured_clips_per_s, c.measured_peak = 0.0, None
+            continue
+        c.measured_clips_per_s = res["clips_per_s"] * req.gpus / res["world_size"]
+        c.measured_peak = res["peak_allocated"]
 
 
 def candidates_as_json(cands: list[Candidate]) -> list[dict[str, Any]]:

@@ -98,11 +98,13 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     import deepspeed
     import torch.distributed as dist
 
+    from avion_ds.engine.dist import unlink_shm_buffer
     from avion_ds.models import create_model, load_pretrained
     from avion_ds.models.partition import param_count, partitioned_construction
     from avion_ds.models.sharded_load import load_pretrained_sharded
 
     deepspeed.init_distributed(dist_backend="gloo", verbose=False)
+    unlink_shm_buffer()
     world, rank = dist.get_world_size(), dist.get_rank()
     cfg = _ds_config(world, args.optimizer)
     partitioned = args.mode == "after"

@@ -53,7 +53,7 @@ def _flash_unsupported_reason(device: torch.device, dtype: torch.dtype, head_dim
 
 
 @functools.cache
-def _resolve_cached(requested: str, device: torch.device, dtype: torch.dtype, head_dim: int) -> str:
+def resolve_cached(requested: str, device: torch.device, dtype: torch.dtype, head_dim: int) -> str:
     if requested not in BACKENDS:
         raise ValueError(f"attn_backend: expected one of {', '.join(BACKENDS)}, got {requested!r}")
     if requested in ("sdpa", "eager"):
@@ -79,7 +79,7 @@ def resolve_backend(requested: str, device: torch.device | str, dtype: torch.dty
     device = torch.device(device)
     if device.type == "cuda" and device.index is None:
         device = torch.device("cuda", torch.cuda.current_device())
-    return _resolve_cached(requested, device, dtype, int(head_dim))
+    return resolve_cached(requested, device, dtype, int(head_dim))
 
 
 def describe_backend(requested: str, device: torch.device | str, dtype: torch.dtype, head_dim: int) -> str:

@@ -77,7 +77,7 @@ def read_checkpoint(source: str | Path | dict, trust: bool = False) -> dict[str,
         return source
     path = Path(source)
     if path.is_dir() and (path / "checkpoints").is_dir() and not (path / "model.safetensors").is_file():
-        from avion_ds.engine.export import (
+        from avion_ds.rundir import (
             consolidate,  # a training run directory: its latest checkpoint
         )
 
@@ -283,7 +283,7 @@ def resize_patch_weight(w: torch.Tensor, shape: tuple[int, int, int, int, int]) 
     return w.contiguous()
 
 
-def _guess_grid(n: int, target: tuple[int, int, int]) -> tuple[int, int, int]:
+def guess_grid(n: int, target: tuple[int, int, int]) -> tuple[int, int, int]:
     """Token grid (t, h, w) of a flattened position table with n entries.
 
     Among the factorisations t x h x w = n whose h : w equals the target's, the one whose t : h
@@ -309,7 +309,7 @@ def _guess_grid(n: int, target: tuple[int, int, int]) -> tuple[int, int, int]:
 
 def resize_pos_embed(pos: torch.Tensor, grid: tuple[int, int, int]) -> torch.Tensor:
     """Learned position table (1, N0, D) -> (1, t*h*w, D), trilinear in time and space."""
-    t0, h0, w0 = _guess_grid(pos.shape[1], grid)
+    t0, h0, w0 = guess_grid(pos.shape[1], grid)
     x = pos.reshape(1, t0, h0, w0, -1).permute(0, 4, 1, 2, 3).float()
     x = F.interpolate(x, size=grid, mode="trilinear", align_corners=False)
     return x.permute(0, 2, 3, 4, 1).reshape(1, -1, pos.shape[-1]).to(pos.dtype)

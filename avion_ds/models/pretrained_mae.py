@@ -19,11 +19,13 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
-from .pretrain import VideoMAEPretrain
+if TYPE_CHECKING:  # annotations only: pretrain.py imports this module to load weights
+    from .pretrain import VideoMAEPretrain
+
 from .pretrained import FILTERS, HF_BLOCK_KEYS, LoadReport, read_checkpoint, unwrap
 
 StateDict = dict[str, torch.Tensor]

@@ -238,7 +238,7 @@ def test_timeout_skips_a_hung_sample(epic_cfg, tmp_path, monkeypatch, caplog) ->
         item = ds[bad[0]]
     assert item["skipped"] >= 1 and "timed out after 1s" in caplog.text
     ds.decoder.close()
-    decoders._REGISTRY.pop("slow", None)
+    decoders.REGISTRY.pop("slow", None)
 
 
 def test_unavailable_decoder_fails_at_construction(epic_cfg, monkeypatch) -> None:

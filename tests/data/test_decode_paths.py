@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 
 import decord
+import numpy as np
 import pytest
 import torch
 from torchvision.transforms.v2 import functional as F
@@ -92,7 +93,7 @@ def test_helper_moves_frames_through_anonymous_memory(chunk) -> None:
         big = dec.decode(chunk.path, list(range(40)))  # 40 full frames: 12 MB > the 2.4 MB initial buffer
         assert torch.equal(big, get_decoder("pyav").decode(chunk.path, list(range(40))))
         assert small.shape == (2, 32, 32, 3) and big.shape == (40, 240, 426, 3)
-        fd = dec._buf.fd
+        fd = dec._bufs[-1].fd  # whole frames (> SLOT_MAX_BYTES) come through the scratch region
         assert os.readlink(f"/proc/self/fd/{fd}").startswith("/memfd:avion_ds_frames")
         assert os.fstat(fd).st_size >= big.numel()
         helper = dec._proc
@@ -104,3 +105,64 @@ def test_helper_moves_frames_through_anonymous_memory(chunk) -> None:
         dec.close()
     if os.path.isdir("/dev/shm"):  # nothing named was created (or left behind); other jobs may add theirs
         assert not {n for n in set(os.listdir("/dev/shm")) - shm if "avion" in n or "frames" in n}
+
+
+@pytest.mark.parametrize("name", BACKENDS)
+def test_fused_crop_writes_into_the_given_buffer(name, chunk) -> None:
+    """The backend's fused crop writes its frames into ``alloc``'s tensor (the helper's shared region): no copy."""
+    dec = get_decoder(name, exact=False)
+    given = []
+
+    def alloc(shape):
+        given.append(torch.empty(shape, dtype=torch.uint8))
+        return given[-1]
+
+    dec.alloc = alloc
+    spec = CropSpec(CropBox(37, 101, 61, 47), (SIZE, SIZE), chunk.height, chunk.width)
+    out, done = dec.decode_raw(chunk.path, [2, 5, 8], spec)
+    assert done and len(given) == 1 and out.data_ptr() == given[0].data_ptr()
+    dec.alloc = None
+    assert torch.equal(out, dec.decode(chunk.path, [2, 5, 8], spec))
+
+
+def test_helper_hands_out_regions_only_while_free(chunk) -> None:
+    """Frames handed out without a copy stay valid through later decodes; regions are reused once released."""
+    from avion_ds.data.decode_helper import SLOTS
+
+    inproc, dec = get_decoder("pyav", exact=False), get_decoder("pyav", timeout_s=30.0, exact=False)
+    spec = CropSpec(CropBox(10, 20, 200, 300), (SIZE, SIZE), chunk.height, chunk.width)
+    clips = [[i, i + 7] for i in range(SLOTS + 3)]  # more clips held at once than there are regions
+    try:
+        held = [dec.decode(chunk.path, c, spec) for c in clips]
+        for c, frames in zip(clips, held, strict=True):
+            assert torch.equal(frames, inproc.decode(chunk.path, c, spec)), c
+        busy = [i for i, h in enumerate(dec._held) if h is not None and h() is not None]
+        assert busy == list(range(SLOTS))  # all regions in use: the last three were copied out of the scratch
+        del held[:2]
+        again = dec.decode(chunk.path, clips[0], spec)
+        assert torch.equal(again, inproc.decode(chunk.path, clips[0], spec))
+        assert dec._held[0]() is not None and dec._held[1] is not None and dec._held[1]() is None
+        for c, frames in zip(clips[2:], held, strict=True):  # still untouched by the reuse
+            assert torch.equal(frames, inproc.decode(chunk.path, c, spec)), c
+    finally:
+        dec.close()
+
+
+def test_helper_never_reuses_a_region_held_across_a_fork(chunk) -> None:
+    """After a fork the child may still read frames it inherited: the parent never writes that region again."""
+    dec = get_decoder("pyav", timeout_s=30.0, exact=False)
+    spec = CropSpec(None, (SIZE, SIZE), chunk.height, chunk.width)
+    try:
+        held = dec.decode(chunk.path, [1, 2], spec)
+        pid = os.fork()
+        if pid == 0:  # the child only has to exist
+            os._exit(0)
+        os.waitpid(pid, 0)
+        expected = held.clone()
+        del held  # gone here, but a forked child could still hold its copy
+        later = [dec.decode(chunk.path, [i], spec) for i in range(3)]
+        assert dec._held[0]() is True and all(f.shape == (1, SIZE, SIZE, 3) for f in later)
+        view = np.frombuffer(dec._bufs[0].view(), np.uint8, expected.numel())
+        assert torch.equal(torch.from_numpy(view.copy()).view(expected.shape), expected)  # never overwritten
+    finally:
+        dec.close()

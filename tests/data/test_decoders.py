@@ -7,7 +7,7 @@ import sys
 import pytest
 import torch
 
-from avion_ds.data import decoders
+from avion_ds.data import decode_torchcodec, decoders
 from avion_ds.data.crop import CropBox, CropSpec, crop_resize
 from avion_ds.data.decoders import (
     DataError,
@@ -67,7 +67,7 @@ def test_torchcodec_falls_back_when_hook_breaks(monkeypatch, index_video, decode
     def broken(cls, box):
         raise TypeError("hook changed upstream")
 
-    monkeypatch.setattr(decoders._CropAt, "__new__", broken)
+    monkeypatch.setattr(decode_torchcodec.CropHook, "__new__", broken)
     dec = get_decoder("torchcodec")
     box = CropBox(0, 0, 48, 48)
     out = dec.decode(index_video, [1, 2], CropSpec(box, (24, 24), 72, 96))
@@ -138,20 +138,20 @@ def hang_backend(tmp_path, monkeypatch):
     for name in ("ok.mp4", "hang.mp4", "crash.mp4"):
         (tmp_path / name).write_bytes(b"x")
     yield tmp_path
-    decoders._REGISTRY.pop("hang", None)
+    decoders.REGISTRY.pop("hang", None)
 
 
 def test_timeout_kills_a_hung_decode_and_recovers(hang_backend) -> None:
     dec = get_decoder("hang", timeout_s=1.0)
     assert isinstance(dec, decoders.SubprocessDecoder)
     assert dec.decode(hang_backend / "ok.mp4", [0, 1, 1]).shape == (3, 4, 4, 3)
-    first = dec._proc.pid
+    first = dec.helper_pid
     with pytest.raises(DataError, match=r"hang.mp4: hang decode timed out after 1s"):
         dec.decode(hang_backend / "hang.mp4", [0])
     with pytest.raises(DataError, match=r"crash.mp4: hang decoder process died \(exit code 3\)"):
         dec.decode(hang_backend / "crash.mp4", [0])
     assert dec.decode(hang_backend / "ok.mp4", [5]).shape == (1, 4, 4, 3)  # a fresh helper
-    assert dec._proc.pid != first
+    assert dec.helper_pid != first
     dec.close()
 
 

@@ -11,6 +11,7 @@ import pytest
 from avion_ds.config import DataConfig
 from avion_ds.data import build_dataset
 from avion_ds.data.chunking import chunk_videos
+from avion_ds.data.datasets import read_annotations
 from avion_ds.data.kinetics import kinetics_stem
 from avion_ds.data.ssv2 import template_class
 from avion_ds.data.synthetic import write_video
@@ -71,6 +72,15 @@ def test_class_list_file_and_unknown_label(k400, tmp_path) -> None:
     classes.write_text("zumba\nabseiling\n")
     with pytest.raises(ValueError, match=r"train.csv:2: label 'air drumming' is not a known class"):
         build_dataset(cfg, "train")
+    with pytest.raises(ValueError, match=r"train.csv:2: label 'air drumming' is not a known class"):
+        read_annotations(cfg, "train")  # the start-up check (before any process group) says the same
+    val = tmp_path / "val.csv"  # names from the sorted train labels: a val-only class is refused at start-up
+    val.write_text("label,youtube_id,time_start,time_end,split\nabseiling,bbb,0,10,val\nyoga,fff,0,10,val\n")
+    named = DataConfig(dataset="kinetics", root=str(k400["chunks"]), train_csv=str(k400["csv"]), val_csv=str(val))
+    with pytest.raises(ValueError, match=r"val.csv:3: label 'yoga' is not a known class \(the sorted train labels\)"):
+        read_annotations(named, "val")
+    with pytest.raises(ValueError, match=r"val.csv:3: label 'yoga' is not a known class"):
+        build_dataset(named, "val")
     test_csv = tmp_path / "test.csv"  # the official test split has no labels
     test_csv.write_text("youtube_id,time_start,time_end,split\naaa,14,24,test\n")
     with pytest.raises(ValueError, match="official Kinetics CSV without a label column"):

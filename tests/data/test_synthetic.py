@@ -41,10 +41,10 @@ def test_shapes_move_as_their_verb_says() -> None:
     import numpy as np
 
     yy, xx = np.mgrid[0:48, 0:64].astype(np.float32)
-    y0, _, _ = synthetic._segment_track(0, 0.0, 64, 48, (0.0, 0.0))
-    y1, _, _ = synthetic._segment_track(0, 1.0, 64, 48, (0.0, 0.0))
+    y0, _, _ = synthetic.segment_track(0, 0.0, 64, 48, (0.0, 0.0))
+    y1, _, _ = synthetic.segment_track(0, 1.0, 64, 48, (0.0, 0.0))
     assert y1 < y0 - 20
-    area = [synthetic._shape_mask(0, yy, xx, 24, 32, synthetic._segment_track(2, t, 64, 48, (0, 0))[2]).sum()
+    area = [synthetic.shape_mask(0, yy, xx, 24, 32, synthetic.segment_track(2, t, 64, 48, (0, 0))[2]).sum()
             for t in (0.0, 1.0)]
     assert area[1] > 4 * area[0]
 

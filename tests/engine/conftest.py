@@ -11,6 +11,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from avion_ds.engine.dist import free_port
+
 REPO = Path(__file__).resolve().parents[2]
 
 
@@ -30,19 +32,11 @@ def launch(args: list[str], nprocs: int = 2, timeout: int = 600, launcher: str =
     script = [str(script_path or REPO / "launch" / "train.py")]
     if launcher == "deepspeed":
         cmd = [sys.executable, "-m", "deepspeed.launcher.runner", "--num_gpus", str(nprocs),
-               "--master_port", str(_free_port()), *script, *args]
+               "--master_port", str(free_port()), *script, *args]
     else:
         cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(nprocs),
-               "--master_port", str(_free_port()), *script, *args]
+               "--master_port", str(free_port()), *script, *args]
     return subprocess.run(cmd, cwd=REPO, env=engine_env(), capture_output=True, text=True, timeout=timeout)
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def losses(run_dir: Path) -> dict[int, float]:

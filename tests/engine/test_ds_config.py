@@ -110,3 +110,21 @@ def test_shipped_configs_build(path: Path, precision: str) -> None:
     assert "auto" not in json.dumps(cfg)
     assert "activation_checkpointing" in cfg
     assert zero_stage(cfg) == int(path.stem[4])
+
+
+def test_overrides_deep_merge_before_filling() -> None:
+    """Overrides change only the keys they name (nested), None removes a key, the rest is the JSON's."""
+    base = json.loads((REPO / "ds_configs" / "zero3.json").read_text())
+    over = {"zero_optimization": {"stage3_max_live_parameters": 7, "offload_param": {"device": "cpu"}},
+            "activation_checkpointing": None}
+    cfg = build_ds_config(REPO / "ds_configs" / "zero3.json", recipe(), world_size=2, overrides=over)
+    ref = build_ds_config(REPO / "ds_configs" / "zero3.json", recipe(), world_size=2)
+    zo, zr = cfg["zero_optimization"], ref["zero_optimization"]
+    assert zo["stage3_max_live_parameters"] == 7 and zo["offload_param"] == {"device": "cpu"}
+    assert "activation_checkpointing" not in cfg and "activation_checkpointing" in ref
+    assert {k: v for k, v in zo.items() if k not in ("stage3_max_live_parameters", "offload_param")} == \
+        {k: v for k, v in zr.items() if k != "stage3_max_live_parameters"}
+    assert zo["reduce_bucket_size"] == base["zero_optimization"]["reduce_bucket_size"]
+    assert base == json.loads((REPO / "ds_configs" / "zero3.json").read_text())  # the file is not modified
+    with pytest.raises(ConfigError, match="train_micro_batch_size_per_gpu=3 conflicts"):  # then checked as usual
+        build_ds_config(REPO / "ds_configs" / "zero3.json", recipe(), 2, overrides={"train_micro_batch_size_per_gpu": 3})

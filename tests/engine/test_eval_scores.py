@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from avion_ds.engine.evaluate import evaluate_model
+from avion_ds.engine.eval_loop import evaluate_model
 from avion_ds.engine.metrics import action_topk_correct
 
 KV, KN = 5, 7

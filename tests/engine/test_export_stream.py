@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from .conftest import _free_port, engine_env
+from .conftest import engine_env, free_port
 
 pytestmark = pytest.mark.slow
 
@@ -19,7 +19,7 @@ pytestmark = pytest.mark.slow
 def test_streamed_export_equals_live_weights(tmp_path: Path) -> None:
     run = tmp_path / "run"
     proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port",
-                           str(_free_port()), str(Path(__file__).with_name("export_script.py")), str(run)],
+                           str(free_port()), str(Path(__file__).with_name("export_script.py")), str(run)],
                           env=engine_env(), capture_output=True, text=True, timeout=280)
     assert proc.returncode == 0, proc.stderr[-4000:]
     from safetensors.torch import load_file

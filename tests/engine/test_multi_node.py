@@ -15,7 +15,7 @@ import pytest
 
 from avion_ds.engine.checkpoint import complete_tags
 
-from .conftest import REPO, _free_port, engine_env, losses, write_recipe
+from .conftest import REPO, engine_env, free_port, losses, write_recipe
 
 pytestmark = pytest.mark.slow
 
@@ -38,7 +38,7 @@ def test_two_nodes_no_ssh_kill_and_resume(tiny_epic: dict, tmp_path: Path) -> No
     hostfile = tmp_path / "hostfile"
     hostfile.write_text("localhost slots=1\n127.0.0.1 slots=1\n")  # a hostfile cannot repeat a host name
 
-    port = _free_port()
+    port = free_port()
     nodes = [_node(r, recipe, hostfile, port, tmp_path / f"first{r}.log") for r in (0, 1)]
     deadline = time.time() + 240
     while not complete_tags(run) and time.time() < deadline and nodes[0].poll() is None:
@@ -55,7 +55,7 @@ def test_two_nodes_no_ssh_kill_and_resume(tiny_epic: dict, tmp_path: Path) -> No
     total = 2 * ((tiny_epic["num_train"] // 2) // 4)  # 2 epochs, drop_last over 2 ranks, micro 4
     assert step < total  # really interrupted
 
-    port = _free_port()
+    port = free_port()
     nodes = [_node(r, recipe, hostfile, port, tmp_path / f"second{r}.log") for r in (0, 1)]
     codes = [p.wait(timeout=300) for p in nodes]
     second0 = (tmp_path / "second0.log").read_text()

@@ -30,7 +30,7 @@ def test_nonfinite_stop_exits_nonzero_with_step(tiny_epic: dict, tmp_path: Path)
     assert not (run / "checkpoints").exists() or not any((run / "checkpoints").glob("step_*"))
 
 
-def _truncate_one_video(tiny_epic: dict, tmp_path: Path) -> tuple[dict, list[Path]]:
+def truncate_one_video(tiny_epic: dict, tmp_path: Path) -> tuple[dict, list[Path]]:
     """A copy of the chunks where every chunk of one video is cut to its first 3000 bytes (no moov atom)."""
     import shutil
 
@@ -55,7 +55,7 @@ def test_bad_videos_are_skipped_counted_and_named_once(tiny_epic: dict, tmp_path
     """Every chunk of one video is truncated: training goes on over 2 epochs with 2 loader workers,
     reports the count, names each bad file exactly once, and the decoders' own stderr stays out."""
 
-    data, files = _truncate_one_video(tiny_epic, tmp_path)
+    data, files = truncate_one_video(tiny_epic, tmp_path)
     run = tmp_path / "run"
     recipe = write_recipe(tmp_path / "r.yaml", data, run, data={"workers": 2},
                           schedule={"epochs": 2, "steps_per_epoch": 4}, checkpoint={"every_steps": 0})

@@ -172,6 +172,7 @@ CASES: list[tuple[str, list[str], Callable | None, Callable | None, list[str], l
      ["zero_optimization.stage3_max_live_param=1", "not permitted"]),
     # 4 that were silently accepted
     ("lr_inf", ["optim.lr=.inf"], None, None, [], ["optim.lr=inf", "finite"]),
+    ("lr_overflows_float32", ["optim.lr=1e39"], None, None, [], ["optim.lr=1e+39", "overflows float32"]),
     ("warmup_negative", ["schedule.warmup_epochs=-1"], None, None, [], ["schedule.warmup_epochs=-1", ">= 0"]),
     ("ds_key_typo", [], _top(train_batch_sise=8), None, [],
      ["unknown DeepSpeed key 'train_batch_sise'", "did you mean train_batch_size"]),

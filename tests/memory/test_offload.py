@@ -50,3 +50,23 @@ def test_two_rank_offloaded_logits_equal_plain_model(tmp_path):
     # each rank holds about half of the weights (ZeRO-3 partitions, padded to the world size)
     assert sum(r["local_params"] for r in results) >= results[0]["total_params"]
     assert all(r["local_params"] <= results[0]["total_params"] // 2 + 64 for r in results)
+
+
+@pytest.mark.parametrize("offload, name", [("cpu", "zero3_offload"), ("nvme", "zero3_nvme")])
+def test_inference_config_is_the_reference_json_without_optimizer(offload, name):
+    """Knobs at the JSON's own values: the inference config is the builder's output from
+    ds_configs/<name>.json minus the optimizer sections (and train_batch_size, left to DeepSpeed)."""
+    from avion_ds.config import BatchConfig, Recipe
+    from avion_ds.engine.ds_config import build_ds_config
+
+    path = Path(__file__).resolve().parents[2] / "ds_configs" / f"{name}.json"
+    ref_zo = json.loads(path.read_text())["zero_optimization"]
+    knobs = {"max_live_parameters": ref_zo["stage3_max_live_parameters"],
+             "prefetch_bucket_size": ref_zo["stage3_prefetch_bucket_size"],
+             "param_persistence_threshold": ref_zo["stage3_param_persistence_threshold"], "pin_memory": True,
+             "nvme_path": ref_zo["offload_param"].get("nvme_path")}
+    got = inference_ds_config(offload, dtype=torch.float16, **knobs)
+    recipe = Recipe(precision="fp16", batch=BatchConfig(global_batch=None, micro_batch=1, grad_accum=1))
+    ref = build_ds_config(path, recipe, 1)
+    del ref["optimizer"], ref["zero_optimization"]["offload_optimizer"], ref["train_batch_size"]
+    assert got == ref

@@ -1,6 +1,7 @@
 """`avion-ds plan`: fits, ranks, writes a config train.py accepts, explains impossible and bad input."""
 
 import json
+from pathlib import Path
 
 import pytest
 import yaml
@@ -8,6 +9,8 @@ import yaml
 from avion_ds.config import Recipe, apply_overrides, recipe_from_dict
 from avion_ds.memory import plan as plan_mod
 from avion_ds.memory.units import parse_bytes
+
+REPO = Path(__file__).resolve().parents[2]
 
 
 def test_plan_writes_a_config_the_engine_builder_accepts(tmp_path, capsys):
@@ -120,3 +123,55 @@ def test_recipe_defaults_are_the_contract():
     data["data"]["dataset"] = "kinetics"
     recipe = recipe_from_dict(data)
     assert isinstance(recipe, Recipe) and recipe.model.checkpoint_every == 2 and recipe.batch.micro_batch == 4
+
+
+def _leaves(node, path=""):
+    """{dotted path: value} of every leaf of a nested dict (independent of the package's merge code)."""
+    if not isinstance(node, dict):
+        return {path: node}
+    out = {}
+    for k, v in node.items():
+        out.update(_leaves(v, f"{path}.{k}" if path else k))
+    return out
+
+
+# (stage, offload, device) -> (the ds_configs/*.json it must match, the knobs the plan sets on top of it)
+PLAN_KNOBS = {
+    (0, "none", "cpu"): ("zero0", set()),
+    (1, "none", "cpu"): ("zero1", set()),
+    (2, "none", "cpu"): ("zero2", set()),
+    (2, "optimizer", "cpu"): ("zero2_offload", set()),
+    (3, "none", "cpu"): ("zero3", set()),
+    (3, "optimizer", "cpu"): ("zero3", {"zero_optimization.offload_optimizer.device",
+                                        "zero_optimization.offload_optimizer.pin_memory"}),
+    (3, "all", "cpu"): ("zero3_offload", set()),
+    (3, "all", "nvme"): ("zero3_nvme", {"zero_optimization.offload_optimizer.nvme_path",
+                                        "zero_optimization.offload_param.nvme_path"}),
+}
+
+
+@pytest.mark.parametrize("shape", list(PLAN_KNOBS), ids=lambda s: f"zero{s[0]}-{s[1]}-{s[2]}")
+def test_planned_config_is_the_reference_json_plus_its_knobs(shape):
+    """Built by the one builder, a planned config equals the matching hand-tuned JSON's build except for
+    the knobs the plan sets (bucket sizes, prefetch, persistence, live parameters: all the JSON's)."""
+    from avion_ds.engine.ds_config import build_ds_config
+
+    name, knobs = PLAN_KNOBS[shape]
+    rec = recipe_from_dict({"data": {"dataset": "kinetics"}, "batch": {"global_batch": 64, "micro_batch": 4},
+                            "precision": "bf16"})
+    planned = build_ds_config(plan_mod.ds_config_for(plan_mod.Candidate(*shape, 2, 4, 2), "/scratch/nvme"), rec, 8)
+    reference = build_ds_config(REPO / "ds_configs" / f"{name}.json", rec, 8)
+    got, ref = _leaves(planned), _leaves(reference)
+    differ = {k for k in got.keys() | ref.keys() if got.get(k, "<absent>") != ref.get(k, "<absent>")}
+    # an offloaded optimizer is DeepSpeed's CPU Adam: the builder writes torch_adam only without offload (CPU)
+    differ.discard("optimizer.params.torch_adam")
+    assert differ == knobs, sorted(differ)
+    if "nvme" in shape:
+        assert got["zero_optimization.offload_param.nvme_path"] == "/scratch/nvme"
+
+
+def test_every_planned_shape_has_a_reference():
+    req = plan_mod.build_request(plan_mod.parse_args(["--model", "vit_test_tiny", "--frames", "4", "--size", "32",
+                                                      "--gpu-mem", "80GiB", "--nvme-path", "/tmp/nvme"]))
+    cands, _ = plan_mod.plan(req)
+    assert {(c.zero_stage, c.offload, c.offload_device) for c in cands} == set(PLAN_KNOBS)

@@ -56,7 +56,7 @@ def test_qkv_bias_has_no_k_bias():
 
 
 def test_auto_resolves_to_sdpa_on_cpu_and_logs_once(caplog):
-    attn_mod._resolve_cached.cache_clear()
+    attn_mod.resolve_cached.cache_clear()
     with caplog.at_level(logging.INFO, logger="avion_ds.models.attention"):
         assert resolve_backend("auto", "cpu", torch.float32, 32) == "sdpa"
         assert resolve_backend("auto", "cpu", torch.float32, 32) == "sdpa"
@@ -109,18 +109,18 @@ def test_flash_decision_rules_with_a_fake_flash_package(monkeypatch):
     """The decision logic for CUDA inputs, checked on CPU with flash-attn and the GPU faked."""
     monkeypatch.setattr(attn_mod, "_flash_fn", lambda: (lambda *a, **k: None))
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
-    attn_mod._resolve_cached.cache_clear()
+    attn_mod.resolve_cached.cache_clear()
     cuda = torch.device("cuda", 0)
     try:
-        assert attn_mod._resolve_cached("auto", cuda, torch.bfloat16, 64) == "flash"
-        assert attn_mod._resolve_cached("auto", cuda, torch.float32, 64) == "sdpa"  # needs fp16/bf16
-        assert attn_mod._resolve_cached("auto", cuda, torch.float16, 100) == "sdpa"  # head dim % 8
-        assert attn_mod._resolve_cached("auto", cuda, torch.float16, 88) == "flash"  # ViT-g head dim
+        assert attn_mod.resolve_cached("auto", cuda, torch.bfloat16, 64) == "flash"
+        assert attn_mod.resolve_cached("auto", cuda, torch.float32, 64) == "sdpa"  # needs fp16/bf16
+        assert attn_mod.resolve_cached("auto", cuda, torch.float16, 100) == "sdpa"  # head dim % 8
+        assert attn_mod.resolve_cached("auto", cuda, torch.float16, 88) == "flash"  # ViT-g head dim
         with pytest.raises(RuntimeError, match="head_dim=512"):
-            attn_mod._resolve_cached("flash", cuda, torch.bfloat16, 512)
+            attn_mod.resolve_cached("flash", cuda, torch.bfloat16, 512)
         monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (7, 5))
-        attn_mod._resolve_cached.cache_clear()
+        attn_mod.resolve_cached.cache_clear()
         with pytest.raises(RuntimeError, match="compute capability 7"):
-            attn_mod._resolve_cached("flash", cuda, torch.bfloat16, 64)
+            attn_mod.resolve_cached("flash", cuda, torch.bfloat16, 64)
     finally:
-        attn_mod._resolve_cached.cache_clear()
+        attn_mod.resolve_cached.cache_clear()

@@ -7,6 +7,7 @@ import os
 import pytest
 import torch
 
+from avion_ds.memory.activations import SavedTensorTracker
 from avion_ds.models import (
     apply_activation_checkpointing,
     create_model,
@@ -48,16 +49,9 @@ def test_checkpointing_saves_activation_memory():
     x = torch.randn(2, 3, 8, 64, 64)
 
     def saved_bytes() -> int:
-        total = 0
-
-        def pack(t):
-            nonlocal total
-            total += t.numel() * t.element_size()
-            return t
-
-        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        with SavedTensorTracker(exclude=model) as tracker:  # the package's saved-tensor counter
             model(x).sum()
-        return total
+        return tracker.stats.bytes
 
     plain = saved_bytes()
     apply_activation_checkpointing(model)

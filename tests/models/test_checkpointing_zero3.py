@@ -4,24 +4,19 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from avion_ds.engine.dist import free_port
 
 
 @pytest.mark.timeout(300)
 def test_zero3_checkpointing_matches_plain():
     pytest.importorskip("deepspeed")
-    env = dict(os.environ, MASTER_PORT=str(_free_port()))
+    env = dict(os.environ, MASTER_PORT=str(free_port()))
     env.setdefault("TORCH_EXTENSIONS_DIR", "/tmp/avion_torch_ext")
     script = Path(__file__).with_name("zero3_ckpt_script.py")
     proc = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=280, check=False)

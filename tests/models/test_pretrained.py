@@ -333,10 +333,10 @@ def test_resize_pos_embed_reads_the_source_grid_by_the_target_ratios(src, target
     resample the pattern bilinearly (a wrong grid guess such as 2x28x28 for 1568 tokens mixes them)."""
     import torch.nn.functional as F
 
-    from avion_ds.models.pretrained import _guess_grid
+    from avion_ds.models.pretrained import guess_grid
 
     t0, h0, w0 = src
-    assert _guess_grid(t0 * h0 * w0, target) == src
+    assert guess_grid(t0 * h0 * w0, target) == src
     g = torch.Generator().manual_seed(0)
     pattern = torch.randn(1, 3, h0, w0, generator=g)  # (1, D, h, w)
     pos = pattern.permute(0, 2, 3, 1).reshape(1, 1, h0 * w0, 3).expand(1, t0, h0 * w0, 3).reshape(1, -1, 3)

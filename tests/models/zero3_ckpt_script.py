@@ -14,6 +14,7 @@ os.environ.setdefault("WORLD_SIZE", "1")
 os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
 
 import deepspeed
+from ds_steps import checkpointed_losses  # next to this script (run as a subprocess)
 
 from avion_ds.models import apply_activation_checkpointing, create_model
 
@@ -31,17 +32,7 @@ def losses(impl: str | None) -> list[float]:
         "activation_checkpointing": {"partition_activations": False, "cpu_checkpointing": False},
     }
     engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=cfg)
-    if impl == "deepspeed":
-        deepspeed.checkpointing.configure(None, deepspeed_config=cfg)
-    torch.manual_seed(1)
-    out = []
-    for _ in range(3):
-        logits = engine(torch.randn(2, 3, 4, 32, 32))
-        loss = sum(v.square().mean() for v in logits.values())
-        engine.backward(loss)
-        engine.step()
-        out.append(loss.item())
-    return out
+    return checkpointed_losses(engine, cfg, impl)
 
 
 if __name__ == "__main__":

@@ -18,6 +18,7 @@ from pathlib import Path
 import deepspeed
 import torch
 import torch.distributed as dist
+from ds_steps import checkpointed_losses  # next to this script (run as a subprocess)
 
 from avion_ds.engine.optim import param_groups
 from avion_ds.models import (
@@ -116,17 +117,7 @@ def train_losses(partitioned: bool, impl: str | None) -> list[float]:
         del g["names"]
     opt = torch.optim.AdamW(groups, lr=1e-2, weight_decay=0.05)
     engine, *_ = deepspeed.initialize(model=model, optimizer=opt, config=cfg)
-    if impl == "deepspeed":
-        deepspeed.checkpointing.configure(None, deepspeed_config=cfg)
-    torch.manual_seed(1)
-    out = []
-    for _ in range(3):
-        logits = engine(torch.randn(2, 3, 4, 32, 32))
-        loss = sum(v.square().mean() for v in logits.values())
-        engine.backward(loss)
-        engine.step()
-        out.append(loss.item())
-    return out
+    return checkpointed_losses(engine, cfg, impl)
 
 
 def sharded_load(tmp: Path) -> dict:

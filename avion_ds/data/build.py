@@ -1,0 +1,46 @@
+"""Dataset factory: the dataset a ``DataConfig`` names, and its annotation summary for start-up checks.
+
+Sits above ``datasets`` (the shared :class:`ClipDataset` base and EPIC-Kitchens) and the per-dataset
+modules (``kinetics``, ``ssv2``, ``videos``) that subclass it, so none of them imports another's factory.
+"""
+
+from __future__ import annotations
+
+from ..config import DataConfig
+from .datasets import EPIC_REQUIRED, ClipDataset, EpicDataset, open_csv, parse_int
+from .kinetics import KineticsDataset, split_summary
+from .ssv2 import SSv2Dataset
+from .ssv2 import split_summary as ssv2_summary
+from .videos import VideosDataset
+
+
+def read_annotations(cfg: DataConfig, split: str) -> tuple[int, int | dict[str, int]]:
+    """(rows, classes seen) of ``split``'s annotation file without opening a video (start-up checks).
+
+    Raises ValueError / FileNotFoundError naming the file (missing column, empty list).
+    """
+    path = cfg.train_csv if split == "train" else cfg.val_csv
+    if cfg.dataset == "epic":
+        _, rows = open_csv(path, EPIC_REQUIRED)
+        if not rows:
+            raise ValueError(f"{path}: no annotation rows")
+        top = {h: max((v for _, r in rows if (v := parse_int(r[f"{h}_class"])) is not None), default=-1) + 1
+               for h in ("verb", "noun")}
+        return len(rows), top
+    if cfg.dataset == "ssv2":
+        return ssv2_summary(cfg, path)
+    return split_summary(cfg, path)
+
+
+def build_dataset(cfg: DataConfig, split: str, temporal_views: int = 1, spatial_views: int = 1,
+                  seed: int = 0) -> ClipDataset:
+    """The dataset named by ``cfg.dataset`` (epic | kinetics | ssv2 | videos) for ``split`` (train | val)."""
+    if cfg.dataset == "epic":
+        return EpicDataset(cfg, split, temporal_views, spatial_views, seed)
+    if cfg.dataset == "kinetics":
+        return KineticsDataset(cfg, split, temporal_views, spatial_views, seed)
+    if cfg.dataset == "ssv2":
+        return SSv2Dataset(cfg, split, temporal_views, spatial_views, seed)
+    if cfg.dataset == "videos":
+        return VideosDataset(cfg, split, temporal_views, spatial_views, seed)
+    raise ValueError(f"data.dataset={cfg.dataset!r} is not one of epic, kinetics, ssv2, videos")

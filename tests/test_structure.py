@@ -1,0 +1,239 @@
+"""Shape checks by AST walk of avion_ds/: no import cycles between modules, no long engine functions.
+
+Every import counts, also those inside functions (a lazy import is still a dependency), and
+``from pkg import name`` where ``name`` is a submodule counts as an import of that submodule.
+A package's ``__init__`` is a module of its own (named like the package). Imports under
+``if TYPE_CHECKING:`` are not runtime dependencies and are skipped.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGE = "avion_ds"
+MAX_FUNCTION_LINES = 80
+LENGTH_SCOPE = ("engine",)  # subpackages whose functions must stay under MAX_FUNCTION_LINES
+
+
+def module_files(root: Path, package: str = PACKAGE) -> dict[str, Path]:
+    """Dotted module name -> file, for every .py under ``root/package`` (``__init__`` -> the package)."""
+    out = {}
+    for path in sorted((root / package).rglob("*.py")):
+        parts = list(path.relative_to(root).with_suffix("").parts)
+        if parts[-1] == "__init__":
+            parts.pop()
+        out[".".join(parts)] = path
+    return out
+
+
+def _resolve(module: str, is_package: bool, level: int, target: str | None) -> str:
+    """Absolute name of a (possibly relative) ``from``-import's module."""
+    if not level:
+        return target or ""
+    base = module.split(".") if is_package else module.split(".")[:-1]
+    base = base[: len(base) - (level - 1)]
+    return ".".join(base + ([target] if target else []))
+
+
+def _is_type_checking(test: ast.expr) -> bool:
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or \
+        (isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
+
+
+def _runtime_nodes(tree: ast.AST) -> list[ast.AST]:
+    """Every node of ``tree`` except the bodies of ``if TYPE_CHECKING:`` blocks (their else runs)."""
+    out, todo = [], [tree]
+    while todo:
+        node = todo.pop()
+        out.append(node)
+        if isinstance(node, ast.If) and _is_type_checking(node.test):
+            todo.extend(node.orelse)
+            continue
+        todo.extend(ast.iter_child_nodes(node))
+    return out
+
+
+def imports_of(module: str, path: Path, modules: set[str]) -> set[str]:
+    """Modules of ``modules`` that ``module`` imports anywhere in its file (module or function level)."""
+    tree = ast.parse(path.read_text(), filename=str(path))
+    is_package = path.name == "__init__.py"
+    found: set[str] = set()
+
+    def add(name: str) -> None:
+        # the named module (or its closest enclosing one); the ancestor packages' __init__ run
+        # first on any import and are not counted, or every submodule would "import" its package
+        parts = name.split(".")
+        for i in range(len(parts), 0, -1):
+            prefix = ".".join(parts[:i])
+            if prefix in modules:
+                found.add(prefix)
+                return
+
+    for node in _runtime_nodes(tree):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                add(alias.name)
+        elif isinstance(node, ast.ImportFrom):
+            base = _resolve(module, is_package, node.level, node.module)
+            for alias in node.names:
+                sub = f"{base}.{alias.name}"
+                add(sub if sub in modules else base)  # `from pkg import submodule` imports the submodule
+    found.discard(module)
+    return found
+
+
+def import_graph(root: Path = ROOT, package: str = PACKAGE) -> dict[str, set[str]]:
+    files = module_files(root, package)
+    names = set(files)
+    return {m: imports_of(m, p, names) for m, p in files.items()}
+
+
+def strongly_connected(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Tarjan's SCCs (iterative); only components of two or more modules (the cycles)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    on_stack: set[str] = set()
+    stack: list[str] = []
+    out: list[list[str]] = []
+    counter = 0
+    for start in sorted(graph):
+        if start in index:
+            continue
+        work = [(start, iter(sorted(graph[start])))]
+        index[start] = low[start] = counter
+        counter += 1
+        stack.append(start)
+        on_stack.add(start)
+        while work:
+            node, it = work[-1]
+            advanced = False
+            for nxt in it:
+                if nxt not in index:
+                    index[nxt] = low[nxt] = counter
+                    counter += 1
+                    stack.append(nxt)
+                    on_stack.add(nxt)
+                    work.append((nxt, iter(sorted(graph.get(nxt, ())))))
+                    advanced = True
+                    break
+                if nxt in on_stack:
+                    low[node] = min(low[node], index[nxt])
+            if advanced:
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[node])
+            if low[node] == index[node]:
+                comp = []
+                while True:
+                    w = stack.pop()
+                    on_stack.discard(w)
+                    comp.append(w)
+                    if w == node:
+                        break
+                if len(comp) > 1:
+                    out.append(sorted(comp))
+    return out
+
+
+def describe_cycle(graph: dict[str, set[str]], comp: list[str]) -> str:
+    """One concrete cycle inside a component, as ``a -> b -> a`` (breadth-first from its first module)."""
+    members = set(comp)
+    start = comp[0]
+    prev: dict[str, str] = {}
+    frontier = [start]
+    while frontier:
+        nxt_frontier = []
+        for node in frontier:
+            for nxt in sorted(graph[node] & members):
+                if nxt == start:
+                    path = [node]
+                    while path[-1] != start:
+                        path.append(prev[path[-1]])
+                    return " -> ".join(reversed(path)) + f" -> {start}"
+                if nxt not in prev:
+                    prev[nxt] = node
+                    nxt_frontier.append(nxt)
+        frontier = nxt_frontier
+    return " <-> ".join(comp)
+
+
+def import_cycles(root: Path = ROOT, package: str = PACKAGE) -> list[str]:
+    graph = import_graph(root, package)
+    return [f"{{{', '.join(c)}}}: {describe_cycle(graph, c)}" for c in strongly_connected(graph)]
+
+
+def long_functions(root: Path = ROOT, package: str = PACKAGE, scope: tuple[str, ...] = LENGTH_SCOPE,
+                   limit: int = MAX_FUNCTION_LINES) -> list[str]:
+    """``path:line name (N lines)`` for every function in ``scope`` longer than ``limit`` (def line to last line)."""
+    out = []
+    for sub in scope:
+        for path in sorted((root / package / sub).rglob("*.py")):
+            for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+                if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                    length = node.end_lineno - node.lineno + 1
+                    if length > limit:
+                        out.append(f"{path.relative_to(root)}:{node.lineno} {node.name} ({length} lines)")
+    return out
+
+
+def test_no_import_cycles() -> None:
+    cycles = import_cycles()
+    assert not cycles, "import cycles between modules:\n" + "\n".join(cycles)
+
+
+def test_engine_functions_are_short() -> None:
+    long = long_functions()
+    assert not long, f"functions over {MAX_FUNCTION_LINES} lines:\n" + "\n".join(long)
+
+
+# ---- the checks themselves must fail on what they name ---------------------------------------------
+def _write(root: Path, files: dict[str, str]) -> None:
+    for rel, text in files.items():
+        p = root / rel
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_text(text)
+
+
+@pytest.mark.parametrize("files, cycle", [
+    # module-level relative import both ways
+    ({"pkg/__init__.py": "", "pkg/a.py": "from . import b\n", "pkg/b.py": "from .a import x\n"},
+     ["pkg.a", "pkg.b"]),
+    # function-level (lazy) import closes the cycle
+    ({"pkg/__init__.py": "", "pkg/a.py": "import pkg.b\n",
+      "pkg/b.py": "def f():\n    from pkg.a import y\n    return y\n"}, ["pkg.a", "pkg.b"]),
+    # a submodule importing a sibling through the package __init__ that imports it
+    ({"pkg/__init__.py": "from .other import helper\nfrom .sub.m import g\n", "pkg/sub/__init__.py": "",
+      "pkg/sub/m.py": "from pkg import helper\n", "pkg/other.py": "helper = 1\n"}, ["pkg", "pkg.sub.m"]),
+    # `from .. import sub` where sub is a subpackage, three modules long
+    ({"pkg/__init__.py": "", "pkg/x/__init__.py": "from .a import f\n", "pkg/x/a.py": "from ..y import b\n",
+      "pkg/y/__init__.py": "", "pkg/y/b.py": "from .. import x\n"}, ["pkg.x", "pkg.x.a", "pkg.y.b"]),
+    # an `else:` of a TYPE_CHECKING block runs
+    ({"pkg/__init__.py": "", "pkg/a.py": "import pkg.b\n",
+      "pkg/b.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    pass\nelse:\n    import pkg.a\n"},
+     ["pkg.a", "pkg.b"]),
+])
+def test_cycle_check_detects(tmp_path: Path, files: dict[str, str], cycle: list[str]) -> None:
+    _write(tmp_path, files)
+    found = strongly_connected(import_graph(tmp_path, "pkg"))
+    assert found == [cycle], found
+    assert import_cycles(tmp_path, "pkg")[0].startswith("{" + ", ".join(cycle) + "}")
+
+
+def test_cycle_check_accepts_a_dag(tmp_path: Path) -> None:
+    _write(tmp_path, {"pkg/__init__.py": "from .a import f\n", "pkg/a.py": "from .b import g\n",
+                      "pkg/b.py": "import os\n\ndef g():\n    from pkg import c\n    from pkg.c import h\n",
+                      "pkg/c.py": "import typing\nimport pkg.d\nif typing.TYPE_CHECKING:\n    from pkg.b import g\n",
+                      "pkg/d.py": ""})
+    assert import_cycles(tmp_path, "pkg") == []
+
+
+def test_length_check_counts_def_to_last_line(tmp_path: Path) -> None:
+    body = "".join(f"    x{i} = {i}\n" for i in range(79))
+    _write(tmp_path, {"pkg/engine/m.py": f"def ok():\n{body}\n\ndef long():\n{body}    return 1\n"})
+    found = long_functions(tmp_path, "pkg", ("engine",))
+    assert found == ["pkg/engine/m.py:83 long (81 lines)"], found
