@@ -3,7 +3,9 @@ activation checkpointing off/on, a ZeRO-2 run interrupted and resumed in a new p
 reproduces the uninterrupted fp32 trajectory bit for bit, and the pretrain -> fine-tune handoff.
 
 All jobs of the first launch run in one launcher process (tests/engine/pretrain_jobs_script.py),
-so the suite pays the launcher and op loading once.
+so the suite pays the launcher and op loading once; the resume runs in a second launch (a new
+process: nothing but the checkpoint carries over). Clips are decoded in-process
+(``data.decode_timeout_s: 0``): a decode helper process per dataset and job cost more than training.
 """
 
 from __future__ import annotations
