@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import math
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -22,22 +21,18 @@ import pytest
 import torch
 import yaml
 
+from avion_ds.engine.dist import free_port
+
 from .conftest import REPO, engine_env, losses
 
 pytestmark = pytest.mark.slow
 SCRIPT = Path(__file__).with_name("pretrain_jobs_script.py")
 
 
-def _port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def _launch(jobs: list[list[str]], tmp: Path, name: str) -> str:
     path = tmp / f"{name}.json"
     path.write_text(json.dumps(jobs))
-    cmd = [sys.executable, "-m", "deepspeed.launcher.runner", "--num_gpus", "2", "--master_port", str(_port()),
+    cmd = [sys.executable, "-m", "deepspeed.launcher.runner", "--num_gpus", "2", "--master_port", str(free_port()),
            str(SCRIPT), str(path)]
     proc = subprocess.run(cmd, cwd=REPO, env=engine_env(), capture_output=True, text=True, timeout=900)
     log = proc.stdout + proc.stderr
