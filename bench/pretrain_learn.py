@@ -1,8 +1,9 @@
 """Does masked pretraining learn, and does it help fine-tuning? (issue 11, item 8), on `avion-ds synth` data.
 
-1. Synthetic EPIC-style videos (``make_synthetic_epic``) chunked as usual; the pretraining clips come
+1. Synthetic EPIC-style videos (``make_synthetic_epic``, ``--background smooth`` by default: linear
+   colour ramps per segment, spatially predictable) chunked as usual; the pretraining clips come
    from the ``videos`` dataset (stride sampling, multi-scale crop) over all but one video, the
-   validation clips from the held-out video (centre crop, fixed masks).
+   validation clips from the held-out video (evenly spaced, centre crop, fixed masks).
 2. Pretrain a tiny VideoMAE (``pretrain_videomae_test_tiny`` with the overrides below) for ``--steps``;
    report the validation reconstruction loss next to the predict-zero baseline.
 3. Fine-tune ``vit_test_tiny`` (same encoder overrides, verb + noun heads) on 10% of the training
@@ -36,12 +37,13 @@ from avion_ds.models.pretrain import pixel_targets
 ENCODER = {"num_frames": 8, "img_size": 32, "patch_size": 16, "embed_dim": 128}
 
 
-def make_data(out: Path, seed: int) -> dict:
+def make_data(out: Path, seed: int, background: str) -> dict:
     from avion_ds.data.chunking import chunk_videos
     from avion_ds.data.synthetic import make_synthetic_epic
 
     info = make_synthetic_epic(out / "synth", num_videos=6, segments_per_video=20, segment_seconds=1.0,
-                               width=64, height=48, fps=12, val_fraction=0.25, seed=seed)
+                               width=64, height=48, fps=12, val_fraction=0.25, seed=seed,
+                               background=background)
     chunk_videos(info["videos"], out / "chunks", chunk_seconds=6.0, short_side=48, fps=12, gop=12, progress=False)
     return info
 
@@ -79,7 +81,8 @@ def pretrain(args: argparse.Namespace, root: Path) -> tuple[torch.nn.Module, dic
     before = recon_vs_zero(model, xv, vmasks)
     losses = fit_clips(model, xt, spec, args.steps, args.lr, args.batch, seed=args.seed)
     after = recon_vs_zero(model, xv, vmasks)
-    print(f"[pretrain] {len(xt)} train clips ({len(videos) - 1} videos), {len(xv)} val clips (held-out video); "
+    print(f"[pretrain] {args.background} background; {len(xt)} train clips ({len(videos) - 1} videos), "
+          f"{len(xv)} val clips (held-out video); "
           f"mask {args.mask_type} {args.mask_ratio}, {args.steps} steps batch {args.batch} lr {args.lr}")
     print(f"  val recon loss {before[0]:.4f} -> {after[0]:.4f}; predict-zero baseline {after[1]:.4f}; "
           f"ratio {after[0] / after[1]:.3f} (last train loss {sum(losses[-20:]) / 20:.4f})")
@@ -87,7 +90,8 @@ def pretrain(args: argparse.Namespace, root: Path) -> tuple[torch.nn.Module, dic
 
 
 def finetune(args: argparse.Namespace, root: Path, info: dict, encoder_sd: dict | None) -> dict[str, float]:
-    rows = list(csv.DictReader(open(info["train_csv"])))
+    with open(info["train_csv"], newline="") as f:
+        rows = list(csv.DictReader(f))
     random.Random(args.seed).shuffle(rows)
     few = rows[:max(1, len(rows) // 10)]
     sub = root / "train_10pct.csv"
@@ -135,9 +139,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--steps", type=int, default=1500)
     p.add_argument("--batch", type=int, default=16)
     p.add_argument("--lr", type=float, default=2e-3)
-    p.add_argument("--mask-type", default="random")
-    p.add_argument("--mask-ratio", type=float, default=0.5)
-    p.add_argument("--clips-per-video", type=int, default=32)
+    p.add_argument("--mask-type", default="tube")
+    p.add_argument("--mask-ratio", type=float, default=0.9)
+    p.add_argument("--clips-per-video", type=int, default=64)
+    p.add_argument("--background", default="smooth", help="synthetic background: smooth | blocks")
     p.add_argument("--ft-steps", type=int, default=300)
     p.add_argument("--ft-lr", type=float, default=1e-3)
     p.add_argument("--ft-views", type=int, default=4)
@@ -146,7 +151,7 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     torch.set_num_threads(args.threads)
     root = Path(args.out)
-    info = make_data(root, args.seed)
+    info = make_data(root, args.seed, args.background)
     mae, _ = pretrain(args, root)
     encoder = {f"encoder.{k}": v for k, v in mae.encoder.state_dict().items()}
     encoder["encoder_to_decoder.weight"] = mae.encoder_to_decoder.weight.detach()  # marks our pretraining layout

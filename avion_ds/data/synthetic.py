@@ -8,8 +8,10 @@ Two things live here:
 * :func:`make_synthetic_epic` — a tiny EPIC-Kitchens-shaped dataset that a tiny ViT can
   learn in CPU minutes: long videos made of back-to-back segments; in each segment one bright
   shape (the *noun*: circle, square, triangle, ...) moves (the *verb*: up, down, grows,
-  shrinks, ...) leaving a fading trail of its earlier positions (motion blur), while the dark
-  textured background pans / zooms the same way, so the motion shows in every patch. Verbs 0-3
+  shrinks, ...) leaving a fading trail of its earlier positions (motion blur), while the
+  background pans / zooms the same way, so the motion shows in every patch. The background is
+  dark random colour blocks (``blocks``, default) or, for masked pretraining, a linear colour
+  ramp per segment (``smooth``: a hidden patch is predictable from the visible ones). Verbs 0-3
   are invariant to horizontal flips and crops, so the default augmentation (hflip,
   RandomResizedCrop) keeps the labels valid. Measured: vit_test_tiny (32 px, 4 frames, AdamW
   2e-3, batch 16, 72 training segments) reaches val noun top-1 1.0 in ~10 epochs and verb
@@ -209,6 +211,28 @@ def _scene(canvas: np.ndarray, verb: int, t: float, yy: np.ndarray, xx: np.ndarr
     return canvas[sy, sx]
 
 
+BACKGROUNDS = ("blocks", "smooth")
+
+
+def _canvas(background: str, height: int, width: int, rng: np.random.Generator) -> np.ndarray:
+    """A background texture (2H x 2W x 3 uint8, larger than the frame).
+
+    ``blocks``: dark random 8-px colour blocks, one texture per video (motion shows in every patch,
+    but a patch's content cannot be inferred from its neighbours). ``smooth``: every colour channel
+    a linear ramp in its own random direction, a new one per segment: spatially coherent, so a
+    hidden patch is predictable from the visible ones (what masked pretraining learns from).
+    """
+    if background == "blocks":
+        return np.kron(rng.integers(0, 60, (height // 4 + 1, width // 4 + 1, 3)).astype(np.uint8),
+                       np.ones((8, 8, 1), np.uint8))
+    if background == "smooth":
+        yy, xx = np.mgrid[-1:1:2j * height, -1:1:2j * width]
+        angle, amp = rng.uniform(0, 2 * np.pi, 3), rng.uniform(90, 120, 3)
+        ramps = [120 + a * (np.sin(t) * yy + np.cos(t) * xx) for t, a in zip(angle, amp)]
+        return np.clip(np.stack(ramps, axis=-1), 0, 255).astype(np.uint8)
+    raise ValueError(f"background must be one of {', '.join(BACKGROUNDS)}, got {background!r}")
+
+
 def format_timestamp(seconds: float) -> str:
     """Seconds -> EPIC ``HH:MM:SS.ff``."""
     cs = int(round(seconds * 100))
@@ -226,14 +250,17 @@ EPIC_COLUMNS = ("narration_id", "participant_id", "video_id", "narration_timesta
 def make_synthetic_epic(out_dir: str | Path, num_videos: int = 4, segments_per_video: int = 12,
                         segment_seconds: float = 2.0, width: int = 96, height: int = 72, fps: float = 15,
                         num_verbs: int = 4, num_nouns: int = 3, seed: int = 0,
-                        val_fraction: float = 0.25) -> dict:
+                        val_fraction: float = 0.25, background: str = "blocks") -> dict:
     """Write long synthetic videos + EPIC-100-style train/val CSVs under ``out_dir``.
 
     Each video is ``segments_per_video`` back-to-back segments; each segment is one CSV row
     whose verb (motion) and noun (shape and colour) are drawn at random. Rows are 0.1 s inside
     their segment so no clip sees the neighbouring action. ``val_fraction`` of the rows go to
-    the val CSV. Returns {"videos", "train_csv", "val_csv", "num_verbs", "num_nouns", ...}.
+    the val CSV. ``background``: see :func:`_canvas`. Returns {"videos", "train_csv", "val_csv",
+    "num_verbs", "num_nouns", ...}.
     """
+    if background not in BACKGROUNDS:
+        raise ValueError(f"background must be one of {', '.join(BACKGROUNDS)}, got {background!r}")
     if not 1 <= num_verbs <= len(VERB_NAMES) or not 1 <= num_nouns <= len(NOUN_NAMES):
         raise ValueError(f"num_verbs must be 1..{len(VERB_NAMES)} and num_nouns 1..{len(NOUN_NAMES)}, "
                          f"got {num_verbs}, {num_nouns}")
@@ -246,14 +273,17 @@ def make_synthetic_epic(out_dir: str | Path, num_videos: int = 4, segments_per_v
     rows: list[dict] = []
     for v in range(num_videos):
         video_id = f"P{v + 1:02d}_{v + 101:03d}"
-        # dark blocky texture, larger than the frame, different per video; it moves with the verb
-        canvas = np.kron(rng.integers(0, 60, (height // 4 + 1, width // 4 + 1, 3)).astype(np.uint8),
-                         np.ones((8, 8, 1), np.uint8))
+        canvas = _canvas(background, height, width, rng)  # larger than the frame; moves with the verb
         with VideoWriter(videos / f"{video_id}.mp4", width, height, fps=fps, gop=int(fps)) as writer:
             for s in range(segments_per_video):
                 verb, noun = int(rng.integers(num_verbs)), int(rng.integers(num_nouns))
                 pos = (float(rng.uniform(-1, 1)), float(rng.uniform(-1, 1)))
-                origin = (float(rng.uniform(0, canvas.shape[0])), float(rng.uniform(0, canvas.shape[1])))
+                if background != "blocks":  # a new scene per segment
+                    canvas = _canvas(background, height, width, rng)
+                if background == "blocks":
+                    origin = (float(rng.uniform(0, canvas.shape[0])), float(rng.uniform(0, canvas.shape[1])))
+                else:  # near the centre: the panned / zoomed window never wraps around the canvas edge
+                    origin = (height * float(rng.uniform(0.85, 1.15)), width * float(rng.uniform(0.85, 1.15)))
                 colour = np.array(_NOUN_COLOURS[noun], np.float32)
                 for f in range(seg_frames):
                     t = f / (seg_frames - 1)
@@ -309,6 +339,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--num-nouns", type=int, default=3, help="noun classes (shapes)")
     p.add_argument("--seed", type=int, default=0, help="random seed (same seed, same dataset)")
     p.add_argument("--val-fraction", type=float, default=0.25, help="share of segments written to val.csv")
+    p.add_argument("--background", default="blocks",
+                   help="blocks: random colour blocks per video (classification); smooth: a linear colour ramp "
+                        "per segment (spatially predictable, for masked pretraining)")
     a = p.parse_args(argv)
     for flag, value in (("--num-videos", a.num_videos), ("--segments-per-video", a.segments_per_video),
                         ("--segment-seconds", a.segment_seconds), ("--width", a.width), ("--height", a.height),
@@ -321,7 +354,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     try:
         info = make_synthetic_epic(a.out, a.num_videos, a.segments_per_video, a.segment_seconds, a.width,
-                                   a.height, a.fps, a.num_verbs, a.num_nouns, a.seed, a.val_fraction)
+                                   a.height, a.fps, a.num_verbs, a.num_nouns, a.seed, a.val_fraction, a.background)
     except (ValueError, OSError) as e:  # bad arguments or an unusable output path
         print(f"avion-ds synth: error: {e}", file=sys.stderr)
         return 2

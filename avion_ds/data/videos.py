@@ -4,8 +4,9 @@ Every video of a chunk manifest (or of ``data.root`` when not chunked), or of a 
 (``data.train_csv`` / ``data.val_csv``: one path per line, an optional trailing label is ignored),
 gives ``data.clips_per_video`` clips per epoch. Clips use stride sampling (VideoMAE: 16 frames,
 stride 4 on K400, 2 on SSv2) and, in training, VideoMAE's multi-scale crop (``data.multi_scale``,
-default 1 / .875 / .75 / .66, fixed offsets) with no flip; validation takes the centre crop and the
-same masks every epoch (a comparable loss curve). Bad inputs are skipped and counted as in the
+default 1 / .875 / .75 / .66, fixed offsets) with no flip; validation takes ``clips_per_video`` clips
+at evenly spaced positions of each video, the centre crop and the same masks every epoch (a
+comparable loss curve). Bad inputs are skipped and counted as in the
 labelled datasets (:class:`~avion_ds.data.datasets.ClipDataset`).
 
 Items: ``{"frames": uint8 (T, H, W, C), "label": {"mask": bool (N,)[, "decode_mask": bool (N,)]},
@@ -71,7 +72,18 @@ class VideosDataset(ClipDataset):
             entry = self._entry(name)
         except DataError as e:
             raise DataError(f"{self.source}: {name}: {e}") from None
-        return entry, 0, entry.num_frames, None
+        n, per = entry.num_frames, self.clips_per_video
+        if self.train or per == 1:  # training: a random offset per clip (the clip generator's)
+            return entry, 0, n, None
+        # validation: the video's clips_per_video clips at evenly spaced fixed positions (not one
+        # centre clip repeated), so the val loss covers the whole video
+        k, c = i % per, self.cfg
+        if c.sampling == "stride":
+            span = (c.num_frames - 1) * c.stride + 1
+            first = int(round(max(0, n - span) * k / (per - 1)))
+            return entry, first, min(n, first + span), None
+        start, stop = int(n * k // per), int(n * (k + 1) // per)
+        return entry, start, max(stop, start + 1), None
 
     @property
     def epoch(self) -> int:

@@ -97,3 +97,5 @@ def test_videos_dataset_items(epic_raw, epic_chunks) -> None:
     val.set_epoch(5)  # validation clips and masks do not change with the epoch
     v5 = val[1]
     assert torch.equal(v0["frames"], v5["frames"]) and torch.equal(v0["label"]["mask"], v5["label"]["mask"])
+    clips = [val[i]["frames"] for i in range(3)]  # one video's val clips: evenly spaced, all different
+    assert not any(torch.equal(clips[a], clips[b]) for a, b in ((0, 1), (1, 2), (0, 2)))

@@ -55,3 +55,27 @@ def test_synth_cli(tmp_path, capsys) -> None:
     assert (tmp_path / "s" / "train.csv").is_file() and (tmp_path / "s" / "videos").is_dir()
     assert synthetic.main([str(tmp_path / "bad"), "--num-verbs", "99"]) == 2  # bad input: exit 2 (one convention for every subcommand)
     assert "num_verbs" in capsys.readouterr().err
+
+
+def test_smooth_background_is_a_linear_ramp(tmp_path, decode_all) -> None:
+    """``background="smooth"``: away from the shape every channel of a frame is a plane in (y, x) (what
+    masked pretraining can predict); the default ``blocks`` background is not."""
+    import numpy as np
+
+    def planar_share(background: str) -> float:
+        info = synthetic.make_synthetic_epic(tmp_path / background, num_videos=1, segments_per_video=2,
+                                             segment_seconds=0.5, width=64, height=48, fps=12,
+                                             background=background)
+        frame = decode_all(next(info["videos"].glob("*.mp4")))[0].numpy().astype(np.float64)
+        yy, xx = np.mgrid[0:48, 0:64]
+        design = np.stack([yy.ravel(), xx.ravel(), np.ones(yy.size)], axis=1)
+        near = []
+        for c in range(3):
+            v = frame[..., c].ravel()
+            fit = np.linalg.lstsq(design, v, rcond=None)[0]
+            near.append(np.abs(design @ fit - v) < 8)
+        return float(np.mean(np.all(near, axis=0)))
+
+    assert planar_share("smooth") > 0.8  # the shape and its trail cover the rest
+    assert planar_share("blocks") < 0.3
+    assert synthetic.main([str(tmp_path / "bad"), "--background", "stripes"]) == 2

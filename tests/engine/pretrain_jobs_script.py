@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import sys
+import time
 
 from avion_ds.config import ConfigError
 from avion_ds.engine import dist
@@ -17,12 +18,13 @@ from avion_ds.engine.train import parse_args, run
 
 def _all(jobs: list[list[str]]) -> int:
     for argv in jobs:
+        t0 = time.perf_counter()
         code = run(parse_args(argv))
         dist.barrier()
         if code:
             return code
         if dist.is_main():
-            print(f"job done: {' '.join(argv)}", flush=True)
+            print(f"job done in {time.perf_counter() - t0:.1f} s: {' '.join(argv)}", flush=True)
     return 0
 
 

@@ -3,14 +3,15 @@ activation checkpointing off/on, a ZeRO-2 run interrupted and resumed in a new p
 reproduces the uninterrupted fp32 trajectory bit for bit, and the pretrain -> fine-tune handoff.
 
 All jobs of the first launch run in one launcher process (tests/engine/pretrain_jobs_script.py),
-so the suite pays the launcher and op loading once.
+so the suite pays the launcher and op loading once; the resume runs in a second launch (a new
+process: nothing but the checkpoint carries over). Clips are decoded in-process
+(``data.decode_timeout_s: 0``): a decode helper process per dataset and job cost more than training.
 """
 
 from __future__ import annotations
 
 import json
 import math
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -20,22 +21,18 @@ import pytest
 import torch
 import yaml
 
+from avion_ds.engine.dist import free_port
+
 from .conftest import REPO, engine_env, losses
 
 pytestmark = pytest.mark.slow
 SCRIPT = Path(__file__).with_name("pretrain_jobs_script.py")
 
 
-def _port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def _launch(jobs: list[list[str]], tmp: Path, name: str) -> str:
     path = tmp / f"{name}.json"
     path.write_text(json.dumps(jobs))
-    cmd = [sys.executable, "-m", "deepspeed.launcher.runner", "--num_gpus", "2", "--master_port", str(_port()),
+    cmd = [sys.executable, "-m", "deepspeed.launcher.runner", "--num_gpus", "2", "--master_port", str(free_port()),
            str(SCRIPT), str(path)]
     proc = subprocess.run(cmd, cwd=REPO, env=engine_env(), capture_output=True, text=True, timeout=900)
     log = proc.stdout + proc.stderr
@@ -48,7 +45,8 @@ def _recipe(tmp: Path, data: dict) -> Path:
         "task": "pretrain",
         "model": {"name": "pretrain_videomae_test_tiny"},
         "data": {"root": str(data["root"]), "num_frames": 4, "size": 32, "workers": 0, "stride": 2,
-                 "clips_per_video": 4, "decoder": "decord"},
+                 "clips_per_video": 4, "decoder": "decord",
+                 "decode_timeout_s": 0.0},  # decode in-process: a helper process per dataset costs ~10 s per job
         "pretrain": {"mask_ratio": 0.5, "decoder_mask_type": "running_cell", "decoder_mask_ratio": 0.5},
         "optim": {"lr": 1e-3, "base_batch": 4, "clip_grad": 1.0},
         "schedule": {"epochs": 2, "warmup_epochs": 0.5},

@@ -1,57 +1,80 @@
-"""Does masked pretraining learn? A tiny VideoMAE on the synthetic videos (`avion-ds synth`) must beat
-the predict-zero baseline (~1.0 with normalised targets) on the validation clips (by 10%; see MARGIN)."""
+"""Does masked pretraining learn? A tiny VideoMAE pretrained through the real ``avion-ds train``
+(``task: pretrain``, one process) on synthetic videos (``avion-ds synth --background smooth``) must
+beat the predict-zero baseline on a HELD-OUT video's clips by at least 20% (issue 11, item 8).
+
+Tube masking at the default ratio 0.9. With 32 px frames and 16 px patches the token grid is
+(4, 2, 2), so ``int(0.9 * 4) = 3`` of the 4 patches of every time slice are hidden (75% of the
+tokens): one visible patch per slice is all the encoder sees.
+
+Why ``smooth``: on the default ``blocks`` background (random 8-px colour blocks) a hidden patch's
+per-patch-normalised pixels cannot be inferred from anything visible; ``smooth`` backgrounds are
+linear colour ramps (new per segment) with the same moving shapes, so there is spatial structure to
+learn, as in natural video.
+"""
 
 from __future__ import annotations
 
-import pytest
-import torch
+import json
+import subprocess
+import sys
+from pathlib import Path
 
-from avion_ds.config import DataConfig
-from avion_ds.data import DeviceAugment
-from avion_ds.data.masking import MaskSpec
-from avion_ds.data.videos import VideosDataset
-from avion_ds.engine.pretrain import fit_clips
-from avion_ds.models import create_model
-from avion_ds.models.pretrain import pixel_targets
+import pytest
+import yaml
+
+from .conftest import REPO, engine_env
 
 pytestmark = pytest.mark.slow
-STEPS = 1500
-# The issue asks for >= 20% below predict-zero; this budget reaches 18% (0.816 vs 0.998, deterministic:
-# one thread, seeded masks / init; the fixture videos are re-encoded each session, so runs varied
-# 0.795-0.82 here), 2500 steps 17.5%. The test holds a 10% margin that survives that variation.
-MARGIN = 0.9
+TARGET = 0.8  # the issue's target: validation reconstruction loss <= 0.8 x predict-zero
 
 
-def _clips(ds: VideosDataset, augment: DeviceAugment) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    items = [ds[i] for i in range(len(ds))]
-    x, _ = augment(torch.stack([it["frames"] for it in items]), {})
-    return x, {k: torch.stack([it["label"][k] for it in items]) for k in items[0]["label"]}
+def _data(root: Path) -> dict[str, Path]:
+    from avion_ds.data.chunking import chunk_videos
+    from avion_ds.data.synthetic import make_synthetic_epic
+
+    info = make_synthetic_epic(root / "synth", num_videos=4, segments_per_video=15, segment_seconds=1.0,
+                               width=64, height=48, fps=12, seed=1, background="smooth")
+    chunk_videos(info["videos"], root / "chunks", chunk_seconds=6.0, short_side=48, fps=12, gop=12, progress=False)
+    videos = sorted(p.name for p in (root / "chunks").iterdir() if p.is_dir())
+    assert len(videos) == 4
+    (root / "train.txt").write_text("\n".join(videos[:-1]) + "\n")  # 3 videos to pretrain on
+    (root / "val.txt").write_text(videos[-1] + "\n")  # the 4th, never trained on
+    return {"chunks": root / "chunks", "train": root / "train.txt", "val": root / "val.txt"}
 
 
-def test_tiny_videomae_beats_predict_zero(tiny_epic: dict) -> None:
-    # validation as a pretraining run does it without data.val_csv: centre-cropped clips at the
-    # evaluation positions of the training videos (the training clips are random crops / offsets).
-    # On a held-out video this tiny model stays at the baseline within the test's budget (BENCHMARKS.md).
-    cfg = DataConfig(dataset="videos", root=str(tiny_epic["root"]), num_frames=8, sampling="stride", stride=1,
-                     size=32, decoder="decord", workers=0, clips_per_video=48, hflip=0.0)
-    torch.manual_seed(0)
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # tiny matrices: one thread is fastest and fair to the other tests
-    try:
-        model = create_model("pretrain_videomae_test_tiny", num_frames=8, embed_dim=128, decoder_dim=64)
-        spec = MaskSpec(model.arch.encoder.grid, "random", 0.5).validate()
-        aug = DeviceAugment(cfg, 0, train=False)
-        train, val = VideosDataset(cfg, "train", seed=0), VideosDataset(cfg, "val", seed=0)
-        train.masks = val.masks = spec
-        xt, _ = _clips(train, aug)
-        xv, vmasks = _clips(val, aug)
-        losses = fit_clips(model, xt, spec, STEPS, lr=3e-3, batch_size=16)
-        model.eval()
-        with torch.no_grad():
-            recon = float(model(xv, **vmasks).loss)
-            zero = float(pixel_targets(xv, model.arch)[vmasks["mask"]].pow(2).mean())
-    finally:
-        torch.set_num_threads(threads)
-    print(f"recon {recon:.4f} zero {zero:.4f} ratio {recon / zero:.4f}")
-    assert 0.95 < zero < 1.0  # normalised targets: (n-1)/n per token
-    assert recon <= MARGIN * zero, (recon, zero, losses[::100])
+def test_tiny_videomae_beats_predict_zero_on_a_held_out_video(tmp_path: Path) -> None:
+    data = _data(tmp_path)
+    run = tmp_path / "run"
+    recipe = {
+        "task": "pretrain",
+        "model": {"name": "pretrain_videomae_test_tiny", "drop_path_rate": 0.0},
+        "data": {"dataset": "videos", "root": str(data["chunks"]), "train_csv": str(data["train"]),
+                 "val_csv": str(data["val"]), "num_frames": 8, "sampling": "stride", "stride": 1, "size": 32,
+                 "decoder": "decord", "workers": 1, "decode_timeout_s": 0.0, "clips_per_video": 64,
+                 "hflip": 0.0},
+        "pretrain": {"mask_type": "tube", "mask_ratio": 0.9},
+        "optim": {"lr": 2e-3, "base_batch": 16, "betas": [0.9, 0.95]},
+        "schedule": {"epochs": 40, "warmup_epochs": 2},  # 40 x 12 = 480 steps
+        "batch": {"global_batch": 16, "micro_batch": 16},
+        "eval": {"every_epochs": 40, "batch_size": 64},
+        "checkpoint": {"every_steps": 0, "keep_last": 1},
+        "logging": {"tensorboard": False, "log_every": 60, "progress": False},
+        "output_dir": str(run),
+        "seed": 0,
+        "precision": "fp32",
+    }
+    path = tmp_path / "pretrain.yaml"
+    path.write_text(yaml.safe_dump(recipe))
+    cmd = [sys.executable, str(REPO / "launch" / "train.py"), "--config", str(path),
+           "--deepspeed_config", str(REPO / "ds_configs" / "zero0.json")]
+    proc = subprocess.run(cmd, cwd=REPO, env=engine_env(), capture_output=True, text=True, timeout=600)
+    log = proc.stdout + proc.stderr
+    assert proc.returncode == 0, log[-4000:]
+    metrics = json.loads((run / "metrics.json").read_text())
+    print(log[-1500:])
+    assert metrics["step"] == 480
+    # predict-zero on per-patch normalised targets (unbiased std over t*p*p = 512 values): 511/512 per
+    # token and channel, a little less where a flat patch meets the +1e-6 in the denominator
+    assert 0.99 < metrics["zero_baseline"] <= 511 / 512 + 1e-6, metrics
+    assert metrics["recon_vs_zero"] <= TARGET, metrics
+    assert abs(metrics["recon_vs_zero"] - metrics["recon_loss"] / metrics["zero_baseline"]) < 1e-6
