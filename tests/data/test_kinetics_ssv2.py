@@ -10,8 +10,8 @@ import pytest
 
 from avion_ds.config import DataConfig
 from avion_ds.data import build_dataset
+from avion_ds.data.build import read_annotations
 from avion_ds.data.chunking import chunk_videos
-from avion_ds.data.datasets import read_annotations
 from avion_ds.data.kinetics import kinetics_stem
 from avion_ds.data.ssv2 import template_class
 from avion_ds.data.synthetic import write_video
