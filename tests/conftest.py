@@ -17,3 +17,15 @@ def one_rank(monkeypatch: pytest.MonkeyPatch) -> None:
     for key, value in (("RANK", "0"), ("WORLD_SIZE", "1"), ("LOCAL_RANK", "0"), ("MASTER_ADDR", "127.0.0.1"),
                        ("MASTER_PORT", str(port))):
         monkeypatch.setenv(key, value)
+
+
+@pytest.fixture(autouse=True)
+def no_process_group_left() -> object:
+    """Destroy a process group a test left in the pytest process (an in-process DeepSpeed engine makes
+    one): otherwise a later in-process CLI call ends through ``dist.shutdown`` -> ``os._exit`` and the
+    whole pytest run stops early with that call's exit code."""
+    yield
+    import torch.distributed as tdist
+
+    if tdist.is_available() and tdist.is_initialized():
+        tdist.destroy_process_group()
