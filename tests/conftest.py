@@ -19,13 +19,22 @@ def one_rank(monkeypatch: pytest.MonkeyPatch) -> None:
         monkeypatch.setenv(key, value)
 
 
-@pytest.fixture(autouse=True)
-def no_process_group_left() -> object:
-    """Destroy a process group a test left in the pytest process (an in-process DeepSpeed engine makes
-    one): otherwise a later in-process CLI call ends through ``dist.shutdown`` -> ``os._exit`` and the
-    whole pytest run stops early with that call's exit code."""
-    yield
-    import torch.distributed as tdist
 
-    if tdist.is_available() and tdist.is_initialized():
-        tdist.destroy_process_group()
+@pytest.fixture(autouse=True, scope="session")
+def no_hard_exit_in_pytest() -> object:
+    """An in-process CLI call that reaches ``dist.shutdown`` -> ``os._exit`` (a process group left in the
+    pytest process) would end the whole pytest run early with that call's exit code, a silent pass.
+    In the pytest process itself, ``os._exit`` raises instead, so that test fails; forked children
+    (DataLoader workers) still exit for real."""
+    import os
+
+    real_exit, pid = os._exit, os.getpid()
+
+    def guarded_exit(code: int) -> None:
+        if os.getpid() != pid:
+            real_exit(code)
+        raise RuntimeError(f"os._exit({code}) called inside the pytest process")
+
+    os._exit = guarded_exit
+    yield
+    os._exit = real_exit
