@@ -181,7 +181,11 @@ def run_entry(prog: str, fn: Callable[[], int], error_codes: dict[type[BaseExcep
     Exceptions listed in ``error_codes`` are user errors: one line ``<prog>: error: <msg>`` on stderr
     (printed by rank 0 only: every rank meets the same error, checked on the same inputs or exchanged)
     and their exit code on every rank. Anything else prints its traceback and exits 1.
+
+    Only a process group this call created is torn down (``shutdown`` -> ``os._exit``); one that existed
+    before (a caller embedding us, a test process) is left alone and the code is returned.
     """
+    owns_group = not is_initialized()
     try:
         code = fn()
     except tuple(error_codes) as e:
@@ -192,4 +196,4 @@ def run_entry(prog: str, fn: Callable[[], int], error_codes: dict[type[BaseExcep
     except Exception:
         traceback.print_exc()
         code = 1
-    return shutdown(code)
+    return shutdown(code) if owns_group else code
