@@ -68,3 +68,14 @@ def test_cuda_backend_skips_cleanly_without_a_gpu() -> None:
     with pytest.raises(decoders.DecoderUnavailable, match="'torchcodec-cuda' is not available .no CUDA device here"):
         decoders.get_decoder("torchcodec-cuda")
     assert "torchcodec-cuda" not in available_backends(cuda=True)
+
+
+def test_probe_clips_cover_the_chunk_like_training_clips() -> None:
+    clips = decoders.probe_clips(450)
+    assert len(clips) == 3 and all(len(c) == 16 for c in clips)
+    assert clips[0][0] == 0 and clips[-1][-1] >= 450 - 96 // 16 - 1  # the opening AND the end of the chunk
+    assert clips[1][0] == (450 - 96) // 2  # and its middle
+    for c in clips:
+        assert c == sorted(c) and c[-1] - c[0] >= 80  # spread over ~96 frames, like a 1-4 s training segment
+    short = decoders.probe_clips(10)  # a chunk shorter than a clip: one clip of every frame, none past the end
+    assert short == [list(range(10))]
