@@ -55,8 +55,8 @@ class CheckReport:
 
     def __str__(self) -> str:
         rows = ", ".join(f"{k} {v}" for k, v in self.rows.items()) or "none"
-        lines = [f"checked {self.chunks} video files ({self.mode}) and annotation rows ({rows}) under {self.root} "
-                 f"in {self.seconds:.1f}s: {len(self.quarantine)} quarantined"]
+        lines = [(f"checked {self.chunks} video files ({self.mode}) and annotation rows ({rows}) under {self.root} "
+                 f"in {self.seconds:.1f}s: {len(self.quarantine)} quarantined")]
         lines += [f"QUARANTINED {k}: {v}" for k, v in sorted(self.quarantine.items())[:20]]
         if len(self.quarantine) > 20:
             lines.append(f"... and {len(self.quarantine) - 20} more")

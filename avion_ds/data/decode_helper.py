@@ -85,7 +85,7 @@ def _anonymous_fd(size: int) -> int:
     if hasattr(os, "memfd_create"):
         fd = os.memfd_create("avion_ds_frames", 0)  # no CLOEXEC: pass_fds hands it to the helper
     else:  # pragma: no cover - non-Linux
-        fd = os.dup(tempfile.TemporaryFile().fileno())
+        fd = os.dup(tempfile.TemporaryFile().fileno())  # noqa: SIM115 - only the dup'd fd outlives this line
     os.ftruncate(fd, size)
     return fd
 

@@ -86,7 +86,7 @@ def prepare_resume(run_dir: str | Path, ds_config: dict[str, Any]) -> str | None
     if dist.is_main():
         try:
             convert_to_universal(tag_dir)
-        except Exception as e:  # every rank fails with the same line
+        except Exception as e:  # noqa: BLE001 - every rank fails with the same line
             error = str(e)
     error = dist.broadcast_object(error)
     if error is not None:

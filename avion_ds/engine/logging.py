@@ -67,7 +67,7 @@ class RunLogger:
             return
         run_dir = Path(run_dir)
         run_dir.mkdir(parents=True, exist_ok=True)
-        self.history = open(run_dir / "history.jsonl", "a", buffering=1)
+        self.history = open(run_dir / "history.jsonl", "a", buffering=1)  # noqa: SIM115 - open for the run's life, closed by close()
         if tensorboard:
             from torch.utils.tensorboard import SummaryWriter
 
@@ -83,7 +83,7 @@ class RunLogger:
         tmp = path.with_name(path.name + ".tmp")
         tmp.write_text("".join(keep))
         os.replace(tmp, path)
-        self.history = open(path, "a", buffering=1)
+        self.history = open(path, "a", buffering=1)  # noqa: SIM115 - open for the run's life, closed by close()
 
     def info(self, msg: str) -> None:
         """One console line (through tqdm so it does not break the bar)."""

@@ -32,5 +32,5 @@ def total_loss(outputs: Tensor | dict[str, Tensor], targets: Tensor | dict[str, 
         loss = sum(parts.values())
         return loss, {h: v.detach() for h, v in parts.items()}
     if isinstance(targets, dict):
-        raise ValueError(f"single-head model got targets for heads {sorted(targets)}")
+        raise ValueError(f"single-head model got targets for heads {sorted(targets)}")  # noqa: TRY004 - a mismatch of heads, not of types
     return classification_loss(outputs, targets, label_smoothing), {}

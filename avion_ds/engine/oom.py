@@ -46,7 +46,7 @@ def explain(recipe: Recipe, ds_config: dict[str, Any], world: int, error: BaseEx
                      checkpointing=m.checkpoint_every if m.activation_checkpointing else False, world_size=world,
                      first_n=m.checkpoint_first_n)
         predicted = f"planner predicts {format_bytes(e.total)} per GPU for this config"
-    except Exception as exc:  # the message must not fail: say why there is no prediction
+    except Exception as exc:  # noqa: BLE001 - the message must not fail: say why there is no prediction
         predicted = f"no planner prediction ({type(exc).__name__}: {str(exc).splitlines()[0][:80]})"
     what = (str(error).strip().splitlines() or ["out of memory"])[0][:160]
     return (f"out of memory ({what}): model {m.name}, micro-batch {micro} x {recipe.data.num_frames} frames x "

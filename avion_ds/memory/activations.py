@@ -14,7 +14,7 @@ from __future__ import annotations
 import copy
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Self
 
 import torch
 from torch import nn
@@ -66,7 +66,7 @@ class SavedTensorTracker:
             self.stats.by_dtype[name] = self.stats.by_dtype.get(name, 0) + nbytes
         return t
 
-    def __enter__(self) -> SavedTensorTracker:
+    def __enter__(self) -> Self:
         self._hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, lambda t: t)
         self._hooks.__enter__()
         return self

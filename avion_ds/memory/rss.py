@@ -112,7 +112,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     world, rank = dist.get_world_size(), dist.get_rank()
     cfg = _ds_config(world, args.optimizer, args.sgd)
     partitioned = args.mode == "after"
-    kw = dict(num_frames=args.frames, img_size=args.size)
+    kw = {"num_frames": args.frames, "img_size": args.size}
     # warm-up: first-use imports and allocator set-up happen before the baseline
     with partitioned_construction(cfg if partitioned else None):
         warm = create_model("vit_test_tiny")

@@ -277,17 +277,17 @@ def _build(name: str, pretrained: Any, overrides: dict[str, Any]) -> VideoMAEPre
 
 
 # VideoMAE V2 modeling_pretrain sizes: decoder depth 4; S 192 wide / 3 heads, B 384 / 6, L H g 512 / 8.
-_mae("pretrain_videomae_test_tiny", dict(embed_dim=64, depth=2, num_heads=2, num_frames=4, img_size=32),
+_mae("pretrain_videomae_test_tiny", {"embed_dim": 64, "depth": 2, "num_heads": 2, "num_frames": 4, "img_size": 32},
      decoder_dim=32, decoder_depth=1, decoder_heads=2)
-_mae("pretrain_videomae_small_patch16_224", dict(embed_dim=384, depth=12, num_heads=6), decoder_dim=192,
+_mae("pretrain_videomae_small_patch16_224", {"embed_dim": 384, "depth": 12, "num_heads": 6}, decoder_dim=192,
      decoder_heads=3)
-_mae("pretrain_videomae_base_patch16_224", dict(embed_dim=768, depth=12, num_heads=12))
-_mae("pretrain_videomae_large_patch16_224", dict(embed_dim=1024, depth=24, num_heads=16), decoder_dim=512,
+_mae("pretrain_videomae_base_patch16_224", {"embed_dim": 768, "depth": 12, "num_heads": 12})
+_mae("pretrain_videomae_large_patch16_224", {"embed_dim": 1024, "depth": 24, "num_heads": 16}, decoder_dim=512,
      decoder_heads=8)
-_mae("pretrain_videomae_huge_patch16_224", dict(embed_dim=1280, depth=32, num_heads=16), decoder_dim=512,
+_mae("pretrain_videomae_huge_patch16_224", {"embed_dim": 1280, "depth": 32, "num_heads": 16}, decoder_dim=512,
      decoder_heads=8)
-_mae("pretrain_videomae_giant_patch14_224", dict(embed_dim=1408, depth=40, num_heads=16, mlp_ratio=48 / 11,
-                                                 patch_size=14), decoder_dim=512, decoder_heads=8)
+_mae("pretrain_videomae_giant_patch14_224", {"embed_dim": 1408, "depth": 40, "num_heads": 16, "mlp_ratio": 48 / 11,
+                                                 "patch_size": 14}, decoder_dim=512, decoder_heads=8)
 
 
 @register_model

@@ -81,7 +81,7 @@ class SafetensorsWriter:
         self.order = [name for name, _, _ in specs]
         self.specs = {name: (dtype, tuple(shape)) for name, dtype, shape in specs}
         self.tmp = self.path.with_name(self.path.name + ".tmp")
-        self.file = open(self.tmp, "wb")
+        self.file = open(self.tmp, "wb")  # noqa: SIM115 - written across calls, closed by close()
         self.file.write(struct.pack("<Q", len(blob)) + blob)
         self.next = 0
 

@@ -114,13 +114,13 @@ def load_pretrained_sharded(model: nn.Module, source: str | Path | dict, strict:
         try:
             lazy = _prepare_lazy(model, source)
             sd, report = lazy if lazy is not None else prepare_state_dict(model, source, trust)
-        except Exception as e:  # every rank raises the same one-line error, nobody hangs
+        except Exception as e:  # noqa: BLE001 - every rank raises the same one-line error, nobody hangs
             error = (type(e), str(e))
     error = _broadcast(error)
     if error is not None:
         try:
             exc = error[0](error[1])
-        except Exception:
+        except Exception:  # noqa: BLE001 - an exception type that cannot be rebuilt from its text
             exc = RuntimeError(error[1])
         raise exc
     missing = _copy_partitioned(model, sd)

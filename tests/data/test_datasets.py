@@ -202,7 +202,7 @@ def test_bad_input_is_skipped_with_one_log_line(case, epic_copy, epic_raw, tmp_p
 
 
 def test_unknown_videos_are_dropped_listed_and_counted_at_start(epic_copy, epic_raw, tmp_path, caplog) -> None:
-    root, cfg = epic_copy
+    _root, cfg = epic_copy
     good, bad = _good_row(epic_raw), dict(_good_row(epic_raw), video_id="P99_999", narration_id="P99_999_0")
     csv_path = tmp_path / "rows.csv"
     _write_rows(csv_path, [bad, good, dict(bad, narration_id="P99_999_1")])

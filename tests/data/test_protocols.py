@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import ClassVar
 
 import pytest
 
@@ -44,8 +45,8 @@ def test_protocol_mismatch_names_the_key() -> None:
 
 
 class _Rows:
-    missing = ["train.csv:5 (a): video 'a' not found"]
-    quarantined = ["train.csv:9 (b): b/0.mp4: zero-byte file"]
+    missing: ClassVar[list[str]] = ["train.csv:5 (a): video 'a' not found"]
+    quarantined: ClassVar[list[str]] = ["train.csv:9 (b): b/0.mp4: zero-byte file"]
 
     def __len__(self) -> int:
         return 4

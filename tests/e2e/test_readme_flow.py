@@ -67,7 +67,7 @@ def test_synth_chunk_train_eval_export(tmp_path: Path) -> None:
     printed = _run(cli + ["eval", "--checkpoint", str(run), "--out", str(out)])
     ev = json.loads(out.read_text())
     assert f"evaluating {run} checkpoint {tags[-1]}" in printed and ev["tag"] == tags[-1]  # the newest, named
-    n_val = sum(1 for _ in open(tmp_path / "synth" / "val.csv")) - 1
+    n_val = len((tmp_path / "synth" / "val.csv").read_text().splitlines()) - 1
     assert ev["num_samples"] == n_val and len(ev["per_sample"]) == n_val
     assert {r["index"] for r in ev["per_sample"]} == set(range(n_val))
     assert ev["num_failed"] == 0 and ev["failed_samples"] == [] and trained["failed_samples"] == []

@@ -55,7 +55,7 @@ def test_multiview_action_topk_matches_brute_force(views: int) -> None:
     class Loader(list):
         dataset = None
 
-    metrics, (index, scores, labels), failed = evaluate_model(
+    metrics, (index, scores, _labels), failed = evaluate_model(
         _LogitModel(), Loader(batches), lambda x, y: (x, y), views, torch.device("cpu"))
     assert failed == [] and index.tolist() == list(range(n))
     for head in ("verb", "noun"):  # one representation: probabilities

@@ -65,4 +65,4 @@ def test_two_nodes_no_ssh_kill_and_resume(tiny_epic_quick: dict, tmp_path: Path)
     assert codes == [0, 0], second0[-3000:] + (tmp_path / "second1.log").read_text()[-2000:]
     assert f"resumed from {done[-1]}" in second0
     assert "world 2 | ZeRO-3" in second0
-    assert sorted(losses(run))[-1] == total
+    assert max(losses(run)) == total

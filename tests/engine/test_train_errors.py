@@ -235,7 +235,7 @@ CASES: list[tuple[str, list[str], Callable | None, Callable | None, list[str], l
 @pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
 def test_malformed_invocation_is_one_line_exit_2(case: tuple, setup: dict, capsys: pytest.CaptureFixture,
                                                  monkeypatch: pytest.MonkeyPatch) -> None:
-    name, sets, ds_patch, prep, extra, expect = case
+    _name, sets, ds_patch, prep, extra, expect = case
 
     def tripwire() -> None:
         raise AssertionError("a process group was about to be created: preflight let the bad input through")
