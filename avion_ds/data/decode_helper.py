@@ -153,6 +153,22 @@ class SubprocessDecoder:
         """Process id of the running helper (None before the first decode or after close)."""
         return self._proc.pid if self._proc is not None else None
 
+    def region_states(self) -> list[str]:
+        """Each handed-out region's state: ``free``, ``in use`` (a returned tensor views it) or ``retired``
+        (in use when the process forked: never written again). For tests and debugging."""
+        def state(held: Callable[[], object] | None) -> str:
+            if isinstance(held, _Retired):
+                return "retired"
+            return "in use" if held is not None and held() is not None else "free"
+
+        return [state(h) for h in self._held]
+
+    def region(self, i: int) -> SharedBuffer:
+        """Shared region ``i`` (``SLOTS``: the scratch region); exists once the helper has started."""
+        if self._bufs is None:
+            raise RuntimeError("no shared regions yet: decode something first")
+        return self._bufs[i]
+
     def _ensure(self) -> subprocess.Popen:
         if self._pid != os.getpid():  # a forked copy: never share the parent's helper or regions
             self._proc, self._bufs, self._held = None, None, [None] * SLOTS

@@ -10,6 +10,9 @@ few levels per frame, so a path that returns a neighbouring frame differs from t
 from __future__ import annotations
 
 import os
+import signal
+import time
+from pathlib import Path
 
 import decord
 import numpy as np
@@ -19,6 +22,7 @@ from torchvision.transforms.v2 import functional as F
 
 from avion_ds.data.chunking import chunk_videos
 from avion_ds.data.crop import CropBox, CropSpec, clip_rng, random_resized_crop
+from avion_ds.data.decode_helper import SLOTS
 from avion_ds.data.decoders import available_backends, get_decoder
 from avion_ds.data.manifest import load_manifest
 from avion_ds.data.synthetic import read_frame_index, write_video
@@ -93,14 +97,15 @@ def test_helper_moves_frames_through_anonymous_memory(chunk) -> None:
         big = dec.decode(chunk.path, list(range(40)))  # 40 full frames: 12 MB > the 2.4 MB initial buffer
         assert torch.equal(big, get_decoder("pyav").decode(chunk.path, list(range(40))))
         assert small.shape == (2, 32, 32, 3) and big.shape == (40, 240, 426, 3)
-        fd = dec._bufs[-1].fd  # whole frames (> SLOT_MAX_BYTES) come through the scratch region
+        fd = dec.region(SLOTS).fd  # whole frames (> SLOT_MAX_BYTES) come through the scratch region
         assert os.readlink(f"/proc/self/fd/{fd}").startswith("/memfd:avion_ds_frames")
         assert os.fstat(fd).st_size >= big.numel()
-        helper = dec._proc
-        helper.kill()
-        helper.wait()
+        pid = dec.helper_pid
+        os.kill(pid, signal.SIGKILL)  # as a crash would, behind the decoder's back
+        while Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0] != "Z":
+            time.sleep(0.01)
         again = dec.decode(chunk.path, [1, 4], CropSpec(None, (32, 32), chunk.height, chunk.width))
-        assert torch.equal(again, small) and dec._proc.pid != helper.pid  # a fresh helper, same buffer
+        assert torch.equal(again, small) and dec.helper_pid != pid  # a fresh helper, same buffer
     finally:
         dec.close()
     if os.path.isdir("/dev/shm"):  # nothing named was created (or left behind); other jobs may add theirs
@@ -127,8 +132,6 @@ def test_fused_crop_writes_into_the_given_buffer(name, chunk) -> None:
 
 def test_helper_hands_out_regions_only_while_free(chunk) -> None:
     """Frames handed out without a copy stay valid through later decodes; regions are reused once released."""
-    from avion_ds.data.decode_helper import SLOTS
-
     inproc, dec = get_decoder("pyav", exact=False), get_decoder("pyav", timeout_s=30.0, exact=False)
     spec = CropSpec(CropBox(10, 20, 200, 300), (SIZE, SIZE), chunk.height, chunk.width)
     clips = [[i, i + 7] for i in range(SLOTS + 3)]  # more clips held at once than there are regions
@@ -136,12 +139,11 @@ def test_helper_hands_out_regions_only_while_free(chunk) -> None:
         held = [dec.decode(chunk.path, c, spec) for c in clips]
         for c, frames in zip(clips, held, strict=True):
             assert torch.equal(frames, inproc.decode(chunk.path, c, spec)), c
-        busy = [i for i, h in enumerate(dec._held) if h is not None and h() is not None]
-        assert busy == list(range(SLOTS))  # all regions in use: the last three were copied out of the scratch
+        assert dec.region_states() == ["in use"] * SLOTS  # all regions in use: the last three were copied out of the scratch
         del held[:2]
         again = dec.decode(chunk.path, clips[0], spec)
         assert torch.equal(again, inproc.decode(chunk.path, clips[0], spec))
-        assert dec._held[0]() is not None and dec._held[1] is not None and dec._held[1]() is None
+        assert dec.region_states()[:3] == ["in use", "free", "in use"]  # region 0 reused, region 1 released
         for c, frames in zip(clips[2:], held, strict=True):  # still untouched by the reuse
             assert torch.equal(frames, inproc.decode(chunk.path, c, spec)), c
     finally:
@@ -161,8 +163,8 @@ def test_helper_never_reuses_a_region_held_across_a_fork(chunk) -> None:
         expected = held.clone()
         del held  # gone here, but a forked child could still hold its copy
         later = [dec.decode(chunk.path, [i], spec) for i in range(3)]
-        assert dec._held[0]() is True and all(f.shape == (1, SIZE, SIZE, 3) for f in later)
-        view = np.frombuffer(dec._bufs[0].view(), np.uint8, expected.numel())
+        assert dec.region_states()[0] == "retired" and all(f.shape == (1, SIZE, SIZE, 3) for f in later)
+        view = np.frombuffer(dec.region(0).view(), np.uint8, expected.numel())
         assert torch.equal(torch.from_numpy(view.copy()).view(expected.shape), expected)  # never overwritten
     finally:
         dec.close()
