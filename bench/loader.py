@@ -123,24 +123,31 @@ def reference(parts, box, size: int) -> torch.Tensor:
     return out[0] if len(out) == 1 else torch.cat(out)
 
 
-def timed_rounds(paths: dict, n: int, repeats: int) -> dict[str, list[float]]:
-    """Seconds per clip of each path, summed over ``repeats`` rounds: list indexed by clip.
+def timed_rounds(paths: dict, n: int, repeats: int,
+                 helper_cpu: dict | None = None) -> tuple[dict[str, list[float]], dict[str, float]]:
+    """(wall seconds per clip of each path summed over ``repeats`` rounds, indexed by clip; total CPU seconds
+    of each path: this process's ``process_time`` plus, for paths in ``helper_cpu``, their helper's).
 
     Interleaved at the clip level (clip i through every path, the order rotated per clip and round)
-    so that load from other jobs on a shared machine hits every path alike.
+    so that load from other jobs on a shared machine hits every path alike. CPU time counts every
+    thread (decord runs a decode thread of its own next to the caller's even at ``num_threads=1``).
     """
+    helper_cpu = helper_cpu or {}
     names = list(paths)
     for name in names:  # warm-up: helper processes, library init, page cache
         paths[name](0)
     times: dict[str, list[float]] = {k: [0.0] * n for k in names}
+    cpu = dict.fromkeys(names, 0.0)
     for r in range(repeats):
         for i in range(n):
             k = (i + r) % len(names)
             for name in names[k:] + names[:k]:
-                t0 = time.perf_counter()
+                h0 = helper_cpu[name]() if name in helper_cpu else 0.0
+                c0, t0 = time.process_time(), time.perf_counter()
                 paths[name](i)
                 times[name][i] += time.perf_counter() - t0
-    return times
+                cpu[name] += time.process_time() - c0 + (helper_cpu[name]() - h0 if name in helper_cpu else 0.0)
+    return times, cpu
 
 
 def rate(ts: list[float], repeats: int) -> float:
@@ -165,6 +172,7 @@ def part_paths(a, work: Path, cfg, entry, csv_path: Path) -> None:
     print(f"default recipe path: data.decoder=auto -> {default.decoder_name}, decode_timeout_s={cfg.decode_timeout_s:g}")
     paths = {"ref  AVION-style (decord get_batch + CPU resized_crop)": lambda i: reference(*reqs[i], S),
              "default recipe (auto + timeout helper)": lambda i: default[i]["frames"]}
+    helper_cpu = {"default recipe (auto + timeout helper)": lambda: default.decoder.helper_cpu_s}
     backends = available_backends(cuda=True)  # torchcodec-cuda joins where a GPU exists
     floors, helpers = {}, {}
     for b in backends:
@@ -173,6 +181,7 @@ def part_paths(a, work: Path, cfg, entry, csv_path: Path) -> None:
         dsh = build_dataset(replace(cfg, decoder=b), "train")
         helpers[b] = dsh
         paths[f"fused {b} + timeout helper"] = lambda i, ds=dsh: ds[i]["frames"]
+        helper_cpu[f"fused {b} + timeout helper"] = lambda ds=dsh: ds.decoder.helper_cpu_s
         dec = get_decoder(b, exact=False)
         floors[b] = f"floor {b}: clip frames, no crop"
         paths[floors[b]] = lambda i, dec=dec: [dec.decode(p, loc) for p, loc in reqs[i][0]]
@@ -185,12 +194,15 @@ def part_paths(a, work: Path, cfg, entry, csv_path: Path) -> None:
                 mad = (fn(i).float() - ref).abs().mean().item()
                 if mad > 1.5:
                     print(f"WARNING: {name} clip {i} differs from the reference by {mad:.2f}/255 on average")
-    times = timed_rounds(paths, a.clips, a.repeats)
+    times, cpu = timed_rounds(paths, a.clips, a.repeats, helper_cpu)
     ref = times[next(iter(paths))]
+    ref_cpu = cpu[next(iter(paths))]
     print(f"\n16-frame training clips/s, 1 process, 1 decoder thread, 1 torch thread, {cfg.num_frames}x{S}x{S}; "
           f"{a.clips} clips x {a.repeats} rounds interleaved per clip; load average before: {load:.1f}, after: "
-          f"{os.getloadavg()[0]:.1f}; ratios = median over clips of per-clip time ratios")
-    print(f"{'path':<58} {'clips/s':>8} {'vs ref':>7} {'vs floor':>9} {'helper':>7}")
+          f"{os.getloadavg()[0]:.1f}; ratios = median over clips of per-clip time ratios; CPU = all threads "
+          f"(+ the helper's), 'per CPU-s vs ref' = clips per CPU second relative to the reference (totals)")
+    print(f"{'path':<58} {'clips/s':>8} {'vs ref':>7} {'vs floor':>9} {'helper':>7} {'CPU ms/clip':>12} "
+          f"{'per CPU-s vs ref':>17}")
     for name, ts in times.items():
         b = max((x for x in backends if name.startswith((f"fused {x} ", f"floor {x}:")) or name == f"fused {x}"),
                 key=len, default=None)
@@ -198,7 +210,9 @@ def part_paths(a, work: Path, cfg, entry, csv_path: Path) -> None:
             b = default.decoder_name
         fl = f"{ratio(ts, times[floors[b]]):8.2f}x" if b in floors else f"{'':9}"
         hc = f"{1 - ratio(ts, times[f'fused {b}']):+7.1%}" if name.endswith("timeout helper") else ""
-        print(f"{name:<58} {rate(ts, a.repeats):8.2f} {ratio(ts, ref):6.2f}x {fl} {hc:>7}")
+        n_clips = a.clips * a.repeats
+        print(f"{name:<58} {rate(ts, a.repeats):8.2f} {ratio(ts, ref):6.2f}x {fl} {hc:>7} "
+              f"{cpu[name] / n_clips * 1e3:12.1f} {ref_cpu / cpu[name]:16.2f}x")
     d = default.decoder_name
     print("\ntargets (this run):")
     print(f"  default recipe >= 1.2x reference: {ratio(times['default recipe (auto + timeout helper)'], ref):.2f}x")
@@ -348,7 +362,7 @@ def part_encode(a, work: Path, src: Path, cfg, csv_path: Path, entry) -> None:
                 paths[(name, b)] = lambda i, m=remap, dec=dec: [
                     dec.decode(m[p], loc, CropSpec(reqs[i][1], (cfg.size, cfg.size), entry.height, entry.width))
                     for p, loc in reqs[i][0]]
-    times = timed_rounds(paths, a.clips, a.repeats)
+    times, _ = timed_rounds(paths, a.clips, a.repeats)
     base = next(iter(ENCODE_SETTINGS))
     b = next(k[1] for k in paths if k[1] != "ref")
     print(f"\nchunk encoding (GOP 16, no B-frames, {len(files)} chunks; PSNR vs lossless chunks, RGB); decode clips/s, "
