@@ -18,7 +18,8 @@ Paths are interleaved per clip (clip i through every path, order rotated) for ``
 rounds; the table gives clips/s, and the median over clips of the per-clip speed ratio to the
 reference, to the backend's own floor, and the helper's cost, followed by the targets. Parts: ``paths`` (default), ``scaling`` (DataLoader with 1 and 2 workers),
 ``encode`` (x264 settings at equal quality: decode clips/s vs chunk bytes vs PSNR), ``helpercpu``
-(CPU cost of the timeout helper, free of scheduler latency).
+(CPU cost of the timeout helper, free of scheduler latency), ``helperab`` (the helper's wall and CPU
+cost with only the in-process and helper paths in the comparison).
 
     python bench/loader.py --workdir /tmp/bench --parts paths,scaling,encode [--pattern mandelbrot]
 """
@@ -294,6 +295,29 @@ def part_helper_cpu(a, cfg, entry, csv_path: Path) -> None:
     helper.close()
 
 
+def part_helper_ab(a, cfg) -> None:
+    """The helper's cost with nothing else in the comparison: per backend, the same dataset in-process vs
+    through the helper, clip by clip, alternating (in the 11-path ``paths`` table decord's helper row
+    reads higher; this isolates the helper from whatever the other paths do to the process)."""
+    from dataclasses import replace
+
+    from avion_ds.data import build_dataset
+    from avion_ds.data.decoders import available_backends
+
+    print(f"\ntimeout helper A/B, two paths only ({a.clips} clips x {a.repeats} rounds, interleaved; load average "
+          f"{os.getloadavg()[0]:.1f})")
+    for b in available_backends():
+        ds = build_dataset(replace(cfg, decoder=b, decode_timeout_s=0.0), "train")
+        dsh = build_dataset(replace(cfg, decoder=b), "train")
+        paths = {"in": lambda i, ds=ds: ds[i]["frames"], "helper": lambda i, ds=dsh: ds[i]["frames"]}
+        times, cpu = timed_rounds(paths, a.clips, a.repeats, {"helper": lambda ds=dsh: ds.decoder.helper_cpu_s})
+        n = a.clips * a.repeats
+        print(f"  {b:<11} wall {1 - ratio(times['helper'], times['in']):+6.1%} (median per clip), CPU "
+              f"{cpu['helper'] / cpu['in'] - 1:+6.1%} (totals: {cpu['in'] / n * 1e3:.1f} -> "
+              f"{cpu['helper'] / n * 1e3:.1f} ms/clip)")
+        dsh.decoder.close()
+
+
 def _encode(src: Path, dst: Path, opts: dict[str, str]) -> int:
     """Re-encode every frame of ``src`` (a lossless chunk) with libx264 ``opts``; returns bytes."""
     import av
@@ -387,7 +411,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--num-frames", type=int, default=16)
     p.add_argument("--size", type=int, default=224)
     p.add_argument("--loader-batches", type=int, default=10)
-    p.add_argument("--parts", default="paths,scaling", help="comma-separated: paths, scaling, encode, helpercpu")
+    p.add_argument("--parts", default="paths,scaling", help="comma-separated: paths, scaling, encode, helpercpu, helperab")
     p.add_argument("--workdir", default=None, help="keep files here (default: a temp dir, removed)")
     a = p.parse_args(argv)
     parts = set(a.parts.split(","))
@@ -424,6 +448,8 @@ def main(argv: list[str] | None = None) -> int:
         part_scaling(a, cfg)
     if "helpercpu" in parts:
         part_helper_cpu(a, cfg, entry, csv_path)
+    if "helperab" in parts:
+        part_helper_ab(a, cfg)
     if "encode" in parts:
         part_encode(a, work, src, cfg, csv_path, entry)
     if not a.workdir:
