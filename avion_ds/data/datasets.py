@@ -207,7 +207,7 @@ class ClipDataset(Dataset):
         return self._decoder
 
     # -- subclasses ---------------------------------------------------------------------------
-    def _sample(self, i: int) -> tuple[VideoEntry, int, int, Any]:
+    def sample_span(self, i: int) -> tuple[VideoEntry, int, int, Any]:
         """(video, first frame, end frame (exclusive), label) of sample ``i``; DataError if bad."""
         raise NotImplementedError
 
@@ -226,7 +226,7 @@ class ClipDataset(Dataset):
     def check_row(self, i: int) -> tuple[str | None, VideoEntry | None]:
         """(problem or None, video) of row ``i`` without decoding: fields parse, video resolves, span inside it."""
         try:
-            entry, start, end, _ = self._sample(i)
+            entry, start, end, _ = self.sample_span(i)
         except DataError as e:
             return str(e), None
         slack = max(1, int(round(entry.fps)))  # a stop time up to 1 s past the last decodable frame is tolerated
@@ -256,7 +256,7 @@ class ClipDataset(Dataset):
         bad = [f for f in self.index.relative_files(ref, by_path) if f in self._quarantine]
         if bad and self.index.chunked:  # only the chunks this row's clip can read
             try:
-                entry, start, end, _ = self._sample(i)
+                entry, start, end, _ = self.sample_span(i)
             except DataError as e:
                 return str(e)
             touched = {os.path.relpath(c.path, self.index.root) for c in entry.chunks
@@ -291,7 +291,8 @@ class ClipDataset(Dataset):
                              f"{len(self.quarantined)} quarantined); is data.root={self.index.root} right?")
 
     # -- clips --------------------------------------------------------------------------------
-    def _indices(self, start: int, end: int, rng, view: int) -> list[int]:
+    def clip_indices(self, start: int, end: int, rng, view: int) -> list[int]:
+        """Frame indices of temporal view ``view`` of the span [start, end) (the recipe's sampling)."""
         c = self.cfg
         if c.sampling == "stride":
             return stride_indices(start, end, c.num_frames, c.stride, train=self.train, rng=rng, view=view,
@@ -299,13 +300,14 @@ class ClipDataset(Dataset):
         return segment_indices(start, end, c.num_frames, train=self.train, rng=rng, view=view,
                                num_views=self.temporal_views)
 
-    def _boxes(self, h: int, w: int, rng) -> list[CropBox]:
+    def crop_boxes(self, h: int, w: int, rng) -> list[CropBox]:
+        """The spatial views' crop boxes in an ``h`` x ``w`` frame (random resized crops when training)."""
         if self.train:
             scale, ratio = tuple(self.cfg.crop_scale), tuple(self.cfg.crop_ratio)
             return [random_resized_crop(h, w, scale, ratio, rng) for _ in range(self.spatial_views)]
         return [center_crop(h, w)] if self.spatial_views == 1 else three_crops(h, w)
 
-    def _clip(self, entry: VideoEntry, indices: list[int], box: CropBox | None, resize: bool = True) -> torch.Tensor:
+    def read_clip(self, entry: VideoEntry, indices: list[int], box: CropBox | None, resize: bool = True) -> torch.Tensor:
         """Frames ``indices`` cropped to ``box`` and resized to size (``box=None``: whole frames, no resize;
         ``resize=False``: the box's pixels as decoded)."""
         for k in sorted({entry.locate(i)[0] for i in indices}):
@@ -323,18 +325,18 @@ class ClipDataset(Dataset):
         return frames
 
     def _clips(self, entry: VideoEntry, indices: list[int], boxes: list[CropBox]) -> list[torch.Tensor]:
-        """:meth:`_clip` for each of ``boxes`` from ONE decode of the boxes' union (eval's 3 crops).
+        """:meth:`read_clip` for each of ``boxes`` from ONE decode of the boxes' union (eval's 3 crops).
 
         Every backend's crop gives the pixels a whole-frame decode has at the box, and the resize
         runs on those pixels: the views equal per-box decodes bit for bit (tests/data/test_datasets.py).
         """
         if len(boxes) == 1:
-            return [self._clip(entry, indices, boxes[0])]
+            return [self.read_clip(entry, indices, boxes[0])]
         top, left = min(b.top for b in boxes), min(b.left for b in boxes)
         union = CropBox(top, left, max(b.top + b.height for b in boxes) - top, max(b.left + b.width for b in boxes) - left)
-        frames = self._clip(entry, indices, union, resize=False)
+        frames = self.read_clip(entry, indices, union, resize=False)
         if tuple(frames.shape[1:3]) != (union.height, union.width):  # a chunk of another size than the manifest's
-            return [self._clip(entry, indices, b) for b in boxes]
+            return [self.read_clip(entry, indices, b) for b in boxes]
         size = (self.cfg.size, self.cfg.size)
         return [crop_resize(frames, CropBox(b.top - top, b.left - left, b.height, b.width), size, self.cfg.interpolation)
                 for b in boxes]
@@ -343,19 +345,19 @@ class ClipDataset(Dataset):
         return frames if self.randaug is None else self.randaug(frames, int(rng.integers(2**31)))
 
     def _load(self, i: int) -> dict:
-        entry, start, end, label = self._sample(i)
+        entry, start, end, label = self.sample_span(i)
         views = []
         if self.train and self.cfg.num_sample > 1:  # repeated augmentation: decode once, augment num_sample times
             rng = clip_rng(self.seed, self.epoch, i, 0)
-            full = self._clip(entry, self._indices(start, end, rng, 0), None)
+            full = self.read_clip(entry, self.clip_indices(start, end, rng, 0), None)
             h, w = full.shape[1:3]
             for _ in range(self.cfg.num_sample):
-                box = self._boxes(h, w, rng)[0]
+                box = self.crop_boxes(h, w, rng)[0]
                 views.append(self._augment(crop_resize(full, box, (self.cfg.size,) * 2, self.cfg.interpolation), rng))
         for t in range(self.temporal_views if not views else 0):
             rng = clip_rng(self.seed, self.epoch, i, t)
-            indices = self._indices(start, end, rng, t)
-            for frames in self._clips(entry, indices, self._boxes(entry.height, entry.width, rng)):
+            indices = self.clip_indices(start, end, rng, t)
+            for frames in self._clips(entry, indices, self.crop_boxes(entry.height, entry.width, rng)):
                 views.append(self._augment(frames, rng))
         frames = views[0] if len(views) == 1 else torch.stack(views)
         return {"frames": frames, "label": label, "index": i}
@@ -463,7 +465,7 @@ class EpicDataset(ClipDataset):
     def row_name(self, i: int) -> str:
         return self.rows[i][1]["narration_id"]
 
-    def _sample(self, i: int) -> tuple[VideoEntry, int, int, Any]:
+    def sample_span(self, i: int) -> tuple[VideoEntry, int, int, Any]:
         line, r = self.rows[i]
         where = f"{self.csv}:{line} ({r['narration_id']})"
         try:

@@ -146,7 +146,7 @@ class KineticsDataset(ClipDataset):
     def row_name(self, i: int) -> str:
         return self.rows[i][1]
 
-    def _sample(self, i: int) -> tuple[VideoEntry, int, int, Any]:
+    def sample_span(self, i: int) -> tuple[VideoEntry, int, int, Any]:
         line, ref, by_path, label, lab = self.rows[i]
         if label is None or label < 0:
             raise DataError(f"{self.list_path}:{line}: bad label {lab!r} for {ref}")

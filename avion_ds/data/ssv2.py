@@ -89,7 +89,7 @@ class SSv2Dataset(ClipDataset):
     def row_name(self, i: int) -> str:
         return self.rows[i][1]
 
-    def _sample(self, i: int) -> tuple[VideoEntry, int, int, Any]:
+    def sample_span(self, i: int) -> tuple[VideoEntry, int, int, Any]:
         _, vid, label = self.rows[i]
         entry = self.index.by_id(vid)
         return entry, 0, entry.num_frames, label

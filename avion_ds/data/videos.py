@@ -66,7 +66,7 @@ class VideosDataset(ClipDataset):
             return self.index.by_id(name) if name in self.index.videos else self.index.by_path(name)
         return self.index.by_path(name)
 
-    def _sample(self, i: int) -> tuple[VideoEntry, int, int, Any]:
+    def sample_span(self, i: int) -> tuple[VideoEntry, int, int, Any]:
         name = self.videos[i // self.clips_per_video]
         try:
             entry = self._entry(name)
@@ -90,10 +90,10 @@ class VideosDataset(ClipDataset):
         """Validation keeps epoch 0's clips and masks, so its loss is comparable across epochs."""
         return int(self._epoch[0]) if self.train else 0
 
-    def _boxes(self, h: int, w: int, rng) -> list[CropBox]:
+    def crop_boxes(self, h: int, w: int, rng) -> list[CropBox]:
         if self.train:
             return [multi_scale_crop(h, w, self.cfg.size, self.cfg.multi_scale, rng)]
-        return super()._boxes(h, w, rng)
+        return super().crop_boxes(h, w, rng)
 
     def _load(self, i: int) -> dict:
         item = super()._load(i)

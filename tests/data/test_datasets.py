@@ -232,8 +232,8 @@ def test_timeout_skips_a_hung_sample(epic_cfg, tmp_path, monkeypatch, caplog) ->
     monkeypatch.setenv("PYTHONPATH", str(tmp_path))
     monkeypatch.setenv(decoders.PLUGINS_ENV, "slow_plugin")
     ds = build_dataset(replace(epic_cfg, decoder="slow", decode_timeout_s=1.0), "train")
-    first = ds._sample(0)[0].chunks[0].path
-    bad = [i for i in range(len(ds)) if ds._sample(i)[1] < 45 and ds._sample(i)[0].chunks[0].path == first]
+    first = ds.sample_span(0)[0].chunks[0].path
+    bad = [i for i in range(len(ds)) if ds.sample_span(i)[1] < 45 and ds.sample_span(i)[0].chunks[0].path == first]
     with caplog.at_level(logging.WARNING, logger="avion_ds.data.datasets"):
         item = ds[bad[0]]
     assert item["skipped"] >= 1 and "timed out after 1s" in caplog.text

@@ -37,14 +37,14 @@ def test_three_crops_decode_once_bit_identical(name, interpolation, noise_cfg, m
     monkeypatch.setattr(ds.decoder, "decode", lambda *a, **k: calls.append(a[0]) or decode(*a, **k))
     frames = ds[0]["frames"]
     once = len(calls)
-    entry, start, end, _ = ds._sample(0)
+    entry, start, end, _ = ds.sample_span(0)
     expected = []
     for t in range(2):  # the per-crop path: one fused decode (crop + resize) per box
         rng = clip_rng(ds.seed, ds.epoch, 0, t)
-        indices = ds._indices(start, end, rng, t)
-        boxes = ds._boxes(entry.height, entry.width, rng)
+        indices = ds.clip_indices(start, end, rng, t)
+        boxes = ds.crop_boxes(entry.height, entry.width, rng)
         assert [b.left for b in boxes] == [0, 21, 42]
-        expected += [ds._clip(entry, indices, box) for box in boxes]
+        expected += [ds.read_clip(entry, indices, box) for box in boxes]
     assert frames.shape == (6, 6, 32, 32, 3)
     assert torch.equal(frames, torch.stack(expected))
     assert once >= 2 and len(calls) - once == 3 * once  # one decode per temporal view (and chunk), not per crop
