@@ -143,11 +143,11 @@ def timed_rounds(paths: dict, n: int, repeats: int,
         for i in range(n):
             k = (i + r) % len(names)
             for name in names[k:] + names[:k]:
-                h0 = helper_cpu[name]() if name in helper_cpu else 0.0
-                c0, t0 = time.process_time(), time.perf_counter()
+                helper = helper_cpu.get(name, lambda: 0.0)
+                h0, c0, t0 = helper(), time.process_time(), time.perf_counter()
                 paths[name](i)
                 times[name][i] += time.perf_counter() - t0
-                cpu[name] += time.process_time() - c0 + (helper_cpu[name]() - h0 if name in helper_cpu else 0.0)
+                cpu[name] += time.process_time() - c0 + helper() - h0
     return times, cpu
 
 
@@ -204,6 +204,7 @@ def part_paths(a, work: Path, cfg, entry, csv_path: Path) -> None:
           f"(+ the helper's), 'per CPU-s vs ref' = clips per CPU second relative to the reference (totals)")
     print(f"{'path':<58} {'clips/s':>8} {'vs ref':>7} {'vs floor':>9} {'helper':>7} {'CPU ms/clip':>12} "
           f"{'per CPU-s vs ref':>17}")
+    n_clips = a.clips * a.repeats
     for name, ts in times.items():
         b = max((x for x in backends if name.startswith((f"fused {x} ", f"floor {x}:")) or name == f"fused {x}"),
                 key=len, default=None)
@@ -211,7 +212,6 @@ def part_paths(a, work: Path, cfg, entry, csv_path: Path) -> None:
             b = default.decoder_name
         fl = f"{ratio(ts, times[floors[b]]):8.2f}x" if b in floors else f"{'':9}"
         hc = f"{1 - ratio(ts, times[f'fused {b}']):+7.1%}" if name.endswith("timeout helper") else ""
-        n_clips = a.clips * a.repeats
         print(f"{name:<58} {rate(ts, a.repeats):8.2f} {ratio(ts, ref):6.2f}x {fl} {hc:>7} "
               f"{cpu[name] / n_clips * 1e3:12.1f} {ref_cpu / cpu[name]:16.2f}x")
     d = default.decoder_name
