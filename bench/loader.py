@@ -56,7 +56,7 @@ def make_source(path: Path, seconds: float, width: int, height: int, fps: int, g
         if n >= n_total:
             break
         frame = frame.reformat(format="yuv420p")
-        frame.pts, frame.time_base = n, Fraction(1, fps)
+        frame.pts, frame.time_base, frame.pict_type = n, Fraction(1, fps), 0  # lavfi marks every frame I: clear
         for p in st.encode(frame):
             out.mux(p)
     for p in st.encode(None):
@@ -330,7 +330,7 @@ def _encode(src: Path, dst: Path, opts: dict[str, str]) -> int:
         st.width, st.height, st.pix_fmt = s.codec_context.width, s.codec_context.height, "yuv420p"
         st.options = {"g": "16", "keyint_min": "16", "sc_threshold": "0", "bf": "0", **opts}
         for n, f in enumerate(c.decode(s)):
-            f.pts, f.time_base = n, Fraction(1) / fps
+            f.pts, f.time_base, f.pict_type = n, Fraction(1) / fps, 0  # x264 picks the types (GOP 16)
             for p in st.encode(f):
                 out.mux(p)
         for p in st.encode(None):

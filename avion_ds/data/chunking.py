@@ -129,6 +129,10 @@ class _ChunkWriter:
 
     def write(self, frame) -> None:  # av.VideoFrame in yuv420p
         frame.pts, frame.time_base = self.n, self.s.codec_context.time_base
+        # A decoded frame keeps its source picture type, and libx264 obeys it: an all-intra source (ProRes-style
+        # intermediates, MJPEG, FFmpeg test sources) would give all-intra chunks, 2-4x larger, with ``gop``
+        # ignored. Clear it, so x264 alone decides (a keyframe every ``gop`` frames).
+        frame.pict_type = 0  # AV_PICTURE_TYPE_NONE
         self.n += 1
         for p in self.s.encode(frame):
             self.c.mux(p)

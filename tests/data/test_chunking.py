@@ -125,3 +125,22 @@ def test_manifest_after_an_interrupted_rerun(tmp_path) -> None:
         ("a", 0, 450), ("a", 450, 449), ("b", 0, 30)]
     videos = load_manifest(tmp_path)
     assert videos["a"].num_frames == 899 and videos["b"].num_frames == 30
+
+
+def _keyframes(path) -> list[int]:
+    """Positions of the keyframe packets of a video (demuxed, not decoded)."""
+    import av
+
+    with av.open(str(path)) as c:
+        s = c.streams.video[0]
+        return [i for i, p in enumerate(p for p in c.demux(s) if p.size) if p.is_keyframe]
+
+
+def test_gop_is_the_chunk_tools_not_the_sources(tmp_path) -> None:
+    # An all-intra source (ProRes-style intermediates, MJPEG, FFmpeg's test sources): decoded frames keep their
+    # picture type I, and libx264 obeys a frame's type, so chunks came out all-intra with --gop ignored.
+    src = write_video(tmp_path / "src" / "intra.mp4", 60, 64, 48, fps=30, gop=1)
+    assert _keyframes(src) == list(range(60))
+    chunk_videos(src, tmp_path / "out", chunk_seconds=1.0, fps=30, gop=8, progress=False)
+    for c in load_manifest(tmp_path / "out")["intra"].chunks:
+        assert _keyframes(c.path) == [0, 8, 16, 24]
