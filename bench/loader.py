@@ -19,7 +19,8 @@ rounds; the table gives clips/s, and the median over clips of the per-clip speed
 reference, to the backend's own floor, and the helper's cost, followed by the targets. Parts: ``paths`` (default), ``scaling`` (DataLoader with 1 and 2 workers),
 ``encode`` (x264 settings at equal quality: decode clips/s vs chunk bytes vs PSNR), ``helpercpu``
 (CPU cost of the timeout helper, free of scheduler latency), ``helperab`` (the helper's wall and CPU
-cost with only the in-process and helper paths in the comparison).
+cost with only the in-process and helper paths in the comparison), ``floorab`` (fused vs the backend's floor
+with only those two paths in the comparison).
 
     python bench/loader.py --workdir /tmp/bench --parts paths,scaling,encode [--pattern mandelbrot]
 """
@@ -295,6 +296,31 @@ def part_helper_cpu(a, cfg, entry, csv_path: Path) -> None:
     helper.close()
 
 
+def part_floor_ab(a, cfg, entry, csv_path: Path) -> None:
+    """Fused vs the backend's own floor with nothing else in the comparison: per backend, the in-process
+    dataset path (decode + crop + resize) vs the same clips' frames decoded uncropped, alternating clip by
+    clip (in the 11-path ``paths`` table the other paths' decoder threads and helper processes share the
+    two cores with whichever path runs next)."""
+    from dataclasses import replace
+
+    from avion_ds.data import build_dataset
+    from avion_ds.data.decoders import available_backends, get_decoder
+
+    reqs = clip_requests(csv_path, entry, cfg, a.clips)
+    print(f"\nfused vs floor A/B, two paths only ({a.clips} clips x {a.repeats} rounds, interleaved; load average "
+          f"{os.getloadavg()[0]:.1f})")
+    for b in available_backends():
+        ds = build_dataset(replace(cfg, decoder=b, decode_timeout_s=0.0), "train")
+        dec = get_decoder(b, exact=False)
+        paths = {"fused": lambda i, ds=ds: ds[i]["frames"],
+                 "floor": lambda i, dec=dec: [dec.decode(p, loc) for p, loc in reqs[i][0]]}
+        times, cpu = timed_rounds(paths, a.clips, a.repeats)
+        n = a.clips * a.repeats
+        print(f"  {b:<11} fused vs floor: wall {ratio(times['fused'], times['floor']):.2f}x (median per clip), "
+              f"{sum(times['floor']) / sum(times['fused']):.2f}x (totals); CPU {cpu['floor'] / cpu['fused']:.2f}x "
+              f"(totals: {cpu['floor'] / n * 1e3:.1f} -> {cpu['fused'] / n * 1e3:.1f} ms/clip)")
+
+
 def part_helper_ab(a, cfg) -> None:
     """The helper's cost with nothing else in the comparison: per backend, the same dataset in-process vs
     through the helper, clip by clip, alternating (in the 11-path ``paths`` table decord's helper row
@@ -411,7 +437,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--num-frames", type=int, default=16)
     p.add_argument("--size", type=int, default=224)
     p.add_argument("--loader-batches", type=int, default=10)
-    p.add_argument("--parts", default="paths,scaling", help="comma-separated: paths, scaling, encode, helpercpu, helperab")
+    p.add_argument("--parts", default="paths,scaling", 
+                   help="comma-separated: paths, scaling, encode, helpercpu, helperab, floorab")
     p.add_argument("--workdir", default=None, help="keep files here (default: a temp dir, removed)")
     a = p.parse_args(argv)
     parts = set(a.parts.split(","))
@@ -450,6 +477,8 @@ def main(argv: list[str] | None = None) -> int:
         part_helper_cpu(a, cfg, entry, csv_path)
     if "helperab" in parts:
         part_helper_ab(a, cfg)
+    if "floorab" in parts:
+        part_floor_ab(a, cfg, entry, csv_path)
     if "encode" in parts:
         part_encode(a, work, src, cfg, csv_path, entry)
     if not a.workdir:

@@ -32,6 +32,7 @@ class DecordDecoder(Decoder):
         if indices[-1] >= n:
             raise self._too_few(path, n, indices[-1])
         frames = vr.get_batch(indices).asnumpy()
+        del vr  # stop decord's own decode thread now: alive, it keeps decoding ahead while we crop (2 cores)
         if crop is None or not self.fuse:
             return frames, crop is None
         h, w = frames.shape[1:3]
