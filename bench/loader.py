@@ -445,9 +445,12 @@ def main(argv: list[str] | None = None) -> int:
 
     from avion_ds.config import DataConfig
     from avion_ds.data.chunking import chunk_videos
+    from avion_ds.data.malloc import tune_malloc
     from avion_ds.data.manifest import load_manifest
 
     torch.set_num_threads(1)
+    # in-process paths stand for a DataLoader worker, which tunes its malloc (the helper does too)
+    print(f"malloc tuned as in DataLoader workers and the helper: {tune_malloc()}")
     work = Path(a.workdir) if a.workdir else Path(tempfile.mkdtemp(prefix="avion_bench_"))
     work.mkdir(parents=True, exist_ok=True)
     src = work / "src" / "P01_01.mp4"

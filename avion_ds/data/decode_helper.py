@@ -19,7 +19,8 @@ largest whole-frame read): pages of released clips stay with the decoder for reu
 A decode that exceeds ``timeout_s`` kills the helper (a fresh one starts on the next call, reusing
 the regions) and raises :class:`DataError`; a crash (segfault) inside the decoder becomes a DataError the same
 way instead of killing the DataLoader worker. The helper runs single-threaded math libraries
-(OMP/MKL/torch 1 thread) so N workers never oversubscribe the cores.
+(OMP/MKL/torch 1 thread) so N workers never oversubscribe the cores, and tunes its malloc
+(:mod:`.malloc`: frame buffers reused, not re-faulted; ``helper_malloc_tuned`` says whether it took).
 """
 
 from __future__ import annotations
@@ -44,6 +45,7 @@ import numpy as np
 from .crop import CropSpec
 from .decode_base import REGISTRY, finish, load_plugins, reason, validate
 from .errors import DataError
+from .malloc import tune_malloc
 
 if TYPE_CHECKING:
     import torch
@@ -143,6 +145,7 @@ class SubprocessDecoder:
         self._held: list[Callable[[], object] | None] = [None] * SLOTS  # the array handed out from each region
         self._pid = os.getpid()
         self.helper_cpu_s = 0.0  # CPU seconds the current helper process has used so far (benchmarks read it)
+        self.helper_malloc_tuned: bool | None = None  # the helper applied tune_malloc (None: not started yet)
         _INSTANCES.add(self)
 
     def _retire(self) -> None:
@@ -190,9 +193,10 @@ class SubprocessDecoder:
                 ready = _recv(self._proc.stdout.fileno(), time.monotonic() + STARTUP_LIMIT_S)
             except TimeoutError:
                 ready = None
-            if ready != "ready":
+            if not (isinstance(ready, tuple) and ready[0] == "ready"):
                 self._kill()
                 raise DataError(f"{self.name} decoder helper process did not start within {STARTUP_LIMIT_S:g}s")
+            self.helper_malloc_tuned = bool(ready[1])
         return self._proc
 
     def _kill(self) -> None:
@@ -292,7 +296,7 @@ def serve(name: str, threads: int, fuse: bool, exact: bool, fds: list[int]) -> i
         return target[1]
 
     dec.alloc = alloc
-    _send(out_fd, "ready")
+    _send(out_fd, ("ready", tune_malloc()))
     while True:
         req = _recv(in_fd)
         if req is None:

@@ -14,13 +14,17 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
+from .malloc import tune_malloc
+
 
 def _seed_worker(worker_id: int) -> None:
     """Seed numpy / random from torch's per-worker seed (itself derived from the loader's generator).
 
     torch already runs each worker with one intra-op thread; the decoders use ``decoder_threads``
-    (1) and the timeout helper one-thread math libraries, so N workers keep to about N cores.
+    (1) and the timeout helper one-thread math libraries, so N workers keep to about N cores. The
+    worker's malloc keeps the clips' frame buffers for reuse (:func:`tune_malloc`).
     """
+    tune_malloc()
     seed = torch.initial_seed() % 2**32
     np.random.seed(seed)
     random.seed(seed)
