@@ -20,7 +20,8 @@ reference, to the backend's own floor, and the helper's cost, followed by the ta
 ``encode`` (x264 settings at equal quality: decode clips/s vs chunk bytes vs PSNR), ``helpercpu``
 (CPU cost of the timeout helper, free of scheduler latency), ``helperab`` (the helper's wall and CPU
 cost with only the in-process and helper paths in the comparison), ``floorab`` (fused vs the backend's floor
-with only those two paths in the comparison).
+with only those two paths in the comparison), ``faults`` (minor page faults per clip; run it again with
+``AVION_DS_MALLOC_TUNE=0`` for glibc's default malloc).
 
     python bench/loader.py --workdir /tmp/bench --parts paths,scaling,encode [--pattern mandelbrot]
 """
@@ -321,6 +322,43 @@ def part_floor_ab(a, cfg, entry, csv_path: Path) -> None:
               f"(totals: {cpu['floor'] / n * 1e3:.1f} -> {cpu['fused'] / n * 1e3:.1f} ms/clip)")
 
 
+def part_faults(a, cfg, entry, csv_path: Path) -> None:
+    """Minor page faults per clip (fresh memory touched), in-process and in the helper, per backend: run once
+    as is and once with AVION_DS_MALLOC_TUNE=0 to see what the malloc thresholds save."""
+    import resource
+
+    from avion_ds.data.crop import CropSpec
+    from avion_ds.data.decoders import available_backends, get_decoder
+
+    reqs = clip_requests(csv_path, entry, cfg, a.clips)
+
+    def faults(pid: int | None = None) -> int:
+        if pid is None:
+            return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[7])
+
+    def run(dec, i: int) -> None:
+        for p, loc in reqs[i][0]:
+            dec.decode(p, loc, CropSpec(reqs[i][1], (cfg.size, cfg.size), entry.height, entry.width))
+
+    print(f"\nminor page faults per clip ({a.clips} clips; AVION_DS_MALLOC_TUNE="
+          f"{os.environ.get('AVION_DS_MALLOC_TUNE', '1')})")
+    for b in available_backends():
+        inproc, helper = get_decoder(b, exact=False), get_decoder(b, timeout_s=60, exact=False)
+        run(inproc, 0)
+        run(helper, 0)
+        f0 = faults()
+        for i in range(a.clips):
+            run(inproc, i)
+        f1, h0 = faults(), faults(helper.helper_pid)
+        for i in range(a.clips):
+            run(helper, i)
+        h1 = faults(helper.helper_pid)
+        print(f"  {b:<11} in-process {(f1 - f0) / a.clips:7.0f}   helper process {(h1 - h0) / a.clips:7.0f}   "
+              f"(helper malloc tuned: {helper.helper_malloc_tuned})")
+        helper.close()
+
+
 def part_helper_ab(a, cfg) -> None:
     """The helper's cost with nothing else in the comparison: per backend, the same dataset in-process vs
     through the helper, clip by clip, alternating (in the 11-path ``paths`` table decord's helper row
@@ -438,7 +476,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--size", type=int, default=224)
     p.add_argument("--loader-batches", type=int, default=10)
     p.add_argument("--parts", default="paths,scaling", 
-                   help="comma-separated: paths, scaling, encode, helpercpu, helperab, floorab")
+                   help="comma-separated: paths, scaling, encode, helpercpu, helperab, floorab, faults")
     p.add_argument("--workdir", default=None, help="keep files here (default: a temp dir, removed)")
     a = p.parse_args(argv)
     parts = set(a.parts.split(","))
@@ -480,6 +518,8 @@ def main(argv: list[str] | None = None) -> int:
         part_helper_cpu(a, cfg, entry, csv_path)
     if "helperab" in parts:
         part_helper_ab(a, cfg)
+    if "faults" in parts:
+        part_faults(a, cfg, entry, csv_path)
     if "floorab" in parts:
         part_floor_ab(a, cfg, entry, csv_path)
     if "encode" in parts:

@@ -12,6 +12,7 @@ import torch
 from avion_ds.data import build_loader
 from avion_ds.data import loader as loader_mod
 from avion_ds.data.decoders import get_decoder
+from avion_ds.data.malloc import ENV_SWITCH
 
 # A decoder's pattern: each clip, a fresh thread (decord's own decode thread) allocates frame-sized buffers
 # (2-3 MB), copies them, frees them. Counts the minor page faults (fresh memory) per clip.
@@ -64,4 +65,9 @@ def test_dataloader_workers_and_the_helper_apply_it(tmp_path, monkeypatch, index
     assert dec.helper_malloc_tuned is None  # not started yet
     dec.decode(index_video, [0])
     assert dec.helper_malloc_tuned is (platform.libc_ver()[0] == "glibc")
+    dec.close()
+    monkeypatch.setenv(ENV_SWITCH, "0")  # the opt-out reaches the helper
+    dec = get_decoder("pyav", timeout_s=60)
+    dec.decode(index_video, [0])
+    assert dec.helper_malloc_tuned is False
     dec.close()
