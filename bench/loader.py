@@ -242,6 +242,27 @@ def part_scaling(a, cfg) -> None:
         print(f"{w:>8} {r:9.2f} {r / w:11.2f}")
 
 
+def fused_runner(cfg, entry, reqs):
+    """``run(dec, i)``: clip ``i``'s chunks through decoder ``dec`` with the clip's crop (no dataset around it)."""
+    from avion_ds.data.crop import CropSpec
+
+    def run(dec, i: int) -> None:
+        for p, loc in reqs[i][0]:
+            dec.decode(p, loc, CropSpec(reqs[i][1], (cfg.size, cfg.size), entry.height, entry.width))
+
+    return run
+
+
+def warm_pair(name: str, run):
+    """(in-process decoder, decoder through the timeout helper) for backend ``name``, each run once."""
+    from avion_ds.data.decoders import get_decoder
+
+    inproc, helper = get_decoder(name, exact=False), get_decoder(name, timeout_s=60, exact=False)
+    run(inproc, 0)
+    run(helper, 0)
+    return inproc, helper
+
+
 def part_helper_cpu(a, cfg, entry, csv_path: Path) -> None:
     """CPU seconds per clip in-process vs through the timeout helper (parent + helper), per backend.
 
@@ -253,17 +274,11 @@ def part_helper_cpu(a, cfg, entry, csv_path: Path) -> None:
     from avion_ds.data.decoders import available_backends, get_decoder
 
     reqs = clip_requests(csv_path, entry, cfg, a.clips)
-
-    def run(dec, i: int) -> None:
-        for p, loc in reqs[i][0]:
-            dec.decode(p, loc, CropSpec(reqs[i][1], (cfg.size, cfg.size), entry.height, entry.width))
-
+    run = fused_runner(cfg, entry, reqs)
     print(f"\ntimeout helper CPU cost ({a.clips} clips x {a.repeats} rounds, interleaved; load average "
           f"{os.getloadavg()[0]:.1f})")
     for name in available_backends():
-        inproc, helper = get_decoder(name, exact=False), get_decoder(name, timeout_s=60, exact=False)
-        run(inproc, 0)
-        run(helper, 0)
+        inproc, helper = warm_pair(name, run)
         cpu_in, cpu_h = [0.0] * a.clips, [0.0] * a.clips
         for r in range(a.repeats):
             for i in range(a.clips):
@@ -327,26 +342,19 @@ def part_faults(a, cfg, entry, csv_path: Path) -> None:
     as is and once with AVION_DS_MALLOC_TUNE=0 to see what the malloc thresholds save."""
     import resource
 
-    from avion_ds.data.crop import CropSpec
-    from avion_ds.data.decoders import available_backends, get_decoder
+    from avion_ds.data.decoders import available_backends
 
-    reqs = clip_requests(csv_path, entry, cfg, a.clips)
+    run = fused_runner(cfg, entry, clip_requests(csv_path, entry, cfg, a.clips))
 
     def faults(pid: int | None = None) -> int:
         if pid is None:
             return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
         return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[7])
 
-    def run(dec, i: int) -> None:
-        for p, loc in reqs[i][0]:
-            dec.decode(p, loc, CropSpec(reqs[i][1], (cfg.size, cfg.size), entry.height, entry.width))
-
     print(f"\nminor page faults per clip ({a.clips} clips; AVION_DS_MALLOC_TUNE="
           f"{os.environ.get('AVION_DS_MALLOC_TUNE', '1')})")
     for b in available_backends():
-        inproc, helper = get_decoder(b, exact=False), get_decoder(b, timeout_s=60, exact=False)
-        run(inproc, 0)
-        run(helper, 0)
+        inproc, helper = warm_pair(b, run)
         f0 = faults()
         for i in range(a.clips):
             run(inproc, i)
