@@ -483,7 +483,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--num-frames", type=int, default=16)
     p.add_argument("--size", type=int, default=224)
     p.add_argument("--loader-batches", type=int, default=10)
-    p.add_argument("--parts", default="paths,scaling", 
+    p.add_argument("--parts", default="paths,scaling",
                    help="comma-separated: paths, scaling, encode, helpercpu, helperab, floorab, faults")
     p.add_argument("--workdir", default=None, help="keep files here (default: a temp dir, removed)")
     a = p.parse_args(argv)

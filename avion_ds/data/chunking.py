@@ -130,7 +130,7 @@ class _ChunkWriter:
     def write(self, frame) -> None:  # av.VideoFrame in yuv420p
         frame.pts, frame.time_base = self.n, self.s.codec_context.time_base
         # A decoded frame keeps its source picture type, and libx264 obeys it: an all-intra source (ProRes-style
-        # intermediates, MJPEG, FFmpeg test sources) would give all-intra chunks, 2-4x larger, with ``gop``
+        # intermediates, MJPEG, FFmpeg test sources) would give all-intra chunks, about 4x larger, with ``gop``
         # ignored. Clear it, so x264 alone decides (a keyframe every ``gop`` frames).
         frame.pict_type = 0  # AV_PICTURE_TYPE_NONE
         self.n += 1

@@ -7,7 +7,6 @@ import subprocess
 import sys
 
 import pytest
-import torch
 
 from avion_ds.data import build_loader
 from avion_ds.data import loader as loader_mod
@@ -43,31 +42,17 @@ def test_tuned_malloc_reuses_frame_buffers() -> None:
     assert tuned < 0.4 * plain, (plain, tuned)
 
 
-class _Marks(torch.utils.data.Dataset):
-    def __init__(self, path) -> None:
-        self.path = path
-
-    def __len__(self) -> int:
-        return 2
-
-    def __getitem__(self, i: int) -> int:
-        return i
-
-
 def test_dataloader_workers_and_the_helper_apply_it(tmp_path, monkeypatch, index_video) -> None:
     marker = tmp_path / "tuned"
     monkeypatch.setattr(loader_mod, "tune_malloc", lambda: marker.write_text("worker") > 0)
-    loader = build_loader(_Marks(marker), batch_size=2, workers=1, shuffle=False, seed=0, drop_last=False,
+    loader = build_loader([0, 1], batch_size=2, workers=1, shuffle=False, seed=0, drop_last=False,
                           distributed=False)
     assert next(iter(loader)).tolist() == [0, 1]
     assert marker.read_text() == "worker"  # written by the forked worker's init
-    dec = get_decoder("pyav", timeout_s=60)
-    assert dec.helper_malloc_tuned is None  # not started yet
-    dec.decode(index_video, [0])
-    assert dec.helper_malloc_tuned is (platform.libc_ver()[0] == "glibc")
-    dec.close()
-    monkeypatch.setenv(ENV_SWITCH, "0")  # the opt-out reaches the helper
-    dec = get_decoder("pyav", timeout_s=60)
-    dec.decode(index_video, [0])
-    assert dec.helper_malloc_tuned is False
-    dec.close()
+    for opt_out, expected in (("1", platform.libc_ver()[0] == "glibc"), ("0", False)):  # "0" reaches the helper
+        monkeypatch.setenv(ENV_SWITCH, opt_out)
+        dec = get_decoder("pyav", timeout_s=60)
+        assert dec.helper_malloc_tuned is None  # not started yet
+        dec.decode(index_video, [0])
+        assert dec.helper_malloc_tuned is expected
+        dec.close()
