@@ -19,9 +19,9 @@ rounds; the table gives clips/s, and the median over clips of the per-clip speed
 reference, to the backend's own floor, and the helper's cost, followed by the targets. Parts: ``paths`` (default), ``scaling`` (DataLoader with 1 and 2 workers),
 ``encode`` (x264 settings at equal quality: decode clips/s vs chunk bytes vs PSNR), ``helpercpu``
 (CPU cost of the timeout helper, free of scheduler latency), ``helperab`` (the helper's wall and CPU
-cost with only the in-process and helper paths in the comparison), ``floorab`` (fused vs the backend's floor
+cost against in-process, with a second identical helper as the control), ``floorab`` (fused vs the backend's floor
 with only those two paths in the comparison), ``faults`` (minor page faults per clip; run it again with
-``AVION_DS_MALLOC_TUNE=0`` for glibc's default malloc).
+``AVION_DS_MALLOC_TUNE=0`` for glibc's default malloc). The A/B parts live in bench/loader_ab.py.
 
     python bench/loader.py --workdir /tmp/bench --parts paths,scaling,encode [--pattern mandelbrot]
 """
@@ -33,7 +33,6 @@ import csv
 import math
 import os
 import shutil
-import statistics
 import tempfile
 import time
 from fractions import Fraction
@@ -41,6 +40,13 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from loader_ab import (
+        part_faults,
+    part_floor_ab,
+    part_helper_ab,
+    part_helper_cpu,
+)
+from loader_common import clip_requests, rate, ratio, timed_rounds
 
 
 def make_source(path: Path, seconds: float, width: int, height: int, fps: int, gop_s: float, pattern: str) -> float:
@@ -90,27 +96,6 @@ def write_csv(path: Path, segs: list[tuple[float, float]]) -> None:
                         "stop_timestamp": format_timestamp(e), "verb_class": 0, "noun_class": 0})
 
 
-def clip_requests(csv_path: Path, entry, cfg, n: int) -> list[tuple[list[tuple[str, list[int]]], object]]:
-    """[(chunk parts, crop box)] for the first ``n`` rows, drawn exactly as EpicDataset draws them."""
-    from avion_ds.data.crop import clip_rng, random_resized_crop
-    from avion_ds.data.sampling import (
-        map_to_chunks,
-        parse_timestamp,
-        seconds_to_frames,
-        segment_indices,
-    )
-
-    rows = list(csv.DictReader(csv_path.open()))[:n]
-    out = []
-    for i, r in enumerate(rows):
-        f0, f1 = seconds_to_frames(parse_timestamp(r["start_timestamp"]), parse_timestamp(r["stop_timestamp"]), entry.fps)
-        rng = clip_rng(0, 0, i, 0)
-        idx = segment_indices(f0, f1, cfg.num_frames, train=True, rng=rng)
-        box = random_resized_crop(entry.height, entry.width, tuple(cfg.crop_scale), tuple(cfg.crop_ratio), rng)
-        out.append((map_to_chunks(idx, entry), box))
-    return out
-
-
 def reference(parts, box, size: int) -> torch.Tensor:
     """AVION-style: decord VideoReader per chunk, get_batch, torchvision resized_crop on uint8."""
     import decord
@@ -124,43 +109,6 @@ def reference(parts, box, size: int) -> torch.Tensor:
                            interpolation=F.InterpolationMode.BILINEAR, antialias=True)
         out.append(x.permute(0, 2, 3, 1))
     return out[0] if len(out) == 1 else torch.cat(out)
-
-
-def timed_rounds(paths: dict, n: int, repeats: int,
-                 helper_cpu: dict | None = None) -> tuple[dict[str, list[float]], dict[str, float]]:
-    """(wall seconds per clip of each path summed over ``repeats`` rounds, indexed by clip; total CPU seconds
-    of each path: this process's ``process_time`` plus, for paths in ``helper_cpu``, their helper's).
-
-    Interleaved at the clip level (clip i through every path, the order rotated per clip and round)
-    so that load from other jobs on a shared machine hits every path alike. CPU time counts every
-    thread (decord runs a decode thread of its own next to the caller's even at ``num_threads=1``).
-    """
-    helper_cpu = helper_cpu or {}
-    names = list(paths)
-    for name in names:  # warm-up: helper processes, library init, page cache
-        paths[name](0)
-    times: dict[str, list[float]] = {k: [0.0] * n for k in names}
-    cpu = dict.fromkeys(names, 0.0)
-    for r in range(repeats):
-        for i in range(n):
-            k = (i + r) % len(names)
-            for name in names[k:] + names[:k]:
-                helper = helper_cpu.get(name, lambda: 0.0)
-                h0, c0, t0 = helper(), time.process_time(), time.perf_counter()
-                paths[name](i)
-                times[name][i] += time.perf_counter() - t0
-                cpu[name] += time.process_time() - c0 + helper() - h0
-    return times, cpu
-
-
-def rate(ts: list[float], repeats: int) -> float:
-    """Clips/s over all clips and rounds."""
-    return len(ts) * repeats / sum(ts)
-
-
-def ratio(a: list[float], b: list[float]) -> float:
-    """Speed of ``a`` relative to ``b``: median over clips of time(b) / time(a) (robust to load spikes)."""
-    return statistics.median(tb / ta for ta, tb in zip(a, b, strict=True))
 
 
 def part_paths(a, work: Path, cfg, entry, csv_path: Path) -> None:
@@ -240,154 +188,6 @@ def part_scaling(a, cfg) -> None:
     for w in (1, 2):
         r = clips_per_s_loader(ds, w, 4, a.loader_batches)
         print(f"{w:>8} {r:9.2f} {r / w:11.2f}")
-
-
-def fused_runner(cfg, entry, reqs):
-    """``run(dec, i)``: clip ``i``'s chunks through decoder ``dec`` with the clip's crop (no dataset around it)."""
-    from avion_ds.data.crop import CropSpec
-
-    def run(dec, i: int) -> None:
-        for p, loc in reqs[i][0]:
-            dec.decode(p, loc, CropSpec(reqs[i][1], (cfg.size, cfg.size), entry.height, entry.width))
-
-    return run
-
-
-def warm_pair(name: str, run):
-    """(in-process decoder, decoder through the timeout helper) for backend ``name``, each run once."""
-    from avion_ds.data.decoders import get_decoder
-
-    inproc, helper = get_decoder(name, exact=False), get_decoder(name, timeout_s=60, exact=False)
-    run(inproc, 0)
-    run(helper, 0)
-    return inproc, helper
-
-
-def part_helper_cpu(a, cfg, entry, csv_path: Path) -> None:
-    """CPU seconds per clip in-process vs through the timeout helper (parent + helper), per backend.
-
-    Wall-clock helper costs on a loaded machine include scheduler wake-up latency; this isolates the
-    mechanism's own CPU cost: the parent's ``process_time`` plus the helper's own ``process_time``
-    (all its threads, reported with every reply), per clip, interleaved, median of per-clip ratios.
-    """
-    from avion_ds.data.crop import CropSpec
-    from avion_ds.data.decoders import available_backends, get_decoder
-
-    reqs = clip_requests(csv_path, entry, cfg, a.clips)
-    run = fused_runner(cfg, entry, reqs)
-    print(f"\ntimeout helper CPU cost ({a.clips} clips x {a.repeats} rounds, interleaved; load average "
-          f"{os.getloadavg()[0]:.1f})")
-    for name in available_backends():
-        inproc, helper = warm_pair(name, run)
-        cpu_in, cpu_h = [0.0] * a.clips, [0.0] * a.clips
-        for r in range(a.repeats):
-            for i in range(a.clips):
-                for first in ((inproc, helper) if (i + r) % 2 else (helper, inproc)):
-                    t, c0 = time.process_time(), helper.helper_cpu_s
-                    run(first, i)
-                    if first is inproc:
-                        cpu_in[i] += time.process_time() - t
-                    else:
-                        cpu_h[i] += time.process_time() - t + helper.helper_cpu_s - c0
-        n = a.clips * a.repeats
-        print(f"  {name:<11} in-process {sum(cpu_in) / n * 1e3:6.2f} ms CPU/clip, helper (parent + helper) "
-              f"{sum(cpu_h) / n * 1e3:6.2f} ms: {1 - ratio(cpu_h, cpu_in):+.1%} (median per clip), "
-              f"{sum(cpu_h) / sum(cpu_in) - 1:+.1%} (totals)")
-        helper.close()
-    # the mechanism alone: a backend that decodes nothing (bench/null_backend.py, loaded in the helper too)
-    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, (str(Path(__file__).parent), os.environ.get("PYTHONPATH"))))
-    os.environ["AVION_DS_DECODER_PLUGINS"] = ",".join(filter(None, (os.environ.get("AVION_DS_DECODER_PLUGINS"),
-                                                                      "null_backend")))
-    inproc, helper = get_decoder("null"), get_decoder("null", timeout_s=60)
-    path, spec, calls = reqs[0][0][0][0], CropSpec(None, (cfg.size, cfg.size), entry.height, entry.width), 2000
-    res = {}
-    for dec in (inproc, helper, inproc, helper):  # warm-up pass, then the timed pass
-        t, w, c0 = time.process_time(), time.perf_counter(), helper.helper_cpu_s
-        for _ in range(calls):
-            dec.decode(path, list(range(16)), spec)
-        res[dec is helper] = (time.perf_counter() - w, time.process_time() - t + helper.helper_cpu_s - c0)
-    (w_in, c_in), (w_h, c_h) = res[False], res[True]
-    print(f"  mechanism only (null backend, {calls} calls): helper minus in-process per call: wall "
-          f"{(w_h - w_in) / calls * 1e6:.0f} us, CPU (parent + helper) {(c_h - c_in) / calls * 1e6:.0f} us")
-    helper.close()
-
-
-def part_floor_ab(a, cfg, entry, csv_path: Path) -> None:
-    """Fused vs the backend's own floor with nothing else in the comparison: per backend, the in-process
-    dataset path (decode + crop + resize) vs the same clips' frames decoded uncropped, alternating clip by
-    clip (in the 11-path ``paths`` table the other paths' decoder threads and helper processes share the
-    two cores with whichever path runs next)."""
-    from dataclasses import replace
-
-    from avion_ds.data import build_dataset
-    from avion_ds.data.decoders import available_backends, get_decoder
-
-    reqs = clip_requests(csv_path, entry, cfg, a.clips)
-    print(f"\nfused vs floor A/B, two paths only ({a.clips} clips x {a.repeats} rounds, interleaved; load average "
-          f"{os.getloadavg()[0]:.1f})")
-    for b in available_backends():
-        ds = build_dataset(replace(cfg, decoder=b, decode_timeout_s=0.0), "train")
-        dec = get_decoder(b, exact=False)
-        paths = {"fused": lambda i, ds=ds: ds[i]["frames"],
-                 "floor": lambda i, dec=dec: [dec.decode(p, loc) for p, loc in reqs[i][0]]}
-        times, cpu = timed_rounds(paths, a.clips, a.repeats)
-        n = a.clips * a.repeats
-        print(f"  {b:<11} fused vs floor: wall {ratio(times['fused'], times['floor']):.2f}x (median per clip), "
-              f"{sum(times['floor']) / sum(times['fused']):.2f}x (totals); CPU {cpu['floor'] / cpu['fused']:.2f}x "
-              f"(totals: {cpu['floor'] / n * 1e3:.1f} -> {cpu['fused'] / n * 1e3:.1f} ms/clip)")
-
-
-def part_faults(a, cfg, entry, csv_path: Path) -> None:
-    """Minor page faults per clip (fresh memory touched), in-process and in the helper, per backend: run once
-    as is and once with AVION_DS_MALLOC_TUNE=0 to see what the malloc thresholds save."""
-    import resource
-
-    from avion_ds.data.decoders import available_backends
-
-    run = fused_runner(cfg, entry, clip_requests(csv_path, entry, cfg, a.clips))
-
-    def faults(pid: int | None = None) -> int:
-        if pid is None:
-            return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
-        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[7])
-
-    print(f"\nminor page faults per clip ({a.clips} clips; AVION_DS_MALLOC_TUNE="
-          f"{os.environ.get('AVION_DS_MALLOC_TUNE', '1')})")
-    for b in available_backends():
-        inproc, helper = warm_pair(b, run)
-        f0 = faults()
-        for i in range(a.clips):
-            run(inproc, i)
-        f1, h0 = faults(), faults(helper.helper_pid)
-        for i in range(a.clips):
-            run(helper, i)
-        h1 = faults(helper.helper_pid)
-        print(f"  {b:<11} in-process {(f1 - f0) / a.clips:7.0f}   helper process {(h1 - h0) / a.clips:7.0f}   "
-              f"(helper malloc tuned: {helper.helper_malloc_tuned})")
-        helper.close()
-
-
-def part_helper_ab(a, cfg) -> None:
-    """The helper's cost with nothing else in the comparison: per backend, the same dataset in-process vs
-    through the helper, clip by clip, alternating (in the 11-path ``paths`` table decord's helper row
-    reads higher; this isolates the helper from whatever the other paths do to the process)."""
-    from dataclasses import replace
-
-    from avion_ds.data import build_dataset
-    from avion_ds.data.decoders import available_backends
-
-    print(f"\ntimeout helper A/B, two paths only ({a.clips} clips x {a.repeats} rounds, interleaved; load average "
-          f"{os.getloadavg()[0]:.1f})")
-    for b in available_backends():
-        ds = build_dataset(replace(cfg, decoder=b, decode_timeout_s=0.0), "train")
-        dsh = build_dataset(replace(cfg, decoder=b), "train")
-        paths = {"in": lambda i, ds=ds: ds[i]["frames"], "helper": lambda i, ds=dsh: ds[i]["frames"]}
-        times, cpu = timed_rounds(paths, a.clips, a.repeats, {"helper": lambda ds=dsh: ds.decoder.helper_cpu_s})
-        n = a.clips * a.repeats
-        print(f"  {b:<11} wall {1 - ratio(times['helper'], times['in']):+6.1%} (median per clip), CPU "
-              f"{cpu['helper'] / cpu['in'] - 1:+6.1%} (totals: {cpu['in'] / n * 1e3:.1f} -> "
-              f"{cpu['helper'] / n * 1e3:.1f} ms/clip)")
-        dsh.decoder.close()
 
 
 def _encode(src: Path, dst: Path, opts: dict[str, str]) -> int:
@@ -486,8 +286,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--parts", default="paths,scaling",
                    help="comma-separated: paths, scaling, encode, helpercpu, helperab, floorab, faults")
     p.add_argument("--workdir", default=None, help="keep files here (default: a temp dir, removed)")
+    p.add_argument("--cpu", type=int, default=None,
+                   help="pin this process (and so its decoder threads and helper processes) to this one CPU")
     a = p.parse_args(argv)
     parts = set(a.parts.split(","))
+    if a.cpu is not None:
+        os.sched_setaffinity(0, {a.cpu})
+        print(f"pinned to CPU {a.cpu} (helper processes and decoder threads inherit it)")
 
     from avion_ds.config import DataConfig
     from avion_ds.data.chunking import chunk_videos

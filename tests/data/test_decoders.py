@@ -175,3 +175,30 @@ def test_decord_fused_falls_back_on_widths_decord_cannot_resize_to(index_video, 
     out = get_decoder("decord").decode(index_video, [1, 50], crop)
     want = crop_resize(decode_all(index_video)[[1, 50]], crop.box, crop.size)
     assert out.shape == (2, 32, 32, 3) and _mad(out, want) < 1.0
+
+
+def _threads_started(fn) -> int:
+    """Threads/processes created system-wide while ``fn`` runs (the pid counter's advance), least of 3 tries
+    so that another process's fork during one try does not count."""
+    last = "/proc/sys/kernel/ns_last_pid"
+    best = None
+    for _ in range(3):
+        with open(last) as f:
+            before = int(f.read())
+        fn()
+        with open(last) as f:
+            n = int(f.read()) - before
+        best = n if best is None else min(best, n)
+    return best
+
+
+@pytest.mark.skipif(not __import__("os").path.exists("/proc/sys/kernel/ns_last_pid"), reason="Linux pid counter")
+@pytest.mark.parametrize("name", [b for b in BACKENDS if b != "decord"])  # decord always runs a thread of its own
+@pytest.mark.parametrize("crop", [True, False])
+def test_one_thread_backends_start_no_threads(name, crop, index_video) -> None:
+    """threads=1 means one: FFmpeg's defaults (filter graph and swscale at 0 = a thread per core) must not
+    start threads behind the worker's back (a DataLoader with N workers would oversubscribe the cores)."""
+    dec = get_decoder(name, threads=1)
+    spec = CropSpec(CropBox(top=10, left=20, height=50, width=60), (32, 32), 72, 96) if crop else None
+    dec.decode(index_video, IDX, spec)  # warm: library init may start its own pools once
+    assert _threads_started(lambda: dec.decode(index_video, IDX, spec)) == 0
