@@ -286,6 +286,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--parts", default="paths,scaling",
                    help="comma-separated: paths, scaling, encode, helpercpu, helperab, floorab, faults")
     p.add_argument("--workdir", default=None, help="keep files here (default: a temp dir, removed)")
+    p.add_argument("--backends", default=None, help="comma-separated: only these backends in the A/B parts")
     p.add_argument("--cpu", type=int, default=None,
                    help="pin this process (and so its decoder threads and helper processes) to this one CPU")
     a = p.parse_args(argv)

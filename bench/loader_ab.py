@@ -15,7 +15,14 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from loader_common import clip_requests, fused_runner, ratio, timed_rounds, warm_pair
+from loader_common import (
+    chosen_backends,
+    clip_requests,
+    fused_runner,
+    ratio,
+    timed_rounds,
+    warm_pair,
+)
 
 
 def part_helper_cpu(a, cfg, entry, csv_path: Path) -> None:
@@ -26,13 +33,13 @@ def part_helper_cpu(a, cfg, entry, csv_path: Path) -> None:
     (all its threads, reported with every reply), per clip, interleaved, median of per-clip ratios.
     """
     from avion_ds.data.crop import CropSpec
-    from avion_ds.data.decoders import available_backends, get_decoder
+    from avion_ds.data.decoders import get_decoder
 
     reqs = clip_requests(csv_path, entry, cfg, a.clips)
     run = fused_runner(cfg, entry, reqs)
     print(f"\ntimeout helper CPU cost ({a.clips} clips x {a.repeats} rounds, interleaved; load average "
           f"{os.getloadavg()[0]:.1f})")
-    for name in available_backends():
+    for name in chosen_backends(a):
         inproc, helper = warm_pair(name, run)
         cpu_in, cpu_h = [0.0] * a.clips, [0.0] * a.clips
         for r in range(a.repeats):
@@ -91,11 +98,10 @@ def part_helper_ab(a, cfg) -> None:
     from dataclasses import replace
 
     from avion_ds.data import build_dataset
-    from avion_ds.data.decoders import available_backends
 
     print(f"\ntimeout helper A/B, in-process vs two identical helpers ({a.clips} clips x {a.repeats} rounds, "
           f"interleaved; load average {os.getloadavg()[0]:.1f}); wall = median per clip, CPU = totals (+ helper's)")
-    for b in available_backends():
+    for b in chosen_backends(a):
         ds = build_dataset(replace(cfg, decoder=b, decode_timeout_s=0.0), "train")
         helpers = {k: build_dataset(replace(cfg, decoder=b), "train") for k in ("A", "B")}
         where = {k: collections.Counter() for k in ("in", *helpers)}
@@ -121,12 +127,12 @@ def part_floor_ab(a, cfg, entry, csv_path: Path) -> None:
     from dataclasses import replace
 
     from avion_ds.data import build_dataset
-    from avion_ds.data.decoders import available_backends, get_decoder
+    from avion_ds.data.decoders import get_decoder
 
     reqs = clip_requests(csv_path, entry, cfg, a.clips)
     print(f"\nfused vs floor A/B, two paths only ({a.clips} clips x {a.repeats} rounds, interleaved; load average "
           f"{os.getloadavg()[0]:.1f})")
-    for b in available_backends():
+    for b in chosen_backends(a):
         ds = build_dataset(replace(cfg, decoder=b, decode_timeout_s=0.0), "train")
         dec = get_decoder(b, exact=False)
         paths = {"fused": lambda i, ds=ds: ds[i]["frames"],
@@ -143,7 +149,6 @@ def part_faults(a, cfg, entry, csv_path: Path) -> None:
     as is and once with AVION_DS_MALLOC_TUNE=0 to see what the malloc thresholds save."""
     import resource
 
-    from avion_ds.data.decoders import available_backends
 
     run = fused_runner(cfg, entry, clip_requests(csv_path, entry, cfg, a.clips))
 
@@ -154,7 +159,7 @@ def part_faults(a, cfg, entry, csv_path: Path) -> None:
 
     print(f"\nminor page faults per clip ({a.clips} clips; AVION_DS_MALLOC_TUNE="
           f"{os.environ.get('AVION_DS_MALLOC_TUNE', '1')})")
-    for b in available_backends():
+    for b in chosen_backends(a):
         inproc, helper = warm_pair(b, run)
         f0 = faults()
         for i in range(a.clips):

@@ -86,3 +86,10 @@ def warm_pair(name: str, run):
     run(inproc, 0)
     run(helper, 0)
     return inproc, helper
+
+
+def chosen_backends(a) -> list[str]:
+    """The installed CPU backends, narrowed to ``--backends`` when given."""
+    from avion_ds.data.decoders import available_backends
+
+    return [b for b in available_backends() if not a.backends or b in a.backends.split(",")]
