@@ -3,7 +3,7 @@ two ways of getting the same clips, alternating clip by clip, with nothing else 
 
 Run the helper A/B pinned to one CPU (``--cpu K``; the helper processes inherit it). Unpinned, the
 scheduler put every in-process decode on one CPU and every helper decode on the other (``helperab``
-prints where each path ran), and the bench VM's two vCPUs differ in speed by up to 40%, by the
+prints where each path ran), and the bench VM's two vCPUs differ in speed by up to 41%, by the
 minute: an unpinned A/B then measures the two vCPUs, not the helper.
 """
 
@@ -148,7 +148,6 @@ def part_faults(a, cfg, entry, csv_path: Path) -> None:
     """Minor page faults per clip (fresh memory touched), in-process and in the helper, per backend: run once
     as is and once with AVION_DS_MALLOC_TUNE=0 to see what the malloc thresholds save."""
     import resource
-
 
     run = fused_runner(cfg, entry, clip_requests(csv_path, entry, cfg, a.clips))
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 
 import pytest
@@ -19,6 +20,7 @@ from avion_ds.data.synthetic import read_frame_index, write_video
 
 BACKENDS = available_backends()
 IDX = [0, 7, 7, 29, 30, 31, 64, 149, 3]  # unsorted, duplicated, across GOPs, the last frame
+PID_COUNTER = "/proc/sys/kernel/ns_last_pid"  # the last pid/tid the kernel handed out
 
 
 def _mad(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -180,19 +182,17 @@ def test_decord_fused_falls_back_on_widths_decord_cannot_resize_to(index_video, 
 def _threads_started(fn) -> int:
     """Threads/processes created system-wide while ``fn`` runs (the pid counter's advance), least of 3 tries
     so that another process's fork during one try does not count."""
-    last = "/proc/sys/kernel/ns_last_pid"
-    best = None
-    for _ in range(3):
-        with open(last) as f:
+    def once() -> int:
+        with open(PID_COUNTER) as f:
             before = int(f.read())
         fn()
-        with open(last) as f:
-            n = int(f.read()) - before
-        best = n if best is None else min(best, n)
-    return best
+        with open(PID_COUNTER) as f:
+            return int(f.read()) - before
+
+    return min(once() for _ in range(3))
 
 
-@pytest.mark.skipif(not __import__("os").path.exists("/proc/sys/kernel/ns_last_pid"), reason="Linux pid counter")
+@pytest.mark.skipif(not os.path.exists(PID_COUNTER), reason="needs Linux's pid counter")
 @pytest.mark.parametrize("name", [b for b in BACKENDS if b != "decord"])  # decord always runs a thread of its own
 @pytest.mark.parametrize("crop", [True, False])
 def test_one_thread_backends_start_no_threads(name, crop, index_video) -> None:
