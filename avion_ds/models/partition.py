@@ -109,6 +109,29 @@ def pin_malloc_mmap_threshold(nbytes: int = 128 * 1024) -> bool:
     return _MALLOC_PINNED
 
 
+def zero_init(ds_config: dict[str, Any]) -> Any:
+    """``deepspeed.zero.Init`` for ``ds_config`` whose parameter dtype is the config's own.
+
+    The dtype is left for DeepSpeed to read from the config (``dtype=None``): DeepSpeed 0.19.8's
+    ``Init._set_dtype`` evaluates ``dtype or fp16 if accelerator.is_fp16_supported() else bf16 ...``,
+    which drops an EXPLICIT dtype whenever the accelerator reports no fp16 (a CPU without oneDNN
+    fp16, e.g. AMD EPYC) and builds the parameters in bf16 under an fp32 config. The resolved dtype
+    is then checked, so a DeepSpeed that resolves it otherwise is corrected before anything is built.
+    """
+    import deepspeed
+
+    offload = ds_config["zero_optimization"].get("offload_param") or {}
+    init = deepspeed.zero.Init(config_dict_or_path=ds_config, remote_device=remote_device(ds_config),
+                               pin_memory=bool(offload.get("pin_memory", False)), dtype=None)
+    want = config_dtype(ds_config)
+    if init.dtype != want:
+        if getattr(init, "param_swapper", None) is not None:
+            raise RuntimeError(f"deepspeed.zero.Init resolved dtype {init.dtype} for a {want} config with NVMe "
+                               "offload; this DeepSpeed version cannot build the model partitioned")
+        init.dtype = want  # read when __enter__ patches the tensor constructors
+    return init
+
+
 @contextlib.contextmanager
 def partitioned_construction(ds_config: dict[str, Any] | None) -> Iterator[bool]:
     """Construct modules partitioned when ``ds_config`` is ZeRO-3 (yields True), plainly otherwise.
@@ -119,14 +142,9 @@ def partitioned_construction(ds_config: dict[str, Any] | None) -> Iterator[bool]
     if not zero3_stage(ds_config):
         yield False
         return
-    import deepspeed
-
     assert ds_config is not None
     pin_malloc_mmap_threshold()
-    with deepspeed.zero.Init(config_dict_or_path=ds_config, remote_device=remote_device(ds_config),
-                             pin_memory=bool((ds_config["zero_optimization"].get("offload_param") or {})
-                                             .get("pin_memory", False)),
-                             dtype=config_dtype(ds_config)):
+    with zero_init(ds_config):
         yield True
 
 
