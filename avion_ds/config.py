@@ -308,6 +308,19 @@ def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any
     return data
 
 
+def _yaml_where(e: yaml.YAMLError) -> str:
+    """``:LINE:COLUMN`` (1-based) of a YAML error, where the parser knows it."""
+    mark = getattr(e, "problem_mark", None) or getattr(e, "context_mark", None)
+    return f":{mark.line + 1}:{mark.column + 1}" if mark is not None else ""
+
+
+def _yaml_problem(e: yaml.YAMLError) -> str:
+    problem, context = getattr(e, "problem", None), getattr(e, "context", None)
+    if problem:
+        return f"{context}, {problem}" if context else str(problem)
+    return str(e).splitlines()[0]
+
+
 def load_recipe(path: str | Path | None, overrides: list[str] | None = None) -> Recipe:
     """Load a YAML recipe (or defaults when ``path`` is None), apply dotted overrides, validate."""
     data: dict[str, Any] = {}
@@ -318,7 +331,7 @@ def load_recipe(path: str | Path | None, overrides: list[str] | None = None) -> 
         try:
             data = yaml.safe_load(p.read_text()) or {}
         except yaml.YAMLError as e:
-            raise ConfigError(f"recipe {p} is not valid YAML: {str(e).splitlines()[0]}") from None
+            raise ConfigError(f"recipe {p}{_yaml_where(e)} is not valid YAML: {_yaml_problem(e)}") from None
         if data == {}:
             raise ConfigError(f"recipe {p} is empty: it needs at least model.name, model.heads or "
                               "model.num_classes and the data section (see launch/recipes/*.yaml)")

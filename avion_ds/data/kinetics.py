@@ -169,7 +169,8 @@ def split_summary(cfg: DataConfig, path: str | Path) -> tuple[int, int]:
         names = sorted({lab for *_, lab in _raw_rows(train)[1]})
     known = set(names)
     for n, _, _, lab in raw:  # the dataset would refuse it later, after the process group exists
-        if lab not in known and parse_int(lab) is None:
+        index = parse_int(lab)
+        if lab not in known and (index is None or not 0 <= index < len(names)):
             raise ValueError(f"{path}:{n}: label {lab!r} is not a known class "
                              f"({cfg.class_list or 'the sorted train labels'})")
     return len(raw), len(names)

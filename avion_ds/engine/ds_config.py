@@ -27,7 +27,7 @@ from typing import Any
 
 import torch
 
-from avion_ds.config import ConfigError, Recipe
+from avion_ds.config import FLOAT32_MAX, ConfigError, Recipe
 
 AUTO = "auto"
 
@@ -248,9 +248,19 @@ def validate_with_deepspeed(cfg: dict[str, Any]) -> None:
         where = ".".join(str(p) for p in err.get("loc", ()))
         section = _section_of(cfg, err)
         key = f"{section}.{where}" if section and where else (section or where)
-        raise ConfigError(f"deepspeed config {key}={err.get('input')!r}: {err.get('msg')}") from None
+        raise ConfigError(f"deepspeed config {key}={err.get('input')!r}: {_error_text(err)}") from None
     except (DeepSpeedConfigError, AssertionError) as e:
         raise ConfigError(f"deepspeed config rejected by DeepSpeed: {str(e).splitlines()[0]}") from None
+
+
+def _error_text(err: dict) -> str:
+    """pydantic's message, with an enum's allowed values listed once (DeepSpeed's ZeRO stage enum has an
+    alias, so pydantic says "Input should be 0, 1, 2, 3 or 3")."""
+    expected = (err.get("ctx") or {}).get("expected")
+    if err.get("type") != "enum" or not isinstance(expected, str):
+        return str(err.get("msg"))
+    values = list(dict.fromkeys(v.strip() for v in expected.replace(" or ", ", ").split(",")))
+    return f"allowed values: {', '.join(values)}"
 
 
 def _section_of(cfg: dict[str, Any], err: dict) -> str:
@@ -372,6 +382,11 @@ def build_ds_config(user: dict | str | Path, recipe: Recipe, world_size: int,
     tbs = cfg.get("train_batch_size", AUTO)
     mbs = cfg.get("train_micro_batch_size_per_gpu", AUTO)
     gas = cfg.get("gradient_accumulation_steps", AUTO)
+    for key, val in (("train_batch_size", tbs), ("train_micro_batch_size_per_gpu", mbs),
+                     ("gradient_accumulation_steps", gas)):
+        if val != AUTO and (isinstance(val, bool) or not isinstance(val, int)):
+            raise ConfigError(f"deepspeed config {key}={val!r} is not an integer (write a number without quotes, "
+                              'or "auto")')
     for key, val, want in (("train_micro_batch_size_per_gpu", mbs, plan.micro_batch),
                            ("gradient_accumulation_steps", gas, plan.grad_accum)):
         if val != AUTO and val != want:
@@ -390,6 +405,10 @@ def build_ds_config(user: dict | str | Path, recipe: Recipe, world_size: int,
 
     # ---- optimizer --------------------------------------------------------------------------
     lr = scaled_lr(recipe, plan.global_batch)
+    if not abs(lr) <= FLOAT32_MAX:  # each recipe value is checked alone; the scaled product can still overflow
+        o = recipe.optim
+        raise ConfigError(f"optim.lr={o.lr:g} x global batch {plan.global_batch} / optim.base_batch {o.base_batch} "
+                          f"= {lr:.4g} overflows float32 (largest {FLOAT32_MAX:.4g}); lower optim.lr")
     accel = accelerator_name()
     if "optimizer" in cfg:
         opt = cfg["optimizer"]

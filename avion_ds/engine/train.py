@@ -135,6 +135,8 @@ def preflight(args: argparse.Namespace) -> tuple[Recipe, dict[str, Any]]:
     """
     from avion_ds.engine import preflight as pf
 
+    if args.exit_after_steps is not None and args.exit_after_steps < 1:
+        raise ConfigError(f"--exit-after-steps {args.exit_after_steps}: must be >= 1 (optimizer steps)")
     recipe = load_recipe(args.config, _recipe_overrides(args))
     pf.check_output_dir(recipe)
     check_data_paths(recipe)
@@ -280,7 +282,8 @@ def run(args: argparse.Namespace) -> int:
         (run_dir / "ds_config.json").write_text(json.dumps(ds_config, indent=2) + "\n")
     ckpt.write_run_identity(run_dir, recipe)
 
-    resize = elastic.prepare_resume(run_dir, ds_config) if recipe.checkpoint.resume else None
+    resize = (elastic.prepare_resume(run_dir, ds_config, trust=recipe.model.trust_checkpoint)
+              if recipe.checkpoint.resume else None)
     if resize and dist.is_main():
         print(resize, flush=True)
     model = build_model(recipe, run_dir=run_dir, ds_config=ds_config)

@@ -151,3 +151,15 @@ def test_ssv2_bad_inputs_name_the_culprit(ssv2, tmp_path) -> None:
     with pytest.raises(ValueError, match="entry 1 has no id/template"):
         build_dataset(DataConfig(**{**cfg.__dict__, "train_csv": str(bad), "class_list": str(ssv2 / "labels.json")}),
                       "train")
+
+
+def test_class_index_beyond_the_class_list_is_refused_at_start_up(k400, tmp_path) -> None:
+    """An integer label with a class list must index it; the dataset would otherwise serve label 7 of 2."""
+    classes = tmp_path / "classes.txt"
+    classes.write_text("abseiling\nair drumming\n")
+    val = tmp_path / "val.csv"
+    val.write_text("label,youtube_id,time_start,time_end,split\n1,bbb,0,10,val\n7,aaa,14,24,val\n")
+    cfg = DataConfig(dataset="kinetics", root=str(k400["chunks"]), train_csv=str(k400["csv"]), val_csv=str(val),
+                     class_list=str(classes))
+    with pytest.raises(ValueError, match=r"val.csv:3: label '7' is not a known class"):
+        read_annotations(cfg, "val")

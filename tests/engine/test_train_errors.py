@@ -77,7 +77,7 @@ def test_resume_into_different_models_dir(setup: dict, capsys: pytest.CaptureFix
 
 
 # ---------------------------------------------------------------------------------------------
-# malformed invocations, table-driven (issue 9 item 10): each ends in ONE stderr line naming the key
+# malformed invocations, table-driven: each ends in ONE stderr line naming the key
 # and value, exit code 2, before any process group exists (dist.init is replaced by a tripwire)
 # ---------------------------------------------------------------------------------------------
 def _ds_file(setup: dict, patch: Callable[[dict], None]) -> Path:
@@ -147,7 +147,7 @@ def _top(**kv: object) -> Callable[[dict], None]:
 
 # (id, --set overrides, DeepSpeed JSON patch, file preparation, extra argv, substrings the line must hold)
 CASES: list[tuple[str, list[str], Callable | None, Callable | None, list[str], list[str]]] = [
-    # 19 that ended in a traceback before issue 9
+    # once tracebacks
     ("lr_nan", ["optim.lr=nan"], None, None, [], ["optim.lr=nan", "finite"]),
     ("weight_decay_negative", ["optim.weight_decay=-1"], None, None, [], ["optim.weight_decay=-1", ">= 0"]),
     ("workers_negative", ["data.workers=-1"], None, None, [], ["data.workers=-1", ">= 0"]),
@@ -160,7 +160,7 @@ CASES: list[tuple[str, list[str], Callable | None, Callable | None, list[str], l
     ("flash_on_cpu", ["model.attn_backend=flash"], None, None, [], ["model.attn_backend='flash'", "allowed here"]),
     ("fp16_unsupported", ["precision=fp16"], None, _no_fp16, [], ["precision=fp16", "allowed here: fp32, bf16"]),
     ("set_bad_yaml", ["optim.lr=[1,"], None, None, [], ["--set optim.lr=[1,", "not valid YAML"]),
-    ("zero_stage_7", [], _stage(7), None, [], ["zero_optimization.stage=7", "0, 1, 2, 3"]),
+    ("zero_stage_7", [], _stage(7), None, [], ["zero_optimization.stage=7", "allowed values: 0, 1, 2, 3"]),
     ("zero_stage_two", [], _stage("two"), None, [], ["zero_optimization.stage='two'", "0, 1, 2, 3"]),
     ("zero_as_list", [], _top(zero_optimization=[{"stage": 2}]), None, [], ["zero_optimization", "JSON object", "list"]),
     ("clipping_abc", [], _top(gradient_clipping="abc"), None, [], ["gradient_clipping='abc'", "number"]),
@@ -170,14 +170,20 @@ CASES: list[tuple[str, list[str], Callable | None, Callable | None, list[str], l
      ["zero_optimization.overlap_comm='maybe'", "boolean"]),
     ("zero_unknown_field", [], lambda c: c["zero_optimization"].update(stage3_max_live_param=1), None, [],
      ["zero_optimization.stage3_max_live_param=1", "not permitted"]),
-    # 4 that were silently accepted
+    # once silently accepted
     ("lr_inf", ["optim.lr=.inf"], None, None, [], ["optim.lr=inf", "finite"]),
     ("lr_overflows_float32", ["optim.lr=1e39"], None, None, [], ["optim.lr=1e+39", "overflows float32"]),
+    ("scaled_lr_overflows_float32", ["optim.lr=3e38", "optim.base_batch=4"], None, None, [],
+     ["optim.lr=3e+38 x global batch 8 / optim.base_batch 4 = 6e+38 overflows float32"]),
+    ("ds_batch_is_a_string", [], _top(train_batch_size="8"), None, [], ["train_batch_size='8'", "not an integer"]),
+    ("ds_accum_is_a_float", [], _top(gradient_accumulation_steps=1.5), None, [],
+     ["gradient_accumulation_steps=1.5", "not an integer"]),
+    ("exit_after_negative", [], None, None, ["--exit-after-steps", "-1"], ["--exit-after-steps -1", ">= 1"]),
     ("warmup_negative", ["schedule.warmup_epochs=-1"], None, None, [], ["schedule.warmup_epochs=-1", ">= 0"]),
     ("ds_key_typo", [], _top(train_batch_sise=8), None, [],
      ["unknown DeepSpeed key 'train_batch_sise'", "did you mean train_batch_size"]),
     ("empty_recipe", [], None, _empty_recipe, [], ["r.yaml is empty"]),
-    # already one line before issue 9 (kept that way)
+    # one line from the start
     ("recipe_key_typo", ["optim.learning_rate=1e-3"], None, None, [], ["optim.learning_rate", "known: lr"]),
     ("section_typo", ["optm.lr=1"], None, None, [], ["unknown recipe key 'optm'"]),
     ("bad_int", ["batch.micro_batch=eight"], None, None, [], ["batch.micro_batch", "'eight'"]),
@@ -209,7 +215,7 @@ CASES: list[tuple[str, list[str], Callable | None, Callable | None, list[str], l
     ("empty_root", ["data.root="], None, None, [], ["data.root is empty"]),
     ("empty_manifest", [], None, _empty_manifest, [], ["data.root=", "no decodable chunks"]),
     ("recipe_missing", [], None, lambda s: s["recipe"].unlink(), [], ["recipe file not found", "r.yaml"]),
-    ("recipe_not_yaml", [], None, _bad_yaml_recipe, [], ["r.yaml is not valid YAML"]),
+    ("recipe_not_yaml", [], None, _bad_yaml_recipe, [], ["r.yaml:2:1 is not valid YAML", "found '<stream end>'"]),
     ("recipe_is_a_list", [], None, _list_recipe, [], ["r.yaml", "top level must be a mapping", "list"]),
     ("batch_not_divisible", ["batch.global_batch=6"], None, None, [], ["batch.global_batch 6", "micro 4"]),
     ("ds_micro_conflict", [], _top(train_micro_batch_size_per_gpu=2), None, [],
@@ -258,8 +264,8 @@ def test_malformed_invocation_is_one_line_exit_2(case: tuple, setup: dict, capsy
 
 
 def test_table_covers_the_issue(setup: dict) -> None:
-    """61 malformed invocations: 19 former tracebacks, 4 former silent accepts, 38 already right."""
-    assert len(CASES) >= 61, len(CASES)
+    """Every malformed invocation found so far stays in the table."""
+    assert len(CASES) >= 65, len(CASES)
 
 
 def test_dry_run_prints_resolved_recipe_and_ds_config(setup: dict, capsys: pytest.CaptureFixture,
