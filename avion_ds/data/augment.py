@@ -2,9 +2,9 @@
 
 Frames cross the DataLoader as uint8 (T, H, W, C); here, on the GPU (or CPU), they become float
 (B, C, T, H, W): resize if the decoder did not produce ``cfg.size``, scale + normalise (ImageNet or
-OpenAI-CLIP mean/std), random horizontal flip (training), random erasing (``cfg.reprob``, timm's
-RandomErasing in pixel mode applied to each clip as a (T, C, H, W) batch, i.e. per frame, as
-VideoMAE's fine-tuning does), then mixup/cutmix with label smoothing
+OpenAI-CLIP mean/std), random horizontal flip (training), random erasing (``cfg.reprob``,
+:class:`~avion_ds.data.erasing.ClipErasing` in pixel mode: one box per clip erased on every frame,
+each view of a repeated sample drawn anew, as VideoMAE's fine-tuning does), then mixup/cutmix with label smoothing
 through timm's ``Mixup`` (training, when ``cfg.mixup`` or ``cfg.cutmix`` > 0). Videos are mixed as
 (B, C*T, H, W) views so cutmix boxes cut the same region out of every frame. EPIC's dict labels
 get ONE lambda and permutation shared by the verb and noun targets.
@@ -13,6 +13,8 @@ Targets: int class tensors when no mixup/cutmix is active (eval, or training wit
 the loss then applies ``cfg.label_smoothing`` itself), else float soft targets (B, K); dicts per
 head for EPIC. Multi-view eval input (B, V, T, H, W, C) becomes x (B*V, C, T, H, W) with labels
 unchanged (B,) — aggregate the (B, V, K) logits with :func:`avion_ds.data.views.aggregate_views`.
+Training input with repeated samples (``data.num_sample`` views) becomes B*V clips: a (B,) label is
+repeated per view, a (B, V, ...) label (pretraining masks, one per view) flattened to (B*V, ...).
 """
 
 from __future__ import annotations
@@ -51,9 +53,9 @@ class DeviceAugment:
                                num_classes=k, mode="batch")
         self.erase = None
         if train and cfg.reprob > 0:
-            from timm.data.random_erasing import RandomErasing
+            from .erasing import ClipErasing
 
-            self.erase = RandomErasing(probability=cfg.reprob, mode="pixel", max_count=1, num_splits=0, device="cpu")
+            self.erase = ClipErasing(probability=cfg.reprob, mode="pixel", max_count=1)
 
     @property
     def soft_targets(self) -> bool:
@@ -67,8 +69,7 @@ class DeviceAugment:
         if frames.dim() == 6:  # (B, V, T, H, W, C) multi-view
             v = frames.shape[1]
             frames = frames.flatten(0, 1)
-            if self.train and v > 1:
-                labels = _map(labels, lambda t: t.repeat_interleave(v))
+            labels = _map(labels, lambda t: _per_view(t, v, self.train))
         elif frames.dim() != 5:
             raise ValueError(f"frames must be (B, T, H, W, C) or (B, V, T, H, W, C), got {tuple(frames.shape)}")
         x = frames.permute(0, 4, 1, 2, 3).float()  # (B, C, T, H, W)
@@ -83,10 +84,8 @@ class DeviceAugment:
             flip = torch.rand(x.shape[0], device=device) < self.cfg.hflip
             x = torch.where(flip.view(-1, 1, 1, 1, 1), x.flip(-1), x)
         x = x.contiguous()
-        if self.erase is not None:  # timm RandomErasing on each clip as (T, C, H, W): per frame, as VideoMAE
-            self.erase.device = device
-            for clip in x:
-                self.erase(clip.transpose(0, 1))
+        if self.erase is not None:  # one box per clip, on every frame (VideoMAE's cube erasing)
+            self.erase(x)
         labels = _map(labels, lambda t: t.to(device, non_blocking=True))
         if self.mixup is None:
             return x, labels
@@ -112,6 +111,15 @@ class DeviceAugment:
         if isinstance(labels, dict):
             return {h: target(t, self.num_classes[h]) for h, t in labels.items()}
         return target(labels, int(self.num_classes))
+
+
+def _per_view(t: torch.Tensor, views: int, train: bool) -> torch.Tensor:
+    """Labels of ``views`` flattened views: (B, views, ...) per-view labels (pretraining masks, one per
+    view) are flattened; (B, ...) labels are repeated per view in training, kept (B, ...) in eval
+    (the views' scores are aggregated per sample)."""
+    if t.dim() >= 3 and t.shape[1] == views:
+        return t.flatten(0, 1)
+    return t.repeat_interleave(views, dim=0) if train else t
 
 
 def _map(labels: Labels, fn) -> Labels:

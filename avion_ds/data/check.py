@@ -47,6 +47,8 @@ class CheckReport:
     rows: dict[str, int] = field(default_factory=dict)
     quarantine: dict[str, str] = field(default_factory=dict)
     seconds: float = 0.0
+    training_reads: Path | None = None  # the quarantine file training reads (data.quarantine), None: none
+    quarantine_setting: str = "auto"
 
     def summary(self) -> dict:
         kinds = Counter(_kind(r) for r in self.quarantine.values())
@@ -172,6 +174,9 @@ def run_check(target: str, overrides: list[str], full: bool, workers: int, out: 
     else:
         raise ConfigError(f"{path}: neither a recipe file nor a chunk directory")
     report.seconds = time.perf_counter() - t0
+    report.quarantine_setting = cfg.quarantine
+    if cfg.quarantine not in ("", "none"):
+        report.training_reads = Path(cfg.root) / QUARANTINE_NAME if cfg.quarantine == "auto" else Path(cfg.quarantine)
     out_dir = Path(out) if out else Path(report.root)
     out_dir.mkdir(parents=True, exist_ok=True)
     write_quarantine(out_dir / QUARANTINE_NAME, report.quarantine)
@@ -197,9 +202,20 @@ def main(argv: list[str] | None = None) -> int:
     print(report)
     where = Path(a.out) if a.out else Path(report.root)
     if report.quarantine:
-        print(f"quarantine list: {where / QUARANTINE_NAME} (training skips these rows; summary {where / SUMMARY_NAME})")
+        print(f"quarantine list: {where / QUARANTINE_NAME} ({_training_note(report, where / QUARANTINE_NAME)}; "
+              f"summary {where / SUMMARY_NAME})")
         return 1
     return 0
+
+
+def _training_note(report: CheckReport, written: Path) -> str:
+    """Whether training reads the list just written (``data.quarantine`` decides which file it reads)."""
+    reads = report.training_reads
+    if reads is not None and reads.resolve() == written.resolve():
+        return "training skips these rows"
+    now = (f"training reads {reads} (data.quarantine: {report.quarantine_setting})" if reads is not None
+           else "training reads no quarantine list (data.quarantine: none)")
+    return f"{now}, not this file: to skip these rows, train with --set data.quarantine={written}"
 
 
 if __name__ == "__main__":

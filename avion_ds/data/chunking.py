@@ -3,8 +3,9 @@
 Layout (AVION's): ``DST/<video_id>/<start_second>.mp4`` with ``video_id`` the source file's stem,
 plus ``DST/manifest.jsonl`` (see :mod:`avion_ds.data.manifest`). Each source is decoded once by
 PyAV (its bundled FFmpeg libraries: no system ffmpeg needed) through an FFmpeg filter graph
-``fps -> scale -> format`` (constant frame rate, short side scaled down to ``short_side``, never
-up), and encoded with libx264 (``crf``, keyframe every ``gop`` frames, no B-frames) into chunks
+``fps -> scale -> setsar -> format`` (constant frame rate; square pixels at the display aspect, i.e. a
+source with non-square pixels (SAR != 1) is stretched to width x SAR as players show it; short side
+scaled down to ``short_side``, never up), and encoded with libx264 (``crf``, keyframe every ``gop`` frames, no B-frames) into chunks
 of ``chunk_seconds``. Each chunk is written under a temporary name, decoded again to COUNT its
 frames, then renamed: an interrupted run never leaves a half chunk that looks complete.
 
@@ -89,13 +90,16 @@ def _even(x: float) -> int:
     return max(2, int(round(x / 2)) * 2)
 
 
-def output_size(width: int, height: int, short_side: int | None) -> tuple[int, int]:
-    """Scale so the short side is ``short_side`` (never upscale); both sides even (yuv420p)."""
-    short = min(width, height)
+def output_size(width: int, height: int, short_side: int | None, sar: Fraction | None = None) -> tuple[int, int]:
+    """Square-pixel output size: the display size (width x SAR, as FFmpeg shows non-square pixels)
+    scaled so the short side is ``short_side`` (never upscale); both sides even (yuv420p)."""
+    display = width * float(sar) if sar and sar > 0 else float(width)
+    short = min(display, height)
     if short_side and short > short_side:
         s = short_side / short
-        return _even(width * s), _even(height * s)
-    return max(2, width - width % 2), max(2, height - height % 2)
+        return _even(display * s), _even(height * s)
+    w = int(round(display))
+    return max(2, w - w % 2), max(2, height - height % 2)
 
 
 def _chunk_name(start_s: float) -> str:
@@ -176,12 +180,14 @@ def chunk_one(src: str, dst: str, video_id: str, params: dict) -> list[dict]:
         stream.thread_type = "AUTO"
         src_fps = stream.average_rate or stream.guessed_rate or Fraction(30)
         fps = Fraction(params["fps"]).limit_denominator(1001) if params["fps"] else Fraction(src_fps)
-        width, height = output_size(stream.codec_context.width, stream.codec_context.height, params["short_side"])
+        sar = stream.sample_aspect_ratio  # container's, else the codec's (FFmpeg's guess); None: square
+        width, height = output_size(stream.codec_context.width, stream.codec_context.height, params["short_side"],
+                                    sar)
         per_chunk = max(1, int(round(params["chunk_seconds"] * fps)))
         graph = av.filter.Graph()
         nodes = [graph.add_buffer(template=stream), graph.add("fps", f"fps={fps.numerator}/{fps.denominator}"),
-                 graph.add("scale", f"{width}:{height}"), graph.add("format", "pix_fmts=yuv420p"),
-                 graph.add("buffersink")]
+                 graph.add("scale", f"{width}:{height}"), graph.add("setsar", "1"),
+                 graph.add("format", "pix_fmts=yuv420p"), graph.add("buffersink")]
         for a, b in pairwise(nodes):
             a.link_to(b)
         graph.configure()

@@ -50,6 +50,7 @@ from .crop import (
 from .decode_base import REGISTRY, load_plugins
 from .decoders import get_decoder, pick_decoder
 from .errors import DataError
+from .loader import is_main_rank
 from .manifest import (
     VideoEntry,
     check_chunk_file,
@@ -59,6 +60,8 @@ from .manifest import (
 )
 from .quarantine import quarantine_path, read_quarantine, row_key
 from .sampling import (
+    chunk_end_frame,
+    eval_indices,
     map_to_chunks,
     parse_timestamp,
     seconds_to_frames,
@@ -282,7 +285,7 @@ class ClipDataset(Dataset):
             keep.append(row)
         total = len(self.rows)
         self.rows = keep
-        if self.missing or self.quarantined:
+        if (self.missing or self.quarantined) and is_main_rank():  # once per job, not per rank
             log.warning("%s split: %d of %d annotation rows usable; %d missing videos, %d quarantined; first: %s",
                         self.split, len(keep), total, len(self.missing), len(self.quarantined),
                         (self.missing + self.quarantined)[0])
@@ -292,8 +295,11 @@ class ClipDataset(Dataset):
 
     # -- clips --------------------------------------------------------------------------------
     def clip_indices(self, start: int, end: int, rng, view: int) -> list[int]:
-        """Frame indices of temporal view ``view`` of the span [start, end) (the recipe's sampling)."""
+        """Frame indices of temporal view ``view`` of the span [start, end) (the recipe's sampling;
+        eval views as the dataset's reference code picks them: :func:`~.sampling.eval_indices`)."""
         c = self.cfg
+        if not self.train:
+            return eval_indices(c.dataset, c.sampling, start, end, c.num_frames, c.stride, view, self.temporal_views)
         if c.sampling == "stride":
             return stride_indices(start, end, c.num_frames, c.stride, train=self.train, rng=rng, view=view,
                                   num_views=self.temporal_views)
@@ -482,4 +488,5 @@ class EpicDataset(ClipDataset):
         except DataError as e:
             raise DataError(f"{where}: {e}") from None
         start, end = seconds_to_frames(start_s, stop_s, entry.fps)
+        end = max(chunk_end_frame(end, stop_s, entry), start + 1)  # AVION's cap at its chunk's last frame
         return entry, start, end, {"verb": verb, "noun": noun}

@@ -4,7 +4,9 @@ A protocol locks what a reported number means: frames, temporal sampling, views 
 ``check_recipe`` refuses a recipe whose data/eval settings differ from its protocol (use
 ``custom`` for anything else), so a number from another protocol cannot be reported under its
 name. :func:`eval_report` is what every eval JSON carries: the protocol, views, how many samples
-were evaluated, and which annotation rows were missing, quarantined or failed to decode.
+were evaluated, and which annotation rows were missing, quarantined or failed to decode. The
+views' frame indices are the sources' test loaders' (:func:`avion_ds.data.sampling.eval_indices`:
+VideoMAE's Kinetics and SSv2 test modes, AVION's ``get_frame_ids``; tests/data/test_protocols.py).
 
 Sources:
 - k400: VideoMAE ``scripts/kinetics/*/finetune.sh`` (``--num_frames 16 --sampling_rate 4

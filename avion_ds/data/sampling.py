@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 import re
+from bisect import bisect_right
 from collections.abc import Sequence
 
 import numpy as np
@@ -56,13 +57,18 @@ def segment_indices(start: int, end: int, num_frames: int, *, train: bool, rng: 
                     view: int = 0, num_views: int = 1) -> list[int]:
     """TSN sampling: split [start, end) into ``num_frames`` equal parts, one frame per part.
 
-    Train: a random position in each part (independent jitter). Eval: temporal view ``view`` of
-    ``num_views`` takes the same relative position (view + 0.5) / num_views in every part, so one
-    view gives the midpoints. Segments shorter than ``num_frames`` repeat frames.
+    Train: a random position in each part (independent jitter). Eval: one view takes the parts'
+    midpoints as AVION's ``get_frame_ids(jitter=False)`` computes them (means of neighbouring
+    ``linspace(start, end, num_frames + 1)`` values, truncated); temporal view ``view`` of
+    ``num_views`` > 1 takes the relative position (view + 0.5) / num_views in every part.
+    Segments shorter than ``num_frames`` repeat frames.
     """
     if num_frames <= 0:
         raise ValueError(f"num_frames must be positive, got {num_frames}")
     end = max(end, start + 1)
+    if not train and num_views == 1:
+        edges = np.linspace(start, end, num_frames + 1)
+        return [min(end - 1, int(m)) for m in (edges[:-1] + edges[1:]) / 2]
     seg = (end - start) / num_frames
     out = []
     for i in range(num_frames):
@@ -76,12 +82,20 @@ def stride_indices(start: int, end: int, num_frames: int, stride: int, *, train:
     """Fixed-stride sampling (Kinetics / VideoMAE): ``num_frames`` frames ``stride`` apart.
 
     The clip (``(num_frames - 1) * stride + 1`` frames) starts at a random offset in training and,
-    in eval, at ``num_views`` evenly spaced offsets (the centre for one view). A span shorter than
-    the clip starts at ``start`` and repeats its last frame.
+    for one eval view, at the centre; a span shorter than the clip starts at ``start`` and repeats
+    its last frame. ``num_views`` > 1 eval views follow VideoMAE's Kinetics test loader: the span
+    is read every ``stride`` frames, that list is padded with its last frame to ``num_frames``,
+    and view ``view`` is the ``num_frames`` entries from ``int(view * (len - num_frames) /
+    (num_views - 1))``.
     """
     if num_frames <= 0 or stride <= 0:
         raise ValueError(f"num_frames and stride must be positive, got {num_frames}, {stride}")
     end = max(end, start + 1)
+    if not train and num_views > 1:
+        count = len(range(start, end, stride))
+        step = max((max(count, num_frames) - num_frames) / (num_views - 1), 0.0)
+        first = int(view * step)
+        return [start + stride * min(first + i, count - 1) for i in range(num_frames)]
     span = (num_frames - 1) * stride + 1
     room = end - start - span
     if room <= 0:
@@ -90,11 +104,49 @@ def stride_indices(start: int, end: int, num_frames: int, stride: int, *, train:
         if rng is None:
             raise ValueError("training sampling needs an rng")
         first = start + int(rng.integers(0, room + 1))
-    elif num_views == 1:
-        first = start + room // 2
     else:
-        first = start + int(round(room * view / (num_views - 1)))
+        first = start + room // 2
     return [min(end - 1, first + i * stride) for i in range(num_frames)]
+
+
+def ssv2_test_indices(start: int, end: int, num_frames: int, view: int = 0, num_views: int = 2) -> list[int]:
+    """VideoMAE's SSv2 test sampling: view ``view`` of ``num_views`` takes ``int(tick * x + tick * view /
+    num_views)`` for x < ``num_frames``, ``tick = (end - start) / num_frames``.
+
+    VideoMAE builds ``int(tick * x)`` and ``int(tick * x + tick / 2)``, sorts the joined list and
+    gives view v every second entry from v: as both lists interleave in order, that is view 0 at
+    offset 0 and view 1 at offset 1/2 of every segment, floored (one view: the segment starts).
+    """
+    if num_frames <= 0:
+        raise ValueError(f"num_frames must be positive, got {num_frames}")
+    end = max(end, start + 1)
+    tick = (end - start) / num_frames
+    return [start + int(tick * x + tick * view / num_views) for x in range(num_frames)]
+
+
+def eval_indices(dataset: str, sampling: str, start: int, end: int, num_frames: int, stride: int, view: int,
+                 num_views: int) -> list[int]:
+    """Frame indices of eval temporal view ``view`` of ``num_views`` over [start, end), as the
+    dataset's reference code picks them: stride sampling as VideoMAE's Kinetics test loader, SSv2
+    segments as VideoMAE's SSv2 test loader, other segments as AVION (one view) / TSN."""
+    if sampling == "stride":
+        return stride_indices(start, end, num_frames, stride, train=False, view=view, num_views=num_views)
+    if dataset == "ssv2":
+        return ssv2_test_indices(start, end, num_frames, view, num_views)
+    return segment_indices(start, end, num_frames, train=False, view=view, num_views=num_views)
+
+
+def chunk_end_frame(end: int, stop_s: float, entry: VideoEntry) -> int:
+    """AVION's cap on a segment's end frame: at most the last decodable frame of the chunk that holds
+    the stop time (the last chunk when the stop time lies past the video), so a segment running
+    past its chunk's (or the video's) last frame is sampled up to that frame. A stop time more than
+    one second past the video (what ``avion-ds check`` tolerates) keeps its end: the clip is then a
+    bad sample (a truncated video or a wrong annotation), where AVION would squeeze it silently."""
+    if end > entry.num_frames + max(1, int(round(entry.fps))):
+        return end
+    k = max(0, bisect_right([c.start_frame for c in entry.chunks], stop_s * entry.fps) - 1)
+    chunk = entry.chunks[k]
+    return min(end, chunk.start_frame + chunk.frames - 1)
 
 
 def map_to_chunks(indices: Sequence[int], entry: VideoEntry) -> list[tuple[str, list[int]]]:

@@ -11,7 +11,10 @@ labelled datasets (:class:`~avion_ds.data.datasets.ClipDataset`).
 
 Items: ``{"frames": uint8 (T, H, W, C), "label": {"mask": bool (N,)[, "decode_mask": bool (N,)]},
 "index", "skipped"}``; the masks are drawn per clip from the seeded clip generator (same mask in any
-worker) once :attr:`VideosDataset.masks` holds a :class:`~avion_ds.data.masking.MaskSpec`.
+worker) once :attr:`VideosDataset.masks` holds a :class:`~avion_ds.data.masking.MaskSpec`. With
+``data.num_sample`` > 1 in training (VideoMAE V2's repeated sampling, ``--num_sample 4`` in its
+scripts) one decode gives num_sample clips, each with its own multi-scale crop and its own encoder
+and decoder masks: frames (S, T, H, W, C), masks (S, N); the device side flattens them to S clips.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+import numpy as np
 import torch
 
 from ..config import DataConfig
@@ -26,6 +30,7 @@ from .crop import CropBox, clip_rng, multi_scale_crop
 from .datasets import ClipDataset, VideoIndex
 from .errors import DataError
 from .kinetics import read_video_list
+from .loader import is_main_rank
 from .manifest import VideoEntry, find_videos
 from .masking import MaskSpec
 
@@ -52,7 +57,7 @@ class VideosDataset(ClipDataset):
             self.source = str(self.index.root)
         if not self.videos:
             raise ValueError(f"data.dataset=videos: no videos in {self.source}")
-        if not self.train and not cfg.val_csv:
+        if not self.train and not cfg.val_csv and is_main_rank():
             log.info("videos: data.val_csv is empty; validation uses the training videos (centre crop, fixed masks)")
         self.clips_per_video = cfg.clips_per_video
         self.masks: MaskSpec | None = None
@@ -99,6 +104,10 @@ class VideosDataset(ClipDataset):
         item = super()._load(i)
         if self.masks is None:
             raise RuntimeError("VideosDataset.masks is not set: attach a MaskSpec before loading clips")
-        drawn = self.masks.draw(clip_rng(self.seed, self.epoch, i, MASK_STREAM))
-        item["label"] = {k: torch.from_numpy(v) for k, v in drawn.items()}
+        rng = clip_rng(self.seed, self.epoch, i, MASK_STREAM)
+        if item["frames"].dim() == 5:  # repeated samples (VideoMAE V2 --num_sample): fresh masks per sample
+            drawn = [self.masks.draw(rng) for _ in range(item["frames"].shape[0])]
+            item["label"] = {k: torch.from_numpy(np.stack([d[k] for d in drawn])) for k in drawn[0]}
+        else:
+            item["label"] = {k: torch.from_numpy(v) for k, v in self.masks.draw(rng).items()}
         return item

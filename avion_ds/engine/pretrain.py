@@ -74,28 +74,37 @@ def reconstruction_loss(out: Any) -> tuple[torch.Tensor, dict[str, torch.Tensor]
 @torch.no_grad()
 def evaluate_pretrain(model: Callable[..., Any], loader: Any, augment: Callable, device: torch.device,
                       dtype: torch.dtype = torch.float32) -> dict[str, float]:
-    """Validation reconstruction loss, the predict-zero baseline and loss / baseline, over all ranks."""
+    """Validation reconstruction loss, the predict-zero baseline and loss / baseline, over all ranks.
+
+    Both are means over every scored token (decoded and hidden from the encoder, as the model's loss)
+    of the whole val set: per-clip sums are gathered by dataset index and the DistributedSampler's
+    padding repeats dropped (as classification eval does), so ranks and batching do not change them.
+    """
+    from avion_ds.engine.metrics import PredictionStore
     from avion_ds.models.pretrain import pixel_targets
 
     was_training = getattr(model, "training", False)
     if hasattr(model, "eval"):
         model.eval()
     arch = getattr(model, "module", model).arch
-    totals = torch.zeros(3, dtype=torch.float64)
+    store = PredictionStore()
     for batch in loader:
         frames = batch["frames"].to(device, non_blocking=True)
         x, masks = augment(frames, {k: v.to(device) for k, v in batch["label"].items()})
         out = model(x.to(dtype), **masks)
         decode = masks["mask"] if "decode_mask" not in masks else ~masks["decode_mask"]
-        weight = (masks["mask"] & decode).float()
-        zero = (pixel_targets(x, arch).pow(2).mean(dim=-1) * weight).sum() / weight.sum()
-        n = frames.shape[0]
-        totals += torch.tensor([float(out.loss) * n, float(zero) * n, n], dtype=torch.float64)
+        b = x.shape[0]
+        targets = pixel_targets(x, arch)[decode].reshape(b, -1, out.pred.shape[-1])
+        weight = masks["mask"][decode].reshape(b, -1).float()  # the model's loss weights, in pred's order
+        sums = torch.stack([((out.pred.float() - targets).pow(2).mean(dim=-1) * weight).sum(dim=1),
+                            (targets.pow(2).mean(dim=-1) * weight).sum(dim=1), weight.sum(dim=1)], dim=1)
+        store.add(batch["index"], sums.double(), torch.zeros(b))
     if was_training and hasattr(model, "train"):
         model.train()
-    loss_sum, zero_sum, count = (float(v) for v in dist.all_reduce_sum(totals.to(device)).cpu())
-    count = max(count, 1.0)
-    loss, zero = loss_sum / count, zero_sum / count
+    _, sums, _ = store.gather()  # every rank's clips, each dataset index once
+    loss_sum, zero_sum, weight = (float(v) for v in sums.sum(dim=0)) if sums.numel() else (0.0, 0.0, 0.0)
+    weight = max(weight, 1.0)
+    loss, zero = loss_sum / weight, zero_sum / weight
     return {"recon_loss": loss, "zero_baseline": zero, "recon_vs_zero": loss / max(zero, 1e-12)}
 
 

@@ -93,6 +93,25 @@ def _sec(ts: str) -> float:
     return int(h) * 3600 + int(m) * 60 + float(s)
 
 
+def test_check_out_elsewhere_says_what_training_reads(epic_copy, epic_raw, tmp_path, capsys) -> None:
+    """--out ELSEWHERE: training (data.quarantine: auto) reads <root>/quarantine.tsv, not this list; say so."""
+    root, cfg = epic_copy
+    vid = _rows(epic_raw["train_csv"])[0]["video_id"]
+    chunk = root / vid / "3.mp4"
+    chunk.write_bytes(chunk.read_bytes()[:500])
+    elsewhere = tmp_path / "elsewhere" / "quarantine.tsv"
+    recipe = _recipe(tmp_path, cfg)
+    assert check([recipe, "--workers", "1", "--out", str(elsewhere.parent)]) == 1
+    line = next(ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("quarantine list:"))
+    assert "training skips these rows" not in line
+    assert f"training reads {root / 'quarantine.tsv'} (data.quarantine: auto), not this file" in line
+    assert f"--set data.quarantine={elsewhere}" in line
+    assert build_dataset(replace(cfg, quarantine=str(elsewhere)), "train").quarantined  # the advice works
+    assert check([recipe, "--workers", "1"]) == 1  # default: the data root, which training reads
+    line = next(ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("quarantine list:"))
+    assert f"quarantine list: {root / 'quarantine.tsv'} (training skips these rows;" in line
+
+
 def test_check_a_chunk_directory_sampled_and_full(epic_copy, tmp_path, capsys) -> None:
     root, _ = epic_copy
     recs = [json.loads(x) for x in (root / "manifest.jsonl").read_text().splitlines()]

@@ -34,6 +34,50 @@ def test_output_size_never_upscales() -> None:
     assert output_size(97, 73, None) == (96, 72)  # even sizes for yuv420p, never up
 
 
+def _sar_source(path, width: int, height: int, sar, band: tuple[int, int]):
+    """A source whose stream stores non-square pixels (``sar``): a white band over columns ``band``."""
+    import av
+    import numpy as np
+
+    with av.open(str(path), "w") as c:
+        s = c.add_stream("libx264", rate=10)
+        s.width, s.height, s.pix_fmt = width, height, "yuv420p"
+        s.codec_context.sample_aspect_ratio = sar
+        img = np.zeros((height, width, 3), np.uint8)
+        img[:, band[0]:band[1]] = 255
+        for _ in range(10):
+            for pkt in s.encode(av.VideoFrame.from_ndarray(img, format="rgb24")):
+                c.mux(pkt)
+        for pkt in s.encode(None):
+            c.mux(pkt)
+    return path
+
+
+def test_non_square_pixels_are_chunked_at_the_display_aspect(tmp_path, decode_all) -> None:
+    """176x144 with SAR 128:117 displays 192.5x144 (FFmpeg's reading): chunks are 192x144 square pixels
+    (not 176x144, 8.6% narrower than the display), and the picture is stretched to match."""
+    from fractions import Fraction
+
+    import av
+
+    (tmp_path / "src").mkdir()
+    src = _sar_source(tmp_path / "src" / "cif.mp4", 176, 144, Fraction(128, 117), (44, 88))
+    s = chunk_videos(src.parent, tmp_path / "out", chunk_seconds=10.0, short_side=320, fps=10, progress=False)
+    assert s.ok == ["cif"] and not s.failed
+    entry = load_manifest(tmp_path / "out")["cif"]
+    assert (entry.width, entry.height) == (192, 144)
+    with av.open(entry.chunks[0].path) as c:
+        assert c.streams.video[0].sample_aspect_ratio in (None, Fraction(0), Fraction(1))  # square pixels
+    cols = decode_all(entry.chunks[0].path)[0].float().mean(dim=(0, 2)) > 128  # the band's columns
+    lit = cols.nonzero().flatten()
+    assert abs(int(lit.min()) - 48) <= 2 and abs(int(lit.max()) - 95) <= 2  # 1/4..1/2 of the display width
+    # scaled down: the short side of the display size
+    s = chunk_videos(src.parent, tmp_path / "small", chunk_seconds=10.0, short_side=72, fps=10, progress=False)
+    assert (load_manifest(tmp_path / "small")["cif"].width, load_manifest(tmp_path / "small")["cif"].height) == (96, 72)
+    assert output_size(720, 480, 320, Fraction(8, 9)) == (426, 320)  # anamorphic NTSC: 640x480 display
+    assert output_size(176, 144, 320, Fraction(1)) == output_size(176, 144, 320) == (176, 144)
+
+
 def test_fps_conversion_and_scaling(tmp_path, index_video, decode_all) -> None:
     s = chunk_videos(index_video, tmp_path / "out", chunk_seconds=2.0, short_side=36, fps=15, gop=4, progress=False)
     assert s.ok == ["idx"] and not s.failed

@@ -218,6 +218,29 @@ def test_unknown_videos_are_dropped_listed_and_counted_at_start(epic_copy, epic_
         build_dataset(replace(cfg, train_csv=str(csv_path), val_csv=""), "train")
 
 
+def test_split_summary_is_logged_on_rank_0_only(epic_copy, epic_raw, tmp_path, caplog, monkeypatch) -> None:
+    """Every rank builds the datasets; the 'N of M annotation rows usable' line comes from rank 0 alone."""
+    import torch.distributed as tdist
+
+    _root, cfg = epic_copy
+    good, bad = _good_row(epic_raw), dict(_good_row(epic_raw), video_id="P99_999", narration_id="P99_999_0")
+    csv_path = tmp_path / "rows.csv"
+    _write_rows(csv_path, [bad, good])
+    cfg = replace(cfg, train_csv=str(csv_path), val_csv="")
+
+    def summaries(rank: int | None, env_rank: str) -> list[str]:
+        monkeypatch.setenv("RANK", env_rank)
+        monkeypatch.setattr(tdist, "is_initialized", lambda: rank is not None)
+        monkeypatch.setattr(tdist, "get_rank", lambda group=None: rank)
+        caplog.clear()
+        with caplog.at_level(logging.WARNING, logger="avion_ds.data.datasets"):
+            assert len(build_dataset(cfg, "train").missing) == 1  # every rank still drops the row
+        return [r.getMessage() for r in caplog.records if "annotation rows usable" in r.getMessage()]
+
+    assert len(summaries(0, "0")) == 1 and len(summaries(None, "0")) == 1
+    assert summaries(1, "1") == [] and summaries(None, "3") == []  # process group, or launcher env before it
+
+
 def test_timeout_skips_a_hung_sample(epic_cfg, tmp_path, monkeypatch, caplog) -> None:
     from avion_ds.data import decoders
 

@@ -66,24 +66,95 @@ def test_bad_rand_aug_spec_is_one_line() -> None:
         load_recipe(None, ["data.dataset=kinetics", "data.reprob=1.5"])
 
 
-def test_random_erasing_train_only_per_frame_rectangles() -> None:
-    cfg = DataConfig(size=32, hflip=0.0, mixup=0.0, cutmix=0.0, reprob=1.0)
-    frames = torch.full((2, 4, 32, 32, 3), 128, dtype=torch.uint8)
-    labels = torch.zeros(2, dtype=torch.long)
-    clean, _ = DeviceAugment(replace(cfg, reprob=0.0), 5, train=True)(frames, labels)
-    x, _ = DeviceAugment(cfg, 5, train=True)(frames, labels)
-    ev, _ = DeviceAugment(cfg, 5, train=False)(frames, labels)
-    assert torch.equal(ev, clean)
-    boxes = set()
-    for b in range(2):
-        for t in range(4):
+def _videomae_cube_boxes(clips: torch.Tensor, prob: float) -> list[tuple[int, int, int, int] | None]:
+    """Reference: VideoMAE's RandomErasing(cube=True, mode='pixel', count 1) on each clip (T, C, H, W) in
+    turn, written from its procedure (random.random() > prob skips the clip; up to 100 attempts of
+    area uniform(0.02, 1/3) * H * W, aspect exp(uniform(log 0.3, log 1/0.3)), h = round(sqrt(area *
+    aspect)), w = round(sqrt(area / aspect)), accepted when w < W and h < H, then top = randint(0,
+    H - h), left = randint(0, W - w)); the box, or None when the clip is left alone."""
+    import math
+
+    out = []
+    for clip in clips:
+        _, _, hh, ww = clip.shape
+        if random.random() > prob:
+            out.append(None)
+            continue
+        box = None
+        for _ in range(100):
+            area = random.uniform(0.02, 1 / 3) * hh * ww
+            aspect = math.exp(random.uniform(math.log(0.3), math.log(1 / 0.3)))
+            h, w = int(round(math.sqrt(area * aspect))), int(round(math.sqrt(area / aspect)))
+            if w < ww and h < hh:
+                box = (random.randint(0, hh - h), random.randint(0, ww - w), h, w)
+                break
+        out.append(box)
+    return out
+
+
+def _erased_boxes(x: torch.Tensor, clean: torch.Tensor) -> list[list[tuple[int, int, int, int] | None]]:
+    """Per clip and frame: the bounding box (top, left, h, w) of the changed pixels, or None."""
+    out = []
+    for b in range(x.shape[0]):
+        frames = []
+        for t in range(x.shape[2]):
             diff = (x[b, :, t] != clean[b, :, t]).any(0)
-            assert diff.any()  # every frame erased (probability 1)
+            if not diff.any():
+                frames.append(None)
+                continue
             rows, cols = diff.any(1).nonzero().flatten(), diff.any(0).nonzero().flatten()
             r0, r1, c0, c1 = int(rows.min()), int(rows.max()), int(cols.min()), int(cols.max())
-            assert diff[r0:r1 + 1, c0:c1 + 1].float().mean() > 0.99  # one rectangle
-            boxes.add((r0, r1, c0, c1))
-    assert len(boxes) > 1  # drawn per frame, as VideoMAE's erasing of a (T, C, H, W) clip
+            assert diff[r0:r1 + 1, c0:c1 + 1].float().mean() > 0.99  # one filled rectangle
+            frames.append((r0, c0, r1 - r0 + 1, c1 - c0 + 1))
+        out.append(frames)
+    return out
+
+
+def test_random_erasing_is_one_box_per_clip_as_videomae() -> None:
+    """VideoMAE erases ONE box per clip (its cube mode) on every frame, with fresh noise per frame."""
+    cfg = DataConfig(size=32, hflip=0.0, mixup=0.0, cutmix=0.0, reprob=0.5)
+    g = torch.Generator().manual_seed(0)
+    frames = torch.randint(0, 256, (40, 4, 32, 32, 3), generator=g, dtype=torch.uint8)
+    labels = torch.zeros(40, dtype=torch.long)
+    clean, _ = DeviceAugment(replace(cfg, reprob=0.0), 5, train=True)(frames, labels)
+    ev, _ = DeviceAugment(cfg, 5, train=False)(frames, labels)
+    assert torch.equal(ev, clean)  # training only
+    saved = random.getstate()
+    random.seed(11)
+    x, _ = DeviceAugment(cfg, 5, train=True)(frames, labels)
+    random.seed(11)
+    want = _videomae_cube_boxes(clean.transpose(1, 2), 0.5)  # the reference's (T, C, H, W) clips
+    random.setstate(saved)
+    got = _erased_boxes(x, clean)
+    for b, frame_boxes in enumerate(got):
+        assert all(f == frame_boxes[0] for f in frame_boxes), (b, frame_boxes)  # the same box on every frame
+        assert frame_boxes[0] == want[b], (b, frame_boxes[0], want[b])  # seeded: the reference's boxes
+        if want[b] is not None:
+            top, left, h, w = want[b]
+            region = x[b, :, :, top:top + h, left:left + w]
+            assert not torch.equal(region[:, 0], region[:, 1])  # fresh noise per frame
+            assert abs(float(region.mean())) < 0.5 and 0.6 < float(region.std()) < 1.4  # normal noise
+            assert torch.equal(x[b, :, :, :top], clean[b, :, :, :top])  # nothing outside the box
+    assert 8 <= sum(w is not None for w in want) <= 32
+
+
+def test_random_erasing_rate_and_box_sizes() -> None:
+    """Fraction of erased clips ~ reprob (0.25, VideoMAE's default); boxes cover 2%..33% of the frame."""
+    from avion_ds.data.erasing import ClipErasing
+
+    n, hw = 4000, 32
+    erase = ClipErasing(probability=0.25)
+    clips = torch.zeros(n, 1, 3, hw, hw)
+    saved = random.getstate()
+    random.seed(3)
+    erase(clips)
+    random.setstate(saved)
+    per_frame = clips.ne(0).any(1).flatten(2).any(2)  # (n, T): frame erased
+    assert torch.equal(per_frame.all(1), per_frame.any(1))  # a clip is erased on all its frames or none
+    rate = float(per_frame[:, 0].float().mean())
+    assert abs(rate - 0.25) < 4 * (0.25 * 0.75 / n) ** 0.5, rate
+    area = clips[:, 0, 0].ne(0).flatten(1).float().mean(1)[per_frame[:, 0]]  # share of the frame erased
+    assert float(area.min()) > 0.015 and float(area.max()) < 0.36
 
 
 def test_repeated_augmentation_decodes_once_and_gives_views(index_chunks, tmp_path, monkeypatch, decode_all) -> None:

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 from pathlib import Path
+from types import SimpleNamespace
 from typing import ClassVar
 
+import numpy as np
 import pytest
 
 from avion_ds.config import ConfigError, load_recipe
@@ -79,3 +81,98 @@ def test_missing_class_list_is_one_line_before_any_work(tmp_path) -> None:
     r = load_recipe(RECIPES / "vit_b_k400.yaml", [*base, f"data.quarantine={tmp_path / 'q.tsv'}"])
     with pytest.raises(ConfigError, match=r"data.quarantine: file not found: .*q.tsv \(auto \| none"):
         check_data_paths(r)
+
+
+# -- every locked protocol's eval frame indices, against the reference code's procedure ----------------
+def _videomae_k400_test(n: int, clip_len: int, rate: int, chunk_nb: int, test_num_segment: int) -> list[int]:
+    """VideoMAE kinetics.py, test mode: every ``rate``-th frame, padded with the last one to clip_len;
+    view chunk_nb starts at int(chunk_nb * max((len - clip_len) / (test_num_segment - 1), 0))."""
+    index = list(range(0, n, rate))
+    while len(index) < clip_len:
+        index.append(index[-1])
+    step = max(1.0 * (len(index) - clip_len) / (test_num_segment - 1), 0)
+    first = int(chunk_nb * step)
+    return index[first:first + clip_len]
+
+
+def _videomae_ssv2_test(n: int, num_segment: int, chunk_nb: int, test_num_segment: int) -> list[int]:
+    """VideoMAE ssv2.py, test mode: int(tick / 2 + tick * x) and int(tick * x) joined, padded with the
+    last entry to num_segment * test_num_segment, sorted; view chunk_nb takes every second entry from it."""
+    tick = n / float(num_segment)
+    index = [int(tick / 2.0 + tick * x) for x in range(num_segment)] + [int(tick * x) for x in range(num_segment)]
+    while len(index) < num_segment * test_num_segment:
+        index.append(index[-1])
+    return [int(i) for i in np.sort(np.array(index))[chunk_nb::2]]
+
+
+def _avion_epic_test(start_s: float, end_s: float, fps: float, chunks: dict[int, int], clip_length: int,
+                     chunk_len: int = 15) -> list[int]:
+    """AVION clip_dataset.video_loader (chunked) + get_frame_ids(jitter=False): the stop time is capped at
+    the last frame of the chunk holding it (walking back to the last existing chunk), both times rounded
+    to frames, then the means of neighbouring linspace(start, end, clip_length + 1) values, truncated."""
+    chunk_end = int(end_s) // chunk_len * chunk_len
+    while chunk_end not in chunks:
+        chunk_end -= chunk_len
+    end_s = min(end_s, (chunks[chunk_end] - 1) / fps + chunk_end)
+    start, end = int(np.round(start_s * fps)), int(np.round(end_s * fps))
+    ids = np.convolve(np.linspace(start, end, clip_length + 1), [0.5, 0.5], mode="valid")
+    return ids.astype(int).tolist()
+
+
+def _eval_clip(protocol: str, start: int, end: int, view: int) -> list[int]:
+    """The frames a dataset built for ``protocol`` evaluates: ClipDataset.clip_indices itself."""
+    from avion_ds.config import DataConfig
+    from avion_ds.data.datasets import ClipDataset
+
+    p = PROTOCOLS[protocol]
+    cfg = DataConfig(dataset=p.dataset, sampling=p.sampling, num_frames=p.num_frames, stride=p.stride or 4)
+    ds = SimpleNamespace(cfg=cfg, train=False, temporal_views=p.temporal_views)
+    return ClipDataset.clip_indices(ds, start, end, None, view)
+
+
+def test_every_locked_protocol_has_a_reference_test() -> None:
+    assert set(PROTOCOLS) == {"k400", "ssv2", "epic"}  # a new protocol needs its reference test below
+
+
+def test_k400_views_are_videomae_kinetics_test_clips() -> None:
+    p = PROTOCOLS["k400"]
+    for n in [*range(1, 130), 250, 299, 300, 301, 317, 450, 1000]:  # padded (< 16 read frames), tight, long
+        for v in range(p.temporal_views):
+            want = _videomae_k400_test(n, p.num_frames, p.stride, v, p.temporal_views)
+            assert _eval_clip("k400", 0, n, v) == want, (n, v)
+
+
+def test_ssv2_views_are_videomae_ssv2_test_clips() -> None:
+    p = PROTOCOLS["ssv2"]
+    # tick < 1, 1 <= tick < 2, longer (SSv2 videos: ~30-70 frames at 12 fps)
+    for n in [*range(1, 100), 117, 200, 333, 1000]:
+        for v in range(p.temporal_views):
+            assert _eval_clip("ssv2", 0, n, v) == _videomae_ssv2_test(n, p.num_frames, v, p.temporal_views), (n, v)
+    assert _eval_clip("ssv2", 0, 48, 1)[:4] == [1, 4, 7, 10]  # offset 1/2 of a 3-frame segment, floored
+
+
+def test_epic_view_is_avion_get_frame_ids_on_chunks() -> None:
+    """EPIC: AVION's chunked loader (15 s chunks at 30 fps; the middle chunk decodes 449 of 450 frames)."""
+    from avion_ds.data.datasets import EpicDataset
+    from avion_ds.data.manifest import Chunk, VideoEntry
+
+    p = PROTOCOLS["epic"]
+    fps, chunks = 30.0, {0: 450, 15: 449, 30: 200}
+    entry = VideoEntry("P01_01", [Chunk(f"P01_01/{s}.mp4", int(s * fps), f, fps, 320, 240) for s, f in chunks.items()])
+    spans = []
+    for start_s in (0.0, 1.23, 5.3, 14.5, 14.9, 29.2, 33.0, 36.4):
+        for length in (0.1, 0.4, 0.7, 0.9, 1.5, 3.33, 14.0, 20.0):  # tick < 1, 1 <= tick < 2, longer (16 frames)
+            spans.append((start_s, start_s + length))
+    spans = [(a, b) for a, b in spans if b <= 37.6]  # stop at most 1 s past the video's 36.67 s (below)
+    spans += [(14.0, 14.99), (14.0, 14.984), (28.0, 29.99), (29.0, 30.0), (35.0, 37.5), (36.5, 37.6)]
+    for start_s, stop_s in spans:
+        row = {"narration_id": "P01_01_0", "video_id": "P01_01", "start_timestamp": f"{start_s}",
+               "stop_timestamp": f"{stop_s}", "verb_class": "0", "noun_class": "0"}
+        ds = SimpleNamespace(csv="EPIC_100_validation.csv", rows=[(2, row)],
+                             index=SimpleNamespace(by_id=lambda _: entry))
+        _, start, end, _ = EpicDataset.sample_span(ds, 0)
+        want = _avion_epic_test(start_s, stop_s, fps, chunks, p.num_frames)
+        assert _eval_clip("epic", start, end, 0) == want, (start_s, stop_s)
+    # deviation: a stop time more than 1 s past the video is a bad sample here (AVION squeezes the clip)
+    row = dict(row, start_timestamp="35.0", stop_timestamp="40.0")
+    assert EpicDataset.sample_span(SimpleNamespace(csv="x.csv", rows=[(2, row)], index=ds.index), 0)[2] == 1200

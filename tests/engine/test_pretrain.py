@@ -142,3 +142,77 @@ def test_reconstruct_writes_the_grid(runs: dict, tiny_epic: dict, tmp_path: Path
     middle = pixels[128:256]
     assert (middle == 128).all(axis=-1).mean() > 0.3  # hidden tokens are grey in the masked row
     assert main(["--checkpoint", str(runs["ref"]), "--video", str(tmp_path / "missing.mp4"), "--out", str(out)]) == 2
+
+
+def _local_recipe(tmp: Path, data: dict, *sets: str):
+    from avion_ds.config import load_recipe
+
+    return load_recipe(_recipe(tmp, data), ["data.workers=0", *sets])
+
+
+def test_repeated_samples_get_their_own_crops_and_masks(tiny_epic: dict, tmp_path: Path) -> None:
+    """VideoMAE V2 --num_sample: one decode, num_sample clips, each with its own crop and masks; the
+    device side flattens clips and masks alike, and the model takes the batch."""
+    from avion_ds.data import DeviceAugment, build_dataset, build_loader
+    from avion_ds.engine.pretrain import attach_masks, build_pretrain_model
+
+    recipe = _local_recipe(tmp_path, tiny_epic, "data.num_sample=4", "data.clips_per_video=1")
+    ds = build_dataset(recipe.data, "train", seed=recipe.seed)
+    attach_masks(recipe, ds)
+    item = ds[0]
+    frames, masks = item["frames"], item["label"]
+    assert frames.shape == (4, 4, 32, 32, 3)
+    assert set(masks) == {"mask", "decode_mask"} and all(m.shape == (4, 8) for m in masks.values())
+    assert len({frames[s].numpy().tobytes() for s in range(4)}) > 1  # a crop per sample
+    for key in masks:  # encoder and decoder masks drawn per sample
+        assert len({masks[key][s].numpy().tobytes() for s in range(4)}) > 1, key
+    again = ds[0]  # seeded per sample, as the rest of the loader
+    assert torch.equal(again["frames"], frames) and all(torch.equal(again["label"][k], masks[k]) for k in masks)
+    batch = next(iter(build_loader(ds, 2, 0, shuffle=False, seed=0, drop_last=True, distributed=False)))
+    x, flat = DeviceAugment(recipe.data, 0, train=True)(batch["frames"], batch["label"])
+    assert x.shape == (8, 3, 4, 32, 32) and flat["mask"].shape == (8, 8)
+    assert torch.equal(flat["mask"][5], batch["label"]["mask"][1, 1])  # clip 5 = video 1, sample 1
+    out = build_pretrain_model(recipe)(x, **flat)
+    assert math.isfinite(float(out.loss.detach()))
+
+
+def test_v2_recipe_sets_num_sample_and_valid_batches() -> None:
+    from avion_ds.config import load_recipe
+    from avion_ds.engine.ds_config import resolve_batch
+
+    r = load_recipe(REPO / "launch" / "recipes" / "pretrain_vit_g_v2.yaml")
+    assert (r.data.num_sample, r.data.clips_per_video) == (4, 1)  # V2: --num_sample 4, each video once
+    for world in (8, 16, 64):
+        plan = resolve_batch(r, world)
+        assert plan.global_batch == 256 and plan.micro_batch * plan.grad_accum * world == 256
+
+
+def test_pretrain_eval_ignores_sampler_padding(tiny_epic: dict, tmp_path: Path) -> None:
+    """5 val clips on 2 ranks: DistributedSampler pads rank 1 with clip 0; the padded pass (both ranks'
+    shards run in one process) gives the unpadded pass's numbers."""
+    from torch.utils.data import DataLoader, DistributedSampler
+
+    from avion_ds.data import DeviceAugment, build_dataset
+    from avion_ds.engine.pretrain import (
+        attach_masks,
+        build_pretrain_model,
+        evaluate_pretrain,
+    )
+
+    recipe = _local_recipe(tmp_path, tiny_epic, "data.clips_per_video=5")
+    ds = build_dataset(recipe.data, "val", seed=recipe.seed)
+    attach_masks(recipe, ds)
+    sub = torch.utils.data.Subset(ds, range(5))
+    padded = [i for r in range(2) for i in DistributedSampler(sub, num_replicas=2, rank=r, shuffle=False)]
+    assert sorted(padded) == [0, 0, 1, 2, 3, 4]
+    torch.manual_seed(0)
+    model = build_pretrain_model(recipe).eval()
+    aug = DeviceAugment(recipe.data, 0, train=False)
+
+    def run(order: list[int], bs: int) -> dict[str, float]:
+        return evaluate_pretrain(model, DataLoader(sub, batch_size=bs, sampler=order), aug, torch.device("cpu"))
+
+    plain, pad = run(list(range(5)), 5), run(padded, 3)
+    for key in plain:
+        assert pad[key] == pytest.approx(plain[key], rel=1e-5), (key, pad, plain)
+    assert run(list(range(5)), 2) == pytest.approx(plain, rel=1e-5)  # batching does not change it either
