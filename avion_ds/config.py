@@ -74,7 +74,7 @@ class DataConfig:
     class_list: str = ""  # kinetics: class names (one a line; index = line); ssv2: labels.json ("" = next to train_csv)
     quarantine: str = "auto"  # auto: <root>/quarantine.tsv if present (written by avion-ds check) | none | PATH
     rand_aug: str = ""  # timm RandAugment spec, e.g. rand-m7-n4-mstd0.5-inc1 (same ops for every frame of a clip)
-    reprob: float = 0.0  # timm RandomErasing probability (pixel mode, VideoMAE: 0.25)
+    reprob: float = 0.0  # random erasing: probability per clip, one box on every frame (pixel mode; VideoMAE: 0.25)
     num_sample: int = 1  # repeated augmentation: augmented views per loaded training clip (VideoMAE: 2)
     interpolation: str = "bilinear"  # bilinear | bicubic: crop resize and RandAugment geometric ops
     clips_per_video: int = 1  # dataset: videos — clips drawn from every video per epoch
