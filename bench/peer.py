@@ -5,7 +5,7 @@ attention kernel family (``--attn sdpa``: PyTorch SDPA in both; ``flash``: flash
 ``flash_attention_2`` in HF), same dtype, same batch. Reports train-step clips/s (forward +
 backward + AdamW step, median of interleaved timed steps) and activation bytes per clip (saved
 tensors, avion_ds.memory.measure_activation_bytes) with the ratios ours / HF.
-Targets (issue 5): speed >= 1.2x, activation memory <= 0.8x.
+Targets: speed >= 1.2x, activation memory <= 0.8x.
 
 transformers is a bench-only extra: pip install transformers  (it must not change torch).
 

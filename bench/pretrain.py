@@ -1,4 +1,4 @@
-"""Masked pretraining benchmarks (issue 11, item 8), every comparison side by side in ONE process.
+"""Masked pretraining benchmarks, every comparison side by side in ONE process.
 
 Parts (``--parts``, default all CPU ones):
 

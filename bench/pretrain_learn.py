@@ -1,4 +1,4 @@
-"""Does masked pretraining learn, and does it help fine-tuning? (issue 11, item 8), on `avion-ds synth` data.
+"""Does masked pretraining learn, and does it help fine-tuning? On `avion-ds synth` data.
 
 1. Synthetic EPIC-style videos (``make_synthetic_epic``, ``--background smooth`` by default: linear
    colour ramps per segment, spatially predictable) chunked as usual; the pretraining clips come
