@@ -224,7 +224,7 @@ def _psnr(a: Path, b: Path) -> float:
 
 
 ENCODE_SETTINGS = {  # name -> libx264 options (GOP 16, no B-frames as in avion-ds chunk)
-    "veryfast crf23 (old default)": {"preset": "veryfast", "crf": "23"},
+    "veryfast crf23 (no tune)": {"preset": "veryfast", "crf": "23"},
     "veryfast crf23 fastdecode": {"preset": "veryfast", "crf": "23", "tune": "fastdecode"},
     "veryfast crf21 fastdecode": {"preset": "veryfast", "crf": "21", "tune": "fastdecode"},
     "veryfast crf19 fastdecode": {"preset": "veryfast", "crf": "19", "tune": "fastdecode"},
