@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# ONE GPU benchmark run, sized to finish in < 10 minutes on one H200 (each part has a hard time limit):
+# ONE GPU benchmark run on one H200; each part has a hard time limit (they add up to 620 s, 710 s with LOADER=1):
 #   1. ViT-B/L bf16 16x224 train-step clips/s and MFU, flash-attn vs SDPA            (bench/memory.py throughput)
 #   2. largest micro-batch per size under a 24 GiB cap, planner vs measured, and the
 #      planner's allocated-peak error on every probe (target within +-10%)            (bench/memory.py capacity)
