@@ -8,6 +8,10 @@ Layout of a run directory (``avion_ds.rundir``)::
 
 A run killed mid-save leaves a tag without ``COMPLETE.json``; resume ignores it and loads the
 newest complete tag. DeepSpeed's own ``latest`` file is never trusted for that reason.
+
+DeepSpeed's ``load_checkpoint`` unpickles its files in full; before it opens a tag every ``*.pt`` of
+the tag is read with the safe loader (``models.safe_load``), and a file pickling anything outside the
+allowlist stops the resume with one line unless ``trust`` (``--trust-checkpoint``).
 """
 
 from __future__ import annotations
@@ -23,9 +27,11 @@ import torch
 from avion_ds.config import ConfigError, Recipe
 from avion_ds.engine import dist
 from avion_ds.engine.rng import rng_state, set_rng_state  # noqa: F401 - set_rng_state re-exported
+from avion_ds.models.safe_load import load_checkpoint_file
 from avion_ds.rundir import (  # noqa: F401 - the layout names are re-exported as checkpoint.*
     CKPT_SUBDIR,
     MARKER,
+    check_tag_files,
     checkpoint_dir,
     complete_tags,
     latest_complete,
@@ -147,22 +153,26 @@ def check_tag(run_dir: str | Path, tag: str, flag: str = "--resume-from") -> Non
                           f"(complete: {', '.join(have) if have else 'none'})")
 
 
-def load_latest(engine: Any, run_dir: str | Path, tag: str | None = None) -> dict[str, Any] | None:
-    """Load ``tag`` (default: the newest complete checkpoint) into ``engine``; returns this rank's client state."""
+def load_latest(engine: Any, run_dir: str | Path, tag: str | None = None,
+                trust: bool = False) -> dict[str, Any] | None:
+    """Load ``tag`` (default: the newest complete checkpoint) into ``engine``; returns this rank's client state.
+
+    Every file of the tag is checked with the safe loader first (``UntrustedCheckpoint`` unless ``trust``)."""
     tag = tag or latest_complete(run_dir)
     tag = dist.broadcast_object(tag)  # all ranks agree even if the filesystem view lags
     if tag is None:
         return None
     root = checkpoint_dir(run_dir)
     marker = json.loads((root / tag / MARKER).read_text())
+    check_tag_files(root / tag, trust)  # before DeepSpeed unpickles any of them in full
     if marker.get("world_size") not in (None, dist.world_size()):  # converted by elastic.prepare_resume
         from avion_ds.engine.elastic import load_universal
 
-        return load_universal(engine, root / tag, int(marker["world_size"]))
+        return load_universal(engine, root / tag, int(marker["world_size"]), trust)
     path, _ = engine.load_checkpoint(str(root), tag=tag, load_optimizer_states=True, load_lr_scheduler_states=True)
     if path is None:
         raise RuntimeError(f"DeepSpeed could not load checkpoint {root / tag}")
     client_file = root / tag / f"client_rank{dist.rank()}.pt"
-    client = torch.load(client_file, map_location="cpu", weights_only=False)
+    client = load_checkpoint_file(client_file, trust)
     client["tag"] = tag
     return client

@@ -14,6 +14,10 @@ the engine is built with ``checkpoint.load_universal``. What bites in deepspeed 
 * per-rank client files (RNG streams) do not exist for new ranks: new rank r takes old rank r's
   file when it exists, else old rank ``r % old_world``'s counters with a fresh RNG stream derived
   from (global step, r), so no two ranks share a stream.
+
+``ds_to_universal`` and DeepSpeed's loading unpickle the files in full: every ``*.pt`` of the tag is
+checked with the safe loader before the conversion (``rundir.check_tag_files``), and the client
+files are read through it (``trust``: ``--trust-checkpoint``).
 """
 
 from __future__ import annotations
@@ -33,6 +37,7 @@ import torch
 from avion_ds import rundir
 from avion_ds.engine import dist
 from avion_ds.engine.rng import rng_state, set_rng_state
+from avion_ds.models.safe_load import load_checkpoint_file
 
 UNIVERSAL = "universal"
 GROUP_SETTINGS = ("weight_decay", "lr_scale")  # per-group choices of this run, not checkpoint state
@@ -73,15 +78,17 @@ def convert_to_universal(tag_dir: Path) -> Path:
     return out
 
 
-def prepare_resume(run_dir: str | Path, ds_config: dict[str, Any]) -> str | None:
-    """Before the engine exists: if the checkpoint to resume has another world size, convert it
-    (rank 0; the others wait) and switch ``ds_config`` to universal loading. Returns the log line."""
+def prepare_resume(run_dir: str | Path, ds_config: dict[str, Any], trust: bool = False) -> str | None:
+    """Before the engine exists: if the checkpoint to resume has another world size, check its files
+    (every rank; ``UntrustedCheckpoint`` unless ``trust``), convert it (rank 0; the others wait) and
+    switch ``ds_config`` to universal loading. Returns the log line."""
     found = old_world_size(run_dir)
     found = dist.broadcast_object(found)
     if found is None:
         return None
     tag, old = found
     tag_dir = rundir.checkpoint_dir(run_dir) / tag
+    rundir.check_tag_files(tag_dir, trust)  # ds_to_universal unpickles them in full
     error = None
     if dist.is_main():
         try:
@@ -109,17 +116,18 @@ def _fresh_rng(global_step: int, rank: int) -> dict[str, Any]:
     return fresh
 
 
-def client_for_rank(tag_dir: Path, old_world: int, rank: int) -> dict[str, Any]:
-    """This rank's client state under the old -> new world mapping (see module docstring)."""
+def client_for_rank(tag_dir: Path, old_world: int, rank: int, trust: bool = False) -> dict[str, Any]:
+    """This rank's client state under the old -> new world mapping (see module docstring), read with
+    the safe loader."""
     own = tag_dir / f"client_rank{rank}.pt"
     if rank < old_world and own.is_file():
-        return torch.load(own, map_location="cpu", weights_only=False)
-    client = torch.load(tag_dir / f"client_rank{rank % old_world}.pt", map_location="cpu", weights_only=False)
+        return load_checkpoint_file(own, trust)
+    client = load_checkpoint_file(tag_dir / f"client_rank{rank % old_world}.pt", trust)
     client["rng"] = _fresh_rng(int(client.get("global_step", 0)), rank)
     return client
 
 
-def load_universal(engine: Any, tag_dir: Path, old_world: int) -> dict[str, Any]:
+def load_universal(engine: Any, tag_dir: Path, old_world: int, trust: bool = False) -> dict[str, Any]:
     """Load ``tag_dir/universal`` into an engine built with ``checkpoint.load_universal``."""
     if not engine.load_universal_checkpoint():
         raise RuntimeError("elastic resume: the engine was built without checkpoint.load_universal "
@@ -132,6 +140,6 @@ def load_universal(engine: Any, tag_dir: Path, old_world: int) -> dict[str, Any]
         raise RuntimeError(f"DeepSpeed could not load the universal checkpoint {tag_dir / UNIVERSAL}")
     for g, kept in zip(engine.optimizer.param_groups, settings):
         g.update(kept)  # ZeRO-3's universal load gives every group the first group's weight decay
-    client = client_for_rank(tag_dir, old_world, dist.rank())
+    client = client_for_rank(tag_dir, old_world, dist.rank(), trust)
     client["tag"] = tag_dir.name
     return client

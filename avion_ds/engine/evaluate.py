@@ -24,7 +24,7 @@ from avion_ds.engine.metrics import (
     failed_line,
     per_sample_records,
 )
-from avion_ds.rundir import consolidate
+from avion_ds.rundir import consolidate, skipped_note
 
 
 # ---------------------------------------------------------------------------------------------
@@ -50,7 +50,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--precision", default="auto", choices=("auto", *PRECISIONS),
                    help="inference dtype (auto: the recipe's, else bf16 on GPUs and fp32 on CPU)")
     p.add_argument("--trust-checkpoint", action="store_true",
-                   help="allow full unpickling of a weights file that pickles more than tensors (it can run code); "
+                   help="allow full unpickling of checkpoint files (weights file or run directory) that pickle more "
+                        "than tensors and a few known types (it can run code); "
                         "same as --set model.trust_checkpoint=true")
     p.add_argument("--local_rank", "--local-rank", type=int, default=None, help="injected by the deepspeed launcher")
     args = p.parse_args(argv)
@@ -99,7 +100,7 @@ def _eval_model(args: argparse.Namespace, recipe: Recipe, run_dir: Path | None, 
 
         source: Any = str(args.checkpoint)
         if run_dir is not None:
-            source = consolidate(run_dir, tag) if dist.is_main() else {}
+            source = consolidate(run_dir, tag, recipe.model.trust_checkpoint) if dist.is_main() else {}
         return build_for_inference(lambda: build_model(recipe, pretrained=""), source, offload=args.offload,
                                    max_live_parameters=int(args.max_live_params),
                                    prefetch_bucket_size=int(args.prefetch_bucket), nvme_path=args.nvme_path,
@@ -109,7 +110,7 @@ def _eval_model(args: argparse.Namespace, recipe: Recipe, run_dir: Path | None, 
     model = build_model(recipe, pretrained="")
     from avion_ds.models import load_pretrained
 
-    load_pretrained(model, consolidate(run_dir, tag), strict=True)
+    load_pretrained(model, consolidate(run_dir, tag, recipe.model.trust_checkpoint), strict=True)
     return model
 
 
@@ -164,6 +165,9 @@ def run(args: argparse.Namespace) -> int:
     precision = args.precision if args.precision != "auto" else (
         recipe.precision if recipe.precision != "auto" else ("bf16" if device.type == "cuda" else "fp32"))
     dtype = torch_dtype(precision)
+    note = skipped_note(run_dir, tag) if run_dir is not None and tag and not args.tag else None
+    if note and dist.is_main():
+        print(note, flush=True)
     model = _eval_model(args, recipe, run_dir, tag, dtype)
     model.eval()
     if dist.is_main():

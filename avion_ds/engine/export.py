@@ -1,8 +1,9 @@
 """`avion-ds export RUN_DIR --out model.safetensors`: ZeRO shards -> one fp32 safetensors state dict.
 
-Uses DeepSpeed's ``zero_to_fp32`` for ZeRO 1/2/3 (it rebuilds the fp32 master weights from the
-optimizer shards) and the module state of a ZeRO-0 checkpoint otherwise. The file loads with
-``create_model(name, pretrained=file)``; its metadata names the model and architecture.
+ZeRO 1/2/3: the fp32 master weights rebuilt from the optimizer shards (``rundir.zero_state_dict``,
+the layout of DeepSpeed's ``zero_to_fp32`` without its full unpickling); ZeRO-0: the module state.
+Every file is read with ``weights_only`` + allowlist (``--trust-checkpoint`` opts out). The file
+loads with ``create_model(name, pretrained=file)``; its metadata names the model and architecture.
 """
 
 from __future__ import annotations
@@ -23,29 +24,29 @@ from avion_ds.rundir import (
     consolidate,
     latest_complete,
     run_zero_stage,
+    skipped_note,
+    zero_state_dict,
 )
 
 
-def stream_export(run_dir: Path, tag: str, out: Path, meta: dict[str, str]) -> Path:
-    """ZeRO 1/2/3 -> safetensors one tensor at a time: DeepSpeed's lazy fp32 reconstruction
-    (optimizer shards memory-mapped) feeds ``SafetensorsWriter``, so the process holds the mapped
-    fp32 partitions (file-backed) plus one tensor, not the 2-3 full copies of ``consolidate``."""
-    from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
-
+def stream_export(run_dir: Path, tag: str, out: Path, meta: dict[str, str], trust: bool = False) -> Path:
+    """ZeRO 1/2/3 -> safetensors one tensor at a time: the lazy fp32 reconstruction (optimizer shards
+    memory-mapped) feeds ``SafetensorsWriter``, so the process holds the mapped fp32 partitions
+    (file-backed) plus one tensor, not the full copy of ``consolidate``."""
     from avion_ds.models.safetensors_stream import SafetensorsWriter
 
-    lazy = get_fp32_state_dict_from_zero_checkpoint(str(checkpoint_dir(run_dir)), tag=tag, lazy_mode=True)
+    lazy = zero_state_dict(checkpoint_dir(run_dir) / tag, trust)
     specs = [(clean_key(k), torch.float32 if v.dtype.is_floating_point else v.dtype, tuple(v.shape))
              for k, v in lazy.items()]
     writer = SafetensorsWriter(out, specs, meta)
     for (name, dtype, _), v in zip(specs, lazy.values()):
-        t = v.contiguous()
+        t = v.materialize()
         writer.write(name, t.to(dtype))
         del t
     return writer.close()
 
 
-def export(run_dir: str | Path, out: str | Path, tag: str | None = None) -> Path:
+def export(run_dir: str | Path, out: str | Path, tag: str | None = None, trust: bool = False) -> Path:
     """Write the consolidated fp32 weights of ``run_dir`` to ``out`` (safetensors, or .pt).
 
     ZeRO 1/2/3 runs exported to .safetensors stream (``stream_export``); other cases consolidate
@@ -61,11 +62,11 @@ def export(run_dir: str | Path, out: str | Path, tag: str | None = None) -> Path
     resolved = tag or latest_complete(run_dir)
     if out.suffix == ".safetensors" and resolved is not None and (checkpoint_dir(run_dir) / resolved / MARKER).is_file() \
             and run_zero_stage(run_dir, checkpoint_dir(run_dir) / resolved) > 0:
-        path = stream_export(run_dir, resolved, out, meta)  # consolidates and writes tensor by tensor
+        path = stream_export(run_dir, resolved, out, meta, trust)  # consolidates and writes tensor by tensor
         bar.update(2)
         bar.close()
         return path
-    sd = consolidate(run_dir, tag)
+    sd = consolidate(run_dir, tag, trust)
     bar.update(1)
     if out.suffix == ".safetensors":
         from safetensors.torch import save_file
@@ -79,7 +80,8 @@ def export(run_dir: str | Path, out: str | Path, tag: str | None = None) -> Path
     return out
 
 
-def export_hf(run_dir: str | Path, out: str | Path, tag: str | None = None, head: str | None = None) -> float:
+def export_hf(run_dir: str | Path, out: str | Path, tag: str | None = None, head: str | None = None,
+              trust: bool = False) -> float:
     """Write ``run_dir``'s checkpoint as a Hugging Face ``VideoMAEForVideoClassification`` directory.
 
     Needs the run's ``recipe.yaml`` (the architecture); returns the max |logit difference| between
@@ -99,7 +101,7 @@ def export_hf(run_dir: str | Path, out: str | Path, tag: str | None = None, head
     except ValueError as e:
         raise ConfigError(f"--format hf: {e}") from None
     with progress(desc="export (consolidate, convert + write + reload)", total=2, unit="step") as bar:
-        load_pretrained(model, consolidate(run_dir, tag), strict=True)
+        load_pretrained(model, consolidate(run_dir, tag, trust), strict=True)
         bar.update(1)
         try:
             diff = save_hf(model, out, head)
@@ -122,18 +124,24 @@ def main(argv: list[str] | None = None) -> int:
                         "VideoMAEForVideoClassification directory (single-head models, or one --head)")
     p.add_argument("--head", default=None, help="with --format hf and a multi-head model (EPIC verb + noun): "
                    "the head to export as the classifier")
+    p.add_argument("--trust-checkpoint", action="store_true",
+                   help="allow full unpickling of checkpoint files that pickle more than tensors and a few known "
+                        "types (it can run code from them)")
     args = p.parse_args(argv)
     try:
         if not Path(args.run_dir).is_dir():
             raise ConfigError(f"run dir not found: {args.run_dir}")
         tag = args.tag or latest_complete(args.run_dir)
+        note = skipped_note(args.run_dir, tag) if tag and not args.tag else None
+        if note:
+            print(note, flush=True)
         if args.format == "hf":
-            diff = export_hf(args.run_dir, args.out, tag, args.head)
+            diff = export_hf(args.run_dir, args.out, tag, args.head, args.trust_checkpoint)
             print(f"wrote {args.out} (Hugging Face VideoMAEForVideoClassification, checkpoint {tag}"
                   f"{', head ' + args.head if args.head else ''}; reloaded with transformers: max |logit "
                   f"difference| {diff:.2e})")
             return 0
-        out = export(args.run_dir, args.out, tag)
+        out = export(args.run_dir, args.out, tag, args.trust_checkpoint)
     except ConfigError as e:
         print(f"avion-ds export: error: {e}", file=sys.stderr)
         return 2
