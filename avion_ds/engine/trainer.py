@@ -337,7 +337,8 @@ class Trainer:
 
     def resume(self, tag: str | None = None) -> bool:
         """Load ``tag`` (default: the newest complete checkpoint) into the engine and the state."""
-        client = ckpt.load_latest(self.engine, Path(self.recipe.output_dir), tag)
+        client = ckpt.load_latest(self.engine, Path(self.recipe.output_dir), tag,
+                                  trust=self.recipe.model.trust_checkpoint)
         if client is None:
             return False
         self.state.load_state_dict(client)

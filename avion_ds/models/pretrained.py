@@ -82,7 +82,7 @@ def read_checkpoint(source: str | Path | dict, trust: bool = False) -> dict[str,
         )
 
         logger.info("%s is a run directory: loading its latest complete checkpoint", path)
-        return consolidate(path)
+        return consolidate(path, trust=trust)
     if path.is_dir():
         for name in ("model.safetensors", "pytorch_model.bin", "mp_rank_00_model_states.pt"):
             if (path / name).is_file():
