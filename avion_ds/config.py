@@ -32,7 +32,7 @@ class ModelConfig:
     name: str = "vit_base_patch16_224"
     pretrained: str | None = None  # path to a VideoMAE / HF / timm / avion_ds checkpoint
     pretrained_strict: bool = True  # refuse to train when < 90% of the backbone parameters were loaded
-    trust_checkpoint: bool = False  # allow full unpickling of model.pretrained (can run code from the file)
+    trust_checkpoint: bool = False  # allow full unpickling of checkpoint files: model.pretrained, resumed and evaluated runs (can run code)
     num_classes: int = 400  # single-head models
     heads: dict[str, int] | None = None  # e.g. {"verb": 97, "noun": 300} (EPIC); overrides num_classes
     tubelet_size: int | None = None  # frames per token; None = the registered size's (2)

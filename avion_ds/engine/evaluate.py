@@ -154,6 +154,7 @@ def run(args: argparse.Namespace) -> int:
     pf.check_model(recipe)
     pf.check_data_layout(recipe, need_train=args.split == "train")
     tag = _resolve_tag(args, run_dir)
+    pf.check_weights_source(str(args.checkpoint), recipe.model.trust_checkpoint, "--checkpoint", tag)
     _, world, _ = dist.init()
     seed_everything(recipe.seed)
 

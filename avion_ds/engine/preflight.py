@@ -189,3 +189,32 @@ def check_runtime(recipe: Recipe, precision: str, accelerator: str) -> None:
             allowed = ", ".join(k for k, ok in supported.items() if ok)
             raise ConfigError(f"precision={precision} cannot run here: the {accelerator} accelerator reports no "
                               f"{precision} support; allowed here: {allowed}")
+
+
+def check_weights_source(source: str, trust: bool, key: str = "model.pretrained", tag: str | None = None) -> None:
+    """The weights a run will read (a file, a Hugging Face directory, or a run directory's checkpoint
+    ``tag``, default its newest complete one) exist and would be accepted by the safe loader: refused
+    here, before anything is written or started, instead of after the process group exists."""
+    from avion_ds.models.safe_load import check_checkpoint_file
+    from avion_ds.rundir import checkpoint_dir, latest_complete
+
+    path = Path(source)
+    if not path.exists():
+        raise ConfigError(f"{key}={source}: file or directory not found")
+    if path.is_file():
+        files = [path]
+    elif checkpoint_dir(path).is_dir() and not (path / "model.safetensors").is_file():
+        tag = tag or latest_complete(path)
+        if tag is None:
+            raise ConfigError(f"{key}={source}: no complete checkpoint under {checkpoint_dir(path)}")
+        files = sorted((checkpoint_dir(path) / tag).rglob("*.pt"))
+    else:
+        names = ("model.safetensors", "pytorch_model.bin", "mp_rank_00_model_states.pt")
+        files = [path / n for n in names if (path / n).is_file()][:1]
+        if not files:
+            raise ConfigError(f"{key}={source}: directory holds no {', '.join(names)} and no checkpoints/")
+    for f in files:
+        try:
+            check_checkpoint_file(f, trust)
+        except ConfigError as e:
+            raise type(e)(f"{key}: {e}") from None

@@ -139,6 +139,8 @@ def preflight(args: argparse.Namespace) -> tuple[Recipe, dict[str, Any]]:
         raise ConfigError(f"--exit-after-steps {args.exit_after_steps}: must be >= 1 (optimizer steps)")
     recipe = load_recipe(args.config, _recipe_overrides(args))
     pf.check_output_dir(recipe)
+    if recipe.model.pretrained:
+        pf.check_weights_source(recipe.model.pretrained, recipe.model.trust_checkpoint)
     check_data_paths(recipe)
     pf.check_heads(recipe)
     summary = pf.check_model(recipe)

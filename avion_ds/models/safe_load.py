@@ -87,6 +87,13 @@ def pickled_globals(path: Path) -> set[str] | None:
         return None
 
 
+def _unpickler_reason(e: Exception) -> str:
+    """The line of torch's weights-only error that says what failed (it wraps it in advice)."""
+    text = str(e)
+    m = re.search(r"WeightsUnpickler error:\s*(.+?)\s*(?:\n\n|$)", text, re.S)
+    return (m.group(1) if m else text.strip().splitlines()[0]).strip()[:160]
+
+
 def _refusal(path: Path, names: list[str]) -> UntrustedCheckpoint:
     return UntrustedCheckpoint(
         f"checkpoint {path} pickles Python objects that are not weights ({', '.join(names)}); unpickling them "
@@ -109,8 +116,35 @@ def load_checkpoint_file(path: str | Path, trust: bool = False, *, mmap: bool = 
             with torch.serialization.safe_globals(allow):
                 return torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
         except pickle.UnpicklingError as e:
-            bad = re.findall(r"GLOBAL ([\w.]+)", str(e)) or [str(e).strip().splitlines()[-1][:200]]
+            bad = re.findall(r"GLOBAL ([\w.]+)", str(e))
+            if not bad and not trust:  # not a type the allowlist lacks: the file is no (weights-only) checkpoint
+                raise ConfigError(f"checkpoint {path} cannot be read as a PyTorch checkpoint "
+                                  f"({_unpickler_reason(e)}); {TRUST_HINT}") from None
     if not trust:
         raise _refusal(path, bad)
     logger.warning("%s: trusted checkpoint loaded with full unpickling (weights_only=False)", path)
     return torch.load(path, map_location="cpu", weights_only=False, mmap=mmap)
+
+
+def check_checkpoint_file(path: str | Path, trust: bool = False) -> None:
+    """Refuse, before any work starts, a weights file the loaders would refuse, reading as little as
+    possible: a safetensors header, a zip checkpoint's pickle (its types, nothing unpickled); other
+    files are loaded once with the safe loader. Raises ``UntrustedCheckpoint`` / ``ConfigError``."""
+    path = Path(path)
+    if path.suffix == ".safetensors":
+        from safetensors import safe_open
+
+        try:
+            with safe_open(str(path), framework="pt") as f:
+                f.keys()
+        except Exception as e:  # noqa: BLE001 - any failure to parse the header means an unreadable file
+            raise ConfigError(f"checkpoint {path} is not a readable safetensors file ({str(e)[:160]})") from None
+        return
+    found = pickled_globals(path) if zipfile.is_zipfile(path) else None
+    if found is None:
+        if not trust:
+            load_checkpoint_file(path, mmap=True)
+        return
+    bad = sorted(found - _allowed_names())
+    if bad and not trust:
+        raise _refusal(path, bad)

@@ -85,7 +85,7 @@ def test_resume_reproduces_uninterrupted_run(stage: str, reference: dict, tiny_e
     assert sorted(resumed) == sorted(ref)
     for s in ref:
         assert resumed[s] == pytest.approx(ref[s], abs=TOL), (s, resumed[s], ref[s])
-    # consolidated fp32 weights (zero_to_fp32 for ZeRO-2/3, module state for ZeRO-0) agree too
+    # consolidated fp32 weights (rundir.consolidate: ZeRO-2/3 shards, module state for ZeRO-0) agree too
     from avion_ds.engine.export import consolidate
 
     mine, base = consolidate(run), consolidate(reference["run"])

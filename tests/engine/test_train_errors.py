@@ -273,7 +273,10 @@ def test_dry_run_prints_resolved_recipe_and_ds_config(setup: dict, capsys: pytes
     """--dry-run: every check, the resolved recipe + DeepSpeed config, exit 0, no process group."""
     monkeypatch.setattr(train.dist, "init", lambda: (_ for _ in ()).throw(AssertionError("process group")))
     weights = setup["tmp"] / "w.safetensors"
-    weights.write_bytes(b"x")  # only its existence is checked before the run
+    import torch
+    from safetensors.torch import save_file
+
+    save_file({"w": torch.zeros(1)}, str(weights))  # its header is read before the run, nothing more
     code = train.main(_args(setup, "--dry-run", "--set", "optim.lr=2e-3", "--finetune-from", str(weights),
                             "--resume-from", "none"))
     out, err = capsys.readouterr()
@@ -297,3 +300,35 @@ def test_supported_precision_is_not_refused(setup: dict, capsys: pytest.CaptureF
         code = train.main(_args(setup, "--dry-run", "--set", f"precision={precision}"))
         assert code == (0 if ok else 2), capsys.readouterr().err
         capsys.readouterr()
+
+
+class _Payload:
+    """Unpickling this runs code (writes the marker file)."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self) -> tuple:
+        return (Path.write_text, (self.marker, "ran"))
+
+
+@pytest.mark.parametrize("kind", ["payload", "not_a_checkpoint", "missing"])
+def test_refused_pretrained_leaves_nothing_behind(kind: str, setup: dict, capsys: pytest.CaptureFixture,
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """A weights file the loader refuses is refused at start-up: one line, exit 2, no process group, and
+    no recipe.yaml / ds_config.json / run.json left in output_dir (the run never started)."""
+    import torch
+
+    def tripwire() -> None:
+        raise AssertionError("a process group was about to be created: preflight let the bad weights through")
+
+    monkeypatch.setattr(train.dist, "init", tripwire)
+    marker, weights = setup["tmp"] / "marker.txt", setup["tmp"] / "w.pth"
+    if kind == "payload":
+        torch.save({"model": {}, "evil": _Payload(marker)}, weights)
+    elif kind == "not_a_checkpoint":
+        weights.write_text("narration_id,video_id\n")
+    err = _run(capsys, _args(setup, "--set", f"model.pretrained={weights}"))
+    assert err.startswith("avion-ds train: error: model.pretrained") and str(weights) in err, err
+    assert {"payload": "pathlib.Path", "not_a_checkpoint": "cannot be read", "missing": "not found"}[kind] in err
+    assert not marker.exists() and not (setup["tmp"] / "run").exists()
