@@ -91,7 +91,7 @@ def evaluate_pretrain(model: Callable[..., Any], loader: Any, augment: Callable,
     for batch in loader:
         frames = batch["frames"].to(device, non_blocking=True)
         x, masks = augment(frames, {k: v.to(device) for k, v in batch["label"].items()})
-        out = model(x.to(dtype), **masks)
+        out = model(x, **masks)  # float32 frames: the model casts them and computes its targets in fp32
         decode = masks["mask"] if "decode_mask" not in masks else ~masks["decode_mask"]
         b = x.shape[0]
         targets = pixel_targets(x, arch)[decode].reshape(b, -1, out.pred.shape[-1])

@@ -19,15 +19,12 @@ from torch import nn
 
 from avion_ds.config import ConfigError
 from avion_ds.models import LoadReport
+from avion_ds.models.partition import full_numel
+from avion_ds.models.pretrained import MIN_BACKBONE_MATCH
 from avion_ds.models.sharded_load import load_pretrained_sharded
 
-MIN_BACKBONE_MATCH = 0.9
 REPORT_NAME = "pretrained_report.json"
 _HEADS = ("head.", "heads.")
-
-
-def _numel(p: nn.Parameter) -> int:
-    return int(getattr(p, "ds_numel", 0) or p.numel())  # ZeRO-3 partitioned parameters carry ds_numel
 
 
 def backbone_coverage(model: nn.Module, report: LoadReport) -> tuple[int, int, list[str]]:
@@ -38,11 +35,11 @@ def backbone_coverage(model: nn.Module, report: LoadReport) -> tuple[int, int, l
     for name, p in model.named_parameters():
         if name.startswith(_HEADS):
             continue
-        total += _numel(p)
+        total += full_numel(p)
         if name in missing:
             absent.append(name)
         else:
-            matched += _numel(p)
+            matched += full_numel(p)
     return matched, total, absent
 
 
@@ -63,7 +60,8 @@ def load_and_report(model: nn.Module, source: str, *, strict: bool, trust: bool,
     less than ``MIN_BACKBONE_MATCH`` of the backbone parameters were matched.
     """
     try:
-        report = load_pretrained_sharded(model, source, trust=trust)  # plain models: load_pretrained
+        # plain models: load_pretrained; the coverage is checked (and reported) below, once
+        report = load_pretrained_sharded(model, source, trust=trust, coverage_check=False)
     except (OSError, ValueError) as e:  # not found, unreadable, untrusted pickle, unknown format, bad shape
         msg = (str(e).strip().splitlines() or [type(e).__name__])[0]
         raise ConfigError(f"model.pretrained={source}: {msg}") from None

@@ -176,7 +176,7 @@ class Trainer:
         x, targets = self.augment(frames, labels) if self.augment is not None else (frames, labels)
         self._interval.data_s += time.perf_counter() - t0
         if self.pretraining:
-            loss, parts = reconstruction_loss(self.engine(x.to(self.dtype), **targets))
+            loss, parts = reconstruction_loss(self.engine(x, **targets))  # fp32: the model's targets need it
         else:
             loss, parts = self.loss_fn(self.engine(x.to(self.dtype)), targets, self.recipe.data.label_smoothing)
         self._remember(loss, parts, batch)

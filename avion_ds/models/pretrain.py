@@ -19,15 +19,19 @@ from __future__ import annotations
 import dataclasses
 import difflib
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import torch
 from timm.layers import trunc_normal_
 from torch import nn
 
 from .arch import ViTArch
+from .partition import full_ndim
 from .registry import register_model
 from .vit import Block, VideoViT, sincos_table
+
+if TYPE_CHECKING:
+    from .pretrained import LoadReport
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
@@ -60,13 +64,15 @@ class MAEArch:
 
 
 class MAEOutput(NamedTuple):
-    """What the pretraining model returns: the loss and the decoder's predictions (B, Nd, P).
+    """What the pretraining model returns: the loss, the decoder's predictions (B, Nd, P) and the
+    float32 pixel targets (B, Nd, P) at the same positions.
 
     A NamedTuple, so that ZeRO-3's backward hooks reach its tensors (they skip dataclasses and
     would leave the top module's own parameters, e.g. ``mask_token``, partitioned in backward)."""
 
     loss: torch.Tensor
     pred: torch.Tensor
+    target: torch.Tensor
 
 
 class MAEDecoder(nn.Module):
@@ -138,9 +144,12 @@ class VideoMAEPretrain(nn.Module):
         self._init_weights()
 
     def _init_weights(self) -> None:
-        """VideoMAE pretraining init: xavier-uniform linears (patch embedding keeps PyTorch's
-        default), zero biases, unit norms, mask token trunc-normal(0.02). Under ZeRO-3 partitioned
-        construction the parameters are gathered for it (rank 0 initialises, then re-partitions)."""
+        """VideoMAE pretraining init (modeling_pretrain of VideoMAE and V2): the encoder's and the
+        decoder's own ``apply`` give xavier-uniform linears, zero biases and unit norms; the patch
+        embedding and ``encoder_to_decoder`` (the top module never calls ``apply``) keep PyTorch's
+        default; ``mask_token`` (and a learned position table) is normal(0, 0.02) truncated at
+        +-0.02, one std. Under ZeRO-3 partitioned construction the parameters are gathered for it
+        (rank 0 initialises, then re-partitions)."""
         params = list(self.parameters())
         if any(hasattr(p, "ds_id") for p in params):
             import deepspeed
@@ -152,7 +161,7 @@ class VideoMAEPretrain(nn.Module):
 
     def _init_full(self) -> None:
         for name, m in self.named_modules():
-            if name.startswith("encoder.patch_embed"):
+            if name.startswith(("encoder.patch_embed", "encoder_to_decoder")):
                 continue
             if isinstance(m, nn.Linear):
                 nn.init.xavier_uniform_(m.weight)
@@ -161,7 +170,17 @@ class VideoMAEPretrain(nn.Module):
             elif isinstance(m, nn.LayerNorm):
                 nn.init.ones_(m.weight)
                 nn.init.zeros_(m.bias)
-        trunc_normal_(self.mask_token, std=0.02)
+        std = 0.02
+        trunc_normal_(self.mask_token, std=std, a=-std, b=std)
+        if isinstance(self.encoder.pos_embed, nn.Parameter):
+            trunc_normal_(self.encoder.pos_embed, std=std, a=-std, b=std)
+
+    def prepare_checkpoint(self, source: Any, trust: bool = False) -> tuple[dict[str, torch.Tensor], LoadReport]:
+        """``source`` mapped to this model's names and a ``LoadReport``, from the pretraining layouts;
+        ``load_pretrained`` and the ZeRO-3 loader take this model's weights through it."""
+        from .pretrained_mae import prepare_mae_state_dict
+
+        return prepare_mae_state_dict(self, source, trust)
 
     # -- blocks / optimizer hooks used by activation checkpointing and param groups -------------
     @property
@@ -174,9 +193,10 @@ class VideoMAEPretrain(nn.Module):
         return self.encoder.patch_embed.num_patches
 
     def no_weight_decay(self) -> set[str]:
-        """Encoder's (positions, norms, biases), the mask token, and every 1-D decoder parameter."""
+        """Encoder's (positions, norms, biases), the mask token, and every 1-D decoder parameter
+        (by the logical shape: a ZeRO-3 partition's data is empty, 1-D, whatever the parameter)."""
         out = {f"encoder.{n}" for n in self.encoder.no_weight_decay()} | {"mask_token"}
-        return out | {n for n, p in self.named_parameters() if p.ndim <= 1}
+        return out | {n for n, p in self.named_parameters() if full_ndim(p) <= 1}
 
     def layer_id(self, param_name: str) -> int:
         name = param_name.removeprefix("module.")
@@ -203,11 +223,14 @@ class VideoMAEPretrain(nn.Module):
 
     def predict(self, frames: torch.Tensor, mask: torch.Tensor,
                 decode_mask: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-        """Decoder pixel predictions (B, N_dec, P) and the bool (B, N) positions they belong to."""
+        """Decoder pixel predictions (B, N_dec, P) and the bool (B, N) positions they belong to.
+
+        ``frames`` of any float dtype: the encoder gets them in its parameters' dtype."""
         self.encoder.check_input(frames)
         B = frames.shape[0]
         check_masks(mask, decode_mask, B, self.num_tokens)
         decode = mask if decode_mask is None else ~decode_mask
+        frames = frames.to(self.encoder.patch_embed.proj.weight.dtype)
         vis = self.encoder_to_decoder(self.encode(frames, mask))
         C = vis.shape[-1]
         pos = self.decoder_pos.to(vis.dtype).expand(B, -1, -1)
@@ -216,6 +239,9 @@ class VideoMAEPretrain(nn.Module):
         return self.decoder(x, int(decode[0].sum())), decode
 
     def forward(self, frames: torch.Tensor, mask: torch.Tensor, decode_mask: torch.Tensor | None = None) -> MAEOutput:
+        """Loss of one batch. Pass ``frames`` in float32 whatever the model's dtype: the targets are
+        computed from them in float32, as VideoMAE does (a bf16 clip loses the small differences
+        inside a flat patch that ``norm_pix_loss`` scales up); the encoder casts them itself."""
         pred, decode = self.predict(frames, mask, decode_mask)
         B = frames.shape[0]
         with torch.no_grad():
@@ -223,7 +249,7 @@ class VideoMAEPretrain(nn.Module):
             weight = mask[decode].reshape(B, -1).float()  # decoded AND hidden from the encoder
         per_token = (pred.float() - labels).pow(2).mean(dim=-1)
         loss = (per_token * weight).sum() / weight.sum().clamp_min(1.0)
-        return MAEOutput(loss=loss, pred=pred)
+        return MAEOutput(loss=loss, pred=pred, target=labels)
 
     def extra_repr(self) -> str:
         a = self.arch
@@ -265,15 +291,34 @@ def list_mae_models() -> list[str]:
 
 
 def _build(name: str, pretrained: Any, overrides: dict[str, Any]) -> VideoMAEPretrain:
-    model = VideoMAEPretrain(get_mae_arch(name, **overrides))
-    if pretrained is not None and pretrained != "":
-        import logging
+    """Build ``name``; with ``pretrained``, the decoder's width and depth are the file's (VideoMAE V1
+    and V2 differ: ViT-H 640 vs 512 wide) unless given in ``overrides``, and the file is read once."""
+    if pretrained is None or pretrained == "":
+        return VideoMAEPretrain(get_mae_arch(name, **overrides))
+    import logging
 
-        from .pretrained_mae import load_pretrained_mae
+    from .pretrained import read_checkpoint, unwrap
+    from .pretrained_mae import decoder_dims, load_pretrained_mae
 
-        report = load_pretrained_mae(model, pretrained)
-        logging.getLogger(__name__).info("%s: loaded %s", name, report.summary())
+    sd = unwrap(read_checkpoint(pretrained))
+    base = get_mae_arch(name, **overrides)
+    inferred = {k: v for k, v in decoder_dims(sd).items() if k not in overrides and v != getattr(base, k)}
+    if "decoder_dim" in inferred and "decoder_heads" not in overrides and inferred["decoder_dim"] % base.decoder_heads:
+        raise ValueError(f"{name}: {_source_name(pretrained)} has a {inferred['decoder_dim']} wide decoder, not divisible "
+                         f"by {base.decoder_heads} heads; pass decoder_heads=")
+    log = logging.getLogger(__name__)
+    if inferred:
+        log.info("%s: decoder %s from %s (registered: dim %d, depth %d)", name,
+                 ", ".join(f"{k}={v}" for k, v in inferred.items()), _source_name(pretrained), base.decoder_dim,
+                 base.decoder_depth)
+    model = VideoMAEPretrain(get_mae_arch(name, **overrides, **inferred))
+    report = load_pretrained_mae(model, sd)
+    log.info("%s: loaded %s from %s", name, report.summary(), _source_name(pretrained))
     return model
+
+
+def _source_name(source: Any) -> str:
+    return "a state dict" if isinstance(source, dict) else str(source)
 
 
 # VideoMAE V2 modeling_pretrain sizes: decoder depth 4; S 192 wide / 3 heads, B 384 / 6, L H g 512 / 8.
@@ -285,6 +330,9 @@ _mae("pretrain_videomae_base_patch16_224", {"embed_dim": 768, "depth": 12, "num_
 _mae("pretrain_videomae_large_patch16_224", {"embed_dim": 1024, "depth": 24, "num_heads": 16}, decoder_dim=512,
      decoder_heads=8)
 _mae("pretrain_videomae_huge_patch16_224", {"embed_dim": 1280, "depth": 32, "num_heads": 16}, decoder_dim=512,
+     decoder_heads=8)
+# VideoMAE (V1) modeling_pretrain: the same sizes, except ViT-H's decoder (640 wide, 8 heads).
+_mae("pretrain_videomae_v1_huge_patch16_224", {"embed_dim": 1280, "depth": 32, "num_heads": 16}, decoder_dim=640,
      decoder_heads=8)
 _mae("pretrain_videomae_giant_patch14_224", {"embed_dim": 1408, "depth": 40, "num_heads": 16, "mlp_ratio": 48 / 11,
                                                  "patch_size": 14}, decoder_dim=512, decoder_heads=8)
@@ -318,6 +366,12 @@ def pretrain_videomae_large_patch16_224(pretrained: Any = None, **overrides: Any
 def pretrain_videomae_huge_patch16_224(pretrained: Any = None, **overrides: Any) -> VideoMAEPretrain:
     """VideoMAE ViT-H/16 pretraining: decoder 4 x 512 wide, 8 heads."""
     return _build("pretrain_videomae_huge_patch16_224", pretrained, overrides)
+
+
+@register_model
+def pretrain_videomae_v1_huge_patch16_224(pretrained: Any = None, **overrides: Any) -> VideoMAEPretrain:
+    """VideoMAE (V1) ViT-H/16 pretraining: decoder 4 x 640 wide, 8 heads (V2's ViT-H: 512)."""
+    return _build("pretrain_videomae_v1_huge_patch16_224", pretrained, overrides)
 
 
 @register_model

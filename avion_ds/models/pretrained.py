@@ -30,7 +30,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from .partition import state_shapes
+from .partition import full_numel, state_shapes
 from .safe_load import UntrustedCheckpoint, load_checkpoint_file
 from .vit import VideoViT
 
@@ -143,9 +143,16 @@ def detect_format(sd: StateDict) -> str:
 
 
 def _filter_avion(sd: StateDict, model: VideoViT, report: LoadReport) -> StateDict:
-    if "encoder_to_decoder.weight" in sd:  # our pretraining model: keep its encoder (fc_norm = token norm)
-        return {k.removeprefix("encoder."): v for k, v in sd.items()}
-    return dict(sd)
+    """Our layout as is; of our pretraining model the encoder, whose final token norm (run as the
+    encoder ViT's ``fc_norm``) becomes ``norm``, as in the VideoMAE and HF layouts: a mean-pooling
+    model leaves it unused and its ``fc_norm`` starts fresh (see _filter_videomae)."""
+    if "encoder_to_decoder.weight" not in sd:
+        return dict(sd)
+    out = {}
+    for k, v in sd.items():
+        k = k.removeprefix("encoder.")
+        out[f"norm.{k.removeprefix('fc_norm.')}" if k.startswith("fc_norm.") else k] = v
+    return out
 
 
 def _filter_videomae(sd: StateDict, model: VideoViT, report: LoadReport) -> StateDict:
@@ -356,7 +363,15 @@ def _adapt(sd: StateDict, model: VideoViT, report: LoadReport) -> StateDict:
 def prepare_state_dict(model: VideoViT, source: str | Path | dict,
                        trust: bool = False) -> tuple[StateDict, LoadReport]:
     """Read ``source`` and map / resize it to ``model``'s names and shapes; nothing is loaded yet
-    (shared by ``load_pretrained`` and the ZeRO-3 loader in ``sharded_load``)."""
+    (shared by ``load_pretrained`` and the ZeRO-3 loader in ``sharded_load``). A model with its own
+    ``prepare_checkpoint`` (the pretraining model: :mod:`~avion_ds.models.pretrained_mae` layouts) maps
+    through it; anything else but a ``VideoViT`` is refused in one line."""
+    own = getattr(model, "prepare_checkpoint", None)
+    if callable(own):
+        return own(source, trust)
+    if not isinstance(model, VideoViT):
+        raise TypeError(f"pretrained weights load into a VideoViT or a VideoMAEPretrain, got {type(model).__name__} "
+                        "(load before deepspeed.initialize, into the bare model)")
     sd = unwrap(read_checkpoint(source, trust))
     fmt = detect_format(sd)
     report = LoadReport(format=fmt)
@@ -364,20 +379,26 @@ def prepare_state_dict(model: VideoViT, source: str | Path | dict,
 
 
 def load_pretrained(model: VideoViT, source: str | Path | dict, strict: bool = False,
-                    trust: bool = False) -> LoadReport:
+                    trust: bool = False, *, coverage_check: bool = True) -> LoadReport:
     """Load ``source`` (path, HF directory, or a (wrapped) state dict) into ``model`` in place.
 
-    Returns a ``LoadReport``; ``strict=True`` raises listing missing / unexpected / dropped keys.
+    ``model``: a fine-tuning ``VideoViT`` (any format; a pretraining checkpoint gives its encoder)
+    or a ``VideoMAEPretrain`` (the pretraining layouts). Returns a ``LoadReport``; ``strict=True``
+    raises listing missing / unexpected / dropped keys; a load that leaves more than
+    ``1 - MIN_BACKBONE_MATCH`` of the backbone's parameters out is an error whatever ``strict``
+    (raised under ``strict``, logged at ERROR level otherwise; ``coverage_check=False`` leaves that
+    check to a caller that reports coverage itself, e.g. the training entry's ``load_and_report``).
     ``trust`` allows full unpickling of a file that pickles more than weights (see ``read_checkpoint``).
     Call before ``deepspeed.initialize`` (ZeRO-3 partitions parameters after that).
     """
     sd, report = prepare_state_dict(model, source, trust)
     result = model.load_state_dict(sd, strict=False)
-    return finish_report(report, model, source, strict, result.missing_keys, result.unexpected_keys)
+    return finish_report(report, model, source, strict, result.missing_keys, result.unexpected_keys,
+                         coverage_check=coverage_check)
 
 
 def finish_report(report: LoadReport, model: VideoViT, source: Any, strict: bool, missing: list[str],
-                  unexpected: list[str]) -> LoadReport:
+                  unexpected: list[str], coverage_check: bool = True) -> LoadReport:
     """Record what the load left out, warn about a dropped timm table, raise under ``strict``."""
     fmt = report.format
     report.missing = sorted(missing)
@@ -389,7 +410,29 @@ def finish_report(report: LoadReport, model: VideoViT, source: Any, strict: bool
                        "create the model with pos_embed='learned' to keep it")
     if strict and (report.missing or report.unexpected or report.dropped):
         raise ValueError(f"load_pretrained(strict=True) from {_name(source)}: {report.summary()}")
+    matched, total = backbone_coverage(model, report.missing)
+    if coverage_check and matched < MIN_BACKBONE_MATCH * total:
+        logger.error("pretrained %s matched %.1f%% of %s's backbone parameters (%d of %d; below %.0f%%): %s",
+                     _name(source), 100 * matched / total, type(model).__name__, matched, total,
+                     100 * MIN_BACKBONE_MATCH, report.summary())
     return report
+
+
+MIN_BACKBONE_MATCH = 0.9  # a load below this fraction of the backbone's parameters is an error
+_HEADS = ("head.", "heads.")
+
+
+def backbone_coverage(model: torch.nn.Module, missing: list[str]) -> tuple[int, int]:
+    """(loaded, total) parameter elements of ``model`` outside its classifier heads (logical sizes,
+    also under ZeRO-3), given the parameter names the load left ``missing``."""
+    absent = set(missing)
+    matched = total = 0
+    for name, p in model.named_parameters():
+        if name.startswith(_HEADS):
+            continue
+        total += full_numel(p)
+        matched += 0 if name in absent else full_numel(p)
+    return matched, total
 
 
 def _name(source: Any) -> str:

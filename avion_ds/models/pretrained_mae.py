@@ -11,8 +11,10 @@ Layouts (detected from the keys):
   ``decoder.{norm,head}``, ``encoder_to_decoder.weight``, ``mask_token``.
 
 The encoder half reuses the fine-tuning filters of :mod:`avion_ds.models.pretrained` (one place per
-key map); the decoder blocks go through the same maps. Fine-tuning models take the encoder of any
-of these through ``load_pretrained`` / ``create_model(..., pretrained=...)``.
+key map); the decoder blocks go through the same maps. ``load_pretrained`` (and the ZeRO-3 loader)
+send a pretraining model here; fine-tuning models take the encoder of any of these through
+``load_pretrained`` / ``create_model(..., pretrained=...)``. The decoder's width and depth differ
+between releases (VideoMAE V1 ViT-H: 640 wide; V2: 512): :func:`decoder_dims` reads them from a file.
 """
 
 from __future__ import annotations
@@ -26,10 +28,19 @@ import torch
 if TYPE_CHECKING:  # annotations only: pretrain.py imports this module to load weights
     from .pretrain import VideoMAEPretrain
 
-from .pretrained import FILTERS, HF_BLOCK_KEYS, LoadReport, read_checkpoint, unwrap
+from .partition import state_shapes
+from .pretrained import (
+    FILTERS,
+    HF_BLOCK_KEYS,
+    LoadReport,
+    load_pretrained,
+    read_checkpoint,
+    unwrap,
+)
 
 StateDict = dict[str, torch.Tensor]
 _SHARED = ("encoder_to_decoder.weight", "mask_token")
+_DECODER_BLOCK = re.compile(r"^decoder\.(?:blocks|decoder_layers)\.(\d+)\.")
 
 
 def detect_mae_format(sd: StateDict) -> str:
@@ -80,24 +91,55 @@ def from_hf(sd: StateDict, model: VideoMAEPretrain, report: LoadReport) -> State
 _MAE_FILTERS = {"avion_ds": lambda sd, model, report: dict(sd), "videomae": from_official, "hf": from_hf}
 
 
-def load_pretrained_mae(model: VideoMAEPretrain, source: str | Path | dict, strict: bool = False) -> LoadReport:
-    """Load a pretraining checkpoint (file, HF directory, run directory or state dict) into ``model``.
+def decoder_dims(sd: StateDict) -> dict[str, int]:
+    """``decoder_dim`` / ``decoder_depth`` a pretraining state dict (any layout, unwrapped) was
+    trained with, from the ``encoder_to_decoder`` shape and the decoder block indices; what the
+    keys do not show is left out (the head count never shows in the shapes)."""
+    out: dict[str, int] = {}
+    w = sd.get("encoder_to_decoder.weight")
+    if isinstance(w, torch.Tensor) and w.dim() == 2:
+        out["decoder_dim"] = int(w.shape[0])
+    blocks = {int(m.group(1)) for k in sd if (m := _DECODER_BLOCK.match(k))}
+    if blocks:
+        out["decoder_depth"] = max(blocks) + 1
+    return out
 
-    Returns a ``LoadReport``; shapes must match the model (one-line ValueError naming the key).
-    """
-    sd = unwrap(read_checkpoint(source))
+
+def prepare_mae_state_dict(model: VideoMAEPretrain, source: str | Path | dict,
+                           trust: bool = False) -> tuple[StateDict, LoadReport]:
+    """Read ``source`` and map it to ``model``'s names; shapes are checked against the model's
+    logical shapes (also under ZeRO-3), one-line ValueError naming the key. Nothing is loaded."""
+    sd = unwrap(read_checkpoint(source, trust))
     fmt = detect_mae_format(sd)
     report = LoadReport(format=f"{fmt} (pretraining)")
     sd = _MAE_FILTERS[fmt](sd, model, report)
-    target = model.state_dict()
-    for k, v in list(sd.items()):
-        if k in target and v.shape != target[k].shape and v.numel() != target[k].numel():
-            raise ValueError(f"checkpoint key {k}: shape {tuple(v.shape)} does not fit the model's {tuple(target[k].shape)}")
-    result = model.load_state_dict(sd, strict=False)
-    report.missing, report.unexpected = sorted(result.missing_keys), sorted(result.unexpected_keys)
-    if strict and (report.missing or report.unexpected):
-        raise ValueError(f"load_pretrained_mae(strict=True): {report.summary()}")
-    return report
+    target = state_shapes(model)
+    for k, v in sd.items():
+        if k in target and v.shape != target[k] and v.numel() != target[k].numel():
+            raise ValueError(f"checkpoint key {k}: shape {tuple(v.shape)} does not fit the model's {tuple(target[k])}"
+                             f"{_decoder_hint(sd, model)}")
+    return sd, report
+
+
+def _decoder_hint(sd: StateDict, model: VideoMAEPretrain) -> str:
+    dims = decoder_dims(sd)
+    want = {"decoder_dim": model.arch.decoder_dim, "decoder_depth": model.arch.decoder_depth}
+    diff = {k: v for k, v in dims.items() if v != want[k]}
+    if not diff:
+        return ""
+    return (f" (the checkpoint's decoder has {', '.join(f'{k}={v}' for k, v in diff.items())}; build the model "
+            "with create_model(name, pretrained=FILE), which takes them from the file, or pass them)")
+
+
+def load_pretrained_mae(model: VideoMAEPretrain, source: str | Path | dict, strict: bool = False,
+                        trust: bool = False) -> LoadReport:
+    """Load a pretraining checkpoint (file, HF directory, run directory or state dict) into ``model``.
+
+    The same entry as ``load_pretrained``, which dispatches on the model: a fine-tuning model given
+    here takes the checkpoint's encoder. Returns a ``LoadReport``; see ``load_pretrained`` for
+    ``strict`` and the below-threshold match error.
+    """
+    return load_pretrained(model, source, strict=strict, trust=trust)
 
 
 # ----------------------------------------------------------------------------------------------

@@ -102,13 +102,13 @@ def _copy_partitioned(model: nn.Module, sd: Any) -> list[str]:
 
 
 def load_pretrained_sharded(model: nn.Module, source: str | Path | dict, strict: bool = False,
-                            trust: bool = False) -> LoadReport:
+                            trust: bool = False, *, coverage_check: bool = True) -> LoadReport:
     """``load_pretrained`` for a model built under ``zero.Init`` (plain models go to it directly).
 
     Collective: every rank of the model's process group must call it. Only rank 0 reads ``source``.
     """
     if not is_partitioned_model(model):
-        return load_pretrained(model, source, strict=strict, trust=trust)
+        return load_pretrained(model, source, strict=strict, trust=trust, coverage_check=coverage_check)
     sd, report, error = None, None, None
     if _rank() == 0:
         try:
@@ -127,7 +127,7 @@ def load_pretrained_sharded(model: nn.Module, source: str | Path | dict, strict:
     if sd is not None:
         report.missing, report.unexpected = missing, list(sd)  # sd now holds only what was not used
     report = _broadcast(report)
-    return finish_report(report, model, source, strict, report.missing, report.unexpected)
+    return finish_report(report, model, source, strict, report.missing, report.unexpected, coverage_check)
 
 
 def build_partitioned(factory: Callable[[], nn.Module], ds_config: dict[str, Any] | None,

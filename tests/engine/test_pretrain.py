@@ -120,11 +120,16 @@ def test_pretrain_to_finetune_handoff(runs: dict) -> None:
     mae = create_model("pretrain_videomae_test_tiny", pretrained=str(runs["ref"]))
     sd = consolidate(runs["ref"])
     trained = {k.removeprefix("encoder."): v for k, v in sd.items() if k.startswith("encoder.")}
+    # the token norm stays behind and fc_norm starts fresh, as in VideoMAE's fine-tuning
+    assert {trained.pop("fc_norm.weight").numel(), trained.pop("fc_norm.bias").numel()} == {64}
+    assert torch.equal(ft.fc_norm.weight, torch.ones(64)) and torch.equal(ft.fc_norm.bias, torch.zeros(64))
     assert trained and set(trained) <= set(ft.state_dict())
     for k, v in trained.items():
         assert torch.equal(ft.state_dict()[k].reshape(v.shape), v), k
     x = torch.randn(2, 3, 4, 32, 32)
     with torch.no_grad():
+        mae.encoder.fc_norm.weight.fill_(1.0)
+        mae.encoder.fc_norm.bias.zero_()
         torch.testing.assert_close(ft.eval().forward_features(x), mae.encoder.eval().forward_features(x))
 
 

@@ -362,3 +362,23 @@ def test_videomae_pretrain_norm_is_not_fc_norm_as_in_official_finetuning(tmp_pat
         src.fc_norm.weight.fill_(1.0)
         src.fc_norm.bias.zero_()
     assert torch.equal(dst.forward_features(X), src.forward_features(X))
+
+
+def test_below_threshold_load_is_an_error_whatever_strict(caplog):
+    """A checkpoint that covers a sliver of the backbone is never a silent success: an ERROR log line
+    naming the source and the matched fraction without ``strict``, a one-line ValueError with it."""
+    src = _src()
+    sliver = {k: v for k, v in src.state_dict().items() if k.startswith(("patch_embed.", "blocks.0.attn.qkv"))}
+    with caplog.at_level("ERROR", logger="avion_ds.models.pretrained"):
+        report = load_pretrained(_fresh(), sliver)
+    assert report.format == "avion_ds" and len(report.missing) > 20
+    errors = [r.getMessage() for r in caplog.records if r.levelname == "ERROR"]
+    assert len(errors) == 1 and "pretrained a state dict matched" in errors[0] and "below 90%" in errors[0]
+    with pytest.raises(ValueError, match=r"^load_pretrained\(strict=True\) from a state dict: format=avion_ds missing="):
+        load_pretrained(_fresh(), sliver, strict=True)
+    caplog.clear()
+    with caplog.at_level("ERROR", logger="avion_ds.models.pretrained"):  # a pretraining encoder: fc_norm / head fresh
+        load_pretrained(_fresh(num_classes=5), to_videomae_pretrain(src))
+        load_pretrained(_fresh(), src.state_dict(), strict=True)
+        load_pretrained(_fresh(), sliver, coverage_check=False)  # a caller that reports coverage itself
+    assert not caplog.records

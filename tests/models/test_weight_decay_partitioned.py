@@ -1,0 +1,52 @@
+"""Weight decay and layer decay see the same parameters whether a model is built plainly or under
+ZeRO-3's ``zero.Init`` (one rank, in this process), for every registered model.
+
+A partitioned parameter's data is an empty 1-D tensor, so any decision taken on ``p.ndim`` /
+``p.shape`` instead of the logical shape puts every parameter in the no-decay group.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from avion_ds.engine import dist
+from avion_ds.engine.optim import param_groups
+from avion_ds.models import create_model, get_arch, list_models
+from avion_ds.models.partition import is_partitioned, partitioned_construction
+from avion_ds.models.pretrain import get_mae_arch, list_mae_models
+
+ZERO3 = {"train_micro_batch_size_per_gpu": 1, "zero_optimization": {"stage": 3}}
+
+
+def tiny_overrides(name: str) -> dict:
+    """The registered model's own flags (patch size, MLP ratio, ...) at a size a CPU builds instantly."""
+    pretrain = name in list_mae_models()
+    patch = (get_mae_arch(name).encoder if pretrain else get_arch(name)).patch_size
+    kw = {"embed_dim": 32, "depth": 2, "num_heads": 2, "num_frames": 2, "img_size": 2 * patch}
+    if pretrain:
+        kw.update(decoder_dim=16, decoder_depth=1, decoder_heads=2)
+    else:
+        kw["num_classes"] = 3
+    return kw
+
+
+def decay_signature(model: torch.nn.Module) -> tuple[list, set[str]]:
+    """(name, weight decay, lr scale) of every group with layer decay, and ``no_weight_decay()``."""
+    groups = [(sorted(g["names"]), g["weight_decay"], g["lr_scale"]) for g in param_groups(model, 0.05, 0.75)]
+    return groups, set(model.no_weight_decay())
+
+
+@pytest.mark.parametrize("name", list_models())
+def test_decayed_parameters_equal_plain_and_partitioned(one_rank: None, name: str) -> None:
+    dist.init()
+    kw = tiny_overrides(name)
+    plain = create_model(name, **kw)
+    with partitioned_construction(ZERO3) as partitioned:
+        part = create_model(name, **kw)
+    assert partitioned and all(is_partitioned(p) and p.data.numel() == 0 for p in part.parameters())
+    groups, no_wd = decay_signature(plain)
+    decayed = {n for names, wd, _ in groups if wd > 0 for n in names}
+    assert decayed and no_wd  # weight matrices decay; norms / biases / positions / mask token do not
+    assert all(plain.get_parameter(n).dim() >= 2 for n in decayed)
+    assert decay_signature(part) == (groups, no_wd)
