@@ -20,22 +20,16 @@ import argparse
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
+from avion_ds.engine.dist import free_port
 from avion_ds.memory.units import format_bytes
 
 REPO = Path(__file__).resolve().parents[1]
 ZERO3_DEFAULT_REDUCE_BUCKET = 500_000_000  # DeepSpeed's reduce_bucket_size default (elements)
-
-
-def _port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _free_gib() -> float:
@@ -49,7 +43,7 @@ def _rss_run(model: str, mode: str, weights: Path | None, out: Path, args: argpa
     env = dict(os.environ, DS_ACCELERATOR="cpu", OMP_NUM_THREADS="1",
                PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(args.ranks), "--master_port",
-           str(_port()), "-m", "avion_ds.memory.rss", "--model", model, "--mode", mode, "--out", str(out),
+           str(free_port()), "-m", "avion_ds.memory.rss", "--model", model, "--mode", mode, "--out", str(out),
            "--frames", str(args.rss_frames), "--size", str(args.rss_size)]
     if weights is not None:
         cmd += ["--pretrained", str(weights)]

@@ -2,22 +2,22 @@
 
 from __future__ import annotations
 
-import socket
+import os
 
 import pytest
+
+from tests.helpers import TORCH_EXTENSIONS, one_rank_vars
+
+# DeepSpeed ops built in the pytest process share the op cache tests/run.sh exports (also under plain pytest)
+os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(TORCH_EXTENSIONS))
 
 
 @pytest.fixture
 def one_rank(monkeypatch: pytest.MonkeyPatch) -> None:
     """The env a one-rank launcher sets, for tests that build a DeepSpeed engine in the pytest process;
     undone afterwards, so later launches of multi-rank subprocesses do not inherit it."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    for key, value in (("RANK", "0"), ("WORLD_SIZE", "1"), ("LOCAL_RANK", "0"), ("MASTER_ADDR", "127.0.0.1"),
-                       ("MASTER_PORT", str(port))):
+    for key, value in one_rank_vars().items():
         monkeypatch.setenv(key, value)
-
 
 
 @pytest.fixture(autouse=True, scope="session")

@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import csv
 import json
-import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -16,9 +14,9 @@ import pytest
 from avion_ds.data.kinetics import kinetics_stem
 from avion_ds.data.quarantine import read_quarantine
 from avion_ds.data.synthetic import make_synthetic_epic, write_video
+from tests.helpers import REPO, launch, run_process
 
-REPO = Path(__file__).resolve().parents[2]
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.multiprocess
 TINY = ["model.name=vit_test_tiny", "model.pretrained=null", "model.activation_checkpointing=false",
         "batch.global_batch=2", "batch.micro_batch=2", "eval.batch_size=2", "schedule.epochs=1",
         "schedule.steps_per_epoch=1", "schedule.warmup_epochs=0", "eval.every_epochs=1", "data.workers=0",
@@ -26,17 +24,8 @@ TINY = ["model.name=vit_test_tiny", "model.pretrained=null", "model.activation_c
         "checkpoint.every_steps=0"]
 
 
-def _env() -> dict[str, str]:
-    env = dict(os.environ)
-    env.setdefault("TORCH_EXTENSIONS_DIR", str(REPO / ".torch_extensions"))
-    env.update(DS_ACCELERATOR="cpu", OMP_NUM_THREADS="1",
-               PYTHONPATH=str(REPO) + os.pathsep + env.get("PYTHONPATH", ""))
-    return env
-
-
 def _cli(*args: str, timeout: int = 300) -> str:
-    proc = subprocess.run([sys.executable, "-m", "avion_ds.cli", *args], cwd=REPO, env=_env(), capture_output=True,
-                          text=True, timeout=timeout)
+    proc = run_process([sys.executable, "-m", "avion_ds.cli", *args], timeout=timeout)
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, f"{args[:2]} exited {proc.returncode}:\n{out[-4000:]}"
     return out
@@ -70,9 +59,9 @@ def _flow(capsys, tmp: Path, recipe: str, src: Path, data: list[str], corrupt: s
     assert f"QUARANTINED {corrupt}: file does not match its manifest row" in out
     assert corrupt in read_quarantine(chunks / "quarantine.tsv")
     (chunks / fail).write_bytes(b"\x00" * 64)  # broken after the check: evaluation reports it as failed
-    train = [sys.executable, str(REPO / "launch" / "train.py"), "--config", str(REPO / "launch" / "recipes" / recipe),
-             "--deepspeed_config", str(REPO / "ds_configs" / "zero0.json"), *_sets(sets)]
-    proc = subprocess.run(train, cwd=REPO, env=_env(), capture_output=True, text=True, timeout=400)
+    proc = launch(["--config", REPO / "launch" / "recipes" / recipe,
+                   "--deepspeed_config", REPO / "ds_configs" / "zero0.json", *_sets(sets)],
+                  nprocs=1, launcher="python", timeout=400)
     log = proc.stdout + proc.stderr
     assert proc.returncode == 0, log[-4000:]
     report = json.loads((tmp / "run" / "metrics.json").read_text())["eval"]

@@ -1,10 +1,10 @@
-"""Every decode path returns exactly the AVION-style reference's frames and crops (issue 12, item 7).
+"""Every decode path returns exactly the AVION-style reference's frames and crops.
 
 Reference (independent of the project's decoders): ``decord.VideoReader(path, num_threads=1)``,
 ``get_batch`` of the clip's frames, torchvision v2 ``resized_crop`` (bilinear, antialias) on the
 uint8 frames. The test video's frames carry their own index (barcode) and its colours move by a
 few levels per frame, so a path that returns a neighbouring frame differs from the reference by
-~3/255 on average while the right frame differs by <= 1.5/255 (the issue's bound).
+~3/255 on average while the right frame differs by <= 1.5/255 (the bound asserted here).
 """
 
 from __future__ import annotations

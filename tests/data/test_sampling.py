@@ -72,7 +72,7 @@ def test_map_to_chunks_across_a_boundary() -> None:
     assert groups == [("v/0.mp4", [440, 445]), ("v/15.mp4", [2, 10])]
 
 
-def test_map_to_chunks_clamps_issue_17_gap() -> None:
+def test_map_to_chunks_clamps_a_frame_missing_at_a_chunk_end() -> None:
     """A chunk that decodes 449 of 450 frames: global frame 449 clamps to its last frame 448."""
     e = _entry([449, 450])
     assert e.num_frames == 900

@@ -1,4 +1,4 @@
-"""Eval's 3 spatial crops come from ONE decode of the clip (issue 12): bit-identical to a decode per crop."""
+"""Eval's 3 spatial crops come from ONE decode of the clip: bit-identical to a decode per crop."""
 
 from __future__ import annotations
 

@@ -5,8 +5,6 @@ create_model(pretrained=exported) gives the same logits as the consolidated chec
 from __future__ import annotations
 
 import json
-import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -14,29 +12,19 @@ from pathlib import Path
 import pytest
 import torch
 
-REPO = Path(__file__).resolve().parents[2]
-pytestmark = pytest.mark.slow
+from tests.helpers import launch, run_process
+
+pytestmark = pytest.mark.multiprocess
 
 
-def _env() -> dict[str, str]:
-    env = dict(os.environ)
-    env.setdefault("TORCH_EXTENSIONS_DIR", str(REPO / ".torch_extensions"))
-    env.setdefault("DS_ACCELERATOR", "cpu")
-    env["OMP_NUM_THREADS"] = "1"
-    return env
-
-
-def _run(cmd: list[str], timeout: int = 300) -> str:
-    proc = subprocess.run(cmd, cwd=REPO, env=_env(), capture_output=True, text=True, timeout=timeout)
+def _ok(proc: subprocess.CompletedProcess) -> str:
     out = proc.stdout + proc.stderr
-    assert proc.returncode == 0, f"{cmd[:4]} exited {proc.returncode}:\n{out[-4000:]}"
+    assert proc.returncode == 0, f"{proc.args[:4]} exited {proc.returncode}:\n{out[-4000:]}"
     return out
 
 
-def _port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+def _run(cmd: list[str], timeout: int = 300) -> str:
+    return _ok(run_process(cmd, timeout=timeout))
 
 
 def test_synth_chunk_train_eval_export(tmp_path: Path) -> None:
@@ -54,8 +42,7 @@ def test_synth_chunk_train_eval_export(tmp_path: Path) -> None:
     args = ["--config", "launch/recipes/demo_cpu.yaml", "--deepspeed_config", "ds_configs/zero2.json"]
     for s in sets:
         args += ["--set", s]
-    log = _run([sys.executable, "-m", "deepspeed.launcher.runner", "--num_gpus", "2", "--master_port", str(_port()),
-                "launch/train.py", *args], timeout=400)
+    log = _ok(launch(args, timeout=400))  # the deepspeed launcher, 2 CPU ranks, launch/train.py
     assert "world 2 | ZeRO-2 | fp32" in log and "[eval ep 1]" in log
     trained = json.loads((run / "metrics.json").read_text())  # 2-rank eval inside training
 

@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from .conftest import REPO, launch, losses, write_recipe
+from tests.helpers import REPO, engine_env, launch, losses, write_recipe
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.multiprocess
 TOL = 1e-5  # fp32 trajectories agree to ~1e-6 across ZeRO stages and after resume (test_multirank)
 SCRIPT = Path(__file__).with_name("nan_train.py")
 # micro 2 x accum 2 x world 2; 34 train clips -> 17 per rank -> 8 micro-batches -> 4 steps per epoch
@@ -27,14 +27,8 @@ def _train(tmp: Path, data: dict, name: str, ds: str, nan: str, *extra: str,
     model = {"pretrained": str(pretrained)} if pretrained else {}
     recipe = write_recipe(tmp / f"{name}.yaml", data, run, batch=BATCH, model=model,
                           checkpoint={"every_steps": 1, "keep_last": 20})
-    import os
-
-    os.environ["AVION_TEST_NAN"] = nan  # inherited by the launcher and both ranks
-    try:
-        proc = launch(["--config", str(recipe), "--deepspeed_config", str(REPO / "ds_configs" / f"{ds}.json"),
-                       *extra], launcher="torchrun", script_path=SCRIPT)
-    finally:
-        del os.environ["AVION_TEST_NAN"]
+    proc = launch(["--config", str(recipe), "--deepspeed_config", str(REPO / "ds_configs" / f"{ds}.json"), *extra],
+                  launcher="torchrun", script_path=SCRIPT, env=engine_env(AVION_TEST_NAN=nan))  # both ranks see it
     log = proc.stdout + proc.stderr
     assert proc.returncode == 0, log[-4000:]
     return run, log

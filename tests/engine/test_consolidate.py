@@ -27,11 +27,11 @@ from avion_ds.config import ConfigError
 from avion_ds.engine import dist
 from avion_ds.engine import export as export_mod
 from avion_ds.models.safe_load import UntrustedCheckpoint
+from tests.helpers import QUICK_DATA, launch, one_rank_vars, run_process, write_recipe
 
-from .conftest import QUICK_DATA, REPO, engine_env, launch, write_recipe
 from .consolidate_script import FROZEN, HEADS, WS2_RUNS, save_run
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.multiprocess
 
 TAG = "step_00000002"
 WS1_RUNS = ((0, "fp32"), (1, "fp32"), (2, "fp32"), (3, "fp32"), (3, "bf16"))
@@ -53,8 +53,7 @@ def ws1(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """ZeRO 0/1/2/3 runs saved by one process (this one)."""
     root = tmp_path_factory.mktemp("ws1")
     with pytest.MonkeyPatch.context() as mp:
-        for key, value in (("RANK", "0"), ("WORLD_SIZE", "1"), ("LOCAL_RANK", "0"), ("MASTER_ADDR", "127.0.0.1"),
-                           ("MASTER_PORT", str(dist.free_port()))):
+        for key, value in one_rank_vars().items():
             mp.setenv(key, value)
         dist.init()
         for stage, precision in WS1_RUNS:
@@ -208,8 +207,7 @@ def test_eval_cli_refuses_payload_in_one_line_and_loads_when_trusted(ws1: Path, 
     newer.mkdir()  # an unfinished save: eval passes over it and says so
 
     def cli(*extra: str) -> subprocess.CompletedProcess:
-        return subprocess.run([sys.executable, "-m", "avion_ds.cli", "eval", "--checkpoint", str(run), *extra],
-                              cwd=REPO, env=engine_env(), capture_output=True, text=True, timeout=300)
+        return run_process([sys.executable, "-m", "avion_ds.cli", "eval", "--checkpoint", run, *extra])
 
     proc = cli()
     errors = [line for line in proc.stderr.splitlines() if line.startswith("avion-ds eval: error:")]

@@ -4,21 +4,18 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from .conftest import REPO, engine_env, write_recipe
+from tests.helpers import REPO, launch, write_recipe
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.multiprocess
 
 
 def _train(recipe: Path, steps: int) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, str(REPO / "launch" / "train.py"), "--config", str(recipe),
-                           "--deepspeed_config", str(REPO / "ds_configs" / "zero0.json"),
-                           "--exit-after-steps", str(steps)],
-                          cwd=REPO, env=engine_env(), capture_output=True, text=True, timeout=300)
+    return launch(["--config", recipe, "--deepspeed_config", REPO / "ds_configs" / "zero0.json",
+                   "--exit-after-steps", str(steps)], nprocs=1, launcher="python", timeout=300)
 
 
 def test_auto_decoder_is_recorded_and_kept_on_resume(tiny_epic: dict, tmp_path: Path) -> None:

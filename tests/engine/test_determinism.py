@@ -8,24 +8,21 @@ a loader worker and ZeRO-2 included).
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 
-from .conftest import QUICK_DATA, REPO, engine_env, losses, write_recipe
+from tests.helpers import QUICK_DATA, REPO, launch, losses, write_recipe
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.multiprocess
 
 
 def _train(data: dict, run: Path, tmp: Path) -> None:
     recipe = write_recipe(tmp / f"{run.name}.yaml", data, run, data={**QUICK_DATA, "workers": 1, "crop_scale": [0.5, 1.0]},
                           schedule={"epochs": 1, "warmup_epochs": 0.5}, checkpoint={"every_steps": 0})
-    proc = subprocess.run([sys.executable, str(REPO / "launch" / "train.py"), "--config", str(recipe),
-                           "--deepspeed_config", str(REPO / "ds_configs" / "zero2.json")],
-                          cwd=REPO, env=engine_env(), capture_output=True, text=True, timeout=300)
+    proc = launch(["--config", recipe, "--deepspeed_config", REPO / "ds_configs" / "zero2.json"], nprocs=1,
+                  launcher="python", timeout=300)
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
 
 

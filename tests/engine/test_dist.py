@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-import subprocess
 import sys
 
+import pytest
 import torch.distributed as tdist
 
 from avion_ds.config import ConfigError
 from avion_ds.engine import dist
+from tests.helpers import run_process
 
 
 def test_a_group_that_existed_before_the_entry_is_left_alone(one_rank: None) -> None:
@@ -23,11 +24,12 @@ def test_a_group_that_existed_before_the_entry_is_left_alone(one_rank: None) -> 
     assert tdist.is_initialized()  # a later DeepSpeed engine in this process still finds its groups
 
 
+@pytest.mark.multiprocess
 def test_a_group_the_entry_created_is_torn_down_with_its_code() -> None:
     code = ("import sys; from avion_ds.engine import dist\n"
             "def body():\n    dist.init(); return 5\n"
             "dist.run_entry('t', body, {})\n"
             "print('not reached'); sys.exit(0)\n")
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    proc = run_process([sys.executable, "-c", code], timeout=120)
     assert proc.returncode == 5, proc.stderr[-2000:]
     assert "not reached" not in proc.stdout

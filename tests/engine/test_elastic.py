@@ -15,9 +15,9 @@ import pytest
 import torch
 import yaml
 
-from .conftest import QUICK_DATA, REPO, launch, losses, write_recipe
+from tests.helpers import QUICK_DATA, REPO, launch, losses, write_recipe
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.multiprocess
 K = 2  # resume from the checkpoint after this many optimizer steps
 
 

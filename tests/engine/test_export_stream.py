@@ -3,24 +3,20 @@
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 
-from .conftest import engine_env, free_port
+from tests.helpers import launch
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.multiprocess
 
 
 @pytest.mark.timeout(300)
 def test_streamed_export_equals_live_weights(tmp_path: Path) -> None:
     run = tmp_path / "run"
-    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port",
-                           str(free_port()), str(Path(__file__).with_name("export_script.py")), str(run)],
-                          env=engine_env(), capture_output=True, text=True, timeout=280)
+    proc = launch([run], launcher="torchrun", script_path=Path(__file__).with_name("export_script.py"), timeout=280)
     assert proc.returncode == 0, proc.stderr[-4000:]
     from safetensors.torch import load_file
 

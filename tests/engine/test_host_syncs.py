@@ -23,6 +23,8 @@ from avion_ds.engine.losses import total_loss
 
 from .tiny_trainer import batches, tiny_trainer
 
+pytestmark = pytest.mark.multiprocess  # trains a DeepSpeed engine in this process
+
 READS = {"aten._local_scalar_dense.default", "aten.is_nonzero.default"}
 
 

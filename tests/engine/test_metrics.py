@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import socket
 
 import pytest
 import torch
@@ -18,6 +17,7 @@ from avion_ds.engine.metrics import (
     mean_class_accuracy,
     per_sample_records,
 )
+from tests.helpers import free_port
 
 
 def _onehot_scores(preds: list[int], k: int) -> torch.Tensor:
@@ -92,9 +92,7 @@ def _gather_worker(rank: int, port: int, out: dict) -> None:
 
 
 def test_distributed_gather_two_ranks() -> None:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     with mp.Manager() as manager:
         out = manager.dict()
         mp.spawn(_gather_worker, args=(port, out), nprocs=2, join=True)

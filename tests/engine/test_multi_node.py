@@ -15,17 +15,14 @@ from pathlib import Path
 import pytest
 
 from avion_ds.engine.checkpoint import complete_tags
+from tests.helpers import QUICK_DATA, REPO, engine_env, free_port, losses, write_recipe
 
-from .conftest import QUICK_DATA, REPO, engine_env, free_port, losses, write_recipe
-
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.multiprocess
 
 
 def _node(rank: int, recipe: Path, hostfile: Path, port: int, log: Path) -> subprocess.Popen:
-    env = engine_env()
-    env.update(NODE_RANK=str(rank), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), HOSTFILE=str(hostfile),
-               DS_ACCELERATOR="cpu", AVION_DS_PG_TIMEOUT_S="20")
-    env.pop("SLURM_NODEID", None)
+    env = engine_env(NODE_RANK=str(rank), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), HOSTFILE=str(hostfile),
+                     DS_ACCELERATOR="cpu", AVION_DS_PG_TIMEOUT_S="20", SLURM_NODEID=None)
     return subprocess.Popen(["bash", str(REPO / "launch" / "multi_node.sh"), str(recipe),
                              str(REPO / "ds_configs" / "zero3.json")], cwd=REPO, env=env, stdout=log.open("w"),
                             stderr=subprocess.STDOUT, start_new_session=True)

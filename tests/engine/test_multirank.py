@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from .conftest import QUICK_DATA, REPO, launch, losses, write_recipe
+from tests.helpers import QUICK_DATA, REPO, launch, losses, write_recipe
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.multiprocess
 TOL = 1e-5  # measured: fp32 trajectories agree to ~1e-6 across stages and after resume
 
 

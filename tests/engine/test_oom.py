@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from .conftest import REPO, engine_env, write_recipe
+from tests.helpers import REPO, engine_env, write_recipe
 
 INJECT = """
 import sys, torch
@@ -21,7 +21,7 @@ sys.exit(train.main(sys.argv[1:]))
 """
 
 
-@pytest.mark.slow
+@pytest.mark.multiprocess
 @pytest.mark.timeout(300)
 def test_oom_in_step_is_one_line_exit_1(tiny_epic: dict, tmp_path: Path) -> None:
     recipe = write_recipe(tmp_path / "r.yaml", tiny_epic, tmp_path / "run",

@@ -22,10 +22,9 @@ import torch
 import yaml
 
 from avion_ds.engine.dist import free_port
+from tests.helpers import REPO, engine_env, losses
 
-from .conftest import REPO, engine_env, losses
-
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.multiprocess
 SCRIPT = Path(__file__).with_name("pretrain_jobs_script.py")
 
 

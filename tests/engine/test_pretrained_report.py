@@ -4,8 +4,6 @@ the backends line; through `avion-ds train` a barely-mapping checkpoint stops wi
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -14,8 +12,7 @@ import torch
 from avion_ds.config import ConfigError
 from avion_ds.engine.pretrained_report import REPORT_NAME, load_and_report
 from avion_ds.models import create_model
-
-from .conftest import REPO, engine_env, write_recipe
+from tests.helpers import REPO, launch, write_recipe
 
 
 def _model() -> torch.nn.Module:
@@ -72,18 +69,15 @@ def test_unreadable_or_untrusted_file_is_a_config_error(tmp_path: Path) -> None:
     load_and_report(_model(), str(path), strict=True, trust=True, run_dir=None, is_main=False)  # opted in
 
 
-@pytest.mark.slow
+@pytest.mark.multiprocess
 def test_train_stops_on_a_barely_mapping_checkpoint(tiny_epic: dict, tmp_path: Path) -> None:
     """(A checkpoint that maps is shown with the backends line in test_accum_multirank.)"""
     half = tmp_path / "half.pt"
     torch.save(_without_block(create_model("vit_test_tiny", heads={"verb": 4, "noun": 3}).state_dict(), 1), half)
-    base = [sys.executable, str(REPO / "launch" / "train.py"), "--deepspeed_config",
-            str(REPO / "ds_configs" / "zero0.json")]
-
     run = tmp_path / "bad"
     recipe = write_recipe(tmp_path / "bad.yaml", tiny_epic, run, model={"pretrained": str(half)})
-    proc = subprocess.run([*base, "--config", str(recipe)], cwd=REPO, env=engine_env(), capture_output=True,
-                          text=True, timeout=240)
+    proc = launch(["--deepspeed_config", REPO / "ds_configs" / "zero0.json", "--config", recipe], nprocs=1,
+                  launcher="python", timeout=240)
     err = [ln for ln in proc.stderr.splitlines() if ln.strip()]
     assert proc.returncode == 2, (proc.stdout + proc.stderr)[-3000:]
     assert "Traceback" not in proc.stderr

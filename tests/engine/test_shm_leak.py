@@ -3,16 +3,14 @@
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 import textwrap
 from pathlib import Path
 
 import pytest
 
-from .conftest import engine_env, free_port
+from tests.helpers import free_port, launch
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.multiprocess
 
 SCRIPT = textwrap.dedent("""
     import os, sys
@@ -32,11 +30,9 @@ SCRIPT = textwrap.dedent("""
 def test_two_ranks_leave_no_shm_files(tmp_path: Path) -> None:
     script = tmp_path / "shm_job.py"
     script.write_text(SCRIPT)
-    port = str(free_port())
+    port = free_port()
     pattern = f"deepspeed_allreduce_buffer_{os.getuid()}_*_{port}_*"  # the deepspeed launcher sets LOCAL_SIZE
-    r = subprocess.run([sys.executable, "-m", "deepspeed.launcher.runner", "--num_gpus", "2",
-                        "--master_port", port, str(script)],
-                       env=engine_env(), capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    r = launch([], script_path=script, port=port, timeout=300, cwd=tmp_path)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
     assert "rank 0 unlinked True" in r.stdout and "rank 1 unlinked True" in r.stdout, r.stdout
     left = sorted(p.name for p in Path("/dev/shm").glob(pattern))

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from .conftest import REPO, engine_env, write_recipe
+from tests.helpers import REPO, engine_env, write_recipe
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.multiprocess
 
 
 def test_nonfinite_stop_exits_nonzero_with_step(tiny_epic: dict, tmp_path: Path) -> None:

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 import torch
 
 from avion_ds.engine.trainer import TrainState
 
 from .tiny_trainer import batches, tiny_trainer
 
+pytestmark = pytest.mark.multiprocess  # trains a DeepSpeed engine in this process
 # the client state train.run wrote before the Trainer existed (resume of older run dirs relies on them)
 LEGACY_KEYS = {"epoch", "step_in_epoch", "global_step", "skipped", "bad_samples", "applied_steps",
                "overflow_steps", "model", "scheduler", "rng"}

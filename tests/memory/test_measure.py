@@ -11,6 +11,7 @@ from avion_ds.engine.trainer import Trainer
 from avion_ds.memory.plan import Candidate, measure_candidates
 
 
+@pytest.mark.multiprocess  # trains a DeepSpeed engine in this process
 def test_planner_probe_runs_the_trainers_step(one_rank: None, monkeypatch: pytest.MonkeyPatch) -> None:
     calls: list[Any] = []
     real = Trainer.train_step

@@ -1,16 +1,13 @@
 """ZeRO-3 parameter-offload inference (layer streaming) on 2 CPU ranks: logits equal the plain model."""
 
 import json
-import os
-import socket
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 
 from avion_ds.memory.offload import inference_ds_config
+from tests.helpers import launch
 
 
 def test_inference_config_exposes_the_two_knobs():
@@ -31,16 +28,10 @@ def test_inference_config_bad_input(kwargs, fragment):
         inference_ds_config(**kwargs)
 
 
+@pytest.mark.multiprocess
 def test_two_rank_offloaded_logits_equal_plain_model(tmp_path):
-    env = dict(os.environ, TORCH_EXTENSIONS_DIR=os.environ.get("TORCH_EXTENSIONS_DIR", "/tmp/avion_torch_ext"),
-               OMP_NUM_THREADS="1")
-    worker = Path(__file__).with_name("_offload_worker.py")
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(port),
-           str(worker), str(tmp_path)]
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=240, check=False)
+    proc = launch([tmp_path], launcher="torchrun", script_path=Path(__file__).with_name("_offload_worker.py"),
+                  timeout=240)
     results = [json.loads(p.read_text()) for p in sorted(tmp_path.glob("rank*.json"))]
     assert len(results) == 2, proc.stdout[-2000:] + proc.stderr[-4000:]
     for r in results:

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import os
-
 import pytest
 import torch
 
@@ -14,8 +12,6 @@ from avion_ds.models import (
     remove_activation_checkpointing,
 )
 from avion_ds.models.checkpointing import checkpointed_blocks
-
-os.environ.setdefault("TORCH_EXTENSIONS_DIR", "/tmp/avion_torch_ext")
 
 
 def _grads(model, x, seed=0):

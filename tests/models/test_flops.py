@@ -2,14 +2,10 @@
 
 from __future__ import annotations
 
-import os
-
 import pytest
 import torch
 
 from avion_ds.models import create_model, get_arch, model_flops
-
-os.environ.setdefault("TORCH_EXTENSIONS_DIR", "/tmp/avion_torch_ext")
 
 
 @pytest.mark.parametrize("backend,embed,pool", [("eager", "linear", "mean"), ("sdpa", "conv", "cls")])

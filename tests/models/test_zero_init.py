@@ -7,32 +7,20 @@ One torchrun of ``zero_init_script.py``; each test checks one promise against th
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-pytestmark = pytest.mark.slow
-REPO = Path(__file__).resolve().parents[2]
+from tests.helpers import launch
+
+pytestmark = pytest.mark.multiprocess
 
 
 @pytest.fixture(scope="module")
 def result(tmp_path_factory: pytest.TempPathFactory) -> dict:
     pytest.importorskip("deepspeed")
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    env = dict(os.environ, DS_ACCELERATOR="cpu", OMP_NUM_THREADS="1",
-               PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    env.setdefault("TORCH_EXTENSIONS_DIR", str(REPO / ".torch_extensions"))
     tmp = tmp_path_factory.mktemp("zero_init")
-    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port",
-                           str(port), str(Path(__file__).with_name("zero_init_script.py")), str(tmp)],
-                          env=env, capture_output=True, text=True, timeout=280, check=False)
+    proc = launch([tmp], launcher="torchrun", script_path=Path(__file__).with_name("zero_init_script.py"), timeout=280)
     line = next((ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")), None)
     assert proc.returncode == 0 and line, f"rc={proc.returncode}\n{proc.stdout[-2000:]}\n{proc.stderr[-4000:]}"
     return json.loads(line[len("RESULT "):])

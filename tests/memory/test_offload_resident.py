@@ -6,15 +6,13 @@ below the model size for small settings."""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
-pytestmark = pytest.mark.slow
-REPO = Path(__file__).resolve().parents[2]
+from tests.helpers import run_process
+
+pytestmark = pytest.mark.multiprocess
 CODE = ("import json, sys; from avion_ds.memory.offload import resident_peaks; "
         "print('RESULT ' + json.dumps(resident_peaks('vit_test_small', 8, 64, [20000, 100000, 1000000])), flush=True); "
         "import os; os._exit(0)")
@@ -22,10 +20,7 @@ CODE = ("import json, sys; from avion_ds.memory.offload import resident_peaks; "
 
 @pytest.mark.timeout(240)
 def test_resident_parameters_bounded_by_max_live_plus_prefetch() -> None:
-    env = dict(os.environ, DS_ACCELERATOR="cpu", OMP_NUM_THREADS="1",
-               PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    env.setdefault("TORCH_EXTENSIONS_DIR", str(REPO / ".torch_extensions"))
-    proc = subprocess.run([sys.executable, "-c", CODE], env=env, capture_output=True, text=True, timeout=220)
+    proc = run_process([sys.executable, "-c", CODE], timeout=220)
     line = next((ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")), None)
     assert proc.returncode == 0 and line, proc.stderr[-3000:]
     rows = json.loads(line[7:])
