@@ -17,7 +17,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "train": ("avion_ds.engine.train", "train / fine-tune from a YAML recipe (also under deepspeed)"),
     "eval": ("avion_ds.engine.evaluate", "evaluate a checkpoint; writes metrics JSON"),
     "export": ("avion_ds.engine.export", "consolidate ZeRO shards into one fp32 safetensors file"),
-    "reconstruct": ("avion_ds.engine.reconstruct", "pretraining run: original / masked / reconstructed frames as one PNG"),
+    "reconstruct": ("avion_ds.tasks.reconstruct", "pretraining run: original / masked / reconstructed frames as one PNG"),
     "plan": ("avion_ds.memory.plan", "pick ZeRO stage / offload / checkpointing / micro-batch for a GPU budget"),
     "bench-loader": ("avion_ds.data.loader_bench", "clips/s per DataLoader worker and workers needed per GPU"),
     "models": ("avion_ds.models.listing", "registered model sizes with parameters and GFLOPs per clip"),

@@ -50,7 +50,7 @@ class ModelConfig:
 
 @dataclass
 class DataConfig:
-    dataset: str = "epic"  # epic | kinetics | ssv2 | videos (unlabelled clips for task: pretrain)
+    dataset: str = "epic"  # epic | kinetics | ssv2 | videos (unlabelled clips, masked pretraining)
     root: str = ""  # chunk root (holds manifest.jsonl) or root of whole videos
     train_csv: str = ""
     val_csv: str = ""
@@ -133,7 +133,7 @@ class LoggingConfig:
 
 @dataclass
 class PretrainConfig:
-    """Masked-autoencoder pretraining (``task: pretrain``): masks and reconstruction target."""
+    """Masked-autoencoder pretraining (``avion_ds.tasks.pretrain``): masks and reconstruction target."""
 
     mask_type: str = "tube"  # tube | random (encoder mask)
     mask_ratio: float = 0.9
@@ -153,7 +153,7 @@ class Recipe:
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     logging: LoggingConfig = field(default_factory=LoggingConfig)
     pretrain: PretrainConfig = field(default_factory=PretrainConfig)
-    task: str = "finetune"  # finetune | pretrain (masked autoencoder, see avion_ds.engine.pretrain)
+    task: str = ""  # a registered task (avion_ds.tasks); "" = the default one, filled in when loaded
     output_dir: str = "runs/default"
     seed: int = 0
     precision: str = "auto"  # auto (from ds_config) | fp32 | bf16 | fp16
@@ -259,21 +259,10 @@ def _build(cls: type, data: Any, prefix: str = "") -> Any:
     return cls(**kwargs)
 
 
-# task: pretrain changes these defaults (VideoMAE pretraining); keys the recipe sets win.
-PRETRAIN_DEFAULTS: dict[str, dict[str, Any]] = {
-    "model": {"name": "pretrain_videomae_base_patch16_224", "drop_path_rate": 0.0, "num_classes": 0},
-    "data": {"dataset": "videos", "sampling": "stride", "hflip": 0.0, "mixup": 0.0, "cutmix": 0.0,
-             "label_smoothing": 0.0},
-    "optim": {"lr": 1.5e-4, "betas": [0.9, 0.95], "weight_decay": 0.05, "layer_decay": 1.0, "min_lr": 1e-5},
-    "schedule": {"epochs": 800, "warmup_epochs": 40.0},
-}
-
-
-def _task_defaults(data: dict[str, Any]) -> dict[str, Any]:
-    if data.get("task") != "pretrain":
-        return data
+def with_defaults(data: dict[str, Any], defaults: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """``data`` with ``defaults`` (section -> key -> value) under its own keys (the recipe's keys win)."""
     out = dict(data)
-    for section, values in PRETRAIN_DEFAULTS.items():
+    for section, values in defaults.items():
         given = out.get(section) or {}
         if not isinstance(given, dict):
             return data  # reported by _build
@@ -281,9 +270,11 @@ def _task_defaults(data: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def recipe_from_dict(data: dict[str, Any]) -> Recipe:
-    """Build a validated Recipe from a plain mapping (as read from YAML)."""
-    recipe = _build(Recipe, _task_defaults(data))
+def recipe_from_dict(data: dict[str, Any], defaults: dict[str, dict[str, Any]] | None = None) -> Recipe:
+    """A Recipe from a plain mapping (as read from YAML) with ``defaults`` under it, generically validated.
+
+    Task-specific defaults and checks come from the task (``avion_ds.tasks.load_recipe`` is the loader)."""
+    recipe = _build(Recipe, with_defaults(data, defaults or {}))
     validate(recipe)
     return recipe
 
@@ -321,8 +312,9 @@ def _yaml_problem(e: yaml.YAMLError) -> str:
     return str(e).splitlines()[0]
 
 
-def load_recipe(path: str | Path | None, overrides: list[str] | None = None) -> Recipe:
-    """Load a YAML recipe (or defaults when ``path`` is None), apply dotted overrides, validate."""
+def load_recipe_data(path: str | Path | None, overrides: list[str] | None = None) -> dict[str, Any]:
+    """The mapping of a YAML recipe (empty when ``path`` is None) with dotted overrides applied; nothing
+    validated yet (``avion_ds.tasks.load_recipe`` builds and checks the Recipe)."""
     data: dict[str, Any] = {}
     if path is not None:
         p = Path(path)
@@ -338,7 +330,7 @@ def load_recipe(path: str | Path | None, overrides: list[str] | None = None) -> 
         if not isinstance(data, dict):
             raise ConfigError(f"recipe {p}: top level must be a mapping, got {type(data).__name__}")
     apply_overrides(data, overrides or [])
-    return recipe_from_dict(data)
+    return data
 
 
 def save_recipe(recipe: Recipe, path: str | Path) -> None:
@@ -355,7 +347,6 @@ _CHOICES: dict[str, tuple[str, ...]] = {
     "data.dataset": ("epic", "kinetics", "ssv2", "videos"),
     "pretrain.mask_type": ("tube", "random"),
     "pretrain.decoder_mask_type": ("none", "running_cell"),
-    "task": ("finetune", "pretrain"),
     "data.sampling": ("segment", "stride"),
     "data.decoder": ("auto", "decord", "torchcodec", "pyav", "torchcodec-cuda"),
     "data.mean_std": ("imagenet", "clip"),
@@ -480,18 +471,6 @@ def validate(recipe: Recipe) -> None:
     tubelet = recipe.model.tubelet_size
     if tubelet is not None and (tubelet <= 0 or recipe.data.num_frames % tubelet):
         raise ConfigError(f"data.num_frames={recipe.data.num_frames} is not divisible by model.tubelet_size={tubelet}")
-    if (recipe.task == "pretrain") != (recipe.data.dataset == "videos"):
-        raise ConfigError(f"task={recipe.task!r} with data.dataset={recipe.data.dataset!r}: pretraining uses "
-                          "data.dataset 'videos' (unlabelled clips), fine-tuning a labelled dataset")
-    if recipe.task == "pretrain":
-        p = recipe.pretrain
-        for key, value in (("pretrain.mask_ratio", p.mask_ratio), ("pretrain.decoder_mask_ratio", p.decoder_mask_ratio)):
-            if not 0.0 < value < 1.0:
-                raise ConfigError(f"{key}={value} must be in (0, 1)")
-        if recipe.data.clips_per_video <= 0:
-            raise ConfigError(f"data.clips_per_video={recipe.data.clips_per_video} must be positive")
-        if not recipe.data.multi_scale or not all(0 < s <= 1 for s in recipe.data.multi_scale):
-            raise ConfigError(f"data.multi_scale={recipe.data.multi_scale} must be a non-empty list in (0, 1]")
     if recipe.data.dataset == "epic" and recipe.model.heads is None:
         raise ConfigError("data.dataset='epic' needs model.heads (e.g. {verb: 97, noun: 300})")
     from .data.protocols import (

@@ -27,12 +27,12 @@ import torch
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from avion_ds.config import load_recipe
 from avion_ds.engine import dist
 from avion_ds.engine.ds_config import build_ds_config, scaled_lr
 from avion_ds.engine.losses import total_loss
 from avion_ds.engine.optim import client_adamw, optimizer_groups
 from avion_ds.engine.schedule import WarmupCosine
+from avion_ds.tasks import load_recipe
 
 
 def recipe_for(args: argparse.Namespace, data: dict | None = None, workers: int = 0):
@@ -46,10 +46,10 @@ def recipe_for(args: argparse.Namespace, data: dict | None = None, workers: int 
 
 
 def make_model(recipe):
-    from avion_ds.engine.train import build_model
+    from avion_ds.tasks import task_of
 
     torch.manual_seed(0)
-    return build_model(recipe)
+    return task_of(recipe).build_model(recipe)
 
 
 def batch_for(recipe, n: int):
@@ -88,7 +88,9 @@ def ds_step(recipe, device, config: str):
     from avion_ds.engine.trainer import Trainer
 
     cfg = build_ds_config(REPO / "ds_configs" / config, recipe, dist.world_size(), steps_per_epoch=1000)
-    trainer = Trainer(parallelize(make_model(recipe), recipe, cfg, steps_per_epoch=1000), recipe)
+    from avion_ds.tasks import task_of
+
+    trainer = Trainer(parallelize(make_model(recipe), recipe, cfg, steps_per_epoch=1000), recipe, task_of(recipe))
     x, y = batch_for(recipe, recipe.batch.micro_batch)
     batches = itertools.repeat({"frames": x.to(device), "label": {k: v.to(device) for k, v in y.items()}})
 

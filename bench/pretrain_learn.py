@@ -9,7 +9,7 @@
 3. Fine-tune ``vit_test_tiny`` (same encoder overrides, verb + noun heads) on 10% of the training
    rows, from the pretrained encoder and from scratch, with the same budget; report val top-1.
 
-Both phases use one-process loops over cached clips (``avion_ds.engine.pretrain.fit_clips`` and the
+Both phases use one-process loops over cached clips (``avion_ds.tasks.pretrain.fit_clips`` and the
 plain loop below) so the whole bench takes a few minutes on 2 CPU cores.
 
     python bench/pretrain_learn.py --out /tmp/learn
@@ -30,9 +30,9 @@ from avion_ds.data import DeviceAugment, build_dataset
 from avion_ds.data.masking import MaskSpec
 from avion_ds.engine.losses import total_loss
 from avion_ds.engine.optim import param_groups
-from avion_ds.engine.pretrain import fit_clips
 from avion_ds.models import create_model
 from avion_ds.models.pretrain import pixel_targets
+from avion_ds.tasks.pretrain import fit_clips
 
 ENCODER = {"num_frames": 8, "img_size": 32, "patch_size": 16, "embed_dim": 128}
 

@@ -7,13 +7,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from avion_ds.config import (
-    ConfigError,
-    Recipe,
-    load_recipe,
-    recipe_from_dict,
-    save_recipe,
-)
+from avion_ds.config import ConfigError, Recipe, save_recipe
+from avion_ds.tasks import build_recipe, load_recipe
 
 
 def _write(tmp_path: Path, data: dict) -> Path:
@@ -38,12 +33,12 @@ def test_unknown_key_names_key_and_suggests(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match=r"optim\.lrr.*did you mean lr"):
         load_recipe(p)
     with pytest.raises(ConfigError, match="unknown recipe key 'modle'"):
-        recipe_from_dict({"modle": {}})
+        build_recipe({"modle": {}})
 
 
 def test_bad_type_names_key() -> None:
     with pytest.raises(ConfigError, match=r"batch\.micro_batch: expected an integer, got 'eight'"):
-        recipe_from_dict({"batch": {"micro_batch": "eight"}, "model": {"heads": {"verb": 2}}})
+        build_recipe({"batch": {"micro_batch": "eight"}, "model": {"heads": {"verb": 2}}})
 
 
 def test_dotted_overrides(tmp_path: Path) -> None:
@@ -62,18 +57,18 @@ def test_dotted_overrides(tmp_path: Path) -> None:
 def test_choices_and_ranges() -> None:
     base = {"model": {"heads": {"verb": 2}}}
     with pytest.raises(ConfigError, match="data.decoder='opencv' is not one of"):
-        recipe_from_dict({**base, "data": {"decoder": "opencv"}})
+        build_recipe({**base, "data": {"decoder": "opencv"}})
     with pytest.raises(ConfigError, match="batch.micro_batch=0 must be positive"):
-        recipe_from_dict({**base, "batch": {"micro_batch": 0}})
+        build_recipe({**base, "batch": {"micro_batch": 0}})
     with pytest.raises(ConfigError, match="needs model.heads"):
-        recipe_from_dict({"data": {"dataset": "epic"}})
+        build_recipe({"data": {"dataset": "epic"}})
     with pytest.raises(ConfigError, match="num_frames=15 is not divisible by model.tubelet_size=2"):
-        recipe_from_dict({"model": {"heads": {"verb": 2}, "tubelet_size": 2}, "data": {"num_frames": 15}})
+        build_recipe({"model": {"heads": {"verb": 2}, "tubelet_size": 2}, "data": {"num_frames": 15}})
     with pytest.raises(ConfigError, match="crop_scale"):
-        recipe_from_dict({**base, "data": {"crop_scale": [0.9, 0.1]}})
+        build_recipe({**base, "data": {"crop_scale": [0.9, 0.1]}})
     with pytest.raises(ConfigError, match=r"optim.lr=1e\+39 overflows float32"):  # finite as a Python float
-        recipe_from_dict({**base, "optim": {"lr": 1e39}})
-    recipe_from_dict({**base, "optim": {"lr": 3e38}})  # the largest float32 values are still accepted
+        build_recipe({**base, "optim": {"lr": 1e39}})
+    build_recipe({**base, "optim": {"lr": 3e38}})  # the largest float32 values are still accepted
 
 
 def test_float32_max_matches_torch() -> None:
@@ -94,6 +89,6 @@ def test_missing_file_and_bad_yaml(tmp_path: Path) -> None:
 
 
 def test_save_round_trip(tmp_path: Path) -> None:
-    r = recipe_from_dict({"model": {"name": "vit_test_tiny", "heads": {"verb": 4, "noun": 3}}, "seed": 7})
+    r = build_recipe({"model": {"name": "vit_test_tiny", "heads": {"verb": 4, "noun": 3}}, "seed": 7})
     save_recipe(r, tmp_path / "resolved.yaml")
     assert load_recipe(tmp_path / "resolved.yaml") == r

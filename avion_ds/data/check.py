@@ -29,7 +29,8 @@ from dataclasses import dataclass, field, replace
 from multiprocessing import get_context
 from pathlib import Path
 
-from ..config import ConfigError, DataConfig, add_override_option, load_recipe
+from ..config import ConfigError, DataConfig, add_override_option
+from ..tasks import load_recipe
 from .quarantine import QUARANTINE_NAME, row_key, write_quarantine
 
 log = logging.getLogger(__name__)

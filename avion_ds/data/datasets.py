@@ -38,6 +38,7 @@ import torch
 from torch.utils.data import Dataset
 
 from ..config import DataConfig
+from ..engine.dist import is_main
 from .crop import (
     CropBox,
     CropSpec,
@@ -50,7 +51,6 @@ from .crop import (
 from .decode_base import REGISTRY, load_plugins
 from .decoders import get_decoder, pick_decoder
 from .errors import DataError
-from .loader import is_main_rank
 from .manifest import (
     VideoEntry,
     check_chunk_file,
@@ -157,8 +157,9 @@ class ClipDataset(Dataset):
         self.cfg, self.split, self.train = cfg, split, split == "train"
         self.temporal_views, self.spatial_views, self.seed = temporal_views, spatial_views, seed
         self.index = index if index is not None else VideoIndex(cfg.root, cfg.chunked)
-        self.decoder_name = pick_decoder(cfg)[0]  # 'auto': probed here unless the trainer resolved it first
-        REGISTRY[self.decoder_name].check_available()  # DecoderUnavailable (clear message) now, not in a worker
+        self._decoder_name: str | None = None
+        if cfg.decoder != "auto":
+            REGISTRY[cfg.decoder].check_available()  # DecoderUnavailable (clear message) now, not in a worker
         self._epoch = _shared_zeros(1)
         self._errors = _shared_zeros(_ERROR_SLOTS)
         self._decoder = None
@@ -201,6 +202,16 @@ class ClipDataset(Dataset):
         state = dict(self.__dict__)
         state["_decoder"] = None  # each process opens its own decoder (and helper process)
         return state
+
+    @property
+    def decoder_name(self) -> str:
+        """The backend this dataset decodes with: ``data.decoder``, or for ``auto`` the probed choice, resolved
+        on first use (the trainer sets ``data.decoder`` to rank 0's choice before any loader exists)."""
+        if self._decoder_name is None:
+            name = pick_decoder(self.cfg)[0]
+            REGISTRY[name].check_available()
+            self._decoder_name = name
+        return self._decoder_name
 
     @property
     def decoder(self):
@@ -285,7 +296,7 @@ class ClipDataset(Dataset):
             keep.append(row)
         total = len(self.rows)
         self.rows = keep
-        if (self.missing or self.quarantined) and is_main_rank():  # once per job, not per rank
+        if (self.missing or self.quarantined) and is_main():  # once per job, not per rank
             log.warning("%s split: %d of %d annotation rows usable; %d missing videos, %d quarantined; first: %s",
                         self.split, len(keep), total, len(self.missing), len(self.quarantined),
                         (self.missing + self.quarantined)[0])

@@ -42,10 +42,10 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from ..malloc import tune_malloc
 from .crop import CropSpec
 from .decode_base import REGISTRY, finish, load_plugins, reason, validate
 from .errors import DataError
-from .malloc import tune_malloc
 
 if TYPE_CHECKING:
     import torch

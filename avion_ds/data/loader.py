@@ -14,20 +14,7 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
-from .malloc import tune_malloc
-
-
-def is_main_rank() -> bool:
-    """True on rank 0, or outside a distributed job: start-up summaries are printed once, not per rank.
-
-    Before the process group exists the launcher's ``RANK`` variable decides."""
-    import os
-
-    import torch.distributed as tdist
-
-    if tdist.is_available() and tdist.is_initialized():
-        return tdist.get_rank() == 0
-    return os.environ.get("RANK", "0").strip() in ("", "0")
+from ..malloc import tune_malloc
 
 
 def _seed_worker(worker_id: int) -> None:

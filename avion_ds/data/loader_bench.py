@@ -23,7 +23,8 @@ import time
 
 import torch
 
-from ..config import ConfigError, add_override_option, load_recipe
+from ..config import ConfigError, add_override_option
+from ..tasks import load_recipe
 from .decoders import pick_decoder
 
 

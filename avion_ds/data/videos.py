@@ -26,11 +26,11 @@ import numpy as np
 import torch
 
 from ..config import DataConfig
+from ..engine.dist import is_main
 from .crop import CropBox, clip_rng, multi_scale_crop
 from .datasets import ClipDataset, VideoIndex
 from .errors import DataError
 from .kinetics import read_video_list
-from .loader import is_main_rank
 from .manifest import VideoEntry, find_videos
 from .masking import MaskSpec
 
@@ -57,7 +57,7 @@ class VideosDataset(ClipDataset):
             self.source = str(self.index.root)
         if not self.videos:
             raise ValueError(f"data.dataset=videos: no videos in {self.source}")
-        if not self.train and not cfg.val_csv and is_main_rank():
+        if not self.train and not cfg.val_csv and is_main():
             log.info("videos: data.val_csv is empty; validation uses the training videos (centre crop, fixed masks)")
         self.clips_per_video = cfg.clips_per_video
         self.masks: MaskSpec | None = None

@@ -26,7 +26,7 @@ import torch
 
 from avion_ds.config import ConfigError, Recipe
 from avion_ds.engine import dist
-from avion_ds.engine.rng import rng_state, set_rng_state  # noqa: F401 - set_rng_state re-exported
+from avion_ds.engine.rng import rng_state
 from avion_ds.models.safe_load import load_checkpoint_file
 from avion_ds.rundir import (  # noqa: F401 - the layout names are re-exported as checkpoint.*
     CKPT_SUBDIR,

@@ -108,7 +108,11 @@ def is_initialized() -> bool:
 
 
 def rank() -> int:
-    return tdist.get_rank() if is_initialized() else 0
+    """This process's rank; before the process group exists, the launcher's ``RANK`` (0 when absent)."""
+    if is_initialized():
+        return tdist.get_rank()
+    value = os.environ.get("RANK", "").strip()
+    return int(value) if value.isdigit() else 0
 
 
 def world_size() -> int:

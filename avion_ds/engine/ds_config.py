@@ -326,15 +326,20 @@ def resolve_precision(cfg: dict[str, Any], recipe: Recipe, accel: str | None = N
     return _default_precision(accel or accelerator_name()) if has_auto else "fp32"
 
 
-def zero_stage(cfg: dict[str, Any]) -> int:
-    """ZeRO stage of a (built or user) DeepSpeed config; 0 when there is no zero section."""
-    return int(cfg.get("zero_optimization", {}).get("stage", 0))
+def zero_stage(cfg: dict[str, Any] | None) -> int:
+    """ZeRO stage of a (built or user) DeepSpeed config; 0 when there is none. THE reader of the stage."""
+    return int(((cfg or {}).get("zero_optimization") or {}).get("stage", 0))
 
 
-def offloads_optimizer(cfg: dict[str, Any]) -> bool:
+def offload_device(cfg: dict[str, Any] | None, what: str) -> str | None:
+    """Where ZeRO offloads ``what`` (``"optimizer"`` | ``"param"``): cpu | nvme, or None. THE reader of offload."""
+    device = ((((cfg or {}).get("zero_optimization") or {}).get(f"offload_{what}")) or {}).get("device")
+    return device if device in ("cpu", "nvme") else None
+
+
+def offloads_optimizer(cfg: dict[str, Any] | None) -> bool:
     """True when the optimizer state lives on CPU/NVMe (DeepSpeed then uses its CPU Adam)."""
-    zo = cfg.get("zero_optimization", {})
-    return zo.get("offload_optimizer", {}).get("device", "none") not in ("none", None)
+    return offload_device(cfg, "optimizer") is not None
 
 
 def _fill_scheduler(cfg: dict[str, Any], recipe: Recipe, lr: float, steps_per_epoch: int | None) -> None:

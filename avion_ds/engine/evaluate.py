@@ -1,6 +1,7 @@
-"""`avion-ds eval`: evaluate a run directory or exported weights; writes metrics + per-sample scores.
+"""`avion-ds eval`: evaluate a run directory or exported weights; writes the task's metrics JSON.
 
-The loop itself (``evaluate_model``, shared with training) lives in :mod:`avion_ds.engine.eval_loop`.
+Checks come first (``engine.run_setup.prepare_eval``, no process group); the evaluation itself is the
+recipe's task's (``Task.evaluate``, the same call training makes).
 """
 
 from __future__ import annotations
@@ -13,18 +14,19 @@ from typing import Any
 
 import torch
 
-from avion_ds.config import ConfigError, Recipe, add_override_option, load_recipe
+from avion_ds.config import ConfigError, Recipe, add_override_option
 from avion_ds.data.errors import DataError
-from avion_ds.data.protocols import eval_report
 from avion_ds.engine import dist
 from avion_ds.engine.ds_config import PRECISIONS, torch_dtype
-from avion_ds.engine.eval_loop import evaluate_model
-from avion_ds.engine.metrics import (
-    SCORES,
-    failed_line,
-    per_sample_records,
+from avion_ds.engine.metrics import failed_line
+from avion_ds.engine.run_setup import (
+    EvalSetup,
+    backends_line,
+    prepare_eval,
+    seed_everything,
 )
 from avion_ds.rundir import consolidate, skipped_note
+from avion_ds.tasks import EvalOutcome, load_recipe
 
 
 # ---------------------------------------------------------------------------------------------
@@ -89,11 +91,9 @@ def _resolve_tag(args: argparse.Namespace, run_dir: Path | None) -> str | None:
     return tag
 
 
-def _eval_model(args: argparse.Namespace, recipe: Recipe, run_dir: Path | None, tag: str | None,
-                dtype: torch.dtype) -> torch.nn.Module:
+def _eval_model(args: argparse.Namespace, setup: EvalSetup, dtype: torch.dtype) -> torch.nn.Module:
     """The model with the checkpoint's weights: plain, or built partitioned for ZeRO-3 offload inference."""
-    from avion_ds.engine.train import build_model
-
+    recipe, task, run_dir, tag = setup.recipe, setup.task, setup.run_dir, setup.tag
     if args.offload != "none":
         # built partitioned under the inference ZeRO-3 config; rank 0 alone reads / consolidates weights
         from avion_ds.memory.offload import build_for_inference
@@ -101,66 +101,54 @@ def _eval_model(args: argparse.Namespace, recipe: Recipe, run_dir: Path | None, 
         source: Any = str(args.checkpoint)
         if run_dir is not None:
             source = consolidate(run_dir, tag, recipe.model.trust_checkpoint) if dist.is_main() else {}
-        return build_for_inference(lambda: build_model(recipe, pretrained=""), source, offload=args.offload,
+        return build_for_inference(lambda: task.build_model(recipe, pretrained=""), source, offload=args.offload,
                                    max_live_parameters=int(args.max_live_params),
                                    prefetch_bucket_size=int(args.prefetch_bucket), nvme_path=args.nvme_path,
                                    dtype=dtype, strict=run_dir is not None)
     if run_dir is None:
-        return build_model(recipe, pretrained=str(args.checkpoint))
-    model = build_model(recipe, pretrained="")
+        return task.build_model(recipe, pretrained=str(args.checkpoint))
+    model = task.build_model(recipe, pretrained="")
     from avion_ds.models import load_pretrained
 
     load_pretrained(model, consolidate(run_dir, tag, recipe.model.trust_checkpoint), strict=True)
     return model
 
 
-def _write_results(args: argparse.Namespace, recipe: Recipe, run_dir: Path | None, tag: str | None, views: int,
-                   dataset: Any, result: tuple) -> None:
-    """eval_metrics.json (metrics, protocol report, failed samples, per-sample scores) and the summary lines."""
-    metrics, (index, scores, labels), failed = result
-    out = Path(args.out) if args.out else (run_dir or Path(args.checkpoint).parent) / "eval_metrics.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
+def _write_results(args: argparse.Namespace, setup: EvalSetup, views: int, out: EvalOutcome) -> None:
+    """eval_metrics.json (metrics, the task's report, failed samples, per-sample scores) and the summary lines."""
+    run_dir, tag = setup.run_dir, setup.tag
+    path = Path(args.out) if args.out else (run_dir or Path(args.checkpoint).parent) / "eval_metrics.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
     payload: dict[str, Any] = {"checkpoint": str(args.checkpoint), "tag": tag, "split": args.split,
-                               "num_samples": int(index.numel()), "views": views, "scores": SCORES,
-                               "metrics": metrics, **eval_report(recipe.eval.protocol, views, dataset, index),
-                               "failed_samples": failed}
-    if not args.no_per_sample:
-        payload["per_sample"] = per_sample_records(index, scores, labels)
-    out.write_text(json.dumps(payload) + "\n")
-    if failed:
-        print(failed_line(failed), flush=True)
-    print(" ".join(f"{k}={v:.2f}" for k, v in metrics.items()), flush=True)
-    print(f"wrote {out} ({index.numel()} samples evaluated; protocol {payload['protocol']}, {views} views, "
-          f"{payload['num_missing']} missing, {payload['num_quarantined']} quarantined, "
-          f"{len(failed)} failed to decode; checkpoint {tag or args.checkpoint})", flush=True)
+                               "num_samples": out.num_samples, "views": views, "metrics": out.metrics,
+                               **(out.report or {}), "failed_samples": out.failed}
+    if out.per_sample is not None and not args.no_per_sample:
+        payload["per_sample"] = out.per_sample
+    path.write_text(json.dumps(payload) + "\n")
+    if out.failed:
+        print(failed_line(out.failed), flush=True)
+    print(setup.task.eval_line(out.metrics), flush=True)
+    where = (f"protocol {payload['protocol']}, {views} views, {payload['num_missing']} missing, "
+             f"{payload['num_quarantined']} quarantined, {len(out.failed)} failed to decode; " if out.report else "")
+    print(f"wrote {path} ({out.num_samples} samples evaluated; {where}checkpoint {tag or args.checkpoint})", flush=True)
+
+
+def preflight(args: argparse.Namespace) -> EvalSetup:
+    """Every check before the process group: recipe, checkpoint tag, weights, data, model geometry."""
+    recipe, run_dir = _resolve_recipe(args)
+    tag = _resolve_tag(args, run_dir)
+    return prepare_eval(recipe, args.checkpoint, run_dir, tag, args.split)
 
 
 def run(args: argparse.Namespace) -> int:
-    from avion_ds.engine import preflight as pf
-    from avion_ds.engine.train import (
-        backends_line,
-        check_data_paths,
-        recipe_num_classes,
-        seed_everything,
-    )
-
-    recipe, run_dir = _resolve_recipe(args)
-    check_data_paths(recipe, need_train=args.split == "train")
-    if recipe.task == "pretrain":  # reconstruction loss vs predict-zero (avion_ds.engine.pretrain)
-        from avion_ds.engine.pretrain import run_eval
-
-        return run_eval(args, recipe)
-    pf.check_heads(recipe)
-    pf.check_model(recipe)
-    pf.check_data_layout(recipe, need_train=args.split == "train")
-    tag = _resolve_tag(args, run_dir)
-    pf.check_weights_source(str(args.checkpoint), recipe.model.trust_checkpoint, "--checkpoint", tag)
+    setup = preflight(args)
+    recipe, run_dir, tag = setup.recipe, setup.run_dir, setup.tag
     _, world, _ = dist.init()
     seed_everything(recipe.seed)
 
     from deepspeed.accelerator import get_accelerator
 
-    from avion_ds.data import DeviceAugment, build_dataset, build_loader
+    from avion_ds.data import DeviceAugment, build_loader
 
     device = torch.device(get_accelerator().current_device_name())
     precision = args.precision if args.precision != "auto" else (
@@ -169,7 +157,7 @@ def run(args: argparse.Namespace) -> int:
     note = skipped_note(run_dir, tag) if run_dir is not None and tag and not args.tag else None
     if note and dist.is_main():
         print(note, flush=True)
-    model = _eval_model(args, recipe, run_dir, tag, dtype)
+    model = _eval_model(args, setup, dtype)
     model.eval()
     if dist.is_main():
         print(backends_line(model, recipe, device, dtype), flush=True)
@@ -179,15 +167,12 @@ def run(args: argparse.Namespace) -> int:
         model = model.to(device=device, dtype=dtype)
 
     views = recipe.eval.temporal_views * recipe.eval.spatial_views
-    dataset = build_dataset(recipe.data, args.split, temporal_views=recipe.eval.temporal_views,
-                            spatial_views=recipe.eval.spatial_views, seed=recipe.seed)
-    dataset.defer_errors = True  # bad samples named once; a fatal one stops every rank with one line
-    loader = build_loader(dataset, recipe.eval.batch_size or recipe.batch.micro_batch, recipe.data.workers,
+    loader = build_loader(setup.dataset, recipe.eval.batch_size or recipe.batch.micro_batch, recipe.data.workers,
                           shuffle=False, seed=recipe.seed, drop_last=False, distributed=world > 1)
-    augment = DeviceAugment(recipe.data, recipe_num_classes(recipe), train=False)
-    result = evaluate_model(model, loader, augment, views, device, dtype)
+    augment = DeviceAugment(recipe.data, setup.task.label_classes(recipe), train=False)
+    outcome = setup.task.evaluate(model, loader, augment, views, device, dtype, recipe)
     if dist.is_main():
-        _write_results(args, recipe, run_dir, tag, views, dataset, result)
+        _write_results(args, setup, views, outcome)
     del model
     return 0
 

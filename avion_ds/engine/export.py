@@ -87,15 +87,15 @@ def export_hf(run_dir: str | Path, out: str | Path, tag: str | None = None, head
     Needs the run's ``recipe.yaml`` (the architecture); returns the max |logit difference| between
     our model and the directory loaded back by transformers (see ``avion_ds.models.hf``).
     """
-    from avion_ds.config import load_recipe
-    from avion_ds.engine.train import build_model
     from avion_ds.models import load_pretrained
     from avion_ds.models.hf import check_exportable, save_hf
+    from avion_ds.tasks import load_recipe, task_of
 
     run_dir = Path(run_dir)
     if not (run_dir / "recipe.yaml").is_file():
         raise ConfigError(f"--format hf needs {run_dir / 'recipe.yaml'} (the run's architecture)")
-    model = build_model(load_recipe(run_dir / "recipe.yaml", ["model.drop_path_rate=0.0"]), pretrained="")
+    recipe = load_recipe(run_dir / "recipe.yaml", ["model.drop_path_rate=0.0"])
+    model = task_of(recipe).build_model(recipe, pretrained="")
     try:
         check_exportable(model, head)
     except ValueError as e:

@@ -8,6 +8,7 @@ section (e.g. ``cpu_checkpointing``) is handed to ``deepspeed.checkpointing.conf
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -43,8 +44,12 @@ def apply_memory_features(model: nn.Module, recipe: Recipe, ds_config: dict[str,
                                           impl=m.checkpoint_impl)
 
 
-# set on an engine whose gradient clipping ``Trainer`` does itself (see ``trim_engine``)
-CLIP_ATTR = "avion_clip_grad"
+@dataclass(frozen=True)
+class Parallelized:
+    """What ``parallelize`` made: the DeepSpeed engine, and the gradient clipping it left to the Trainer."""
+
+    engine: Any
+    clip_grad: float = 0.0  # > 0: the Trainer clips to this norm (fp32 ZeRO-0, see ``trim_engine``)
 
 
 def trim_engine(ds_config: dict[str, Any]) -> tuple[dict[str, Any], float]:
@@ -69,8 +74,8 @@ def base_lr(recipe: Recipe, ds_config: dict[str, Any]) -> float:
 
 
 def parallelize(model: nn.Module, recipe: Recipe, ds_config: dict[str, Any], steps_per_epoch: int,
-                optimizer: torch.optim.Optimizer | None = None) -> Any:
-    """Apply activation checkpointing, build param groups + schedule, return the DeepSpeed engine.
+                optimizer: torch.optim.Optimizer | None = None) -> Parallelized:
+    """Apply activation checkpointing, build param groups + schedule, make the DeepSpeed engine.
 
     The optimizer is DeepSpeed's (from the JSON ``optimizer`` section) over our parameter groups,
     or a client torch AdamW when the JSON has none (ZeRO accepts torch Adam/AdamW). The schedule
@@ -103,34 +108,16 @@ def parallelize(model: nn.Module, recipe: Recipe, ds_config: dict[str, Any], ste
         lr_scheduler=lr_scheduler,
         config=config,
     )
-    setattr(engine, CLIP_ATTR, own_clip)
     trim_zero0(engine, ds_config)
-    return engine
+    return Parallelized(engine, own_clip)
 
 
 def trim_zero0(engine: Any, ds_config: dict[str, Any]) -> None:
-    """Per-step costs of DeepSpeed's ZeRO-0 path that buy nothing, removed with identical results.
-
-    * one data-parallel rank (fp32 / fp16): the gradient "all-reduce" would only flatten, divide by 1
-      and copy back every gradient;
-    * fp32 (torch optimizer): after each update DeepSpeed's ``engine.zero_grad`` walks
-      ``module.named_parameters()`` (~1 ms a step for a 12-block ViT on a CPU) to set every ``.grad``
-      to None; the engine gets the same loop over the parameter list taken once here. This replaces a
-      DeepSpeed method on this engine instance (no config knob exists for it).
-    """
-    if zero_stage(ds_config) != 0:
-        return
-    precision = precision_of(ds_config)
-    if precision != "bf16" and engine.dp_world_size == 1:
+    """ZeRO-0 on ONE data-parallel rank (fp32 / fp16): DeepSpeed's gradient "all-reduce" would only flatten,
+    divide by 1 and copy back every gradient; its public ``enable_backward_allreduce`` switch turns it off
+    (identical results)."""
+    if zero_stage(ds_config) == 0 and precision_of(ds_config) != "bf16" and engine.dp_world_size == 1:
         engine.enable_backward_allreduce = False
-    if precision == "fp32":
-        params = list(engine.module.parameters())
-
-        def zero_grad() -> None:
-            for p in params:
-                p.grad = None
-
-        engine.zero_grad = zero_grad
 
 
 def unwrap(engine_or_model: Any) -> nn.Module:

@@ -1,4 +1,4 @@
-"""Checks that run before any process group, data worker, dataset or real model exists.
+"""Checks that run before any process group, data worker or real model exists (used by ``run_setup``).
 
 Each failure is a :class:`~avion_ds.config.ConfigError` whose message names the key, the value
 and what is allowed (one line, exit code 2). Only known validation signals are converted (a
@@ -8,26 +8,11 @@ unexpected exception keeps its traceback.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import torch
 
 from avion_ds.config import ConfigError, Recipe
-
-# the labels each dataset yields: head names for multi-head datasets, None = one integer label
-DATASET_HEADS: dict[str, tuple[str, ...] | None] = {"epic": ("verb", "noun"), "kinetics": None}
-
-
-@dataclass(frozen=True)
-class ModelSummary:
-    """What the meta-device build of the recipe's model found."""
-
-    name: str
-    params: int
-    gflops: float
-    grid: tuple[int, int, int]
 
 
 def check_output_dir(recipe: Recipe) -> None:
@@ -41,76 +26,28 @@ def check_output_dir(recipe: Recipe) -> None:
             break
 
 
-def model_kwargs(recipe: Recipe) -> dict[str, Any]:
-    """The ``create_model`` keyword arguments a recipe implies (frames/size from the data section)."""
-    m = recipe.model
-    kw: dict[str, Any] = {"num_frames": recipe.data.num_frames, "img_size": recipe.data.size,
-                          "drop_path_rate": m.drop_path_rate, "head_drop_rate": m.head_drop_rate,
-                          "attn_backend": m.attn_backend, "patch_embed": m.patch_embed, "pool": m.pool,
-                          "pos_embed": m.pos_embed}
-    if m.tubelet_size is not None:
-        kw["tubelet_size"] = m.tubelet_size
-    if m.heads is not None:
-        kw["heads"] = dict(m.heads)
-    else:
-        kw["num_classes"] = m.num_classes
-    return kw
-
-
-def check_model(recipe: Recipe) -> ModelSummary:
-    """Model name, geometry (size vs patch, frames vs tubelet) and heads, built on the meta device."""
-    from avion_ds.models import create_model, get_arch, list_models, model_flops
-    from avion_ds.models.vit import count_params
-
-    name = recipe.model.name
-    if name not in list_models():
-        import difflib
-
-        close = difflib.get_close_matches(name, list_models(), n=3, cutoff=0.5)
-        hint = f"did you mean {', '.join(close)}?" if close else f"known: {', '.join(list_models())}"
-        raise ConfigError(f"model.name={name!r} is not a registered model; {hint} (avion-ds models lists them)")
-    if recipe.task == "pretrain":  # masked autoencoder: the encoder's geometry (avion_ds.engine.pretrain)
-        from avion_ds.engine.pretrain import model_options
-        from avion_ds.models import get_mae_arch
-
-        try:
-            enc = get_mae_arch(name, **model_options(recipe)).encoder
-        except (ValueError, TypeError) as e:
-            raise ConfigError(f"model: {e}") from None
-        with torch.device("meta"):  # FLOPs: the encoder over the whole clip (the masked share is less)
-            model = create_model(name, pretrained=None, **{**model_options(recipe), "attn_backend": "eager"})
-        return ModelSummary(name, count_params(model), model_flops(enc) / 1e9, enc.grid)
-    base = get_arch(name)
-    patch = base.patch_size
-    tubelet = recipe.model.tubelet_size or base.tubelet_size
-    if recipe.data.size % patch:
-        raise ConfigError(f"data.size={recipe.data.size} is not divisible by the patch size {patch} of {name}; "
-                          f"use a multiple of {patch}")
-    if recipe.data.num_frames % tubelet:
-        raise ConfigError(f"data.num_frames={recipe.data.num_frames} is not divisible by the tubelet size {tubelet} "
-                          f"of {name}; use a multiple of {tubelet}")
-    kw = model_kwargs(recipe)
-    try:
-        arch = get_arch(name, **kw)
-    except ValueError as e:  # ViTArch.validate: one line naming the field
-        raise ConfigError(f"model: {e}") from None
-    with torch.device("meta"):  # parameters only: the backend (checked in check_runtime) changes none
-        model = create_model(name, pretrained=None, **{**kw, "attn_backend": "eager"})
-    return ModelSummary(name, count_params(model), model_flops(arch) / 1e9, arch.grid)
-
-
-def check_heads(recipe: Recipe) -> None:
-    """The model's heads must be the labels the dataset yields (EPIC: verb + noun; Kinetics: one)."""
-    want = DATASET_HEADS.get(recipe.data.dataset)
-    heads = recipe.model.heads
-    if want is None:
-        if heads is not None:
-            raise ConfigError(f"model.heads={heads} but data.dataset={recipe.data.dataset!r} yields one integer "
-                              "label; use model.num_classes instead of model.heads")
-        return
-    if heads is None or set(heads) != set(want):
-        raise ConfigError(f"model.heads={heads} does not match the labels of data.dataset={recipe.data.dataset!r}: "
-                          f"it needs exactly the heads {', '.join(want)} (e.g. {{verb: 97, noun: 300}})")
+def check_data_paths(recipe: Recipe, need_train: bool = True) -> None:
+    """Every data path the recipe names must exist; the error names the key and the path."""
+    d = recipe.data
+    keys = [("data.root", d.root, "dir"), ("data.val_csv", d.val_csv, "file")]
+    if need_train:
+        keys.insert(1, ("data.train_csv", d.train_csv, "file"))
+    for key, value, kind in keys:
+        if not value and d.dataset == "videos" and kind == "file":
+            continue  # unlabelled clips: without a list, every video under data.root
+        if not value:
+            raise ConfigError(f"{key} is empty; set it in the recipe or with --set {key}=PATH")
+        path = Path(value)
+        ok = path.is_dir() if kind == "dir" else path.is_file()
+        if not ok:
+            raise ConfigError(f"{key}: {kind} not found: {path}")
+    if d.class_list and not Path(d.class_list).is_file():
+        raise ConfigError(f"data.class_list: file not found: {d.class_list}")
+    if d.quarantine not in ("", "auto", "none") and not Path(d.quarantine).is_file():
+        raise ConfigError(f"data.quarantine: file not found: {d.quarantine} (auto | none | a quarantine.tsv)")
+    if d.dataset == "ssv2" and not d.class_list and not (Path(d.train_csv or d.val_csv).parent / "labels.json").is_file():
+        raise ConfigError(f"data.class_list is empty and there is no labels.json next to {d.train_csv or d.val_csv}: "
+                          f"set data.class_list to SSv2's labels.json")
 
 
 def check_data_layout(recipe: Recipe, need_train: bool = True) -> dict[str, int]:
@@ -218,3 +155,16 @@ def check_weights_source(source: str, trust: bool, key: str = "model.pretrained"
             check_checkpoint_file(f, trust)
         except ConfigError as e:
             raise type(e)(f"{key}: {e}") from None
+
+
+def check_model_name(recipe: Recipe) -> None:
+    """``model.name`` must be registered; the error suggests the closest names."""
+    from avion_ds.models import list_models
+
+    name = recipe.model.name
+    if name not in list_models():
+        import difflib
+
+        close = difflib.get_close_matches(name, list_models(), n=3, cutoff=0.5)
+        hint = f"did you mean {', '.join(close)}?" if close else f"known: {', '.join(list_models())}"
+        raise ConfigError(f"model.name={name!r} is not a registered model; {hint} (avion-ds models lists them)")

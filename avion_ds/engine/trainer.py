@@ -12,7 +12,7 @@ At the boundary ONE small all-reduce (per-micro-batch losses, bad / fatal input 
 on the host give every rank the same verdict (a micro-batch whose loss summed over ranks is not
 finite skips the window: engine/accum.py), count bad samples and stop on ``nonfinite: stop``. The
 grad norm, lr, loss scale and memory are read only on logged steps (``logging.log_every``); a logged
-row reports the steps since the previous logged one (with ``log_every: 1``, every step as before).
+row reports the steps since the previous logged one (with ``log_every: 1``, every step).
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -34,9 +34,11 @@ from avion_ds.engine.accum import poison_nonfinite, step_window
 from avion_ds.engine.bad_input import BadInputLog, batch_messages
 from avion_ds.engine.ds_config import torch_dtype
 from avion_ds.engine.logging import RunLogger, peak_memory_gib
-from avion_ds.engine.losses import total_loss
-from avion_ds.engine.parallelize import CLIP_ATTR
-from avion_ds.engine.pretrain import is_pretrain, reconstruction_loss
+from avion_ds.engine.parallelize import Parallelized
+from avion_ds.engine.rng import set_rng_state
+
+if TYPE_CHECKING:
+    from avion_ds.tasks.base import Task
 
 
 class NonFiniteLoss(RuntimeError):
@@ -129,24 +131,25 @@ def _float(x: Any) -> float | None:
 
 
 class Trainer:
-    """The engine, the state, and one optimizer step; ``fit`` runs epochs over a :class:`TrainData`."""
+    """The engine, the state, and one optimizer step; ``fit`` runs epochs over a :class:`TrainData`.
 
-    def __init__(self, engine: Any, recipe: Recipe, *, log: RunLogger | None = None,
+    What differs between kinds of training (the loss, the evaluation) is asked of ``task``."""
+
+    def __init__(self, parallel: Parallelized, recipe: Recipe, task: Task, *, log: RunLogger | None = None,
                  augment: Callable[[torch.Tensor, Any], tuple[torch.Tensor, Any]] | None = None,
-                 loss_fn: Callable[..., tuple[torch.Tensor, dict[str, torch.Tensor]]] = total_loss,
                  bad_log: BadInputLog | None = None) -> None:
-        self.engine, self.recipe = engine, recipe
+        self.engine, self.recipe, self.task = parallel.engine, recipe, task
+        engine = parallel.engine
         self.state = TrainState()
         self.log = log if log is not None else RunLogger(".", enabled=False, log_every=recipe.logging.log_every)
-        self.augment, self.loss_fn = augment, loss_fn
+        self.augment = augment
         self.bad_log = bad_log if bad_log is not None else BadInputLog(self.log.info)
         self.precision = "bf16" if engine.bfloat16_enabled() else "fp16" if engine.fp16_enabled() else "fp32"
         self.dtype = torch_dtype(self.precision)
         self.device = torch.device(engine.device)
         self.world = dist.world_size()
         self.stage = int(engine.zero_optimization_stage())
-        self.pretraining = is_pretrain(recipe)
-        self.clip = float(getattr(engine, CLIP_ATTR, 0.0))  # > 0: we clip (torch's clip_grad_norm_)
+        self.clip = parallel.clip_grad  # > 0: we clip (torch's clip_grad_norm_)
         self.consecutive = 0  # non-finite micro-batches in a row (not saved: a resume starts at 0)
         self._window, self._interval = _Window(), _Interval()
         self._pending_rng: dict[str, Any] | None = None  # restored once the resumed epoch's loader started
@@ -175,10 +178,7 @@ class Trainer:
         labels = to_device(batch["label"], self.device)
         x, targets = self.augment(frames, labels) if self.augment is not None else (frames, labels)
         self._interval.data_s += time.perf_counter() - t0
-        if self.pretraining:
-            loss, parts = reconstruction_loss(self.engine(x, **targets))  # fp32: the model's targets need it
-        else:
-            loss, parts = self.loss_fn(self.engine(x.to(self.dtype)), targets, self.recipe.data.label_smoothing)
+        loss, parts = self.task.loss(self.engine, x, targets, self.dtype, self.recipe)
         self._remember(loss, parts, batch)
         boundary = self.engine.is_gradient_accumulation_boundary()
         self.engine.backward(poison_nonfinite(loss))
@@ -352,30 +352,21 @@ class Trainer:
         return True
 
     def evaluate(self, data: TrainData) -> dict[str, float]:
-        """Validation metrics (all ranks), logged and written to ``metrics.json`` on rank 0."""
-        from avion_ds.data.protocols import eval_report
-        from avion_ds.engine.eval_loop import evaluate_model
+        """Validation metrics (all ranks, the task's), logged and written to ``metrics.json`` on rank 0."""
         from avion_ds.engine.metrics import failed_line
-        from avion_ds.engine.pretrain import evaluate_pretrain
 
         r, st = self.recipe, self.state
         views = r.eval.temporal_views * r.eval.spatial_views
-        failed: list[dict[str, Any]] = []
-        if self.pretraining:
-            metrics, evaluated = evaluate_pretrain(self.engine, data.val_loader, data.eval_aug, self.device,
-                                                   self.dtype), None
-        else:
-            metrics, (evaluated, _, _), failed = evaluate_model(self.engine, data.val_loader, data.eval_aug, views,
-                                                                self.device, self.dtype, bad_log=self.bad_log)
-        if failed:
-            self.log.info(failed_line(failed))
-        self.log.eval(st.epoch, st.global_step, metrics)
+        out = self.task.evaluate(self.engine, data.val_loader, data.eval_aug, views, self.device, self.dtype, r,
+                                 bad_log=self.bad_log)
+        if out.failed:
+            self.log.info(failed_line(out.failed))
+        self.log.eval(st.epoch, st.global_step, out.metrics)
         if dist.is_main():
-            report = None if evaluated is None else eval_report(r.eval.protocol, views, data.val_set, evaluated)
             (Path(r.output_dir) / "metrics.json").write_text(json.dumps(
-                {"epoch": st.epoch, "step": st.global_step, **metrics, "failed_samples": failed, "eval": report},
-                indent=2) + "\n")
-        return metrics
+                {"epoch": st.epoch, "step": st.global_step, **out.metrics, "failed_samples": out.failed,
+                 "eval": out.report}, indent=2) + "\n")
+        return out.metrics
 
     def train_epoch(self, data: TrainData, exit_after: int | None = None) -> bool:
         """The rest of epoch ``state.epoch``; True when --exit-after-steps stopped it early."""
@@ -390,7 +381,7 @@ class Trainer:
         loader = data.train_loader if first == 0 else loader_skipping(data.train_loader, skip)
         it = iter(loader)
         if self._pending_rng is not None:  # after the iterator drew its worker seeds, as the first run did
-            ckpt.set_rng_state(self._pending_rng)
+            set_rng_state(self._pending_rng)
             self._pending_rng = None
         self.engine.train()
         self.log.start_epoch(st.epoch, spe, initial=first)

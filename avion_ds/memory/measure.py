@@ -1,7 +1,7 @@
 """Real training steps on a CUDA GPU to check the planner: clips/s, peak allocated memory, MFU.
 
 Used by ``avion-ds plan --measure`` and by ``bench/gpu_suite.sh``. Each probe builds the model and
-the engine as ``avion-ds train`` does (``build_model`` + ``parallelize``, with the candidate's config:
+the engine as ``avion-ds train`` does (the task's ``build_model`` + ``parallelize``, with the candidate's config:
 batch sizes and optimizer values filled in here), runs warm-up + timed steps of the training loop's
 own step (``Trainer.train_step``) on random clips and reports the accelerator's max allocated memory
 (what :class:`MemoryEstimate.allocated_peak` predicts).
@@ -51,7 +51,7 @@ def _fill_config(cfg: dict[str, Any], micro: int, accum: int, world: int, dtype:
 def probe_recipe(model_name: str, frames: int, size: int, micro_batch: int, grad_accum: int, world: int,
                  dtype: str, checkpoint_every: int = 0, attn_backend: str = "auto") -> Any:
     """The recipe a probe trains with: the candidate's model, clip shape, batch and checkpointing."""
-    from avion_ds.config import load_recipe
+    from avion_ds.tasks import load_recipe
 
     return load_recipe(None, [
         f"model.name={model_name}", "model.num_classes=400", "data.dataset=kinetics", "model.drop_path_rate=0.0",
@@ -78,7 +78,7 @@ def train_step_probe(
     peak_tflops: float | None = None,
 ) -> dict[str, Any]:
     """Run ``warmup + steps`` optimizer steps of the TRAINING step (``Trainer.train_step`` on an engine
-    built as ``avion-ds train`` builds it: ``build_model`` + ``parallelize``) on random clips; returns
+    built as ``avion-ds train`` builds it: ``Task.build_model`` + ``parallelize``) on random clips; returns
     clips/s, step time, peak memory, MFU, or ``{"oom": True}`` when the step does not fit. Meant for a
     CUDA GPU (``plan --measure`` refuses without one); runs on any DeepSpeed accelerator."""
     import itertools
@@ -86,30 +86,32 @@ def train_step_probe(
     from deepspeed.accelerator import get_accelerator
 
     from avion_ds.engine import dist
+    from avion_ds.engine.ds_config import zero_stage
     from avion_ds.engine.parallelize import parallelize, unwrap
-    from avion_ds.engine.train import build_model
     from avion_ds.engine.trainer import Trainer
     from avion_ds.models import model_flops
+    from avion_ds.tasks import task_of
 
     dist.init()
     world = dist.world_size()
     cfg = _fill_config(ds_config or {"zero_optimization": {"stage": 0}}, micro_batch, grad_accum, world, dtype)
     result: dict[str, Any] = {"model": model_name, "frames": frames, "size": size, "micro_batch": micro_batch,
-                              "dtype": dtype, "zero_stage": cfg.get("zero_optimization", {}).get("stage", 0),
+                              "dtype": dtype, "zero_stage": zero_stage(cfg),
                               "checkpoint_every": checkpoint_every, "attn_backend": attn_backend, "world_size": world}
     recipe = probe_recipe(model_name, frames, size, micro_batch, grad_accum, world, dtype, checkpoint_every,
                           attn_backend)
+    task = task_of(recipe)
     accel = get_accelerator()
-    engine = None
+    engine = parallel = None
     gc.collect()
     accel.empty_cache()
     try:
-        engine = parallelize(build_model(recipe, ds_config=cfg), recipe, cfg, steps_per_epoch=warmup + steps)
+        parallel = parallelize(task.build_model(recipe, ds_config=cfg), recipe, cfg, steps_per_epoch=warmup + steps)
+        engine = parallel.engine
         gc.collect()
         accel.reset_peak_memory_stats()  # the peak of the steps, not of fp32 construction
-        trainer = Trainer(engine, recipe)
-        batches = itertools.repeat({"frames": torch.randn(micro_batch, 3, frames, size, size, device=engine.device),
-                                    "label": torch.randint(0, 400, (micro_batch,), device=engine.device)})
+        trainer = Trainer(parallel, recipe, task)
+        batches = itertools.repeat(task.synthetic_batch(recipe, micro_batch, engine.device))
         times = []
         for i in range(warmup + steps):
             accel.synchronize()
@@ -137,7 +139,7 @@ def train_step_probe(
                 engine.destroy()
             except Exception as e:  # noqa: BLE001 - best-effort cleanup between probes
                 result.setdefault("cleanup_error", str(e)[:200])
-        del engine
+        del engine, parallel
         gc.collect()
         accel.empty_cache()
     return result

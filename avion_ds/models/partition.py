@@ -23,6 +23,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from avion_ds.malloc import pin_mmap_threshold
+
 
 def is_partitioned(p: torch.Tensor) -> bool:
     """True for a ZeRO-3 parameter (built under ``zero.Init`` or converted by DeepSpeed)."""
@@ -64,51 +66,6 @@ def gathered(params: Iterable[torch.Tensor], modifier_rank: int | None = 0) -> c
     return deepspeed.zero.GatheredParameters(params, modifier_rank=modifier_rank)
 
 
-def zero3_stage(ds_config: dict[str, Any] | None) -> bool:
-    return bool(ds_config) and int(ds_config.get("zero_optimization", {}).get("stage", 0)) == 3
-
-
-def config_dtype(ds_config: dict[str, Any]) -> torch.dtype:
-    """The parameter dtype a DeepSpeed config trains in."""
-    if ds_config.get("bf16", {}).get("enabled", False) is True:
-        return torch.bfloat16
-    if ds_config.get("fp16", {}).get("enabled", False) is True:
-        return torch.float16
-    return torch.float32
-
-
-def remote_device(ds_config: dict[str, Any]) -> str | None:
-    """Where ZeRO-3 keeps parameter partitions: ``offload_param.device`` (cpu | nvme) or None."""
-    device = (ds_config.get("zero_optimization", {}).get("offload_param") or {}).get("device")
-    return device if device in ("cpu", "nvme") else None
-
-
-_MALLOC_PINNED = False
-
-
-def pin_malloc_mmap_threshold(nbytes: int = 128 * 1024) -> bool:
-    """Make glibc serve allocations >= ``nbytes`` with mmap and return them to the OS on free.
-
-    glibc raises its mmap threshold after the first large free (up to 32 MiB), after which the
-    full tensors that ``zero.Init`` creates and frees one module at a time come from the heap and
-    stay resident as holes: measured on ViT-B, 2 ranks, per-rank build peak 0.73x of the fp32
-    model instead of 0.57x, and 1.36x instead of 0.58x after loading. Setting the threshold
-    explicitly turns the dynamic adjustment off (same as ``MALLOC_MMAP_THRESHOLD_``). Process-wide,
-    idempotent; returns False where there is no glibc.
-    """
-    global _MALLOC_PINNED
-    if _MALLOC_PINNED:
-        return True
-    try:
-        import ctypes
-
-        libc = ctypes.CDLL("libc.so.6")
-        _MALLOC_PINNED = bool(libc.mallopt(-3, int(nbytes)))  # M_MMAP_THRESHOLD
-    except (OSError, AttributeError):
-        return False
-    return _MALLOC_PINNED
-
-
 def zero_init(ds_config: dict[str, Any]) -> Any:
     """``deepspeed.zero.Init`` for ``ds_config`` whose parameter dtype is the config's own.
 
@@ -120,10 +77,12 @@ def zero_init(ds_config: dict[str, Any]) -> Any:
     """
     import deepspeed
 
+    from avion_ds.engine.ds_config import offload_device, precision_of, torch_dtype
+
     offload = ds_config["zero_optimization"].get("offload_param") or {}
-    init = deepspeed.zero.Init(config_dict_or_path=ds_config, remote_device=remote_device(ds_config),
+    init = deepspeed.zero.Init(config_dict_or_path=ds_config, remote_device=offload_device(ds_config, "param"),
                                pin_memory=bool(offload.get("pin_memory", False)), dtype=None)
-    want = config_dtype(ds_config)
+    want = torch_dtype(precision_of(ds_config))
     if init.dtype != want:
         if getattr(init, "param_swapper", None) is not None:
             raise RuntimeError(f"deepspeed.zero.Init resolved dtype {init.dtype} for a {want} config with NVMe "
@@ -139,11 +98,13 @@ def partitioned_construction(ds_config: dict[str, Any] | None) -> Iterator[bool]
     Wrap ANY model construction (``create_model``, pretraining models) in it; the model must then
     be handed to ``deepspeed.initialize`` with the same config. Needs a process group.
     """
-    if not zero3_stage(ds_config):
+    from avion_ds.engine.ds_config import zero_stage
+
+    if zero_stage(ds_config) != 3:
         yield False
         return
     assert ds_config is not None
-    pin_malloc_mmap_threshold()
+    pin_mmap_threshold()
     with zero_init(ds_config):
         yield True
 

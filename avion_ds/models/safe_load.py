@@ -90,7 +90,7 @@ def pickled_globals(path: Path) -> set[str] | None:
 def _unpickler_reason(e: Exception) -> str:
     """The line of torch's weights-only error that says what failed (it wraps it in advice)."""
     text = str(e)
-    m = re.search(r"WeightsUnpickler error:\s*(.+?)\s*(?:\n\n|$)", text, re.S)
+    m = re.search(r"WeightsUnpickler error:\s*(.+?)\s*(?:\n\n|$)", text, re.DOTALL)
     return (m.group(1) if m else text.strip().splitlines()[0]).strip()[:160]
 
 

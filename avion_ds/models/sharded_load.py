@@ -21,6 +21,8 @@ import torch
 import torch.distributed as tdist
 from torch import nn
 
+from avion_ds.engine.dist import broadcast_object, rank
+
 from .partition import (
     full_shape,
     gathered,
@@ -31,18 +33,6 @@ from .pretrained import LoadReport, finish_report, load_pretrained, prepare_stat
 from .safetensors_stream import SafetensorsReader
 
 logger = logging.getLogger(__name__)
-
-
-def _rank() -> int:
-    return tdist.get_rank() if tdist.is_available() and tdist.is_initialized() else 0
-
-
-def _broadcast(obj: Any) -> Any:
-    if not (tdist.is_available() and tdist.is_initialized() and tdist.get_world_size() > 1):
-        return obj
-    box = [obj]
-    tdist.broadcast_object_list(box, src=0)
-    return box[0]
 
 
 class _LazyStateDict:
@@ -110,13 +100,13 @@ def load_pretrained_sharded(model: nn.Module, source: str | Path | dict, strict:
     if not is_partitioned_model(model):
         return load_pretrained(model, source, strict=strict, trust=trust, coverage_check=coverage_check)
     sd, report, error = None, None, None
-    if _rank() == 0:
+    if rank() == 0:
         try:
             lazy = _prepare_lazy(model, source)
             sd, report = lazy if lazy is not None else prepare_state_dict(model, source, trust)
         except Exception as e:  # noqa: BLE001 - every rank raises the same one-line error, nobody hangs
             error = (type(e), str(e))
-    error = _broadcast(error)
+    error = broadcast_object(error)
     if error is not None:
         try:
             exc = error[0](error[1])
@@ -126,7 +116,7 @@ def load_pretrained_sharded(model: nn.Module, source: str | Path | dict, strict:
     missing = _copy_partitioned(model, sd)
     if sd is not None:
         report.missing, report.unexpected = missing, list(sd)  # sd now holds only what was not used
-    report = _broadcast(report)
+    report = broadcast_object(report)
     return finish_report(report, model, source, strict, report.missing, report.unexpected, coverage_check)
 
 

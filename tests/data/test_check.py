@@ -150,6 +150,6 @@ def test_check_whole_videos_recipe(tmp_path, capsys) -> None:
 
 
 def _recipe_data(path):
-    from avion_ds.config import load_recipe
+    from avion_ds.tasks import load_recipe
 
     return load_recipe(path).data

@@ -58,7 +58,8 @@ def test_randaugment_per_frame_reference_differs() -> None:
 
 
 def test_bad_rand_aug_spec_is_one_line() -> None:
-    from avion_ds.config import ConfigError, load_recipe
+    from avion_ds.config import ConfigError
+    from avion_ds.tasks import load_recipe
 
     with pytest.raises(ConfigError, match=r"data.rand_aug='autoaug': not a RandAugment spec"):
         load_recipe(None, ["data.dataset=kinetics", "data.rand_aug=autoaug"])

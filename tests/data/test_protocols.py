@@ -9,8 +9,9 @@ from typing import ClassVar
 import numpy as np
 import pytest
 
-from avion_ds.config import ConfigError, load_recipe
+from avion_ds.config import ConfigError
 from avion_ds.data.protocols import PROTOCOLS, eval_report
+from avion_ds.tasks import load_recipe
 
 REPO = Path(__file__).resolve().parents[2]
 RECIPES = REPO / "launch" / "recipes"
@@ -67,7 +68,7 @@ def test_eval_report_lists_missing_quarantined_and_failed() -> None:
 
 
 def test_missing_class_list_is_one_line_before_any_work(tmp_path) -> None:
-    from avion_ds.engine.train import check_data_paths
+    from avion_ds.engine.preflight import check_data_paths
 
     (tmp_path / "train.json").write_text("[]")
     base = [f"data.root={tmp_path}", f"data.train_csv={tmp_path / 'train.json'}",

@@ -13,13 +13,14 @@ import time
 
 from avion_ds.config import ConfigError
 from avion_ds.engine import dist
-from avion_ds.engine.train import parse_args, run
+from avion_ds.engine.train import parse_args, preflight, run
 
 
 def _all(jobs: list[list[str]]) -> int:
     for argv in jobs:
         t0 = time.perf_counter()
-        code = run(parse_args(argv))
+        args = parse_args(argv)
+        code = run(preflight(args), args)
         dist.barrier()
         if code:
             return code

@@ -7,8 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from avion_ds.config import ConfigError, load_recipe
+from avion_ds.config import ConfigError
 from avion_ds.engine import checkpoint as ckpt
+from avion_ds.tasks import load_recipe
 
 
 def _fake_tag(run: Path, step: int, complete: bool) -> Path:

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from avion_ds.config import ConfigError, load_recipe
+from avion_ds.config import ConfigError
 from avion_ds.engine.ds_config import (
     build_ds_config,
     precision_of,
@@ -15,6 +15,7 @@ from avion_ds.engine.ds_config import (
     scaled_lr,
     zero_stage,
 )
+from avion_ds.tasks import load_recipe
 
 REPO = Path(__file__).resolve().parents[2]
 SHIPPED = sorted((REPO / "ds_configs").glob("*.json"))

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from avion_ds.engine import checkpoint as ckpt
 from avion_ds.engine import elastic
+from avion_ds.engine.rng import rng_state
 
 
 def _fake_converter(monkeypatch: pytest.MonkeyPatch, returncode: int) -> list[list[str]]:
@@ -45,7 +45,7 @@ def test_killed_conversion_leaves_no_universal_folder_and_is_redone(tmp_path: Pa
 
 def test_client_files_map_old_to_new_ranks(tmp_path: Path) -> None:
     torch.manual_seed(5)
-    state = {"epoch": 0, "step_in_epoch": 3, "global_step": 3, "rng": ckpt.rng_state()}
+    state = {"epoch": 0, "step_in_epoch": 3, "global_step": 3, "rng": rng_state()}
     torch.save(state, tmp_path / "client_rank0.pt")
     own = elastic.client_for_rank(tmp_path, old_world=1, rank=0)
     assert torch.equal(own["rng"]["torch"], state["rng"]["torch"])

@@ -19,8 +19,6 @@ import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from avion_ds.engine.losses import total_loss
-
 from .tiny_trainer import batches, tiny_trainer
 
 pytestmark = pytest.mark.multiprocess  # trains a DeepSpeed engine in this process
@@ -104,12 +102,15 @@ def test_no_host_reads_outside_boundaries_and_logged_steps(config: str, one_rank
 def test_the_counter_sees_a_float_in_the_loop(one_rank: None, tmp_path: Path) -> None:
     """Control: a ``float(loss)`` put back into the step is counted on a non-boundary micro-step."""
 
-    def syncing_loss(out: Any, targets: Any, smoothing: float) -> Any:
-        loss, parts = total_loss(out, targets, smoothing)
-        float(loss.detach())
-        return loss, parts
+    from avion_ds.tasks.finetune import FinetuneTask
 
-    trainer = tiny_trainer("zero0.json", tmp_path / "run", loss_fn=syncing_loss)
+    class SyncingTask(FinetuneTask):
+        def loss(self, *args: Any, **kwargs: Any) -> Any:
+            loss, parts = super().loss(*args, **kwargs)
+            float(loss.detach())
+            return loss, parts
+
+    trainer = tiny_trainer("zero0.json", tmp_path / "run", task=SyncingTask())
     data = batches()
     trainer.micro_step(next(data))
     trainer.micro_step(next(data))

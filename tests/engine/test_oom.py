@@ -14,10 +14,14 @@ from tests.helpers import REPO, engine_env, write_recipe
 INJECT = """
 import sys, torch
 import avion_ds.engine.train as train
-def oom(*a, **k):
-    raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB (injected)")
-train.total_loss = oom
-sys.exit(train.main(sys.argv[1:]))
+from avion_ds.tasks import register_task
+from avion_ds.tasks.finetune import FinetuneTask
+@register_task
+class OomTask(FinetuneTask):
+    name = "finetune_oom_injected"
+    def loss(self, *a, **k):
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB (injected)")
+sys.exit(train.main([*sys.argv[1:], "--set", "task=finetune_oom_injected"]))
 """
 
 

@@ -49,7 +49,7 @@ def test_cosine_with_warmup() -> None:
 def test_scheduler_honours_lr_scale_and_state_round_trip() -> None:
     model = create_model("vit_test_tiny", num_classes=5)
     groups = [{k: v for k, v in g.items() if k != "names"} for g in param_groups(model, 0.05, 0.5)]
-    from avion_ds.config import load_recipe
+    from avion_ds.tasks import load_recipe
 
     opt = client_adamw(groups, load_recipe(None, ["data.dataset=kinetics"]), lr=1.0)
     sched = WarmupCosine(opt, base_lr=1.0, min_lr=0.0, warmup_steps=2, total_steps=10)

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from avion_ds.config import load_recipe
 from avion_ds.engine.ds_config import build_ds_config
+from avion_ds.tasks import load_recipe
 
 REPO = Path(__file__).resolve().parents[2]
 RECIPES = sorted((REPO / "launch" / "recipes").glob("*.yaml"))

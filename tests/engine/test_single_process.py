@@ -96,10 +96,12 @@ def test_unexpected_error_in_a_step_exits_1_with_traceback(tiny_epic: dict, tmp_
     """No blanket except: a bug inside a training step is a failure (1) with its traceback, not 'bad input'."""
     recipe = write_recipe(tmp_path / "r.yaml", tiny_epic, tmp_path / "run", schedule={"epochs": 1, "steps_per_epoch": 3},
                           checkpoint={"every_steps": 0})
-    script = ("import sys\nfrom avion_ds.engine import train\ncalls = []\norig = train.total_loss\n"
-              "def broken(*a, **k):\n    calls.append(1)\n    if len(calls) == 2:\n"
-              "        raise ValueError('injected bug in step 2')\n    return orig(*a, **k)\n"
-              "train.total_loss = broken\nsys.exit(train.main(sys.argv[1:]))\n")
+    script = ("import sys\nfrom avion_ds.engine import train\nfrom avion_ds.tasks import register_task\n"
+              "from avion_ds.tasks.finetune import FinetuneTask\ncalls = []\n"
+              "@register_task\nclass Broken(FinetuneTask):\n    name = 'finetune_broken'\n"
+              "    def loss(self, *a, **k):\n        calls.append(1)\n        if len(calls) == 2:\n"
+              "            raise ValueError('injected bug in step 2')\n        return super().loss(*a, **k)\n"
+              "sys.exit(train.main([*sys.argv[1:], '--set', 'task=finetune_broken']))\n")
     proc = _train_proc(recipe, prefix=[sys.executable, "-c", script])
     assert proc.returncode == 1, (proc.stdout + proc.stderr)[-3000:]
     assert "Traceback (most recent call last)" in proc.stderr and "ValueError: injected bug in step 2" in proc.stderr
@@ -122,15 +124,14 @@ def test_checkpoint_with_nonfinite_weights_is_never_written(tiny_epic: dict, tmp
     run = tmp_path / "run"
     recipe = write_recipe(tmp_path / "r.yaml", tiny_epic, run, schedule={"epochs": 1, "steps_per_epoch": 3},
                           checkpoint={"every_steps": 1, "keep_last": 5})
-    script = ("import sys, torch\nfrom avion_ds.engine import train\nimport avion_ds.engine.parallelize as P\n"
-              "keep = {}\norig_par = P.parallelize\n"
-              "def par(*a, **k):\n    keep['engine'] = orig_par(*a, **k)\n    return keep['engine']\n"
-              "calls = []\norig_loss = train.total_loss\n"
-              "def loss(*a, **k):\n    calls.append(1)\n    if len(calls) == 2:\n"
-              "        with torch.no_grad():\n            next(keep['engine'].module.parameters()).view(-1)[0] = float('nan')\n"
-              "    return orig_loss(*a, **k)\n"
-              "train.total_loss = loss\nP.parallelize = par\n"
-              "sys.exit(train.main(sys.argv[1:]))\n")
+    script = ("import sys, torch\nfrom avion_ds.engine import train\nfrom avion_ds.tasks import register_task\n"
+              "from avion_ds.tasks.finetune import FinetuneTask\n"
+              "@register_task\nclass Poison(FinetuneTask):\n    name = 'finetune_poisoned_weight'\n"
+              "    def __init__(self):\n        self.calls = 0\n"
+              "    def loss(self, model, *a, **k):\n        self.calls += 1\n        if self.calls == 2:\n"
+              "            with torch.no_grad():\n                next(model.module.parameters()).view(-1)[0] = float('nan')\n"
+              "        return super().loss(model, *a, **k)\n"
+              "sys.exit(train.main([*sys.argv[1:], '--set', 'task=finetune_poisoned_weight']))\n")
     proc = _train_proc(recipe, "--set", "batch.global_batch=4", prefix=[sys.executable, "-c", script])
     assert proc.returncode == 3, (proc.stdout + proc.stderr)[-3000:]
     assert "error: non-finite weights at global step 2: checkpoint step_00000002 not written" in proc.stderr

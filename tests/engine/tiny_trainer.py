@@ -9,18 +9,19 @@ from typing import Any
 
 import torch
 
-from avion_ds.config import load_recipe
 from avion_ds.engine import dist
 from avion_ds.engine.ds_config import build_ds_config
 from avion_ds.engine.parallelize import parallelize
-from avion_ds.engine.train import build_model
 from avion_ds.engine.trainer import Trainer
+from avion_ds.tasks import Task, load_recipe, task_of
 
 REPO = Path(__file__).resolve().parents[2]
 
 
-def tiny_trainer(config: str, run_dir: Path, *overrides: str, accum: int = 2, **kw: Any) -> Trainer:
-    """vit_test_tiny (4 frames of 32x32, 5 classes), micro-batch 2 x ``accum``, fp32, ``ds_configs/<config>``."""
+def tiny_trainer(config: str, run_dir: Path, *overrides: str, accum: int = 2, task: Task | None = None,
+                 **kw: Any) -> Trainer:
+    """vit_test_tiny (4 frames of 32x32, 5 classes), micro-batch 2 x ``accum``, fp32, ``ds_configs/<config>``;
+    ``task`` replaces the recipe's (fine-tuning) task object, e.g. with a test subclass."""
     dist.init()
     recipe = load_recipe(None, ["model.name=vit_test_tiny", "model.num_classes=5", "data.dataset=kinetics", "data.num_frames=4",
                                 "data.size=32", "batch.micro_batch=2", f"batch.global_batch={2 * accum}",
@@ -28,8 +29,9 @@ def tiny_trainer(config: str, run_dir: Path, *overrides: str, accum: int = 2, **
                                 f"output_dir={run_dir}", *overrides])
     cfg = build_ds_config(REPO / "ds_configs" / config, recipe, 1, steps_per_epoch=100)
     torch.manual_seed(0)
-    engine = parallelize(build_model(recipe, ds_config=cfg), recipe, cfg, steps_per_epoch=100)
-    return Trainer(engine, recipe, **kw)
+    task = task or task_of(recipe)
+    parallel = parallelize(task.build_model(recipe, ds_config=cfg), recipe, cfg, steps_per_epoch=100)
+    return Trainer(parallel, recipe, task, **kw)
 
 
 def batches(seed: int = 0) -> Iterator[dict[str, torch.Tensor]]:

@@ -19,8 +19,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from avion_ds.config import ConfigError, Recipe, add_override_option, load_recipe
+from avion_ds.config import ConfigError, Recipe, add_override_option
 from avion_ds.engine import dist
+
+from .pretrain import PretrainTask, build_pretrain_model, mask_spec
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -45,8 +47,10 @@ def _recipe(args: argparse.Namespace) -> Recipe:
     config = args.config or (ckpt / "recipe.yaml" if ckpt.is_dir() else None)
     if config is None or not Path(config).is_file():
         raise ConfigError("--config is required when --checkpoint is not a run directory with recipe.yaml")
+    from avion_ds.tasks import load_recipe
+
     recipe = load_recipe(config, args.overrides)
-    if recipe.task != "pretrain":
+    if recipe.task != PretrainTask.name:
         raise ConfigError(f"{config}: task={recipe.task!r}; reconstruct needs a pretraining run (task: pretrain)")
     if args.frames <= 0:
         raise ConfigError(f"--frames={args.frames} must be positive")
@@ -105,7 +109,6 @@ def run(args: argparse.Namespace) -> int:
     from PIL import Image
 
     from avion_ds.data.augment import DeviceAugment
-    from avion_ds.engine.pretrain import build_pretrain_model, mask_spec
     from avion_ds.models import load_pretrained_mae
 
     model = build_pretrain_model(recipe, pretrained="")

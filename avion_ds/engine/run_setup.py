@@ -1,0 +1,149 @@
+"""Start-up, computed once: every check that can fail cheaply, BEFORE any process group, worker or model.
+
+:func:`prepare_training` reads the recipe and the DeepSpeed JSON, checks data paths, manifest, labels,
+model geometry (meta device), weights file, runtime support, batch arithmetic and run-dir identity,
+builds the datasets (their annotation files are read here, so a bad row is one line, exit 2) and
+returns ONE :class:`RunSetup` that the run uses as it is: the batch plan, steps per epoch and the
+resolved DeepSpeed config are computed here and nowhere else. :func:`prepare_eval` is the same path for
+`avion-ds eval`.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from avion_ds.config import ConfigError, Recipe
+from avion_ds.data.errors import DataError
+from avion_ds.engine import dist
+from avion_ds.engine import preflight as pf
+from avion_ds.engine.ds_config import (
+    BatchPlan,
+    accelerator_name,
+    build_ds_config,
+    load_user_config,
+    precision_of,
+    resolve_batch,
+    validate_with_deepspeed,
+)
+from avion_ds.tasks import ModelSummary, Task, task_of
+
+
+@dataclass
+class RunSetup:
+    """Everything a run needs that start-up resolved (see module doc)."""
+
+    recipe: Recipe
+    task: Task
+    summary: ModelSummary
+    world: int
+    plan: BatchPlan
+    user_ds: dict[str, Any]
+    ds_config: dict[str, Any]
+    steps_per_epoch: int
+    train_set: Any
+    val_set: Any
+
+
+def optimizer_steps_per_epoch(micro_batches: int, clips: int, recipe: Recipe, plan: BatchPlan) -> int:
+    """Optimizer steps per epoch from the micro-batches one rank sees (capped by schedule.steps_per_epoch)."""
+    steps = micro_batches // plan.grad_accum
+    if recipe.schedule.steps_per_epoch:
+        steps = min(steps, recipe.schedule.steps_per_epoch)
+    if steps <= 0:
+        raise ConfigError(f"data.train_csv has {clips} clips: fewer than one optimizer step of {plan.global_batch} "
+                          f"(micro {plan.micro_batch} x accum {plan.grad_accum} x world {plan.world_size})")
+    return steps
+
+
+def build_split(recipe: Recipe, task: Task, split: str, views: bool) -> Any:
+    """The dataset of ``split`` (eval views when ``views``), given what the task draws loader-side; its
+    annotation errors are one-line ConfigErrors (no process group exists yet)."""
+    from avion_ds.data import build_dataset
+
+    e = recipe.eval
+    kw = {"temporal_views": e.temporal_views, "spatial_views": e.spatial_views} if views else {}
+    try:
+        ds = build_dataset(recipe.data, split, seed=recipe.seed, **kw)
+    except (ValueError, FileNotFoundError, DataError) as err:
+        raise ConfigError(f"data.{split}_csv: {err}") from None
+    ds.defer_errors = True  # bad samples reported through the loop (named once, fatal on every rank)
+    task.prepare_datasets(recipe, ds)
+    return ds
+
+
+def check_inputs(recipe: Recipe, task: Task, need_train: bool) -> ModelSummary:
+    """Data paths, labels, model geometry: what training and evaluation both check."""
+    pf.check_data_paths(recipe, need_train)
+    pf.check_model_name(recipe)
+    summary = task.check_model(recipe)
+    pf.check_data_layout(recipe, need_train)
+    return summary
+
+
+def prepare_training(recipe: Recipe, deepspeed_config: dict | str | Path) -> RunSetup:
+    """The checked, resolved setup of a training run (see module doc); raises ConfigError (one line)."""
+    task = task_of(recipe)
+    pf.check_output_dir(recipe)
+    if recipe.model.pretrained:
+        pf.check_weights_source(recipe.model.pretrained, recipe.model.trust_checkpoint)
+    summary = check_inputs(recipe, task, need_train=True)
+    user_ds = load_user_config(deepspeed_config)
+    world = dist.env_world_size()
+    plan = resolve_batch(recipe, world)
+    train_set = build_split(recipe, task, "train", views=False)
+    val_set = build_split(recipe, task, "val", views=True)
+    steps = optimizer_steps_per_epoch(len(train_set) // world // plan.micro_batch, len(train_set), recipe, plan)
+    ds_config = build_ds_config(user_ds, recipe, world, steps_per_epoch=steps)  # every conflict surfaces now
+    validate_with_deepspeed(ds_config)
+    pf.check_runtime(recipe, precision_of(ds_config), accelerator_name())
+    return RunSetup(recipe, task, summary, world, plan, user_ds, ds_config, steps, train_set, val_set)
+
+
+@dataclass
+class EvalSetup:
+    """What `avion-ds eval` resolved before any process group: the recipe's task, the weights to read
+    (a run directory's checkpoint ``tag``, or a weights file) and the dataset to evaluate on."""
+
+    recipe: Recipe
+    task: Task
+    run_dir: Path | None
+    tag: str | None
+    dataset: Any
+
+
+def prepare_eval(recipe: Recipe, checkpoint: str | Path, run_dir: Path | None, tag: str | None,
+                 split: str) -> EvalSetup:
+    """The checked setup of an evaluation (the same checks as training's, for ``split`` only)."""
+    task = task_of(recipe)
+    check_inputs(recipe, task, need_train=split == "train")
+    pf.check_weights_source(str(checkpoint), recipe.model.trust_checkpoint, "--checkpoint", tag)
+    dataset = build_split(recipe, task, split, views=True)
+    return EvalSetup(recipe, task, run_dir, tag, dataset)
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+
+
+def backends_line(model: torch.nn.Module, recipe: Recipe, device: torch.device, dtype: torch.dtype) -> str:
+    """Which attention kernel and video decoder actually run (never a silent fallback)."""
+    from avion_ds.models.attention import Attention, describe_backend
+
+    attn = next((m for m in model.modules() if isinstance(m, Attention)), None)
+    a = describe_backend(attn.backend, device, dtype, attn.head_dim) if attn is not None else "none"
+    d = recipe.data
+    where = (f"helper process, timeout {d.decode_timeout_s:g} s" if d.decode_timeout_s > 0 else "in-process")
+    return f"attention backend {a} | decoder {d.decoder} ({where}, {d.decoder_threads} thread(s) per worker)"
+
+
+# ---------------------------------------------------------------------------------------------
+# the run
+# ---------------------------------------------------------------------------------------------

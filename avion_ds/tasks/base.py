@@ -1,0 +1,100 @@
+"""The task interface: what one kind of training owns, asked by the trainer, `avion-ds eval`, preflight
+and the memory probes (torchtitan's model spec, timm's training task).
+
+A task builds its model and prepares its datasets, turns a batch into a loss and the step's logged
+values, evaluates and names its metrics, sets its recipe defaults and checks its own recipe keys. The
+engine never branches on which task runs: it calls these methods. A task may build any ``nn.Module``
+(a ``VideoViT``, a masked autoencoder, a dual encoder). Adding a task = one module in this package with a
+``@register_task`` class + one import line in ``avion_ds/tasks/__init__.py`` (docs/design.md shows it).
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, ClassVar
+
+import torch
+from torch import nn
+
+if TYPE_CHECKING:
+    from avion_ds.config import Recipe
+    from avion_ds.engine.bad_input import BadInputLog
+
+LossParts = tuple[torch.Tensor, dict[str, torch.Tensor]]
+
+
+@dataclass(frozen=True)
+class ModelSummary:
+    """What the meta-device build of the recipe's model found (preflight's report)."""
+
+    name: str
+    params: int
+    gflops: float
+    grid: tuple[int, int, int]
+
+
+@dataclass
+class EvalOutcome:
+    """One evaluation: the metrics, what the eval JSON records besides them, and the failed clips."""
+
+    metrics: dict[str, float]
+    report: dict[str, Any] | None = None  # protocol / samples / missing rows (classification)
+    failed: list[dict[str, Any]] = field(default_factory=list)  # clips that failed to decode
+    per_sample: list[dict[str, Any]] | None = None  # per-sample scores (classification)
+    num_samples: int = 0
+
+
+class Task(ABC):
+    """One kind of training (see module doc). Instances hold no state: one per run is enough."""
+
+    name: ClassVar[str]
+    # recipe defaults of this task, section -> key -> value; keys the recipe sets win
+    recipe_defaults: ClassVar[dict[str, dict[str, Any]]] = {}
+
+    # ------------------------------------------------------------------ recipe and preflight
+    @abstractmethod
+    def validate_recipe(self, recipe: Recipe) -> None:
+        """This task's checks on a built recipe (ConfigError: one line naming the key)."""
+
+    @abstractmethod
+    def check_model(self, recipe: Recipe) -> ModelSummary:
+        """Model name, geometry and labels vs heads, built on the meta device (no weights, no process group)."""
+
+    # ------------------------------------------------------------------ model and data
+    @abstractmethod
+    def build_model(self, recipe: Recipe, pretrained: str | None = None, run_dir: Path | None = None,
+                    ds_config: dict[str, Any] | None = None) -> nn.Module:
+        """The recipe's model (partitioned under a ZeRO-3 ``ds_config``), with ``pretrained`` (default:
+        ``model.pretrained``; "" for none) loaded and reported."""
+
+    def prepare_datasets(self, recipe: Recipe, *datasets: Any) -> None:
+        """Give datasets what this task draws loader-side (e.g. masks); nothing by default."""
+
+    @abstractmethod
+    def label_classes(self, recipe: Recipe) -> int | dict[str, int]:
+        """Class count(s) the on-device augmentation shapes targets for (0: no class targets)."""
+
+    @abstractmethod
+    def synthetic_batch(self, recipe: Recipe, batch_size: int, device: torch.device | str = "cpu") -> dict[str, Any]:
+        """A batch of random clips as the loss takes them after augmentation (``frames`` float (B, C, T, H, W),
+        ``label`` the task's targets): measuring a step without data (``plan --measure``, benchmarks)."""
+
+    # ------------------------------------------------------------------ one step
+    @abstractmethod
+    def loss(self, model: Callable[..., Any], x: torch.Tensor, targets: Any, dtype: torch.dtype,
+             recipe: Recipe) -> LossParts:
+        """Forward ``x`` (float32 frames after augmentation) through ``model`` to the loss and the named
+        values logged beside it (``loss_<name>``); nothing read on the host."""
+
+    # ------------------------------------------------------------------ evaluation
+    @abstractmethod
+    def evaluate(self, model: Callable[..., Any], loader: Any, augment: Callable, views: int, device: torch.device,
+                 dtype: torch.dtype, recipe: Recipe, bad_log: BadInputLog | None = None) -> EvalOutcome:
+        """Metrics over ``loader`` on all ranks (the sampler's padding removed)."""
+
+    def eval_line(self, metrics: dict[str, float]) -> str:
+        """How `avion-ds eval` prints the metrics."""
+        return " ".join(f"{k}={v:.2f}" for k, v in metrics.items())

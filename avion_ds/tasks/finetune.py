@@ -1,0 +1,139 @@
+"""Fine-tuning a video ViT classifier: one head (Kinetics, SSv2) or several (EPIC verb + noun).
+
+Loss: cross-entropy per head (label smoothing / mixup targets from the device augmentation), summed;
+evaluation: multi-view softmax averaged per clip, top-k / mean-class (EPIC: verb, noun, action), the
+protocol report and per-sample scores.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch import nn
+
+from avion_ds.config import ConfigError
+
+from .base import EvalOutcome, LossParts, ModelSummary, Task
+from .registry import register_task
+
+if TYPE_CHECKING:
+    from avion_ds.config import Recipe
+    from avion_ds.engine.bad_input import BadInputLog
+
+# the labels each dataset yields: head names for multi-head datasets, None = one integer label
+DATASET_HEADS: dict[str, tuple[str, ...] | None] = {"epic": ("verb", "noun"), "kinetics": None, "ssv2": None}
+
+
+def model_kwargs(recipe: Recipe) -> dict[str, Any]:
+    """The ``create_model`` keyword arguments a recipe implies (frames/size from the data section)."""
+    m = recipe.model
+    kw: dict[str, Any] = {"num_frames": recipe.data.num_frames, "img_size": recipe.data.size,
+                          "drop_path_rate": m.drop_path_rate, "head_drop_rate": m.head_drop_rate,
+                          "attn_backend": m.attn_backend, "patch_embed": m.patch_embed, "pool": m.pool,
+                          "pos_embed": m.pos_embed}
+    if m.tubelet_size is not None:
+        kw["tubelet_size"] = m.tubelet_size
+    if m.heads is not None:
+        kw["heads"] = dict(m.heads)
+    else:
+        kw["num_classes"] = m.num_classes
+    return kw
+
+
+def check_heads(recipe: Recipe) -> None:
+    """The model's heads must be the labels the dataset yields (EPIC: verb + noun; Kinetics: one)."""
+    want = DATASET_HEADS.get(recipe.data.dataset)
+    heads = recipe.model.heads
+    if want is None:
+        if heads is not None:
+            raise ConfigError(f"model.heads={heads} but data.dataset={recipe.data.dataset!r} yields one integer "
+                              "label; use model.num_classes instead of model.heads")
+        return
+    if heads is None or set(heads) != set(want):
+        raise ConfigError(f"model.heads={heads} does not match the labels of data.dataset={recipe.data.dataset!r}: "
+                          f"it needs exactly the heads {', '.join(want)} (e.g. {{verb: 97, noun: 300}})")
+
+
+@register_task
+class FinetuneTask(Task):
+    """Supervised classification (see module doc)."""
+
+    name = "finetune"
+
+    def validate_recipe(self, recipe: Recipe) -> None:
+        if recipe.data.dataset == "videos":
+            raise ConfigError(f"task={recipe.task!r} with data.dataset='videos': fine-tuning needs a labelled "
+                              "dataset (epic, kinetics, ssv2); unlabelled clips are for task: pretrain")
+
+    def check_model(self, recipe: Recipe) -> ModelSummary:
+        from avion_ds.models import create_model, get_arch, model_flops
+        from avion_ds.models.vit import count_params
+
+        check_heads(recipe)
+        name = recipe.model.name
+        base = get_arch(name)
+        tubelet = recipe.model.tubelet_size or base.tubelet_size
+        if recipe.data.size % base.patch_size:
+            raise ConfigError(f"data.size={recipe.data.size} is not divisible by the patch size {base.patch_size} "
+                              f"of {name}; use a multiple of {base.patch_size}")
+        if recipe.data.num_frames % tubelet:
+            raise ConfigError(f"data.num_frames={recipe.data.num_frames} is not divisible by the tubelet size "
+                              f"{tubelet} of {name}; use a multiple of {tubelet}")
+        kw = model_kwargs(recipe)
+        try:
+            arch = get_arch(name, **kw)
+        except ValueError as e:  # ViTArch.validate: one line naming the field
+            raise ConfigError(f"model: {e}") from None
+        with torch.device("meta"):  # parameters only: the backend (checked in check_runtime) changes none
+            model = create_model(name, pretrained=None, **{**kw, "attn_backend": "eager"})
+        return ModelSummary(name, count_params(model), model_flops(arch) / 1e9, arch.grid)
+
+    def build_model(self, recipe: Recipe, pretrained: str | None = None, run_dir: Path | None = None,
+                    ds_config: dict[str, Any] | None = None) -> nn.Module:
+        from avion_ds.engine import dist
+        from avion_ds.engine.pretrained_report import load_and_report
+        from avion_ds.models import create_model
+        from avion_ds.models.sharded_load import build_partitioned
+
+        m = recipe.model
+        source = pretrained if pretrained is not None else m.pretrained
+        kw = model_kwargs(recipe)
+        model = build_partitioned(lambda: create_model(m.name, **kw), ds_config)
+        if source:
+            load_and_report(model, str(source), strict=m.pretrained_strict, trust=m.trust_checkpoint,
+                            run_dir=run_dir, is_main=dist.is_main())
+        return model
+
+    def label_classes(self, recipe: Recipe) -> int | dict[str, int]:
+        # the MODEL's heads, not the dataset's: a CSV that lacks the top classes must not shrink targets
+        return dict(recipe.model.heads) if recipe.model.heads is not None else recipe.model.num_classes
+
+    def synthetic_batch(self, recipe: Recipe, batch_size: int, device: torch.device | str = "cpu") -> dict[str, Any]:
+        d = recipe.data
+        frames = torch.randn(batch_size, 3, d.num_frames, d.size, d.size, device=device)
+        classes = self.label_classes(recipe)
+        if isinstance(classes, dict):
+            label: Any = {h: torch.randint(0, n, (batch_size,), device=device) for h, n in classes.items()}
+        else:
+            label = torch.randint(0, max(1, classes), (batch_size,), device=device)
+        return {"frames": frames, "label": label}
+
+    def loss(self, model: Callable[..., Any], x: torch.Tensor, targets: Any, dtype: torch.dtype,
+             recipe: Recipe) -> LossParts:
+        from avion_ds.engine.losses import total_loss
+
+        return total_loss(model(x.to(dtype)), targets, recipe.data.label_smoothing)
+
+    def evaluate(self, model: Callable[..., Any], loader: Any, augment: Callable, views: int, device: torch.device,
+                 dtype: torch.dtype, recipe: Recipe, bad_log: BadInputLog | None = None) -> EvalOutcome:
+        from avion_ds.data.protocols import eval_report
+        from avion_ds.engine.eval_loop import evaluate_model
+        from avion_ds.engine.metrics import SCORES, per_sample_records
+
+        metrics, (index, scores, labels), failed = evaluate_model(model, loader, augment, views, device, dtype,
+                                                                  bad_log=bad_log)
+        report = {"scores": SCORES, **eval_report(recipe.eval.protocol, views, loader.dataset, index)}
+        return EvalOutcome(metrics, report, failed, per_sample_records(index, scores, labels), int(index.numel()))

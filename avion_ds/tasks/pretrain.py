@@ -1,0 +1,210 @@
+"""Masked-autoencoder pretraining (VideoMAE / VideoMAE V2) on the same engine as fine-tuning.
+
+The model is a registered ``pretrain_videomae_*`` model; the ``videos`` dataset draws the masks per clip
+(``batch["label"]`` = ``{"mask"[, "decode_mask"]}``), which reach the model as keyword arguments, and the
+loss is the model's own reconstruction loss (targets computed from the float32 frames). Recipe defaults
+(AdamW betas 0.9/0.95, wd 0.05, lr 1.5e-4 per 256 clips, 40 warmup epochs, cosine, no layer decay, no
+flip / mixup) are :data:`PRETRAIN_DEFAULTS`; weight decay skips the mask token, positions, norms and biases
+(``VideoMAEPretrain.no_weight_decay``). Validation reports the reconstruction loss next to the
+predict-zero baseline (the loss of an all-zero prediction; about 1.0 with ``norm_pix_loss``) and their ratio.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch import nn
+
+from avion_ds.config import ConfigError
+
+from .base import EvalOutcome, LossParts, ModelSummary, Task
+from .registry import register_task
+
+if TYPE_CHECKING:
+    from avion_ds.config import Recipe
+    from avion_ds.data.masking import MaskSpec
+    from avion_ds.engine.bad_input import BadInputLog
+
+# this task's recipe defaults (VideoMAE pretraining); keys the recipe sets win
+PRETRAIN_DEFAULTS: dict[str, dict[str, Any]] = {
+    "model": {"name": "pretrain_videomae_base_patch16_224", "drop_path_rate": 0.0, "num_classes": 0},
+    "data": {"dataset": "videos", "sampling": "stride", "hflip": 0.0, "mixup": 0.0, "cutmix": 0.0,
+             "label_smoothing": 0.0},
+    "optim": {"lr": 1.5e-4, "betas": [0.9, 0.95], "weight_decay": 0.05, "layer_decay": 1.0, "min_lr": 1e-5},
+    "schedule": {"epochs": 800, "warmup_epochs": 40.0},
+}
+
+
+def model_options(recipe: Recipe) -> dict[str, Any]:
+    """create_model keyword arguments of a pretraining recipe (input size follows the data section)."""
+    from avion_ds.data.augment import MEAN_STD
+
+    m, d = recipe.model, recipe.data
+    mean, std = MEAN_STD[d.mean_std]
+    kw: dict[str, Any] = {"num_frames": d.num_frames, "img_size": d.size, "drop_path_rate": m.drop_path_rate,
+                          "attn_backend": m.attn_backend, "patch_embed": m.patch_embed, "pos_embed": m.pos_embed,
+                          "norm_pix_loss": recipe.pretrain.norm_pix_loss, "mean": mean, "std": std}
+    if m.tubelet_size is not None:
+        kw["tubelet_size"] = m.tubelet_size
+    return kw
+
+
+def build_pretrain_model(recipe: Recipe, pretrained: str | None = None) -> nn.Module:
+    """The recipe's pretraining model (``model.pretrained`` / ``pretrained``: any pretraining format)."""
+    from avion_ds.models import create_model
+
+    source = pretrained if pretrained is not None else (recipe.model.pretrained or None)
+    return create_model(recipe.model.name, pretrained=source or None, **model_options(recipe))
+
+
+def mask_spec(recipe: Recipe) -> MaskSpec:
+    """The per-clip masks the recipe asks for, on the model's token grid (nothing is built)."""
+    from avion_ds.data.masking import MaskSpec
+    from avion_ds.models import get_mae_arch
+
+    grid = get_mae_arch(recipe.model.name, **model_options(recipe)).encoder.grid
+    p = recipe.pretrain
+    return MaskSpec(grid, p.mask_type, p.mask_ratio, p.decoder_mask_type, p.decoder_mask_ratio).validate()
+
+
+@register_task
+class PretrainTask(Task):
+    """Masked-autoencoder pretraining (see module doc)."""
+
+    name = "pretrain"
+    recipe_defaults = PRETRAIN_DEFAULTS
+
+    def validate_recipe(self, recipe: Recipe) -> None:
+        d, p = recipe.data, recipe.pretrain
+        if d.dataset != "videos":
+            raise ConfigError(f"task={recipe.task!r} with data.dataset={d.dataset!r}: pretraining uses "
+                              "data.dataset 'videos' (unlabelled clips), fine-tuning a labelled dataset")
+        for key, value in (("pretrain.mask_ratio", p.mask_ratio), ("pretrain.decoder_mask_ratio", p.decoder_mask_ratio)):
+            if not 0.0 < value < 1.0:
+                raise ConfigError(f"{key}={value} must be in (0, 1)")
+        if d.clips_per_video <= 0:
+            raise ConfigError(f"data.clips_per_video={d.clips_per_video} must be positive")
+        if not d.multi_scale or not all(0 < s <= 1 for s in d.multi_scale):
+            raise ConfigError(f"data.multi_scale={d.multi_scale} must be a non-empty list in (0, 1]")
+
+    def check_model(self, recipe: Recipe) -> ModelSummary:
+        from avion_ds.models import create_model, get_mae_arch, model_flops
+        from avion_ds.models.vit import count_params
+
+        name = recipe.model.name
+        try:
+            enc = get_mae_arch(name, **model_options(recipe)).encoder
+        except (ValueError, TypeError) as e:
+            raise ConfigError(f"model: {e}") from None
+        with torch.device("meta"):  # FLOPs: the encoder over the whole clip (the masked share is less)
+            model = create_model(name, pretrained=None, **{**model_options(recipe), "attn_backend": "eager"})
+        return ModelSummary(name, count_params(model), model_flops(enc) / 1e9, enc.grid)
+
+    def build_model(self, recipe: Recipe, pretrained: str | None = None, run_dir: Path | None = None,
+                    ds_config: dict[str, Any] | None = None) -> nn.Module:
+        from avion_ds.engine.ds_config import zero_stage
+        from avion_ds.models.sharded_load import build_partitioned
+
+        source = pretrained if pretrained is not None else recipe.model.pretrained
+        if source and zero_stage(ds_config) == 3:
+            raise ConfigError(f"model.pretrained={source}: continuing a pretraining run from weights under ZeRO-3 "
+                              "is not supported yet; resume from the run's checkpoint instead")
+        if source:
+            return build_pretrain_model(recipe, str(source))
+        return build_partitioned(lambda: build_pretrain_model(recipe, ""), ds_config)
+
+    def prepare_datasets(self, recipe: Recipe, *datasets: Any) -> None:
+        spec = mask_spec(recipe)  # masks are drawn loader-side, per clip
+        for ds in datasets:
+            ds.masks = spec
+
+    def label_classes(self, recipe: Recipe) -> int:
+        return 0
+
+    def synthetic_batch(self, recipe: Recipe, batch_size: int, device: torch.device | str = "cpu") -> dict[str, Any]:
+        import numpy as np
+
+        d, spec = recipe.data, mask_spec(recipe)
+        drawn = [spec.draw(np.random.default_rng(i)) for i in range(batch_size)]
+        masks = {k: torch.from_numpy(np.stack([m[k] for m in drawn])).to(device) for k in drawn[0]}
+        frames = torch.randn(batch_size, 3, d.num_frames, d.size, d.size, device=device)
+        return {"frames": frames, "label": masks}
+
+    def loss(self, model: Callable[..., Any], x: torch.Tensor, targets: Any, dtype: torch.dtype,
+             recipe: Recipe) -> LossParts:
+        out = model(x, **targets)  # float32 frames: the model casts them and computes its targets in fp32
+        return (out.loss if hasattr(out, "loss") else out), {}
+
+    def evaluate(self, model: Callable[..., Any], loader: Any, augment: Callable, views: int, device: torch.device,
+                 dtype: torch.dtype, recipe: Recipe, bad_log: BadInputLog | None = None) -> EvalOutcome:
+        metrics = evaluate_pretrain(model, loader, augment, device)
+        return EvalOutcome(metrics, num_samples=len(loader.dataset))
+
+    def eval_line(self, metrics: dict[str, float]) -> str:
+        return " ".join(f"{k}={v:.4f}" for k, v in metrics.items())
+
+
+@torch.no_grad()
+def evaluate_pretrain(model: Callable[..., Any], loader: Any, augment: Callable,
+                      device: torch.device) -> dict[str, float]:
+    """Validation reconstruction loss, the predict-zero baseline and loss / baseline, over all ranks.
+
+    Both are means over every scored token (decoded and hidden from the encoder, as the model's loss)
+    of the whole val set: per-clip sums are gathered by dataset index and the DistributedSampler's
+    padding repeats dropped (as classification eval does), so ranks and batching do not change them.
+    """
+    from avion_ds.engine.metrics import PredictionStore
+    from avion_ds.models.pretrain import pixel_targets
+
+    was_training = getattr(model, "training", False)
+    if hasattr(model, "eval"):
+        model.eval()
+    arch = getattr(model, "module", model).arch
+    store = PredictionStore()
+    for batch in loader:
+        frames = batch["frames"].to(device, non_blocking=True)
+        x, masks = augment(frames, {k: v.to(device) for k, v in batch["label"].items()})
+        out = model(x, **masks)  # float32 frames: the model casts them and computes its targets in fp32
+        decode = masks["mask"] if "decode_mask" not in masks else ~masks["decode_mask"]
+        b = x.shape[0]
+        targets = pixel_targets(x, arch)[decode].reshape(b, -1, out.pred.shape[-1])
+        weight = masks["mask"][decode].reshape(b, -1).float()  # the model's loss weights, in pred's order
+        sums = torch.stack([((out.pred.float() - targets).pow(2).mean(dim=-1) * weight).sum(dim=1),
+                            (targets.pow(2).mean(dim=-1) * weight).sum(dim=1), weight.sum(dim=1)], dim=1)
+        store.add(batch["index"], sums.double(), torch.zeros(b))
+    if was_training and hasattr(model, "train"):
+        model.train()
+    _, sums, _ = store.gather()  # every rank's clips, each dataset index once
+    loss_sum, zero_sum, weight = (float(v) for v in sums.sum(dim=0)) if sums.numel() else (0.0, 0.0, 0.0)
+    weight = max(weight, 1.0)
+    loss, zero = loss_sum / weight, zero_sum / weight
+    return {"recon_loss": loss, "zero_baseline": zero, "recon_vs_zero": loss / max(zero, 1e-12)}
+
+
+def fit_clips(model: torch.nn.Module, clips: torch.Tensor, spec: MaskSpec, steps: int, lr: float,
+              batch_size: int, seed: int = 0, weight_decay: float = 0.05) -> list[float]:
+    """A plain one-process AdamW loop (betas 0.9/0.95) over cached, normalised clips (B, C, T, H, W)
+    with fresh masks every step; for quick learning checks (tests, bench/pretrain_learn.py). Real
+    runs go through ``avion-ds train``. Returns the loss of every step."""
+    import numpy as np
+
+    from avion_ds.engine.optim import param_groups
+
+    rng = np.random.default_rng(seed)
+    gen = torch.Generator().manual_seed(seed)
+    opt = torch.optim.AdamW(param_groups(model, weight_decay), lr=lr, betas=(0.9, 0.95))
+    model.train()
+    out = []
+    for _ in range(steps):
+        idx = torch.randint(len(clips), (batch_size,), generator=gen)
+        drawn = [spec.draw(rng) for _ in range(batch_size)]
+        masks = {k: torch.from_numpy(np.stack([d[k] for d in drawn])) for k in drawn[0]}
+        loss = model(clips[idx], **masks).loss
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        out.append(float(loss.detach()))
+    return out
