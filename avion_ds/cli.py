@@ -11,15 +11,15 @@ import sys
 
 # subcommand -> (module, one-line help)
 COMMANDS: dict[str, tuple[str, str]] = {
-    "chunk": ("avion_ds.data.chunking", "re-encode long videos into short chunks + manifest.jsonl"),
-    "check": ("avion_ds.data.check", "integrity pass over a prepared dataset; writes quarantine.tsv"),
-    "synth": ("avion_ds.data.synthetic", "generate a small learnable EPIC-style synthetic dataset"),
-    "train": ("avion_ds.engine.train", "train / fine-tune from a YAML recipe (also under deepspeed)"),
-    "eval": ("avion_ds.engine.evaluate", "evaluate a checkpoint; writes metrics JSON"),
+    "chunk": ("avion_ds.data.prep.chunking", "re-encode long videos into short chunks + manifest.jsonl"),
+    "check": ("avion_ds.data.prep.check", "integrity pass over a prepared dataset; writes quarantine.tsv"),
+    "synth": ("avion_ds.data.prep.synthetic", "generate a small learnable EPIC-style synthetic dataset"),
+    "train": ("avion_ds.engine.train_cli", "train / fine-tune from a YAML recipe (also under deepspeed)"),
+    "eval": ("avion_ds.engine.eval_cli", "evaluate a checkpoint; writes metrics JSON"),
     "export": ("avion_ds.engine.export", "consolidate ZeRO shards into one fp32 safetensors file"),
     "reconstruct": ("avion_ds.tasks.reconstruct", "pretraining run: original / masked / reconstructed frames as one PNG"),
     "plan": ("avion_ds.memory.plan", "pick ZeRO stage / offload / checkpointing / micro-batch for a GPU budget"),
-    "bench-loader": ("avion_ds.data.loader_bench", "clips/s per DataLoader worker and workers needed per GPU"),
+    "bench-loader": ("avion_ds.data.decode.loader_bench", "clips/s per DataLoader worker and workers needed per GPU"),
     "models": ("avion_ds.models.listing", "registered model sizes with parameters and GFLOPs per clip"),
 }
 # distribution name -> how --version shows it (read from package metadata: nothing heavy is imported)

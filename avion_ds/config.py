@@ -114,7 +114,7 @@ class EvalConfig:
     temporal_views: int = 1
     spatial_views: int = 1
     batch_size: int | None = None  # None: micro_batch
-    protocol: str = "custom"  # k400 | ssv2 | epic | custom: locks the eval sampling and views (data/protocols.py)
+    protocol: str = "custom"  # k400 | ssv2 | epic | custom: locks the eval sampling and views (data/datasets/protocols.py)
 
 
 @dataclass
@@ -473,9 +473,7 @@ def validate(recipe: Recipe) -> None:
         raise ConfigError(f"data.num_frames={recipe.data.num_frames} is not divisible by model.tubelet_size={tubelet}")
     if recipe.data.dataset == "epic" and recipe.model.heads is None:
         raise ConfigError("data.dataset='epic' needs model.heads (e.g. {verb: 97, noun: 300})")
-    from .data.protocols import (
-        check_recipe,  # dataset recipes: augmentation specs, eval protocol
-    )
+    from avion_ds.data.datasets.protocols import check_recipe
 
     problem = check_recipe(recipe)
     if problem:

@@ -1,4 +1,4 @@
-"""Layout of a training run directory and reading its weights back: below engine/ and models.pretrained.
+"""Layout of a training run directory and reading its weights back: below engine/ and models/weights.
 
 ::
 
@@ -6,10 +6,10 @@
     checkpoints/step_00000120/     DeepSpeed shards (all ranks) + client_rank<r>.pt (per-rank state)
     checkpoints/step_00000120/COMPLETE.json   written by rank 0 after EVERY rank finished saving
 
-``engine.checkpoint`` writes this layout; ``engine.export`` and ``models.pretrained`` (a run directory
+``engine.checkpoint`` writes this layout; ``engine.export`` and ``models.weights.formats`` (a run directory
 passed as ``pretrained=``) read it through :func:`consolidate`, so neither needs the other.
 
-Every file is read through ``models.safe_load`` (``weights_only`` + allowlist; ``trust`` opts out).
+Every file is read through ``models.weights.safe_load`` (``weights_only`` + allowlist; ``trust`` opts out).
 The ZeRO 1/2/3 shards are consolidated here, not by DeepSpeed's ``zero_to_fp32`` (which unpickles
 them in full): the arithmetic is the one its ``deepspeed/utils/zero_to_fp32.py`` documents, and
 each tensor is gathered from the memory-mapped shards only when asked for (``LazyTensor``).
@@ -29,7 +29,7 @@ from typing import Any
 import torch
 
 from avion_ds.config import ConfigError
-from avion_ds.models.safe_load import load_checkpoint_file
+from avion_ds.models.weights.safe_load import load_checkpoint_file
 
 MARKER = "COMPLETE.json"
 CKPT_SUBDIR = "checkpoints"

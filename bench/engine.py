@@ -82,6 +82,36 @@ def plain_step(recipe, device):
     return step
 
 
+class StepTimer:
+    """Splits wall time into data wait (fetch + host->device + augment) and compute (fwd/bwd/step)."""
+
+    def __init__(self, sync: bool) -> None:
+        self.sync = sync
+        self.data = 0.0
+        self.compute = 0.0
+        self._t = time.perf_counter()
+
+    def _now(self) -> float:
+        if self.sync and torch.cuda.is_available():
+            torch.cuda.synchronize()
+        return time.perf_counter()
+
+    def mark_data(self) -> None:
+        t = self._now()
+        self.data += t - self._t
+        self._t = t
+
+    def mark_compute(self) -> None:
+        t = self._now()
+        self.compute += t - self._t
+        self._t = t
+
+    def pop(self) -> tuple[float, float]:
+        d, c = self.data, self.compute
+        self.data = self.compute = 0.0
+        return d, c
+
+
 def ds_step(recipe, device, config: str):
     """The training loop's own step (``Trainer.train_step``, logging every ``logging.log_every`` steps)."""
     from avion_ds.engine.parallelize import parallelize
@@ -119,8 +149,6 @@ def interleaved(steps: dict, n: int, warmup: int = 3) -> dict[str, list[float]]:
 def bench_data_wait(args: argparse.Namespace, device, data: dict, workers: int) -> tuple[float, float]:
     """Fraction of wall time spent waiting for input, and clips/s, over ``args.data_steps`` steps."""
     from avion_ds.data import DeviceAugment, build_dataset, build_loader
-    from avion_ds.engine.logging import StepTimer
-
     recipe = recipe_for(args, data, workers)
     model = make_model(recipe).to(device)
     opt = client_adamw(optimizer_groups(model, recipe), recipe, 1e-4)
@@ -158,8 +186,8 @@ def bench_data_wait(args: argparse.Namespace, device, data: dict, workers: int) 
 
 
 def make_data(root: Path, size: int) -> dict:
-    from avion_ds.data.chunking import chunk_videos
-    from avion_ds.data.synthetic import make_synthetic_epic
+    from avion_ds.data.prep.chunking import chunk_videos
+    from avion_ds.data.prep.synthetic import make_synthetic_epic
 
     info = make_synthetic_epic(root / "synth", num_videos=4, segments_per_video=16, width=max(96, size + 32),
                                height=max(72, size + 8), fps=15)

@@ -86,7 +86,7 @@ def segments(seconds: float, n: int, seed: int) -> list[tuple[float, float]]:
 
 
 def write_csv(path: Path, segs: list[tuple[float, float]]) -> None:
-    from avion_ds.data.synthetic import EPIC_COLUMNS, format_timestamp
+    from avion_ds.data.prep.synthetic import EPIC_COLUMNS, format_timestamp
 
     with path.open("w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=list(EPIC_COLUMNS), extrasaction="ignore")
@@ -115,7 +115,7 @@ def part_paths(a, work: Path, cfg, entry, csv_path: Path) -> None:
     from dataclasses import replace
 
     from avion_ds.data import build_dataset
-    from avion_ds.data.decoders import available_backends, get_decoder
+    from avion_ds.data.decode.select import available_backends, get_decoder
 
     S = cfg.size
     reqs = clip_requests(csv_path, entry, cfg, a.clips)
@@ -179,7 +179,7 @@ def part_paths(a, work: Path, cfg, entry, csv_path: Path) -> None:
 
 def part_scaling(a, cfg) -> None:
     from avion_ds.data import build_dataset
-    from avion_ds.data.loader_bench import clips_per_s_loader
+    from avion_ds.data.decode.loader_bench import clips_per_s_loader
 
     ds = build_dataset(cfg, "train")
     print(f"\nDataLoader, default recipe path ({ds.decoder_name} + timeout helper), batch 4, {a.loader_batches} "
@@ -233,9 +233,9 @@ ENCODE_SETTINGS = {  # name -> libx264 options (GOP 16, no B-frames as in avion-
 
 
 def part_encode(a, work: Path, src: Path, cfg, csv_path: Path, entry) -> None:
-    from avion_ds.data.chunking import chunk_videos
     from avion_ds.data.crop import CropSpec
-    from avion_ds.data.decoders import available_backends, get_decoder
+    from avion_ds.data.decode.select import available_backends, get_decoder
+    from avion_ds.data.prep.chunking import chunk_videos
 
     lossless = work / "chunks_lossless"
     chunk_videos(src.parent, lossless, progress=False, workers=1, crf=0)
@@ -296,8 +296,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"pinned to CPU {a.cpu} (helper processes and decoder threads inherit it)")
 
     from avion_ds.config import DataConfig
-    from avion_ds.data.chunking import chunk_videos
-    from avion_ds.data.manifest import load_manifest
+    from avion_ds.data.prep.chunking import chunk_videos
+    from avion_ds.data.prep.manifest import load_manifest
     from avion_ds.malloc import tune_malloc
 
     torch.set_num_threads(1)

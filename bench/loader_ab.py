@@ -33,7 +33,7 @@ def part_helper_cpu(a, cfg, entry, csv_path: Path) -> None:
     (all its threads, reported with every reply), per clip, interleaved, median of per-clip ratios.
     """
     from avion_ds.data.crop import CropSpec
-    from avion_ds.data.decoders import get_decoder
+    from avion_ds.data.decode.select import get_decoder
 
     reqs = clip_requests(csv_path, entry, cfg, a.clips)
     run = fused_runner(cfg, entry, reqs)
@@ -127,7 +127,7 @@ def part_floor_ab(a, cfg, entry, csv_path: Path) -> None:
     from dataclasses import replace
 
     from avion_ds.data import build_dataset
-    from avion_ds.data.decoders import get_decoder
+    from avion_ds.data.decode.select import get_decoder
 
     reqs = clip_requests(csv_path, entry, cfg, a.clips)
     print(f"\nfused vs floor A/B, two paths only ({a.clips} clips x {a.repeats} rounds, interleaved; load average "

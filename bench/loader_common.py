@@ -80,7 +80,7 @@ def fused_runner(cfg, entry, reqs):
 
 def warm_pair(name: str, run):
     """(in-process decoder, decoder through the timeout helper) for backend ``name``, each run once."""
-    from avion_ds.data.decoders import get_decoder
+    from avion_ds.data.decode.select import get_decoder
 
     inproc, helper = get_decoder(name, exact=False), get_decoder(name, timeout_s=60, exact=False)
     run(inproc, 0)
@@ -90,6 +90,6 @@ def warm_pair(name: str, run):
 
 def chosen_backends(a) -> list[str]:
     """The installed CPU backends, narrowed to ``--backends`` when given."""
-    from avion_ds.data.decoders import available_backends
+    from avion_ds.data.decode.select import available_backends
 
     return [b for b in available_backends() if not a.backends or b in a.backends.split(",")]

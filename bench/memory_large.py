@@ -3,7 +3,7 @@ initialize before vs after partitioned construction, ZeRO-3 + Adam per-rank RSS 
 planner's formula, and parameters resident during ``eval --offload`` forward.
 
   rss        per model in --rss-models and mode in --rss-modes: 2 ranks (torchrun) of
-             ``python -m avion_ds.memory.rss``; weights written first (safetensors, tensor by tensor)
+             ``python -m bench.rss``; weights written first (safetensors, tensor by tensor)
   optimizer  ViT-L (--optimizer-model) ZeRO-3 + AdamW, one step: per-rank RSS vs 16 B x params / world
   export     per --export-models and --export-optimizers (``adamw:1`` = AdamW, one step; ``sgd:0`` =
              client SGD without momentum, saved right after initialize): a ZeRO-3 checkpoint written by
@@ -29,6 +29,8 @@ from avion_ds.engine.dist import free_port
 from avion_ds.memory.units import format_bytes
 
 REPO = Path(__file__).resolve().parents[1]
+if str(REPO) not in sys.path:  # bench.rss, also in the subprocesses (PYTHONPATH)
+    sys.path.insert(0, str(REPO))
 ZERO3_DEFAULT_REDUCE_BUCKET = 500_000_000  # DeepSpeed's reduce_bucket_size default (elements)
 
 
@@ -43,7 +45,7 @@ def _rss_run(model: str, mode: str, weights: Path | None, out: Path, args: argpa
     env = dict(os.environ, DS_ACCELERATOR="cpu", OMP_NUM_THREADS="1",
                PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(args.ranks), "--master_port",
-           str(free_port()), "-m", "avion_ds.memory.rss", "--model", model, "--mode", mode, "--out", str(out),
+           str(free_port()), "-m", "bench.rss", "--model", model, "--mode", mode, "--out", str(out),
            "--frames", str(args.rss_frames), "--size", str(args.rss_size)]
     if weights is not None:
         cmd += ["--pretrained", str(weights)]
@@ -69,7 +71,7 @@ def _print_rss(r: dict[str, Any]) -> None:
 
 
 def part_rss(args: argparse.Namespace) -> list[dict[str, Any]]:
-    from avion_ds.memory.rss import write_random_weights
+    from bench.rss import write_random_weights
 
     work = Path(args.work_dir)
     work.mkdir(parents=True, exist_ok=True)
@@ -132,7 +134,7 @@ def _in_fresh_process(code: str, *argv: str) -> Any:
 
 def part_export(args: argparse.Namespace) -> list[dict[str, Any]]:
     """ZeRO-3 checkpoint per (model, optimizer) -> streamed export RSS -> output verified."""
-    from avion_ds.memory.rss import write_random_weights
+    from bench.rss import write_random_weights
 
     work = Path(args.work_dir)
     work.mkdir(parents=True, exist_ok=True)
@@ -167,7 +169,7 @@ def part_export(args: argparse.Namespace) -> list[dict[str, Any]]:
             if "error" not in row["export"]:
                 ref = str(weights) if int(steps) == 0 else ""
                 row["verify"] = _in_fresh_process(
-                    "import json, sys; from avion_ds.memory.rss import verify_export; "
+                    "import json, sys; from bench.rss import verify_export; "
                     "print('RESULT ' + json.dumps(verify_export(sys.argv[1], sys.argv[2], sys.argv[3] or None, "
                     "sys.argv[4] == '1', num_frames=int(sys.argv[5]), img_size=int(sys.argv[6]))))",
                     str(out), model, ref, "1" if args.export_load_back else "0", str(args.rss_frames),
@@ -183,7 +185,7 @@ def part_export(args: argparse.Namespace) -> list[dict[str, Any]]:
 
 def _export_rss(run_dir: Path, out: Path, fp32: int, keep: bool = False) -> dict[str, Any]:
     """`avion-ds export` of the ZeRO-3 checkpoint in a fresh process: peak RSS vs fp32 model bytes."""
-    code = ("import json, sys; from avion_ds.memory.rss import measure_export; "
+    code = ("import json, sys; from bench.rss import measure_export; "
             "print('RESULT ' + json.dumps(measure_export(sys.argv[1], sys.argv[2])))")
     peaks = _in_fresh_process(code, str(run_dir), str(out))
     if peaks is None:

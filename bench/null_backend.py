@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from avion_ds.data.decode_base import Decoder, register_backend
+from avion_ds.data.decode.base import Decoder, register_backend
 
 SIZE = 224
 

@@ -31,15 +31,15 @@ from avion_ds.data.masking import MaskSpec
 from avion_ds.engine.losses import total_loss
 from avion_ds.engine.optim import param_groups
 from avion_ds.models import create_model
-from avion_ds.models.pretrain import pixel_targets
+from avion_ds.models.mae import pixel_targets
 from avion_ds.tasks.pretrain import fit_clips
 
 ENCODER = {"num_frames": 8, "img_size": 32, "patch_size": 16, "embed_dim": 128}
 
 
 def make_data(out: Path, seed: int, background: str) -> dict:
-    from avion_ds.data.chunking import chunk_videos
-    from avion_ds.data.synthetic import make_synthetic_epic
+    from avion_ds.data.prep.chunking import chunk_videos
+    from avion_ds.data.prep.synthetic import make_synthetic_epic
 
     info = make_synthetic_epic(out / "synth", num_videos=6, segments_per_video=20, segment_seconds=1.0,
                                width=64, height=48, fps=12, val_fraction=0.25, seed=seed,

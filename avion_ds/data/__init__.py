@@ -11,20 +11,20 @@ import importlib
 from typing import Any
 
 _LAZY = {
-    "build_dataset": "avion_ds.data.build",
-    "EpicDataset": "avion_ds.data.datasets",
-    "KineticsDataset": "avion_ds.data.kinetics",
-    "SSv2Dataset": "avion_ds.data.ssv2",
+    "build_dataset": "avion_ds.data.datasets.build",
+    "EpicDataset": "avion_ds.data.datasets.clip",
+    "KineticsDataset": "avion_ds.data.datasets.kinetics",
+    "SSv2Dataset": "avion_ds.data.datasets.ssv2",
     "DataError": "avion_ds.data.errors",
     "DeviceAugment": "avion_ds.data.augment",
     "build_loader": "avion_ds.data.loader",
     "set_epoch": "avion_ds.data.loader",
-    "aggregate_views": "avion_ds.data.views",
-    "get_decoder": "avion_ds.data.decoders",
-    "chunk_videos": "avion_ds.data.chunking",
-    "load_manifest": "avion_ds.data.manifest",
-    "make_synthetic_epic": "avion_ds.data.synthetic",
-    "write_video": "avion_ds.data.synthetic",
+    "aggregate_views": "avion_ds.data.datasets.views",
+    "get_decoder": "avion_ds.data.decode.select",
+    "chunk_videos": "avion_ds.data.prep.chunking",
+    "load_manifest": "avion_ds.data.prep.manifest",
+    "make_synthetic_epic": "avion_ds.data.prep.synthetic",
+    "write_video": "avion_ds.data.prep.synthetic",
 }
 
 __all__ = list(_LAZY)  # names resolved lazily by __getattr__

@@ -12,7 +12,7 @@ get ONE lambda and permutation shared by the verb and noun targets.
 Targets: int class tensors when no mixup/cutmix is active (eval, or training without mixing —
 the loss then applies ``cfg.label_smoothing`` itself), else float soft targets (B, K); dicts per
 head for EPIC. Multi-view eval input (B, V, T, H, W, C) becomes x (B*V, C, T, H, W) with labels
-unchanged (B,) — aggregate the (B, V, K) logits with :func:`avion_ds.data.views.aggregate_views`.
+unchanged (B,) — aggregate the (B, V, K) logits with :func:`avion_ds.data.datasets.views.aggregate_views`.
 Training input with repeated samples (``data.num_sample`` views) becomes B*V clips: a (B,) label is
 repeated per view, a (B, V, ...) label (pretraining masks, one per view) flattened to (B*V, ...).
 """
@@ -22,7 +22,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from ..config import DataConfig
+from avion_ds.config import DataConfig
 
 MEAN_STD = {
     "imagenet": ((0.485, 0.456, 0.406), (0.229, 0.224, 0.225)),
@@ -53,7 +53,7 @@ class DeviceAugment:
                                num_classes=k, mode="batch")
         self.erase = None
         if train and cfg.reprob > 0:
-            from .erasing import ClipErasing
+            from avion_ds.data.erasing import ClipErasing
 
             self.erase = ClipErasing(probability=cfg.reprob, mode="pixel", max_count=1)
 

@@ -16,8 +16,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from .errors import DataError
-from .manifest import VideoEntry
+from avion_ds.data.errors import DataError
+from avion_ds.data.prep.manifest import VideoEntry
 
 MAX_CLAMP_FRAMES = 2  # a missing tail frame or two (AVION issue #17) is clamped; more is a bad sample
 _TS = re.compile(r"^\s*(\d+):(\d{1,2}):(\d{1,2}(?:\.\d+)?)\s*$")

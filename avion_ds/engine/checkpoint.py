@@ -10,7 +10,7 @@ A run killed mid-save leaves a tag without ``COMPLETE.json``; resume ignores it 
 newest complete tag. DeepSpeed's own ``latest`` file is never trusted for that reason.
 
 DeepSpeed's ``load_checkpoint`` unpickles its files in full; before it opens a tag every ``*.pt`` of
-the tag is read with the safe loader (``models.safe_load``), and a file pickling anything outside the
+the tag is read with the safe loader (``models.weights.safe_load``), and a file pickling anything outside the
 allowlist stops the resume with one line unless ``trust`` (``--trust-checkpoint``).
 """
 
@@ -27,7 +27,7 @@ import torch
 from avion_ds.config import ConfigError, Recipe
 from avion_ds.engine import dist
 from avion_ds.engine.rng import rng_state
-from avion_ds.models.safe_load import load_checkpoint_file
+from avion_ds.models.weights.safe_load import load_checkpoint_file
 from avion_ds.rundir import (  # noqa: F401 - the layout names are re-exported as checkpoint.*
     CKPT_SUBDIR,
     MARKER,

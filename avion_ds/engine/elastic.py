@@ -37,7 +37,7 @@ import torch
 from avion_ds import rundir
 from avion_ds.engine import dist
 from avion_ds.engine.rng import rng_state, set_rng_state
-from avion_ds.models.safe_load import load_checkpoint_file
+from avion_ds.models.weights.safe_load import load_checkpoint_file
 
 UNIVERSAL = "universal"
 GROUP_SETTINGS = ("weight_decay", "lr_scale")  # per-group choices of this run, not checkpoint state

@@ -14,7 +14,6 @@ from typing import Any
 import torch
 
 from avion_ds.engine.bad_input import BadInputLog, batch_messages
-from avion_ds.engine.logging import progress
 from avion_ds.engine.metrics import (
     PredictionStore,
     aggregate_outputs,
@@ -22,6 +21,7 @@ from avion_ds.engine.metrics import (
     failed_in_batch,
     gather_failed,
 )
+from avion_ds.engine.run_log import progress
 
 
 @torch.no_grad()

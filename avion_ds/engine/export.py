@@ -16,7 +16,7 @@ from pathlib import Path
 import torch
 
 from avion_ds.config import ConfigError
-from avion_ds.engine.logging import progress
+from avion_ds.engine.run_log import progress
 from avion_ds.rundir import (
     MARKER,
     checkpoint_dir,
@@ -33,7 +33,7 @@ def stream_export(run_dir: Path, tag: str, out: Path, meta: dict[str, str], trus
     """ZeRO 1/2/3 -> safetensors one tensor at a time: the lazy fp32 reconstruction (optimizer shards
     memory-mapped) feeds ``SafetensorsWriter``, so the process holds the mapped fp32 partitions
     (file-backed) plus one tensor, not the full copy of ``consolidate``."""
-    from avion_ds.models.safetensors_stream import SafetensorsWriter
+    from avion_ds.models.weights.safetensors_stream import SafetensorsWriter
 
     lazy = zero_state_dict(checkpoint_dir(run_dir) / tag, trust)
     specs = [(clean_key(k), torch.float32 if v.dtype.is_floating_point else v.dtype, tuple(v.shape))

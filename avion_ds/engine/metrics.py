@@ -189,7 +189,7 @@ def aggregate_outputs(outputs: Tensor | dict[str, Tensor], views: int) -> Tensor
 
     Also for ``views == 1`` (plain softmax), so the scores are probabilities whatever the view count.
     """
-    from avion_ds.data.views import aggregate_views
+    from avion_ds.data.datasets.views import aggregate_views
 
     def one(x: Tensor) -> Tensor:
         x = x.float()

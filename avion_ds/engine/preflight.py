@@ -52,8 +52,8 @@ def check_data_paths(recipe: Recipe, need_train: bool = True) -> None:
 
 def check_data_layout(recipe: Recipe, need_train: bool = True) -> dict[str, int]:
     """Chunk manifest present, annotation headers right, labels within the heads; returns rows per split."""
-    from avion_ds.data.build import read_annotations
-    from avion_ds.data.manifest import MANIFEST_NAME, load_manifest
+    from avion_ds.data.datasets.build import read_annotations
+    from avion_ds.data.prep.manifest import MANIFEST_NAME, load_manifest
 
     d = recipe.data
     if d.chunked:
@@ -77,7 +77,7 @@ def check_data_layout(recipe: Recipe, need_train: bool = True) -> dict[str, int]
             elif d.chunked:
                 n = len(videos)
             else:
-                from avion_ds.data.manifest import find_videos
+                from avion_ds.data.prep.manifest import find_videos
 
                 n = len(find_videos(d.root))
             rows[split] = n * d.clips_per_video  # clips per epoch
@@ -132,7 +132,7 @@ def check_weights_source(source: str, trust: bool, key: str = "model.pretrained"
     """The weights a run will read (a file, a Hugging Face directory, or a run directory's checkpoint
     ``tag``, default its newest complete one) exist and would be accepted by the safe loader: refused
     here, before anything is written or started, instead of after the process group exists."""
-    from avion_ds.models.safe_load import check_checkpoint_file
+    from avion_ds.models.weights.safe_load import check_checkpoint_file
     from avion_ds.rundir import checkpoint_dir, latest_complete
 
     path = Path(source)

@@ -33,9 +33,9 @@ from avion_ds.engine import dist
 from avion_ds.engine.accum import poison_nonfinite, step_window
 from avion_ds.engine.bad_input import BadInputLog, batch_messages
 from avion_ds.engine.ds_config import torch_dtype
-from avion_ds.engine.logging import RunLogger, peak_memory_gib
 from avion_ds.engine.parallelize import Parallelized
 from avion_ds.engine.rng import set_rng_state
+from avion_ds.engine.run_log import RunLogger, peak_memory_gib
 
 if TYPE_CHECKING:
     from avion_ds.tasks.base import Task

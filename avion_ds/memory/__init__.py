@@ -4,14 +4,19 @@
 Heavy imports (deepspeed) happen inside the functions that need them.
 """
 
-from .activations import SavedTensorTracker, measure_activation_bytes
-from .estimate import MemoryEstimate, activation_bytes_per_clip, arch_info, estimate
-from .units import format_bytes, parse_bytes
+from avion_ds.memory.activations import SavedTensorTracker, measure_activation_bytes
+from avion_ds.memory.estimate import (
+    MemoryEstimate,
+    activation_bytes_per_clip,
+    arch_info,
+    estimate,
+)
+from avion_ds.memory.units import format_bytes, parse_bytes
 
 
 def wrap_for_inference(*args, **kwargs):  # type: ignore[no-untyped-def]
     """ZeRO-3 parameter-offload inference wrapper (see :mod:`avion_ds.memory.offload`)."""
-    from .offload import wrap_for_inference as _wrap
+    from avion_ds.memory.offload import wrap_for_inference as _wrap
 
     return _wrap(*args, **kwargs)
 

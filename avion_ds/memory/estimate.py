@@ -22,9 +22,8 @@ import torch
 from torch import nn
 
 from avion_ds.engine.ds_config import PRECISIONS, torch_dtype
+from avion_ds.memory.units import format_bytes
 from avion_ds.models.partition import full_shape
-
-from .units import format_bytes
 
 GiB = 2**30
 CUDA_CONTEXT_BYTES = 512 * 2**20  # CUDA context + cuBLAS/cuDNN handles (not seen by the allocator)

@@ -133,7 +133,7 @@ def build_for_inference(factory: Callable[[], nn.Module], pretrained: str | Path
     model is CONSTRUCTED partitioned (``zero.Init`` with the inference config) and ``pretrained`` is
     loaded module by module (rank 0 reads), so no rank ever holds the whole model. ``factory``
     builds the bare model (no weights loaded)."""
-    from avion_ds.models.sharded_load import build_partitioned
+    from avion_ds.models.weights.sharded import build_partitioned
 
     knobs["dtype"] = knobs.get("dtype") or torch.float32
     cfg = inference_ds_config(**knobs)

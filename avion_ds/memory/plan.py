@@ -19,7 +19,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .units import format_bytes, parse_bytes
+from avion_ds.memory.units import format_bytes, parse_bytes
 
 CHECKPOINT_CHOICES = (0, 1, 2, 4)  # 0 = none, k = every k-th block
 HW_FIELDS = ("gpu_tflops", "mfu", "saturation_tokens", "pcie_gbps", "net_gbps", "nvme_gbps", "cpu_adam_gparams",
@@ -156,9 +156,8 @@ class Request:
 
 def plan(req: Request) -> tuple[list[Candidate], dict[str, Any]]:
     """Estimate every candidate; returns (candidates ranked: fitting by time, then the rest by peak), facts."""
+    from avion_ds.memory.estimate import DTYPE_BYTES, arch_info, as_dtype, estimate
     from avion_ds.models import model_flops
-
-    from .estimate import DTYPE_BYTES, arch_info, as_dtype, estimate
 
     info = arch_info(req.model, req.frames, req.size)
     flops = model_flops(req.model, num_frames=req.frames, img_size=req.size)
@@ -277,9 +276,8 @@ _LEAN = ((3, True, True), (3, True, False), (2, True, False), (2, False, False),
 def explain_impossible(req: Request, cands: list[Candidate]) -> str:
     """Why nothing fits, and what comes closest: the binding limit (GPU or host) with the smallest
     configuration's breakdown, shorter clips or a smaller registered model that fit, or the memory needed."""
+    from avion_ds.memory.estimate import estimate
     from avion_ds.models import get_arch, list_models
-
-    from .estimate import estimate
 
     low = min(cands, key=lambda c: c.peak)
     e = low.estimate
@@ -456,7 +454,7 @@ def main(argv: list[str] | None = None) -> int:
 def measure_candidates(cands: list[Candidate], req: Request, steps: int = 3) -> None:
     """Probe each planner candidate (one GPU: per-GPU memory and speed; gradient accumulation 1)
     and store measured clips/s (scaled to ``req.gpus``, communication not included) and peak."""
-    from .measure import train_step_probe
+    from avion_ds.memory.measure import train_step_probe
 
     for c in cands:
         res = train_step_probe(req.model, req.frames, req.size, c.micro_batch, ds_config_for(c, req.nvme_path),

@@ -1,24 +1,24 @@
 """Video ViT model family: registry, VideoMAE-style blocks, attention backends, activation
 checkpointing, pretrained loading and FLOPs."""
 
-from .arch import ViTArch
-from .attention import resolve_backend
-from .checkpointing import (
+from avion_ds.models.activation_checkpointing import (
     apply_activation_checkpointing,
     remove_activation_checkpointing,
 )
-from .flops import model_flops
-from .pretrain import MAEArch, VideoMAEPretrain, get_mae_arch
-from .pretrained import LoadReport, load_pretrained
-from .pretrained_mae import load_pretrained_mae
-from .registry import (
+from avion_ds.models.arch import ViTArch
+from avion_ds.models.attention import resolve_backend
+from avion_ds.models.flops import model_flops
+from avion_ds.models.mae import MAEArch, VideoMAEPretrain, get_mae_arch
+from avion_ds.models.registry import (
     create_model,
     create_model_from_config,
     get_arch,
     list_models,
     register_model,
 )
-from .vit import VideoViT, count_params
+from avion_ds.models.vit import VideoViT, count_params
+from avion_ds.models.weights.formats import LoadReport, load_pretrained
+from avion_ds.models.weights.mae_formats import load_pretrained_mae
 
 __all__ = [
     "LoadReport",

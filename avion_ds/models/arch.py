@@ -11,8 +11,8 @@ import difflib
 from dataclasses import dataclass
 from typing import Any
 
-from .attention import BACKENDS
-from .patch_embed import MODES as PATCH_EMBED_MODES
+from avion_ds.models.attention import BACKENDS
+from avion_ds.models.patch_embed import MODES as PATCH_EMBED_MODES
 
 POOLS = ("mean", "cls")
 POS_EMBEDS = ("sincos", "learned")

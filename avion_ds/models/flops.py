@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from torch import nn
 
-from .arch import ViTArch
+from avion_ds.models.arch import ViTArch
 
 
 def arch_flops(arch: ViTArch) -> int:
@@ -39,7 +39,7 @@ def model_flops(name_or_model: str | nn.Module | ViTArch, num_frames: int | None
     ``num_frames`` / ``img_size`` override the model's own input size (e.g. 16 vs 8 frames).
     """
     if isinstance(name_or_model, str):
-        from .registry import get_arch
+        from avion_ds.models.registry import get_arch
 
         arch = get_arch(name_or_model)
     elif isinstance(name_or_model, ViTArch):

@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from .vit import VideoViT
+from avion_ds.models.vit import VideoViT
 
 _BLOCK = {
     "attn.q_bias": "attention.attention.query.bias",  # transformers 5 names (4.x: q_bias / v_bias)

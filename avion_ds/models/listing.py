@@ -11,10 +11,10 @@ import sys
 
 import torch
 
-from .flops import model_flops
-from .pretrain import get_mae_arch
-from .registry import create_model, get_arch, list_models
-from .vit import count_params
+from avion_ds.models.flops import model_flops
+from avion_ds.models.mae import get_mae_arch
+from avion_ds.models.registry import create_model, get_arch, list_models
+from avion_ds.models.vit import count_params
 
 
 def describe(name: str, num_frames: int | None = None, img_size: int | None = None,

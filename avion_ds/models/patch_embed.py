@@ -13,7 +13,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from .partition import full_shape
+from avion_ds.models.partition import full_shape
 
 MODES = ("linear", "conv")
 

@@ -13,9 +13,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from .arch import ViTArch
-from .checkpointing import apply_activation_checkpointing
-from .vit import VideoViT
+from avion_ds.models.activation_checkpointing import apply_activation_checkpointing
+from avion_ds.models.arch import ViTArch
+from avion_ds.models.vit import VideoViT
 
 logger = logging.getLogger(__name__)
 
@@ -79,9 +79,7 @@ def create_model_from_config(model_cfg: Any, num_frames: int, img_size: int, **o
 def _build(name: str, pretrained: str | Path | dict | None, overrides: dict[str, Any]) -> VideoViT:
     model = VideoViT(_ARCHS[name].replace(**overrides))
     if pretrained is not None and pretrained != "":
-        from .sharded_load import (
-            load_pretrained_sharded,  # plain models: load_pretrained
-        )
+        from avion_ds.models.weights.sharded import load_pretrained_sharded
 
         report = load_pretrained_sharded(model, pretrained)
         logger.info("%s: loaded %s", name, report.summary())

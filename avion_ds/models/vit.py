@@ -11,11 +11,11 @@ import torch
 from timm.layers import DropPath, LayerScale, trunc_normal_
 from torch import nn
 
-from .arch import ViTArch
-from .attention import Attention
-from .mlp import Mlp
-from .partition import full_ndim, gathered, param_count
-from .patch_embed import PatchEmbed
+from avion_ds.models.arch import ViTArch
+from avion_ds.models.attention import Attention
+from avion_ds.models.mlp import Mlp
+from avion_ds.models.partition import full_ndim, gathered, param_count
+from avion_ds.models.patch_embed import PatchEmbed
 
 
 def sincos_table(num_positions: int, dim: int, device: torch.device | str | None = None) -> torch.Tensor:

@@ -15,9 +15,8 @@ import torch
 from torch import nn
 
 from avion_ds.config import ConfigError
-
-from .base import EvalOutcome, LossParts, ModelSummary, Task
-from .registry import register_task
+from avion_ds.tasks.base import EvalOutcome, LossParts, ModelSummary, Task
+from avion_ds.tasks.registry import register_task
 
 if TYPE_CHECKING:
     from avion_ds.config import Recipe
@@ -94,9 +93,9 @@ class FinetuneTask(Task):
     def build_model(self, recipe: Recipe, pretrained: str | None = None, run_dir: Path | None = None,
                     ds_config: dict[str, Any] | None = None) -> nn.Module:
         from avion_ds.engine import dist
-        from avion_ds.engine.pretrained_report import load_and_report
+        from avion_ds.engine.weights_report import load_and_report
         from avion_ds.models import create_model
-        from avion_ds.models.sharded_load import build_partitioned
+        from avion_ds.models.weights.sharded import build_partitioned
 
         m = recipe.model
         source = pretrained if pretrained is not None else m.pretrained
@@ -129,7 +128,7 @@ class FinetuneTask(Task):
 
     def evaluate(self, model: Callable[..., Any], loader: Any, augment: Callable, views: int, device: torch.device,
                  dtype: torch.dtype, recipe: Recipe, bad_log: BadInputLog | None = None) -> EvalOutcome:
-        from avion_ds.data.protocols import eval_report
+        from avion_ds.data.datasets.protocols import eval_report
         from avion_ds.engine.eval_loop import evaluate_model
         from avion_ds.engine.metrics import SCORES, per_sample_records
 

@@ -19,9 +19,8 @@ import torch
 from torch import nn
 
 from avion_ds.config import ConfigError
-
-from .base import EvalOutcome, LossParts, ModelSummary, Task
-from .registry import register_task
+from avion_ds.tasks.base import EvalOutcome, LossParts, ModelSummary, Task
+from avion_ds.tasks.registry import register_task
 
 if TYPE_CHECKING:
     from avion_ds.config import Recipe
@@ -106,7 +105,7 @@ class PretrainTask(Task):
     def build_model(self, recipe: Recipe, pretrained: str | None = None, run_dir: Path | None = None,
                     ds_config: dict[str, Any] | None = None) -> nn.Module:
         from avion_ds.engine.ds_config import zero_stage
-        from avion_ds.models.sharded_load import build_partitioned
+        from avion_ds.models.weights.sharded import build_partitioned
 
         source = pretrained if pretrained is not None else recipe.model.pretrained
         if source and zero_stage(ds_config) == 3:
@@ -157,7 +156,7 @@ def evaluate_pretrain(model: Callable[..., Any], loader: Any, augment: Callable,
     padding repeats dropped (as classification eval does), so ranks and batching do not change them.
     """
     from avion_ds.engine.metrics import PredictionStore
-    from avion_ds.models.pretrain import pixel_targets
+    from avion_ds.models.mae import pixel_targets
 
     was_training = getattr(model, "training", False)
     if hasattr(model, "eval"):

@@ -21,8 +21,7 @@ import torch
 
 from avion_ds.config import ConfigError, Recipe, add_override_option
 from avion_ds.engine import dist
-
-from .pretrain import PretrainTask, build_pretrain_model, mask_spec
+from avion_ds.tasks.pretrain import PretrainTask, build_pretrain_model, mask_spec
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -60,8 +59,8 @@ def _recipe(args: argparse.Namespace) -> Recipe:
 def load_clip(recipe: Recipe, video: str) -> torch.Tensor:
     """uint8 (T, H, W, C): the centre clip of ``video`` as validation samples it."""
     from avion_ds.data.crop import CropSpec, center_crop
-    from avion_ds.data.decoders import get_decoder
-    from avion_ds.data.manifest import probe_video
+    from avion_ds.data.decode.select import get_decoder
+    from avion_ds.data.prep.manifest import probe_video
     from avion_ds.data.sampling import map_to_chunks, stride_indices
 
     d = recipe.data
@@ -83,7 +82,7 @@ def unpatchify(patches: torch.Tensor, grid: tuple[int, int, int], tubelet: int, 
 def reconstruct_grid(model: torch.nn.Module, x: torch.Tensor, masks: dict[str, torch.Tensor],
                      frames: int) -> np.ndarray:
     """uint8 (3*H, F*W, 3) image: original / masked / reconstruction rows for ``frames`` frames."""
-    from avion_ds.models.pretrain import pixel_targets
+    from avion_ds.models.mae import pixel_targets
 
     arch = model.arch
     e = arch.encoder

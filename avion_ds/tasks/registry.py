@@ -3,8 +3,7 @@
 from __future__ import annotations
 
 from avion_ds.config import ConfigError
-
-from .base import Task
+from avion_ds.tasks.base import Task
 
 _TASKS: dict[str, type[Task]] = {}
 DEFAULT_TASK = "finetune"

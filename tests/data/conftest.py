@@ -13,8 +13,8 @@ import pytest
 import torch
 
 from avion_ds.config import DataConfig
-from avion_ds.data.chunking import chunk_videos
-from avion_ds.data.synthetic import make_synthetic_epic, write_video
+from avion_ds.data.prep.chunking import chunk_videos
+from avion_ds.data.prep.synthetic import make_synthetic_epic, write_video
 
 
 def decode_all(path: str | Path) -> torch.Tensor:

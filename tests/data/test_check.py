@@ -9,10 +9,10 @@ from dataclasses import replace
 import yaml
 
 from avion_ds.data import build_dataset
-from avion_ds.data.check import main as check
-from avion_ds.data.datasets import EPIC_REQUIRED
+from avion_ds.data.datasets.clip import EPIC_REQUIRED
+from avion_ds.data.datasets.quarantine import read_quarantine, row_key
 from avion_ds.data.errors import DataError
-from avion_ds.data.quarantine import read_quarantine, row_key
+from avion_ds.data.prep.check import main as check
 
 
 def _rows(path) -> list[dict]:
@@ -127,7 +127,7 @@ def test_check_a_chunk_directory_sampled_and_full(epic_copy, tmp_path, capsys) -
 
 
 def test_check_whole_videos_recipe(tmp_path, capsys) -> None:
-    from avion_ds.data.synthetic import write_video
+    from avion_ds.data.prep.synthetic import write_video
 
     root = tmp_path / "videos"
     write_video(root / "a" / "v1.mp4", 12, 32, 32, fps=10)

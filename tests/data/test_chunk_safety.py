@@ -12,15 +12,15 @@ import pytest
 
 from avion_ds.config import DataConfig
 from avion_ds.data import build_dataset
-from avion_ds.data.chunking import chunk_videos
 from avion_ds.data.errors import DataError
-from avion_ds.data.manifest import check_chunk_file, load_manifest
-from avion_ds.data.synthetic import read_frame_index, write_video
+from avion_ds.data.prep.chunking import chunk_videos
+from avion_ds.data.prep.manifest import check_chunk_file, load_manifest
+from avion_ds.data.prep.synthetic import read_frame_index, write_video
 
 REPO = Path(__file__).resolve().parents[2]
 KILL_AFTER_3_CHUNKS = """
 import os, signal, sys
-from avion_ds.data import chunking
+import avion_ds.data.prep.chunking as chunking
 real, done = chunking._ChunkWriter.finish, []
 def finish(self):
     out = real(self)  # the new chunk has replaced the old file of the same name
@@ -116,7 +116,7 @@ def test_truncated_source_is_warned_and_recorded(kind, tmp_path, transcode) -> N
     assert f"TRUNCATED {mkv}: decodes {got:.2f}s of the 4.00s" in str(s)
     decoded = load_manifest(tmp_path / "dst")["cut"].num_frames
     assert got == pytest.approx(decoded / 30, abs=0.01)
-    from avion_ds.data.manifest import read_manifest_records
+    from avion_ds.data.prep.manifest import read_manifest_records
 
     recs = read_manifest_records(tmp_path / "dst")
     assert all((r["source_expected_s"], r["source_decoded_s"]) == (want, got) for r in recs)

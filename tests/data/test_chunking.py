@@ -6,10 +6,10 @@ import json
 import os
 import shutil
 
-from avion_ds.data import chunking
-from avion_ds.data.chunking import FAILURES_NAME, chunk_videos, output_size
-from avion_ds.data.manifest import load_manifest, read_manifest_records
-from avion_ds.data.synthetic import read_frame_index, write_video
+from avion_ds.data.prep import chunking
+from avion_ds.data.prep.chunking import FAILURES_NAME, chunk_videos, output_size
+from avion_ds.data.prep.manifest import load_manifest, read_manifest_records
+from avion_ds.data.prep.synthetic import read_frame_index, write_video
 
 
 def test_layout_and_manifest(index_chunks, decode_all) -> None:
@@ -154,7 +154,7 @@ def test_avion_ds_cli_dispatches_synth_and_chunk(tmp_path) -> None:
 
 def test_manifest_after_an_interrupted_rerun(tmp_path) -> None:
     """Old + new job lines for one video (journal of an interrupted re-run) and a torn last line."""
-    from avion_ds.data.manifest import dedupe_records
+    from avion_ds.data.prep.manifest import dedupe_records
 
     def rec(vid, start, frames, job):
         return {"video_id": vid, "path": f"{vid}/{start}.mp4", "start_frame": start, "frames": frames, "fps": 30.0,

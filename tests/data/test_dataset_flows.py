@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from avion_ds.data.kinetics import kinetics_stem
-from avion_ds.data.quarantine import read_quarantine
-from avion_ds.data.synthetic import make_synthetic_epic, write_video
+from avion_ds.data.datasets.kinetics import kinetics_stem
+from avion_ds.data.datasets.quarantine import read_quarantine
+from avion_ds.data.prep.synthetic import make_synthetic_epic, write_video
 from tests.helpers import REPO, launch, run_process
 
 pytestmark = pytest.mark.multiprocess

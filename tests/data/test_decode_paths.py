@@ -18,12 +18,12 @@ import pytest
 import torch
 from torchvision.transforms.v2 import functional as F
 
-from avion_ds.data.chunking import chunk_videos
 from avion_ds.data.crop import CropBox, CropSpec, clip_rng, random_resized_crop
-from avion_ds.data.decode_helper import SLOTS
-from avion_ds.data.decoders import available_backends, get_decoder
-from avion_ds.data.manifest import load_manifest
-from avion_ds.data.synthetic import read_frame_index, write_video
+from avion_ds.data.decode.helper import SLOTS
+from avion_ds.data.decode.select import available_backends, get_decoder
+from avion_ds.data.prep.chunking import chunk_videos
+from avion_ds.data.prep.manifest import load_manifest
+from avion_ds.data.prep.synthetic import read_frame_index, write_video
 
 BACKENDS = available_backends()
 PATHS = [(b, fuse, t) for b in BACKENDS for fuse, t in ((True, 0.0), (False, 0.0), (True, 30.0))]

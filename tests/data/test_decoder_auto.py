@@ -8,8 +8,9 @@ from dataclasses import replace
 
 import pytest
 
-from avion_ds.data import build_dataset, decoders
-from avion_ds.data.decoders import available_backends, pick_decoder
+import avion_ds.data.decode.select as decoders
+from avion_ds.data import build_dataset
+from avion_ds.data.decode.select import available_backends, pick_decoder
 
 
 def _fake_probe(times: dict[str, float], calls: list):
@@ -24,7 +25,7 @@ def test_auto_picks_the_fastest_records_it_and_a_resume_keeps_it(epic_cfg, tmp_p
     calls: list = []
     monkeypatch.setattr(decoders, "_PROBED", {})
     monkeypatch.setattr(decoders, "probe_backends", _fake_probe({"decord": 3.0, "torchcodec": 1.0, "pyav": 2.0}, calls))
-    with caplog.at_level(logging.INFO, logger="avion_ds.data.decoders"):
+    with caplog.at_level(logging.INFO, logger="avion_ds.data.decode.select"):
         name, msg = pick_decoder(cfg, tmp_path)
     assert name == "torchcodec" and "auto -> torchcodec" in msg and "auto -> torchcodec" in caplog.text
     assert calls and calls[0].endswith("/0.mp4")  # the first chunk of the first video

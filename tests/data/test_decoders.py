@@ -11,15 +11,16 @@ from pathlib import Path
 import pytest
 import torch
 
-from avion_ds.data import decode_torchcodec, decoders
+import avion_ds.data.decode.backend_torchcodec as decode_torchcodec
+import avion_ds.data.decode.select as decoders
 from avion_ds.data.crop import CropBox, CropSpec, crop_resize
-from avion_ds.data.decoders import (
+from avion_ds.data.decode.select import (
     DataError,
     DecoderUnavailable,
     available_backends,
     get_decoder,
 )
-from avion_ds.data.synthetic import read_frame_index, write_video
+from avion_ds.data.prep.synthetic import read_frame_index, write_video
 
 BACKENDS = available_backends()
 IDX = [0, 7, 7, 29, 30, 31, 64, 149, 3]  # unsorted, duplicated, across GOPs, the last frame
@@ -118,7 +119,7 @@ def test_bad_files_raise_one_line_data_error(name, case, reason, bad_files) -> N
 
 HANG_PLUGIN = '''
 import os, time
-from avion_ds.data.decoders import Decoder, register_backend
+from avion_ds.data.decode.select import Decoder, register_backend
 
 class Hang(Decoder):
     name = "hang"
@@ -185,7 +186,7 @@ def test_decord_fused_falls_back_on_widths_decord_cannot_resize_to(index_video, 
 _COUNT_THREADS = """
 import sys
 from avion_ds.data.crop import CropBox, CropSpec
-from avion_ds.data.decoders import get_decoder
+from avion_ds.data.decode.select import get_decoder
 name, crop, path, idx = sys.argv[1], sys.argv[2] == "1", sys.argv[3], [int(i) for i in sys.argv[4].split(",")]
 dec = get_decoder(name, threads=1)
 spec = CropSpec(CropBox(top=10, left=20, height=50, width=60), (32, 32), 72, 96) if crop else None

@@ -10,11 +10,11 @@ import pytest
 
 from avion_ds.config import DataConfig
 from avion_ds.data import build_dataset
-from avion_ds.data.build import read_annotations
-from avion_ds.data.chunking import chunk_videos
-from avion_ds.data.kinetics import kinetics_stem
-from avion_ds.data.ssv2 import template_class
-from avion_ds.data.synthetic import write_video
+from avion_ds.data.datasets.build import read_annotations
+from avion_ds.data.datasets.kinetics import kinetics_stem
+from avion_ds.data.datasets.ssv2 import template_class
+from avion_ds.data.prep.chunking import chunk_videos
+from avion_ds.data.prep.synthetic import write_video
 
 K400_ROWS = [  # label, youtube_id, time_start, time_end, split; "zumba" clip is missing on disk
     ("air drumming", "aaa", 14, 24, "train"), ("abseiling", "bbb", 0, 10, "train"),

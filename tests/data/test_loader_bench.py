@@ -8,7 +8,7 @@ import re
 import yaml
 
 from avion_ds.cli import main as cli
-from avion_ds.data.loader_bench import workers_needed
+from avion_ds.data.decode.loader_bench import workers_needed
 
 
 def test_workers_needed_is_the_smallest_sufficient_count() -> None:

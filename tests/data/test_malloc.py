@@ -10,7 +10,7 @@ import pytest
 
 from avion_ds.data import build_loader
 from avion_ds.data import loader as loader_mod
-from avion_ds.data.decoders import get_decoder
+from avion_ds.data.decode.select import get_decoder
 from avion_ds.malloc import ENV_SWITCH
 
 # A decoder's pattern: each clip, a fresh thread (decord's own decode thread) allocates frame-sized buffers

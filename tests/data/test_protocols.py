@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from avion_ds.config import ConfigError
-from avion_ds.data.protocols import PROTOCOLS, eval_report
+from avion_ds.data.datasets.protocols import PROTOCOLS, eval_report
 from avion_ds.tasks import load_recipe
 
 REPO = Path(__file__).resolve().parents[2]
@@ -123,7 +123,7 @@ def _avion_epic_test(start_s: float, end_s: float, fps: float, chunks: dict[int,
 def _eval_clip(protocol: str, start: int, end: int, view: int) -> list[int]:
     """The frames a dataset built for ``protocol`` evaluates: ClipDataset.clip_indices itself."""
     from avion_ds.config import DataConfig
-    from avion_ds.data.datasets import ClipDataset
+    from avion_ds.data.datasets.clip import ClipDataset
 
     p = PROTOCOLS[protocol]
     cfg = DataConfig(dataset=p.dataset, sampling=p.sampling, num_frames=p.num_frames, stride=p.stride or 4)
@@ -154,8 +154,8 @@ def test_ssv2_views_are_videomae_ssv2_test_clips() -> None:
 
 def test_epic_view_is_avion_get_frame_ids_on_chunks() -> None:
     """EPIC: AVION's chunked loader (15 s chunks at 30 fps; the middle chunk decodes 449 of 450 frames)."""
-    from avion_ds.data.datasets import EpicDataset
-    from avion_ds.data.manifest import Chunk, VideoEntry
+    from avion_ds.data.datasets.clip import EpicDataset
+    from avion_ds.data.prep.manifest import Chunk, VideoEntry
 
     p = PROTOCOLS["epic"]
     fps, chunks = 30.0, {0: 450, 15: 449, 30: 200}

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from avion_ds.data.errors import DataError
-from avion_ds.data.manifest import Chunk, VideoEntry
+from avion_ds.data.prep.manifest import Chunk, VideoEntry
 from avion_ds.data.sampling import (
     map_to_chunks,
     parse_timestamp,

@@ -6,9 +6,9 @@ import csv
 
 import pytest
 
-from avion_ds.data import synthetic
+from avion_ds.data.prep import synthetic
+from avion_ds.data.prep.synthetic import read_frame_index
 from avion_ds.data.sampling import parse_timestamp
-from avion_ds.data.synthetic import read_frame_index
 
 
 def test_write_video_frames_carry_their_index(index_video, decode_all) -> None:

@@ -9,10 +9,10 @@ import torch
 
 from avion_ds.config import DataConfig
 from avion_ds.data import build_dataset
-from avion_ds.data.chunking import chunk_videos
 from avion_ds.data.crop import clip_rng
-from avion_ds.data.decoders import available_backends
-from avion_ds.data.synthetic import write_video
+from avion_ds.data.decode.select import available_backends
+from avion_ds.data.prep.chunking import chunk_videos
+from avion_ds.data.prep.synthetic import write_video
 
 
 @pytest.fixture(scope="module")

@@ -26,10 +26,9 @@ from avion_ds import rundir
 from avion_ds.config import ConfigError
 from avion_ds.engine import dist
 from avion_ds.engine import export as export_mod
-from avion_ds.models.safe_load import UntrustedCheckpoint
+from avion_ds.models.weights.safe_load import UntrustedCheckpoint
+from tests.engine.consolidate_script import FROZEN, HEADS, WS2_RUNS, save_run
 from tests.helpers import QUICK_DATA, launch, one_rank_vars, run_process, write_recipe
-
-from .consolidate_script import FROZEN, HEADS, WS2_RUNS, save_run
 
 pytestmark = pytest.mark.multiprocess
 
@@ -114,7 +113,7 @@ def test_consolidation_equals_zero_to_fp32_bit_for_bit(world: int, name: str, ws
 def test_stream_export_holds_one_tensor_at_a_time(ws2: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from safetensors.torch import load_file
 
-    from avion_ds.models.safetensors_stream import SafetensorsWriter
+    from avion_ds.models.weights.safetensors_stream import SafetensorsWriter
 
     alive: list[weakref.ref] = []
     peak = [0]
@@ -174,7 +173,7 @@ POISONED = [("z0_fp32", "mp_rank_00_model_states.pt"), ("z2_fp32", "mp_rank_00_m
 @pytest.mark.parametrize(("name", "victim"), POISONED, ids=[f"{n}-{v.split('_')[-2]}" for n, v in POISONED])
 def test_payload_in_run_dir_never_runs_without_trust(name: str, victim: str, ws1: Path, tmp_path: Path,
                                                      capsys: pytest.CaptureFixture) -> None:
-    from avion_ds.engine.pretrained_report import load_and_report
+    from avion_ds.engine.weights_report import load_and_report
     from avion_ds.models import create_model
 
     marker = tmp_path / "pwned"
@@ -226,7 +225,7 @@ def test_eval_cli_refuses_payload_in_one_line_and_loads_when_trusted(ws1: Path, 
 # ---------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("victim", ["client_rank0.pt", "zero_pp_rank_0_mp_rank_00_optim_states.pt"])
 def test_resume_refuses_payload_before_deepspeed_opens_the_tag(victim: str, one_rank: None, tmp_path: Path) -> None:
-    from .tiny_trainer import batches, tiny_trainer
+    from tests.engine.tiny_trainer import batches, tiny_trainer
 
     run, marker = tmp_path / "run", tmp_path / "pwned"
     trainer = tiny_trainer("zero2.json", run, accum=1)

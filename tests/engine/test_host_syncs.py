@@ -19,7 +19,7 @@ import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from .tiny_trainer import batches, tiny_trainer
+from tests.engine.tiny_trainer import batches, tiny_trainer
 
 pytestmark = pytest.mark.multiprocess  # trains a DeepSpeed engine in this process
 

@@ -107,7 +107,7 @@ def test_cpu_offload_matches(reference: dict, tiny_epic_quick: dict, tmp_path: P
 def test_on_error_raise_is_one_line_exit_2_on_every_rank(tiny_epic: dict, tmp_path: Path) -> None:
     """`data.on_error: raise` on 2 ranks: one line naming the file and reason, exit 2, no tracebacks,
     no broken-connection noise from the rank that did not meet the bad file."""
-    from .test_single_process import truncate_one_video
+    from tests.engine.test_single_process import truncate_one_video
 
     data, files = truncate_one_video(tiny_epic, tmp_path)
     recipe = write_recipe(tmp_path / "r.yaml", data, tmp_path / "run", data={"on_error": "raise"},

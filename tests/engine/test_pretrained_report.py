@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from avion_ds.config import ConfigError
-from avion_ds.engine.pretrained_report import REPORT_NAME, load_and_report
+from avion_ds.engine.weights_report import REPORT_NAME, load_and_report
 from avion_ds.models import create_model
 from tests.helpers import REPO, launch, write_recipe
 

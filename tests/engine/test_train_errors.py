@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from avion_ds.engine import train
+import avion_ds.engine.train_cli as train
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -8,8 +8,7 @@ import pytest
 import torch
 
 from avion_ds.engine.trainer import TrainState
-
-from .tiny_trainer import batches, tiny_trainer
+from tests.engine.tiny_trainer import batches, tiny_trainer
 
 pytestmark = pytest.mark.multiprocess  # trains a DeepSpeed engine in this process
 # the client state train.run wrote before the Trainer existed (resume of older run dirs relies on them)

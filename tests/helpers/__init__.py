@@ -2,10 +2,10 @@
 recipe builder and tiny generated data. Import as ``from tests.helpers import ...`` (tests run from the repo
 root: ``bash tests/run.sh``). Fixtures stay in the conftest.py files and call these."""
 
-from .data import tiny_epic_data, val_subset
-from .env import REPO, TORCH_EXTENSIONS, engine_env, free_port, one_rank_vars
-from .launch import launch, run_process
-from .recipes import QUICK_DATA, losses, write_recipe
+from tests.helpers.data import tiny_epic_data, val_subset
+from tests.helpers.env import REPO, TORCH_EXTENSIONS, engine_env, free_port, one_rank_vars
+from tests.helpers.launch import launch, run_process
+from tests.helpers.recipes import QUICK_DATA, losses, write_recipe
 
 __all__ = ["QUICK_DATA", "REPO", "TORCH_EXTENSIONS", "engine_env", "free_port", "launch", "losses", "one_rank_vars",
            "run_process", "tiny_epic_data", "val_subset", "write_recipe"]

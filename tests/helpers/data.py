@@ -9,8 +9,8 @@ def tiny_epic_data(root: Path, num_videos: int = 3, background: str = "blocks") 
     """Synthetic EPIC-style videos (15 one-second segments each, 64x48 at 12 fps, seed 1; a quarter of the
     rows in the val CSV) cut into 6 s chunks under ``root/chunks``. Returns {"root" (the chunks),
     "train_csv", "val_csv", "num_train", "num_val"}."""
-    from avion_ds.data.chunking import chunk_videos
-    from avion_ds.data.synthetic import make_synthetic_epic
+    from avion_ds.data.prep.chunking import chunk_videos
+    from avion_ds.data.prep.synthetic import make_synthetic_epic
 
     info = make_synthetic_epic(root / "synth", num_videos=num_videos, segments_per_video=15, segment_seconds=1.0,
                                width=64, height=48, fps=12, val_fraction=0.25, seed=1, background=background)

@@ -8,8 +8,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from avion_ds.engine.dist import free_port
-
-from .env import REPO, engine_env
+from tests.helpers.env import REPO, engine_env
 
 LAUNCHERS = ("deepspeed", "torchrun", "python")
 

@@ -4,9 +4,10 @@ import pytest
 import torch
 from torch import nn
 
+import avion_ds.models.activation_checkpointing as checkpointing
 from avion_ds.memory.activations import SavedTensorTracker, measure_activation_bytes
 from avion_ds.memory.estimate import activation_bytes_per_clip, arch_info
-from avion_ds.models import checkpointing, create_model, get_arch, list_models
+from avion_ds.models import create_model, get_arch, list_models
 
 
 def _fast_model(name: str, frames: int, depth: int = 2, **kw) -> nn.Module:

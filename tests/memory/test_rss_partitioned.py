@@ -22,12 +22,12 @@ pytestmark = pytest.mark.multiprocess
 @pytest.mark.timeout(300)
 def test_build_and_load_peak_rss_per_rank_below_0_6x(tmp_path: Path) -> None:
     pytest.importorskip("deepspeed")
-    from avion_ds.memory.rss import write_random_weights
+    from bench.rss import write_random_weights
 
     weights = write_random_weights("vit_base_patch16_224", tmp_path / "vitb.safetensors")
     out = tmp_path / "rss.json"
     proc = launch(["--model", "vit_base_patch16_224", "--mode", "after", "--pretrained", weights, "--no-init",
-                   "--out", out], launcher="torchrun", module="avion_ds.memory.rss", timeout=280,
+                   "--out", out], launcher="torchrun", module="bench.rss", timeout=280,
                   env=engine_env(MALLOC_MMAP_THRESHOLD_=None))  # the code must set what it needs itself
     assert proc.returncode == 0 and out.is_file(), f"rc={proc.returncode}\n{proc.stderr[-4000:]}"
     r = json.loads(out.read_text())

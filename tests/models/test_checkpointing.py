@@ -11,7 +11,7 @@ from avion_ds.models import (
     create_model,
     remove_activation_checkpointing,
 )
-from avion_ds.models.checkpointing import checkpointed_blocks
+from avion_ds.models.activation_checkpointing import checkpointed_blocks
 
 
 def _grads(model, x, seed=0):

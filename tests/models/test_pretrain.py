@@ -16,13 +16,13 @@ from avion_ds.models import (
     load_pretrained,
     load_pretrained_mae,
 )
-from avion_ds.models.pretrained_mae import (
+from avion_ds.models.weights.mae_formats import (
     decoder_dims,
     detect_mae_format,
     to_hf,
     to_official,
 )
-from avion_ds.models.sharded_load import load_pretrained_sharded
+from avion_ds.models.weights.sharded import load_pretrained_sharded
 
 transformers = pytest.importorskip("transformers")
 
@@ -328,7 +328,7 @@ def test_public_loaders_dispatch_on_the_model() -> None:
 def test_sharded_load_into_a_partitioned_pretraining_model(one_rank: None) -> None:
     from avion_ds.engine import dist
     from avion_ds.models.partition import gathered
-    from avion_ds.models.sharded_load import build_partitioned
+    from avion_ds.models.weights.sharded import build_partitioned
 
     dist.init()
     hf, ours = _hf_pair()

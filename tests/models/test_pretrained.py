@@ -7,9 +7,8 @@ import torch
 from safetensors.torch import save_file
 
 from avion_ds.models import create_model, load_pretrained
-from avion_ds.models.pretrained import resize_patch_weight, resize_pos_embed
-
-from .convert import to_hf, to_videomae, to_videomae_pretrain
+from avion_ds.models.weights.formats import resize_patch_weight, resize_pos_embed
+from tests.models.convert import to_hf, to_videomae, to_videomae_pretrain
 
 X = torch.randn(2, 3, 4, 32, 32)
 
@@ -289,7 +288,7 @@ class _Harmless:
 
 
 def test_checkpoint_that_would_run_code_is_refused_without_running_it(tmp_path):
-    from avion_ds.models.safe_load import UntrustedCheckpoint
+    from avion_ds.models.weights.safe_load import UntrustedCheckpoint
 
     marker = tmp_path / "pwned"
     ckpt = to_videomae(_src())
@@ -304,7 +303,7 @@ def test_checkpoint_that_would_run_code_is_refused_without_running_it(tmp_path):
 
 @torch.no_grad()
 def test_untrusted_custom_object_needs_explicit_trust(tmp_path):
-    from avion_ds.models.safe_load import UntrustedCheckpoint
+    from avion_ds.models.weights.safe_load import UntrustedCheckpoint
 
     src = _src()
     ckpt = to_videomae(src)
@@ -333,7 +332,7 @@ def test_resize_pos_embed_reads_the_source_grid_by_the_target_ratios(src, target
     resample the pattern bilinearly (a wrong grid guess such as 2x28x28 for 1568 tokens mixes them)."""
     import torch.nn.functional as F
 
-    from avion_ds.models.pretrained import guess_grid
+    from avion_ds.models.weights.formats import guess_grid
 
     t0, h0, w0 = src
     assert guess_grid(t0 * h0 * w0, target) == src
@@ -369,7 +368,7 @@ def test_below_threshold_load_is_an_error_whatever_strict(caplog):
     naming the source and the matched fraction without ``strict``, a one-line ValueError with it."""
     src = _src()
     sliver = {k: v for k, v in src.state_dict().items() if k.startswith(("patch_embed.", "blocks.0.attn.qkv"))}
-    with caplog.at_level("ERROR", logger="avion_ds.models.pretrained"):
+    with caplog.at_level("ERROR", logger="avion_ds.models.weights.formats"):
         report = load_pretrained(_fresh(), sliver)
     assert report.format == "avion_ds" and len(report.missing) > 20
     errors = [r.getMessage() for r in caplog.records if r.levelname == "ERROR"]
@@ -377,7 +376,7 @@ def test_below_threshold_load_is_an_error_whatever_strict(caplog):
     with pytest.raises(ValueError, match=r"^load_pretrained\(strict=True\) from a state dict: format=avion_ds missing="):
         load_pretrained(_fresh(), sliver, strict=True)
     caplog.clear()
-    with caplog.at_level("ERROR", logger="avion_ds.models.pretrained"):  # a pretraining encoder: fc_norm / head fresh
+    with caplog.at_level("ERROR", logger="avion_ds.models.weights.formats"):  # a pretraining encoder: fc_norm / head fresh
         load_pretrained(_fresh(num_classes=5), to_videomae_pretrain(src))
         load_pretrained(_fresh(), src.state_dict(), strict=True)
         load_pretrained(_fresh(), sliver, coverage_check=False)  # a caller that reports coverage itself

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from avion_ds.config import ConfigError
-from avion_ds.models.safe_load import UntrustedCheckpoint, load_checkpoint_file
+from avion_ds.models.weights.safe_load import UntrustedCheckpoint, load_checkpoint_file
 
 
 class Payload:
@@ -68,7 +68,7 @@ def test_payload_is_refused_without_running_it(zip_format: bool, tmp_path: Path)
 
 
 def test_payload_pth_as_pretrained_is_refused(tmp_path: Path) -> None:
-    from avion_ds.engine.pretrained_report import load_and_report
+    from avion_ds.engine.weights_report import load_and_report
     from avion_ds.models import create_model, load_pretrained
 
     marker = tmp_path / "pwned"

@@ -13,8 +13,8 @@ import torch
 from avion_ds.engine import dist
 from avion_ds.engine.optim import param_groups
 from avion_ds.models import create_model, get_arch, list_models
+from avion_ds.models.mae import get_mae_arch, list_mae_models
 from avion_ds.models.partition import is_partitioned, partitioned_construction
-from avion_ds.models.pretrain import get_mae_arch, list_mae_models
 
 ZERO3 = {"train_micro_batch_size_per_gpu": 1, "zero_optimization": {"stage": 3}}
 

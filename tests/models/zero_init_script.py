@@ -33,8 +33,8 @@ from avion_ds.models.partition import (
     is_partitioned,
     partitioned_construction,
 )
-from avion_ds.models.sharded_load import build_partitioned, load_pretrained_sharded
 from avion_ds.models.vit import sincos_table
+from avion_ds.models.weights.sharded import build_partitioned, load_pretrained_sharded
 
 WORLD = int(os.environ["WORLD_SIZE"])
 

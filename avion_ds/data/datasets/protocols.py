@@ -76,7 +76,7 @@ def check_recipe(recipe: Any) -> str | None:
     if d.num_sample < 1:
         return f"data.num_sample={d.num_sample} must be >= 1"
     if d.rand_aug:
-        from .randaug import parse_rand_aug
+        from avion_ds.data.randaug import parse_rand_aug
 
         try:
             parse_rand_aug(d.rand_aug, d.size, d.interpolation)

@@ -1,7 +1,7 @@
 """Per-rank host memory (RSS) of building, loading and wrapping a model with ZeRO-3.
 
 Run one process per rank (``python -m torch.distributed.run --nproc_per_node 2 -m
-avion_ds.memory.rss ...``); rank 0 writes the JSON. Stages: ``build`` (construct the model),
+bench.rss ...``); rank 0 writes the JSON. Stages: ``build`` (construct the model),
 ``load`` (pretrained weights from ``--pretrained``), ``init`` (``deepspeed.initialize`` without an
 optimizer: the inference / offload path) and, with ``--optimizer``, ``step`` (ZeRO-3 + Adam: one
 training step, so fp32 master, grads and moments exist; ``--sgd``: a client ``torch.optim.SGD``
@@ -105,7 +105,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     from avion_ds.engine.dist import unlink_shm_buffer
     from avion_ds.models import create_model, load_pretrained
     from avion_ds.models.partition import param_count, partitioned_construction
-    from avion_ds.models.sharded_load import load_pretrained_sharded
+    from avion_ds.models.weights.sharded import load_pretrained_sharded
 
     deepspeed.init_distributed(dist_backend="gloo", verbose=False)
     unlink_shm_buffer()
@@ -172,7 +172,7 @@ def _gather_result(args: argparse.Namespace, world: int, rank: int, params: int,
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m avion_ds.memory.rss", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python -m bench.rss", description=__doc__.splitlines()[0])
     p.add_argument("--model", required=True)
     p.add_argument("--mode", choices=("before", "after"), default="after")
     p.add_argument("--pretrained", default=None, help="weights file to load (e.g. written by --write-weights)")
@@ -202,7 +202,7 @@ def write_random_weights(name: str, path: str | Path, **overrides: Any) -> Path:
     """A safetensors file with random weights for ``name``, written tensor by tensor (the model is
     built on the meta device: nothing full is ever in memory)."""
     from avion_ds.models import create_model
-    from avion_ds.models.safetensors_stream import SafetensorsWriter
+    from avion_ds.models.weights.safetensors_stream import SafetensorsWriter
 
     with torch.device("meta"):
         model = create_model(name, **overrides)
@@ -237,7 +237,7 @@ def verify_export(exported: str | Path, model: str, reference: str | Path | None
     tensor equal to it, read one at a time; with ``load_back`` through ``create_model(model,
     pretrained=exported)`` (the full model in memory), compared with ``reference`` or the file."""
     from avion_ds.models import create_model
-    from avion_ds.models.safetensors_stream import SafetensorsReader
+    from avion_ds.models.weights.safetensors_stream import SafetensorsReader
 
     out_file = SafetensorsReader(exported)
     with torch.device("meta"):

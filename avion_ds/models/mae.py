@@ -25,13 +25,13 @@ import torch
 from timm.layers import trunc_normal_
 from torch import nn
 
-from .arch import ViTArch
-from .partition import full_ndim
-from .registry import register_model
-from .vit import Block, VideoViT, sincos_table
+from avion_ds.models.arch import ViTArch
+from avion_ds.models.partition import full_ndim
+from avion_ds.models.registry import register_model
+from avion_ds.models.vit import Block, VideoViT, sincos_table
 
 if TYPE_CHECKING:
-    from .pretrained import LoadReport
+    from avion_ds.models.weights.formats import LoadReport
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
@@ -178,7 +178,7 @@ class VideoMAEPretrain(nn.Module):
     def prepare_checkpoint(self, source: Any, trust: bool = False) -> tuple[dict[str, torch.Tensor], LoadReport]:
         """``source`` mapped to this model's names and a ``LoadReport``, from the pretraining layouts;
         ``load_pretrained`` and the ZeRO-3 loader take this model's weights through it."""
-        from .pretrained_mae import prepare_mae_state_dict
+        from avion_ds.models.weights.mae_formats import prepare_mae_state_dict
 
         return prepare_mae_state_dict(self, source, trust)
 
@@ -297,8 +297,8 @@ def _build(name: str, pretrained: Any, overrides: dict[str, Any]) -> VideoMAEPre
         return VideoMAEPretrain(get_mae_arch(name, **overrides))
     import logging
 
-    from .pretrained import read_checkpoint, unwrap
-    from .pretrained_mae import decoder_dims, load_pretrained_mae
+    from avion_ds.models.weights.formats import read_checkpoint, unwrap
+    from avion_ds.models.weights.mae_formats import decoder_dims, load_pretrained_mae
 
     sd = unwrap(read_checkpoint(pretrained))
     base = get_mae_arch(name, **overrides)

@@ -30,9 +30,9 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from .partition import full_numel, state_shapes
-from .safe_load import UntrustedCheckpoint, load_checkpoint_file
-from .vit import VideoViT
+from avion_ds.models.partition import full_numel, state_shapes
+from avion_ds.models.vit import VideoViT
+from avion_ds.models.weights.safe_load import UntrustedCheckpoint, load_checkpoint_file
 
 logger = logging.getLogger(__name__)
 
@@ -364,7 +364,7 @@ def prepare_state_dict(model: VideoViT, source: str | Path | dict,
                        trust: bool = False) -> tuple[StateDict, LoadReport]:
     """Read ``source`` and map / resize it to ``model``'s names and shapes; nothing is loaded yet
     (shared by ``load_pretrained`` and the ZeRO-3 loader in ``sharded_load``). A model with its own
-    ``prepare_checkpoint`` (the pretraining model: :mod:`~avion_ds.models.pretrained_mae` layouts) maps
+    ``prepare_checkpoint`` (the pretraining model: :mod:`~avion_ds.models.weights.mae_formats` layouts) maps
     through it; anything else but a ``VideoViT`` is refused in one line."""
     own = getattr(model, "prepare_checkpoint", None)
     if callable(own):

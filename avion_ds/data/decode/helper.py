@@ -42,10 +42,10 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from ..malloc import tune_malloc
-from .crop import CropSpec
-from .decode_base import REGISTRY, finish, load_plugins, reason, validate
-from .errors import DataError
+from avion_ds.data.crop import CropSpec
+from avion_ds.data.decode.base import REGISTRY, finish, load_plugins, reason, validate
+from avion_ds.data.errors import DataError
+from avion_ds.malloc import tune_malloc
 
 if TYPE_CHECKING:
     import torch
@@ -182,7 +182,7 @@ class SubprocessDecoder:
         if self._proc is None:
             self._pid = os.getpid()
             fds = [b.fd for b in self._bufs]
-            cmd = [sys.executable, "-m", "avion_ds.data.decode_helper", self.name, str(self.threads),
+            cmd = [sys.executable, "-m", "avion_ds.data.decode.helper", self.name, str(self.threads),
                    str(int(self.fuse)), str(int(self.exact)), ",".join(map(str, fds))]
             # the libraries' own stderr (FFmpeg's "moov atom not found", decord's "ERROR opening") stays out
             # of the run log: each failure already comes back as one DataError line (AVION_DS_VERBOSE=1 keeps it)
@@ -323,7 +323,7 @@ def serve(name: str, threads: int, fuse: bool, exact: bool, fds: list[int]) -> i
 
 
 if __name__ == "__main__":
-    from avion_ds.data import decode_backends  # noqa: F401 - registers the built-in backends (plugins load in serve)
+    import avion_ds.data.decode.registry  # noqa: F401 - registers the built-in backends (plugins load in serve)
 
     sys.exit(serve(sys.argv[1], int(sys.argv[2]), bool(int(sys.argv[3])), bool(int(sys.argv[4])),
                    [int(x) for x in sys.argv[5].split(",")]))

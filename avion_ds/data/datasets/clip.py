@@ -1,6 +1,6 @@
 """Clip datasets over chunked (or whole) videos: the shared machinery and EPIC-Kitchens-100.
 
-Kinetics lives in :mod:`avion_ds.data.kinetics`, Something-Something V2 in :mod:`avion_ds.data.ssv2`.
+Kinetics lives in :mod:`avion_ds.data.datasets.kinetics`, Something-Something V2 in :mod:`avion_ds.data.datasets.ssv2`.
 At construction, rows whose video is absent (``dataset.missing``) or that ``quarantine.tsv`` names
 (``dataset.quarantined``; written by ``avion-ds check``) are dropped, counted and logged once.
 
@@ -37,9 +37,8 @@ from typing import Any
 import torch
 from torch.utils.data import Dataset
 
-from ..config import DataConfig
-from ..engine.dist import is_main
-from .crop import (
+from avion_ds.config import DataConfig
+from avion_ds.data.crop import (
     CropBox,
     CropSpec,
     center_crop,
@@ -48,18 +47,18 @@ from .crop import (
     random_resized_crop,
     three_crops,
 )
-from .decode_base import REGISTRY, load_plugins
-from .decoders import get_decoder, pick_decoder
-from .errors import DataError
-from .manifest import (
+from avion_ds.data.datasets.quarantine import quarantine_path, read_quarantine, row_key
+from avion_ds.data.decode.base import REGISTRY, load_plugins
+from avion_ds.data.decode.select import get_decoder, pick_decoder
+from avion_ds.data.errors import DataError
+from avion_ds.data.prep.manifest import (
     VideoEntry,
     check_chunk_file,
     find_videos,
     load_manifest,
     probe_video,
 )
-from .quarantine import quarantine_path, read_quarantine, row_key
-from .sampling import (
+from avion_ds.data.sampling import (
     chunk_end_frame,
     eval_indices,
     map_to_chunks,
@@ -68,6 +67,7 @@ from .sampling import (
     segment_indices,
     stride_indices,
 )
+from avion_ds.engine.dist import is_main
 
 log = logging.getLogger(__name__)
 EPIC_REQUIRED = ("narration_id", "video_id", "start_timestamp", "stop_timestamp", "verb_class", "noun_class")
@@ -169,7 +169,7 @@ class ClipDataset(Dataset):
         self._quarantine = read_quarantine(quarantine_path(cfg.root, cfg.quarantine))
         self.randaug = None
         if self.train and cfg.rand_aug:
-            from .randaug import ClipRandAugment
+            from avion_ds.data.randaug import ClipRandAugment
 
             self.randaug = ClipRandAugment(cfg.rand_aug, cfg.size, cfg.interpolation)
 

@@ -26,15 +26,8 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from .crop import CropSpec, center_crop
-from .decode_backends import (
-    BACKENDS,
-    DecordDecoder,
-    PyAVDecoder,
-    TorchCodecCudaDecoder,
-    TorchCodecDecoder,
-)
-from .decode_base import (
+from avion_ds.data.crop import CropSpec, center_crop
+from avion_ds.data.decode.base import (
     PLUGINS_ENV,
     REGISTRY,
     Decoder,
@@ -42,11 +35,18 @@ from .decode_base import (
     load_plugins,
     register_backend,
 )
-from .decode_helper import SubprocessDecoder
-from .errors import DataError
+from avion_ds.data.decode.helper import SubprocessDecoder
+from avion_ds.data.decode.registry import (
+    BACKENDS,
+    DecordDecoder,
+    PyAVDecoder,
+    TorchCodecCudaDecoder,
+    TorchCodecDecoder,
+)
+from avion_ds.data.errors import DataError
 
 if TYPE_CHECKING:
-    from ..config import DataConfig
+    from avion_ds.config import DataConfig
 
 __all__ = ["BACKENDS", "PLUGINS_ENV", "DataError", "Decoder", "DecoderUnavailable", "DecordDecoder", "PyAVDecoder",
            "SubprocessDecoder", "TorchCodecCudaDecoder", "TorchCodecDecoder", "available_backends", "get_decoder",
@@ -140,7 +140,7 @@ PROBE_CANDIDATES = 4  # files tried in turn when a probe file decodes with no ba
 
 def _probe_videos(cfg: DataConfig) -> list[tuple[str, int, int, int]]:
     """(path, frames, height, width) of the first few chunks (or whole videos) of the dataset."""
-    from .manifest import find_videos, load_manifest, probe_video
+    from avion_ds.data.prep.manifest import find_videos, load_manifest, probe_video
 
     out: list[tuple[str, int, int, int]] = []
     if cfg.chunked:

@@ -1,7 +1,7 @@
 """`avion-ds check RECIPE_OR_DATA`: integrity pass over a prepared dataset; writes ``quarantine.tsv``.
 
 Checks, each failure one ``file<TAB>reason`` line in ``quarantine.tsv`` (see
-:mod:`avion_ds.data.quarantine`):
+:mod:`avion_ds.data.datasets.quarantine`):
 
 - every chunk in the manifest (or, for whole videos, every video the annotations name): the file
   exists, still has the size/mtime its manifest row recorded, and decodes the frame count the
@@ -29,9 +29,9 @@ from dataclasses import dataclass, field, replace
 from multiprocessing import get_context
 from pathlib import Path
 
-from ..config import ConfigError, DataConfig, add_override_option
-from ..tasks import load_recipe
-from .quarantine import QUARANTINE_NAME, row_key, write_quarantine
+from avion_ds.config import ConfigError, DataConfig, add_override_option
+from avion_ds.data.datasets.quarantine import QUARANTINE_NAME, row_key, write_quarantine
+from avion_ds.tasks import load_recipe
 
 log = logging.getLogger(__name__)
 SUMMARY_NAME = "check_summary.json"
@@ -78,8 +78,8 @@ def _check_file(job: tuple[str, int, int, int, bool, str, float]) -> str | None:
     """Why one chunk/video file is bad, or None. ``job`` = (path, frames, bytes, mtime_ns, full, decoder, timeout)."""
     global _DECODER
     path, frames, size, mtime_ns, full, decoder, timeout = job
-    from .errors import DataError
-    from .manifest import Chunk, check_chunk_file
+    from avion_ds.data.errors import DataError
+    from avion_ds.data.prep.manifest import Chunk, check_chunk_file
 
     if not os.path.isfile(path):
         return "file not found"
@@ -89,7 +89,7 @@ def _check_file(job: tuple[str, int, int, int, bool, str, float]) -> str | None:
     if os.path.getsize(path) == 0:
         return "zero-byte file"
     if full:
-        from .chunking import count_frames
+        from avion_ds.data.prep.chunking import count_frames
 
         try:
             n = count_frames(path)
@@ -97,7 +97,7 @@ def _check_file(job: tuple[str, int, int, int, bool, str, float]) -> str | None:
             return f"does not decode ({type(e).__name__}: {e})"
         return None if n >= frames else f"decoded {n} frames, manifest says {frames}"
     if _DECODER is None:
-        from .decoders import get_decoder
+        from avion_ds.data.decode.select import get_decoder
 
         _DECODER = get_decoder(decoder, 1, timeout)
     try:
@@ -129,7 +129,7 @@ def check_files(cfg: DataConfig, entries, full: bool, workers: int, report: Chec
 
 def check_rows(cfg: DataConfig, report: CheckReport) -> list:
     """Every annotation row of train/val: resolves, parses, span inside the video. Returns the videos used."""
-    from .build import build_dataset
+    from avion_ds.data.datasets.build import build_dataset
 
     used = {}
     plain = replace(cfg, quarantine="none", on_error="raise", rand_aug="", num_sample=1)
@@ -152,7 +152,7 @@ def check_rows(cfg: DataConfig, report: CheckReport) -> list:
 
 def run_check(target: str, overrides: list[str], full: bool, workers: int, out: str | None) -> CheckReport:
     """Check a recipe's dataset (annotations + files) or a chunk directory (files); write the outputs."""
-    from .manifest import MANIFEST_NAME, load_manifest
+    from avion_ds.data.prep.manifest import MANIFEST_NAME, load_manifest
 
     t0 = time.perf_counter()
     path = Path(target)

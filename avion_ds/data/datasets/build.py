@@ -6,12 +6,18 @@ modules (``kinetics``, ``ssv2``, ``videos``) that subclass it, so none of them i
 
 from __future__ import annotations
 
-from ..config import DataConfig
-from .datasets import EPIC_REQUIRED, ClipDataset, EpicDataset, open_csv, parse_int
-from .kinetics import KineticsDataset, split_summary
-from .ssv2 import SSv2Dataset
-from .ssv2 import split_summary as ssv2_summary
-from .videos import VideosDataset
+from avion_ds.config import DataConfig
+from avion_ds.data.datasets.clip import (
+    EPIC_REQUIRED,
+    ClipDataset,
+    EpicDataset,
+    open_csv,
+    parse_int,
+)
+from avion_ds.data.datasets.kinetics import KineticsDataset, split_summary
+from avion_ds.data.datasets.ssv2 import SSv2Dataset
+from avion_ds.data.datasets.ssv2 import split_summary as ssv2_summary
+from avion_ds.data.datasets.videos import VideosDataset
 
 
 def read_annotations(cfg: DataConfig, split: str) -> tuple[int, int | dict[str, int]]:

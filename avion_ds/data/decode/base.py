@@ -3,7 +3,7 @@
 A backend subclasses :class:`Decoder` and implements ``_decode(path, sorted_unique_indices, crop)``;
 the base class validates the request, turns library errors into one :class:`DataError` line naming
 the file, applies the crop when the backend could not fuse it, and restores the requested order
-(duplicates allowed). Backends live in ``decode_<backend>.py``; :mod:`avion_ds.data.decoders`
+(duplicates allowed). Backends live in ``decode_<backend>.py``; :mod:`avion_ds.data.decode.select`
 registers them and picks one (``get_decoder``).
 """
 
@@ -17,8 +17,8 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from .crop import CropBox, CropSpec, crop_resize
-from .errors import DataError
+from avion_ds.data.crop import CropBox, CropSpec, crop_resize
+from avion_ds.data.errors import DataError
 
 if TYPE_CHECKING:
     import torch

@@ -23,9 +23,9 @@ import time
 
 import torch
 
-from ..config import ConfigError, add_override_option
-from ..tasks import load_recipe
-from .decoders import pick_decoder
+from avion_ds.config import ConfigError, add_override_option
+from avion_ds.data.decode.select import pick_decoder
+from avion_ds.tasks import load_recipe
 
 
 def clips_per_s_main(dataset, clips: int, warmup: int = 2, offset: int = 0) -> float:
@@ -41,7 +41,7 @@ def clips_per_s_main(dataset, clips: int, warmup: int = 2, offset: int = 0) -> f
 
 def clips_per_s_loader(dataset, workers: int, batch_size: int, batches: int, seed: int = 0) -> float:
     """Clips/s through ``build_loader`` with ``workers`` workers (after two warm-up batches)."""
-    from .loader import build_loader
+    from avion_ds.data.loader import build_loader
 
     loader = build_loader(dataset, batch_size, workers, shuffle=True, seed=seed, drop_last=True, distributed=False)
     it = iter(loader)
@@ -88,7 +88,7 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as e:
         print(f"avion-ds bench-loader: error: {e}", file=sys.stderr)
         return 2
-    from .build import build_dataset
+    from avion_ds.data.datasets.build import build_dataset
 
     torch.set_num_threads(1)
     name, why = pick_decoder(recipe.data)

@@ -1,5 +1,5 @@
 """Pretraining checkpoints both ways: official VideoMAE / V2, Hugging Face ``VideoMAEForPreTraining``
-and our own layout, into (and out of) a :class:`~avion_ds.models.pretrain.VideoMAEPretrain`.
+and our own layout, into (and out of) a :class:`~avion_ds.models.mae.VideoMAEPretrain`.
 
 Layouts (detected from the keys):
 
@@ -10,7 +10,7 @@ Layouts (detected from the keys):
 * ``hf``        ``videomae.*`` encoder (``layernorm`` = token norm), ``decoder.decoder_layers.N.*``,
   ``decoder.{norm,head}``, ``encoder_to_decoder.weight``, ``mask_token``.
 
-The encoder half reuses the fine-tuning filters of :mod:`avion_ds.models.pretrained` (one place per
+The encoder half reuses the fine-tuning filters of :mod:`avion_ds.models.weights.formats` (one place per
 key map); the decoder blocks go through the same maps. ``load_pretrained`` (and the ZeRO-3 loader)
 send a pretraining model here; fine-tuning models take the encoder of any of these through
 ``load_pretrained`` / ``create_model(..., pretrained=...)``. The decoder's width and depth differ
@@ -26,10 +26,10 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 if TYPE_CHECKING:  # annotations only: pretrain.py imports this module to load weights
-    from .pretrain import VideoMAEPretrain
+    from avion_ds.models.mae import VideoMAEPretrain
 
-from .partition import state_shapes
-from .pretrained import (
+from avion_ds.models.partition import state_shapes
+from avion_ds.models.weights.formats import (
     FILTERS,
     HF_BLOCK_KEYS,
     LoadReport,

@@ -20,10 +20,10 @@ import csv
 from pathlib import Path
 from typing import Any
 
-from ..config import DataConfig
-from .datasets import ClipDataset, VideoIndex, open_csv, parse_int
-from .errors import DataError
-from .manifest import VideoEntry
+from avion_ds.config import DataConfig
+from avion_ds.data.datasets.clip import ClipDataset, VideoIndex, open_csv, parse_int
+from avion_ds.data.errors import DataError
+from avion_ds.data.prep.manifest import VideoEntry
 
 OFFICIAL_COLUMNS = ("label", "youtube_id", "time_start", "time_end")
 

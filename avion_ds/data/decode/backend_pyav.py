@@ -14,9 +14,9 @@ from itertools import pairwise
 
 import numpy as np
 
-from .crop import CropSpec, even_superset
-from .decode_base import Decoder, require
-from .errors import DataError
+from avion_ds.data.crop import CropSpec, even_superset
+from avion_ds.data.decode.base import Decoder, require
+from avion_ds.data.errors import DataError
 
 
 class PyAVDecoder(Decoder):

@@ -12,7 +12,6 @@ import json
 import os
 import resource
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -155,33 +154,3 @@ class RunLogger:
         if self.history is not None:
             self.history.close()
             self.history = None
-
-
-class StepTimer:
-    """Splits wall time into data wait (fetch + host->device + augment) and compute (fwd/bwd/step)."""
-
-    def __init__(self, sync: bool) -> None:
-        self.sync = sync
-        self.data = 0.0
-        self.compute = 0.0
-        self._t = time.perf_counter()
-
-    def _now(self) -> float:
-        if self.sync and torch.cuda.is_available():
-            torch.cuda.synchronize()
-        return time.perf_counter()
-
-    def mark_data(self) -> None:
-        t = self._now()
-        self.data += t - self._t
-        self._t = t
-
-    def mark_compute(self) -> None:
-        t = self._now()
-        self.compute += t - self._t
-        self._t = t
-
-    def pop(self) -> tuple[float, float]:
-        d, c = self.data, self.compute
-        self.data = self.compute = 0.0
-        return d, c

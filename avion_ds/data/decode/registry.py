@@ -6,10 +6,13 @@ backends but not the selection logic; plugins add more through ``decode_base.reg
 
 from __future__ import annotations
 
-from .decode_base import register_backend
-from .decode_decord import DecordDecoder
-from .decode_pyav import PyAVDecoder
-from .decode_torchcodec import TorchCodecCudaDecoder, TorchCodecDecoder
+from avion_ds.data.decode.backend_decord import DecordDecoder
+from avion_ds.data.decode.backend_pyav import PyAVDecoder
+from avion_ds.data.decode.backend_torchcodec import (
+    TorchCodecCudaDecoder,
+    TorchCodecDecoder,
+)
+from avion_ds.data.decode.base import register_backend
 
 __all__ = ["BACKENDS", "DecordDecoder", "PyAVDecoder", "TorchCodecCudaDecoder", "TorchCodecDecoder"]
 

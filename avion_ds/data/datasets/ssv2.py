@@ -15,9 +15,9 @@ import json
 from pathlib import Path
 from typing import Any
 
-from ..config import DataConfig
-from .datasets import ClipDataset, VideoIndex
-from .manifest import VideoEntry
+from avion_ds.config import DataConfig
+from avion_ds.data.datasets.clip import ClipDataset, VideoIndex
+from avion_ds.data.prep.manifest import VideoEntry
 
 LABELS_NAME = "labels.json"
 

@@ -1,7 +1,7 @@
 """`avion-ds chunk SRC DST`: re-encode long videos into short, cheap-to-seek chunks + manifest.
 
 Layout (AVION's): ``DST/<video_id>/<start_second>.mp4`` with ``video_id`` the source file's stem,
-plus ``DST/manifest.jsonl`` (see :mod:`avion_ds.data.manifest`). Each source is decoded once by
+plus ``DST/manifest.jsonl`` (see :mod:`avion_ds.data.prep.manifest`). Each source is decoded once by
 PyAV (its bundled FFmpeg libraries: no system ffmpeg needed) through an FFmpeg filter graph
 ``fps -> scale -> setsar -> format`` (constant frame rate; square pixels at the display aspect, i.e. a
 source with non-square pixels (SAR != 1) is stretched to width x SAR as players show it; short side
@@ -44,7 +44,8 @@ from itertools import pairwise
 from multiprocessing import get_context
 from pathlib import Path
 
-from .manifest import (
+from avion_ds.data.datasets.quarantine import QUARANTINE_NAME
+from avion_ds.data.prep.manifest import (
     MANIFEST_NAME,
     dedupe_records,
     find_videos,
@@ -52,7 +53,6 @@ from .manifest import (
     video_named_dirs,
     write_manifest,
 )
-from .quarantine import QUARANTINE_NAME
 
 log = logging.getLogger(__name__)
 FAILURES_NAME = "chunk_failures.tsv"

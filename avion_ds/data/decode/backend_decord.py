@@ -10,8 +10,8 @@ timeout helper, which then ships the small clip instead of full frames).
 
 from __future__ import annotations
 
-from .crop import CropSpec
-from .decode_base import Decoder, require
+from avion_ds.data.crop import CropSpec
+from avion_ds.data.decode.base import Decoder, require
 
 
 class DecordDecoder(Decoder):

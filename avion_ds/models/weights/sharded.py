@@ -22,15 +22,19 @@ import torch.distributed as tdist
 from torch import nn
 
 from avion_ds.engine.dist import broadcast_object, rank
-
-from .partition import (
+from avion_ds.models.partition import (
     full_shape,
     gathered,
     is_partitioned_model,
     partitioned_construction,
 )
-from .pretrained import LoadReport, finish_report, load_pretrained, prepare_state_dict
-from .safetensors_stream import SafetensorsReader
+from avion_ds.models.weights.formats import (
+    LoadReport,
+    finish_report,
+    load_pretrained,
+    prepare_state_dict,
+)
+from avion_ds.models.weights.safetensors_stream import SafetensorsReader
 
 logger = logging.getLogger(__name__)
 

@@ -26,9 +26,9 @@ from __future__ import annotations
 
 import logging
 
-from .crop import CropBox, CropSpec
-from .decode_base import Decoder, DecoderUnavailable, reason, require
-from .errors import DataError
+from avion_ds.data.crop import CropBox, CropSpec
+from avion_ds.data.decode.base import Decoder, DecoderUnavailable, reason, require
+from avion_ds.data.errors import DataError
 
 log = logging.getLogger(__name__)
 _INSTALL = "pip install torchcodec and install FFmpeg shared libraries (Debian/Ubuntu: apt-get install ffmpeg)"

@@ -22,8 +22,8 @@ from avion_ds.data.errors import DataError
 from avion_ds.engine import checkpoint as ckpt
 from avion_ds.engine import dist, elastic
 from avion_ds.engine.ds_config import zero_stage
-from avion_ds.engine.logging import RunLogger
 from avion_ds.engine.oom import OutOfMemory, explain
+from avion_ds.engine.run_log import RunLogger
 from avion_ds.engine.run_setup import (
     RunSetup,
     backends_line,
@@ -102,7 +102,7 @@ def preflight(args: argparse.Namespace) -> RunSetup:
 def build_data(setup: RunSetup, run_dir: Path) -> tuple[TrainData, str]:
     """Loaders over the setup's datasets and the decoder note; all ranks (the process group exists)."""
     from avion_ds.data import DeviceAugment, build_loader
-    from avion_ds.data.decoders import pick_decoder
+    from avion_ds.data.decode.select import pick_decoder
 
     recipe, plan = setup.recipe, setup.plan
     # data.decoder=auto: probed once on rank 0, recorded in the run dir so a resume keeps the choice

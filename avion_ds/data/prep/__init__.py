@@ -1,0 +1,1 @@
+"""Preparing data once: synthetic videos, AVION-style chunking + manifest, the integrity check."""
