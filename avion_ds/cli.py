@@ -17,20 +17,29 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "train": ("avion_ds.engine.train_cli", "train / fine-tune from a YAML recipe (also under deepspeed)"),
     "eval": ("avion_ds.engine.eval_cli", "evaluate a checkpoint; writes metrics JSON"),
     "export": ("avion_ds.engine.export", "consolidate ZeRO shards into one fp32 safetensors file"),
-    "reconstruct": ("avion_ds.tasks.reconstruct", "pretraining run: original / masked / reconstructed frames as one PNG"),
+    "reconstruct": (
+        "avion_ds.tasks.reconstruct",
+        "pretraining run: original / masked / reconstructed frames as one PNG",
+    ),
     "plan": ("avion_ds.memory.plan", "pick ZeRO stage / offload / checkpointing / micro-batch for a GPU budget"),
     "bench-loader": ("avion_ds.data.decode.loader_bench", "clips/s per DataLoader worker and workers needed per GPU"),
     "models": ("avion_ds.models.listing", "registered model sizes with parameters and GFLOPs per clip"),
 }
 # distribution name -> how --version shows it (read from package metadata: nothing heavy is imported)
-_PACKAGES = {"torch": "torch", "deepspeed": "deepspeed", "flash-attn": "flash-attn", "decord": "decord",
-             "torchcodec": "torchcodec", "av": "PyAV", "transformers": "transformers"}
+_PACKAGES = {
+    "torch": "torch",
+    "deepspeed": "deepspeed",
+    "flash-attn": "flash-attn",
+    "decord": "decord",
+    "torchcodec": "torchcodec",
+    "av": "PyAV",
+    "transformers": "transformers",
+}
 EXIT_CODES = "exit codes: 0 done, 1 failure (traceback), 2 bad input (one line), 3 non-finite stop (train)"
 
 
 def _usage() -> str:
-    lines = ["usage: avion-ds <command> [options]   (avion-ds --version, avion-ds <command> --help)", "",
-             "commands:"]
+    lines = ["usage: avion-ds <command> [options]   (avion-ds --version, avion-ds <command> --help)", "", "commands:"]
     lines += [f"  {name:<12} {help_}" for name, (_, help_) in COMMANDS.items()]
     return "\n".join([*lines, "", EXIT_CODES])
 
@@ -51,7 +60,8 @@ def versions() -> dict[str, str]:
 
     built = torch.version.cuda or "none (CPU build)"
     out["CUDA"] = f"{built} (torch build); " + (
-        f"{torch.cuda.device_count()} GPU(s) visible" if torch.cuda.is_available() else "no GPU visible")
+        f"{torch.cuda.device_count()} GPU(s) visible" if torch.cuda.is_available() else "no GPU visible"
+    )
     return out
 
 

@@ -32,7 +32,9 @@ class ModelConfig:
     name: str = "vit_base_patch16_224"
     pretrained: str | None = None  # path to a VideoMAE / HF / timm / avion_ds checkpoint
     pretrained_strict: bool = True  # refuse to train when < 90% of the backbone parameters were loaded
-    trust_checkpoint: bool = False  # allow full unpickling of checkpoint files: model.pretrained, resumed and evaluated runs (can run code)
+    trust_checkpoint: bool = (
+        False  # allow full unpickling of checkpoint files: model.pretrained, resumed and evaluated runs (can run code)
+    )
     num_classes: int = 400  # single-head models
     heads: dict[str, int] | None = None  # e.g. {"verb": 97, "noun": 300} (EPIC); overrides num_classes
     tubelet_size: int | None = None  # frames per token; None = the registered size's (2)
@@ -114,7 +116,9 @@ class EvalConfig:
     temporal_views: int = 1
     spatial_views: int = 1
     batch_size: int | None = None  # None: micro_batch
-    protocol: str = "custom"  # k400 | ssv2 | epic | custom: locks the eval sampling and views (data/datasets/protocols.py)
+    protocol: str = (
+        "custom"  # k400 | ssv2 | epic | custom: locks the eval sampling and views (data/datasets/protocols.py)
+    )
 
 
 @dataclass
@@ -294,8 +298,10 @@ def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any
         try:
             node[parts[-1]] = yaml.safe_load(raw) if raw.strip() else ""
         except yaml.YAMLError as e:
-            raise ConfigError(f"--set {dotted.strip()}={raw}: value is not valid YAML "
-                              f"({str(e).splitlines()[0]}); quote strings, write lists as [a, b]") from None
+            raise ConfigError(
+                f"--set {dotted.strip()}={raw}: value is not valid YAML "
+                f"({str(e).splitlines()[0]}); quote strings, write lists as [a, b]"
+            ) from None
     return data
 
 
@@ -325,8 +331,10 @@ def load_recipe_data(path: str | Path | None, overrides: list[str] | None = None
         except yaml.YAMLError as e:
             raise ConfigError(f"recipe {p}{_yaml_where(e)} is not valid YAML: {_yaml_problem(e)}") from None
         if data == {}:
-            raise ConfigError(f"recipe {p} is empty: it needs at least model.name, model.heads or "
-                              "model.num_classes and the data section (see launch/recipes/*.yaml)")
+            raise ConfigError(
+                f"recipe {p} is empty: it needs at least model.name, model.heads or "
+                "model.num_classes and the data section (see launch/recipes/*.yaml)"
+            )
         if not isinstance(data, dict):
             raise ConfigError(f"recipe {p}: top level must be a mapping, got {type(data).__name__}")
     apply_overrides(data, overrides or [])
@@ -430,8 +438,7 @@ def validate(recipe: Recipe) -> None:
             continue
         if value is None:
             continue
-        ok = (value >= low if lo_inc else value > low) and (
-            high is None or (value <= high if hi_inc else value < high))
+        ok = (value >= low if lo_inc else value > low) and (high is None or (value <= high if hi_inc else value < high))
         if not ok:
             raise ConfigError(f"{key}={value} {_allowed(low, high, lo_inc, hi_inc)}")
     for dotted, choices in _CHOICES.items():
@@ -454,7 +461,10 @@ def validate(recipe: Recipe) -> None:
             raise ConfigError(f"{key}={value} must be positive")
     if recipe.eval.spatial_views not in (1, 3):
         raise ConfigError(f"eval.spatial_views={recipe.eval.spatial_views} must be 1 or 3")
-    for key, value in (("batch.global_batch", recipe.batch.global_batch), ("batch.grad_accum", recipe.batch.grad_accum)):
+    for key, value in (
+        ("batch.global_batch", recipe.batch.global_batch),
+        ("batch.grad_accum", recipe.batch.grad_accum),
+    ):
         if value is not None and value <= 0:
             raise ConfigError(f"{key}={value} must be positive")
     if recipe.optim.lr <= 0:
@@ -482,5 +492,11 @@ def validate(recipe: Recipe) -> None:
 
 def add_override_option(parser: argparse.ArgumentParser, example: str = "data.root=PATH") -> None:
     """The ``--set KEY=VALUE`` option every recipe-reading command shares (collected in ``args.overrides``)."""
-    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-                        help=f"dotted recipe override, repeatable (e.g. --set {example})")
+    parser.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help=f"dotted recipe override, repeatable (e.g. --set {example})",
+    )

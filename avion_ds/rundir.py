@@ -79,12 +79,20 @@ def skipped_note(run_dir: str | Path, tag: str) -> str | None:
     """One line when newer tags than ``tag`` exist without a marker (an unfinished save was passed over)."""
     step = tag_step(tag) or 0
     root = checkpoint_dir(run_dir)
-    newer = sorted((s, p.name) for p in root.iterdir() if (s := tag_step(p.name)) is not None and s > step
-                   and not (p / MARKER).is_file()) if root.is_dir() else []
+    newer = (
+        sorted(
+            (s, p.name)
+            for p in root.iterdir()
+            if (s := tag_step(p.name)) is not None and s > step and not (p / MARKER).is_file()
+        )
+        if root.is_dir()
+        else []
+    )
     if not newer:
         return None
-    return (f"note: {root / newer[-1][1]} has no {MARKER} (an unfinished save); using the newest complete "
-            f"checkpoint {tag}")
+    return (
+        f"note: {root / newer[-1][1]} has no {MARKER} (an unfinished save); using the newest complete checkpoint {tag}"
+    )
 
 
 def run_zero_stage(run_dir: Path, tag_dir: Path) -> int:
@@ -138,7 +146,11 @@ def _eager(t: torch.Tensor) -> LazyTensor:
 
 def _load(path: Path, trust: bool) -> Any:
     if not path.is_file():
-        why = f" ({MARKER} marks its tag complete: copied or deleted in part?)" if (path.parent / MARKER).is_file() else ""
+        why = (
+            f" ({MARKER} marks its tag complete: copied or deleted in part?)"
+            if (path.parent / MARKER).is_file()
+            else ""
+        )
         raise ConfigError(f"checkpoint file missing: {path}{why}")
     return load_checkpoint_file(path, trust, mmap=True)
 
@@ -164,7 +176,7 @@ def _span(parts: list[torch.Tensor], lo: int, hi: int) -> list[torch.Tensor]:
     for t in parts:
         end = start + t.numel()
         if end > lo and start < hi:
-            out.append(t[max(lo - start, 0): min(hi, end) - start])
+            out.append(t[max(lo - start, 0) : min(hi, end) - start])
         start = end
     return out
 
@@ -205,8 +217,10 @@ def _zero12(shapes: list[dict], flat: list[list[torch.Tensor]], paddings: list |
             offset += n + pad
         align = 2 * world
         if math.ceil(offset / align) != math.ceil(avail / align):
-            raise ConfigError(f"{where}: group {g} holds {avail} fp32 values, its params use {offset}: "
-                              "shards and param_shapes disagree")
+            raise ConfigError(
+                f"{where}: group {g} holds {avail} fp32 values, its params use {offset}: "
+                "shards and param_shapes disagree"
+            )
     return out
 
 
@@ -237,8 +251,9 @@ def _frozen(states: list[dict], stage: int) -> dict:
             out[name] = _eager(frags[0])
         else:
             shape = torch.Size(shape)
-            out[name] = LazyTensor(shape, frags[0].dtype, partial(_joined, frags, math.prod(shape), shape,
-                                                                  frags[0].dtype))
+            out[name] = LazyTensor(
+                shape, frags[0].dtype, partial(_joined, frags, math.prod(shape), shape, frags[0].dtype)
+            )
     return out
 
 
@@ -260,8 +275,11 @@ def zero_state_dict(tag_dir: str | Path, trust: bool = False) -> dict[str, LazyT
     states = [_load(f, trust) for f in model_files]
     if "buffer_names" not in states[0]:
         raise ConfigError(f"{model_files[0]} is not a DeepSpeed model state file (no buffer_names)")
-    buffers = {k: v.float() if v.is_floating_point() else v for k, v in states[0]["module"].items()
-               if k in states[0]["buffer_names"]}
+    buffers = {
+        k: v.float() if v.is_floating_point() else v
+        for k, v in states[0]["module"].items()
+        if k in states[0]["buffer_names"]
+    }
     out: dict[str, LazyTensor] = {k: _eager(v) for k, v in buffers.items()}
     out.update(_frozen(states, stage))
     if stage <= 2:

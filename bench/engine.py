@@ -36,10 +36,19 @@ from avion_ds.tasks import load_recipe
 
 
 def recipe_for(args: argparse.Namespace, data: dict | None = None, workers: int = 0):
-    over = [f"model.name={args.model}", "model.heads={verb: 4, noun: 3}", f"data.num_frames={args.frames}",
-            f"data.size={args.size}", f"batch.global_batch={args.batch}", f"batch.micro_batch={args.batch}",
-            "optim.clip_grad=1.0", "model.drop_path_rate=0.0", "precision=fp32", f"data.workers={workers}",
-            "data.decoder=decord"]
+    over = [
+        f"model.name={args.model}",
+        "model.heads={verb: 4, noun: 3}",
+        f"data.num_frames={args.frames}",
+        f"data.size={args.size}",
+        f"batch.global_batch={args.batch}",
+        f"batch.micro_batch={args.batch}",
+        "optim.clip_grad=1.0",
+        "model.drop_path_rate=0.0",
+        "precision=fp32",
+        f"data.workers={workers}",
+        "data.decoder=decord",
+    ]
     if data:
         over += [f"data.root={data['root']}", f"data.train_csv={data['train_csv']}", f"data.val_csv={data['val_csv']}"]
     return load_recipe(None, over)
@@ -149,12 +158,14 @@ def interleaved(steps: dict, n: int, warmup: int = 3) -> dict[str, list[float]]:
 def bench_data_wait(args: argparse.Namespace, device, data: dict, workers: int) -> tuple[float, float]:
     """Fraction of wall time spent waiting for input, and clips/s, over ``args.data_steps`` steps."""
     from avion_ds.data import DeviceAugment, build_dataset, build_loader
+
     recipe = recipe_for(args, data, workers)
     model = make_model(recipe).to(device)
     opt = client_adamw(optimizer_groups(model, recipe), recipe, 1e-4)
     ds = build_dataset(recipe.data, "train", seed=0)
-    loader = build_loader(ds, recipe.batch.micro_batch, workers, shuffle=True, seed=0, drop_last=True,
-                          distributed=False)
+    loader = build_loader(
+        ds, recipe.batch.micro_batch, workers, shuffle=True, seed=0, drop_last=True, distributed=False
+    )
     aug = DeviceAugment(recipe.data, ds.num_classes, train=True)
     timer = StepTimer(sync=device.type == "cuda")
     done, epoch, clips = 0, 0, 0
@@ -189,10 +200,10 @@ def make_data(root: Path, size: int) -> dict:
     from avion_ds.data.prep.chunking import chunk_videos
     from avion_ds.data.prep.synthetic import make_synthetic_epic
 
-    info = make_synthetic_epic(root / "synth", num_videos=4, segments_per_video=16, width=max(96, size + 32),
-                               height=max(72, size + 8), fps=15)
-    chunk_videos(info["videos"], root / "chunks", chunk_seconds=15.0, short_side=None, fps=15, gop=15,
-                 progress=False)
+    info = make_synthetic_epic(
+        root / "synth", num_videos=4, segments_per_video=16, width=max(96, size + 32), height=max(72, size + 8), fps=15
+    )
+    chunk_videos(info["videos"], root / "chunks", chunk_seconds=15.0, short_side=None, fps=15, gop=15, progress=False)
     return {"root": root / "chunks", "train_csv": info["train_csv"], "val_csv": info["val_csv"]}
 
 
@@ -205,9 +216,13 @@ def main() -> int:
     p.add_argument("--steps", type=int, default=30)
     p.add_argument("--data-steps", type=int, default=20)
     p.add_argument("--repeats", type=int, default=2, help="alternate plain / DS this many times")
-    p.add_argument("--clock", choices=("wall", "cpu"), default="wall",
-                   help="step timer: wall clock, or this process's CPU time (less sensitive to other "
-                        "processes on a shared machine; use with OMP_NUM_THREADS=1, CPU only)")
+    p.add_argument(
+        "--clock",
+        choices=("wall", "cpu"),
+        default="wall",
+        help="step timer: wall clock, or this process's CPU time (less sensitive to other "
+        "processes on a shared machine; use with OMP_NUM_THREADS=1, CPU only)",
+    )
     p.add_argument("--no-data", action="store_true", help="skip part 2 (data wait)")
     args = p.parse_args()
     global CLOCK
@@ -220,12 +235,17 @@ def main() -> int:
     device = torch.device(get_accelerator().current_device_name())
     recipe = recipe_for(args)
     print("load average (1, 5, 15 min) at start: " + ", ".join(f"{v:.2f}" for v in os.getloadavg()))
-    print(f"device {device}, torch {torch.__version__}, threads {torch.get_num_threads()}, clock {args.clock}, model {args.model} "
-          f"{args.frames}x{args.size}, batch {args.batch}, {args.steps} timed steps x {args.repeats} repeats")
+    print(
+        f"device {device}, torch {torch.__version__}, threads {torch.get_num_threads()}, clock {args.clock}, model {args.model} "
+        f"{args.frames}x{args.size}, batch {args.batch}, {args.steps} timed steps x {args.repeats} repeats"
+    )
     times: dict[str, list[float]] = {"plain": [], "zero0": [], "zero2": []}
     for _ in range(args.repeats):  # fresh models each repeat; steps interleaved one by one
-        steps = {"plain": plain_step(recipe, device), "zero0": ds_step(recipe, device, "zero0.json"),
-                 "zero2": ds_step(recipe, device, "zero2.json")}
+        steps = {
+            "plain": plain_step(recipe, device),
+            "zero0": ds_step(recipe, device, "zero0.json"),
+            "zero2": ds_step(recipe, device, "zero2.json"),
+        }
         for k, v in interleaved(steps, args.steps).items():
             times[k] += v
         del steps
@@ -234,7 +254,9 @@ def main() -> int:
     print(f"{'variant':<22}{'median step ms':>16}{'ratio vs plain':>16}")
     print(f"{'plain PyTorch AdamW':<22}{1e3 * med['plain']:>16.2f}{1.0:>16.3f}")
     for k in ("zero0", "zero2"):
-        print(f"{'DeepSpeed ' + k.upper().replace('ZERO', 'ZeRO-'):<22}{1e3 * med[k]:>16.2f}{med[k] / med['plain']:>16.3f}")
+        print(
+            f"{'DeepSpeed ' + k.upper().replace('ZERO', 'ZeRO-'):<22}{1e3 * med[k]:>16.2f}{med[k] / med['plain']:>16.3f}"
+        )
     if args.no_data:
         return dist.shutdown(0)
     with tempfile.TemporaryDirectory() as tmp:

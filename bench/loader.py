@@ -41,7 +41,7 @@ from pathlib import Path
 import numpy as np
 import torch
 from loader_ab import (
-        part_faults,
+    part_faults,
     part_floor_ab,
     part_helper_ab,
     part_helper_cpu,
@@ -92,8 +92,16 @@ def write_csv(path: Path, segs: list[tuple[float, float]]) -> None:
         w = csv.DictWriter(f, fieldnames=list(EPIC_COLUMNS), extrasaction="ignore")
         w.writeheader()
         for i, (s, e) in enumerate(segs):
-            w.writerow({"narration_id": f"P01_01_{i}", "video_id": "P01_01", "start_timestamp": format_timestamp(s),
-                        "stop_timestamp": format_timestamp(e), "verb_class": 0, "noun_class": 0})
+            w.writerow(
+                {
+                    "narration_id": f"P01_01_{i}",
+                    "video_id": "P01_01",
+                    "start_timestamp": format_timestamp(s),
+                    "stop_timestamp": format_timestamp(e),
+                    "verb_class": 0,
+                    "noun_class": 0,
+                }
+            )
 
 
 def reference(parts, box, size: int) -> torch.Tensor:
@@ -105,8 +113,16 @@ def reference(parts, box, size: int) -> torch.Tensor:
     for path, local in parts:
         vr = decord.VideoReader(path, num_threads=1)
         x = torch.from_numpy(vr.get_batch(local).asnumpy()).permute(0, 3, 1, 2)
-        x = F.resized_crop(x, box.top, box.left, box.height, box.width, [size, size],
-                           interpolation=F.InterpolationMode.BILINEAR, antialias=True)
+        x = F.resized_crop(
+            x,
+            box.top,
+            box.left,
+            box.height,
+            box.width,
+            [size, size],
+            interpolation=F.InterpolationMode.BILINEAR,
+            antialias=True,
+        )
         out.append(x.permute(0, 2, 3, 1))
     return out[0] if len(out) == 1 else torch.cat(out)
 
@@ -120,9 +136,13 @@ def part_paths(a, work: Path, cfg, entry, csv_path: Path) -> None:
     S = cfg.size
     reqs = clip_requests(csv_path, entry, cfg, a.clips)
     default = build_dataset(cfg, "train")
-    print(f"default recipe path: data.decoder=auto -> {default.decoder_name}, decode_timeout_s={cfg.decode_timeout_s:g}")
-    paths = {"ref  AVION-style (decord get_batch + CPU resized_crop)": lambda i: reference(*reqs[i], S),
-             "default recipe (auto + timeout helper)": lambda i: default[i]["frames"]}
+    print(
+        f"default recipe path: data.decoder=auto -> {default.decoder_name}, decode_timeout_s={cfg.decode_timeout_s:g}"
+    )
+    paths = {
+        "ref  AVION-style (decord get_batch + CPU resized_crop)": lambda i: reference(*reqs[i], S),
+        "default recipe (auto + timeout helper)": lambda i: default[i]["frames"],
+    }
     helper_cpu = {"default recipe (auto + timeout helper)": lambda: default.decoder.helper_cpu_s}
     backends = available_backends(cuda=True)  # torchcodec-cuda joins where a GPU exists
     floors, helpers = {}, {}
@@ -148,29 +168,40 @@ def part_paths(a, work: Path, cfg, entry, csv_path: Path) -> None:
     times, cpu = timed_rounds(paths, a.clips, a.repeats, helper_cpu)
     ref = times[next(iter(paths))]
     ref_cpu = cpu[next(iter(paths))]
-    print(f"\n16-frame training clips/s, 1 process, 1 decoder thread, 1 torch thread, {cfg.num_frames}x{S}x{S}; "
-          f"{a.clips} clips x {a.repeats} rounds interleaved per clip; load average before: {load:.1f}, after: "
-          f"{os.getloadavg()[0]:.1f}; ratios = median over clips of per-clip time ratios; CPU = all threads "
-          f"(+ the helper's), 'per CPU-s vs ref' = clips per CPU second relative to the reference (totals)")
-    print(f"{'path':<58} {'clips/s':>8} {'vs ref':>7} {'vs floor':>9} {'helper':>7} {'CPU ms/clip':>12} "
-          f"{'per CPU-s vs ref':>17}")
+    print(
+        f"\n16-frame training clips/s, 1 process, 1 decoder thread, 1 torch thread, {cfg.num_frames}x{S}x{S}; "
+        f"{a.clips} clips x {a.repeats} rounds interleaved per clip; load average before: {load:.1f}, after: "
+        f"{os.getloadavg()[0]:.1f}; ratios = median over clips of per-clip time ratios; CPU = all threads "
+        f"(+ the helper's), 'per CPU-s vs ref' = clips per CPU second relative to the reference (totals)"
+    )
+    print(
+        f"{'path':<58} {'clips/s':>8} {'vs ref':>7} {'vs floor':>9} {'helper':>7} {'CPU ms/clip':>12} "
+        f"{'per CPU-s vs ref':>17}"
+    )
     n_clips = a.clips * a.repeats
     for name, ts in times.items():
-        b = max((x for x in backends if name.startswith((f"fused {x} ", f"floor {x}:")) or name == f"fused {x}"),
-                key=len, default=None)
+        b = max(
+            (x for x in backends if name.startswith((f"fused {x} ", f"floor {x}:")) or name == f"fused {x}"),
+            key=len,
+            default=None,
+        )
         if name.startswith("default"):
             b = default.decoder_name
         fl = f"{ratio(ts, times[floors[b]]):8.2f}x" if b in floors else f"{'':9}"
         hc = f"{1 - ratio(ts, times[f'fused {b}']):+7.1%}" if name.endswith("timeout helper") else ""
-        print(f"{name:<58} {rate(ts, a.repeats):8.2f} {ratio(ts, ref):6.2f}x {fl} {hc:>7} "
-              f"{cpu[name] / n_clips * 1e3:12.1f} {ref_cpu / cpu[name]:16.2f}x")
+        print(
+            f"{name:<58} {rate(ts, a.repeats):8.2f} {ratio(ts, ref):6.2f}x {fl} {hc:>7} "
+            f"{cpu[name] / n_clips * 1e3:12.1f} {ref_cpu / cpu[name]:16.2f}x"
+        )
     d = default.decoder_name
     print("\ntargets (this run):")
     print(f"  default recipe >= 1.2x reference: {ratio(times['default recipe (auto + timeout helper)'], ref):.2f}x")
     for b in backends:
         fused, helper = times[f"fused {b}"], times[f"fused {b} + timeout helper"]
-        print(f"  fused {b} >= 0.9x its floor: {ratio(fused, times[floors[b]]):.2f}x;  timeout helper "
-              f"cost <= 3%: {1 - ratio(helper, fused):+.1%}")
+        print(
+            f"  fused {b} >= 0.9x its floor: {ratio(fused, times[floors[b]]):.2f}x;  timeout helper "
+            f"cost <= 3%: {1 - ratio(helper, fused):+.1%}"
+        )
     print(f"  (the default path runs {d} through the helper)")
     for ds in helpers.values():
         ds.decoder.close()
@@ -182,8 +213,10 @@ def part_scaling(a, cfg) -> None:
     from avion_ds.data.decode.loader_bench import clips_per_s_loader
 
     ds = build_dataset(cfg, "train")
-    print(f"\nDataLoader, default recipe path ({ds.decoder_name} + timeout helper), batch 4, {a.loader_batches} "
-          f"batches after 2 warm-up, {os.cpu_count()} CPUs, load average before: {os.getloadavg()[0]:.1f}")
+    print(
+        f"\nDataLoader, default recipe path ({ds.decoder_name} + timeout helper), batch 4, {a.loader_batches} "
+        f"batches after 2 warm-up, {os.cpu_count()} CPUs, load average before: {os.getloadavg()[0]:.1f}"
+    )
     print(f"{'workers':>8} {'clips/s':>9} {'per worker':>11}")
     for w in (1, 2):
         r = clips_per_s_loader(ds, w, 4, a.loader_batches)
@@ -252,22 +285,31 @@ def part_encode(a, work: Path, src: Path, cfg, csv_path: Path, entry) -> None:
         remap = {p: str(d / Path(p).name) for p in files}
         for b in ("ref",) + tuple(x for x in ("torchcodec", "decord") if x in available_backends())[:1]:
             if b == "ref":
-                paths[(name, b)] = lambda i, m=remap: reference([(m[p], loc) for p, loc in reqs[i][0]], reqs[i][1], cfg.size)
+                paths[(name, b)] = lambda i, m=remap: reference(
+                    [(m[p], loc) for p, loc in reqs[i][0]], reqs[i][1], cfg.size
+                )
             else:
                 dec = get_decoder(b, exact=False)
                 paths[(name, b)] = lambda i, m=remap, dec=dec: [
                     dec.decode(m[p], loc, CropSpec(reqs[i][1], (cfg.size, cfg.size), entry.height, entry.width))
-                    for p, loc in reqs[i][0]]
+                    for p, loc in reqs[i][0]
+                ]
     times, _ = timed_rounds(paths, a.clips, a.repeats)
     base = next(iter(ENCODE_SETTINGS))
     b = next(k[1] for k in paths if k[1] != "ref")
-    print(f"\nchunk encoding (GOP 16, no B-frames, {len(files)} chunks; PSNR vs lossless chunks, RGB); decode clips/s, "
-          f"{a.clips} clips x {a.repeats} rounds interleaved per clip; load average after: {os.getloadavg()[0]:.1f}")
-    print(f"{'x264 setting':<30} {'MB':>7} {'bytes':>6} {'PSNR dB':>8} {'ref c/s':>8} {'vs':>6} {b + ' c/s':>15} {'vs':>6}")
+    print(
+        f"\nchunk encoding (GOP 16, no B-frames, {len(files)} chunks; PSNR vs lossless chunks, RGB); decode clips/s, "
+        f"{a.clips} clips x {a.repeats} rounds interleaved per clip; load average after: {os.getloadavg()[0]:.1f}"
+    )
+    print(
+        f"{'x264 setting':<30} {'MB':>7} {'bytes':>6} {'PSNR dB':>8} {'ref c/s':>8} {'vs':>6} {b + ' c/s':>15} {'vs':>6}"
+    )
     for name, (size, psnr, _) in rows.items():
         r, f = times[(name, "ref")], times[(name, b)]
-        print(f"{name:<30} {size / 1e6:7.2f} {size / rows[base][0]:5.2f}x {psnr:8.2f} {rate(r, a.repeats):8.2f} "
-              f"{ratio(r, times[(base, 'ref')]):5.2f}x {rate(f, a.repeats):15.2f} {ratio(f, times[(base, b)]):5.2f}x")
+        print(
+            f"{name:<30} {size / 1e6:7.2f} {size / rows[base][0]:5.2f}x {psnr:8.2f} {rate(r, a.repeats):8.2f} "
+            f"{ratio(r, times[(base, 'ref')]):5.2f}x {rate(f, a.repeats):15.2f} {ratio(f, times[(base, b)]):5.2f}x"
+        )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -283,12 +325,19 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--num-frames", type=int, default=16)
     p.add_argument("--size", type=int, default=224)
     p.add_argument("--loader-batches", type=int, default=10)
-    p.add_argument("--parts", default="paths,scaling",
-                   help="comma-separated: paths, scaling, encode, helpercpu, helperab, floorab, faults")
+    p.add_argument(
+        "--parts",
+        default="paths,scaling",
+        help="comma-separated: paths, scaling, encode, helpercpu, helperab, floorab, faults",
+    )
     p.add_argument("--workdir", default=None, help="keep files here (default: a temp dir, removed)")
     p.add_argument("--backends", default=None, help="comma-separated: only these backends in the A/B parts")
-    p.add_argument("--cpu", type=int, default=None,
-                   help="pin this process (and so its decoder threads and helper processes) to this one CPU")
+    p.add_argument(
+        "--cpu",
+        type=int,
+        default=None,
+        help="pin this process (and so its decoder threads and helper processes) to this one CPU",
+    )
     a = p.parse_args(argv)
     parts = set(a.parts.split(","))
     if a.cpu is not None:
@@ -309,21 +358,31 @@ def main(argv: list[str] | None = None) -> int:
     src.parent.mkdir(exist_ok=True)
     if not src.is_file():
         t = make_source(src, a.seconds, a.width, a.height, a.fps, a.gop_seconds, a.pattern)
-        print(f"source: {a.seconds:g} s {a.width}x{a.height} @ {a.fps} fps, GOP {a.gop_seconds:g} s, {a.pattern}: "
-              f"{src.stat().st_size / 1e6:.1f} MB, generated in {t:.1f} s")
+        print(
+            f"source: {a.seconds:g} s {a.width}x{a.height} @ {a.fps} fps, GOP {a.gop_seconds:g} s, {a.pattern}: "
+            f"{src.stat().st_size / 1e6:.1f} MB, generated in {t:.1f} s"
+        )
     summary = chunk_videos(src.parent, work / "chunks", progress=False, workers=1)
     entry = load_manifest(work / "chunks")["P01_01"]
     c = entry.chunks[0]
-    print(f"chunks: {len(entry.chunks)} x {c.frames} frames {c.width}x{c.height} @ {c.fps:g} fps (avion-ds chunk "
-          f"defaults: {summary.seconds:.1f} s, {'up to date' if summary.skipped else 'encoded'})")
+    print(
+        f"chunks: {len(entry.chunks)} x {c.frames} frames {c.width}x{c.height} @ {c.fps:g} fps (avion-ds chunk "
+        f"defaults: {summary.seconds:.1f} s, {'up to date' if summary.skipped else 'encoded'})"
+    )
     if summary.failed:
         print(summary)
         return 1
     seconds = entry.num_frames / entry.fps
     csv_path = work / "segments.csv"
     write_csv(csv_path, segments(seconds, max(a.clips, 4 * a.loader_batches + 12), seed=0))
-    cfg = DataConfig(dataset="epic", root=str(work / "chunks"), train_csv=str(csv_path), val_csv=str(csv_path),
-                     num_frames=a.num_frames, size=a.size)
+    cfg = DataConfig(
+        dataset="epic",
+        root=str(work / "chunks"),
+        train_csv=str(csv_path),
+        val_csv=str(csv_path),
+        num_frames=a.num_frames,
+        size=a.size,
+    )
     if "paths" in parts:
         part_paths(a, work, cfg, entry, csv_path)
     if "scaling" in parts:

@@ -37,14 +37,16 @@ def part_helper_cpu(a, cfg, entry, csv_path: Path) -> None:
 
     reqs = clip_requests(csv_path, entry, cfg, a.clips)
     run = fused_runner(cfg, entry, reqs)
-    print(f"\ntimeout helper CPU cost ({a.clips} clips x {a.repeats} rounds, interleaved; load average "
-          f"{os.getloadavg()[0]:.1f})")
+    print(
+        f"\ntimeout helper CPU cost ({a.clips} clips x {a.repeats} rounds, interleaved; load average "
+        f"{os.getloadavg()[0]:.1f})"
+    )
     for name in chosen_backends(a):
         inproc, helper = warm_pair(name, run)
         cpu_in, cpu_h = [0.0] * a.clips, [0.0] * a.clips
         for r in range(a.repeats):
             for i in range(a.clips):
-                for first in ((inproc, helper) if (i + r) % 2 else (helper, inproc)):
+                for first in (inproc, helper) if (i + r) % 2 else (helper, inproc):
                     t, c0 = time.process_time(), helper.helper_cpu_s
                     run(first, i)
                     if first is inproc:
@@ -52,14 +54,17 @@ def part_helper_cpu(a, cfg, entry, csv_path: Path) -> None:
                     else:
                         cpu_h[i] += time.process_time() - t + helper.helper_cpu_s - c0
         n = a.clips * a.repeats
-        print(f"  {name:<11} in-process {sum(cpu_in) / n * 1e3:6.2f} ms CPU/clip, helper (parent + helper) "
-              f"{sum(cpu_h) / n * 1e3:6.2f} ms: {1 - ratio(cpu_h, cpu_in):+.1%} (median per clip), "
-              f"{sum(cpu_h) / sum(cpu_in) - 1:+.1%} (totals)")
+        print(
+            f"  {name:<11} in-process {sum(cpu_in) / n * 1e3:6.2f} ms CPU/clip, helper (parent + helper) "
+            f"{sum(cpu_h) / n * 1e3:6.2f} ms: {1 - ratio(cpu_h, cpu_in):+.1%} (median per clip), "
+            f"{sum(cpu_h) / sum(cpu_in) - 1:+.1%} (totals)"
+        )
         helper.close()
     # the mechanism alone: a backend that decodes nothing (bench/null_backend.py, loaded in the helper too)
     os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, (str(Path(__file__).parent), os.environ.get("PYTHONPATH"))))
-    os.environ["AVION_DS_DECODER_PLUGINS"] = ",".join(filter(None, (os.environ.get("AVION_DS_DECODER_PLUGINS"),
-                                                                      "null_backend")))
+    os.environ["AVION_DS_DECODER_PLUGINS"] = ",".join(
+        filter(None, (os.environ.get("AVION_DS_DECODER_PLUGINS"), "null_backend"))
+    )
     inproc, helper = get_decoder("null"), get_decoder("null", timeout_s=60)
     path, spec, calls = reqs[0][0][0][0], CropSpec(None, (cfg.size, cfg.size), entry.height, entry.width), 2000
     res = {}
@@ -69,8 +74,10 @@ def part_helper_cpu(a, cfg, entry, csv_path: Path) -> None:
             dec.decode(path, list(range(16)), spec)
         res[dec is helper] = (time.perf_counter() - w, time.process_time() - t + helper.helper_cpu_s - c0)
     (w_in, c_in), (w_h, c_h) = res[False], res[True]
-    print(f"  mechanism only (null backend, {calls} calls): helper minus in-process per call: wall "
-          f"{(w_h - w_in) / calls * 1e6:.0f} us, CPU (parent + helper) {(c_h - c_in) / calls * 1e6:.0f} us")
+    print(
+        f"  mechanism only (null backend, {calls} calls): helper minus in-process per call: wall "
+        f"{(w_h - w_in) / calls * 1e6:.0f} us, CPU (parent + helper) {(c_h - c_in) / calls * 1e6:.0f} us"
+    )
     helper.close()
 
 
@@ -82,11 +89,13 @@ def busy_ticks() -> list[int]:
 
 def placed(fn: Callable[[int], object], where: collections.Counter) -> Callable[[int], None]:
     """``fn`` that also counts, in ``where``, the CPU busiest while it ran (which CPU did the work)."""
+
     def run(i: int) -> None:
         t0 = busy_ticks()
         fn(i)
         busy = [b - a for a, b in zip(t0, busy_ticks(), strict=True)]
         where[max(range(len(busy)), key=busy.__getitem__)] += 1
+
     return run
 
 
@@ -99,22 +108,27 @@ def part_helper_ab(a, cfg) -> None:
 
     from avion_ds.data import build_dataset
 
-    print(f"\ntimeout helper A/B, in-process vs two identical helpers ({a.clips} clips x {a.repeats} rounds, "
-          f"interleaved; load average {os.getloadavg()[0]:.1f}); wall = median per clip, CPU = totals (+ helper's)")
+    print(
+        f"\ntimeout helper A/B, in-process vs two identical helpers ({a.clips} clips x {a.repeats} rounds, "
+        f"interleaved; load average {os.getloadavg()[0]:.1f}); wall = median per clip, CPU = totals (+ helper's)"
+    )
     for b in chosen_backends(a):
         ds = build_dataset(replace(cfg, decoder=b, decode_timeout_s=0.0), "train")
         helpers = {k: build_dataset(replace(cfg, decoder=b), "train") for k in ("A", "B")}
         where = {k: collections.Counter() for k in ("in", *helpers)}
         paths = {"in": placed(lambda i, ds=ds: ds[i]["frames"], where["in"])}
         paths.update({k: placed(lambda i, ds=h: ds[i]["frames"], where[k]) for k, h in helpers.items()})
-        times, cpu = timed_rounds(paths, a.clips, a.repeats,
-                                  {k: (lambda ds=h: ds.decoder.helper_cpu_s) for k, h in helpers.items()})
+        times, cpu = timed_rounds(
+            paths, a.clips, a.repeats, {k: (lambda ds=h: ds.decoder.helper_cpu_s) for k, h in helpers.items()}
+        )
         n = a.clips * a.repeats
-        print(f"  {b:<11} wall: helper A {1 - ratio(times['A'], times['in']):+6.1%}, B {1 - ratio(times['B'], times['in']):+6.1%}"
-              f" (control A vs B {1 - ratio(times['A'], times['B']):+6.1%});  CPU: A {cpu['A'] / cpu['in'] - 1:+6.1%}, "
-              f"B {cpu['B'] / cpu['in'] - 1:+6.1%} (in-process {cpu['in'] / n * 1e3:.1f} ms/clip)\n{'':14}busiest CPU "
-              f"while each path ran (clips): " + "; ".join(f"{k} " + ", ".join(f"CPU {c}: {m}" for c, m in sorted(v.items()))
-                                                          for k, v in where.items()))
+        print(
+            f"  {b:<11} wall: helper A {1 - ratio(times['A'], times['in']):+6.1%}, B {1 - ratio(times['B'], times['in']):+6.1%}"
+            f" (control A vs B {1 - ratio(times['A'], times['B']):+6.1%});  CPU: A {cpu['A'] / cpu['in'] - 1:+6.1%}, "
+            f"B {cpu['B'] / cpu['in'] - 1:+6.1%} (in-process {cpu['in'] / n * 1e3:.1f} ms/clip)\n{'':14}busiest CPU "
+            f"while each path ran (clips): "
+            + "; ".join(f"{k} " + ", ".join(f"CPU {c}: {m}" for c, m in sorted(v.items())) for k, v in where.items())
+        )
         for h in helpers.values():
             h.decoder.close()
 
@@ -130,18 +144,24 @@ def part_floor_ab(a, cfg, entry, csv_path: Path) -> None:
     from avion_ds.data.decode.select import get_decoder
 
     reqs = clip_requests(csv_path, entry, cfg, a.clips)
-    print(f"\nfused vs floor A/B, two paths only ({a.clips} clips x {a.repeats} rounds, interleaved; load average "
-          f"{os.getloadavg()[0]:.1f})")
+    print(
+        f"\nfused vs floor A/B, two paths only ({a.clips} clips x {a.repeats} rounds, interleaved; load average "
+        f"{os.getloadavg()[0]:.1f})"
+    )
     for b in chosen_backends(a):
         ds = build_dataset(replace(cfg, decoder=b, decode_timeout_s=0.0), "train")
         dec = get_decoder(b, exact=False)
-        paths = {"fused": lambda i, ds=ds: ds[i]["frames"],
-                 "floor": lambda i, dec=dec: [dec.decode(p, loc) for p, loc in reqs[i][0]]}
+        paths = {
+            "fused": lambda i, ds=ds: ds[i]["frames"],
+            "floor": lambda i, dec=dec: [dec.decode(p, loc) for p, loc in reqs[i][0]],
+        }
         times, cpu = timed_rounds(paths, a.clips, a.repeats)
         n = a.clips * a.repeats
-        print(f"  {b:<11} fused vs floor: wall {ratio(times['fused'], times['floor']):.2f}x (median per clip), "
-              f"{sum(times['floor']) / sum(times['fused']):.2f}x (totals); CPU {cpu['floor'] / cpu['fused']:.2f}x "
-              f"(totals: {cpu['floor'] / n * 1e3:.1f} -> {cpu['fused'] / n * 1e3:.1f} ms/clip)")
+        print(
+            f"  {b:<11} fused vs floor: wall {ratio(times['fused'], times['floor']):.2f}x (median per clip), "
+            f"{sum(times['floor']) / sum(times['fused']):.2f}x (totals); CPU {cpu['floor'] / cpu['fused']:.2f}x "
+            f"(totals: {cpu['floor'] / n * 1e3:.1f} -> {cpu['fused'] / n * 1e3:.1f} ms/clip)"
+        )
 
 
 def part_faults(a, cfg, entry, csv_path: Path) -> None:
@@ -156,8 +176,10 @@ def part_faults(a, cfg, entry, csv_path: Path) -> None:
             return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
         return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[7])
 
-    print(f"\nminor page faults per clip ({a.clips} clips; AVION_DS_MALLOC_TUNE="
-          f"{os.environ.get('AVION_DS_MALLOC_TUNE', '1')})")
+    print(
+        f"\nminor page faults per clip ({a.clips} clips; AVION_DS_MALLOC_TUNE="
+        f"{os.environ.get('AVION_DS_MALLOC_TUNE', '1')})"
+    )
     for b in chosen_backends(a):
         inproc, helper = warm_pair(b, run)
         f0 = faults()
@@ -167,7 +189,8 @@ def part_faults(a, cfg, entry, csv_path: Path) -> None:
         for i in range(a.clips):
             run(helper, i)
         h1 = faults(helper.helper_pid)
-        print(f"  {b:<11} in-process {(f1 - f0) / a.clips:7.0f}   helper process {(h1 - h0) / a.clips:7.0f}   "
-              f"(helper malloc tuned: {helper.helper_malloc_tuned})")
+        print(
+            f"  {b:<11} in-process {(f1 - f0) / a.clips:7.0f}   helper process {(h1 - h0) / a.clips:7.0f}   "
+            f"(helper malloc tuned: {helper.helper_malloc_tuned})"
+        )
         helper.close()
-

@@ -22,7 +22,9 @@ def clip_requests(csv_path: Path, entry, cfg, n: int) -> list[tuple[list[tuple[s
     rows = list(csv.DictReader(csv_path.open()))[:n]
     out = []
     for i, r in enumerate(rows):
-        f0, f1 = seconds_to_frames(parse_timestamp(r["start_timestamp"]), parse_timestamp(r["stop_timestamp"]), entry.fps)
+        f0, f1 = seconds_to_frames(
+            parse_timestamp(r["start_timestamp"]), parse_timestamp(r["stop_timestamp"]), entry.fps
+        )
         rng = clip_rng(0, 0, i, 0)
         idx = segment_indices(f0, f1, cfg.num_frames, train=True, rng=rng)
         box = random_resized_crop(entry.height, entry.width, tuple(cfg.crop_scale), tuple(cfg.crop_ratio), rng)
@@ -30,8 +32,9 @@ def clip_requests(csv_path: Path, entry, cfg, n: int) -> list[tuple[list[tuple[s
     return out
 
 
-def timed_rounds(paths: dict, n: int, repeats: int,
-                 helper_cpu: dict | None = None) -> tuple[dict[str, list[float]], dict[str, float]]:
+def timed_rounds(
+    paths: dict, n: int, repeats: int, helper_cpu: dict | None = None
+) -> tuple[dict[str, list[float]], dict[str, float]]:
     """(wall seconds per clip of each path summed over ``repeats`` rounds, indexed by clip; total CPU seconds
     of each path: this process's ``process_time`` plus, for paths in ``helper_cpu``, their helper's).
 

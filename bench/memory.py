@@ -51,12 +51,19 @@ from avion_ds.memory.estimate import (
 from avion_ds.memory.units import format_bytes, parse_bytes
 from avion_ds.models import create_model
 
-SIZES = ("vit_small_patch16_224", "vit_base_patch16_224", "vit_large_patch16_224", "vit_huge_patch16_224",
-         "vit_giant_patch14_224")
+SIZES = (
+    "vit_small_patch16_224",
+    "vit_base_patch16_224",
+    "vit_large_patch16_224",
+    "vit_huge_patch16_224",
+    "vit_giant_patch14_224",
+)
 MiB = 2**20
 
 
-def _model(name: str, frames: int, size: int, depth: int, device: str, dtype: torch.dtype, **kw: Any) -> torch.nn.Module:
+def _model(
+    name: str, frames: int, size: int, depth: int, device: str, dtype: torch.dtype, **kw: Any
+) -> torch.nn.Module:
     over = dict(num_frames=frames, img_size=size, **kw)
     if depth:
         over["depth"] = depth
@@ -74,17 +81,28 @@ def part_ratio(args: argparse.Namespace, dtype: torch.dtype) -> dict[str, Any]:
     full = measure_activation_bytes(m, (args.frames, args.size, 1))
     ckpt = measure_activation_bytes(m, (args.frames, args.size, 1), checkpointing=True)
     ratio = ckpt / full
-    print(f"[ratio] vit_base_patch16_224 {args.frames}x{args.size} {str(dtype)[6:]} activations/clip: "
-          f"no checkpointing {format_bytes(full)}, checkpoint every block {format_bytes(ckpt)} -> "
-          f"{ratio:.3f}x (target <= 0.35x) [{time.perf_counter() - t0:.0f} s]")
-    return {"model": "vit_base_patch16_224", "frames": args.frames, "size": args.size, "dtype": str(dtype)[6:],
-                "bytes_no_ckpt": full, "bytes_ckpt": ckpt, "ratio": ratio}
+    print(
+        f"[ratio] vit_base_patch16_224 {args.frames}x{args.size} {str(dtype)[6:]} activations/clip: "
+        f"no checkpointing {format_bytes(full)}, checkpoint every block {format_bytes(ckpt)} -> "
+        f"{ratio:.3f}x (target <= 0.35x) [{time.perf_counter() - t0:.0f} s]"
+    )
+    return {
+        "model": "vit_base_patch16_224",
+        "frames": args.frames,
+        "size": args.size,
+        "dtype": str(dtype)[6:],
+        "bytes_no_ckpt": full,
+        "bytes_ckpt": ckpt,
+        "ratio": ratio,
+    }
 
 
 def part_activations(args: argparse.Namespace, dtype: torch.dtype) -> list[dict[str, Any]]:
     rows = []
-    print(f"[activations] predicted vs measured bytes/clip, {args.frames}x{args.size}, {str(dtype)[6:]}, "
-          f"depth {'full' if not args.depth else args.depth}")
+    print(
+        f"[activations] predicted vs measured bytes/clip, {args.frames}x{args.size}, {str(dtype)[6:]}, "
+        f"depth {'full' if not args.depth else args.depth}"
+    )
     for name in args.sizes:
         frames, size = args.frames, args.size - args.size % arch_info(name).patch_size
         m = _model(name, frames, size, args.depth, args.device, dtype)
@@ -94,11 +112,24 @@ def part_activations(args: argparse.Namespace, dtype: torch.dtype) -> list[dict[
             predicted = activation_bytes_per_clip(info, frames, size, dtype, ck)
             full_depth = activation_bytes_per_clip(arch_info(name, frames, size), frames, size, dtype, ck)
             err = predicted / measured - 1
-            rows.append({"model": name, "frames": frames, "size": size, "depth": info.depth, "checkpointing": bool(ck),
-                             "measured": measured, "predicted": predicted, "error": err, "predicted_full_depth": full_depth})
-            print(f"  {name:24s} depth {info.depth:2d} ckpt={'yes' if ck else 'no ':3s} measured {format_bytes(measured):>11s} "
-                  f"predicted {format_bytes(predicted):>11s} error {err:+.2%}   (full depth predicted "
-                  f"{format_bytes(full_depth)})")
+            rows.append(
+                {
+                    "model": name,
+                    "frames": frames,
+                    "size": size,
+                    "depth": info.depth,
+                    "checkpointing": bool(ck),
+                    "measured": measured,
+                    "predicted": predicted,
+                    "error": err,
+                    "predicted_full_depth": full_depth,
+                }
+            )
+            print(
+                f"  {name:24s} depth {info.depth:2d} ckpt={'yes' if ck else 'no ':3s} measured {format_bytes(measured):>11s} "
+                f"predicted {format_bytes(predicted):>11s} error {err:+.2%}   (full depth predicted "
+                f"{format_bytes(full_depth)})"
+            )
         del m
     return rows
 
@@ -114,23 +145,34 @@ def part_throughput(args: argparse.Namespace) -> list[dict[str, Any]]:
                 rows.append({"model": name, "attn_backend": "flash", "error": "flash-attn not installed"})
                 print(f"[throughput] {name} flash: flash-attn not installed")
                 continue
-            r = train_step_probe(name, args.frames, args.size, micro, dtype="bf16", attn_backend=backend,
-                                 warmup=2, steps=5)
+            r = train_step_probe(
+                name, args.frames, args.size, micro, dtype="bf16", attn_backend=backend, warmup=2, steps=5
+            )
             rows.append(r)
             if r.get("clips_per_s"):
-                print(f"[throughput] {name} {backend}: micro {micro}, {r['clips_per_s']:.1f} clips/s, "
-                      f"{r['achieved_tflops']:.0f} TFLOPS, MFU {r['mfu'] or 0:.1%}, peak {format_bytes(r['peak_allocated'])}")
+                print(
+                    f"[throughput] {name} {backend}: micro {micro}, {r['clips_per_s']:.1f} clips/s, "
+                    f"{r['achieved_tflops']:.0f} TFLOPS, MFU {r['mfu'] or 0:.1%}, peak {format_bytes(r['peak_allocated'])}"
+                )
             else:
                 print(f"[throughput] {name} {backend}: {r}")
     return rows
 
 
-def _probe_vs_estimate(name: str, args: argparse.Namespace, micro: int, ckpt: int, ds: dict | None = None,
-                       stage: int = 0, off: bool = False) -> dict[str, Any]:
+def _probe_vs_estimate(
+    name: str,
+    args: argparse.Namespace,
+    micro: int,
+    ckpt: int,
+    ds: dict | None = None,
+    stage: int = 0,
+    off: bool = False,
+) -> dict[str, Any]:
     from avion_ds.memory.measure import train_step_probe
 
-    r = train_step_probe(name, args.frames, args.size, micro, ds, dtype="bf16", checkpoint_every=ckpt,
-                         warmup=1, steps=2)
+    r = train_step_probe(
+        name, args.frames, args.size, micro, ds, dtype="bf16", checkpoint_every=ckpt, warmup=1, steps=2
+    )
     e = estimate(name, args.frames, args.size, micro, "bf16", stage, off, off, ckpt, 1)
     r["predicted_allocated"] = e.allocated_peak
     if r.get("peak_allocated"):
@@ -160,15 +202,20 @@ def part_capacity(args: argparse.Namespace) -> dict[str, Any]:
                 m = m + 1 if tried[m] else m - 1
             ok = [k for k, v in tried.items() if v]
             measured = max(ok) if ok else 0
-            out["max_micro"].append({"model": name, "checkpoint_every": ckpt, "predicted": pred, "measured": measured,
-                                         "probes": tried})
-            print(f"[capacity] {name} ckpt={'every 1' if ckpt else 'none'} under {format_bytes(cap)}: largest micro-batch "
-                  f"predicted {pred}, measured {measured}")
+            out["max_micro"].append(
+                {"model": name, "checkpoint_every": ckpt, "predicted": pred, "measured": measured, "probes": tried}
+            )
+            print(
+                f"[capacity] {name} ckpt={'every 1' if ckpt else 'none'} under {format_bytes(cap)}: largest micro-batch "
+                f"predicted {pred}, measured {measured}"
+            )
             args.save_partial("capacity", out)  # a time limit mid-part keeps what was measured
     errs = [p["planner_error"] for p in out["probes"] if "planner_error" in p]
     if errs:
-        print(f"[capacity] planner allocated-peak error over {len(errs)} probes: "
-              f"max |err| {max(abs(e) for e in errs):.1%}, mean {sum(errs) / len(errs):+.1%} (target within +-10%)")
+        print(
+            f"[capacity] planner allocated-peak error over {len(errs)} probes: "
+            f"max |err| {max(abs(e) for e in errs):.1%}, mean {sum(errs) / len(errs):+.1%} (target within +-10%)"
+        )
     return out
 
 
@@ -180,9 +227,15 @@ def part_giant(args: argparse.Namespace) -> list[dict[str, Any]]:
         ds = ds_config_for(Candidate(3, "all", "cpu", 1, micro, 1))
         r = _probe_vs_estimate("vit_giant_patch14_224", args, micro, 1, ds, stage=3, off=True)
         rows.append(r)
-        print(f"[giant] ViT-g ZeRO-3 offload(all:cpu) + checkpointing micro {micro} under {format_bytes(args.cap_bytes)}: "
-              + (f"{r['clips_per_s']:.2f} clips/s, peak {format_bytes(r['peak_allocated'])}, predicted "
-                 f"{format_bytes(r['predicted_allocated'])}" if r.get("clips_per_s") else str(r)))
+        print(
+            f"[giant] ViT-g ZeRO-3 offload(all:cpu) + checkpointing micro {micro} under {format_bytes(args.cap_bytes)}: "
+            + (
+                f"{r['clips_per_s']:.2f} clips/s, peak {format_bytes(r['peak_allocated'])}, predicted "
+                f"{format_bytes(r['predicted_allocated'])}"
+                if r.get("clips_per_s")
+                else str(r)
+            )
+        )
     return rows
 
 
@@ -212,28 +265,51 @@ def part_offload(args: argparse.Namespace, dtype: torch.dtype) -> list[dict[str,
     with torch.no_grad():
         t_plain, ref = timed(plain)
     peak = torch.cuda.max_memory_allocated() if cuda else None
-    rows.append({"model": name, "mode": "plain", "params": params, "step_s": t_plain, "clips_per_s": args.offload_batch / t_plain,
-                     "peak_allocated": peak})
+    rows.append(
+        {
+            "model": name,
+            "mode": "plain",
+            "params": params,
+            "step_s": t_plain,
+            "clips_per_s": args.offload_batch / t_plain,
+            "peak_allocated": peak,
+        }
+    )
     state = {k: v.detach().cpu() for k, v in plain.state_dict().items()}
     del plain
-    print(f"[offload] {name} {args.frames}x{args.size} batch {args.offload_batch} {str(dtype)[6:]}: plain "
-          f"{args.offload_batch / t_plain:.2f} clips/s" + (f", peak {format_bytes(peak)}" if cuda else ""))
+    print(
+        f"[offload] {name} {args.frames}x{args.size} batch {args.offload_batch} {str(dtype)[6:]}: plain "
+        f"{args.offload_batch / t_plain:.2f} clips/s" + (f", peak {format_bytes(peak)}" if cuda else "")
+    )
     for live in args.offload_live:
         m = create_model(name, num_frames=args.frames, img_size=args.size)
         m.load_state_dict(state, strict=False)
         if cuda:
             torch.cuda.empty_cache()
             torch.cuda.reset_peak_memory_stats()
-        off = wrap_for_inference(m, offload="cpu", max_live_parameters=live, prefetch_bucket_size=max(live // 2, 1),
-                                 dtype=dtype)
+        off = wrap_for_inference(
+            m, offload="cpu", max_live_parameters=live, prefetch_bucket_size=max(live // 2, 1), dtype=dtype
+        )
         t, out = timed(off)
         peak = torch.cuda.max_memory_allocated() if cuda else None
         diff = float((out.float().cpu() - ref.float().cpu()).abs().max())
-        rows.append({"model": name, "mode": "zero3-offload-cpu", "max_live_parameters": live, "params": params, "step_s": t,
-                         "clips_per_s": args.offload_batch / t, "peak_allocated": peak, "max_abs_diff": diff,
-                         "slowdown": t / t_plain})
-        print(f"[offload]   max_live_parameters {live:>11,d}: {args.offload_batch / t:.2f} clips/s ({t / t_plain:.2f}x "
-              f"the plain time)" + (f", peak {format_bytes(peak)}" if cuda else "") + f", max |logit diff| {diff:.1e}")
+        rows.append(
+            {
+                "model": name,
+                "mode": "zero3-offload-cpu",
+                "max_live_parameters": live,
+                "params": params,
+                "step_s": t,
+                "clips_per_s": args.offload_batch / t,
+                "peak_allocated": peak,
+                "max_abs_diff": diff,
+                "slowdown": t / t_plain,
+            }
+        )
+        print(
+            f"[offload]   max_live_parameters {live:>11,d}: {args.offload_batch / t:.2f} clips/s ({t / t_plain:.2f}x "
+            f"the plain time)" + (f", peak {format_bytes(peak)}" if cuda else "") + f", max |logit diff| {diff:.1e}"
+        )
         del off, m
     return rows
 
@@ -247,27 +323,39 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--size", type=int, default=224)
     p.add_argument("--depth", type=int, default=0, help="0 = full depth; k = depth-k copies (CPU: cheaper)")
     p.add_argument("--sizes", default=",".join(SIZES))
-    p.add_argument("--capacity-sizes", default="vit_small_patch16_224,vit_base_patch16_224,vit_large_patch16_224,"
-                                              "vit_huge_patch16_224")
+    p.add_argument(
+        "--capacity-sizes",
+        default="vit_small_patch16_224,vit_base_patch16_224,vit_large_patch16_224,vit_huge_patch16_224",
+    )
     p.add_argument("--cap", default="24GiB", help="CUDA memory cap for capacity/giant")
     p.add_argument("--offload-model", default="vit_base_patch16_224")
     p.add_argument("--offload-batch", type=int, default=2)
     p.add_argument("--offload-iters", type=int, default=2)
-    p.add_argument("--offload-live", default="1000000,10000000,100000000",
-                   help="stage3_max_live_parameters values to compare")
+    p.add_argument(
+        "--offload-live", default="1000000,10000000,100000000", help="stage3_max_live_parameters values to compare"
+    )
     p.add_argument("--rss-models", default="vit_huge_patch16_224,vit_giant_patch14_224")
     p.add_argument("--rss-modes", default="after,before", help="after = zero.Init build; before = full build")
     p.add_argument("--rss-frames", type=int, default=16)
     p.add_argument("--rss-size", type=int, default=224)
     p.add_argument("--ranks", type=int, default=2)
     p.add_argument("--optimizer-model", default="vit_large_patch16_224")
-    p.add_argument("--export-after-optimizer", action="store_true",
-                   help="optimizer part: save the ZeRO-3 checkpoint and measure the streamed export's peak RSS")
+    p.add_argument(
+        "--export-after-optimizer",
+        action="store_true",
+        help="optimizer part: save the ZeRO-3 checkpoint and measure the streamed export's peak RSS",
+    )
     p.add_argument("--export-models", default="vit_giant_patch14_224")
-    p.add_argument("--export-optimizers", default="sgd:0",
-                   help="OPT:STEPS list: adamw:1 (AdamW, one step) / sgd:0 (SGD without momentum, no step)")
-    p.add_argument("--export-load-back", action="store_true",
-                   help="export part: also load the output with create_model(pretrained=...) (full model in memory)")
+    p.add_argument(
+        "--export-optimizers",
+        default="sgd:0",
+        help="OPT:STEPS list: adamw:1 (AdamW, one step) / sgd:0 (SGD without momentum, no step)",
+    )
+    p.add_argument(
+        "--export-load-back",
+        action="store_true",
+        help="export part: also load the output with create_model(pretrained=...) (full model in memory)",
+    )
     p.add_argument("--work-dir", default="/tmp/avion_bench_rss", help="weights files and per-run JSON")
     p.add_argument("--keep-weights", action="store_true")
     p.add_argument("--json", default=None)
@@ -276,8 +364,11 @@ def main(argv: list[str] | None = None) -> int:
     args.rss_modes = [s for s in args.rss_modes.split(",") if s]
     args.export_models = [s for s in args.export_models.split(",") if s]
     args.export_optimizers = [s for s in args.export_optimizers.split(",") if s]
-    bad = [s for s in args.export_optimizers if s.partition(":")[0] not in ("adamw", "sgd")
-           or not s.partition(":")[2].isdigit()]
+    bad = [
+        s
+        for s in args.export_optimizers
+        if s.partition(":")[0] not in ("adamw", "sgd") or not s.partition(":")[2].isdigit()
+    ]
     if bad:
         p.error(f"--export-optimizers {bad[0]!r}: use OPT:STEPS with OPT adamw or sgd, e.g. adamw:1,sgd:0")
     args.sizes = [s for s in args.sizes.split(",") if s]
@@ -293,10 +384,17 @@ def main(argv: list[str] | None = None) -> int:
     if {"capacity", "giant"} & set(parts):
         total = torch.cuda.get_device_properties(0).total_memory
         torch.cuda.set_per_process_memory_fraction(min(1.0, args.cap_bytes / total))
-    results: dict[str, Any] = {"machine": {"python": platform.python_version(), "torch": torch.__version__,
-                                                "device": torch.cuda.get_device_name() if args.device == "cuda" else
-                                                platform.processor() or platform.machine()},
-                                   "command": " ".join(["python", "bench/memory.py"] + (argv or sys.argv[1:]))}
+    results: dict[str, Any] = {
+        "machine": {
+            "python": platform.python_version(),
+            "torch": torch.__version__,
+            "device": torch.cuda.get_device_name()
+            if args.device == "cuda"
+            else platform.processor() or platform.machine(),
+        },
+        "command": " ".join(["python", "bench/memory.py"] + (argv or sys.argv[1:])),
+    }
+
     def save(part: str | None = None, partial: Any = None) -> None:
         if part is not None:
             results[part] = partial

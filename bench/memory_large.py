@@ -40,13 +40,44 @@ def _free_gib() -> float:
     return info["MemAvailable"] / 2**20
 
 
-def _rss_run(model: str, mode: str, weights: Path | None, out: Path, args: argparse.Namespace,
-             optimizer: bool = False, save: Path | None = None, sgd: bool = False, steps: int = 1) -> dict[str, Any]:
-    env = dict(os.environ, DS_ACCELERATOR="cpu", OMP_NUM_THREADS="1",
-               PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(args.ranks), "--master_port",
-           str(free_port()), "-m", "bench.rss", "--model", model, "--mode", mode, "--out", str(out),
-           "--frames", str(args.rss_frames), "--size", str(args.rss_size)]
+def _rss_run(
+    model: str,
+    mode: str,
+    weights: Path | None,
+    out: Path,
+    args: argparse.Namespace,
+    optimizer: bool = False,
+    save: Path | None = None,
+    sgd: bool = False,
+    steps: int = 1,
+) -> dict[str, Any]:
+    env = dict(
+        os.environ,
+        DS_ACCELERATOR="cpu",
+        OMP_NUM_THREADS="1",
+        PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""),
+    )
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc_per_node",
+        str(args.ranks),
+        "--master_port",
+        str(free_port()),
+        "-m",
+        "bench.rss",
+        "--model",
+        model,
+        "--mode",
+        mode,
+        "--out",
+        str(out),
+        "--frames",
+        str(args.rss_frames),
+        "--size",
+        str(args.rss_size),
+    ]
     if weights is not None:
         cmd += ["--pretrained", str(weights)]
     if optimizer:
@@ -65,9 +96,13 @@ def _print_rss(r: dict[str, Any]) -> None:
         return
     fp = r["fp32_bytes"]
     for rank in r["ranks"]:
-        cells = " | ".join(f"{s} anon {d['peak_anon'] / fp:.2f}x file {d['peak_file'] / fp:.2f}x total {d['peak_total'] / fp:.2f}x"
-                           for s, d in rank["stages"].items())
-        print(f"[rss] {r['model']} ({r['params'] / 1e6:.0f}M, fp32 {format_bytes(fp)}) {r['mode']:6s} rank {rank['rank']}: {cells}")
+        cells = " | ".join(
+            f"{s} anon {d['peak_anon'] / fp:.2f}x file {d['peak_file'] / fp:.2f}x total {d['peak_total'] / fp:.2f}x"
+            for s, d in rank["stages"].items()
+        )
+        print(
+            f"[rss] {r['model']} ({r['params'] / 1e6:.0f}M, fp32 {format_bytes(fp)}) {r['mode']:6s} rank {rank['rank']}: {cells}"
+        )
 
 
 def part_rss(args: argparse.Namespace) -> list[dict[str, Any]]:
@@ -111,11 +146,18 @@ def part_optimizer(args: argparse.Namespace) -> dict[str, Any]:
     planner = (16 + ZERO3_FP32_EXTRA_BYTES) * p // w + bucket
     for rank in r["ranks"]:
         held = rank["stages"]["step"]["now_total"]  # what stays after the step, above the baseline
-        rank.update(textbook_bytes=textbook, bucket_bytes=bucket, planner_bytes=planner,
-                    held_over_textbook=held / textbook, held_over_planner=held / planner)
-        print(f"[optimizer] {args.optimizer_model} rank {rank['rank']}: held after step {format_bytes(held)}: "
-              f"{held / textbook:.3f}x of 16 B x p / world ({format_bytes(textbook)}), {held / planner:.3f}x of the "
-              f"planner's 21 B x p / world + 4 B x min(5e8, p) ({format_bytes(planner)})")
+        rank.update(
+            textbook_bytes=textbook,
+            bucket_bytes=bucket,
+            planner_bytes=planner,
+            held_over_textbook=held / textbook,
+            held_over_planner=held / planner,
+        )
+        print(
+            f"[optimizer] {args.optimizer_model} rank {rank['rank']}: held after step {format_bytes(held)}: "
+            f"{held / textbook:.3f}x of 16 B x p / world ({format_bytes(textbook)}), {held / planner:.3f}x of the "
+            f"planner's 21 B x p / world + 4 B x min(5e8, p) ({format_bytes(planner)})"
+        )
     if run_dir is not None:
         r["export"] = _export_rss(run_dir, work / "exported.safetensors", r["fp32_bytes"])
     return r
@@ -149,31 +191,55 @@ def part_export(args: argparse.Namespace) -> list[dict[str, Any]]:
             opt, steps = spec.split(":")
             need = 2.0 * args.ranks * fp32_gib + 2  # ~1.7x per rank measured after initialize (ViT-B)
             if _free_gib() < need:
-                rows.append({"model": model, "optimizer": spec, "skipped": f"needs ~{need:.0f} GiB, {_free_gib():.0f} free"})
+                rows.append(
+                    {"model": model, "optimizer": spec, "skipped": f"needs ~{need:.0f} GiB, {_free_gib():.0f} free"}
+                )
                 print(f"[export] {model} {spec}: skipped ({rows[-1]['skipped']})")
                 continue
             run_dir, out = work / f"export_run_{opt}{steps}", work / f"exported_{opt}{steps}.safetensors"
-            r = _rss_run(model, "after", weights, work / f"rss_export_{opt}{steps}.json", args, optimizer=True,
-                         save=run_dir, sgd=opt == "sgd", steps=int(steps))
+            r = _rss_run(
+                model,
+                "after",
+                weights,
+                work / f"rss_export_{opt}{steps}.json",
+                args,
+                optimizer=True,
+                save=run_dir,
+                sgd=opt == "sgd",
+                steps=int(steps),
+            )
             if "error" in r:
                 print(f"[export] {model} {spec}: checkpoint FAILED\n{r['error']}")
                 rows.append(r)
                 continue
             shards = sorted(run_dir.rglob("*optim_states.pt"))
-            row = {"model": model, "optimizer": spec, "params": r["params"], "fp32_bytes": r["fp32_bytes"],
-                   "world_size": r["world_size"], "optim_shard_bytes": sum(f.stat().st_size for f in shards),
-                   "checkpoint_rss": r["ranks"]}
+            row = {
+                "model": model,
+                "optimizer": spec,
+                "params": r["params"],
+                "fp32_bytes": r["fp32_bytes"],
+                "world_size": r["world_size"],
+                "optim_shard_bytes": sum(f.stat().st_size for f in shards),
+                "checkpoint_rss": r["ranks"],
+            }
             row["export"] = _export_rss(run_dir, out, r["fp32_bytes"], keep=True)
-            print(f"[export] {model} {spec}: {len(shards)} optimizer shards, "
-                  f"{row['optim_shard_bytes'] / r['fp32_bytes']:.2f}x fp32 bytes on disk")
+            print(
+                f"[export] {model} {spec}: {len(shards)} optimizer shards, "
+                f"{row['optim_shard_bytes'] / r['fp32_bytes']:.2f}x fp32 bytes on disk"
+            )
             if "error" not in row["export"]:
                 ref = str(weights) if int(steps) == 0 else ""
                 row["verify"] = _in_fresh_process(
                     "import json, sys; from bench.rss import verify_export; "
                     "print('RESULT ' + json.dumps(verify_export(sys.argv[1], sys.argv[2], sys.argv[3] or None, "
                     "sys.argv[4] == '1', num_frames=int(sys.argv[5]), img_size=int(sys.argv[6]))))",
-                    str(out), model, ref, "1" if args.export_load_back else "0", str(args.rss_frames),
-                    str(args.rss_size))
+                    str(out),
+                    model,
+                    ref,
+                    "1" if args.export_load_back else "0",
+                    str(args.rss_frames),
+                    str(args.rss_size),
+                )
                 print(f"[export] {model} {spec}: output check {row['verify']}")
             out.unlink(missing_ok=True)
             shutil.rmtree(run_dir, ignore_errors=True)
@@ -185,15 +251,19 @@ def part_export(args: argparse.Namespace) -> list[dict[str, Any]]:
 
 def _export_rss(run_dir: Path, out: Path, fp32: int, keep: bool = False) -> dict[str, Any]:
     """`avion-ds export` of the ZeRO-3 checkpoint in a fresh process: peak RSS vs fp32 model bytes."""
-    code = ("import json, sys; from bench.rss import measure_export; "
-            "print('RESULT ' + json.dumps(measure_export(sys.argv[1], sys.argv[2])))")
+    code = (
+        "import json, sys; from bench.rss import measure_export; "
+        "print('RESULT ' + json.dumps(measure_export(sys.argv[1], sys.argv[2])))"
+    )
     peaks = _in_fresh_process(code, str(run_dir), str(out))
     if peaks is None:
         return {"error": "export failed"}
     peaks["fp32_bytes"] = fp32
-    print(f"[export] streamed export of the ZeRO-3 checkpoint: peak RSS {peaks['peak_total'] / fp32:.2f}x of fp32 "
-          f"({format_bytes(peaks['peak_total'])}; anon {peaks['peak_anon'] / fp32:.2f}x, file-backed "
-          f"{peaks['peak_file'] / fp32:.2f}x), output {format_bytes(out.stat().st_size)}")
+    print(
+        f"[export] streamed export of the ZeRO-3 checkpoint: peak RSS {peaks['peak_total'] / fp32:.2f}x of fp32 "
+        f"({format_bytes(peaks['peak_total'])}; anon {peaks['peak_anon'] / fp32:.2f}x, file-backed "
+        f"{peaks['peak_file'] / fp32:.2f}x), output {format_bytes(out.stat().st_size)}"
+    )
     if not keep:
         out.unlink(missing_ok=True)
     return peaks
@@ -204,8 +274,15 @@ def part_resident(args: argparse.Namespace) -> list[dict[str, Any]]:
     env = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
     if args.device == "cpu":
         env["DS_ACCELERATOR"] = "cpu"
-    cmd = [sys.executable, __file__, "--resident-worker", args.offload_model, str(args.frames), str(args.size),
-           ",".join(str(v) for v in args.offload_live)]
+    cmd = [
+        sys.executable,
+        __file__,
+        "--resident-worker",
+        args.offload_model,
+        str(args.frames),
+        str(args.size),
+        ",".join(str(v) for v in args.offload_live),
+    ]
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, check=False)
     line = next((ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")), None)
     if proc.returncode != 0 or line is None:
@@ -213,9 +290,11 @@ def part_resident(args: argparse.Namespace) -> list[dict[str, Any]]:
         return [{"error": proc.stderr[-1500:]}]
     rows = json.loads(line[7:])
     for r in rows:
-        print(f"[resident] {r['model']} ({r['params'] / 1e6:.1f}M params): max_live {r['max_live_parameters']:>11,d} + "
-              f"prefetch {r['prefetch_bucket_size']:>11,d}: peak resident {r['peak_resident']:>11,d} "
-              f"({r['peak_resident'] / r['params']:.3f} of the model; largest module {r['largest_module']:,d})")
+        print(
+            f"[resident] {r['model']} ({r['params'] / 1e6:.1f}M params): max_live {r['max_live_parameters']:>11,d} + "
+            f"prefetch {r['prefetch_bucket_size']:>11,d}: peak resident {r['peak_resident']:>11,d} "
+            f"({r['peak_resident'] / r['params']:.3f} of the model; largest module {r['largest_module']:,d})"
+        )
     return rows
 
 

@@ -30,7 +30,15 @@ from avion_ds.models import apply_activation_checkpointing, create_model, model_
 from avion_ds.models.attention import flash_available
 
 # dense bf16 tensor-core peak per GPU (FLOP/s), for MFU when --peak-tflops is not given
-_PEAK_BF16 = {"H200": 989e12, "H100": 989e12, "A100": 312e12, "L40S": 362e12, "A10": 125e12, "4090": 165e12, "3090": 71e12}
+_PEAK_BF16 = {
+    "H200": 989e12,
+    "H100": 989e12,
+    "A100": 312e12,
+    "L40S": 362e12,
+    "A10": 125e12,
+    "4090": 165e12,
+    "3090": 71e12,
+}
 
 
 @dataclass
@@ -75,8 +83,13 @@ def run(args: argparse.Namespace) -> list[dict]:
             print(f"skip {v.label}: flash-attn needs CUDA and the flash-attn package", file=sys.stderr)
             continue
         torch.manual_seed(0)
-        model = create_model(v.model, num_frames=args.frames, img_size=args.size, attn_backend=v.backend,
-                             patch_embed=v.embed).to(device=device, dtype=dtype).train()
+        model = (
+            create_model(
+                v.model, num_frames=args.frames, img_size=args.size, attn_backend=v.backend, patch_embed=v.embed
+            )
+            .to(device=device, dtype=dtype)
+            .train()
+        )
         if v.ckpt:
             apply_activation_checkpointing(model)
         built.append((v, model))
@@ -108,11 +121,17 @@ def run(args: argparse.Namespace) -> list[dict]:
         t = min(times[v.label])
         clips = args.batch / t
         flops = 3 * model_flops(v.model, num_frames=args.frames, img_size=args.size)
-        rows.append({
-            "variant": v.label, "step_s": t, "clips_s": clips, "act_bytes": act[v.label],
-            "peak_mem": peak_mem.get(v.label), "tflops": clips * flops / 1e12,
-            "mfu": clips * flops / peak if peak else None,
-        })
+        rows.append(
+            {
+                "variant": v.label,
+                "step_s": t,
+                "clips_s": clips,
+                "act_bytes": act[v.label],
+                "peak_mem": peak_mem.get(v.label),
+                "tflops": clips * flops / 1e12,
+                "mfu": clips * flops / peak if peak else None,
+            }
+        )
     return rows
 
 
@@ -135,17 +154,23 @@ def embed_only(args: argparse.Namespace) -> str:
             if i >= 2:
                 times[m].append(time.perf_counter() - t0)
     lin, conv = (min(times[m]) for m in ("linear", "conv"))
-    return (f"tubelet embedding alone (768 wide, {args.batch}x3x{args.frames}x{args.size}x{args.size}, fwd+bwd, "
-            f"best of {args.embed_iters}): linear {1e3 * lin:.1f} ms, conv3d {1e3 * conv:.1f} ms, "
-            f"linear speed-up x{conv / lin:.2f}")
+    return (
+        f"tubelet embedding alone (768 wide, {args.batch}x3x{args.frames}x{args.size}x{args.size}, fwd+bwd, "
+        f"best of {args.embed_iters}): linear {1e3 * lin:.1f} ms, conv3d {1e3 * conv:.1f} ms, "
+        f"linear speed-up x{conv / lin:.2f}"
+    )
 
 
 def report(rows: list[dict], args: argparse.Namespace) -> str:
     lines = [
-        (f"device={args.device} dtype={args.dtype} input={args.batch}x3x{args.frames}x{args.size}x{args.size} "
-         f"best of {args.iters} iters torch={torch.__version__} threads={torch.get_num_threads()}"),
-        (f"{'variant':44s} {'step s':>8s} {'clips/s':>8s} {'x speed':>8s} {'act MiB':>9s} {'x act':>7s}"
-         f" {'TFLOP/s':>8s} {'MFU':>6s} {'peak MiB':>9s}"),
+        (
+            f"device={args.device} dtype={args.dtype} input={args.batch}x3x{args.frames}x{args.size}x{args.size} "
+            f"best of {args.iters} iters torch={torch.__version__} threads={torch.get_num_threads()}"
+        ),
+        (
+            f"{'variant':44s} {'step s':>8s} {'clips/s':>8s} {'x speed':>8s} {'act MiB':>9s} {'x act':>7s}"
+            f" {'TFLOP/s':>8s} {'MFU':>6s} {'peak MiB':>9s}"
+        ),
     ]
     base = rows[0]
     for r in rows:
@@ -166,7 +191,9 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--models", nargs="+", default=["vit_base_patch16_224"])
     p.add_argument("--backends", nargs="+", default=["sdpa", "eager"], choices=["flash", "sdpa", "eager"])
     p.add_argument("--embeds", nargs="+", default=["linear", "conv"], choices=["linear", "conv"])
-    p.add_argument("--grid", action="store_true", help="every backend x embed combination (default: one factor at a time)")
+    p.add_argument(
+        "--grid", action="store_true", help="every backend x embed combination (default: one factor at a time)"
+    )
     p.add_argument("--embed-iters", type=int, default=10, help="iterations of the embedding-only comparison (0: skip)")
     p.add_argument("--no-ckpt", dest="ckpt", action="store_false", help="skip the activation-checkpointing row")
     p.add_argument("--frames", type=int, default=8)

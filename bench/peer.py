@@ -38,16 +38,36 @@ def build_pair(name: str, frames: int, size: int, attn: str, device: str, dtype:
     """(ours, hf, hf_input_fn): HF VideoMAE takes (B, T, C, H, W); ours (B, C, T, H, W)."""
     from transformers import VideoMAEConfig, VideoMAEForVideoClassification
 
-    ours = create_model(name, num_frames=frames, img_size=size, num_classes=400, drop_path_rate=0.0,
-                        attn_backend=attn if attn != "flash" else "flash")
+    ours = create_model(
+        name,
+        num_frames=frames,
+        img_size=size,
+        num_classes=400,
+        drop_path_rate=0.0,
+        attn_backend=attn if attn != "flash" else "flash",
+    )
     a = ours.arch
-    cfg = VideoMAEConfig(image_size=size, patch_size=a.patch_size, num_channels=3, num_frames=frames,
-                         tubelet_size=a.tubelet_size, hidden_size=a.embed_dim, num_hidden_layers=a.depth,
-                         num_attention_heads=a.num_heads, intermediate_size=a.mlp_hidden, qv_bias=True,
-                         use_mean_pooling=True, num_labels=400, layer_norm_eps=1e-6)
+    cfg = VideoMAEConfig(
+        image_size=size,
+        patch_size=a.patch_size,
+        num_channels=3,
+        num_frames=frames,
+        tubelet_size=a.tubelet_size,
+        hidden_size=a.embed_dim,
+        num_hidden_layers=a.depth,
+        num_attention_heads=a.num_heads,
+        intermediate_size=a.mlp_hidden,
+        qv_bias=True,
+        use_mean_pooling=True,
+        num_labels=400,
+        layer_norm_eps=1e-6,
+    )
     hf_attn = {"sdpa": "sdpa", "eager": "eager", "flash": "flash_attention_2"}[attn]
-    hf = VideoMAEForVideoClassification(cfg, attn_implementation=hf_attn) if _accepts_attn() else \
-        VideoMAEForVideoClassification(cfg)
+    hf = (
+        VideoMAEForVideoClassification(cfg, attn_implementation=hf_attn)
+        if _accepts_attn()
+        else VideoMAEForVideoClassification(cfg)
+    )
     if not _accepts_attn():
         hf.config._attn_implementation = hf_attn
     return ours.to(device=device, dtype=dtype), hf.to(device=device, dtype=dtype)
@@ -74,8 +94,14 @@ def _sync(device: str) -> None:
         torch.cuda.synchronize()
 
 
-def time_steps(runs: dict[str, tuple[torch.nn.Module, Callable]], x: torch.Tensor, y: torch.Tensor,
-               steps: int, warmup: int, device: str) -> dict[str, list[float]]:
+def time_steps(
+    runs: dict[str, tuple[torch.nn.Module, Callable]],
+    x: torch.Tensor,
+    y: torch.Tensor,
+    steps: int,
+    warmup: int,
+    device: str,
+) -> dict[str, list[float]]:
     """Interleave ours and HF step by step so that machine noise hits both alike."""
     opts = {k: torch.optim.AdamW(m.parameters(), lr=1e-4) for k, (m, _) in runs.items()}
     times: dict[str, list[float]] = {k: [] for k in runs}
@@ -116,10 +142,16 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     dtype = torch_dtype(args.dtype or ("bf16" if args.device.startswith("cuda") else "fp32"))
     torch.manual_seed(0)
-    res: dict[str, Any] = {"model": args.model, "attn": args.attn, "dtype": str(dtype)[6:], "device": args.device,
-                               "torch": torch.__version__, "transformers": transformers.__version__,
-                               "machine": torch.cuda.get_device_name() if args.device.startswith("cuda") else platform.machine(),
-                               "command": " ".join(["python", "bench/peer.py"] + (argv or sys.argv[1:]))}
+    res: dict[str, Any] = {
+        "model": args.model,
+        "attn": args.attn,
+        "dtype": str(dtype)[6:],
+        "device": args.device,
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "machine": torch.cuda.get_device_name() if args.device.startswith("cuda") else platform.machine(),
+        "command": " ".join(["python", "bench/peer.py"] + (argv or sys.argv[1:])),
+    }
 
     # activation bytes per clip (forward only)
     af, asz = args.act_frames or args.frames, args.act_size or args.size
@@ -130,8 +162,10 @@ def main(argv: list[str] | None = None) -> int:
     act_hf = measure_activation_bytes(hf, x, forward=hf_forward)
     res["activations"] = {"frames": af, "size": asz, "ours": act_ours, "hf": act_hf, "ratio": act_ours / act_hf}
     print(f"params: ours {res['params']['ours'] / 1e6:.2f}M, HF VideoMAE {res['params']['hf'] / 1e6:.2f}M")
-    print(f"activation bytes/clip {af}x{asz} {str(dtype)[6:]}: ours {format_bytes(act_ours)}, HF {format_bytes(act_hf)} "
-          f"-> {act_ours / act_hf:.3f}x (target <= 0.8x)")
+    print(
+        f"activation bytes/clip {af}x{asz} {str(dtype)[6:]}: ours {format_bytes(act_ours)}, HF {format_bytes(act_hf)} "
+        f"-> {act_ours / act_hf:.3f}x (target <= 0.8x)"
+    )
     # both with activation checkpointing of every block (ours: apply_activation_checkpointing; HF: its own
     # gradient_checkpointing_enable) - the memory/compute trade each library offers
     from avion_ds.models import apply_activation_checkpointing
@@ -141,22 +175,36 @@ def main(argv: list[str] | None = None) -> int:
     ck_ours = measure_activation_bytes(ours, x, forward=our_forward)
     ck_hf = measure_activation_bytes(hf, x, forward=hf_forward)
     res["activations_checkpointed"] = {"ours": ck_ours, "hf": ck_hf, "ratio": ck_ours / ck_hf}
-    print(f"  with checkpointing of every block: ours {format_bytes(ck_ours)}, HF {format_bytes(ck_hf)} "
-          f"-> {ck_ours / ck_hf:.3f}x; ours checkpointed vs HF plain {ck_ours / act_hf:.3f}x")
+    print(
+        f"  with checkpointing of every block: ours {format_bytes(ck_ours)}, HF {format_bytes(ck_hf)} "
+        f"-> {ck_ours / ck_hf:.3f}x; ours checkpointed vs HF plain {ck_ours / act_hf:.3f}x"
+    )
     del ours, hf
 
     # train-step throughput
     ours, hf = build_pair(args.model, args.frames, args.size, args.attn, args.device, dtype)
     x = torch.randn(args.batch, 3, args.frames, args.size, args.size, device=args.device, dtype=dtype)
     y = torch.randint(0, 400, (args.batch,), device=args.device)
-    times = time_steps({"ours": (ours, our_forward), "hf": (hf, hf_forward)}, x, y, args.steps, args.warmup, args.device)
+    times = time_steps(
+        {"ours": (ours, our_forward), "hf": (hf, hf_forward)}, x, y, args.steps, args.warmup, args.device
+    )
     med = {k: statistics.median(v) for k, v in times.items()}
     clips = {k: args.batch / v for k, v in med.items()}
-    res["throughput"] = {"frames": args.frames, "size": args.size, "batch": args.batch, "steps": args.steps,
-                             "step_s": med, "clips_per_s": clips, "speedup": clips["ours"] / clips["hf"], "all_step_s": times}
-    print(f"train step {args.frames}x{args.size} batch {args.batch} {str(dtype)[6:]} ({args.steps} timed steps, "
-          f"median): ours {clips['ours']:.2f} clips/s, HF {clips['hf']:.2f} clips/s -> {clips['ours'] / clips['hf']:.2f}x "
-          f"(target >= 1.2x)")
+    res["throughput"] = {
+        "frames": args.frames,
+        "size": args.size,
+        "batch": args.batch,
+        "steps": args.steps,
+        "step_s": med,
+        "clips_per_s": clips,
+        "speedup": clips["ours"] / clips["hf"],
+        "all_step_s": times,
+    }
+    print(
+        f"train step {args.frames}x{args.size} batch {args.batch} {str(dtype)[6:]} ({args.steps} timed steps, "
+        f"median): ours {clips['ours']:.2f} clips/s, HF {clips['hf']:.2f} clips/s -> {clips['ours'] / clips['hf']:.2f}x "
+        f"(target >= 1.2x)"
+    )
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json).write_text(json.dumps({"peer": res}, indent=1) + "\n")

@@ -77,20 +77,27 @@ def part_steps(args: argparse.Namespace) -> None:
     t = _best({"pretrain": step_pre, "finetune": step_ft}, args.iters)
     b_pre = _saved_bytes(pre, lambda: pre(x, mask).loss)
     b_ft = _saved_bytes(ft, lambda: ft(x))
-    print(f"[steps] ViT-B/16 16x224 batch {args.batch} fp32 CPU sdpa, tube mask 0.9 "
-          f"({int((~mask[0]).sum())} of {mask.shape[1]} tokens visible)")
+    print(
+        f"[steps] ViT-B/16 16x224 batch {args.batch} fp32 CPU sdpa, tube mask 0.9 "
+        f"({int((~mask[0]).sum())} of {mask.shape[1]} tokens visible)"
+    )
     for k, sec, nbytes in (("pretrain", t["pretrain"], b_pre), ("finetune", t["finetune"], b_ft)):
-        print(f"  {k:9s} {args.batch / sec:7.3f} clips/s  step {sec:6.2f} s  saved activations {nbytes / 2**20:8.1f} MiB")
-    print(f"  pretrain / finetune: speed x{t['finetune'] / t['pretrain']:.2f}, activation bytes x{b_pre / b_ft:.3f} "
-          f"(finetune needs x{b_ft / b_pre:.1f} more)")
+        print(
+            f"  {k:9s} {args.batch / sec:7.3f} clips/s  step {sec:6.2f} s  saved activations {nbytes / 2**20:8.1f} MiB"
+        )
+    print(
+        f"  pretrain / finetune: speed x{t['finetune'] / t['pretrain']:.2f}, activation bytes x{b_pre / b_ft:.3f} "
+        f"(finetune needs x{b_ft / b_pre:.1f} more)"
+    )
 
 
 def part_hf(args: argparse.Namespace) -> None:
     import transformers
 
     torch.manual_seed(0)
-    cfg = transformers.VideoMAEConfig(norm_pix_loss=True, use_mean_pooling=False, layer_norm_eps=1e-6,
-                                      attn_implementation="sdpa")
+    cfg = transformers.VideoMAEConfig(
+        norm_pix_loss=True, use_mean_pooling=False, layer_norm_eps=1e-6, attn_implementation="sdpa"
+    )
     hf = transformers.VideoMAEForPreTraining(cfg)
     ours = create_model("pretrain_videomae_base_patch16_224", attn_backend="sdpa", decoder_norm_eps=1e-5)
     report = load_pretrained_mae(ours, hf.state_dict(), strict=True)
@@ -117,13 +124,19 @@ def part_hf(args: argparse.Namespace) -> None:
     t = _best({"ours": step_ours, "hf": step_hf}, args.iters)
     b_ours = _saved_bytes(ours, lambda: ours(x, mask).loss)
     b_hf = _saved_bytes(hf, lambda: hf(xt, bool_masked_pos=mask).loss)
-    print(f"[hf] ViT-B pretraining vs transformers {transformers.__version__} VideoMAEForPreTraining, batch "
-          f"{args.batch}, a different 0.9 tube mask per clip, fp32, sdpa both; weights: {report.summary()}")
+    print(
+        f"[hf] ViT-B pretraining vs transformers {transformers.__version__} VideoMAEForPreTraining, batch "
+        f"{args.batch}, a different 0.9 tube mask per clip, fp32, sdpa both; weights: {report.summary()}"
+    )
     print(f"  loss ours {l_ours:.7f}  hf {l_hf:.7f}  relative difference {abs(l_ours - l_hf) / abs(l_hf):.2e}")
     for k, sec, nbytes in (("ours", t["ours"], b_ours), ("hf", t["hf"], b_hf)):
-        print(f"  {k:5s} {args.batch / sec:7.3f} clips/s  step {sec:6.2f} s  saved activations {nbytes / 2**20:8.1f} MiB")
-    print(f"  ours / hf: speed x{t['hf'] / t['ours']:.2f} (target >= 1.0), activation bytes x{b_ours / b_hf:.3f} "
-          "(target <= 0.8)")
+        print(
+            f"  {k:5s} {args.batch / sec:7.3f} clips/s  step {sec:6.2f} s  saved activations {nbytes / 2**20:8.1f} MiB"
+        )
+    print(
+        f"  ours / hf: speed x{t['hf'] / t['ours']:.2f} (target >= 1.0), activation bytes x{b_ours / b_hf:.3f} "
+        "(target <= 0.8)"
+    )
 
 
 def part_masks(args: argparse.Namespace) -> None:
@@ -141,16 +154,23 @@ def part_masks(args: argparse.Namespace) -> None:
 
     def device_side() -> None:  # batched: tube = argsort of uniform noise per clip, tiled over time
         noise = torch.rand(batch, n_tok, generator=gen)
-        keep = noise.argsort(dim=1)[:, :n_tok - per]
+        keep = noise.argsort(dim=1)[:, : n_tok - per]
         m = torch.ones(batch, n_tok, dtype=torch.bool)
         m.scatter_(1, keep, False)
         m.repeat(1, grid[0])
 
-    t = _best({"loader": lambda: [loader_side() for _ in range(reps)],
-               "device": lambda: [device_side() for _ in range(reps)]}, args.iters)
+    t = _best(
+        {
+            "loader": lambda: [loader_side() for _ in range(reps)],
+            "device": lambda: [device_side() for _ in range(reps)],
+        },
+        args.iters,
+    )
     us = {k: v / (reps * batch) * 1e6 for k, v in t.items()}
-    print(f"[masks] (8, 14, 14) tube 0.9 + running cell 0.5, per clip: loader side (numpy, clip generator) "
-          f"{us['loader']:.1f} us, device side (batched torch on CPU) {us['device']:.1f} us")
+    print(
+        f"[masks] (8, 14, 14) tube 0.9 + running cell 0.5, per clip: loader side (numpy, clip generator) "
+        f"{us['loader']:.1f} us, device side (batched torch on CPU) {us['device']:.1f} us"
+    )
 
 
 def part_gpu(args: argparse.Namespace) -> None:
@@ -178,8 +198,10 @@ def part_gpu(args: argparse.Namespace) -> None:
             step()
             torch.cuda.reset_peak_memory_stats()
             sec = _best({"s": step}, args.iters)["s"]
-            print(f"[gpu] {name} {backend} bf16 batch {args.batch}: {args.batch / sec:.1f} clips/s, "
-                  f"peak {torch.cuda.max_memory_allocated() / 2**30:.2f} GiB")
+            print(
+                f"[gpu] {name} {backend} bf16 batch {args.batch}: {args.batch / sec:.1f} clips/s, "
+                f"peak {torch.cuda.max_memory_allocated() / 2**30:.2f} GiB"
+            )
             del m
 
 

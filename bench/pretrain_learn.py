@@ -41,9 +41,18 @@ def make_data(out: Path, seed: int, background: str) -> dict:
     from avion_ds.data.prep.chunking import chunk_videos
     from avion_ds.data.prep.synthetic import make_synthetic_epic
 
-    info = make_synthetic_epic(out / "synth", num_videos=6, segments_per_video=20, segment_seconds=1.0,
-                               width=64, height=48, fps=12, val_fraction=0.25, seed=seed,
-                               background=background)
+    info = make_synthetic_epic(
+        out / "synth",
+        num_videos=6,
+        segments_per_video=20,
+        segment_seconds=1.0,
+        width=64,
+        height=48,
+        fps=12,
+        val_fraction=0.25,
+        seed=seed,
+        background=background,
+    )
     chunk_videos(info["videos"], out / "chunks", chunk_seconds=6.0, short_side=48, fps=12, gop=12, progress=False)
     return info
 
@@ -67,9 +76,20 @@ def pretrain(args: argparse.Namespace, root: Path) -> tuple[torch.nn.Module, dic
     videos = sorted(p.name for p in (root / "chunks").iterdir() if p.is_dir())
     (root / "pt_train.txt").write_text("\n".join(videos[:-1]) + "\n")
     (root / "pt_val.txt").write_text(videos[-1] + "\n")
-    cfg = DataConfig(dataset="videos", root=str(root / "chunks"), train_csv=str(root / "pt_train.txt"),
-                     val_csv=str(root / "pt_val.txt"), num_frames=8, sampling="stride", stride=1, size=32,
-                     decoder="decord", workers=0, clips_per_video=args.clips_per_video, hflip=0.0)
+    cfg = DataConfig(
+        dataset="videos",
+        root=str(root / "chunks"),
+        train_csv=str(root / "pt_train.txt"),
+        val_csv=str(root / "pt_val.txt"),
+        num_frames=8,
+        sampling="stride",
+        stride=1,
+        size=32,
+        decoder="decord",
+        workers=0,
+        clips_per_video=args.clips_per_video,
+        hflip=0.0,
+    )
     model = create_model("pretrain_videomae_test_tiny", decoder_dim=64, **ENCODER)
     spec = MaskSpec(model.arch.encoder.grid, args.mask_type, args.mask_ratio).validate()
     aug = DeviceAugment(cfg, 0, train=False)
@@ -81,11 +101,15 @@ def pretrain(args: argparse.Namespace, root: Path) -> tuple[torch.nn.Module, dic
     before = recon_vs_zero(model, xv, vmasks)
     losses = fit_clips(model, xt, spec, args.steps, args.lr, args.batch, seed=args.seed)
     after = recon_vs_zero(model, xv, vmasks)
-    print(f"[pretrain] {args.background} background; {len(xt)} train clips ({len(videos) - 1} videos), "
-          f"{len(xv)} val clips (held-out video); "
-          f"mask {args.mask_type} {args.mask_ratio}, {args.steps} steps batch {args.batch} lr {args.lr}")
-    print(f"  val recon loss {before[0]:.4f} -> {after[0]:.4f}; predict-zero baseline {after[1]:.4f}; "
-          f"ratio {after[0] / after[1]:.3f} (last train loss {sum(losses[-20:]) / 20:.4f})")
+    print(
+        f"[pretrain] {args.background} background; {len(xt)} train clips ({len(videos) - 1} videos), "
+        f"{len(xv)} val clips (held-out video); "
+        f"mask {args.mask_type} {args.mask_ratio}, {args.steps} steps batch {args.batch} lr {args.lr}"
+    )
+    print(
+        f"  val recon loss {before[0]:.4f} -> {after[0]:.4f}; predict-zero baseline {after[1]:.4f}; "
+        f"ratio {after[0] / after[1]:.3f} (last train loss {sum(losses[-20:]) / 20:.4f})"
+    )
     return model, {"recon": after[0], "zero": after[1]}
 
 
@@ -93,15 +117,25 @@ def finetune(args: argparse.Namespace, root: Path, info: dict, encoder_sd: dict 
     with open(info["train_csv"], newline="") as f:
         rows = list(csv.DictReader(f))
     random.Random(args.seed).shuffle(rows)
-    few = rows[:max(1, len(rows) // 10)]
+    few = rows[: max(1, len(rows) // 10)]
     sub = root / "train_10pct.csv"
     with sub.open("w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=list(rows[0]))
         w.writeheader()
         w.writerows(few)
-    cfg = DataConfig(dataset="epic", root=str(root / "chunks"), train_csv=str(sub), val_csv=str(info["val_csv"]),
-                     num_frames=8, size=32, decoder="decord", workers=0, hflip=0.0, label_smoothing=0.1,
-                     crop_scale=[0.7, 1.0])
+    cfg = DataConfig(
+        dataset="epic",
+        root=str(root / "chunks"),
+        train_csv=str(sub),
+        val_csv=str(info["val_csv"]),
+        num_frames=8,
+        size=32,
+        decoder="decord",
+        workers=0,
+        hflip=0.0,
+        label_smoothing=0.1,
+        crop_scale=[0.7, 1.0],
+    )
     heads = {"verb": info["num_verbs"], "noun": info["num_nouns"]}
     torch.manual_seed(args.seed)
     model = create_model("vit_test_tiny", heads=heads, pretrained=encoder_sd, **ENCODER)
@@ -157,8 +191,10 @@ def main(argv: list[str] | None = None) -> int:
     encoder["encoder_to_decoder.weight"] = mae.encoder_to_decoder.weight.detach()  # marks our pretraining layout
     scratch = finetune(args, root, info, None)
     pre = finetune(args, root, info, encoder)
-    print(f"[finetune] 10% of the training rows ({pre['labelled_rows']} clips x {args.ft_views} crops), "
-          f"{args.ft_steps} steps batch {args.batch} lr {args.ft_lr}, val {pre['val_rows']} clips:")
+    print(
+        f"[finetune] 10% of the training rows ({pre['labelled_rows']} clips x {args.ft_views} crops), "
+        f"{args.ft_steps} steps batch {args.batch} lr {args.ft_lr}, val {pre['val_rows']} clips:"
+    )
     for name, acc in (("scratch init", scratch), ("pretrained init", pre)):
         print(f"  {name:16s} verb top-1 {acc['verb']:5.1f}  noun top-1 {acc['noun']:5.1f}")
     return 0

@@ -58,11 +58,18 @@ def _panel_activations(ax, rows):
 def _panel_throughput(ax, rows):
     ok = [r for r in rows if r.get("clips_per_s")]
     labels = [f"{_short(r['model'])}\n{r['attn_backend']}" for r in ok]
-    bars = ax.bar(labels, [r["clips_per_s"] for r in ok], color=["C1" if r["attn_backend"] == "flash" else "C0" for r in ok])
+    bars = ax.bar(
+        labels, [r["clips_per_s"] for r in ok], color=["C1" if r["attn_backend"] == "flash" else "C0" for r in ok]
+    )
     for b, r in zip(bars, ok):
         if r.get("mfu"):
-            ax.annotate(f"MFU {r['mfu']:.0%}", (b.get_x() + b.get_width() / 2, b.get_height()), ha="center",
-                        va="bottom", fontsize=7)
+            ax.annotate(
+                f"MFU {r['mfu']:.0%}",
+                (b.get_x() + b.get_width() / 2, b.get_height()),
+                ha="center",
+                va="bottom",
+                fontsize=7,
+            )
     ax.set_ylabel("train clips/s")
     ax.set_title("bf16 16x224 train step: flash vs sdpa")
 
@@ -114,8 +121,15 @@ def _panel_offload(ax, rows):
     ax.set_title(f"{_short(rows[0]['model'])} layer-streaming eval (ZeRO-3 offload)")
 
 
-PANELS = {"ratio": _panel_ratio, "activations": _panel_activations, "throughput": _panel_throughput,
-          "capacity": _panel_capacity, "giant": _panel_giant, "offload": _panel_offload, "peer": _panel_peer}
+PANELS = {
+    "ratio": _panel_ratio,
+    "activations": _panel_activations,
+    "throughput": _panel_throughput,
+    "capacity": _panel_capacity,
+    "giant": _panel_giant,
+    "offload": _panel_offload,
+    "peer": _panel_peer,
+}
 
 
 def render(merged: dict[str, Any], out: Path) -> list[str]:
@@ -127,13 +141,15 @@ def render(merged: dict[str, Any], out: Path) -> list[str]:
 
     present = [k for k in PANELS if merged.get(k)]
     if not present:
-        raise ValueError("no known sections (ratio, activations, throughput, capacity, giant, offload, peer) in the inputs")
+        raise ValueError(
+            "no known sections (ratio, activations, throughput, capacity, giant, offload, peer) in the inputs"
+        )
     cols = min(3, len(present))
     rows = (len(present) + cols - 1) // cols
     fig, axes = plt.subplots(rows, cols, figsize=(5 * cols, 4 * rows), squeeze=False)
     for ax, key in zip(axes.flat, present):
         PANELS[key](ax, merged[key])
-    for ax in list(axes.flat)[len(present):]:
+    for ax in list(axes.flat)[len(present) :]:
         ax.axis("off")
     fig.tight_layout()
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -77,8 +77,12 @@ class RssSampler:
         b = self.baseline
         with self._lock:
             anon, file = max(self.peak_anon, s["RssAnon"]), max(self.peak_file, s["RssFile"] + s.get("RssShmem", 0))
-        out = {"peak_total": s["VmHWM"] - b["VmRSS"], "peak_anon": anon - b["RssAnon"],
-               "peak_file": file - b["RssFile"] - b.get("RssShmem", 0), "now_total": s["VmRSS"] - b["VmRSS"]}
+        out = {
+            "peak_total": s["VmHWM"] - b["VmRSS"],
+            "peak_anon": anon - b["RssAnon"],
+            "peak_file": file - b["RssFile"] - b.get("RssShmem", 0),
+            "now_total": s["VmRSS"] - b["VmRSS"],
+        }
         self._reset()
         return out
 
@@ -88,9 +92,14 @@ class RssSampler:
 
 
 def _ds_config(world: int, optimizer: bool, sgd: bool = False) -> dict[str, Any]:
-    cfg: dict[str, Any] = {"train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": 1,
-                           "train_batch_size": world, "gradient_clipping": 0.0, "steps_per_print": 10**9,
-                           "zero_optimization": {"stage": 3, "stage3_param_persistence_threshold": 0}}
+    cfg: dict[str, Any] = {
+        "train_micro_batch_size_per_gpu": 1,
+        "gradient_accumulation_steps": 1,
+        "train_batch_size": world,
+        "gradient_clipping": 0.0,
+        "steps_per_print": 10**9,
+        "zero_optimization": {"stage": 3, "stage3_param_persistence_threshold": 0},
+    }
     if optimizer and sgd:
         cfg["zero_allow_untested_optimizer"] = True  # the client torch.optim.SGD below
     elif optimizer:
@@ -136,8 +145,12 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     if args.no_init:
         return _gather_result(args, world, rank, params, stages, sampler)
     client = torch.optim.SGD(model.parameters(), lr=1e-3, momentum=0.0) if args.optimizer and args.sgd else None
-    engine, *_ = deepspeed.initialize(model=model, optimizer=client, config=cfg,
-                                      model_parameters=model.parameters() if args.optimizer and not args.sgd else None)
+    engine, *_ = deepspeed.initialize(
+        model=model,
+        optimizer=client,
+        config=cfg,
+        model_parameters=model.parameters() if args.optimizer and not args.sgd else None,
+    )
     stages["init"] = sampler.stage()
     if args.optimizer:
         for _ in range(args.steps):
@@ -157,18 +170,27 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     return _gather_result(args, world, rank, params, stages, sampler)
 
 
-def _gather_result(args: argparse.Namespace, world: int, rank: int, params: int, stages: dict[str, Any],
-                   sampler: RssSampler) -> dict[str, Any]:
+def _gather_result(
+    args: argparse.Namespace, world: int, rank: int, params: int, stages: dict[str, Any], sampler: RssSampler
+) -> dict[str, Any]:
     import torch.distributed as dist
 
     sampler.close()
     mine = {"rank": rank, "stages": stages}
     everyone: list[Any] = [None] * world
     dist.all_gather_object(everyone, mine)
-    return {"model": args.model, "mode": args.mode, "world_size": world, "params": params,
-            "fp32_bytes": 4 * params, "optimizer": ("sgd" if args.sgd else "adamw") if args.optimizer else None,
-            "steps": args.steps if args.optimizer else 0, "frames": args.frames, "size": args.size,
-            "ranks": everyone}
+    return {
+        "model": args.model,
+        "mode": args.mode,
+        "world_size": world,
+        "params": params,
+        "fp32_bytes": 4 * params,
+        "optimizer": ("sgd" if args.sgd else "adamw") if args.optimizer else None,
+        "steps": args.steps if args.optimizer else 0,
+        "frames": args.frames,
+        "size": args.size,
+        "ranks": everyone,
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -177,8 +199,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--mode", choices=("before", "after"), default="after")
     p.add_argument("--pretrained", default=None, help="weights file to load (e.g. written by --write-weights)")
     p.add_argument("--optimizer", action="store_true", help="ZeRO-3 + AdamW and --steps training steps")
-    p.add_argument("--sgd", action="store_true", help="with --optimizer: a client torch.optim.SGD without momentum "
-                   "(no optimizer state) instead of AdamW")
+    p.add_argument(
+        "--sgd",
+        action="store_true",
+        help="with --optimizer: a client torch.optim.SGD without momentum (no optimizer state) instead of AdamW",
+    )
     p.add_argument("--steps", type=int, default=1, help="with --optimizer: training steps before --save (0: none)")
     p.add_argument("--frames", type=int, default=16)
     p.add_argument("--size", type=int, default=224)
@@ -207,8 +232,9 @@ def write_random_weights(name: str, path: str | Path, **overrides: Any) -> Path:
     with torch.device("meta"):
         model = create_model(name, **overrides)
     sd = model.state_dict()
-    writer = SafetensorsWriter(path, [(k, torch.float32, tuple(v.shape)) for k, v in sd.items()],
-                               {"format": "avion_ds", "model": name})
+    writer = SafetensorsWriter(
+        path, [(k, torch.float32, tuple(v.shape)) for k, v in sd.items()], {"format": "avion_ds", "model": name}
+    )
     g = torch.Generator().manual_seed(0)
     for k, v in sd.items():
         writer.write(k, torch.randn(tuple(v.shape), generator=g) * 0.02)
@@ -230,8 +256,9 @@ def measure_export(run_dir: str | Path, out: str | Path) -> dict[str, Any]:
     return peaks
 
 
-def verify_export(exported: str | Path, model: str, reference: str | Path | None = None, load_back: bool = False,
-                  **overrides: Any) -> dict[str, Any]:
+def verify_export(
+    exported: str | Path, model: str, reference: str | Path | None = None, load_back: bool = False, **overrides: Any
+) -> dict[str, Any]:
     """Check an exported safetensors file of ``model``: every state-dict entry present with its shape
     (header only); with ``reference`` (the weights the checkpoint was made from, no step taken) every
     tensor equal to it, read one at a time; with ``load_back`` through ``create_model(model,
@@ -243,16 +270,20 @@ def verify_export(exported: str | Path, model: str, reference: str | Path | None
     with torch.device("meta"):
         want = {k: tuple(v.shape) for k, v in create_model(model, **overrides).state_dict().items()}
     got = {k: tuple(e["shape"]) for k, e in out_file.entries.items()}
-    result: dict[str, Any] = {"tensors": len(got), "expected": len(want),
-                              "missing": sorted(set(want) - set(got)), "unexpected": sorted(set(got) - set(want)),
-                              "wrong_shape": sorted(k for k in set(want) & set(got) if want[k] != got[k])}
+    result: dict[str, Any] = {
+        "tensors": len(got),
+        "expected": len(want),
+        "missing": sorted(set(want) - set(got)),
+        "unexpected": sorted(set(got) - set(want)),
+        "wrong_shape": sorted(k for k in set(want) & set(got) if want[k] != got[k]),
+    }
     ref = SafetensorsReader(reference) if reference is not None else None
     if ref is not None:
-        result["max_abs_diff_vs_reference"] = max(float((out_file.get(k) - ref.get(k)).abs().max())
-                                                  for k in ref.entries)
+        result["max_abs_diff_vs_reference"] = max(
+            float((out_file.get(k) - ref.get(k)).abs().max()) for k in ref.entries
+        )
     if load_back:
         loaded = create_model(model, pretrained=str(exported), **overrides).state_dict()
         against = ref or out_file
-        result["load_back_max_abs_diff"] = max(float((loaded[k] - against.get(k)).abs().max())
-                                               for k in against.entries)
+        result["load_back_max_abs_diff"] = max(float((loaded[k] - against.get(k)).abs().max()) for k in against.entries)
     return result

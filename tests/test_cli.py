@@ -48,8 +48,9 @@ BAD_INPUT = [
 
 
 @pytest.mark.parametrize(("command", "argv"), BAD_INPUT, ids=[f"{c}-{i}" for i, (c, _) in enumerate(BAD_INPUT)])
-def test_bad_input_exits_2_with_one_line_for_every_subcommand(command: str, argv: list[str], tmp_path,
-                                                              capsys: pytest.CaptureFixture) -> None:
+def test_bad_input_exits_2_with_one_line_for_every_subcommand(
+    command: str, argv: list[str], tmp_path, capsys: pytest.CaptureFixture
+) -> None:
     """One exit-code convention: 2 = bad input, a single stderr line, for every subcommand."""
     argv = [a.replace("{tmp}", str(tmp_path)) for a in argv]
     try:

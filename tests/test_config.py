@@ -18,8 +18,14 @@ def _write(tmp_path: Path, data: dict) -> Path:
 
 
 def test_defaults_and_types(tmp_path: Path) -> None:
-    p = _write(tmp_path, {"model": {"name": "vit_test_tiny", "heads": {"verb": 4, "noun": 3}},
-                          "optim": {"lr": "3e-4", "betas": [0.9, 0.95]}, "batch": {"micro_batch": "4"}})
+    p = _write(
+        tmp_path,
+        {
+            "model": {"name": "vit_test_tiny", "heads": {"verb": 4, "noun": 3}},
+            "optim": {"lr": "3e-4", "betas": [0.9, 0.95]},
+            "batch": {"micro_batch": "4"},
+        },
+    )
     r = load_recipe(p)
     assert isinstance(r, Recipe)
     assert r.optim.lr == pytest.approx(3e-4)

@@ -40,8 +40,9 @@ def _resolve(module: str, is_package: bool, level: int, target: str | None) -> s
 
 
 def _is_type_checking(test: ast.expr) -> bool:
-    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or \
-        (isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
+    )
 
 
 def _runtime_nodes(tree: ast.AST) -> list[ast.AST]:
@@ -167,8 +168,9 @@ def import_cycles(root: Path = ROOT, package: str = PACKAGE) -> list[str]:
     return [f"{{{', '.join(c)}}}: {describe_cycle(graph, c)}" for c in strongly_connected(graph)]
 
 
-def long_functions(root: Path = ROOT, package: str = PACKAGE, scope: tuple[str, ...] = LENGTH_SCOPE,
-                   limit: int = MAX_FUNCTION_LINES) -> list[str]:
+def long_functions(
+    root: Path = ROOT, package: str = PACKAGE, scope: tuple[str, ...] = LENGTH_SCOPE, limit: int = MAX_FUNCTION_LINES
+) -> list[str]:
     """``path:line name (N lines)`` for every function in ``scope`` longer than ``limit`` (def line to last line)."""
     out = []
     for sub in scope:
@@ -199,24 +201,55 @@ def _write(root: Path, files: dict[str, str]) -> None:
         p.write_text(text)
 
 
-@pytest.mark.parametrize("files, cycle", [
-    # module-level relative import both ways
-    ({"pkg/__init__.py": "", "pkg/a.py": "from . import b\n", "pkg/b.py": "from .a import x\n"},
-     ["pkg.a", "pkg.b"]),
-    # function-level (lazy) import closes the cycle
-    ({"pkg/__init__.py": "", "pkg/a.py": "import pkg.b\n",
-      "pkg/b.py": "def f():\n    from pkg.a import y\n    return y\n"}, ["pkg.a", "pkg.b"]),
-    # a submodule importing a sibling through the package __init__ that imports it
-    ({"pkg/__init__.py": "from .other import helper\nfrom .sub.m import g\n", "pkg/sub/__init__.py": "",
-      "pkg/sub/m.py": "from pkg import helper\n", "pkg/other.py": "helper = 1\n"}, ["pkg", "pkg.sub.m"]),
-    # `from .. import sub` where sub is a subpackage, three modules long
-    ({"pkg/__init__.py": "", "pkg/x/__init__.py": "from .a import f\n", "pkg/x/a.py": "from ..y import b\n",
-      "pkg/y/__init__.py": "", "pkg/y/b.py": "from .. import x\n"}, ["pkg.x", "pkg.x.a", "pkg.y.b"]),
-    # an `else:` of a TYPE_CHECKING block runs
-    ({"pkg/__init__.py": "", "pkg/a.py": "import pkg.b\n",
-      "pkg/b.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    pass\nelse:\n    import pkg.a\n"},
-     ["pkg.a", "pkg.b"]),
-])
+@pytest.mark.parametrize(
+    "files, cycle",
+    [
+        # module-level relative import both ways
+        (
+            {"pkg/__init__.py": "", "pkg/a.py": "from . import b\n", "pkg/b.py": "from .a import x\n"},
+            ["pkg.a", "pkg.b"],
+        ),
+        # function-level (lazy) import closes the cycle
+        (
+            {
+                "pkg/__init__.py": "",
+                "pkg/a.py": "import pkg.b\n",
+                "pkg/b.py": "def f():\n    from pkg.a import y\n    return y\n",
+            },
+            ["pkg.a", "pkg.b"],
+        ),
+        # a submodule importing a sibling through the package __init__ that imports it
+        (
+            {
+                "pkg/__init__.py": "from .other import helper\nfrom .sub.m import g\n",
+                "pkg/sub/__init__.py": "",
+                "pkg/sub/m.py": "from pkg import helper\n",
+                "pkg/other.py": "helper = 1\n",
+            },
+            ["pkg", "pkg.sub.m"],
+        ),
+        # `from .. import sub` where sub is a subpackage, three modules long
+        (
+            {
+                "pkg/__init__.py": "",
+                "pkg/x/__init__.py": "from .a import f\n",
+                "pkg/x/a.py": "from ..y import b\n",
+                "pkg/y/__init__.py": "",
+                "pkg/y/b.py": "from .. import x\n",
+            },
+            ["pkg.x", "pkg.x.a", "pkg.y.b"],
+        ),
+        # an `else:` of a TYPE_CHECKING block runs
+        (
+            {
+                "pkg/__init__.py": "",
+                "pkg/a.py": "import pkg.b\n",
+                "pkg/b.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    pass\nelse:\n    import pkg.a\n",
+            },
+            ["pkg.a", "pkg.b"],
+        ),
+    ],
+)
 def test_cycle_check_detects(tmp_path: Path, files: dict[str, str], cycle: list[str]) -> None:
     _write(tmp_path, files)
     found = strongly_connected(import_graph(tmp_path, "pkg"))
@@ -225,10 +258,16 @@ def test_cycle_check_detects(tmp_path: Path, files: dict[str, str], cycle: list[
 
 
 def test_cycle_check_accepts_a_dag(tmp_path: Path) -> None:
-    _write(tmp_path, {"pkg/__init__.py": "from .a import f\n", "pkg/a.py": "from .b import g\n",
-                      "pkg/b.py": "import os\n\ndef g():\n    from pkg import c\n    from pkg.c import h\n",
-                      "pkg/c.py": "import typing\nimport pkg.d\nif typing.TYPE_CHECKING:\n    from pkg.b import g\n",
-                      "pkg/d.py": ""})
+    _write(
+        tmp_path,
+        {
+            "pkg/__init__.py": "from .a import f\n",
+            "pkg/a.py": "from .b import g\n",
+            "pkg/b.py": "import os\n\ndef g():\n    from pkg import c\n    from pkg.c import h\n",
+            "pkg/c.py": "import typing\nimport pkg.d\nif typing.TYPE_CHECKING:\n    from pkg.b import g\n",
+            "pkg/d.py": "",
+        },
+    )
     assert import_cycles(tmp_path, "pkg") == []
 
 
@@ -243,8 +282,9 @@ def test_length_check_counts_def_to_last_line(tmp_path: Path) -> None:
 TASKS_DIR = "tasks"
 
 
-def task_branches(root: Path = ROOT, package: str = PACKAGE, names: set[str] | None = None,
-                  classes: set[str] | None = None) -> list[str]:
+def task_branches(
+    root: Path = ROOT, package: str = PACKAGE, names: set[str] | None = None, classes: set[str] | None = None
+) -> list[str]:
     """``path:line what`` for every place outside ``package/tasks`` that branches on the task: a string
     naming a task, a comparison / membership / subscript with ``.task``, ``isinstance`` against a task
     class, or a read of ``recipe.task`` other than as the argument of ``get_task(...)``."""
@@ -258,23 +298,36 @@ def task_branches(root: Path = ROOT, package: str = PACKAGE, names: set[str] | N
         if (root / package / TASKS_DIR) in path.parents:
             continue
         tree = ast.parse(path.read_text(), filename=str(path))
-        allowed = {id(a) for node in ast.walk(tree) if isinstance(node, ast.Call)
-                   and getattr(node.func, "id", getattr(node.func, "attr", "")) == "get_task" for a in node.args}
+        allowed = {
+            id(a)
+            for node in ast.walk(tree)
+            if isinstance(node, ast.Call) and getattr(node.func, "id", getattr(node.func, "attr", "")) == "get_task"
+            for a in node.args
+        }
         where = f"{path.relative_to(root)}"
         for node in ast.walk(tree):
             if isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value in names:
                 out.append(f"{where}:{node.lineno} string naming task {node.value!r}")
             is_task = isinstance(node, ast.Attribute) and node.attr == "task"
-            if isinstance(node, ast.Compare) and any(isinstance(x, ast.Attribute) and x.attr == "task"
-                                                     for x in [node.left, *node.comparators]):
+            if isinstance(node, ast.Compare) and any(
+                isinstance(x, ast.Attribute) and x.attr == "task" for x in [node.left, *node.comparators]
+            ):
                 out.append(f"{where}:{node.lineno} comparison with .task")
             if isinstance(node, ast.Subscript) and isinstance(node.slice, ast.Attribute) and node.slice.attr == "task":
                 out.append(f"{where}:{node.lineno} lookup by .task")
-            if (is_task and isinstance(node.value, (ast.Name, ast.Attribute))
-                    and getattr(node.value, "id", getattr(node.value, "attr", "")) == "recipe" and id(node) not in allowed):
+            if (
+                is_task
+                and isinstance(node.value, (ast.Name, ast.Attribute))
+                and getattr(node.value, "id", getattr(node.value, "attr", "")) == "recipe"
+                and id(node) not in allowed
+            ):
                 out.append(f"{where}:{node.lineno} recipe.task read outside get_task(...)")
-            if (isinstance(node, ast.Call) and getattr(node.func, "id", "") == "isinstance" and len(node.args) == 2
-                    and {n.id for n in ast.walk(node.args[1]) if isinstance(n, ast.Name)} & classes):
+            if (
+                isinstance(node, ast.Call)
+                and getattr(node.func, "id", "") == "isinstance"
+                and len(node.args) == 2
+                and {n.id for n in ast.walk(node.args[1]) if isinstance(n, ast.Name)} & classes
+            ):
                 out.append(f"{where}:{node.lineno} isinstance against a task class")
     return out
 
@@ -285,11 +338,17 @@ def test_no_task_branch_outside_the_tasks_package() -> None:
 
 
 def test_task_branch_check_finds_each_kind(tmp_path: Path) -> None:
-    _write(tmp_path, {"pkg/__init__.py": "", "pkg/tasks/__init__.py": "x = recipe.task == 'pretrain'\n",
-                      "pkg/a.py": "if recipe.task == 'pretrain':\n    pass\n",
-                      "pkg/b.py": "loss = {'pretrain': 1}[cfg.task]\n",
-                      "pkg/c.py": "ok = isinstance(t, PretrainTask)\n",
-                      "pkg/d.py": "t = get_task(recipe.task)\nname = recipe.task\n"})
+    _write(
+        tmp_path,
+        {
+            "pkg/__init__.py": "",
+            "pkg/tasks/__init__.py": "x = recipe.task == 'pretrain'\n",
+            "pkg/a.py": "if recipe.task == 'pretrain':\n    pass\n",
+            "pkg/b.py": "loss = {'pretrain': 1}[cfg.task]\n",
+            "pkg/c.py": "ok = isinstance(t, PretrainTask)\n",
+            "pkg/d.py": "t = get_task(recipe.task)\nname = recipe.task\n",
+        },
+    )
     found = task_branches(tmp_path, "pkg", names={"pretrain"}, classes={"PretrainTask"})
     text = "\n".join(found)
     assert "pkg/a.py:1 string naming task" in text and "pkg/a.py:1 comparison with .task" in text

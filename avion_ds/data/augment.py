@@ -49,8 +49,13 @@ class DeviceAugment:
 
             # num_classes is only used by Mixup.__call__; dict heads use mixup_target per head
             k = num_classes if isinstance(num_classes, int) else max(num_classes.values())
-            self.mixup = Mixup(mixup_alpha=cfg.mixup, cutmix_alpha=cfg.cutmix, label_smoothing=cfg.label_smoothing,
-                               num_classes=k, mode="batch")
+            self.mixup = Mixup(
+                mixup_alpha=cfg.mixup,
+                cutmix_alpha=cfg.cutmix,
+                label_smoothing=cfg.label_smoothing,
+                num_classes=k,
+                mode="batch",
+            )
         self.erase = None
         if train and cfg.reprob > 0:
             from avion_ds.data.erasing import ClipErasing
@@ -76,8 +81,9 @@ class DeviceAugment:
         if x.shape[-2:] != (self.size, self.size):
             bsz, c, t, h, w = x.shape
             x = x.transpose(1, 2).reshape(bsz * t, c, h, w)
-            x = F.interpolate(x, size=(self.size, self.size), mode=self.cfg.interpolation, align_corners=False,
-                              antialias=True)
+            x = F.interpolate(
+                x, size=(self.size, self.size), mode=self.cfg.interpolation, align_corners=False, antialias=True
+            )
             x = x.reshape(bsz, t, c, self.size, self.size).transpose(1, 2)
         x = x.sub_(self._mean.to(device)).div_(self._std.to(device))
         if self.train and self.cfg.hflip > 0:

@@ -64,8 +64,9 @@ def clip_rng(seed: int, epoch: int, index: int, view: int = 0) -> np.random.Gene
     return np.random.default_rng([int(seed) & 0xFFFFFFFF, int(epoch), int(index), int(view)])
 
 
-def random_resized_crop(height: int, width: int, scale: tuple[float, float], ratio: tuple[float, float],
-                        rng: np.random.Generator) -> CropBox:
+def random_resized_crop(
+    height: int, width: int, scale: tuple[float, float], ratio: tuple[float, float], rng: np.random.Generator
+) -> CropBox:
     """RandomResizedCrop box (torchvision's algorithm: 10 tries, then a central fallback)."""
     area = height * width
     log_r = (math.log(ratio[0]), math.log(ratio[1]))
@@ -100,8 +101,13 @@ def three_crops(height: int, width: int) -> list[CropBox]:
     return [CropBox(top, 0, s, s) for top in (0, (height - s) // 2, height - s)]
 
 
-def crop_resize(frames: torch.Tensor, box: CropBox | None, size: tuple[int, int] | None,
-                interpolation: str = "bilinear", out: torch.Tensor | None = None) -> torch.Tensor:
+def crop_resize(
+    frames: torch.Tensor,
+    box: CropBox | None,
+    size: tuple[int, int] | None,
+    interpolation: str = "bilinear",
+    out: torch.Tensor | None = None,
+) -> torch.Tensor:
     """uint8 (T, H, W, C) -> crop ``box`` -> antialiased resize (bilinear | bicubic) to ``size`` -> uint8 (T, h, w, C).
 
     ``out``: a contiguous (T, h, w, C) tensor to write the result into (the timeout helper passes one
@@ -110,7 +116,7 @@ def crop_resize(frames: torch.Tensor, box: CropBox | None, size: tuple[int, int]
     import torch
 
     if box is not None:
-        frames = frames[:, box.top:box.top + box.height, box.left:box.left + box.width]
+        frames = frames[:, box.top : box.top + box.height, box.left : box.left + box.width]
     if size is None or tuple(frames.shape[1:3]) == tuple(size):
         return frames.contiguous() if out is None else out.copy_(frames)
     x = frames.permute(0, 3, 1, 2)  # a channels-last view: torch's fast uint8 antialias kernel, no copy
@@ -137,12 +143,20 @@ def even_superset(box: CropBox, height: int, width: int) -> tuple[CropBox, CropB
     top, left = box.top - box.top % 2, box.left - box.left % 2
     bottom = min(height, box.top + box.height + (box.top + box.height) % 2)
     right = min(width, box.left + box.width + (box.left + box.width) % 2)
-    return (CropBox(top, left, bottom - top, right - left),
-            CropBox(box.top - top, box.left - left, box.height, box.width))
+    return (
+        CropBox(top, left, bottom - top, right - left),
+        CropBox(box.top - top, box.left - left, box.height, box.width),
+    )
 
 
-def multi_scale_crop(height: int, width: int, size: int, scales: tuple[float, ...] | list[float],
-                     rng: np.random.Generator, max_distort: int = 1) -> CropBox:
+def multi_scale_crop(
+    height: int,
+    width: int,
+    size: int,
+    scales: tuple[float, ...] | list[float],
+    rng: np.random.Generator,
+    max_distort: int = 1,
+) -> CropBox:
     """VideoMAE's GroupMultiScaleCrop box (fix_crop, more_fix_crop): side lengths ``int(short * s)``
     for s in ``scales`` (snapped to ``size`` within 3 px), height and width at most ``max_distort``
     scale steps apart, placed at one of 13 fixed offsets (corners, centre, edge centres, quarters)."""
@@ -153,7 +167,20 @@ def multi_scale_crop(height: int, width: int, size: int, scales: tuple[float, ..
     crop_w, crop_h = pairs[int(rng.integers(len(pairs)))]
     crop_w, crop_h = min(crop_w, width), min(crop_h, height)
     ws, hs = (width - crop_w) // 4, (height - crop_h) // 4
-    offsets = [(0, 0), (4 * ws, 0), (0, 4 * hs), (4 * ws, 4 * hs), (2 * ws, 2 * hs), (0, 2 * hs), (4 * ws, 2 * hs),
-               (2 * ws, 4 * hs), (2 * ws, 0), (ws, hs), (3 * ws, hs), (ws, 3 * hs), (3 * ws, 3 * hs)]
+    offsets = [
+        (0, 0),
+        (4 * ws, 0),
+        (0, 4 * hs),
+        (4 * ws, 4 * hs),
+        (2 * ws, 2 * hs),
+        (0, 2 * hs),
+        (4 * ws, 2 * hs),
+        (2 * ws, 4 * hs),
+        (2 * ws, 0),
+        (ws, hs),
+        (3 * ws, hs),
+        (ws, 3 * hs),
+        (3 * ws, 3 * hs),
+    ]
     left, top = offsets[int(rng.integers(len(offsets)))]
     return CropBox(top, left, crop_h, crop_w)

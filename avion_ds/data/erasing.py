@@ -23,9 +23,18 @@ MODES = ("pixel", "rand", "const")
 class ClipErasing:
     """Callable erasing a batch of clips (B, C, T, H, W) in place, one box per clip on every frame."""
 
-    def __init__(self, probability: float = 0.25, mode: str = "pixel", min_area: float = 0.02,
-                 max_area: float = 1 / 3, min_aspect: float = 0.3, max_aspect: float | None = None,
-                 min_count: int = 1, max_count: int | None = None, attempts: int = 100) -> None:
+    def __init__(
+        self,
+        probability: float = 0.25,
+        mode: str = "pixel",
+        min_area: float = 0.02,
+        max_area: float = 1 / 3,
+        min_aspect: float = 0.3,
+        max_aspect: float | None = None,
+        min_count: int = 1,
+        max_count: int | None = None,
+        attempts: int = 100,
+    ) -> None:
         if mode not in MODES:
             raise ValueError(f"random erasing mode {mode!r} is not one of {', '.join(MODES)}")
         if not 0.0 <= probability <= 1.0:
@@ -56,12 +65,13 @@ class ClipErasing:
         """Erase one clip (C, T, H, W) in place: its boxes on every frame; returns it."""
         c, t, height, width = clip.shape
         for top, left, h, w in self.boxes(height, width):
-            region = clip[:, :, top:top + h, left:left + w]
+            region = clip[:, :, top : top + h, left : left + w]
             if self.mode == "pixel":  # fresh noise per frame (and pixel) inside the shared box
                 region.copy_(torch.empty((c, t, h, w), dtype=clip.dtype, device=clip.device).normal_())
             elif self.mode == "rand":  # one colour per channel and frame
-                region.copy_(torch.empty((c, t, 1, 1), dtype=clip.dtype, device=clip.device).normal_()
-                             .expand(c, t, h, w))
+                region.copy_(
+                    torch.empty((c, t, 1, 1), dtype=clip.dtype, device=clip.device).normal_().expand(c, t, h, w)
+                )
             else:
                 region.zero_()
         return clip

@@ -30,8 +30,9 @@ def _seed_worker(worker_id: int) -> None:
     random.seed(seed)
 
 
-def build_loader(dataset: Dataset, batch_size: int, workers: int, shuffle: bool, seed: int, drop_last: bool,
-                 distributed: bool) -> DataLoader:
+def build_loader(
+    dataset: Dataset, batch_size: int, workers: int, shuffle: bool, seed: int, drop_last: bool, distributed: bool
+) -> DataLoader:
     """A DataLoader over ``dataset`` (see module doc); ``distributed`` shards by torch.distributed rank."""
     if distributed:
         import torch.distributed as dist
@@ -48,8 +49,16 @@ def build_loader(dataset: Dataset, batch_size: int, workers: int, shuffle: bool,
         kwargs = {"persistent_workers": True, "prefetch_factor": 2, "worker_init_fn": _seed_worker}
         if getattr(dataset, "decoder_name", None) == "torchcodec-cuda":
             kwargs["multiprocessing_context"] = "spawn"  # CUDA cannot be initialised in forked workers
-    return DataLoader(dataset, batch_size=batch_size, sampler=sampler, num_workers=workers,
-                      pin_memory=torch.cuda.is_available(), drop_last=drop_last, generator=gen, **kwargs)
+    return DataLoader(
+        dataset,
+        batch_size=batch_size,
+        sampler=sampler,
+        num_workers=workers,
+        pin_memory=torch.cuda.is_available(),
+        drop_last=drop_last,
+        generator=gen,
+        **kwargs,
+    )
 
 
 def set_epoch(loader: DataLoader, epoch: int) -> None:

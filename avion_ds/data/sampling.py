@@ -53,8 +53,16 @@ def _view_offset(train: bool, rng: np.random.Generator | None, view: int, num_vi
     return (view + 0.5) / num_views
 
 
-def segment_indices(start: int, end: int, num_frames: int, *, train: bool, rng: np.random.Generator | None = None,
-                    view: int = 0, num_views: int = 1) -> list[int]:
+def segment_indices(
+    start: int,
+    end: int,
+    num_frames: int,
+    *,
+    train: bool,
+    rng: np.random.Generator | None = None,
+    view: int = 0,
+    num_views: int = 1,
+) -> list[int]:
     """TSN sampling: split [start, end) into ``num_frames`` equal parts, one frame per part.
 
     Train: a random position in each part (independent jitter). Eval: one view takes the parts'
@@ -77,8 +85,17 @@ def segment_indices(start: int, end: int, num_frames: int, *, train: bool, rng: 
     return out
 
 
-def stride_indices(start: int, end: int, num_frames: int, stride: int, *, train: bool,
-                   rng: np.random.Generator | None = None, view: int = 0, num_views: int = 1) -> list[int]:
+def stride_indices(
+    start: int,
+    end: int,
+    num_frames: int,
+    stride: int,
+    *,
+    train: bool,
+    rng: np.random.Generator | None = None,
+    view: int = 0,
+    num_views: int = 1,
+) -> list[int]:
     """Fixed-stride sampling (Kinetics / VideoMAE): ``num_frames`` frames ``stride`` apart.
 
     The clip (``(num_frames - 1) * stride + 1`` frames) starts at a random offset in training and,
@@ -124,8 +141,9 @@ def ssv2_test_indices(start: int, end: int, num_frames: int, view: int = 0, num_
     return [start + int(tick * x + tick * view / num_views) for x in range(num_frames)]
 
 
-def eval_indices(dataset: str, sampling: str, start: int, end: int, num_frames: int, stride: int, view: int,
-                 num_views: int) -> list[int]:
+def eval_indices(
+    dataset: str, sampling: str, start: int, end: int, num_frames: int, stride: int, view: int, num_views: int
+) -> list[int]:
     """Frame indices of eval temporal view ``view`` of ``num_views`` over [start, end), as the
     dataset's reference code picks them: stride sampling as VideoMAE's Kinetics test loader, SSv2
     segments as VideoMAE's SSv2 test loader, other segments as AVION (one view) / TSN."""
@@ -163,9 +181,11 @@ def map_to_chunks(indices: Sequence[int], entry: VideoEntry) -> list[tuple[str, 
         chunk = entry.chunks[k]
         short = int(idx) - (chunk.start_frame + local)
         if short > MAX_CLAMP_FRAMES:
-            raise DataError(f"{chunk.path}: frame {int(idx)} of video {entry.video_id} is {short} frames past the "
-                            f"last decodable frame {chunk.start_frame + local} (video or chunk shorter than the "
-                            f"annotation; at most {MAX_CLAMP_FRAMES} frames are clamped)")
+            raise DataError(
+                f"{chunk.path}: frame {int(idx)} of video {entry.video_id} is {short} frames past the "
+                f"last decodable frame {chunk.start_frame + local} (video or chunk shorter than the "
+                f"annotation; at most {MAX_CLAMP_FRAMES} frames are clamped)"
+            )
         if k != last_k:
             groups.append((entry.chunks[k].path, []))
             last_k = k

@@ -63,6 +63,8 @@ def step_window(engine: Any, poisoned: bool) -> bool:
         return False
     applied = bool(engine.was_step_applied())
     if poisoned and applied:
-        raise RuntimeError("DeepSpeed applied an optimizer step with non-finite gradients "
-                           f"({type(engine.optimizer).__name__}); refusing to continue with corrupted weights")
+        raise RuntimeError(
+            "DeepSpeed applied an optimizer step with non-finite gradients "
+            f"({type(engine.optimizer).__name__}); refusing to continue with corrupted weights"
+        )
     return applied

@@ -69,8 +69,10 @@ def check_run_identity(run_dir: str | Path, recipe: Recipe) -> None:
     new = model_identity(recipe)
     diff = [f"{k} {old.get(k)!r} -> {new[k]!r}" for k in new if old.get(k) != new[k]]
     if diff:
-        raise ConfigError(f"output_dir {run_dir} holds checkpoints of a different model ({'; '.join(diff)}); "
-                          "use a new output_dir or set checkpoint.resume=false")
+        raise ConfigError(
+            f"output_dir {run_dir} holds checkpoints of a different model ({'; '.join(diff)}); "
+            "use a new output_dir or set checkpoint.resume=false"
+        )
 
 
 def write_run_identity(run_dir: str | Path, recipe: Recipe) -> None:
@@ -115,16 +117,22 @@ def save(engine: Any, run_dir: str | Path, global_step: int, client: dict[str, A
     root = checkpoint_dir(run_dir)
     tag = tag_for(global_step)
     if not weights_finite(engine):
-        raise NonFiniteWeights(f"non-finite weights at global step {global_step}: checkpoint {tag} not written "
-                               f"(the newest complete one in {root} is kept)")
-    engine.save_checkpoint(str(root), tag=tag, client_state={"avion_ds": {k: v for k, v in client.items()
-                                                                          if k != "rng"}})
+        raise NonFiniteWeights(
+            f"non-finite weights at global step {global_step}: checkpoint {tag} not written "
+            f"(the newest complete one in {root} is kept)"
+        )
+    engine.save_checkpoint(
+        str(root), tag=tag, client_state={"avion_ds": {k: v for k, v in client.items() if k != "rng"}}
+    )
     torch.save({**client, "rng": rng_state()}, root / tag / f"client_rank{dist.rank()}.pt")
     dist.barrier()  # every rank's shards and client state are on disk
     if dist.is_main():
-        _atomic_write(root / tag / MARKER, json.dumps({"tag": tag, "global_step": global_step,
-                                                        "epoch": client.get("epoch"),
-                                                        "world_size": dist.world_size()}))
+        _atomic_write(
+            root / tag / MARKER,
+            json.dumps(
+                {"tag": tag, "global_step": global_step, "epoch": client.get("epoch"), "world_size": dist.world_size()}
+            ),
+        )
         prune(run_dir, keep_last)
     dist.barrier()
     return tag
@@ -135,7 +143,7 @@ def prune(run_dir: str | Path, keep_last: int) -> None:
     tags = complete_tags(run_dir)
     if not tags:
         return
-    keep = set(tags[-max(1, keep_last):])
+    keep = set(tags[-max(1, keep_last) :])
     newest = tag_step(tags[-1]) or 0
     for p in checkpoint_dir(run_dir).iterdir():
         s = tag_step(p.name)
@@ -149,12 +157,13 @@ def check_tag(run_dir: str | Path, tag: str, flag: str = "--resume-from") -> Non
     """``tag`` must be a complete checkpoint of ``run_dir`` (one line listing the complete ones)."""
     have = complete_tags(run_dir)
     if tag not in have:
-        raise ConfigError(f"{flag} {tag!r}: not a complete checkpoint in {checkpoint_dir(run_dir)} "
-                          f"(complete: {', '.join(have) if have else 'none'})")
+        raise ConfigError(
+            f"{flag} {tag!r}: not a complete checkpoint in {checkpoint_dir(run_dir)} "
+            f"(complete: {', '.join(have) if have else 'none'})"
+        )
 
 
-def load_latest(engine: Any, run_dir: str | Path, tag: str | None = None,
-                trust: bool = False) -> dict[str, Any] | None:
+def load_latest(engine: Any, run_dir: str | Path, tag: str | None = None, trust: bool = False) -> dict[str, Any] | None:
     """Load ``tag`` (default: the newest complete checkpoint) into ``engine``; returns this rank's client state.
 
     Every file of the tag is checked with the safe loader first (``UntrustedCheckpoint`` unless ``trust``)."""

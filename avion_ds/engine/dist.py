@@ -60,7 +60,9 @@ def init() -> tuple[int, int, int]:
 
     if not os.environ.get("AVION_DS_VERBOSE"):  # DeepSpeed's INFO lines drown the progress line
         ds_logger.setLevel(logging.WARNING)
-    warnings.filterwarnings("ignore", message=r".*is deprecated\. Please use `torch\.distributed\.", category=FutureWarning)
+    warnings.filterwarnings(
+        "ignore", message=r".*is deprecated\. Please use `torch\.distributed\.", category=FutureWarning
+    )
 
     if not tdist.is_initialized():
         kw = {}
@@ -68,8 +70,9 @@ def init() -> tuple[int, int, int]:
             import datetime
 
             kw["timeout"] = datetime.timedelta(seconds=float(os.environ["AVION_DS_PG_TIMEOUT_S"]))
-        deepspeed.init_distributed(dist_backend=get_accelerator().communication_backend_name(),
-                                   auto_mpi_discovery=False, verbose=False, **kw)
+        deepspeed.init_distributed(
+            dist_backend=get_accelerator().communication_backend_name(), auto_mpi_discovery=False, verbose=False, **kw
+        )
         _WE_INITIALISED = True
         unlink_shm_buffer()
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
@@ -194,8 +197,9 @@ def run_entry(prog: str, fn: Callable[[], int], error_codes: dict[type[BaseExcep
         code = fn()
     except tuple(error_codes) as e:
         if int(os.environ.get("RANK", "0")) == 0:
-            print(f"{prog}: error: {str(e).splitlines()[0] if str(e) else type(e).__name__}", file=sys.stderr,
-                  flush=True)
+            print(
+                f"{prog}: error: {str(e).splitlines()[0] if str(e) else type(e).__name__}", file=sys.stderr, flush=True
+            )
         code = next(c for t, c in error_codes.items() if isinstance(e, t))
     except Exception:
         traceback.print_exc()

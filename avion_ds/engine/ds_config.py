@@ -121,15 +121,30 @@ def fixed_batch_recipe(micro_batch: int, grad_accum: int, precision: str) -> Rec
     training run (planner probes, offload inference) fills its "auto" values from."""
     from avion_ds.config import BatchConfig
 
-    return dataclasses.replace(Recipe(), precision=precision,
-                               batch=BatchConfig(global_batch=None, micro_batch=micro_batch, grad_accum=grad_accum))
+    return dataclasses.replace(
+        Recipe(),
+        precision=precision,
+        batch=BatchConfig(global_batch=None, micro_batch=micro_batch, grad_accum=grad_accum),
+    )
 
 
 # keys DeepSpeed reads outside ``DeepSpeedConfig._initialize_params`` (engine / initialize)
 _KEYS_READ_ELSEWHERE = ("sequence_parallel_size",)
 # sections that must be JSON objects when present
-_SECTIONS = ("zero_optimization", "optimizer", "scheduler", "bf16", "fp16", "activation_checkpointing",
-             "flops_profiler", "tensorboard", "aio", "checkpoint", "data_types", "comms_logger")
+_SECTIONS = (
+    "zero_optimization",
+    "optimizer",
+    "scheduler",
+    "bf16",
+    "fp16",
+    "activation_checkpointing",
+    "flops_profiler",
+    "tensorboard",
+    "aio",
+    "checkpoint",
+    "data_types",
+    "comms_logger",
+)
 
 
 @functools.cache
@@ -201,8 +216,9 @@ def check_user_config(cfg: dict[str, Any]) -> None:
             raise ConfigError(f"unknown DeepSpeed key {key!r}{hint}")
     for key in _SECTIONS:
         if key in cfg and not isinstance(cfg[key], dict):
-            raise ConfigError(f"deepspeed config {key} must be a JSON object {{...}}, got "
-                              f"{type(cfg[key]).__name__} {cfg[key]!r}")
+            raise ConfigError(
+                f"deepspeed config {key} must be a JSON object {{...}}, got {type(cfg[key]).__name__} {cfg[key]!r}"
+            )
     opt = cfg.get("optimizer")
     if opt is not None:
         name = opt.get("type")
@@ -210,12 +226,14 @@ def check_user_config(cfg: dict[str, Any]) -> None:
             import torch
             from deepspeed.runtime.config import DEEPSPEED_OPTIMIZERS
 
-            names = sorted(set(DEEPSPEED_OPTIMIZERS) | {n for n in dir(torch.optim) if n[0].isupper()
-                                                         and n != "Optimizer"})
+            names = sorted(
+                set(DEEPSPEED_OPTIMIZERS) | {n for n in dir(torch.optim) if n[0].isupper() and n != "Optimizer"}
+            )
             close = difflib.get_close_matches(str(name).lower(), names, n=3, cutoff=0.6)
             hint = f"; did you mean {', '.join(close)}?" if close else f"; known: {', '.join(names)}"
-            raise ConfigError(f"deepspeed config optimizer.type={name!r} is neither a DeepSpeed nor a "
-                              f"torch.optim optimizer{hint}")
+            raise ConfigError(
+                f"deepspeed config optimizer.type={name!r} is neither a DeepSpeed nor a torch.optim optimizer{hint}"
+            )
 
 
 def _optimizer_known(name: str) -> bool:
@@ -279,11 +297,13 @@ def _fill(section: dict, key: str, value: Any, where: str, close: bool = False) 
         section[key] = value
         return
     if close and (isinstance(current, bool) or not isinstance(current, (int, float))):
-        raise ConfigError(f"deepspeed config {where}={current!r} is not a number (write a number or \"auto\")")
+        raise ConfigError(f'deepspeed config {where}={current!r} is not a number (write a number or "auto")')
     same = math.isclose(float(current), float(value), rel_tol=1e-9, abs_tol=0.0) if close else current == value
     if not same:
-        raise ConfigError(f"deepspeed config {where}={current!r} conflicts with the recipe value {value!r}"
-                          " (write \"auto\" in the JSON or change the recipe)")
+        raise ConfigError(
+            f"deepspeed config {where}={current!r} conflicts with the recipe value {value!r}"
+            ' (write "auto" in the JSON or change the recipe)'
+        )
 
 
 def accelerator_name() -> str:
@@ -347,14 +367,16 @@ def _fill_scheduler(cfg: dict[str, Any], recipe: Recipe, lr: float, steps_per_ep
     if not sched:
         return
     if recipe.optim.layer_decay < 1.0:  # DeepSpeed's schedulers set one lr for every group: lr_scale is lost
-        raise ConfigError(f"deepspeed config 'scheduler' ({sched.get('type', '?')}) cannot be combined with "
-                          f"optim.layer_decay={recipe.optim.layer_decay:g}: DeepSpeed's schedulers drop the per-layer "
-                          "lr scale; remove the scheduler section (the built-in warmup + cosine honours layer "
-                          "decay) or set optim.layer_decay=1.0")
+        raise ConfigError(
+            f"deepspeed config 'scheduler' ({sched.get('type', '?')}) cannot be combined with "
+            f"optim.layer_decay={recipe.optim.layer_decay:g}: DeepSpeed's schedulers drop the per-layer "
+            "lr scale; remove the scheduler section (the built-in warmup + cosine honours layer "
+            "decay) or set optim.layer_decay=1.0"
+        )
     params = sched.setdefault("params", {})
     autos = [k for k, v in params.items() if v == AUTO]
     if autos and steps_per_epoch is None:
-        raise ConfigError(f"deepspeed config scheduler.params {autos} are \"auto\" but steps per epoch is unknown")
+        raise ConfigError(f'deepspeed config scheduler.params {autos} are "auto" but steps per epoch is unknown')
     spe = steps_per_epoch or 0
     values = {
         "total_num_steps": int(recipe.schedule.epochs * spe),
@@ -365,12 +387,17 @@ def _fill_scheduler(cfg: dict[str, Any], recipe: Recipe, lr: float, steps_per_ep
     }
     for key in autos:
         if key not in values:
-            raise ConfigError(f"deepspeed config scheduler.params.{key}=\"auto\" cannot be derived from the recipe")
+            raise ConfigError(f'deepspeed config scheduler.params.{key}="auto" cannot be derived from the recipe')
         params[key] = values[key]
 
 
-def build_ds_config(user: dict | str | Path, recipe: Recipe, world_size: int,
-                    steps_per_epoch: int | None = None, overrides: dict[str, Any] | None = None) -> dict[str, Any]:
+def build_ds_config(
+    user: dict | str | Path,
+    recipe: Recipe,
+    world_size: int,
+    steps_per_epoch: int | None = None,
+    overrides: dict[str, Any] | None = None,
+) -> dict[str, Any]:
     """Merge the user's DeepSpeed JSON with the recipe into one complete DeepSpeed config.
 
     ``overrides`` are deep-merged into the JSON first (:func:`merge_overrides`): the knobs a caller
@@ -387,20 +414,30 @@ def build_ds_config(user: dict | str | Path, recipe: Recipe, world_size: int,
     tbs = cfg.get("train_batch_size", AUTO)
     mbs = cfg.get("train_micro_batch_size_per_gpu", AUTO)
     gas = cfg.get("gradient_accumulation_steps", AUTO)
-    for key, val in (("train_batch_size", tbs), ("train_micro_batch_size_per_gpu", mbs),
-                     ("gradient_accumulation_steps", gas)):
+    for key, val in (
+        ("train_batch_size", tbs),
+        ("train_micro_batch_size_per_gpu", mbs),
+        ("gradient_accumulation_steps", gas),
+    ):
         if val != AUTO and (isinstance(val, bool) or not isinstance(val, int)):
-            raise ConfigError(f"deepspeed config {key}={val!r} is not an integer (write a number without quotes, "
-                              'or "auto")')
-    for key, val, want in (("train_micro_batch_size_per_gpu", mbs, plan.micro_batch),
-                           ("gradient_accumulation_steps", gas, plan.grad_accum)):
+            raise ConfigError(
+                f'deepspeed config {key}={val!r} is not an integer (write a number without quotes, or "auto")'
+            )
+    for key, val, want in (
+        ("train_micro_batch_size_per_gpu", mbs, plan.micro_batch),
+        ("gradient_accumulation_steps", gas, plan.grad_accum),
+    ):
         if val != AUTO and val != want:
-            raise ConfigError(f"deepspeed config {key}={val} conflicts with the recipe value {want}"
-                              f" (global {plan.global_batch} = micro {plan.micro_batch} x accum {plan.grad_accum}"
-                              f" x world {world_size})")
+            raise ConfigError(
+                f"deepspeed config {key}={val} conflicts with the recipe value {want}"
+                f" (global {plan.global_batch} = micro {plan.micro_batch} x accum {plan.grad_accum}"
+                f" x world {world_size})"
+            )
     if tbs != AUTO and tbs != plan.global_batch:
-        raise ConfigError(f"deepspeed config train_batch_size {tbs} != micro {plan.micro_batch} x accum "
-                          f"{plan.grad_accum} x world {world_size} = {plan.global_batch}")
+        raise ConfigError(
+            f"deepspeed config train_batch_size {tbs} != micro {plan.micro_batch} x accum "
+            f"{plan.grad_accum} x world {world_size} = {plan.global_batch}"
+        )
     cfg["train_batch_size"] = plan.global_batch
     cfg["train_micro_batch_size_per_gpu"] = plan.micro_batch
     cfg["gradient_accumulation_steps"] = plan.grad_accum
@@ -412,8 +449,10 @@ def build_ds_config(user: dict | str | Path, recipe: Recipe, world_size: int,
     lr = scaled_lr(recipe, plan.global_batch)
     if not abs(lr) <= FLOAT32_MAX:  # each recipe value is checked alone; the scaled product can still overflow
         o = recipe.optim
-        raise ConfigError(f"optim.lr={o.lr:g} x global batch {plan.global_batch} / optim.base_batch {o.base_batch} "
-                          f"= {lr:.4g} overflows float32 (largest {FLOAT32_MAX:.4g}); lower optim.lr")
+        raise ConfigError(
+            f"optim.lr={o.lr:g} x global batch {plan.global_batch} / optim.base_batch {o.base_batch} "
+            f"= {lr:.4g} overflows float32 (largest {FLOAT32_MAX:.4g}); lower optim.lr"
+        )
     accel = accelerator_name()
     if "optimizer" in cfg:
         opt = cfg["optimizer"]
@@ -425,8 +464,7 @@ def build_ds_config(user: dict | str | Path, recipe: Recipe, world_size: int,
         _fill(params, "weight_decay", float(recipe.optim.weight_decay), f"{where}.weight_decay", close=True)
         # on the CPU accelerator, plain torch AdamW avoids a ~35 s FusedAdam JIT build; offload
         # needs DeepSpeed's CPU Adam, which DeepSpeed picks itself.
-        if (str(opt.get("type", "")).lower() in ("adam", "adamw") and accel == "cpu"
-                and not offloads_optimizer(cfg)):
+        if str(opt.get("type", "")).lower() in ("adam", "adamw") and accel == "cpu" and not offloads_optimizer(cfg):
             params.setdefault("torch_adam", True)
         if params.get("torch_adam") == AUTO:
             params["torch_adam"] = accel == "cpu" and not offloads_optimizer(cfg)
@@ -441,7 +479,7 @@ def build_ds_config(user: dict | str | Path, recipe: Recipe, world_size: int,
     # ---- stage-3 values DeepSpeed's HF integration calls "auto" --------------------------------
     zo = cfg.get("zero_optimization", {})
     for key in [k for k, v in zo.items() if v == AUTO]:
-        raise ConfigError(f"deepspeed config zero_optimization.{key}=\"auto\" is not filled by avion_ds; give a number")
+        raise ConfigError(f'deepspeed config zero_optimization.{key}="auto" is not filled by avion_ds; give a number')
 
     cfg.setdefault("steps_per_print", 10**9)  # we log ourselves
     cfg.setdefault("wall_clock_breakdown", False)
@@ -457,7 +495,7 @@ def _reject_leftover_auto(node: Any, path: str = "") -> None:
         for i, v in enumerate(node):
             _reject_leftover_auto(v, f"{path}[{i}]")
     elif node == AUTO:
-        raise ConfigError(f"deepspeed config {path}=\"auto\" is not a value avion_ds can fill")
+        raise ConfigError(f'deepspeed config {path}="auto" is not a value avion_ds can fill')
 
 
 def precision_of(cfg: dict[str, Any]) -> str:

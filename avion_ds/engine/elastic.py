@@ -65,9 +65,20 @@ def convert_to_universal(tag_dir: Path) -> Path:
     tmp = tag_dir / f"{UNIVERSAL}.tmp"
     shutil.rmtree(tmp, ignore_errors=True)  # a conversion killed earlier
     shutil.rmtree(out, ignore_errors=True)
-    cmd = [sys.executable, "-m", "deepspeed.checkpoint.ds_to_universal", "--input_folder", str(tag_dir),
-           "--output_folder", str(tmp), "--inject_missing_state", "--num_extract_workers", "1",
-           "--num_merge_workers", "1"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "deepspeed.checkpoint.ds_to_universal",
+        "--input_folder",
+        str(tag_dir),
+        "--output_folder",
+        str(tmp),
+        "--inject_missing_state",
+        "--num_extract_workers",
+        "1",
+        "--num_merge_workers",
+        "1",
+    ]
     proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
     if proc.returncode != 0:
         tail = " | ".join(proc.stderr.strip().splitlines()[-3:])
@@ -100,8 +111,10 @@ def prepare_resume(run_dir: str | Path, ds_config: dict[str, Any], trust: bool =
         raise RuntimeError(error)
     dist.barrier()
     ds_config.setdefault("checkpoint", {})["load_universal"] = True
-    return (f"elastic resume: {tag} was written by {old} ranks, this run has {dist.world_size()}; "
-            f"loading its universal checkpoint {tag_dir / UNIVERSAL}")
+    return (
+        f"elastic resume: {tag} was written by {old} ranks, this run has {dist.world_size()}; "
+        f"loading its universal checkpoint {tag_dir / UNIVERSAL}"
+    )
 
 
 def _fresh_rng(global_step: int, rank: int) -> dict[str, Any]:
@@ -130,12 +143,15 @@ def client_for_rank(tag_dir: Path, old_world: int, rank: int, trust: bool = Fals
 def load_universal(engine: Any, tag_dir: Path, old_world: int, trust: bool = False) -> dict[str, Any]:
     """Load ``tag_dir/universal`` into an engine built with ``checkpoint.load_universal``."""
     if not engine.load_universal_checkpoint():
-        raise RuntimeError("elastic resume: the engine was built without checkpoint.load_universal "
-                           "(call elastic.prepare_resume before deepspeed.initialize)")
+        raise RuntimeError(
+            "elastic resume: the engine was built without checkpoint.load_universal "
+            "(call elastic.prepare_resume before deepspeed.initialize)"
+        )
     groups = engine.optimizer.param_groups
     settings = [{k: g[k] for k in GROUP_SETTINGS if k in g} for g in groups]
-    path, _ = engine.load_checkpoint(str(tag_dir), tag=UNIVERSAL, load_optimizer_states=True,
-                                     load_lr_scheduler_states=True)
+    path, _ = engine.load_checkpoint(
+        str(tag_dir), tag=UNIVERSAL, load_optimizer_states=True, load_lr_scheduler_states=True
+    )
     if path is None:
         raise RuntimeError(f"DeepSpeed could not load the universal checkpoint {tag_dir / UNIVERSAL}")
     for g, kept in zip(engine.optimizer.param_groups, settings):

@@ -33,28 +33,48 @@ from avion_ds.tasks import EvalOutcome, load_recipe
 # standalone evaluation
 # ---------------------------------------------------------------------------------------------
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="avion-ds eval", description=__doc__.splitlines()[0],
-                                epilog="exit codes: 0 done, 1 failure (traceback), 2 bad input (one line)")
+    p = argparse.ArgumentParser(
+        prog="avion-ds eval",
+        description=__doc__.splitlines()[0],
+        epilog="exit codes: 0 done, 1 failure (traceback), 2 bad input (one line)",
+    )
     p.add_argument("--config", default=None, help="YAML recipe (default: RUN_DIR/recipe.yaml)")
-    p.add_argument("--checkpoint", required=True,
-                   help="run directory (latest complete checkpoint) or a weights file (.safetensors/.pt)")
-    p.add_argument("--tag", default=None, help="checkpoint tag of the run directory to evaluate (e.g. step_00000120); "
-                   "default: the newest complete one")
+    p.add_argument(
+        "--checkpoint",
+        required=True,
+        help="run directory (latest complete checkpoint) or a weights file (.safetensors/.pt)",
+    )
+    p.add_argument(
+        "--tag",
+        default=None,
+        help="checkpoint tag of the run directory to evaluate (e.g. step_00000120); default: the newest complete one",
+    )
     p.add_argument("--out", default=None, help="metrics JSON (default: <run dir or file dir>/eval_metrics.json)")
     add_override_option(p, "eval.temporal_views=2")
     p.add_argument("--split", default="val", choices=("val", "train"), help="annotation file to evaluate on")
     p.add_argument("--no-per-sample", action="store_true", help="omit per-sample scores from the JSON")
-    p.add_argument("--offload", default="none", choices=("none", "cpu", "nvme"),
-                   help="ZeRO-3 parameter offload for models larger than accelerator memory")
+    p.add_argument(
+        "--offload",
+        default="none",
+        choices=("none", "cpu", "nvme"),
+        help="ZeRO-3 parameter offload for models larger than accelerator memory",
+    )
     p.add_argument("--max-live-params", type=float, default=1e9, help="ZeRO-3 stage3_max_live_parameters")
     p.add_argument("--prefetch-bucket", type=float, default=5e7, help="ZeRO-3 stage3_prefetch_bucket_size")
     p.add_argument("--nvme-path", default="/local_nvme", help="directory for --offload nvme")
-    p.add_argument("--precision", default="auto", choices=("auto", *PRECISIONS),
-                   help="inference dtype (auto: the recipe's, else bf16 on GPUs and fp32 on CPU)")
-    p.add_argument("--trust-checkpoint", action="store_true",
-                   help="allow full unpickling of checkpoint files (weights file or run directory) that pickle more "
-                        "than tensors and a few known types (it can run code); "
-                        "same as --set model.trust_checkpoint=true")
+    p.add_argument(
+        "--precision",
+        default="auto",
+        choices=("auto", *PRECISIONS),
+        help="inference dtype (auto: the recipe's, else bf16 on GPUs and fp32 on CPU)",
+    )
+    p.add_argument(
+        "--trust-checkpoint",
+        action="store_true",
+        help="allow full unpickling of checkpoint files (weights file or run directory) that pickle more "
+        "than tensors and a few known types (it can run code); "
+        "same as --set model.trust_checkpoint=true",
+    )
     p.add_argument("--local_rank", "--local-rank", type=int, default=None, help="injected by the deepspeed launcher")
     args = p.parse_args(argv)
     if args.trust_checkpoint:
@@ -80,7 +100,9 @@ def _resolve_tag(args: argparse.Namespace, run_dir: Path | None) -> str | None:
     """The complete checkpoint of a run directory to evaluate (``--tag`` or the newest), else None."""
     if run_dir is None:
         if args.tag is not None:
-            raise ConfigError(f"--tag {args.tag}: --checkpoint {args.checkpoint} is a weights file, not a run directory")
+            raise ConfigError(
+                f"--tag {args.tag}: --checkpoint {args.checkpoint} is a weights file, not a run directory"
+            )
         return None
     from avion_ds.engine.checkpoint import check_tag, latest_complete
 
@@ -101,10 +123,16 @@ def _eval_model(args: argparse.Namespace, setup: EvalSetup, dtype: torch.dtype) 
         source: Any = str(args.checkpoint)
         if run_dir is not None:
             source = consolidate(run_dir, tag, recipe.model.trust_checkpoint) if dist.is_main() else {}
-        return build_for_inference(lambda: task.build_model(recipe, pretrained=""), source, offload=args.offload,
-                                   max_live_parameters=int(args.max_live_params),
-                                   prefetch_bucket_size=int(args.prefetch_bucket), nvme_path=args.nvme_path,
-                                   dtype=dtype, strict=run_dir is not None)
+        return build_for_inference(
+            lambda: task.build_model(recipe, pretrained=""),
+            source,
+            offload=args.offload,
+            max_live_parameters=int(args.max_live_params),
+            prefetch_bucket_size=int(args.prefetch_bucket),
+            nvme_path=args.nvme_path,
+            dtype=dtype,
+            strict=run_dir is not None,
+        )
     if run_dir is None:
         return task.build_model(recipe, pretrained=str(args.checkpoint))
     model = task.build_model(recipe, pretrained="")
@@ -119,17 +147,28 @@ def _write_results(args: argparse.Namespace, setup: EvalSetup, views: int, out: 
     run_dir, tag = setup.run_dir, setup.tag
     path = Path(args.out) if args.out else (run_dir or Path(args.checkpoint).parent) / "eval_metrics.json"
     path.parent.mkdir(parents=True, exist_ok=True)
-    payload: dict[str, Any] = {"checkpoint": str(args.checkpoint), "tag": tag, "split": args.split,
-                               "num_samples": out.num_samples, "views": views, "metrics": out.metrics,
-                               **(out.report or {}), "failed_samples": out.failed}
+    payload: dict[str, Any] = {
+        "checkpoint": str(args.checkpoint),
+        "tag": tag,
+        "split": args.split,
+        "num_samples": out.num_samples,
+        "views": views,
+        "metrics": out.metrics,
+        **(out.report or {}),
+        "failed_samples": out.failed,
+    }
     if out.per_sample is not None and not args.no_per_sample:
         payload["per_sample"] = out.per_sample
     path.write_text(json.dumps(payload) + "\n")
     if out.failed:
         print(failed_line(out.failed), flush=True)
     print(setup.task.eval_line(out.metrics), flush=True)
-    where = (f"protocol {payload['protocol']}, {views} views, {payload['num_missing']} missing, "
-             f"{payload['num_quarantined']} quarantined, {len(out.failed)} failed to decode; " if out.report else "")
+    where = (
+        f"protocol {payload['protocol']}, {views} views, {payload['num_missing']} missing, "
+        f"{payload['num_quarantined']} quarantined, {len(out.failed)} failed to decode; "
+        if out.report
+        else ""
+    )
     print(f"wrote {path} ({out.num_samples} samples evaluated; {where}checkpoint {tag or args.checkpoint})", flush=True)
 
 
@@ -151,8 +190,11 @@ def run(args: argparse.Namespace) -> int:
     from avion_ds.data import DeviceAugment, build_loader
 
     device = torch.device(get_accelerator().current_device_name())
-    precision = args.precision if args.precision != "auto" else (
-        recipe.precision if recipe.precision != "auto" else ("bf16" if device.type == "cuda" else "fp32"))
+    precision = (
+        args.precision
+        if args.precision != "auto"
+        else (recipe.precision if recipe.precision != "auto" else ("bf16" if device.type == "cuda" else "fp32"))
+    )
     dtype = torch_dtype(precision)
     note = skipped_note(run_dir, tag) if run_dir is not None and tag and not args.tag else None
     if note and dist.is_main():
@@ -167,8 +209,15 @@ def run(args: argparse.Namespace) -> int:
         model = model.to(device=device, dtype=dtype)
 
     views = recipe.eval.temporal_views * recipe.eval.spatial_views
-    loader = build_loader(setup.dataset, recipe.eval.batch_size or recipe.batch.micro_batch, recipe.data.workers,
-                          shuffle=False, seed=recipe.seed, drop_last=False, distributed=world > 1)
+    loader = build_loader(
+        setup.dataset,
+        recipe.eval.batch_size or recipe.batch.micro_batch,
+        recipe.data.workers,
+        shuffle=False,
+        seed=recipe.seed,
+        drop_last=False,
+        distributed=world > 1,
+    )
     augment = DeviceAugment(recipe.data, setup.task.label_classes(recipe), train=False)
     outcome = setup.task.evaluate(model, loader, augment, views, device, dtype, recipe)
     if dist.is_main():
@@ -181,6 +230,7 @@ def main(argv: list[str] | None = None) -> int:
     """Entry point for `avion-ds eval`."""
     args = parse_args(argv)
     return dist.run_entry("avion-ds eval", lambda: run(args), {ConfigError: 2, DataError: 2})
+
 
 if __name__ == "__main__":
     sys.exit(main())

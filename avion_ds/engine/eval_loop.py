@@ -25,9 +25,15 @@ from avion_ds.engine.run_log import progress
 
 
 @torch.no_grad()
-def evaluate_model(model: Callable[[torch.Tensor], Any], loader: Any, augment: Callable, views: int,
-                   device: torch.device, dtype: torch.dtype = torch.float32,
-                   bad_log: BadInputLog | None = None) -> tuple[dict[str, float], tuple, list[dict[str, Any]]]:
+def evaluate_model(
+    model: Callable[[torch.Tensor], Any],
+    loader: Any,
+    augment: Callable,
+    views: int,
+    device: torch.device,
+    dtype: torch.dtype = torch.float32,
+    bad_log: BadInputLog | None = None,
+) -> tuple[dict[str, float], tuple, list[dict[str, Any]]]:
     """Metrics over ``loader`` (all ranks), the gathered (index, probabilities, labels), and the
     clips that failed to decode (``[{"index", "name", "reason"}]``, excluded from the metrics).
 

@@ -36,8 +36,9 @@ def stream_export(run_dir: Path, tag: str, out: Path, meta: dict[str, str], trus
     from avion_ds.models.weights.safetensors_stream import SafetensorsWriter
 
     lazy = zero_state_dict(checkpoint_dir(run_dir) / tag, trust)
-    specs = [(clean_key(k), torch.float32 if v.dtype.is_floating_point else v.dtype, tuple(v.shape))
-             for k, v in lazy.items()]
+    specs = [
+        (clean_key(k), torch.float32 if v.dtype.is_floating_point else v.dtype, tuple(v.shape)) for k, v in lazy.items()
+    ]
     writer = SafetensorsWriter(out, specs, meta)
     for (name, dtype, _), v in zip(specs, lazy.values()):
         t = v.materialize()
@@ -60,8 +61,12 @@ def export(run_dir: str | Path, out: str | Path, tag: str | None = None, trust: 
     if ident.is_file():
         meta["model"] = json.dumps(json.loads(ident.read_text()).get("model", {}))
     resolved = tag or latest_complete(run_dir)
-    if out.suffix == ".safetensors" and resolved is not None and (checkpoint_dir(run_dir) / resolved / MARKER).is_file() \
-            and run_zero_stage(run_dir, checkpoint_dir(run_dir) / resolved) > 0:
+    if (
+        out.suffix == ".safetensors"
+        and resolved is not None
+        and (checkpoint_dir(run_dir) / resolved / MARKER).is_file()
+        and run_zero_stage(run_dir, checkpoint_dir(run_dir) / resolved) > 0
+    ):
         path = stream_export(run_dir, resolved, out, meta, trust)  # consolidates and writes tensor by tensor
         bar.update(2)
         bar.close()
@@ -80,8 +85,9 @@ def export(run_dir: str | Path, out: str | Path, tag: str | None = None, trust: 
     return out
 
 
-def export_hf(run_dir: str | Path, out: str | Path, tag: str | None = None, head: str | None = None,
-              trust: bool = False) -> float:
+def export_hf(
+    run_dir: str | Path, out: str | Path, tag: str | None = None, head: str | None = None, trust: bool = False
+) -> float:
     """Write ``run_dir``'s checkpoint as a Hugging Face ``VideoMAEForVideoClassification`` directory.
 
     Needs the run's ``recipe.yaml`` (the architecture); returns the max |logit difference| between
@@ -113,20 +119,36 @@ def export_hf(run_dir: str | Path, out: str | Path, tag: str | None = None, head
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point for `avion-ds export`."""
-    p = argparse.ArgumentParser(prog="avion-ds export", description=__doc__.splitlines()[0],
-                                epilog="exit codes: 0 done, 1 failure (traceback), 2 bad input (one line)")
+    p = argparse.ArgumentParser(
+        prog="avion-ds export",
+        description=__doc__.splitlines()[0],
+        epilog="exit codes: 0 done, 1 failure (traceback), 2 bad input (one line)",
+    )
     p.add_argument("run_dir", help="training output_dir holding checkpoints/")
-    p.add_argument("--out", required=True, help="output file (.safetensors recommended, or .pt), or the "
-                   "directory to create with --format hf")
+    p.add_argument(
+        "--out",
+        required=True,
+        help="output file (.safetensors recommended, or .pt), or the directory to create with --format hf",
+    )
     p.add_argument("--tag", default=None, help="checkpoint tag (default: newest complete)")
-    p.add_argument("--format", default="safetensors", choices=("safetensors", "hf"),
-                   help="safetensors: one fp32 state dict for create_model(pretrained=...); hf: a Hugging Face "
-                        "VideoMAEForVideoClassification directory (single-head models, or one --head)")
-    p.add_argument("--head", default=None, help="with --format hf and a multi-head model (EPIC verb + noun): "
-                   "the head to export as the classifier")
-    p.add_argument("--trust-checkpoint", action="store_true",
-                   help="allow full unpickling of checkpoint files that pickle more than tensors and a few known "
-                        "types (it can run code from them)")
+    p.add_argument(
+        "--format",
+        default="safetensors",
+        choices=("safetensors", "hf"),
+        help="safetensors: one fp32 state dict for create_model(pretrained=...); hf: a Hugging Face "
+        "VideoMAEForVideoClassification directory (single-head models, or one --head)",
+    )
+    p.add_argument(
+        "--head",
+        default=None,
+        help="with --format hf and a multi-head model (EPIC verb + noun): the head to export as the classifier",
+    )
+    p.add_argument(
+        "--trust-checkpoint",
+        action="store_true",
+        help="allow full unpickling of checkpoint files that pickle more than tensors and a few known "
+        "types (it can run code from them)",
+    )
     args = p.parse_args(argv)
     try:
         if not Path(args.run_dir).is_dir():
@@ -137,9 +159,11 @@ def main(argv: list[str] | None = None) -> int:
             print(note, flush=True)
         if args.format == "hf":
             diff = export_hf(args.run_dir, args.out, tag, args.head, args.trust_checkpoint)
-            print(f"wrote {args.out} (Hugging Face VideoMAEForVideoClassification, checkpoint {tag}"
-                  f"{', head ' + args.head if args.head else ''}; reloaded with transformers: max |logit "
-                  f"difference| {diff:.2e})")
+            print(
+                f"wrote {args.out} (Hugging Face VideoMAEForVideoClassification, checkpoint {tag}"
+                f"{', head ' + args.head if args.head else ''}; reloaded with transformers: max |logit "
+                f"difference| {diff:.2e})"
+            )
             return 0
         out = export(args.run_dir, args.out, tag, args.trust_checkpoint)
     except ConfigError as e:

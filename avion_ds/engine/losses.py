@@ -17,8 +17,9 @@ def classification_loss(logits: Tensor, target: Tensor, label_smoothing: float =
     return F.cross_entropy(logits, target.long(), label_smoothing=label_smoothing)
 
 
-def total_loss(outputs: Tensor | dict[str, Tensor], targets: Tensor | dict[str, Tensor],
-               label_smoothing: float = 0.0) -> tuple[Tensor, dict[str, Tensor]]:
+def total_loss(
+    outputs: Tensor | dict[str, Tensor], targets: Tensor | dict[str, Tensor], label_smoothing: float = 0.0
+) -> tuple[Tensor, dict[str, Tensor]]:
     """Loss for one batch: single head, or the sum over heads (EPIC: verb + noun).
 
     Returns the loss and the detached per-head values for logging (device tensors: reading them is a

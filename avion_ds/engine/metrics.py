@@ -48,10 +48,13 @@ def action_topk_correct(verb_probs: Tensor, noun_probs: Tensor, verb: Tensor, no
     product only means p(verb, noun) when both factors are probabilities, so logits are refused.
     """
     for name, p in (("verb", verb_probs), ("noun", noun_probs)):
-        if p.numel() and ((p < 0).any() or not torch.allclose(p.float().sum(-1), p.new_ones(p.shape[0]).float(),
-                                                                atol=1e-3)):
-            raise ValueError(f"action_topk_correct: {name} scores are not probabilities (rows must be >= 0 "
-                             "and sum to 1); pass softmax outputs averaged over views")
+        if p.numel() and (
+            (p < 0).any() or not torch.allclose(p.float().sum(-1), p.new_ones(p.shape[0]).float(), atol=1e-3)
+        ):
+            raise ValueError(
+                f"action_topk_correct: {name} scores are not probabilities (rows must be >= 0 "
+                "and sum to 1); pass softmax outputs averaged over views"
+            )
     joint = (verb_probs.float().unsqueeze(2) * noun_probs.float().unsqueeze(1)).flatten(1)  # (N, V*N)
     target = verb.long() * noun_probs.shape[-1] + noun.long()
     return topk_correct(joint, target, k)
@@ -179,8 +182,9 @@ def gather_failed(local: dict[int, str], dataset: Any = None) -> list[dict[str, 
 
 def failed_line(failed: list[dict[str, Any]], show: int = 5) -> str:
     """One log line counting and naming the clips that failed to decode."""
-    names = ", ".join(str(f["name"]) for f in failed[:show]) + (f", ... (+{len(failed) - show})"
-                                                                 if len(failed) > show else "")
+    names = ", ".join(str(f["name"]) for f in failed[:show]) + (
+        f", ... (+{len(failed) - show})" if len(failed) > show else ""
+    )
     return f"{len(failed)} eval clip(s) failed to decode and are excluded from the metrics: {names}"
 
 

@@ -22,11 +22,15 @@ def next_knob(recipe: Recipe, ds_config: dict[str, Any], micro_batch: int) -> st
     """The cheapest change that lowers peak memory, in the order that costs the least speed."""
     m = recipe.model
     if not m.activation_checkpointing or m.checkpoint_every > 1 or m.checkpoint_first_n is not None:
-        return ("checkpoint every block (--set model.activation_checkpointing=true --set model.checkpoint_every=1 "
-                "--set model.checkpoint_first_n=null)")
+        return (
+            "checkpoint every block (--set model.activation_checkpointing=true --set model.checkpoint_every=1 "
+            "--set model.checkpoint_first_n=null)"
+        )
     if micro_batch > 1:
-        return (f"a smaller micro-batch (--set batch.micro_batch={max(1, micro_batch // 2)}; gradient accumulation "
-                "keeps the global batch)")
+        return (
+            f"a smaller micro-batch (--set batch.micro_batch={max(1, micro_batch // 2)}; gradient accumulation "
+            "keeps the global batch)"
+        )
     if zero_stage(ds_config) < 3:
         return "ZeRO-3 (--deepspeed_config ds_configs/zero3.json)"
     if not offload_device(ds_config, "param") and not offload_device(ds_config, "optimizer"):
@@ -43,16 +47,26 @@ def explain(recipe: Recipe, ds_config: dict[str, Any], world: int, error: BaseEx
     clips = micro * recipe.data.num_sample  # repeated sampling: num_sample augmented clips per loaded item
     m = recipe.model
     try:
-        e = estimate(m.name, recipe.data.num_frames, recipe.data.size, clips, precision_of(ds_config),
-                     zero_stage(ds_config), offload_optimizer=offload_device(ds_config, "optimizer") is not None,
-                     offload_param=offload_device(ds_config, "param") is not None,
-                     checkpointing=m.checkpoint_every if m.activation_checkpointing else False, world_size=world,
-                     first_n=m.checkpoint_first_n)
+        e = estimate(
+            m.name,
+            recipe.data.num_frames,
+            recipe.data.size,
+            clips,
+            precision_of(ds_config),
+            zero_stage(ds_config),
+            offload_optimizer=offload_device(ds_config, "optimizer") is not None,
+            offload_param=offload_device(ds_config, "param") is not None,
+            checkpointing=m.checkpoint_every if m.activation_checkpointing else False,
+            world_size=world,
+            first_n=m.checkpoint_first_n,
+        )
         predicted = f"planner predicts {format_bytes(e.total)} per GPU for this config"
     except Exception as exc:  # noqa: BLE001 - the message must not fail: say why there is no prediction
         predicted = f"no planner prediction ({type(exc).__name__}: {str(exc).splitlines()[0][:80]})"
     what = (str(error).strip().splitlines() or ["out of memory"])[0][:160]
     per = f" ({clips} clips)" if clips != micro else ""
-    return (f"out of memory ({what}): model {m.name}, micro-batch {micro}{per} x {recipe.data.num_frames} frames x "
-            f"{recipe.data.size} px, ZeRO-{zero_stage(ds_config)}; {predicted}; try {next_knob(recipe, ds_config, micro)}"
-            f" (or run `avion-ds plan` for this GPU)")
+    return (
+        f"out of memory ({what}): model {m.name}, micro-batch {micro}{per} x {recipe.data.num_frames} frames x "
+        f"{recipe.data.size} px, ZeRO-{zero_stage(ds_config)}; {predicted}; try {next_knob(recipe, ds_config, micro)}"
+        f" (or run `avion-ds plan` for this GPU)"
+    )

@@ -80,5 +80,6 @@ def client_adamw(groups: list[dict[str, Any]], recipe: Recipe, lr: float) -> tor
     """A torch AdamW over ``groups``; used when the DeepSpeed JSON has no ``optimizer`` section."""
     for g in groups:
         g.setdefault("lr", lr * g.get("lr_scale", 1.0))
-    return torch.optim.AdamW(groups, lr=lr, betas=tuple(recipe.optim.betas), eps=recipe.optim.eps,
-                             weight_decay=recipe.optim.weight_decay)
+    return torch.optim.AdamW(
+        groups, lr=lr, betas=tuple(recipe.optim.betas), eps=recipe.optim.eps, weight_decay=recipe.optim.weight_decay
+    )

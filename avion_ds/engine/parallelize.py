@@ -40,8 +40,9 @@ def apply_memory_features(model: nn.Module, recipe: Recipe, ds_config: dict[str,
             synchronize=bool(ac.get("synchronize_checkpoint_boundary", False)),
             profile=bool(ac.get("profile", False)),
         )
-    return apply_activation_checkpointing(model, every=m.checkpoint_every, first_n=m.checkpoint_first_n,
-                                          impl=m.checkpoint_impl)
+    return apply_activation_checkpointing(
+        model, every=m.checkpoint_every, first_n=m.checkpoint_first_n, impl=m.checkpoint_impl
+    )
 
 
 @dataclass(frozen=True)
@@ -73,8 +74,13 @@ def base_lr(recipe: Recipe, ds_config: dict[str, Any]) -> float:
     return float(params["lr"]) if "lr" in params else scaled_lr(recipe, int(ds_config["train_batch_size"]))
 
 
-def parallelize(model: nn.Module, recipe: Recipe, ds_config: dict[str, Any], steps_per_epoch: int,
-                optimizer: torch.optim.Optimizer | None = None) -> Parallelized:
+def parallelize(
+    model: nn.Module,
+    recipe: Recipe,
+    ds_config: dict[str, Any],
+    steps_per_epoch: int,
+    optimizer: torch.optim.Optimizer | None = None,
+) -> Parallelized:
     """Apply activation checkpointing, build param groups + schedule, make the DeepSpeed engine.
 
     The optimizer is DeepSpeed's (from the JSON ``optimizer`` section) over our parameter groups,

@@ -20,8 +20,9 @@ def check_output_dir(recipe: Recipe) -> None:
     path = Path(recipe.output_dir)
     for p in (path, *path.parents):
         if p.exists() and not p.is_dir():
-            raise ConfigError(f"output_dir={recipe.output_dir!r}: {p} is a file, not a directory; "
-                              "choose a directory path")
+            raise ConfigError(
+                f"output_dir={recipe.output_dir!r}: {p} is a file, not a directory; choose a directory path"
+            )
         if p.exists():
             break
 
@@ -45,9 +46,15 @@ def check_data_paths(recipe: Recipe, need_train: bool = True) -> None:
         raise ConfigError(f"data.class_list: file not found: {d.class_list}")
     if d.quarantine not in ("", "auto", "none") and not Path(d.quarantine).is_file():
         raise ConfigError(f"data.quarantine: file not found: {d.quarantine} (auto | none | a quarantine.tsv)")
-    if d.dataset == "ssv2" and not d.class_list and not (Path(d.train_csv or d.val_csv).parent / "labels.json").is_file():
-        raise ConfigError(f"data.class_list is empty and there is no labels.json next to {d.train_csv or d.val_csv}: "
-                          f"set data.class_list to SSv2's labels.json")
+    if (
+        d.dataset == "ssv2"
+        and not d.class_list
+        and not (Path(d.train_csv or d.val_csv).parent / "labels.json").is_file()
+    ):
+        raise ConfigError(
+            f"data.class_list is empty and there is no labels.json next to {d.train_csv or d.val_csv}: "
+            f"set data.class_list to SSv2's labels.json"
+        )
 
 
 def check_data_layout(recipe: Recipe, need_train: bool = True) -> dict[str, int]:
@@ -58,8 +65,10 @@ def check_data_layout(recipe: Recipe, need_train: bool = True) -> dict[str, int]
     d = recipe.data
     if d.chunked:
         if not (Path(d.root) / MANIFEST_NAME).is_file():
-            raise ConfigError(f"data.root={d.root!r} has no {MANIFEST_NAME} (data.chunked=true): run "
-                              f"`avion-ds chunk SRC {d.root}` first, or set data.chunked=false for whole videos")
+            raise ConfigError(
+                f"data.root={d.root!r} has no {MANIFEST_NAME} (data.chunked=true): run "
+                f"`avion-ds chunk SRC {d.root}` first, or set data.chunked=false for whole videos"
+            )
         try:
             videos = load_manifest(d.root)
         except ValueError as e:
@@ -68,7 +77,7 @@ def check_data_layout(recipe: Recipe, need_train: bool = True) -> dict[str, int]
             raise ConfigError(f"data.root={d.root!r}: {MANIFEST_NAME} lists no decodable chunks")
     rows: dict[str, int] = {}
     if d.dataset == "videos":  # unlabelled clips: an optional list of videos per split, no labels
-        for split in (("train", "val") if need_train else ("val",)):
+        for split in ("train", "val") if need_train else ("val",):
             value = getattr(d, f"{split}_csv")
             if value and not Path(value).is_file():
                 raise ConfigError(f"data.{split}_csv: video list not found: {value}")
@@ -82,7 +91,7 @@ def check_data_layout(recipe: Recipe, need_train: bool = True) -> dict[str, int]
                 n = len(find_videos(d.root))
             rows[split] = n * d.clips_per_video  # clips per epoch
         return rows
-    for split in (("train", "val") if need_train else ("val",)):
+    for split in ("train", "val") if need_train else ("val",):
         key = f"data.{split}_csv"
         try:
             n, classes = read_annotations(d, split)
@@ -100,8 +109,7 @@ def _check_labels(recipe: Recipe, key: str, classes: int | dict[str, int]) -> No
     for head, n in have.items():
         if head in want and n > want[head]:
             where = f"model.heads.{head}" if heads is not None else "model.num_classes"
-            raise ConfigError(f"{key} has {head} labels up to {n - 1} but {where}={want[head]}; "
-                              f"set {where} >= {n}")
+            raise ConfigError(f"{key} has {head} labels up to {n - 1} but {where}={want[head]}; set {where} >= {n}")
 
 
 def check_runtime(recipe: Recipe, precision: str, accelerator: str) -> None:
@@ -115,8 +123,10 @@ def check_runtime(recipe: Recipe, precision: str, accelerator: str) -> None:
         try:
             resolve_backend("flash", device, dtype, get_arch(recipe.model.name).head_dim)
         except RuntimeError as e:  # resolve_backend's "cannot run" signal
-            raise ConfigError(f"model.attn_backend='flash' cannot run here ({str(e).split(': ', 1)[-1]}); "
-                              "allowed here: auto, sdpa, eager") from None
+            raise ConfigError(
+                f"model.attn_backend='flash' cannot run here ({str(e).split(': ', 1)[-1]}); "
+                "allowed here: auto, sdpa, eager"
+            ) from None
     if precision in ("fp16", "bf16"):  # DeepSpeed's own sanity check, asked before initialize instead of inside it
         from deepspeed.accelerator import get_accelerator
 
@@ -124,8 +134,10 @@ def check_runtime(recipe: Recipe, precision: str, accelerator: str) -> None:
         supported = {"fp32": True, "bf16": acc.is_bf16_supported(), "fp16": acc.is_fp16_supported()}
         if not supported[precision]:
             allowed = ", ".join(k for k, ok in supported.items() if ok)
-            raise ConfigError(f"precision={precision} cannot run here: the {accelerator} accelerator reports no "
-                              f"{precision} support; allowed here: {allowed}")
+            raise ConfigError(
+                f"precision={precision} cannot run here: the {accelerator} accelerator reports no "
+                f"{precision} support; allowed here: {allowed}"
+            )
 
 
 def check_weights_source(source: str, trust: bool, key: str = "model.pretrained", tag: str | None = None) -> None:

@@ -31,8 +31,17 @@ def progress(iterable: Any = None, desc: str = "", total: int | None = None, uni
 
     from avion_ds.engine import dist
 
-    return tqdm(iterable, desc=desc, total=total, unit=unit, file=sys.stderr, dynamic_ncols=True, mininterval=1.0,
-                leave=False, disable=not (dist.is_main() and sys.stderr.isatty()))
+    return tqdm(
+        iterable,
+        desc=desc,
+        total=total,
+        unit=unit,
+        file=sys.stderr,
+        dynamic_ncols=True,
+        mininterval=1.0,
+        leave=False,
+        disable=not (dist.is_main() and sys.stderr.isatty()),
+    )
 
 
 def _fmt(v: Any) -> str:
@@ -54,8 +63,9 @@ def _row_step(line: str) -> float:
 class RunLogger:
     """Writes scalars to TensorBoard (``run_dir/tb``) and ``run_dir/history.jsonl``; rank 0 only."""
 
-    def __init__(self, run_dir: str | Path, enabled: bool, tensorboard: bool = True, progress: bool = True,
-                 log_every: int = 10) -> None:
+    def __init__(
+        self, run_dir: str | Path, enabled: bool, tensorboard: bool = True, progress: bool = True, log_every: int = 10
+    ) -> None:
         self.enabled = enabled
         self.log_every = max(1, log_every)
         self.progress = progress and enabled
@@ -98,8 +108,16 @@ class RunLogger:
             return
         from tqdm import tqdm
 
-        self.bar = tqdm(total=total, initial=initial, desc=f"epoch {epoch}", unit="step", file=sys.stderr,
-                        dynamic_ncols=True, mininterval=1.0, leave=False)
+        self.bar = tqdm(
+            total=total,
+            initial=initial,
+            desc=f"epoch {epoch}",
+            unit="step",
+            file=sys.stderr,
+            dynamic_ncols=True,
+            mininterval=1.0,
+            leave=False,
+        )
 
     def end_epoch(self) -> None:
         if self.bar is not None:
@@ -120,17 +138,31 @@ class RunLogger:
         row = {"epoch": epoch, "step": step, **values}
         if self.history is not None:
             self.history.write(json.dumps(row) + "\n")
-        tb = {f"train/{k}": v for k, v in values.items() if k not in ("data_wait_s", "compute_s", "data_wait_frac",
-                                                                        "peak_gib")}
+        tb = {
+            f"train/{k}": v
+            for k, v in values.items()
+            if k not in ("data_wait_s", "compute_s", "data_wait_frac", "peak_gib")
+        }
         tb.update({f"time/{k}": values[k] for k in ("data_wait_s", "compute_s", "data_wait_frac") if k in values})
         if "peak_gib" in values:
             tb["mem/peak_gib"] = values["peak_gib"]
         self.scalars(step, {k: v for k, v in tb.items() if isinstance(v, (int, float))})
-        short = {"loss": "loss", "lr": "lr", "grad_norm": "gnorm", "loss_scale": "scale", "clips_per_s": "clips/s",
-                 "data_wait_frac": "wait", "peak_gib": "mem_gib", "bad_samples": "bad", "overflow_steps": "overflow"}
-        compact = " ".join(f"{s}={_fmt(values[k])}" for k, s in short.items()
-                           if values.get(k) is not None and not (k in ("bad_samples", "overflow_steps")
-                                                                 and not values[k]))
+        short = {
+            "loss": "loss",
+            "lr": "lr",
+            "grad_norm": "gnorm",
+            "loss_scale": "scale",
+            "clips_per_s": "clips/s",
+            "data_wait_frac": "wait",
+            "peak_gib": "mem_gib",
+            "bad_samples": "bad",
+            "overflow_steps": "overflow",
+        }
+        compact = " ".join(
+            f"{s}={_fmt(values[k])}"
+            for k, s in short.items()
+            if values.get(k) is not None and not (k in ("bad_samples", "overflow_steps") and not values[k])
+        )
         if self.bar is not None:
             self.bar.update(steps)
             self.bar.set_postfix_str(compact, refresh=False)

@@ -56,8 +56,10 @@ def optimizer_steps_per_epoch(micro_batches: int, clips: int, recipe: Recipe, pl
     if recipe.schedule.steps_per_epoch:
         steps = min(steps, recipe.schedule.steps_per_epoch)
     if steps <= 0:
-        raise ConfigError(f"data.train_csv has {clips} clips: fewer than one optimizer step of {plan.global_batch} "
-                          f"(micro {plan.micro_batch} x accum {plan.grad_accum} x world {plan.world_size})")
+        raise ConfigError(
+            f"data.train_csv has {clips} clips: fewer than one optimizer step of {plan.global_batch} "
+            f"(micro {plan.micro_batch} x accum {plan.grad_accum} x world {plan.world_size})"
+        )
     return steps
 
 
@@ -117,8 +119,9 @@ class EvalSetup:
     dataset: Any
 
 
-def prepare_eval(recipe: Recipe, checkpoint: str | Path, run_dir: Path | None, tag: str | None,
-                 split: str) -> EvalSetup:
+def prepare_eval(
+    recipe: Recipe, checkpoint: str | Path, run_dir: Path | None, tag: str | None, split: str
+) -> EvalSetup:
     """The checked setup of an evaluation (the same checks as training's, for ``split`` only)."""
     task = task_of(recipe)
     check_inputs(recipe, task, need_train=split == "train")
@@ -140,7 +143,7 @@ def backends_line(model: torch.nn.Module, recipe: Recipe, device: torch.device, 
     attn = next((m for m in model.modules() if isinstance(m, Attention)), None)
     a = describe_backend(attn.backend, device, dtype, attn.head_dim) if attn is not None else "none"
     d = recipe.data
-    where = (f"helper process, timeout {d.decode_timeout_s:g} s" if d.decode_timeout_s > 0 else "in-process")
+    where = f"helper process, timeout {d.decode_timeout_s:g} s" if d.decode_timeout_s > 0 else "in-process"
     return f"attention backend {a} | decoder {d.decoder} ({where}, {d.decoder_threads} thread(s) per worker)"
 
 

@@ -26,8 +26,9 @@ def cosine_lr(step: int, base_lr: float, min_lr: float, warmup_steps: int, total
 class WarmupCosine:
     """Sets ``group["lr"] = cosine_lr(step) * group.get("lr_scale", 1)`` for every param group."""
 
-    def __init__(self, optimizer: torch.optim.Optimizer, base_lr: float, min_lr: float,
-                 warmup_steps: int, total_steps: int) -> None:
+    def __init__(
+        self, optimizer: torch.optim.Optimizer, base_lr: float, min_lr: float, warmup_steps: int, total_steps: int
+    ) -> None:
         self.optimizer = optimizer
         self.base_lr = base_lr
         self.min_lr = min_lr
@@ -54,8 +55,13 @@ class WarmupCosine:
         return [g["lr"] for g in self.optimizer.param_groups]
 
     def state_dict(self) -> dict[str, Any]:
-        return {"last_step": self.last_step, "base_lr": self.base_lr, "min_lr": self.min_lr,
-                "warmup_steps": self.warmup_steps, "total_steps": self.total_steps}
+        return {
+            "last_step": self.last_step,
+            "base_lr": self.base_lr,
+            "min_lr": self.min_lr,
+            "warmup_steps": self.warmup_steps,
+            "total_steps": self.total_steps,
+        }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.last_step = int(state["last_step"])

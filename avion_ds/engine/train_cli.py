@@ -35,28 +35,58 @@ from avion_ds.tasks import load_recipe
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="avion-ds train", description=__doc__.splitlines()[0],
-                                epilog="exit codes: 0 done, 1 failure (traceback), 2 bad input (one line), "
-                                       "3 non-finite loss/weights stop")
+    p = argparse.ArgumentParser(
+        prog="avion-ds train",
+        description=__doc__.splitlines()[0],
+        epilog="exit codes: 0 done, 1 failure (traceback), 2 bad input (one line), 3 non-finite loss/weights stop",
+    )
     p.add_argument("--config", required=True, help="YAML recipe (launch/recipes/*.yaml)")
-    p.add_argument("--deepspeed_config", "--deepspeed-config", default="ds_configs/zero2.json",
-                   help="DeepSpeed JSON (ds_configs/*.json); 'auto' values are filled from the recipe")
-    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-                   help="dotted recipe override, repeatable (e.g. --set optim.lr=1e-3)")
-    p.add_argument("--trust-checkpoint", action="store_true",
-                   help="allow full unpickling of a weights file that pickles more than tensors (it can run code); "
-                        "same as --set model.trust_checkpoint=true")
+    p.add_argument(
+        "--deepspeed_config",
+        "--deepspeed-config",
+        default="ds_configs/zero2.json",
+        help="DeepSpeed JSON (ds_configs/*.json); 'auto' values are filled from the recipe",
+    )
+    p.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="dotted recipe override, repeatable (e.g. --set optim.lr=1e-3)",
+    )
+    p.add_argument(
+        "--trust-checkpoint",
+        action="store_true",
+        help="allow full unpickling of a weights file that pickles more than tensors (it can run code); "
+        "same as --set model.trust_checkpoint=true",
+    )
     p.add_argument("--local_rank", "--local-rank", type=int, default=None, help="injected by the deepspeed launcher")
-    p.add_argument("--exit-after-steps", type=int, default=None,
-                   help="stop cleanly after this many optimizer steps in total (preemption drills, tests)")
-    p.add_argument("--dry-run", action="store_true",
-                   help="run every start-up check, print the resolved recipe and DeepSpeed config, exit 0")
-    p.add_argument("--resume-from", default=None, metavar="TAG|none",
-                   help="resume from this checkpoint tag of output_dir (e.g. step_00000120), or 'none' to start "
-                        "fresh; default: the newest complete checkpoint (checkpoint.resume)")
-    p.add_argument("--finetune-from", default=None, metavar="FILE",
-                   help="initialise the model from these weights (any format model.pretrained reads: VideoMAE, "
-                        "Hugging Face, timm, an avion-ds export); same as --set model.pretrained=FILE")
+    p.add_argument(
+        "--exit-after-steps",
+        type=int,
+        default=None,
+        help="stop cleanly after this many optimizer steps in total (preemption drills, tests)",
+    )
+    p.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="run every start-up check, print the resolved recipe and DeepSpeed config, exit 0",
+    )
+    p.add_argument(
+        "--resume-from",
+        default=None,
+        metavar="TAG|none",
+        help="resume from this checkpoint tag of output_dir (e.g. step_00000120), or 'none' to start "
+        "fresh; default: the newest complete checkpoint (checkpoint.resume)",
+    )
+    p.add_argument(
+        "--finetune-from",
+        default=None,
+        metavar="FILE",
+        help="initialise the model from these weights (any format model.pretrained reads: VideoMAE, "
+        "Hugging Face, timm, an avion-ds export); same as --set model.pretrained=FILE",
+    )
     args = p.parse_args(argv)
     if args.trust_checkpoint:
         args.overrides.append("model.trust_checkpoint=true")
@@ -86,9 +116,11 @@ def preflight(args: argparse.Namespace) -> RunSetup:
         ckpt.check_tag(recipe.output_dir, args.resume_from)
     if args.dry_run:
         sm = setup.summary
-        print(f"# avion-ds train --dry-run: all checks passed | {sm.name} {sm.params / 1e6:.2f}M params, "
-              f"{sm.gflops:.1f} GFLOPs/clip, token grid {sm.grid} | world {setup.world} | "
-              f"{setup.steps_per_epoch} steps/epoch")
+        print(
+            f"# avion-ds train --dry-run: all checks passed | {sm.name} {sm.params / 1e6:.2f}M params, "
+            f"{sm.gflops:.1f} GFLOPs/clip, token grid {sm.grid} | world {setup.world} | "
+            f"{setup.steps_per_epoch} steps/epoch"
+        )
         print("# resolved recipe")
         print(yaml.safe_dump(recipe.to_dict(), sort_keys=False), end="")
         print("# DeepSpeed config")
@@ -108,24 +140,43 @@ def build_data(setup: RunSetup, run_dir: Path) -> tuple[TrainData, str]:
     # data.decoder=auto: probed once on rank 0, recorded in the run dir so a resume keeps the choice
     picked = pick_decoder(recipe.data, run_dir, recipe.checkpoint.resume) if dist.is_main() else None
     recipe.data.decoder, decoder_note = dist.broadcast_object(picked)
-    train_loader = build_loader(setup.train_set, plan.micro_batch, recipe.data.workers, shuffle=True,
-                                seed=recipe.seed, drop_last=True, distributed=True)
-    val_loader = build_loader(setup.val_set, recipe.eval.batch_size or plan.micro_batch, recipe.data.workers,
-                              shuffle=False, seed=recipe.seed, drop_last=False, distributed=True)
+    train_loader = build_loader(
+        setup.train_set,
+        plan.micro_batch,
+        recipe.data.workers,
+        shuffle=True,
+        seed=recipe.seed,
+        drop_last=True,
+        distributed=True,
+    )
+    val_loader = build_loader(
+        setup.val_set,
+        recipe.eval.batch_size or plan.micro_batch,
+        recipe.data.workers,
+        shuffle=False,
+        seed=recipe.seed,
+        drop_last=False,
+        distributed=True,
+    )
     eval_aug = DeviceAugment(recipe.data, setup.task.label_classes(recipe), train=False)
-    return TrainData(train_loader, val_loader, setup.train_set, setup.val_set, eval_aug,
-                     setup.steps_per_epoch), decoder_note
+    return TrainData(
+        train_loader, val_loader, setup.train_set, setup.val_set, eval_aug, setup.steps_per_epoch
+    ), decoder_note
 
 
 def start_lines(setup: RunSetup, trainer: Trainer) -> list[str]:
     """What the run is: task, model, world, ZeRO stage, precision, batch arithmetic, backends."""
     recipe, plan, world = setup.recipe, setup.plan, setup.world
     ac = recipe.model.checkpoint_impl if recipe.model.activation_checkpointing else "off"
-    return [(f"avion-ds train: {setup.task.name} {recipe.model.name} | world {world} | ZeRO-{zero_stage(setup.ds_config)} | "
+    return [
+        (
+            f"avion-ds train: {setup.task.name} {recipe.model.name} | world {world} | ZeRO-{zero_stage(setup.ds_config)} | "
             f"{trainer.precision} | global batch {plan.global_batch} = micro {plan.micro_batch} x accum "
             f"{plan.grad_accum} x world {world} | {setup.steps_per_epoch} steps/epoch x {recipe.schedule.epochs} "
-            f"epochs | activation checkpointing {ac} | run dir {recipe.output_dir}"),
-            backends_line(trainer.engine.module, recipe, trainer.device, trainer.dtype)]
+            f"epochs | activation checkpointing {ac} | run dir {recipe.output_dir}"
+        ),
+        backends_line(trainer.engine.module, recipe, trainer.device, trainer.dtype),
+    ]
 
 
 def run(setup: RunSetup, args: argparse.Namespace) -> int:
@@ -154,8 +205,9 @@ def run(setup: RunSetup, args: argparse.Namespace) -> int:
     seed_everything(recipe.seed + rank)  # per-rank streams for dropout / augmentation
     parallel = parallelize(model, recipe, setup.ds_config, setup.steps_per_epoch)
     del model
-    log = RunLogger(run_dir, dist.is_main(), recipe.logging.tensorboard, recipe.logging.progress,
-                    recipe.logging.log_every)
+    log = RunLogger(
+        run_dir, dist.is_main(), recipe.logging.tensorboard, recipe.logging.progress, recipe.logging.log_every
+    )
     augment = DeviceAugment(recipe.data, task.label_classes(recipe), train=True)
     trainer = Trainer(parallel, recipe, task, log=log, augment=augment)
     for line in start_lines(setup, trainer):
@@ -177,8 +229,11 @@ def run(setup: RunSetup, args: argparse.Namespace) -> int:
 def main(argv: list[str] | None = None) -> int:
     """Entry point for `avion-ds train` and `launch/train.py`; exits through ``dist.shutdown``."""
     args = parse_args(argv)
-    return dist.run_entry("avion-ds train", lambda: _run_explaining_oom(args),
-                          {ConfigError: 2, DataError: 2, NonFiniteLoss: 3, ckpt.NonFiniteWeights: 3, OutOfMemory: 1})
+    return dist.run_entry(
+        "avion-ds train",
+        lambda: _run_explaining_oom(args),
+        {ConfigError: 2, DataError: 2, NonFiniteLoss: 3, ckpt.NonFiniteWeights: 3, OutOfMemory: 1},
+    )
 
 
 def _run_explaining_oom(args: argparse.Namespace) -> int:

@@ -135,9 +135,16 @@ class Trainer:
 
     What differs between kinds of training (the loss, the evaluation) is asked of ``task``."""
 
-    def __init__(self, parallel: Parallelized, recipe: Recipe, task: Task, *, log: RunLogger | None = None,
-                 augment: Callable[[torch.Tensor, Any], tuple[torch.Tensor, Any]] | None = None,
-                 bad_log: BadInputLog | None = None) -> None:
+    def __init__(
+        self,
+        parallel: Parallelized,
+        recipe: Recipe,
+        task: Task,
+        *,
+        log: RunLogger | None = None,
+        augment: Callable[[torch.Tensor, Any], tuple[torch.Tensor, Any]] | None = None,
+        bad_log: BadInputLog | None = None,
+    ) -> None:
         self.engine, self.recipe, self.task = parallel.engine, recipe, task
         engine = parallel.engine
         self.state = TrainState()
@@ -262,17 +269,23 @@ class Trainer:
         """One micro-batch whose loss was non-finite on some rank (every rank agrees)."""
         st, r = self.state, self.recipe
         if r.nonfinite == "stop":
-            raise NonFiniteLoss(f"non-finite loss at global step {st.global_step + 1} (epoch {st.epoch}, "
-                                f"step {st.step_in_epoch + 1} of the epoch); stopping, nothing saved")
+            raise NonFiniteLoss(
+                f"non-finite loss at global step {st.global_step + 1} (epoch {st.epoch}, "
+                f"step {st.step_in_epoch + 1} of the epoch); stopping, nothing saved"
+            )
         st.skipped += 1
         self.consecutive += 1
         accum = self.engine.gradient_accumulation_steps()
-        self.log.info(f"non-finite loss at global step {st.global_step + 1}: its whole accumulation window "
-                      f"({accum} micro-batch(es)) is skipped on every rank ({st.skipped} so far)")
+        self.log.info(
+            f"non-finite loss at global step {st.global_step + 1}: its whole accumulation window "
+            f"({accum} micro-batch(es)) is skipped on every rank ({st.skipped} so far)"
+        )
         if self.consecutive >= r.nonfinite_max_consecutive:
-            raise NonFiniteLoss(f"{self.consecutive} non-finite micro-batches in a row (nonfinite_max_consecutive="
-                                f"{r.nonfinite_max_consecutive}) at global step {st.global_step + 1}; "
-                                "stopping, nothing saved")
+            raise NonFiniteLoss(
+                f"{self.consecutive} non-finite micro-batches in a row (nonfinite_max_consecutive="
+                f"{r.nonfinite_max_consecutive}) at global step {st.global_step + 1}; "
+                "stopping, nothing saved"
+            )
 
     def _log_interval(self, lr: float | None, norm: Any) -> None:
         """Read what a logged row needs (host syncs allowed here) and write it."""
@@ -294,7 +307,8 @@ class Trainer:
             "grad_norm": grad_norm,
             "loss_scale": self.loss_scale(),
             "clips_per_s": self.engine.train_batch_size() * timed / wall,
-            "data_wait_s": wait, "compute_s": max(wall / timed - wait, 0.0),
+            "data_wait_s": wait,
+            "compute_s": max(wall / timed - wait, 0.0),
             "data_wait_frac": min(iv.data_s / wall, 1.0),
             "peak_gib": peak_memory_gib(),
             "skipped_nonfinite": st.skipped,
@@ -322,8 +336,9 @@ class Trainer:
     def save(self) -> str:
         """A checkpoint of the current state (every rank; refuses non-finite weights)."""
         c = self.recipe.checkpoint
-        return ckpt.save(self.engine, Path(self.recipe.output_dir), self.state.global_step, self.client_state(),
-                         c.keep_last)
+        return ckpt.save(
+            self.engine, Path(self.recipe.output_dir), self.state.global_step, self.client_state(), c.keep_last
+        )
 
     def maybe_save(self, steps_per_epoch: int, force: bool = False) -> str | None:
         """Mid-epoch checkpoint every ``checkpoint.every_steps`` (or ``force``: --exit-after-steps);
@@ -337,8 +352,9 @@ class Trainer:
 
     def resume(self, tag: str | None = None) -> bool:
         """Load ``tag`` (default: the newest complete checkpoint) into the engine and the state."""
-        client = ckpt.load_latest(self.engine, Path(self.recipe.output_dir), tag,
-                                  trust=self.recipe.model.trust_checkpoint)
+        client = ckpt.load_latest(
+            self.engine, Path(self.recipe.output_dir), tag, trust=self.recipe.model.trust_checkpoint
+        )
         if client is None:
             return False
         self.state.load_state_dict(client)
@@ -347,8 +363,10 @@ class Trainer:
         if sched is not None and "scheduler" in client:
             sched.load_state_dict(client["scheduler"])
         st = self.state
-        self.log.info(f"resumed from {client['tag']}: epoch {st.epoch}, step {st.step_in_epoch} in epoch, "
-                      f"global step {st.global_step}")
+        self.log.info(
+            f"resumed from {client['tag']}: epoch {st.epoch}, step {st.step_in_epoch} in epoch, "
+            f"global step {st.global_step}"
+        )
         return True
 
     def evaluate(self, data: TrainData) -> dict[str, float]:
@@ -357,15 +375,26 @@ class Trainer:
 
         r, st = self.recipe, self.state
         views = r.eval.temporal_views * r.eval.spatial_views
-        out = self.task.evaluate(self.engine, data.val_loader, data.eval_aug, views, self.device, self.dtype, r,
-                                 bad_log=self.bad_log)
+        out = self.task.evaluate(
+            self.engine, data.val_loader, data.eval_aug, views, self.device, self.dtype, r, bad_log=self.bad_log
+        )
         if out.failed:
             self.log.info(failed_line(out.failed))
         self.log.eval(st.epoch, st.global_step, out.metrics)
         if dist.is_main():
-            (Path(r.output_dir) / "metrics.json").write_text(json.dumps(
-                {"epoch": st.epoch, "step": st.global_step, **out.metrics, "failed_samples": out.failed,
-                 "eval": out.report}, indent=2) + "\n")
+            (Path(r.output_dir) / "metrics.json").write_text(
+                json.dumps(
+                    {
+                        "epoch": st.epoch,
+                        "step": st.global_step,
+                        **out.metrics,
+                        "failed_samples": out.failed,
+                        "eval": out.report,
+                    },
+                    indent=2,
+                )
+                + "\n"
+            )
         return out.metrics
 
     def train_epoch(self, data: TrainData, exit_after: int | None = None) -> bool:
@@ -409,9 +438,11 @@ class Trainer:
             if exit_after is not None and st.global_step >= exit_after:
                 self.log.info(f"stopping after {st.global_step} steps (--exit-after-steps)")
                 break
-        self.log.info(f"done: {st.global_step} steps ({st.applied_steps} applied, {st.overflow_steps} fp16 "
-                      f"overflows), {st.skipped} non-finite micro-batches skipped, {st.bad_samples} bad input "
-                      f"samples skipped (named in the log above), run dir {r.output_dir}")
+        self.log.info(
+            f"done: {st.global_step} steps ({st.applied_steps} applied, {st.overflow_steps} fp16 "
+            f"overflows), {st.skipped} non-finite micro-batches skipped, {st.bad_samples} bad input "
+            f"samples skipped (named in the log above), run dir {r.output_dir}"
+        )
         return st
 
 
@@ -448,11 +479,20 @@ class _SkipSampler(torch.utils.data.Sampler):
 
 def loader_skipping(loader: torch.utils.data.DataLoader, skip_samples: int) -> torch.utils.data.DataLoader:
     """A copy of ``loader`` that starts ``skip_samples`` into its (already epoch-seeded) sampler."""
-    kw: dict[str, Any] = {"batch_size": loader.batch_size, "drop_last": loader.drop_last,
-                          "num_workers": loader.num_workers, "collate_fn": loader.collate_fn,
-                          "pin_memory": loader.pin_memory, "worker_init_fn": loader.worker_init_fn,
-                          "generator": loader.generator, "timeout": loader.timeout}
+    kw: dict[str, Any] = {
+        "batch_size": loader.batch_size,
+        "drop_last": loader.drop_last,
+        "num_workers": loader.num_workers,
+        "collate_fn": loader.collate_fn,
+        "pin_memory": loader.pin_memory,
+        "worker_init_fn": loader.worker_init_fn,
+        "generator": loader.generator,
+        "timeout": loader.timeout,
+    }
     if loader.num_workers > 0:
-        kw.update(prefetch_factor=loader.prefetch_factor, persistent_workers=False,
-                  multiprocessing_context=loader.multiprocessing_context)
+        kw.update(
+            prefetch_factor=loader.prefetch_factor,
+            persistent_workers=False,
+            multiprocessing_context=loader.multiprocessing_context,
+        )
     return torch.utils.data.DataLoader(loader.dataset, sampler=_SkipSampler(loader.sampler, skip_samples), **kw)

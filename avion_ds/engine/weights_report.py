@@ -47,13 +47,23 @@ def summary_line(source: str, report: LoadReport, matched: int, total: int, abse
     """One line: what was loaded from where."""
     frac = matched / total if total else 1.0
     first = f"; first missing backbone keys: {', '.join(absent[:4])}" if absent else ""
-    return (f"pretrained {source}: format {report.format}, backbone {100 * frac:.1f}% of parameters matched "
-            f"({matched:,}/{total:,}) | missing {len(report.missing)}, unexpected {len(report.unexpected)}, "
-            f"resized {len(report.resized)}, dropped {len(report.dropped)}{first}")
+    return (
+        f"pretrained {source}: format {report.format}, backbone {100 * frac:.1f}% of parameters matched "
+        f"({matched:,}/{total:,}) | missing {len(report.missing)}, unexpected {len(report.unexpected)}, "
+        f"resized {len(report.resized)}, dropped {len(report.dropped)}{first}"
+    )
 
 
-def load_and_report(model: nn.Module, source: str, *, strict: bool, trust: bool, run_dir: Path | None,
-                    is_main: bool, log: Callable[[str], None] = print) -> LoadReport:
+def load_and_report(
+    model: nn.Module,
+    source: str,
+    *,
+    strict: bool,
+    trust: bool,
+    run_dir: Path | None,
+    is_main: bool,
+    log: Callable[[str], None] = print,
+) -> LoadReport:
     """Load ``source`` into ``model``; rank 0 logs the summary and writes ``run_dir/pretrained_report.json``.
 
     Raises ConfigError (one line, exit 2) for an unreadable / untrusted file, and under ``strict`` when
@@ -70,16 +80,25 @@ def load_and_report(model: nn.Module, source: str, *, strict: bool, trust: bool,
     if is_main:
         log(summary_line(source, report, matched, total, absent))
         if run_dir is not None:
-            payload: dict[str, Any] = {"source": str(source), "format": report.format,
-                                       "backbone_matched_fraction": frac, "backbone_matched_params": matched,
-                                       "backbone_params": total, "missing": report.missing,
-                                       "unexpected": report.unexpected, "resized": report.resized,
-                                       "dropped": report.dropped, "strict": strict,
-                                       "min_backbone_match": MIN_BACKBONE_MATCH}
+            payload: dict[str, Any] = {
+                "source": str(source),
+                "format": report.format,
+                "backbone_matched_fraction": frac,
+                "backbone_matched_params": matched,
+                "backbone_params": total,
+                "missing": report.missing,
+                "unexpected": report.unexpected,
+                "resized": report.resized,
+                "dropped": report.dropped,
+                "strict": strict,
+                "min_backbone_match": MIN_BACKBONE_MATCH,
+            }
             Path(run_dir).mkdir(parents=True, exist_ok=True)
             (Path(run_dir) / REPORT_NAME).write_text(json.dumps(payload, indent=2) + "\n")
     if strict and frac < MIN_BACKBONE_MATCH:
-        raise ConfigError(f"model.pretrained={source}: only {100 * frac:.1f}% of the backbone parameters matched "
-                          f"(< {100 * MIN_BACKBONE_MATCH:.0f}%; first missing: {', '.join(absent[:3])}); wrong "
-                          "checkpoint for this model? Set model.pretrained_strict=false to train anyway")
+        raise ConfigError(
+            f"model.pretrained={source}: only {100 * frac:.1f}% of the backbone parameters matched "
+            f"(< {100 * MIN_BACKBONE_MATCH:.0f}%; first missing: {', '.join(absent[:3])}); wrong "
+            "checkpoint for this model? Set model.pretrained_strict=false to train anyway"
+        )
     return report

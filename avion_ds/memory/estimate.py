@@ -30,8 +30,11 @@ CUDA_CONTEXT_BYTES = 512 * 2**20  # CUDA context + cuBLAS/cuDNN handles (not see
 COMM_BUFFER_BYTES = 256 * 2**20  # NCCL buffers when world_size > 1
 FRAGMENTATION = 0.08  # caching-allocator slack, fraction of the allocated peak
 DTYPE_BYTES = {torch.float32: 4, torch.bfloat16: 2, torch.float16: 2}
-_DTYPE_NAMES = {name: torch_dtype(p) for p in PRECISIONS  # fp32 | float32, bf16 | bfloat16, fp16 | float16
-                for name in (p, str(torch_dtype(p)).removeprefix("torch."))}
+_DTYPE_NAMES = {
+    name: torch_dtype(p)
+    for p in PRECISIONS  # fp32 | float32, bf16 | bfloat16, fp16 | float16
+    for name in (p, str(torch_dtype(p)).removeprefix("torch."))
+}
 
 
 def as_dtype(dtype: torch.dtype | str) -> torch.dtype:
@@ -69,8 +72,9 @@ class ArchInfo:
 
 def _count(model: nn.Module) -> tuple[int, int]:
     total = sum(math.prod(full_shape(p)) for p in model.parameters())
-    largest = max((sum(math.prod(full_shape(p)) for p in m.parameters(recurse=False)) for m in model.modules()),
-                  default=0)
+    largest = max(
+        (sum(math.prod(full_shape(p)) for p in m.parameters(recurse=False)) for m in model.modules()), default=0
+    )
     return int(total), int(largest)
 
 
@@ -94,8 +98,11 @@ def arch_info(model: nn.Module | str, frames: int | None = None, size: int | Non
         new = arch.replace(num_frames=frames or arch.num_frames, img_size=size or arch.img_size)  # validates
         if arch.pos_embed == "learned":
             delta = (new.num_patches - arch.num_patches) * arch.embed_dim
-            return dataclasses.replace(base, params=base.params + delta,
-                                       largest_layer_params=max(base.largest_layer_params, new.num_patches * arch.embed_dim))
+            return dataclasses.replace(
+                base,
+                params=base.params + delta,
+                largest_layer_params=max(base.largest_layer_params, new.num_patches * arch.embed_dim),
+            )
         return base
     arch = getattr(model, "arch", None)
     total, largest = _count(model)
@@ -215,7 +222,15 @@ ZERO3_FP32_EXTRA_BYTES = 5  # per parameter / world, measured beyond 16 B (fp32 
 
 
 def _model_states(
-    p: int, largest: int, s: int, stage: int, off_opt: bool, off_param: bool, world: int, per_node: int, nodes: int,
+    p: int,
+    largest: int,
+    s: int,
+    stage: int,
+    off_opt: bool,
+    off_param: bool,
+    world: int,
+    per_node: int,
+    nodes: int,
     live_window: int,
 ) -> tuple[int, int, int, int, str]:
     """(params, grads, optimizer) bytes per GPU, host bytes per node, and the numbers' source.
@@ -306,7 +321,15 @@ def estimate(
     per_node = gpus_per_node or min(world_size, 8)
     nodes = max(1, math.ceil(world_size / per_node))
     params, grads, opt, host, source = _model_states(
-        info.params, info.largest_layer_params, s, zero_stage, offload_optimizer, offload_param, world_size, per_node, nodes,
+        info.params,
+        info.largest_layer_params,
+        s,
+        zero_stage,
+        offload_optimizer,
+        offload_param,
+        world_size,
+        per_node,
+        nodes,
         max_live_parameters + prefetch_bucket_size,
     )
     backend = "eager" if (attn_backend or info.attn_backend) == "eager" else "sdpa"
@@ -325,12 +348,31 @@ def estimate(
     allocated = params + grads + opt + act + recompute + workspace
     frag = int(FRAGMENTATION * allocated)
     context = CUDA_CONTEXT_BYTES + (COMM_BUFFER_BYTES if world_size > 1 else 0)
-    inputs = {"model": info.name, "frames": frames, "size": size, "micro_batch": micro_batch, "dtype": str(dt).replace("torch.", ""),
-                  "zero_stage": zero_stage, "offload_optimizer": offload_optimizer, "offload_param": offload_param,
-                  "checkpointing": int(checkpointing),
-                  "world_size": world_size, "params_count": info.params}
+    inputs = {
+        "model": info.name,
+        "frames": frames,
+        "size": size,
+        "micro_batch": micro_batch,
+        "dtype": str(dt).replace("torch.", ""),
+        "zero_stage": zero_stage,
+        "offload_optimizer": offload_optimizer,
+        "offload_param": offload_param,
+        "checkpointing": int(checkpointing),
+        "world_size": world_size,
+        "params_count": info.params,
+    }
     return MemoryEstimate(
-        params=int(params), grads=int(grads), optimizer=int(opt), activations=int(act), recompute=int(recompute),
-        workspace=int(workspace), fragmentation=frag, context=context, allocated_peak=int(allocated),
-        total=int(allocated + frag + context), host=int(host), model_states_source=source, inputs=inputs,
+        params=int(params),
+        grads=int(grads),
+        optimizer=int(opt),
+        activations=int(act),
+        recompute=int(recompute),
+        workspace=int(workspace),
+        fragmentation=frag,
+        context=context,
+        allocated_peak=int(allocated),
+        total=int(allocated + frag + context),
+        host=int(host),
+        model_states_source=source,
+        inputs=inputs,
     )

@@ -17,8 +17,17 @@ from typing import Any
 import torch
 
 # dense 16-bit tensor-core peaks (TFLOPS) for MFU; unknown GPUs fall back to --peak-tflops
-PEAK_TFLOPS = {"H200": 989.0, "H100": 989.0, "A100": 312.0, "L40S": 362.0, "A10": 125.0, "L4": 121.0,
-               "RTX 4090": 165.0, "RTX 3090": 71.0, "V100": 125.0}
+PEAK_TFLOPS = {
+    "H200": 989.0,
+    "H100": 989.0,
+    "A100": 312.0,
+    "L40S": 362.0,
+    "A10": 125.0,
+    "L4": 121.0,
+    "RTX 4090": 165.0,
+    "RTX 3090": 71.0,
+    "V100": 125.0,
+}
 
 
 def gpu_peak_tflops(default: float = 0.0) -> float:
@@ -48,18 +57,41 @@ def _fill_config(cfg: dict[str, Any], micro: int, accum: int, world: int, dtype:
     return build_ds_config(cfg, fixed_batch_recipe(micro, accum, dtype), world, overrides={"optimizer": opt})
 
 
-def probe_recipe(model_name: str, frames: int, size: int, micro_batch: int, grad_accum: int, world: int,
-                 dtype: str, checkpoint_every: int = 0, attn_backend: str = "auto") -> Any:
+def probe_recipe(
+    model_name: str,
+    frames: int,
+    size: int,
+    micro_batch: int,
+    grad_accum: int,
+    world: int,
+    dtype: str,
+    checkpoint_every: int = 0,
+    attn_backend: str = "auto",
+) -> Any:
     """The recipe a probe trains with: the candidate's model, clip shape, batch and checkpointing."""
     from avion_ds.tasks import load_recipe
 
-    return load_recipe(None, [
-        f"model.name={model_name}", "model.num_classes=400", "data.dataset=kinetics", "model.drop_path_rate=0.0",
-        f"model.attn_backend={attn_backend}", f"model.activation_checkpointing={str(bool(checkpoint_every)).lower()}",
-        f"model.checkpoint_every={max(1, checkpoint_every)}", f"data.num_frames={frames}", f"data.size={size}",
-        f"batch.micro_batch={micro_batch}", f"batch.global_batch={micro_batch * grad_accum * world}",
-        f"precision={dtype}", "optim.clip_grad=0.0", "logging.log_every=1000000000", "logging.tensorboard=false",
-        "logging.progress=false"])
+    return load_recipe(
+        None,
+        [
+            f"model.name={model_name}",
+            "model.num_classes=400",
+            "data.dataset=kinetics",
+            "model.drop_path_rate=0.0",
+            f"model.attn_backend={attn_backend}",
+            f"model.activation_checkpointing={str(bool(checkpoint_every)).lower()}",
+            f"model.checkpoint_every={max(1, checkpoint_every)}",
+            f"data.num_frames={frames}",
+            f"data.size={size}",
+            f"batch.micro_batch={micro_batch}",
+            f"batch.global_batch={micro_batch * grad_accum * world}",
+            f"precision={dtype}",
+            "optim.clip_grad=0.0",
+            "logging.log_every=1000000000",
+            "logging.tensorboard=false",
+            "logging.progress=false",
+        ],
+    )
 
 
 def train_step_probe(
@@ -95,11 +127,20 @@ def train_step_probe(
     dist.init()
     world = dist.world_size()
     cfg = _fill_config(ds_config or {"zero_optimization": {"stage": 0}}, micro_batch, grad_accum, world, dtype)
-    result: dict[str, Any] = {"model": model_name, "frames": frames, "size": size, "micro_batch": micro_batch,
-                              "dtype": dtype, "zero_stage": zero_stage(cfg),
-                              "checkpoint_every": checkpoint_every, "attn_backend": attn_backend, "world_size": world}
-    recipe = probe_recipe(model_name, frames, size, micro_batch, grad_accum, world, dtype, checkpoint_every,
-                          attn_backend)
+    result: dict[str, Any] = {
+        "model": model_name,
+        "frames": frames,
+        "size": size,
+        "micro_batch": micro_batch,
+        "dtype": dtype,
+        "zero_stage": zero_stage(cfg),
+        "checkpoint_every": checkpoint_every,
+        "attn_backend": attn_backend,
+        "world_size": world,
+    }
+    recipe = probe_recipe(
+        model_name, frames, size, micro_batch, grad_accum, world, dtype, checkpoint_every, attn_backend
+    )
     task = task_of(recipe)
     accel = get_accelerator()
     engine = parallel = None
@@ -126,9 +167,15 @@ def train_step_probe(
         r = len(range(0, depth, checkpoint_every)) / depth if checkpoint_every else 0.0
         achieved = clips * model_flops(model_name, num_frames=frames, img_size=size) * (3 + r) / 1e12
         peak = peak_tflops if peak_tflops is not None else gpu_peak_tflops()
-        result.update(oom=False, step_s=step_s, clips_per_s=clips, achieved_tflops=achieved,
-                      mfu=(achieved / peak if peak else None), peak_allocated=int(accel.max_memory_allocated()),
-                      peak_reserved=int(accel.max_memory_reserved()))
+        result.update(
+            oom=False,
+            step_s=step_s,
+            clips_per_s=clips,
+            achieved_tflops=achieved,
+            mfu=(achieved / peak if peak else None),
+            peak_allocated=int(accel.max_memory_allocated()),
+            peak_reserved=int(accel.max_memory_reserved()),
+        )
     except torch.OutOfMemoryError:
         result.update(oom=True)
     except RuntimeError as e:  # DeepSpeed wraps some OOMs; other errors are reported, not raised

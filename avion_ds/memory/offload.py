@@ -28,8 +28,13 @@ from avion_ds.models.partition import is_partitioned_model
 OFFLOAD_DEVICES = ("cpu", "nvme")
 
 
-INFERENCE_KNOBS = ("max_live_parameters", "prefetch_bucket_size", "param_persistence_threshold", "pin_memory",
-                   "nvme_path")  # what an inference config changes in its reference JSON (+ no optimizer)
+INFERENCE_KNOBS = (
+    "max_live_parameters",
+    "prefetch_bucket_size",
+    "param_persistence_threshold",
+    "pin_memory",
+    "nvme_path",
+)  # what an inference config changes in its reference JSON (+ no optimizer)
 
 
 def inference_ds_config(
@@ -65,14 +70,17 @@ def inference_ds_config(
         param["nvme_path"] = str(nvme_path)
         if int(prefetch_bucket_size) > base["zero_optimization"]["offload_param"].get("buffer_size", 0):
             param["buffer_size"] = int(prefetch_bucket_size)  # a prefetch must fit one swap buffer
-    overrides = {"optimizer": None, "zero_optimization": {
-        "offload_optimizer": None,
-        "offload_param": param,
-        "stage3_max_live_parameters": int(max_live_parameters),
-        "stage3_prefetch_bucket_size": int(prefetch_bucket_size),
-        "stage3_param_persistence_threshold": int(param_persistence_threshold),
-        "stage3_max_reuse_distance": int(max_live_parameters),
-    }}
+    overrides = {
+        "optimizer": None,
+        "zero_optimization": {
+            "offload_optimizer": None,
+            "offload_param": param,
+            "stage3_max_live_parameters": int(max_live_parameters),
+            "stage3_prefetch_bucket_size": int(prefetch_bucket_size),
+            "stage3_param_persistence_threshold": int(param_persistence_threshold),
+            "stage3_max_reuse_distance": int(max_live_parameters),
+        },
+    }
     precision = next((p for p in ("bf16", "fp16") if torch_dtype(p) == dtype), "fp32")
     cfg = build_ds_config(base, fixed_batch_recipe(1, 1, precision), 1, overrides=overrides)
     del cfg["train_batch_size"]  # micro 1 x accum 1 x the live world size, which DeepSpeed knows
@@ -127,8 +135,9 @@ def wrap_for_inference(model: nn.Module, **knobs: Any) -> OffloadedInference:
     return OffloadedInference(engine, dtype, device)
 
 
-def build_for_inference(factory: Callable[[], nn.Module], pretrained: str | Path | dict | None = None,
-                        strict: bool = False, **knobs: Any) -> OffloadedInference:
+def build_for_inference(
+    factory: Callable[[], nn.Module], pretrained: str | Path | dict | None = None, strict: bool = False, **knobs: Any
+) -> OffloadedInference:
     """Like :func:`wrap_for_inference` (same ``knobs``; ``dtype`` defaults to float32 here), but the
     model is CONSTRUCTED partitioned (``zero.Init`` with the inference config) and ``pretrained`` is
     loaded module by module (rank 0 reads), so no rank ever holds the whole model. ``factory``
@@ -180,16 +189,29 @@ def resident_peaks(model_name: str, frames: int, size: int, max_live: list[int])
     rows = []
     for live in max_live:
         torch.manual_seed(0)
-        runner = build_for_inference(lambda: create_model(model_name, num_frames=frames, img_size=size), None,
-                                     max_live_parameters=live, prefetch_bucket_size=max(live // 2, 1))
+        runner = build_for_inference(
+            lambda: create_model(model_name, num_frames=frames, img_size=size),
+            None,
+            max_live_parameters=live,
+            prefetch_bucket_size=max(live // 2, 1),
+        )
         counter = ResidentParams(runner.module)
         runner(x)
         counter.peak = 0
         runner(x)
         counter.remove()
-        rows.append({"model": model_name, "params": counter.total, "max_live_parameters": live,
-                     "prefetch_bucket_size": max(live // 2, 1), "peak_resident": counter.peak,
-                     "largest_module": largest, "frames": frames, "size": size})
+        rows.append(
+            {
+                "model": model_name,
+                "params": counter.total,
+                "max_live_parameters": live,
+                "prefetch_bucket_size": max(live // 2, 1),
+                "peak_resident": counter.peak,
+                "largest_module": largest,
+                "frames": frames,
+                "size": size,
+            }
+        )
     return rows
 
 

@@ -22,8 +22,17 @@ from typing import Any
 from avion_ds.memory.units import format_bytes, parse_bytes
 
 CHECKPOINT_CHOICES = (0, 1, 2, 4)  # 0 = none, k = every k-th block
-HW_FIELDS = ("gpu_tflops", "mfu", "saturation_tokens", "pcie_gbps", "net_gbps", "nvme_gbps", "cpu_adam_gparams",
-             "overlap", "stage3_overhead")
+HW_FIELDS = (
+    "gpu_tflops",
+    "mfu",
+    "saturation_tokens",
+    "pcie_gbps",
+    "net_gbps",
+    "nvme_gbps",
+    "cpu_adam_gparams",
+    "overlap",
+    "stage3_overhead",
+)
 
 
 @dataclass(frozen=True)
@@ -70,8 +79,17 @@ class Candidate:
 # ----------------------------------------------------------------------------------------------
 # cost model
 # ----------------------------------------------------------------------------------------------
-def step_time(c: Candidate, params: int, fwd_flops: int, depth: int, tokens: int, world: int, gpus_per_node: int,
-              dtype_bytes: int, hw: Hardware) -> float:
+def step_time(
+    c: Candidate,
+    params: int,
+    fwd_flops: int,
+    depth: int,
+    tokens: int,
+    world: int,
+    gpus_per_node: int,
+    dtype_bytes: int,
+    hw: Hardware,
+) -> float:
     """Predicted seconds per optimizer step (global batch) on each GPU.
 
     compute  = clips_per_gpu * fwd_flops * (3 + r) / (peak * mfu * eff(micro))
@@ -170,9 +188,19 @@ def plan(req: Request) -> tuple[list[Candidate], dict[str, Any]]:
             for every in CHECKPOINT_CHOICES:
                 for micro, accum in _micro_batches(per_gpu, req.max_micro):
                     c = Candidate(stage, offload, device, every, micro, accum)
-                    e = estimate(req.model, req.frames, req.size, micro, req.dtype, stage,
-                                 offload in ("optimizer", "all"), offload == "all", every, req.gpus,
-                                 gpus_per_node=req.gpus_per_node)
+                    e = estimate(
+                        req.model,
+                        req.frames,
+                        req.size,
+                        micro,
+                        req.dtype,
+                        stage,
+                        offload in ("optimizer", "all"),
+                        offload == "all",
+                        every,
+                        req.gpus,
+                        gpus_per_node=req.gpus_per_node,
+                    )
                     c.peak, c.estimate = e.total, e.as_dict()
                     # NVMe holds the offloaded states: host keeps only pinned buffers (~1/4)
                     c.host = e.host // 4 if (offload != "none" and device == "nvme") else e.host
@@ -182,7 +210,9 @@ def plan(req: Request) -> tuple[list[Candidate], dict[str, Any]]:
                     if req.cpu_mem is not None and c.host > req.cpu_mem:
                         why.append(f"host {format_bytes(c.host)} > {format_bytes(req.cpu_mem)}")
                     c.fits, c.why = not why, "; ".join(why)
-                    c.step_s = step_time(c, info.params, flops, info.depth, tokens, req.gpus, req.gpus_per_node, s, req.hw)
+                    c.step_s = step_time(
+                        c, info.params, flops, info.depth, tokens, req.gpus, req.gpus_per_node, s, req.hw
+                    )
                     c.clips_per_s = micro * accum * req.gpus / c.step_s
                     cands.append(c)
     fitting = sorted((c for c in cands if c.fits), key=lambda c: (-c.clips_per_s, c.peak))
@@ -190,7 +220,13 @@ def plan(req: Request) -> tuple[list[Candidate], dict[str, Any]]:
     best = fitting[0].clips_per_s if fitting else None
     for c in fitting:
         c.relative_speed = c.clips_per_s / best
-    facts = {"params": info.params, "depth": info.depth, "tokens": tokens, "fwd_flops": flops, "largest_layer": info.largest_layer_params}
+    facts = {
+        "params": info.params,
+        "depth": info.depth,
+        "tokens": tokens,
+        "fwd_flops": flops,
+        "largest_layer": info.largest_layer_params,
+    }
     return fitting + rest, facts
 
 
@@ -254,16 +290,20 @@ def _overrides_yaml(sets: list[str]) -> str:
 
 
 def format_table(cands: list[Candidate], limit: int) -> str:
-    head = f"{'#':>3} {'fits':4} {'zero':4} {'offload':14} {'ckpt':7} {'micro':>5} {'accum':>5} " \
-           f"{'peak/GPU':>11} {'host/node':>11} {'clips/s':>8} {'rel':>5}"
+    head = (
+        f"{'#':>3} {'fits':4} {'zero':4} {'offload':14} {'ckpt':7} {'micro':>5} {'accum':>5} "
+        f"{'peak/GPU':>11} {'host/node':>11} {'clips/s':>8} {'rel':>5}"
+    )
     lines = [head, "-" * len(head)]
     for i, c in enumerate(cands[:limit], 1):
         off = "none" if c.offload == "none" else f"{c.offload}:{c.offload_device}"
         ck = "none" if not c.checkpoint_every else f"every {c.checkpoint_every}"
         rel = f"{c.relative_speed:.2f}" if c.fits else "-"
         clips = f"{c.clips_per_s:.1f}" if c.fits else "-"
-        lines.append(f"{i:>3} {'yes' if c.fits else 'no':4} {c.zero_stage:>4} {off:14} {ck:7} {c.micro_batch:>5} "
-                     f"{c.grad_accum:>5} {format_bytes(c.peak):>11} {format_bytes(c.host):>11} {clips:>8} {rel:>5}")
+        lines.append(
+            f"{i:>3} {'yes' if c.fits else 'no':4} {c.zero_stage:>4} {off:14} {ck:7} {c.micro_batch:>5} "
+            f"{c.grad_accum:>5} {format_bytes(c.peak):>11} {format_bytes(c.host):>11} {clips:>8} {rel:>5}"
+        )
         if c.measured_clips_per_s is not None:
             lines[-1] += f"   measured {c.measured_clips_per_s:.1f} clips/s, peak {format_bytes(c.measured_peak or 0)}"
     return "\n".join(lines)
@@ -281,21 +321,42 @@ def explain_impossible(req: Request, cands: list[Candidate]) -> str:
 
     low = min(cands, key=lambda c: c.peak)
     e = low.estimate
-    parts = ", ".join(f"{k} {format_bytes(e[k])}" for k in ("params", "activations", "recompute", "workspace", "context"))
+    parts = ", ".join(
+        f"{k} {format_bytes(e[k])}" for k in ("params", "activations", "recompute", "workspace", "context")
+    )
     gpu_ok = [c for c in cands if c.peak <= req.gpu_mem]
     if gpu_ok:  # the GPU is big enough for some configuration: host memory is what fails
         lean = min(gpu_ok, key=lambda c: c.host)
-        msg = [(f"nothing fits: {req.model} {req.frames}x{req.size} fits {format_bytes(req.gpu_mem)} per GPU, but every "
+        msg = [
+            (
+                f"nothing fits: {req.model} {req.frames}x{req.size} fits {format_bytes(req.gpu_mem)} per GPU, but every "
                 f"such configuration needs at least {format_bytes(lean.host)} host memory per node ({lean.label}) "
-                f"and --cpu-mem is {format_bytes(req.cpu_mem or 0)}")]
+                f"and --cpu-mem is {format_bytes(req.cpu_mem or 0)}"
+            )
+        ]
     else:
-        msg = [(f"nothing fits: {req.model} {req.frames}x{req.size} needs at least {format_bytes(low.peak)} per GPU "
-                f"({low.label}: {parts}) but --gpu-mem is {format_bytes(req.gpu_mem)}")]
+        msg = [
+            (
+                f"nothing fits: {req.model} {req.frames}x{req.size} needs at least {format_bytes(low.peak)} per GPU "
+                f"({low.label}: {parts}) but --gpu-mem is {format_bytes(req.gpu_mem)}"
+            )
+        ]
 
     def _fits(model: str, frames: int) -> bool:
         for stage, off_opt, off_param in _LEAN:
-            est = estimate(model, frames, req.size, 1, req.dtype, stage, off_opt, off_param, 1, req.gpus,
-                           gpus_per_node=req.gpus_per_node)
+            est = estimate(
+                model,
+                frames,
+                req.size,
+                1,
+                req.dtype,
+                stage,
+                off_opt,
+                off_param,
+                1,
+                req.gpus,
+                gpus_per_node=req.gpus_per_node,
+            )
             if est.total <= req.gpu_mem and (req.cpu_mem is None or est.host <= req.cpu_mem):
                 return True
         return False
@@ -304,9 +365,15 @@ def explain_impossible(req: Request, cands: list[Candidate]) -> str:
     frames = [f for f in range(req.frames - tub, 0, -tub) if _fits(req.model, f)]
     if frames:
         msg.append(f"closest: {req.model} fits with --frames {frames[0]} (micro-batch 1, checkpoint every block)")
-    smaller = [m for m in list_models("vit_") if not m.startswith("vit_test") and m != req.model  # classifiers
-               and req.size % get_arch(m).patch_size == 0 and req.frames % get_arch(m).tubelet_size == 0
-               and _fits(m, req.frames)]
+    smaller = [
+        m
+        for m in list_models("vit_")
+        if not m.startswith("vit_test")
+        and m != req.model  # classifiers
+        and req.size % get_arch(m).patch_size == 0
+        and req.frames % get_arch(m).tubelet_size == 0
+        and _fits(m, req.frames)
+    ]
     if smaller:
         biggest = max(smaller, key=lambda m: get_arch(m).embed_dim * get_arch(m).depth)
         msg.append(f"closest: {biggest} fits at {req.frames}x{req.size}")
@@ -336,6 +403,7 @@ def _positive_int(name: str):
         if value <= 0:
             raise argparse.ArgumentTypeError(f"{name}={value} must be positive")
         return value
+
     return parse
 
 
@@ -346,20 +414,46 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--size", type=_positive_int("--size"), default=224, help="input size in pixels (square)")
     p.add_argument("--gpu-mem", required=True, help="memory per GPU with a unit, e.g. 24GiB or 80GB")
     p.add_argument("--gpus", type=_positive_int("--gpus"), default=1, help="world size (total GPUs)")
-    p.add_argument("--gpus-per-node", type=_positive_int("--gpus-per-node"), default=None, help="GPUs per node (default: all on one node)")
+    p.add_argument(
+        "--gpus-per-node",
+        type=_positive_int("--gpus-per-node"),
+        default=None,
+        help="GPUs per node (default: all on one node)",
+    )
     p.add_argument("--cpu-mem", default=None, help="host memory per node with a unit (checked for offload)")
-    p.add_argument("--global-batch", type=_positive_int("--global-batch"), default=None, help="global batch the plan must reach (default: micro-batch x GPUs)")
+    p.add_argument(
+        "--global-batch",
+        type=_positive_int("--global-batch"),
+        default=None,
+        help="global batch the plan must reach (default: micro-batch x GPUs)",
+    )
     p.add_argument("--dtype", default="bf16", choices=("bf16", "fp16", "fp32"), help="training precision")
     p.add_argument("--nvme-path", default=None, help="also consider ZeRO-3 NVMe offload to this directory")
-    p.add_argument("--max-micro-batch", type=_positive_int("--max-micro-batch"), default=64, help="largest micro-batch to consider")
+    p.add_argument(
+        "--max-micro-batch", type=_positive_int("--max-micro-batch"), default=64, help="largest micro-batch to consider"
+    )
     p.add_argument("--out", default="plan.json", help="DeepSpeed JSON to write (recipe overrides go next to it)")
     p.add_argument("--top", type=_positive_int("--top"), default=12, help="rows of the table")
     p.add_argument("--measure", action="store_true", help="CUDA only: run real steps of the top candidates")
-    p.add_argument("--measure-top", type=_positive_int("--measure-top"), default=3, help="with --measure: how many top candidates to run")
-    p.add_argument("--measure-steps", type=_positive_int("--measure-steps"), default=3, help="with --measure: steps timed per candidate")
+    p.add_argument(
+        "--measure-top",
+        type=_positive_int("--measure-top"),
+        default=3,
+        help="with --measure: how many top candidates to run",
+    )
+    p.add_argument(
+        "--measure-steps",
+        type=_positive_int("--measure-steps"),
+        default=3,
+        help="with --measure: steps timed per candidate",
+    )
     for f in HW_FIELDS:
-        p.add_argument("--" + f.replace("_", "-"), type=float, default=getattr(Hardware(), f),
-                       help=f"cost model: {f} (default {getattr(Hardware(), f)})")
+        p.add_argument(
+            "--" + f.replace("_", "-"),
+            type=float,
+            default=getattr(Hardware(), f),
+            help=f"cost model: {f} (default {getattr(Hardware(), f)})",
+        )
     return p.parse_args(argv)
 
 
@@ -369,7 +463,9 @@ def build_request(args: argparse.Namespace) -> Request:
 
     arch = get_arch(args.model)  # unknown model -> ValueError with close matches
     if args.frames % arch.tubelet_size:
-        raise ValueError(f"--frames {args.frames} is not divisible by the tubelet size {arch.tubelet_size} of {args.model}")
+        raise ValueError(
+            f"--frames {args.frames} is not divisible by the tubelet size {arch.tubelet_size} of {args.model}"
+        )
     if args.size % arch.patch_size:
         raise ValueError(f"--size {args.size} is not divisible by the patch size {arch.patch_size} of {args.model}")
     gpu_mem = parse_bytes(args.gpu_mem, "--gpu-mem")
@@ -386,8 +482,20 @@ def build_request(args: argparse.Namespace) -> Request:
     if args.stage3_overhead < 0:
         raise ValueError(f"--stage3-overhead={args.stage3_overhead} must be >= 0")
     hw = Hardware(**{f: getattr(args, f) for f in HW_FIELDS})
-    return Request(args.model, args.frames, args.size, gpu_mem, args.gpus, args.gpus_per_node or min(args.gpus, 8),
-                   cpu_mem, args.global_batch, args.dtype, args.nvme_path, args.max_micro_batch, hw)
+    return Request(
+        args.model,
+        args.frames,
+        args.size,
+        gpu_mem,
+        args.gpus,
+        args.gpus_per_node or min(args.gpus, 8),
+        cpu_mem,
+        args.global_batch,
+        args.dtype,
+        args.nvme_path,
+        args.max_micro_batch,
+        hw,
+    )
 
 
 def write_outputs(best: Candidate, req: Request, out: Path) -> tuple[Path, Path, list[str]]:
@@ -410,21 +518,27 @@ def main(argv: list[str] | None = None) -> int:
             import torch
 
             if not torch.cuda.is_available():
-                raise ValueError("--measure needs a CUDA GPU and none is visible; drop --measure for the predicted plan")
+                raise ValueError(
+                    "--measure needs a CUDA GPU and none is visible; drop --measure for the predicted plan"
+                )
     except ValueError as e:
         print(f"avion-ds plan: error: {e}", file=sys.stderr)
         return 2
     cands, facts = plan(req)
     fitting = [c for c in cands if c.fits]
-    print(f"{req.model} {req.frames}x{req.size}: {facts['params'] / 1e6:.1f}M params, {facts['tokens']} tokens/clip, "
-          f"{facts['fwd_flops'] / 1e9:.1f} GFLOP fwd/clip; {req.gpus} GPU(s) x {format_bytes(req.gpu_mem)}"
-          + (f", host {format_bytes(req.cpu_mem)}/node" if req.cpu_mem else "")
-          + (f", global batch {req.global_batch}" if req.global_batch else ""))
+    print(
+        f"{req.model} {req.frames}x{req.size}: {facts['params'] / 1e6:.1f}M params, {facts['tokens']} tokens/clip, "
+        f"{facts['fwd_flops'] / 1e9:.1f} GFLOP fwd/clip; {req.gpus} GPU(s) x {format_bytes(req.gpu_mem)}"
+        + (f", host {format_bytes(req.cpu_mem)}/node" if req.cpu_mem else "")
+        + (f", global batch {req.global_batch}" if req.global_batch else "")
+    )
     hw = req.hw
-    print(f"{len(fitting)} of {len(cands)} candidates fit; ranked by predicted clips/s (cost model: "
-          f"avion_ds.memory.plan.step_time; {hw.gpu_tflops:g} TFLOPS x MFU {hw.mfu:g}, PCIe {hw.pcie_gbps:g} GB/s, "
-          f"network {hw.net_gbps:g} GB/s, CPU Adam {hw.cpu_adam_gparams:g} Gparam/s per node; change with --gpu-tflops, "
-          f"--pcie-gbps, ...)")
+    print(
+        f"{len(fitting)} of {len(cands)} candidates fit; ranked by predicted clips/s (cost model: "
+        f"avion_ds.memory.plan.step_time; {hw.gpu_tflops:g} TFLOPS x MFU {hw.mfu:g}, PCIe {hw.pcie_gbps:g} GB/s, "
+        f"network {hw.net_gbps:g} GB/s, CPU Adam {hw.cpu_adam_gparams:g} Gparam/s per node; change with --gpu-tflops, "
+        f"--pcie-gbps, ...)"
+    )
     if not fitting:
         print(explain_impossible(req, cands), file=sys.stderr)
         return 1
@@ -433,9 +547,11 @@ def main(argv: list[str] | None = None) -> int:
 
         measure_candidates(fitting[: args.measure_top], req, steps=args.measure_steps)
         world = tdist.get_world_size() if tdist.is_initialized() else 1
-        print(f"measured {args.measure_top} candidates on {world} GPU(s), gradient accumulation 1, "
-              f"{args.measure_steps} timed steps; clips/s scaled to {req.gpus} GPUs without communication"
-              + ("; ZeRO partitions (and so peaks) are those of the measuring world size" if world != req.gpus else ""))
+        print(
+            f"measured {args.measure_top} candidates on {world} GPU(s), gradient accumulation 1, "
+            f"{args.measure_steps} timed steps; clips/s scaled to {req.gpus} GPUs without communication"
+            + ("; ZeRO partitions (and so peaks) are those of the measuring world size" if world != req.gpus else "")
+        )
         measured = [c for c in fitting[: args.measure_top] if c.measured_clips_per_s]
         if measured:
             top = sorted(measured, key=lambda c: -(c.measured_clips_per_s or 0.0))
@@ -446,8 +562,10 @@ def main(argv: list[str] | None = None) -> int:
     print(f"\nbest: {best.label}, predicted peak {format_bytes(best.peak)}/GPU, {best.clips_per_s:.1f} clips/s")
     print(f"wrote {out} (DeepSpeed config) and {yml} (recipe overrides)")
     nodes = "" if req.gpus <= req.gpus_per_node else " --hostfile HOSTFILE"
-    print(f"run: deepspeed{nodes} --num_gpus {min(req.gpus, req.gpus_per_node)} launch/train.py --config RECIPE.yaml "
-          f"--deepspeed_config {out} " + " ".join(f"--set {s}" for s in sets))
+    print(
+        f"run: deepspeed{nodes} --num_gpus {min(req.gpus, req.gpus_per_node)} launch/train.py --config RECIPE.yaml "
+        f"--deepspeed_config {out} " + " ".join(f"--set {s}" for s in sets)
+    )
     return 0
 
 
@@ -457,8 +575,16 @@ def measure_candidates(cands: list[Candidate], req: Request, steps: int = 3) -> 
     from avion_ds.memory.measure import train_step_probe
 
     for c in cands:
-        res = train_step_probe(req.model, req.frames, req.size, c.micro_batch, ds_config_for(c, req.nvme_path),
-                               dtype=req.dtype, checkpoint_every=c.checkpoint_every, steps=steps)
+        res = train_step_probe(
+            req.model,
+            req.frames,
+            req.size,
+            c.micro_batch,
+            ds_config_for(c, req.nvme_path),
+            dtype=req.dtype,
+            checkpoint_every=c.checkpoint_every,
+            steps=steps,
+        )
         if res.get("oom") or "clips_per_s" not in res:
             c.measured_clips_per_s, c.measured_peak = 0.0, None
             continue

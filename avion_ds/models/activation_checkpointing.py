@@ -65,7 +65,9 @@ def apply_activation_checkpointing(
     if blocks is None:  # a DeepSpeed engine / DDP wrapper around the model
         blocks = getattr(getattr(model, "module", None), "blocks", None)
     if not isinstance(blocks, nn.ModuleList):
-        raise TypeError(f"activation checkpointing: expected a model with .blocks (nn.ModuleList), got {type(model).__name__}")
+        raise TypeError(
+            f"activation checkpointing: expected a model with .blocks (nn.ModuleList), got {type(model).__name__}"
+        )
     remove_activation_checkpointing(model)
     run = _torch_ckpt if impl == "torch" else _deepspeed_ckpt
     if impl == "deepspeed":

@@ -75,15 +75,30 @@ class ViTArch:
         for key, allowed in choices.items():
             if getattr(self, key) not in allowed:
                 raise ValueError(f"{self.name}: {key} expected one of {', '.join(allowed)}, got {getattr(self, key)!r}")
-        for key in ("embed_dim", "depth", "num_heads", "patch_size", "tubelet_size", "num_frames", "img_size", "in_chans"):
+        for key in (
+            "embed_dim",
+            "depth",
+            "num_heads",
+            "patch_size",
+            "tubelet_size",
+            "num_frames",
+            "img_size",
+            "in_chans",
+        ):
             if int(getattr(self, key)) <= 0:
                 raise ValueError(f"{self.name}: {key} expected a positive integer, got {getattr(self, key)!r}")
         if self.embed_dim % self.num_heads:
-            raise ValueError(f"{self.name}: expected embed_dim divisible by num_heads, got {self.embed_dim}/{self.num_heads}")
+            raise ValueError(
+                f"{self.name}: expected embed_dim divisible by num_heads, got {self.embed_dim}/{self.num_heads}"
+            )
         if self.img_size % self.patch_size:
-            raise ValueError(f"{self.name}: expected img_size divisible by patch_size={self.patch_size}, got {self.img_size}")
+            raise ValueError(
+                f"{self.name}: expected img_size divisible by patch_size={self.patch_size}, got {self.img_size}"
+            )
         if self.num_frames % self.tubelet_size:
-            raise ValueError(f"{self.name}: expected num_frames divisible by tubelet_size={self.tubelet_size}, got {self.num_frames}")
+            raise ValueError(
+                f"{self.name}: expected num_frames divisible by tubelet_size={self.tubelet_size}, got {self.num_frames}"
+            )
         if self.num_classes < 0:
             raise ValueError(f"{self.name}: num_classes expected >= 0, got {self.num_classes}")
         if self.heads is not None:

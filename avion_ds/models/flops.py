@@ -33,7 +33,9 @@ def arch_flops(arch: ViTArch) -> int:
     return int(embed + arch.depth * per_block + 2 * d * classes)
 
 
-def model_flops(name_or_model: str | nn.Module | ViTArch, num_frames: int | None = None, img_size: int | None = None) -> int:
+def model_flops(
+    name_or_model: str | nn.Module | ViTArch, num_frames: int | None = None, img_size: int | None = None
+) -> int:
     """Forward FLOPs per clip for a registered name, a built VideoViT or a ViTArch.
 
     ``num_frames`` / ``img_size`` override the model's own input size (e.g. 16 vs 8 frames).
@@ -49,7 +51,9 @@ def model_flops(name_or_model: str | nn.Module | ViTArch, num_frames: int | None
         if arch is None:
             arch = getattr(getattr(name_or_model, "module", None), "arch", None)  # DeepSpeed engine / DDP
         if not isinstance(arch, ViTArch):
-            raise TypeError(f"model_flops: expected a model name, VideoViT or ViTArch, got {type(name_or_model).__name__}")
+            raise TypeError(
+                f"model_flops: expected a model name, VideoViT or ViTArch, got {type(name_or_model).__name__}"
+            )
     overrides = {}
     if num_frames is not None:
         overrides["num_frames"] = num_frames

@@ -47,9 +47,11 @@ def check_exportable(model: VideoViT, head: str | None = None) -> str | None:
             raise ValueError(f"--head {head}: the model has a single classifier, drop --head")
         return None
     if head is None:
-        raise ValueError(f"the model has {len(a.heads)} heads ({', '.join(a.heads)}) and Hugging Face "
-                         "VideoMAEForVideoClassification has one classifier: export one head per directory "
-                         f"with --head {next(iter(a.heads))}")
+        raise ValueError(
+            f"the model has {len(a.heads)} heads ({', '.join(a.heads)}) and Hugging Face "
+            "VideoMAEForVideoClassification has one classifier: export one head per directory "
+            f"with --head {next(iter(a.heads))}"
+        )
     if head not in a.heads:
         raise ValueError(f"--head {head}: not a head of the model (heads: {', '.join(a.heads)})")
     return head
@@ -69,7 +71,7 @@ def to_hf_state_dict(model: VideoViT, head: str | None = None) -> dict[str, torc
             p, rest = f"videomae.encoder.layer.{m.group(1)}.", m.group(2)
             if rest == "attn.qkv.weight":
                 for i, part in enumerate(("query", "key", "value")):
-                    out[f"{p}attention.attention.{part}.weight"] = v[i * d:(i + 1) * d]
+                    out[f"{p}attention.attention.{part}.weight"] = v[i * d : (i + 1) * d]
             else:
                 out[p + _BLOCK[rest]] = v
         elif k.startswith("patch_embed.proj."):
@@ -88,13 +90,25 @@ def hf_config_kwargs(model: VideoViT, head: str | None = None) -> dict[str, Any]
     a = model.arch
     classes = a.heads[head] if head is not None else a.num_classes
     name = head or "class"
-    return {"image_size": a.img_size, "patch_size": a.patch_size, "num_channels": a.in_chans,
-            "num_frames": a.num_frames, "tubelet_size": a.tubelet_size, "hidden_size": a.embed_dim,
-            "num_hidden_layers": a.depth, "num_attention_heads": a.num_heads, "intermediate_size": a.mlp_hidden,
-            "hidden_act": "gelu", "qkv_bias": a.qkv_bias, "use_mean_pooling": True, "layer_norm_eps": a.norm_eps,
-            "hidden_dropout_prob": 0.0, "attention_probs_dropout_prob": 0.0,
-            "id2label": {i: f"{name}_{i}" for i in range(classes)},
-            "label2id": {f"{name}_{i}": i for i in range(classes)}}
+    return {
+        "image_size": a.img_size,
+        "patch_size": a.patch_size,
+        "num_channels": a.in_chans,
+        "num_frames": a.num_frames,
+        "tubelet_size": a.tubelet_size,
+        "hidden_size": a.embed_dim,
+        "num_hidden_layers": a.depth,
+        "num_attention_heads": a.num_heads,
+        "intermediate_size": a.mlp_hidden,
+        "hidden_act": "gelu",
+        "qkv_bias": a.qkv_bias,
+        "use_mean_pooling": True,
+        "layer_norm_eps": a.norm_eps,
+        "hidden_dropout_prob": 0.0,
+        "attention_probs_dropout_prob": 0.0,
+        "id2label": {i: f"{name}_{i}" for i in range(classes)},
+        "label2id": {f"{name}_{i}": i for i in range(classes)},
+    }
 
 
 @torch.no_grad()

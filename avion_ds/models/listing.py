@@ -17,8 +17,9 @@ from avion_ds.models.registry import create_model, get_arch, list_models
 from avion_ds.models.vit import count_params
 
 
-def describe(name: str, num_frames: int | None = None, img_size: int | None = None,
-             num_classes: int | None = None) -> dict[str, object]:
+def describe(
+    name: str, num_frames: int | None = None, img_size: int | None = None, num_classes: int | None = None
+) -> dict[str, object]:
     """One row: name, width/depth/heads, input, parameters (meta build) and forward GFLOPs per clip."""
     over: dict[str, int] = {}
     if num_frames is not None:
@@ -35,16 +36,24 @@ def describe(name: str, num_frames: int | None = None, img_size: int | None = No
         arch = get_arch(name, **over)
     with torch.device("meta"):
         params = count_params(create_model(name, attn_backend="eager", **over))
-    return {"name": name, "width": arch.embed_dim, "depth": arch.depth, "heads": arch.num_heads,
-            "input": f"{arch.num_frames}x{arch.img_size}", "patch": f"{arch.tubelet_size}x{arch.patch_size}",
-            "classes": "-" if pretrain else arch.num_classes, "params_m": params / 1e6,
-            "gflops": None if pretrain else model_flops(arch) / 1e9}
+    return {
+        "name": name,
+        "width": arch.embed_dim,
+        "depth": arch.depth,
+        "heads": arch.num_heads,
+        "input": f"{arch.num_frames}x{arch.img_size}",
+        "patch": f"{arch.tubelet_size}x{arch.patch_size}",
+        "classes": "-" if pretrain else arch.num_classes,
+        "params_m": params / 1e6,
+        "gflops": None if pretrain else model_flops(arch) / 1e9,
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point for `avion-ds models`."""
-    p = argparse.ArgumentParser(prog="avion-ds models", description=__doc__.splitlines()[0],
-                                epilog="exit codes: 0 done, 2 bad input (one line)")
+    p = argparse.ArgumentParser(
+        prog="avion-ds models", description=__doc__.splitlines()[0], epilog="exit codes: 0 done, 2 bad input (one line)"
+    )
     p.add_argument("pattern", nargs="?", default=None, help="only names containing this text")
     p.add_argument("--frames", type=int, default=None, help="clip length for the numbers (default: each model's own)")
     p.add_argument("--size", type=int, default=None, help="input size for the numbers (default: each model's own)")
@@ -52,23 +61,32 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     names = list_models(args.pattern)
     if not names:
-        print(f"avion-ds models: error: no registered model contains {args.pattern!r}; known: "
-              f"{', '.join(list_models())}", file=sys.stderr)
+        print(
+            f"avion-ds models: error: no registered model contains {args.pattern!r}; known: {', '.join(list_models())}",
+            file=sys.stderr,
+        )
         return 2
     try:
         rows = [describe(n, args.frames, args.size, args.num_classes) for n in names]
     except ValueError as e:  # ViTArch.validate: geometry that does not divide, one line
         print(f"avion-ds models: error: {e}", file=sys.stderr)
         return 2
-    print(f"{'model':<36} {'width':>5} {'depth':>5} {'heads':>5} {'input':>7} {'patch':>6} {'classes':>7} "
-          f"{'params':>9} {'GFLOPs':>9}")
+    print(
+        f"{'model':<36} {'width':>5} {'depth':>5} {'heads':>5} {'input':>7} {'patch':>6} {'classes':>7} "
+        f"{'params':>9} {'GFLOPs':>9}"
+    )
     for r in rows:
         gflops = "-" if r["gflops"] is None else f"{r['gflops']:.1f}"
-        print(f"{r['name']:<36} {r['width']:>5} {r['depth']:>5} {r['heads']:>5} {r['input']:>7} {r['patch']:>6} "
-              f"{r['classes']:>7} {r['params_m']:>8.2f}M {gflops:>9}")
+        print(
+            f"{r['name']:<36} {r['width']:>5} {r['depth']:>5} {r['heads']:>5} {r['input']:>7} {r['patch']:>6} "
+            f"{r['classes']:>7} {r['params_m']:>8.2f}M {gflops:>9}"
+        )
     if any(r["gflops"] is None for r in rows):
-        print("note: pretrain_* rows show the encoder's geometry; parameters include the decoder; their FLOPs "
-              "depend on the mask ratio", file=sys.stderr)
+        print(
+            "note: pretrain_* rows show the encoder's geometry; parameters include the decoder; their FLOPs "
+            "depend on the mask ratio",
+            file=sys.stderr,
+        )
     return 0
 
 

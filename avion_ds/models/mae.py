@@ -53,9 +53,17 @@ class MAEArch:
     @property
     def decoder_arch(self) -> ViTArch:
         e = self.encoder
-        return ViTArch(name=f"{e.name}.decoder", embed_dim=self.decoder_dim, depth=self.decoder_depth,
-                       num_heads=self.decoder_heads, mlp_ratio=e.mlp_ratio, qkv_bias=e.qkv_bias,
-                       attn_backend=e.attn_backend, norm_eps=e.norm_eps, num_classes=0).validate()
+        return ViTArch(
+            name=f"{e.name}.decoder",
+            embed_dim=self.decoder_dim,
+            depth=self.decoder_depth,
+            num_heads=self.decoder_heads,
+            mlp_ratio=e.mlp_ratio,
+            qkv_bias=e.qkv_bias,
+            attn_backend=e.attn_backend,
+            norm_eps=e.norm_eps,
+            num_classes=0,
+        ).validate()
 
     @property
     def pixels_per_token(self) -> int:
@@ -138,8 +146,9 @@ class VideoMAEPretrain(nn.Module):
         self.num_frames, self.img_size = arch.encoder.num_frames, arch.encoder.img_size
         self.encoder_to_decoder = nn.Linear(arch.encoder.embed_dim, arch.decoder_dim, bias=False)
         self.mask_token = nn.Parameter(torch.zeros(1, 1, arch.decoder_dim))
-        self.register_buffer("decoder_pos", sincos_table(self.encoder.patch_embed.num_patches, arch.decoder_dim),
-                             persistent=False)
+        self.register_buffer(
+            "decoder_pos", sincos_table(self.encoder.patch_embed.num_patches, arch.decoder_dim), persistent=False
+        )
         self.decoder = MAEDecoder(arch)
         self._init_weights()
 
@@ -221,8 +230,9 @@ class VideoMAEPretrain(nn.Module):
             x = blk(x)
         return enc.fc_norm(x)
 
-    def predict(self, frames: torch.Tensor, mask: torch.Tensor,
-                decode_mask: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    def predict(
+        self, frames: torch.Tensor, mask: torch.Tensor, decode_mask: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """Decoder pixel predictions (B, N_dec, P) and the bool (B, N) positions they belong to.
 
         ``frames`` of any float dtype: the encoder gets them in its parameters' dtype."""
@@ -234,8 +244,9 @@ class VideoMAEPretrain(nn.Module):
         vis = self.encoder_to_decoder(self.encode(frames, mask))
         C = vis.shape[-1]
         pos = self.decoder_pos.to(vis.dtype).expand(B, -1, -1)
-        x = torch.cat([vis + pos[~mask].reshape(B, -1, C),
-                       self.mask_token.to(vis.dtype) + pos[decode].reshape(B, -1, C)], dim=1)
+        x = torch.cat(
+            [vis + pos[~mask].reshape(B, -1, C), self.mask_token.to(vis.dtype) + pos[decode].reshape(B, -1, C)], dim=1
+        )
         return self.decoder(x, int(decode[0].sum())), decode
 
     def forward(self, frames: torch.Tensor, mask: torch.Tensor, decode_mask: torch.Tensor | None = None) -> MAEOutput:
@@ -253,8 +264,10 @@ class VideoMAEPretrain(nn.Module):
 
     def extra_repr(self) -> str:
         a = self.arch
-        return (f"encoder={a.encoder.name}, decoder dim={a.decoder_dim} depth={a.decoder_depth} "
-                f"heads={a.decoder_heads}, norm_pix_loss={a.norm_pix_loss}")
+        return (
+            f"encoder={a.encoder.name}, decoder dim={a.decoder_dim} depth={a.decoder_depth} "
+            f"heads={a.decoder_heads}, norm_pix_loss={a.norm_pix_loss}"
+        )
 
 
 # ----------------------------------------------------------------------------------------------
@@ -282,7 +295,9 @@ def get_mae_arch(name: str, **overrides: Any) -> MAEArch:
             raise ValueError(f"{name}: a pretraining model has no classifier; got {key}={value!r}")
     mae = {k: overrides.pop(k) for k in list(overrides) if k in _MAE_FIELDS}
     if overrides.get("pool", "mean") != "mean":
-        raise ValueError(f"{name}: pool expected 'mean' (the encoder's final norm is fc_norm), got {overrides['pool']!r}")
+        raise ValueError(
+            f"{name}: pool expected 'mean' (the encoder's final norm is fc_norm), got {overrides['pool']!r}"
+        )
     return dataclasses.replace(base, encoder=base.encoder.replace(**overrides), **mae)
 
 
@@ -304,13 +319,20 @@ def _build(name: str, pretrained: Any, overrides: dict[str, Any]) -> VideoMAEPre
     base = get_mae_arch(name, **overrides)
     inferred = {k: v for k, v in decoder_dims(sd).items() if k not in overrides and v != getattr(base, k)}
     if "decoder_dim" in inferred and "decoder_heads" not in overrides and inferred["decoder_dim"] % base.decoder_heads:
-        raise ValueError(f"{name}: {_source_name(pretrained)} has a {inferred['decoder_dim']} wide decoder, not divisible "
-                         f"by {base.decoder_heads} heads; pass decoder_heads=")
+        raise ValueError(
+            f"{name}: {_source_name(pretrained)} has a {inferred['decoder_dim']} wide decoder, not divisible "
+            f"by {base.decoder_heads} heads; pass decoder_heads="
+        )
     log = logging.getLogger(__name__)
     if inferred:
-        log.info("%s: decoder %s from %s (registered: dim %d, depth %d)", name,
-                 ", ".join(f"{k}={v}" for k, v in inferred.items()), _source_name(pretrained), base.decoder_dim,
-                 base.decoder_depth)
+        log.info(
+            "%s: decoder %s from %s (registered: dim %d, depth %d)",
+            name,
+            ", ".join(f"{k}={v}" for k, v in inferred.items()),
+            _source_name(pretrained),
+            base.decoder_dim,
+            base.decoder_depth,
+        )
     model = VideoMAEPretrain(get_mae_arch(name, **overrides, **inferred))
     report = load_pretrained_mae(model, sd)
     log.info("%s: loaded %s from %s", name, report.summary(), _source_name(pretrained))
@@ -322,20 +344,45 @@ def _source_name(source: Any) -> str:
 
 
 # VideoMAE V2 modeling_pretrain sizes: decoder depth 4; S 192 wide / 3 heads, B 384 / 6, L H g 512 / 8.
-_mae("pretrain_videomae_test_tiny", {"embed_dim": 64, "depth": 2, "num_heads": 2, "num_frames": 4, "img_size": 32},
-     decoder_dim=32, decoder_depth=1, decoder_heads=2)
-_mae("pretrain_videomae_small_patch16_224", {"embed_dim": 384, "depth": 12, "num_heads": 6}, decoder_dim=192,
-     decoder_heads=3)
+_mae(
+    "pretrain_videomae_test_tiny",
+    {"embed_dim": 64, "depth": 2, "num_heads": 2, "num_frames": 4, "img_size": 32},
+    decoder_dim=32,
+    decoder_depth=1,
+    decoder_heads=2,
+)
+_mae(
+    "pretrain_videomae_small_patch16_224",
+    {"embed_dim": 384, "depth": 12, "num_heads": 6},
+    decoder_dim=192,
+    decoder_heads=3,
+)
 _mae("pretrain_videomae_base_patch16_224", {"embed_dim": 768, "depth": 12, "num_heads": 12})
-_mae("pretrain_videomae_large_patch16_224", {"embed_dim": 1024, "depth": 24, "num_heads": 16}, decoder_dim=512,
-     decoder_heads=8)
-_mae("pretrain_videomae_huge_patch16_224", {"embed_dim": 1280, "depth": 32, "num_heads": 16}, decoder_dim=512,
-     decoder_heads=8)
+_mae(
+    "pretrain_videomae_large_patch16_224",
+    {"embed_dim": 1024, "depth": 24, "num_heads": 16},
+    decoder_dim=512,
+    decoder_heads=8,
+)
+_mae(
+    "pretrain_videomae_huge_patch16_224",
+    {"embed_dim": 1280, "depth": 32, "num_heads": 16},
+    decoder_dim=512,
+    decoder_heads=8,
+)
 # VideoMAE (V1) modeling_pretrain: the same sizes, except ViT-H's decoder (640 wide, 8 heads).
-_mae("pretrain_videomae_v1_huge_patch16_224", {"embed_dim": 1280, "depth": 32, "num_heads": 16}, decoder_dim=640,
-     decoder_heads=8)
-_mae("pretrain_videomae_giant_patch14_224", {"embed_dim": 1408, "depth": 40, "num_heads": 16, "mlp_ratio": 48 / 11,
-                                                 "patch_size": 14}, decoder_dim=512, decoder_heads=8)
+_mae(
+    "pretrain_videomae_v1_huge_patch16_224",
+    {"embed_dim": 1280, "depth": 32, "num_heads": 16},
+    decoder_dim=640,
+    decoder_heads=8,
+)
+_mae(
+    "pretrain_videomae_giant_patch14_224",
+    {"embed_dim": 1408, "depth": 40, "num_heads": 16, "mlp_ratio": 48 / 11, "patch_size": 14},
+    decoder_dim=512,
+    decoder_heads=8,
+)
 
 
 @register_model

@@ -80,13 +80,19 @@ def zero_init(ds_config: dict[str, Any]) -> Any:
     from avion_ds.engine.ds_config import offload_device, precision_of, torch_dtype
 
     offload = ds_config["zero_optimization"].get("offload_param") or {}
-    init = deepspeed.zero.Init(config_dict_or_path=ds_config, remote_device=offload_device(ds_config, "param"),
-                               pin_memory=bool(offload.get("pin_memory", False)), dtype=None)
+    init = deepspeed.zero.Init(
+        config_dict_or_path=ds_config,
+        remote_device=offload_device(ds_config, "param"),
+        pin_memory=bool(offload.get("pin_memory", False)),
+        dtype=None,
+    )
     want = torch_dtype(precision_of(ds_config))
     if init.dtype != want:
         if getattr(init, "param_swapper", None) is not None:
-            raise RuntimeError(f"deepspeed.zero.Init resolved dtype {init.dtype} for a {want} config with NVMe "
-                               "offload; this DeepSpeed version cannot build the model partitioned")
+            raise RuntimeError(
+                f"deepspeed.zero.Init resolved dtype {init.dtype} for a {want} config with NVMe "
+                "offload; this DeepSpeed version cannot build the model partitioned"
+            )
         init.dtype = want  # read when __enter__ patches the tensor constructors
     return init
 

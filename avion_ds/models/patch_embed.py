@@ -37,7 +37,9 @@ class PatchEmbed(nn.Module):
         if img_size % patch_size != 0:
             raise ValueError(f"patch_embed: expected img_size divisible by patch_size {patch_size}, got {img_size}")
         if num_frames % tubelet_size != 0:
-            raise ValueError(f"patch_embed: expected num_frames divisible by tubelet_size {tubelet_size}, got {num_frames}")
+            raise ValueError(
+                f"patch_embed: expected num_frames divisible by tubelet_size {tubelet_size}, got {num_frames}"
+            )
         self.mode = mode
         self.patch_size = patch_size
         self.tubelet_size = tubelet_size

@@ -62,16 +62,25 @@ def create_model_from_config(model_cfg: Any, num_frames: int, img_size: int, **o
     """Build the model a recipe's ``ModelConfig`` describes (input size from the data section),
     load its pretrained weights and apply its activation checkpointing settings."""
     options = {
-        "num_frames": num_frames, "img_size": img_size, "num_classes": model_cfg.num_classes,
-        "heads": model_cfg.heads, "drop_path_rate": model_cfg.drop_path_rate,
-        "head_drop_rate": model_cfg.head_drop_rate, "attn_backend": model_cfg.attn_backend,
-        "patch_embed": model_cfg.patch_embed, "pool": model_cfg.pool, "pos_embed": model_cfg.pos_embed,
+        "num_frames": num_frames,
+        "img_size": img_size,
+        "num_classes": model_cfg.num_classes,
+        "heads": model_cfg.heads,
+        "drop_path_rate": model_cfg.drop_path_rate,
+        "head_drop_rate": model_cfg.head_drop_rate,
+        "attn_backend": model_cfg.attn_backend,
+        "patch_embed": model_cfg.patch_embed,
+        "pool": model_cfg.pool,
+        "pos_embed": model_cfg.pos_embed,
     }
     options.update(overrides)
     model = create_model(model_cfg.name, pretrained=model_cfg.pretrained or None, **options)
     if model_cfg.activation_checkpointing:
         apply_activation_checkpointing(
-            model, every=model_cfg.checkpoint_every, first_n=model_cfg.checkpoint_first_n, impl=model_cfg.checkpoint_impl
+            model,
+            every=model_cfg.checkpoint_every,
+            first_n=model_cfg.checkpoint_first_n,
+            impl=model_cfg.checkpoint_impl,
         )
     return model
 

@@ -75,7 +75,12 @@ class VideoViT(nn.Module):
         self.num_classes: int | dict[str, int] = self.heads_spec or arch.num_classes
 
         self.patch_embed = PatchEmbed(
-            arch.img_size, arch.patch_size, arch.tubelet_size, arch.num_frames, arch.in_chans, arch.embed_dim,
+            arch.img_size,
+            arch.patch_size,
+            arch.tubelet_size,
+            arch.num_frames,
+            arch.in_chans,
+            arch.embed_dim,
             mode=arch.patch_embed,
         )
         n = self.patch_embed.num_patches

@@ -40,5 +40,14 @@ def task_of(recipe: Recipe) -> Task:
     return get_task(recipe.task)
 
 
-__all__ = ["EvalOutcome", "ModelSummary", "Task", "build_recipe", "get_task", "load_recipe", "register_task",
-           "task_names", "task_of"]
+__all__ = [
+    "EvalOutcome",
+    "ModelSummary",
+    "Task",
+    "build_recipe",
+    "get_task",
+    "load_recipe",
+    "register_task",
+    "task_names",
+    "task_of",
+]

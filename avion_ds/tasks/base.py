@@ -65,8 +65,13 @@ class Task(ABC):
 
     # ------------------------------------------------------------------ model and data
     @abstractmethod
-    def build_model(self, recipe: Recipe, pretrained: str | None = None, run_dir: Path | None = None,
-                    ds_config: dict[str, Any] | None = None) -> nn.Module:
+    def build_model(
+        self,
+        recipe: Recipe,
+        pretrained: str | None = None,
+        run_dir: Path | None = None,
+        ds_config: dict[str, Any] | None = None,
+    ) -> nn.Module:
         """The recipe's model (partitioned under a ZeRO-3 ``ds_config``), with ``pretrained`` (default:
         ``model.pretrained``; "" for none) loaded and reported."""
 
@@ -84,15 +89,25 @@ class Task(ABC):
 
     # ------------------------------------------------------------------ one step
     @abstractmethod
-    def loss(self, model: Callable[..., Any], x: torch.Tensor, targets: Any, dtype: torch.dtype,
-             recipe: Recipe) -> LossParts:
+    def loss(
+        self, model: Callable[..., Any], x: torch.Tensor, targets: Any, dtype: torch.dtype, recipe: Recipe
+    ) -> LossParts:
         """Forward ``x`` (float32 frames after augmentation) through ``model`` to the loss and the named
         values logged beside it (``loss_<name>``); nothing read on the host."""
 
     # ------------------------------------------------------------------ evaluation
     @abstractmethod
-    def evaluate(self, model: Callable[..., Any], loader: Any, augment: Callable, views: int, device: torch.device,
-                 dtype: torch.dtype, recipe: Recipe, bad_log: BadInputLog | None = None) -> EvalOutcome:
+    def evaluate(
+        self,
+        model: Callable[..., Any],
+        loader: Any,
+        augment: Callable,
+        views: int,
+        device: torch.device,
+        dtype: torch.dtype,
+        recipe: Recipe,
+        bad_log: BadInputLog | None = None,
+    ) -> EvalOutcome:
         """Metrics over ``loader`` on all ranks (the sampler's padding removed)."""
 
     def eval_line(self, metrics: dict[str, float]) -> str:

@@ -29,10 +29,16 @@ DATASET_HEADS: dict[str, tuple[str, ...] | None] = {"epic": ("verb", "noun"), "k
 def model_kwargs(recipe: Recipe) -> dict[str, Any]:
     """The ``create_model`` keyword arguments a recipe implies (frames/size from the data section)."""
     m = recipe.model
-    kw: dict[str, Any] = {"num_frames": recipe.data.num_frames, "img_size": recipe.data.size,
-                          "drop_path_rate": m.drop_path_rate, "head_drop_rate": m.head_drop_rate,
-                          "attn_backend": m.attn_backend, "patch_embed": m.patch_embed, "pool": m.pool,
-                          "pos_embed": m.pos_embed}
+    kw: dict[str, Any] = {
+        "num_frames": recipe.data.num_frames,
+        "img_size": recipe.data.size,
+        "drop_path_rate": m.drop_path_rate,
+        "head_drop_rate": m.head_drop_rate,
+        "attn_backend": m.attn_backend,
+        "patch_embed": m.patch_embed,
+        "pool": m.pool,
+        "pos_embed": m.pos_embed,
+    }
     if m.tubelet_size is not None:
         kw["tubelet_size"] = m.tubelet_size
     if m.heads is not None:
@@ -48,12 +54,16 @@ def check_heads(recipe: Recipe) -> None:
     heads = recipe.model.heads
     if want is None:
         if heads is not None:
-            raise ConfigError(f"model.heads={heads} but data.dataset={recipe.data.dataset!r} yields one integer "
-                              "label; use model.num_classes instead of model.heads")
+            raise ConfigError(
+                f"model.heads={heads} but data.dataset={recipe.data.dataset!r} yields one integer "
+                "label; use model.num_classes instead of model.heads"
+            )
         return
     if heads is None or set(heads) != set(want):
-        raise ConfigError(f"model.heads={heads} does not match the labels of data.dataset={recipe.data.dataset!r}: "
-                          f"it needs exactly the heads {', '.join(want)} (e.g. {{verb: 97, noun: 300}})")
+        raise ConfigError(
+            f"model.heads={heads} does not match the labels of data.dataset={recipe.data.dataset!r}: "
+            f"it needs exactly the heads {', '.join(want)} (e.g. {{verb: 97, noun: 300}})"
+        )
 
 
 @register_task
@@ -64,8 +74,10 @@ class FinetuneTask(Task):
 
     def validate_recipe(self, recipe: Recipe) -> None:
         if recipe.data.dataset == "videos":
-            raise ConfigError(f"task={recipe.task!r} with data.dataset='videos': fine-tuning needs a labelled "
-                              "dataset (epic, kinetics, ssv2); unlabelled clips are for task: pretrain")
+            raise ConfigError(
+                f"task={recipe.task!r} with data.dataset='videos': fine-tuning needs a labelled "
+                "dataset (epic, kinetics, ssv2); unlabelled clips are for task: pretrain"
+            )
 
     def check_model(self, recipe: Recipe) -> ModelSummary:
         from avion_ds.models import create_model, get_arch, model_flops
@@ -76,11 +88,15 @@ class FinetuneTask(Task):
         base = get_arch(name)
         tubelet = recipe.model.tubelet_size or base.tubelet_size
         if recipe.data.size % base.patch_size:
-            raise ConfigError(f"data.size={recipe.data.size} is not divisible by the patch size {base.patch_size} "
-                              f"of {name}; use a multiple of {base.patch_size}")
+            raise ConfigError(
+                f"data.size={recipe.data.size} is not divisible by the patch size {base.patch_size} "
+                f"of {name}; use a multiple of {base.patch_size}"
+            )
         if recipe.data.num_frames % tubelet:
-            raise ConfigError(f"data.num_frames={recipe.data.num_frames} is not divisible by the tubelet size "
-                              f"{tubelet} of {name}; use a multiple of {tubelet}")
+            raise ConfigError(
+                f"data.num_frames={recipe.data.num_frames} is not divisible by the tubelet size "
+                f"{tubelet} of {name}; use a multiple of {tubelet}"
+            )
         kw = model_kwargs(recipe)
         try:
             arch = get_arch(name, **kw)
@@ -90,8 +106,13 @@ class FinetuneTask(Task):
             model = create_model(name, pretrained=None, **{**kw, "attn_backend": "eager"})
         return ModelSummary(name, count_params(model), model_flops(arch) / 1e9, arch.grid)
 
-    def build_model(self, recipe: Recipe, pretrained: str | None = None, run_dir: Path | None = None,
-                    ds_config: dict[str, Any] | None = None) -> nn.Module:
+    def build_model(
+        self,
+        recipe: Recipe,
+        pretrained: str | None = None,
+        run_dir: Path | None = None,
+        ds_config: dict[str, Any] | None = None,
+    ) -> nn.Module:
         from avion_ds.engine import dist
         from avion_ds.engine.weights_report import load_and_report
         from avion_ds.models import create_model
@@ -102,8 +123,14 @@ class FinetuneTask(Task):
         kw = model_kwargs(recipe)
         model = build_partitioned(lambda: create_model(m.name, **kw), ds_config)
         if source:
-            load_and_report(model, str(source), strict=m.pretrained_strict, trust=m.trust_checkpoint,
-                            run_dir=run_dir, is_main=dist.is_main())
+            load_and_report(
+                model,
+                str(source),
+                strict=m.pretrained_strict,
+                trust=m.trust_checkpoint,
+                run_dir=run_dir,
+                is_main=dist.is_main(),
+            )
         return model
 
     def label_classes(self, recipe: Recipe) -> int | dict[str, int]:
@@ -120,19 +147,30 @@ class FinetuneTask(Task):
             label = torch.randint(0, max(1, classes), (batch_size,), device=device)
         return {"frames": frames, "label": label}
 
-    def loss(self, model: Callable[..., Any], x: torch.Tensor, targets: Any, dtype: torch.dtype,
-             recipe: Recipe) -> LossParts:
+    def loss(
+        self, model: Callable[..., Any], x: torch.Tensor, targets: Any, dtype: torch.dtype, recipe: Recipe
+    ) -> LossParts:
         from avion_ds.engine.losses import total_loss
 
         return total_loss(model(x.to(dtype)), targets, recipe.data.label_smoothing)
 
-    def evaluate(self, model: Callable[..., Any], loader: Any, augment: Callable, views: int, device: torch.device,
-                 dtype: torch.dtype, recipe: Recipe, bad_log: BadInputLog | None = None) -> EvalOutcome:
+    def evaluate(
+        self,
+        model: Callable[..., Any],
+        loader: Any,
+        augment: Callable,
+        views: int,
+        device: torch.device,
+        dtype: torch.dtype,
+        recipe: Recipe,
+        bad_log: BadInputLog | None = None,
+    ) -> EvalOutcome:
         from avion_ds.data.datasets.protocols import eval_report
         from avion_ds.engine.eval_loop import evaluate_model
         from avion_ds.engine.metrics import SCORES, per_sample_records
 
-        metrics, (index, scores, labels), failed = evaluate_model(model, loader, augment, views, device, dtype,
-                                                                  bad_log=bad_log)
+        metrics, (index, scores, labels), failed = evaluate_model(
+            model, loader, augment, views, device, dtype, bad_log=bad_log
+        )
         report = {"scores": SCORES, **eval_report(recipe.eval.protocol, views, loader.dataset, index)}
         return EvalOutcome(metrics, report, failed, per_sample_records(index, scores, labels), int(index.numel()))

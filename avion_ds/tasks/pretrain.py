@@ -30,8 +30,14 @@ if TYPE_CHECKING:
 # this task's recipe defaults (VideoMAE pretraining); keys the recipe sets win
 PRETRAIN_DEFAULTS: dict[str, dict[str, Any]] = {
     "model": {"name": "pretrain_videomae_base_patch16_224", "drop_path_rate": 0.0, "num_classes": 0},
-    "data": {"dataset": "videos", "sampling": "stride", "hflip": 0.0, "mixup": 0.0, "cutmix": 0.0,
-             "label_smoothing": 0.0},
+    "data": {
+        "dataset": "videos",
+        "sampling": "stride",
+        "hflip": 0.0,
+        "mixup": 0.0,
+        "cutmix": 0.0,
+        "label_smoothing": 0.0,
+    },
     "optim": {"lr": 1.5e-4, "betas": [0.9, 0.95], "weight_decay": 0.05, "layer_decay": 1.0, "min_lr": 1e-5},
     "schedule": {"epochs": 800, "warmup_epochs": 40.0},
 }
@@ -43,9 +49,17 @@ def model_options(recipe: Recipe) -> dict[str, Any]:
 
     m, d = recipe.model, recipe.data
     mean, std = MEAN_STD[d.mean_std]
-    kw: dict[str, Any] = {"num_frames": d.num_frames, "img_size": d.size, "drop_path_rate": m.drop_path_rate,
-                          "attn_backend": m.attn_backend, "patch_embed": m.patch_embed, "pos_embed": m.pos_embed,
-                          "norm_pix_loss": recipe.pretrain.norm_pix_loss, "mean": mean, "std": std}
+    kw: dict[str, Any] = {
+        "num_frames": d.num_frames,
+        "img_size": d.size,
+        "drop_path_rate": m.drop_path_rate,
+        "attn_backend": m.attn_backend,
+        "patch_embed": m.patch_embed,
+        "pos_embed": m.pos_embed,
+        "norm_pix_loss": recipe.pretrain.norm_pix_loss,
+        "mean": mean,
+        "std": std,
+    }
     if m.tubelet_size is not None:
         kw["tubelet_size"] = m.tubelet_size
     return kw
@@ -79,9 +93,14 @@ class PretrainTask(Task):
     def validate_recipe(self, recipe: Recipe) -> None:
         d, p = recipe.data, recipe.pretrain
         if d.dataset != "videos":
-            raise ConfigError(f"task={recipe.task!r} with data.dataset={d.dataset!r}: pretraining uses "
-                              "data.dataset 'videos' (unlabelled clips), fine-tuning a labelled dataset")
-        for key, value in (("pretrain.mask_ratio", p.mask_ratio), ("pretrain.decoder_mask_ratio", p.decoder_mask_ratio)):
+            raise ConfigError(
+                f"task={recipe.task!r} with data.dataset={d.dataset!r}: pretraining uses "
+                "data.dataset 'videos' (unlabelled clips), fine-tuning a labelled dataset"
+            )
+        for key, value in (
+            ("pretrain.mask_ratio", p.mask_ratio),
+            ("pretrain.decoder_mask_ratio", p.decoder_mask_ratio),
+        ):
             if not 0.0 < value < 1.0:
                 raise ConfigError(f"{key}={value} must be in (0, 1)")
         if d.clips_per_video <= 0:
@@ -102,15 +121,22 @@ class PretrainTask(Task):
             model = create_model(name, pretrained=None, **{**model_options(recipe), "attn_backend": "eager"})
         return ModelSummary(name, count_params(model), model_flops(enc) / 1e9, enc.grid)
 
-    def build_model(self, recipe: Recipe, pretrained: str | None = None, run_dir: Path | None = None,
-                    ds_config: dict[str, Any] | None = None) -> nn.Module:
+    def build_model(
+        self,
+        recipe: Recipe,
+        pretrained: str | None = None,
+        run_dir: Path | None = None,
+        ds_config: dict[str, Any] | None = None,
+    ) -> nn.Module:
         from avion_ds.engine.ds_config import zero_stage
         from avion_ds.models.weights.sharded import build_partitioned
 
         source = pretrained if pretrained is not None else recipe.model.pretrained
         if source and zero_stage(ds_config) == 3:
-            raise ConfigError(f"model.pretrained={source}: continuing a pretraining run from weights under ZeRO-3 "
-                              "is not supported yet; resume from the run's checkpoint instead")
+            raise ConfigError(
+                f"model.pretrained={source}: continuing a pretraining run from weights under ZeRO-3 "
+                "is not supported yet; resume from the run's checkpoint instead"
+            )
         if source:
             return build_pretrain_model(recipe, str(source))
         return build_partitioned(lambda: build_pretrain_model(recipe, ""), ds_config)
@@ -132,13 +158,23 @@ class PretrainTask(Task):
         frames = torch.randn(batch_size, 3, d.num_frames, d.size, d.size, device=device)
         return {"frames": frames, "label": masks}
 
-    def loss(self, model: Callable[..., Any], x: torch.Tensor, targets: Any, dtype: torch.dtype,
-             recipe: Recipe) -> LossParts:
+    def loss(
+        self, model: Callable[..., Any], x: torch.Tensor, targets: Any, dtype: torch.dtype, recipe: Recipe
+    ) -> LossParts:
         out = model(x, **targets)  # float32 frames: the model casts them and computes its targets in fp32
         return (out.loss if hasattr(out, "loss") else out), {}
 
-    def evaluate(self, model: Callable[..., Any], loader: Any, augment: Callable, views: int, device: torch.device,
-                 dtype: torch.dtype, recipe: Recipe, bad_log: BadInputLog | None = None) -> EvalOutcome:
+    def evaluate(
+        self,
+        model: Callable[..., Any],
+        loader: Any,
+        augment: Callable,
+        views: int,
+        device: torch.device,
+        dtype: torch.dtype,
+        recipe: Recipe,
+        bad_log: BadInputLog | None = None,
+    ) -> EvalOutcome:
         metrics = evaluate_pretrain(model, loader, augment, device)
         return EvalOutcome(metrics, num_samples=len(loader.dataset))
 
@@ -147,8 +183,9 @@ class PretrainTask(Task):
 
 
 @torch.no_grad()
-def evaluate_pretrain(model: Callable[..., Any], loader: Any, augment: Callable,
-                      device: torch.device) -> dict[str, float]:
+def evaluate_pretrain(
+    model: Callable[..., Any], loader: Any, augment: Callable, device: torch.device
+) -> dict[str, float]:
     """Validation reconstruction loss, the predict-zero baseline and loss / baseline, over all ranks.
 
     Both are means over every scored token (decoded and hidden from the encoder, as the model's loss)
@@ -171,8 +208,14 @@ def evaluate_pretrain(model: Callable[..., Any], loader: Any, augment: Callable,
         b = x.shape[0]
         targets = pixel_targets(x, arch)[decode].reshape(b, -1, out.pred.shape[-1])
         weight = masks["mask"][decode].reshape(b, -1).float()  # the model's loss weights, in pred's order
-        sums = torch.stack([((out.pred.float() - targets).pow(2).mean(dim=-1) * weight).sum(dim=1),
-                            (targets.pow(2).mean(dim=-1) * weight).sum(dim=1), weight.sum(dim=1)], dim=1)
+        sums = torch.stack(
+            [
+                ((out.pred.float() - targets).pow(2).mean(dim=-1) * weight).sum(dim=1),
+                (targets.pow(2).mean(dim=-1) * weight).sum(dim=1),
+                weight.sum(dim=1),
+            ],
+            dim=1,
+        )
         store.add(batch["index"], sums.double(), torch.zeros(b))
     if was_training and hasattr(model, "train"):
         model.train()
@@ -183,8 +226,16 @@ def evaluate_pretrain(model: Callable[..., Any], loader: Any, augment: Callable,
     return {"recon_loss": loss, "zero_baseline": zero, "recon_vs_zero": loss / max(zero, 1e-12)}
 
 
-def fit_clips(model: torch.nn.Module, clips: torch.Tensor, spec: MaskSpec, steps: int, lr: float,
-              batch_size: int, seed: int = 0, weight_decay: float = 0.05) -> list[float]:
+def fit_clips(
+    model: torch.nn.Module,
+    clips: torch.Tensor,
+    spec: MaskSpec,
+    steps: int,
+    lr: float,
+    batch_size: int,
+    seed: int = 0,
+    weight_decay: float = 0.05,
+) -> list[float]:
     """A plain one-process AdamW loop (betas 0.9/0.95) over cached, normalised clips (B, C, T, H, W)
     with fresh masks every step; for quick learning checks (tests, bench/pretrain_learn.py). Real
     runs go through ``avion-ds train``. Returns the loss of every step."""

@@ -79,8 +79,9 @@ def unpatchify(patches: torch.Tensor, grid: tuple[int, int, int], tubelet: int, 
 
 
 @torch.no_grad()
-def reconstruct_grid(model: torch.nn.Module, x: torch.Tensor, masks: dict[str, torch.Tensor],
-                     frames: int) -> np.ndarray:
+def reconstruct_grid(
+    model: torch.nn.Module, x: torch.Tensor, masks: dict[str, torch.Tensor], frames: int
+) -> np.ndarray:
     """uint8 (3*H, F*W, 3) image: original / masked / reconstruction rows for ``frames`` frames."""
     from avion_ds.models.mae import pixel_targets
 
@@ -91,7 +92,7 @@ def reconstruct_grid(model: torch.nn.Module, x: torch.Tensor, masks: dict[str, t
     recon = raw.clone()
     out = pred[0].float()
     if arch.norm_pix_loss:
-        tokens = raw[decode[0]].reshape(-1, e.tubelet_size * e.patch_size ** 2, e.in_chans)
+        tokens = raw[decode[0]].reshape(-1, e.tubelet_size * e.patch_size**2, e.in_chans)
         mean, std = tokens.mean(1, keepdim=True), tokens.var(1, unbiased=True, keepdim=True).sqrt() + 1e-6
         out = (out.reshape(tokens.shape) * std + mean).reshape(out.shape)
     recon[decode[0]] = out
@@ -128,8 +129,11 @@ def run(args: argparse.Namespace) -> int:
     if scale > 1:
         pil = pil.resize((img.shape[1] * scale, img.shape[0] * scale), Image.NEAREST)
     pil.save(out)
-    print(f"wrote {out}: rows original / masked ({recipe.pretrain.mask_type} {recipe.pretrain.mask_ratio}) / "
-          f"reconstruction, {len(drawn)} mask(s), clip loss {loss:.4f}", flush=True)
+    print(
+        f"wrote {out}: rows original / masked ({recipe.pretrain.mask_type} {recipe.pretrain.mask_ratio}) / "
+        f"reconstruction, {len(drawn)} mask(s), clip loss {loss:.4f}",
+        flush=True,
+    )
     return 0
 
 

@@ -52,8 +52,17 @@ def index_chunks(data_root, index_video) -> Path:
 @pytest.fixture(scope="session")
 def epic_raw(data_root) -> dict:
     """A small learnable EPIC-style set: 2 videos x 6 segments x 2 s at 15 fps, 64x48."""
-    return make_synthetic_epic(data_root / "epic", num_videos=2, segments_per_video=6, segment_seconds=2.0,
-                               width=64, height=48, fps=15, seed=1, val_fraction=0.34)
+    return make_synthetic_epic(
+        data_root / "epic",
+        num_videos=2,
+        segments_per_video=6,
+        segment_seconds=2.0,
+        width=64,
+        height=48,
+        fps=15,
+        seed=1,
+        val_fraction=0.34,
+    )
 
 
 @pytest.fixture(scope="session")
@@ -67,9 +76,18 @@ def epic_chunks(data_root, epic_raw) -> Path:
 
 @pytest.fixture()
 def epic_cfg(epic_raw, epic_chunks) -> DataConfig:
-    return DataConfig(dataset="epic", root=str(epic_chunks), train_csv=str(epic_raw["train_csv"]),
-                      val_csv=str(epic_raw["val_csv"]), num_frames=4, size=32, decoder="decord",
-                      decode_timeout_s=0.0, mixup=0.0, cutmix=0.0)
+    return DataConfig(
+        dataset="epic",
+        root=str(epic_chunks),
+        train_csv=str(epic_raw["train_csv"]),
+        val_csv=str(epic_raw["val_csv"]),
+        num_frames=4,
+        size=32,
+        decoder="decord",
+        decode_timeout_s=0.0,
+        mixup=0.0,
+        cutmix=0.0,
+    )
 
 
 @pytest.fixture()
@@ -80,8 +98,14 @@ def epic_copy(tmp_path, epic_chunks, epic_cfg):
     return dst, replace(epic_cfg, root=str(dst))
 
 
-def transcode(src: str | Path, dst: str | Path, codec: str = "libvpx-vp9", fmt: str = "webm",
-              fps: int | None = None, options: dict | None = None) -> Path:
+def transcode(
+    src: str | Path,
+    dst: str | Path,
+    codec: str = "libvpx-vp9",
+    fmt: str = "webm",
+    fps: int | None = None,
+    options: dict | None = None,
+) -> Path:
     """Re-encode ``src`` into another container/codec (webm VP8/VP9, mkv, ...), frames unchanged.
 
     ``options``: muxer options, e.g. ``{"movflags": "faststart"}`` for a streamable mp4.

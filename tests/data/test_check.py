@@ -28,9 +28,18 @@ def _write(path, rows) -> None:
 
 
 def _recipe(tmp_path, cfg) -> str:
-    data = {"model": {"name": "vit_test_tiny", "heads": {"verb": 4, "noun": 3}},
-            "data": {"dataset": "epic", "root": cfg.root, "train_csv": cfg.train_csv, "val_csv": cfg.val_csv,
-                     "num_frames": 4, "size": 32, "decode_timeout_s": 0.0}}
+    data = {
+        "model": {"name": "vit_test_tiny", "heads": {"verb": 4, "noun": 3}},
+        "data": {
+            "dataset": "epic",
+            "root": cfg.root,
+            "train_csv": cfg.train_csv,
+            "val_csv": cfg.val_csv,
+            "num_frames": 4,
+            "size": 32,
+            "decode_timeout_s": 0.0,
+        },
+    }
     path = tmp_path / "recipe.yaml"
     path.write_text(yaml.safe_dump(data))
     return str(path)
@@ -79,13 +88,17 @@ def test_check_quarantines_bad_chunks_and_rows_and_training_skips_them(epic_copy
     kept = {ds.row_name(i) for i in range(len(ds))}
     assert not failing & kept  # nothing that fails to load is left
     assert {"backwards", "after_end"}.isdisjoint(kept) and "ghost" not in kept
-    touched = {r["narration_id"] for r in rows[:-3] if r["video_id"] == vid
-               and not (_sec(r["stop_timestamp"]) <= 3.0 or _sec(r["start_timestamp"]) >= 6.0)}
+    touched = {
+        r["narration_id"]
+        for r in rows[:-3]
+        if r["video_id"] == vid and not (_sec(r["stop_timestamp"]) <= 3.0 or _sec(r["start_timestamp"]) >= 6.0)
+    }
     assert touched and touched.isdisjoint(kept)  # rows whose span reads the bad chunk are skipped
     assert kept == {r["narration_id"] for r in rows[:-3]} - touched  # and only those
     assert len(ds.missing) == 1 and len(ds.quarantined) == 2 + len(touched)
-    assert ds.startup_line() == (f"train: {len(ds)} samples; skipped up front: 1 rows with missing videos, "
-                                 f"{2 + len(touched)} quarantined rows")
+    assert ds.startup_line() == (
+        f"train: {len(ds)} samples; skipped up front: 1 rows with missing videos, {2 + len(touched)} quarantined rows"
+    )
 
 
 def _sec(ts: str) -> float:
@@ -134,9 +147,19 @@ def test_check_whole_videos_recipe(tmp_path, capsys) -> None:
     write_video(root / "b" / "v2.mp4", 12, 32, 32, fps=10)
     lst = tmp_path / "list.txt"
     lst.write_text("a/v1.mp4 0\nb/v2.mp4 1\nc/v3.mp4 1\n")
-    data = {"model": {"name": "vit_test_tiny"},
-            "data": {"dataset": "kinetics", "root": str(root), "chunked": False, "train_csv": str(lst),
-                     "val_csv": "", "num_frames": 4, "size": 32, "decode_timeout_s": 0.0}}
+    data = {
+        "model": {"name": "vit_test_tiny"},
+        "data": {
+            "dataset": "kinetics",
+            "root": str(root),
+            "chunked": False,
+            "train_csv": str(lst),
+            "val_csv": "",
+            "num_frames": 4,
+            "size": 32,
+            "decode_timeout_s": 0.0,
+        },
+    }
     recipe = tmp_path / "r.yaml"
     recipe.write_text(yaml.safe_dump(data))
     (root / "b" / "v2.mp4").write_bytes(b"")

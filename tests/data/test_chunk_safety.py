@@ -55,8 +55,22 @@ def _rows_match_their_files(dst: Path) -> None:
 
 def test_kill_during_rechunk_leaves_no_rows_for_replaced_files(fifteen_fps_set) -> None:
     src, dst = fifteen_fps_set
-    cmd = [sys.executable, "-c", KILL_AFTER_3_CHUNKS, str(src.parent), str(dst), "--chunk-seconds", "2",
-           "--fps", "30", "--gop", "8", "--workers", "1", "--no-progress"]
+    cmd = [
+        sys.executable,
+        "-c",
+        KILL_AFTER_3_CHUNKS,
+        str(src.parent),
+        str(dst),
+        "--chunk-seconds",
+        "2",
+        "--fps",
+        "30",
+        "--gop",
+        "8",
+        "--workers",
+        "1",
+        "--no-progress",
+    ]
     proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=120)
     assert proc.returncode == -9, proc.stderr[-2000:]  # killed midway
     replaced = [p for p in (dst / "idx").glob("*.mp4") if av.open(str(p)).streams.video[0].average_rate == 30]
@@ -64,8 +78,18 @@ def test_kill_during_rechunk_leaves_no_rows_for_replaced_files(fifteen_fps_set) 
     _rows_match_their_files(dst)  # ... and no manifest row still describes them
     lst = dst.parent / "list.txt"
     lst.write_text("idx.mp4 0\n")
-    cfg = DataConfig(dataset="kinetics", root=str(dst), train_csv=str(lst), val_csv=str(lst), num_frames=4,
-                     sampling="stride", stride=2, size=32, decode_timeout_s=0.0, on_error="raise")
+    cfg = DataConfig(
+        dataset="kinetics",
+        root=str(dst),
+        train_csv=str(lst),
+        val_csv=str(lst),
+        num_frames=4,
+        sampling="stride",
+        stride=2,
+        size=32,
+        decode_timeout_s=0.0,
+        on_error="raise",
+    )
     assert "idx" not in load_manifest(dst)  # the video is absent until re-chunked, never wrong
     with pytest.raises(ValueError, match="lists no decodable chunks"):
         build_dataset(cfg, "val")
@@ -91,8 +115,18 @@ def test_dataset_refuses_a_row_whose_file_was_replaced(fifteen_fps_set) -> None:
     (dst / "manifest.jsonl").write_text(old_rows)
     lst = dst.parent / "list.txt"
     lst.write_text("idx.mp4 0\n")
-    cfg = DataConfig(dataset="kinetics", root=str(dst), train_csv=str(lst), val_csv=str(lst), num_frames=4,
-                     sampling="stride", stride=2, size=32, decode_timeout_s=0.0, on_error="raise")
+    cfg = DataConfig(
+        dataset="kinetics",
+        root=str(dst),
+        train_csv=str(lst),
+        val_csv=str(lst),
+        num_frames=4,
+        sampling="stride",
+        stride=2,
+        size=32,
+        decode_timeout_s=0.0,
+        on_error="raise",
+    )
     with pytest.raises(DataError, match=r"idx/\d+\.mp4: file does not match its manifest row"):
         build_dataset(cfg, "val")[0]
     skip = build_dataset(replace(cfg, on_error="skip"), "val")
@@ -146,8 +180,9 @@ def test_webm_sources_are_reencoded_to_h264_with_the_right_frames(codec, tmp_pat
         assert f.streams.video[0].codec_context.name == "h264"
     lst = tmp_path / "l.txt"
     lst.write_text("12345.webm 0\n")
-    cfg = DataConfig(dataset="kinetics", root=str(tmp_path / "dst"), train_csv=str(lst), val_csv=str(lst),
-                     decode_timeout_s=0.0)
+    cfg = DataConfig(
+        dataset="kinetics", root=str(tmp_path / "dst"), train_csv=str(lst), val_csv=str(lst), decode_timeout_s=0.0
+    )
     ds = build_dataset(cfg, "val")
     got = ds.decoder.decode(entry.chunks[1].path, [0, 5, 59])
     assert [read_frame_index(f) for f in got.numpy()] == [60, 65, 119]

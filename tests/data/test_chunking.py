@@ -44,7 +44,7 @@ def _sar_source(path, width: int, height: int, sar, band: tuple[int, int]):
         s.width, s.height, s.pix_fmt = width, height, "yuv420p"
         s.codec_context.sample_aspect_ratio = sar
         img = np.zeros((height, width, 3), np.uint8)
-        img[:, band[0]:band[1]] = 255
+        img[:, band[0] : band[1]] = 255
         for _ in range(10):
             for pkt in s.encode(av.VideoFrame.from_ndarray(img, format="rgb24")):
                 c.mux(pkt)
@@ -135,8 +135,9 @@ def test_cli_exit_code(tmp_path, capsys) -> None:
     write_video(src / "ok.mp4", 10, 32, 32, fps=10)
     assert chunking.main([str(src), str(tmp_path / "d1"), "--chunk-seconds", "1", "--no-progress"]) == 0
     (src / "bad.mp4").write_bytes(b"\x00" * 100)
-    assert chunking.main([str(src), str(tmp_path / "d2"), "--chunk-seconds", "1", "--no-progress",
-                          "--workers", "1"]) == 1
+    assert (
+        chunking.main([str(src), str(tmp_path / "d2"), "--chunk-seconds", "1", "--no-progress", "--workers", "1"]) == 1
+    )
     captured = capsys.readouterr()
     assert "FAILED" in captured.out and str(src / "bad.mp4") in captured.out
     assert chunking.main([str(tmp_path / "missing"), str(tmp_path / "d3")]) == 2
@@ -146,8 +147,19 @@ def test_avion_ds_cli_dispatches_synth_and_chunk(tmp_path) -> None:
     from avion_ds.cli import main as cli
 
     assert cli(["synth", str(tmp_path / "syn"), "--num-videos", "1", "--segments-per-video", "2"]) == 0
-    assert cli(["chunk", str(tmp_path / "syn" / "videos"), str(tmp_path / "chunks"), "--chunk-seconds", "2",
-                "--no-progress"]) == 0
+    assert (
+        cli(
+            [
+                "chunk",
+                str(tmp_path / "syn" / "videos"),
+                str(tmp_path / "chunks"),
+                "--chunk-seconds",
+                "2",
+                "--no-progress",
+            ]
+        )
+        == 0
+    )
     entry = load_manifest(tmp_path / "chunks")["P01_101"]
     assert entry.num_frames == 4 * 30 and (entry.width, entry.height) == (96, 72)  # 4 s at 30 fps, not upscaled
 
@@ -157,8 +169,16 @@ def test_manifest_after_an_interrupted_rerun(tmp_path) -> None:
     from avion_ds.data.prep.manifest import dedupe_records
 
     def rec(vid, start, frames, job):
-        return {"video_id": vid, "path": f"{vid}/{start}.mp4", "start_frame": start, "frames": frames, "fps": 30.0,
-                "width": 64, "height": 48, "job": job}
+        return {
+            "video_id": vid,
+            "path": f"{vid}/{start}.mp4",
+            "start_frame": start,
+            "frames": frames,
+            "fps": 30.0,
+            "width": 64,
+            "height": 48,
+            "job": job,
+        }
 
     old = [rec("a", 0, 450, 1), rec("a", 450, 450, 1), rec("a", 900, 10, 1), rec("b", 0, 30, 1)]
     new = [rec("a", 0, 450, 2), rec("a", 450, 449, 2)]  # the re-run of "a" got two chunks in before dying
@@ -166,7 +186,10 @@ def test_manifest_after_an_interrupted_rerun(tmp_path) -> None:
     (tmp_path / "manifest.jsonl").write_text(text)
     recs = dedupe_records(read_manifest_records(tmp_path))
     assert sorted((r["video_id"], r["start_frame"], r["frames"]) for r in recs) == [
-        ("a", 0, 450), ("a", 450, 449), ("b", 0, 30)]
+        ("a", 0, 450),
+        ("a", 450, 449),
+        ("b", 0, 30),
+    ]
     videos = load_manifest(tmp_path)
     assert videos["a"].num_frames == 899 and videos["b"].num_frames == 30
 

@@ -17,11 +17,24 @@ from avion_ds.data.prep.synthetic import make_synthetic_epic, write_video
 from tests.helpers import REPO, launch, run_process
 
 pytestmark = pytest.mark.multiprocess
-TINY = ["model.name=vit_test_tiny", "model.pretrained=null", "model.activation_checkpointing=false",
-        "batch.global_batch=2", "batch.micro_batch=2", "eval.batch_size=2", "schedule.epochs=1",
-        "schedule.steps_per_epoch=1", "schedule.warmup_epochs=0", "eval.every_epochs=1", "data.workers=0",
-        "data.decode_timeout_s=0", "logging.tensorboard=false", "logging.progress=false", "precision=fp32",
-        "checkpoint.every_steps=0"]
+TINY = [
+    "model.name=vit_test_tiny",
+    "model.pretrained=null",
+    "model.activation_checkpointing=false",
+    "batch.global_batch=2",
+    "batch.micro_batch=2",
+    "eval.batch_size=2",
+    "schedule.epochs=1",
+    "schedule.steps_per_epoch=1",
+    "schedule.warmup_epochs=0",
+    "eval.every_epochs=1",
+    "data.workers=0",
+    "data.decode_timeout_s=0",
+    "logging.tensorboard=false",
+    "logging.progress=false",
+    "precision=fp32",
+    "checkpoint.every_steps=0",
+]
 
 
 def _cli(*args: str, timeout: int = 300) -> str:
@@ -44,13 +57,32 @@ def _inproc(capsys, *args: str) -> tuple[int, str]:
     return code, capsys.readouterr().out
 
 
-def _flow(capsys, tmp: Path, recipe: str, src: Path, data: list[str], corrupt: str, fail: str,
-          standalone_eval: bool = False) -> tuple[dict, str]:
+def _flow(
+    capsys, tmp: Path, recipe: str, src: Path, data: list[str], corrupt: str, fail: str, standalone_eval: bool = False
+) -> tuple[dict, str]:
     """chunk SRC; corrupt one chunk; check (exit 1, quarantined); corrupt another (missed by the check);
     train 1 step + its eval; optionally `avion-ds eval` too. Returns (eval report, train log)."""
     chunks = tmp / "chunks"
-    assert _inproc(capsys, "chunk", str(src), str(chunks), "--chunk-seconds", "2", "--short-side", "48", "--fps", "10",
-                   "--gop", "5", "--workers", "1", "--no-progress")[0] == 0
+    assert (
+        _inproc(
+            capsys,
+            "chunk",
+            str(src),
+            str(chunks),
+            "--chunk-seconds",
+            "2",
+            "--short-side",
+            "48",
+            "--fps",
+            "10",
+            "--gop",
+            "5",
+            "--workers",
+            "1",
+            "--no-progress",
+        )[0]
+        == 0
+    )
     bad = chunks / corrupt
     bad.write_bytes(bad.read_bytes()[:200])  # a damaged file: caught by the check
     sets = [*TINY, f"data.root={chunks}", f"output_dir={tmp / 'run'}", *data]
@@ -59,9 +91,18 @@ def _flow(capsys, tmp: Path, recipe: str, src: Path, data: list[str], corrupt: s
     assert f"QUARANTINED {corrupt}: file does not match its manifest row" in out
     assert corrupt in read_quarantine(chunks / "quarantine.tsv")
     (chunks / fail).write_bytes(b"\x00" * 64)  # broken after the check: evaluation reports it as failed
-    proc = launch(["--config", REPO / "launch" / "recipes" / recipe,
-                   "--deepspeed_config", REPO / "ds_configs" / "zero0.json", *_sets(sets)],
-                  nprocs=1, launcher="python", timeout=400)
+    proc = launch(
+        [
+            "--config",
+            REPO / "launch" / "recipes" / recipe,
+            "--deepspeed_config",
+            REPO / "ds_configs" / "zero0.json",
+            *_sets(sets),
+        ],
+        nprocs=1,
+        launcher="python",
+        timeout=400,
+    )
     log = proc.stdout + proc.stderr
     assert proc.returncode == 0, log[-4000:]
     report = json.loads((tmp / "run" / "metrics.json").read_text())["eval"]
@@ -79,9 +120,14 @@ def _videos(folder: Path, names: list[str], frames: int = 30) -> None:
 
 
 def test_k400_style(tmp_path: Path, capsys) -> None:
-    rows = [("abseiling", "tr_a", 0, 10, "train"), ("air drumming", "tr_b", 3, 13, "train"),
-            ("abseiling", "va_ok", 1, 11, "validate"), ("air drumming", "va_missing", 2, 12, "validate"),
-            ("abseiling", "va_bad", 4, 14, "validate"), ("air drumming", "va_fail", 5, 15, "validate")]
+    rows = [
+        ("abseiling", "tr_a", 0, 10, "train"),
+        ("air drumming", "tr_b", 3, 13, "train"),
+        ("abseiling", "va_ok", 1, 11, "validate"),
+        ("air drumming", "va_missing", 2, 12, "validate"),
+        ("abseiling", "va_bad", 4, 14, "validate"),
+        ("air drumming", "va_fail", 5, 15, "validate"),
+    ]
     for label, yt, a, b, _ in rows:
         if yt != "va_missing":  # a real K400 copy lacks some videos
             _videos(tmp_path / "k400" / label, [f"{kinetics_stem(yt, a, b)}.mp4"])
@@ -91,8 +137,16 @@ def test_k400_style(tmp_path: Path, capsys) -> None:
             w.writerow(["label", "youtube_id", "time_start", "time_end", "split"])
             w.writerows(r for r in rows if r[4] == split)
     data = [f"data.train_csv={tmp_path / 'train.csv'}", f"data.val_csv={tmp_path / 'validate.csv'}"]
-    ev, log = _flow(capsys, tmp_path, "vit_b_k400.yaml", tmp_path / "k400", data,
-                    corrupt="va_bad_000004_000014/2.mp4", fail="va_fail_000005_000015/0.mp4", standalone_eval=True)
+    ev, log = _flow(
+        capsys,
+        tmp_path,
+        "vit_b_k400.yaml",
+        tmp_path / "k400",
+        data,
+        corrupt="va_bad_000004_000014/2.mp4",
+        fail="va_fail_000005_000015/0.mp4",
+        standalone_eval=True,
+    )
     assert "data val: 2 samples; skipped up front: 1 rows with missing videos, 1 quarantined rows (listed in" in log
     listed = (tmp_path / "run" / "skipped_rows_val.txt").read_text().splitlines()
     assert len(listed) == 2 and "va_missing_000002_000012" in listed[0] and "va_bad_000004_000014" in listed[1]
@@ -116,8 +170,9 @@ def test_ssv2_style_webm(tmp_path: Path, transcode, capsys) -> None:
     ann.mkdir()
     (ann / "labels.json").write_text(json.dumps(labels))
     for split, vids in ids.items():
-        (ann / f"{split}.json").write_text(json.dumps(
-            [{"id": v, "label": "x", "template": tpl[int(v) % 2], "placeholders": ["x"]} for v in vids]))
+        (ann / f"{split}.json").write_text(
+            json.dumps([{"id": v, "label": "x", "template": tpl[int(v) % 2], "placeholders": ["x"]} for v in vids])
+        )
     data = [f"data.train_csv={ann / 'train.json'}", f"data.val_csv={ann / 'validation.json'}"]
     ev, log = _flow(capsys, tmp_path, "vit_b_ssv2.yaml", src, data, corrupt="5/0.mp4", fail="6/2.mp4")
     assert "data val: 2 samples; skipped up front: 1 rows with missing videos, 1 quarantined rows" in log
@@ -126,8 +181,17 @@ def test_ssv2_style_webm(tmp_path: Path, transcode, capsys) -> None:
 
 
 def test_epic_style(tmp_path: Path, capsys) -> None:
-    raw = make_synthetic_epic(tmp_path / "epic", num_videos=2, segments_per_video=4, segment_seconds=1.5,
-                              width=64, height=48, fps=10, seed=3, val_fraction=0.5)
+    raw = make_synthetic_epic(
+        tmp_path / "epic",
+        num_videos=2,
+        segments_per_video=4,
+        segment_seconds=1.5,
+        width=64,
+        height=48,
+        fps=10,
+        seed=3,
+        val_fraction=0.5,
+    )
     with open(raw["val_csv"], newline="") as f:
         val = list(csv.DictReader(f))
     extra = dict(val[0], narration_id="P09_999_0", video_id="P09_999")  # its video was never downloaded
@@ -137,7 +201,9 @@ def test_epic_style(tmp_path: Path, capsys) -> None:
     # 6 s videos in 2 s chunks; val rows (seed 3): P01_101_1 1.6-2.9 s, P01_101_2 3.1-4.4 s (both read
     # P01_101/2.mp4), P02_102_0 0.1-1.4 s (P02_102/0.mp4), P02_102_1 1.6-2.9 s (also P02_102/2.mp4)
     assert [r["narration_id"] for r in val] == ["P01_101_1", "P01_101_2", "P02_102_0", "P02_102_1"]
-    ev, log = _flow(capsys, tmp_path, "vit_b_epic.yaml", raw["videos"], data, corrupt="P01_101/2.mp4", fail="P02_102/2.mp4")
+    ev, log = _flow(
+        capsys, tmp_path, "vit_b_epic.yaml", raw["videos"], data, corrupt="P01_101/2.mp4", fail="P02_102/2.mp4"
+    )
     assert "data val: 2 samples; skipped up front: 1 rows with missing videos, 2 quarantined rows" in log
     assert (ev["protocol"], ev["views"], ev["annotation_rows"], ev["samples_evaluated"]) == ("epic", 1, 5, 1)
     assert ev["num_missing"] == 1 and "P09_999_0" in ev["missing"][0]

@@ -44,8 +44,17 @@ def test_one_crop_per_clip_across_chunks(index_chunks, decode_all, tmp_path, mon
     """A clip spanning two chunks is cut with ONE box (AVION sampled one per chunk)."""
     lst = tmp_path / "list.txt"
     lst.write_text("idx.mp4 0\n")
-    cfg = DataConfig(dataset="kinetics", root=str(index_chunks), train_csv=str(lst), val_csv=str(lst),
-                     num_frames=8, sampling="stride", stride=3, size=24, decode_timeout_s=0.0)
+    cfg = DataConfig(
+        dataset="kinetics",
+        root=str(index_chunks),
+        train_csv=str(lst),
+        val_csv=str(lst),
+        num_frames=8,
+        sampling="stride",
+        stride=3,
+        size=24,
+        decode_timeout_s=0.0,
+    )
     ds = build_dataset(cfg, "train", seed=1)
     entry = load_manifest(index_chunks)["idx"]
     for i in range(6):
@@ -59,7 +68,9 @@ def test_one_crop_per_clip_across_chunks(index_chunks, decode_all, tmp_path, mon
     box = random_resized_crop(72, 96, (0.5, 1.0), (0.75, 1.3333333), rng)
     seen = []
     real = type(ds.decoder).decode
-    monkeypatch.setattr(type(ds.decoder), "decode", lambda self, p, ind, crop=None: seen.append(crop) or real(self, p, ind, crop))
+    monkeypatch.setattr(
+        type(ds.decoder), "decode", lambda self, p, ind, crop=None: seen.append(crop) or real(self, p, ind, crop)
+    )
     frames = ds[0]["frames"]
     assert len(seen) == 2 and seen[0] == seen[1] and seen[0].box == box
     want = crop_resize(decode_all(index_chunks.parent / "src" / "idx.mp4")[idx], box, (24, 24))
@@ -70,8 +81,16 @@ def test_clip_frames_come_from_the_right_chunk_and_clamp(index_chunks, tmp_path)
     """Uncropped reads: barcodes show the global frame indices, across chunks and clamped past the end."""
     lst = tmp_path / "list.csv"
     lst.write_text("path,label\nidx.mp4,1\n")
-    cfg = DataConfig(dataset="kinetics", root=str(index_chunks), train_csv=str(lst), val_csv=str(lst),
-                     num_frames=8, sampling="segment", size=72, decode_timeout_s=0.0)
+    cfg = DataConfig(
+        dataset="kinetics",
+        root=str(index_chunks),
+        train_csv=str(lst),
+        val_csv=str(lst),
+        num_frames=8,
+        sampling="segment",
+        size=72,
+        decode_timeout_s=0.0,
+    )
     ds = build_dataset(cfg, "val")
     assert ds[0]["frames"].shape == (8, 72, 72, 3)  # centre square of the 96x72 chunks
     entry = load_manifest(index_chunks)["idx"]
@@ -90,9 +109,18 @@ def test_kinetics_list_formats_and_whole_videos(index_video, index_chunks, tmp_p
         lst = tmp_path / "l.txt"
         lst.write_text(text)
         for root, chunked in ((index_chunks, True), (src_root, False)):
-            cfg = DataConfig(dataset="kinetics", root=str(root), chunked=chunked, train_csv=str(lst),
-                             val_csv=str(lst), num_frames=4, sampling="stride", stride=4, size=32,
-                             decode_timeout_s=0.0)
+            cfg = DataConfig(
+                dataset="kinetics",
+                root=str(root),
+                chunked=chunked,
+                train_csv=str(lst),
+                val_csv=str(lst),
+                num_frames=4,
+                sampling="stride",
+                stride=4,
+                size=32,
+                decode_timeout_s=0.0,
+            )
             ds = build_dataset(cfg, "train")
             item = ds[0]
             assert ds.num_classes == 3 and item["label"] == 2 and item["frames"].shape == (4, 32, 32, 3)
@@ -109,8 +137,17 @@ def test_multi_view_shapes(dataset, epic_cfg, index_chunks, tmp_path) -> None:
     if dataset == "kinetics":
         lst = tmp_path / "k.txt"
         lst.write_text("idx.mp4 0\n")
-        epic_cfg = DataConfig(dataset="kinetics", root=str(index_chunks), train_csv=str(lst), val_csv=str(lst),
-                              num_frames=4, sampling="stride", stride=2, size=32, decode_timeout_s=0.0)
+        epic_cfg = DataConfig(
+            dataset="kinetics",
+            root=str(index_chunks),
+            train_csv=str(lst),
+            val_csv=str(lst),
+            num_frames=4,
+            sampling="stride",
+            stride=2,
+            size=32,
+            decode_timeout_s=0.0,
+        )
     ds = build_dataset(epic_cfg, "val", temporal_views=2, spatial_views=3)
     frames = ds[0]["frames"]
     assert frames.shape == (6, 4, 32, 32, 3)
@@ -212,7 +249,8 @@ def test_unknown_videos_are_dropped_listed_and_counted_at_start(epic_copy, epic_
     assert len(ds.missing) == 2 and all("video 'P99_999' not found" in m for m in ds.missing)
     assert "P99_999_0" in ds.missing[0] and f"{csv_path}:2" in ds.missing[0]
     assert [r.getMessage() for r in caplog.records if "annotation rows usable" in r.getMessage()] == [
-        f"train split: 1 of 3 annotation rows usable; 2 missing videos, 0 quarantined; first: {ds.missing[0]}"]
+        f"train split: 1 of 3 annotation rows usable; 2 missing videos, 0 quarantined; first: {ds.missing[0]}"
+    ]
     with pytest.raises(ValueError, match="none of its 1 rows is usable"):
         _write_rows(csv_path, [bad])
         build_dataset(replace(cfg, train_csv=str(csv_path), val_csv=""), "train")
@@ -250,7 +288,8 @@ def test_timeout_skips_a_hung_sample(epic_cfg, tmp_path, monkeypatch, caplog) ->
         "    def _decode(self, path, indices, crop):\n"
         "        if path.endswith('/0.mp4'):\n            time.sleep(120)\n"
         "        return super()._decode(path, indices, crop)\n"
-        "register_backend('slow', Slow)\n")
+        "register_backend('slow', Slow)\n"
+    )
     monkeypatch.syspath_prepend(str(tmp_path))
     monkeypatch.setenv("PYTHONPATH", str(tmp_path))
     monkeypatch.setenv(decoders.PLUGINS_ENV, "slow_plugin")

@@ -36,8 +36,16 @@ def reference(path: str, local: list[int], box, size: int | None) -> torch.Tenso
     x = torch.from_numpy(vr.get_batch(local).asnumpy())
     if box is None:
         return x
-    x = F.resized_crop(x.permute(0, 3, 1, 2), box.top, box.left, box.height, box.width, [size, size],
-                       interpolation=F.InterpolationMode.BILINEAR, antialias=True)
+    x = F.resized_crop(
+        x.permute(0, 3, 1, 2),
+        box.top,
+        box.left,
+        box.height,
+        box.width,
+        [size, size],
+        interpolation=F.InterpolationMode.BILINEAR,
+        antialias=True,
+    )
     return x.permute(0, 2, 3, 1)
 
 
@@ -136,7 +144,9 @@ def test_helper_hands_out_regions_only_while_free(chunk) -> None:
         held = [dec.decode(chunk.path, c, spec) for c in clips]
         for c, frames in zip(clips, held, strict=True):
             assert torch.equal(frames, inproc.decode(chunk.path, c, spec)), c
-        assert dec.region_states() == ["in use"] * SLOTS  # all regions in use: the last three were copied out of the scratch
+        assert (
+            dec.region_states() == ["in use"] * SLOTS
+        )  # all regions in use: the last three were copied out of the scratch
         del held[:2]
         again = dec.decode(chunk.path, clips[0], spec)
         assert torch.equal(again, inproc.decode(chunk.path, clips[0], spec))

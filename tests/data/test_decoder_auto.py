@@ -17,6 +17,7 @@ def _fake_probe(times: dict[str, float], calls: list):
     def probe(path, frames, h, w, size, names, timeout_s=0.0, repeats=3, exact=False):
         calls.append(path)
         return {n: times[n] for n in names}
+
     return probe
 
 

@@ -102,10 +102,16 @@ def bad_files(tmp_path_factory, index_video):
 
 
 @pytest.mark.parametrize("name", BACKENDS)
-@pytest.mark.parametrize("case,reason", [
-    ("missing.mp4", "file not found"), ("zero.mp4", "zero-byte file"), ("text.mp4", "could not decode"),
-    ("trunc.mp4", "could not decode"), ("short.mp4", "asked for frame 20"),
-])
+@pytest.mark.parametrize(
+    "case,reason",
+    [
+        ("missing.mp4", "file not found"),
+        ("zero.mp4", "zero-byte file"),
+        ("text.mp4", "could not decode"),
+        ("trunc.mp4", "could not decode"),
+        ("short.mp4", "asked for frame 20"),
+    ],
+)
 def test_bad_files_raise_one_line_data_error(name, case, reason, bad_files) -> None:
     path = bad_files / case
     with pytest.raises(DataError) as e:
@@ -117,7 +123,7 @@ def test_bad_files_raise_one_line_data_error(name, case, reason, bad_files) -> N
     assert reason in msg
 
 
-HANG_PLUGIN = '''
+HANG_PLUGIN = """
 import os, time
 from avion_ds.data.decode.select import Decoder, register_backend
 
@@ -132,7 +138,7 @@ class Hang(Decoder):
         return np.zeros((len(indices), 4, 4, 3), np.uint8), crop is None
 
 register_backend("hang", Hang)
-'''
+"""
 
 
 @pytest.fixture()
@@ -205,8 +211,19 @@ def _threads_started_by_decode(name: str, crop: bool, video: Path) -> int:
     if unshare is None:
         pytest.skip("needs util-linux's unshare")
     userns = [] if os.geteuid() == 0 else ["--user", "--map-root-user"]
-    cmd = [unshare, *userns, "--pid", "--fork", sys.executable, "-c", _COUNT_THREADS, name, "1" if crop else "0",
-           str(video), ",".join(map(str, IDX))]
+    cmd = [
+        unshare,
+        *userns,
+        "--pid",
+        "--fork",
+        sys.executable,
+        "-c",
+        _COUNT_THREADS,
+        name,
+        "1" if crop else "0",
+        str(video),
+        ",".join(map(str, IDX)),
+    ]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
     line = next((ln for ln in proc.stdout.splitlines() if ln.startswith("THREADS ")), None)
     if line is None and "unshare" in proc.stderr and proc.returncode != 0:

@@ -24,8 +24,12 @@ SPEC = "rand-m7-n4-mstd0.5-inc1"
 def _image(seed: int = 0) -> torch.Tensor:
     g = torch.Generator().manual_seed(seed)
     base = torch.randint(0, 256, (1, 8, 8, 3), generator=g, dtype=torch.uint8).float()
-    return torch.nn.functional.interpolate(base.permute(0, 3, 1, 2), size=(48, 48), mode="bilinear")[0].permute(
-        1, 2, 0).round().to(torch.uint8)  # smooth, so geometric ops change it visibly
+    return (
+        torch.nn.functional.interpolate(base.permute(0, 3, 1, 2), size=(48, 48), mode="bilinear")[0]
+        .permute(1, 2, 0)
+        .round()
+        .to(torch.uint8)
+    )  # smooth, so geometric ops change it visibly
 
 
 def test_randaugment_applies_the_same_ops_to_every_frame() -> None:
@@ -105,7 +109,7 @@ def _erased_boxes(x: torch.Tensor, clean: torch.Tensor) -> list[list[tuple[int, 
                 continue
             rows, cols = diff.any(1).nonzero().flatten(), diff.any(0).nonzero().flatten()
             r0, r1, c0, c1 = int(rows.min()), int(rows.max()), int(cols.min()), int(cols.max())
-            assert diff[r0:r1 + 1, c0:c1 + 1].float().mean() > 0.99  # one filled rectangle
+            assert diff[r0 : r1 + 1, c0 : c1 + 1].float().mean() > 0.99  # one filled rectangle
             frames.append((r0, c0, r1 - r0 + 1, c1 - c0 + 1))
         out.append(frames)
     return out
@@ -132,7 +136,7 @@ def test_random_erasing_is_one_box_per_clip_as_videomae() -> None:
         assert frame_boxes[0] == want[b], (b, frame_boxes[0], want[b])  # seeded: the reference's boxes
         if want[b] is not None:
             top, left, h, w = want[b]
-            region = x[b, :, :, top:top + h, left:left + w]
+            region = x[b, :, :, top : top + h, left : left + w]
             assert not torch.equal(region[:, 0], region[:, 1])  # fresh noise per frame
             assert abs(float(region.mean())) < 0.5 and 0.6 < float(region.std()) < 1.4  # normal noise
             assert torch.equal(x[b, :, :, :top], clean[b, :, :, :top])  # nothing outside the box
@@ -161,14 +165,25 @@ def test_random_erasing_rate_and_box_sizes() -> None:
 def test_repeated_augmentation_decodes_once_and_gives_views(index_chunks, tmp_path, monkeypatch, decode_all) -> None:
     lst = tmp_path / "l.txt"
     lst.write_text("idx.mp4 1\n")
-    cfg = DataConfig(dataset="kinetics", root=str(index_chunks), train_csv=str(lst), val_csv=str(lst), num_frames=4,
-                     sampling="stride", stride=2, size=32, decode_timeout_s=0.0, num_sample=3,
-                     interpolation="bicubic")
+    cfg = DataConfig(
+        dataset="kinetics",
+        root=str(index_chunks),
+        train_csv=str(lst),
+        val_csv=str(lst),
+        num_frames=4,
+        sampling="stride",
+        stride=2,
+        size=32,
+        decode_timeout_s=0.0,
+        num_sample=3,
+        interpolation="bicubic",
+    )
     ds = build_dataset(cfg, "train", seed=5)
     calls = []
     real = type(ds.decoder).decode
-    monkeypatch.setattr(type(ds.decoder), "decode",
-                        lambda self, p, ind, crop=None: calls.append(crop) or real(self, p, ind, crop))
+    monkeypatch.setattr(
+        type(ds.decoder), "decode", lambda self, p, ind, crop=None: calls.append(crop) or real(self, p, ind, crop)
+    )
     item = ds[0]
     assert item["frames"].shape == (3, 4, 32, 32, 3)
     assert all(c.box is None and c.size is None for c in calls)  # whole frames decoded once, cropped 3 times
@@ -181,8 +196,12 @@ def test_repeated_augmentation_decodes_once_and_gives_views(index_chunks, tmp_pa
     assert len(calls) == len(map_to_chunks(idx, entry))  # one read per chunk, not one per view
     for s in range(3):
         box = random_resized_crop(72, 96, (0.5, 1.0), (0.75, 1.3333333), rng)
-        want = TF.resize(ref[:, box.top:box.top + box.height, box.left:box.left + box.width].permute(0, 3, 1, 2),
-                         [32, 32], interpolation=TF.InterpolationMode.BICUBIC, antialias=True).permute(0, 2, 3, 1)
+        want = TF.resize(
+            ref[:, box.top : box.top + box.height, box.left : box.left + box.width].permute(0, 3, 1, 2),
+            [32, 32],
+            interpolation=TF.InterpolationMode.BICUBIC,
+            antialias=True,
+        ).permute(0, 2, 3, 1)
         assert (item["frames"][s].float() - want.float()).abs().mean() < 4.0, s
     # the device side repeats labels per view
     x, y = DeviceAugment(cfg, 2, train=True)(item["frames"][None], torch.tensor([1]))
@@ -192,7 +211,8 @@ def test_repeated_augmentation_decodes_once_and_gives_views(index_chunks, tmp_pa
 def test_bicubic_crop_resize_matches_torchvision() -> None:
     f = _image().expand(2, -1, -1, -1).contiguous()
     got = crop_resize(f, None, (20, 20), "bicubic")
-    want = TF.resize(f.permute(0, 3, 1, 2), [20, 20], interpolation=TF.InterpolationMode.BICUBIC,
-                     antialias=True).permute(0, 2, 3, 1)
+    want = TF.resize(
+        f.permute(0, 3, 1, 2), [20, 20], interpolation=TF.InterpolationMode.BICUBIC, antialias=True
+    ).permute(0, 2, 3, 1)
     assert torch.equal(got, want)
     assert not torch.equal(crop_resize(f, None, (20, 20)), got)

@@ -17,8 +17,11 @@ from avion_ds.data.prep.chunking import chunk_videos
 from avion_ds.data.prep.synthetic import write_video
 
 K400_ROWS = [  # label, youtube_id, time_start, time_end, split; "zumba" clip is missing on disk
-    ("air drumming", "aaa", 14, 24, "train"), ("abseiling", "bbb", 0, 10, "train"),
-    ("zumba", "ccc", 30, 40, "train"), ("abseiling", "ddd", 5, 15, "train"), ("air drumming", "eee", 1, 11, "train"),
+    ("air drumming", "aaa", 14, 24, "train"),
+    ("abseiling", "bbb", 0, 10, "train"),
+    ("zumba", "ccc", 30, 40, "train"),
+    ("abseiling", "ddd", 5, 15, "train"),
+    ("air drumming", "eee", 1, 11, "train"),
 ]
 
 
@@ -49,9 +52,19 @@ def test_kinetics_stem() -> None:
 @pytest.mark.parametrize("chunked", [True, False])
 def test_official_csv_sorted_classes_and_missing(k400, chunked, caplog) -> None:
     root = k400["chunks"] if chunked else k400["videos"]
-    cfg = DataConfig(dataset="kinetics", root=str(root), chunked=chunked, train_csv=str(k400["csv"]),
-                     val_csv=str(k400["csv"]), num_frames=4, sampling="stride", stride=2, size=32,
-                     decode_timeout_s=0.0, on_error="raise")
+    cfg = DataConfig(
+        dataset="kinetics",
+        root=str(root),
+        chunked=chunked,
+        train_csv=str(k400["csv"]),
+        val_csv=str(k400["csv"]),
+        num_frames=4,
+        sampling="stride",
+        stride=2,
+        size=32,
+        decode_timeout_s=0.0,
+        on_error="raise",
+    )
     with caplog.at_level(logging.WARNING):
         ds = build_dataset(cfg, "train")
     assert ds.classes == ["abseiling", "air drumming", "zumba"] and ds.num_classes == 3
@@ -65,8 +78,14 @@ def test_official_csv_sorted_classes_and_missing(k400, chunked, caplog) -> None:
 def test_class_list_file_and_unknown_label(k400, tmp_path) -> None:
     classes = tmp_path / "classes.txt"
     classes.write_text("zumba\nair drumming\nabseiling\n")
-    cfg = DataConfig(dataset="kinetics", root=str(k400["chunks"]), train_csv=str(k400["csv"]), val_csv="",
-                     class_list=str(classes), decode_timeout_s=0.0)
+    cfg = DataConfig(
+        dataset="kinetics",
+        root=str(k400["chunks"]),
+        train_csv=str(k400["csv"]),
+        val_csv="",
+        class_list=str(classes),
+        decode_timeout_s=0.0,
+    )
     ds = build_dataset(cfg, "train")
     assert ds.num_classes == 3 and {ds.row_name(i): ds.rows[i][3] for i in range(len(ds))}["aaa_000014_000024"] == 1
     classes.write_text("zumba\nabseiling\n")
@@ -88,8 +107,16 @@ def test_class_list_file_and_unknown_label(k400, tmp_path) -> None:
     lst = tmp_path / "ints.txt"  # integer labels with a class list: taken as indices
     lst.write_text("abseiling/bbb_000000_000010.mp4 2\n")
     classes.write_text("zumba\nair drumming\nabseiling\n")
-    ds = build_dataset(DataConfig(dataset="kinetics", root=str(k400["chunks"]), train_csv=str(lst),
-                                  class_list=str(classes), decode_timeout_s=0.0), "train")
+    ds = build_dataset(
+        DataConfig(
+            dataset="kinetics",
+            root=str(k400["chunks"]),
+            train_csv=str(lst),
+            class_list=str(classes),
+            decode_timeout_s=0.0,
+        ),
+        "train",
+    )
     assert ds.rows[0][3] == 2 and ds.num_classes == 3
 
 
@@ -97,15 +124,27 @@ def test_videomae_path_label_list_with_a_missing_video(k400, tmp_path) -> None:
     lst = tmp_path / "train.txt"
     lst.write_text("abseiling/bbb_000000_000010.mp4 0\nnope/missing.mp4 2\nddd_000005_000015.mp4 0\n")
     for root, chunked in ((k400["videos"], False), (k400["chunks"], True)):
-        cfg = DataConfig(dataset="kinetics", root=str(root), chunked=chunked, train_csv=str(lst), val_csv="",
-                         decode_timeout_s=0.0, num_frames=2, size=32, on_error="raise")
+        cfg = DataConfig(
+            dataset="kinetics",
+            root=str(root),
+            chunked=chunked,
+            train_csv=str(lst),
+            val_csv="",
+            decode_timeout_s=0.0,
+            num_frames=2,
+            size=32,
+            on_error="raise",
+        )
         ds = build_dataset(cfg, "train")
         assert len(ds) == 2 and len(ds.missing) == 1 and ds.num_classes == 3
         assert [ds[i]["label"] for i in range(2)] == [0, 0]
 
 
-LABELS = {"Pushing something from left to right": "0", "Pushing something from right to left": "1",
-          "Putting number of something onto something": "2"}
+LABELS = {
+    "Pushing something from left to right": "0",
+    "Pushing something from right to left": "1",
+    "Putting number of something onto something": "2",
+}
 
 
 @pytest.fixture(scope="module")
@@ -115,11 +154,21 @@ def ssv2(tmp_path_factory, transcode) -> dict:
     for vid in ("101", "102", "103"):
         transcode(mp4, root / "videos" / f"{vid}.webm", "libvpx-vp9" if vid != "102" else "libvpx", "webm")
     (root / "labels.json").write_text(json.dumps(LABELS))
-    train = [{"id": "101", "label": "pushing a cup from left to right", "template": "Pushing [something] from left to right",
-              "placeholders": ["a cup"]},
-             {"id": "102", "label": "putting 2 pens onto a book", "template": "Putting [number of] [something] onto [something]",
-              "placeholders": ["2", "pens", "a book"]},
-             {"id": "999", "label": "missing", "template": "Pushing [something] from right to left", "placeholders": ["x"]}]
+    train = [
+        {
+            "id": "101",
+            "label": "pushing a cup from left to right",
+            "template": "Pushing [something] from left to right",
+            "placeholders": ["a cup"],
+        },
+        {
+            "id": "102",
+            "label": "putting 2 pens onto a book",
+            "template": "Putting [number of] [something] onto [something]",
+            "placeholders": ["2", "pens", "a book"],
+        },
+        {"id": "999", "label": "missing", "template": "Pushing [something] from right to left", "placeholders": ["x"]},
+    ]
     (root / "train.json").write_text(json.dumps(train))
     (root / "validation.json").write_text(json.dumps([dict(train[0], id="103")]))
     assert not chunk_videos(root / "videos", root / "chunks", chunk_seconds=1.0, fps=12, progress=False).failed
@@ -127,10 +176,20 @@ def ssv2(tmp_path_factory, transcode) -> dict:
 
 
 def test_ssv2_templates_to_classes_and_missing(ssv2) -> None:
-    assert template_class("Putting [number of] [something] onto [something]") == "Putting number of something onto something"
-    cfg = DataConfig(dataset="ssv2", root=str(ssv2 / "chunks"), train_csv=str(ssv2 / "train.json"),
-                     val_csv=str(ssv2 / "validation.json"), num_frames=4, size=32, decode_timeout_s=0.0,
-                     on_error="raise")
+    assert (
+        template_class("Putting [number of] [something] onto [something]")
+        == "Putting number of something onto something"
+    )
+    cfg = DataConfig(
+        dataset="ssv2",
+        root=str(ssv2 / "chunks"),
+        train_csv=str(ssv2 / "train.json"),
+        val_csv=str(ssv2 / "validation.json"),
+        num_frames=4,
+        size=32,
+        decode_timeout_s=0.0,
+        on_error="raise",
+    )
     ds = build_dataset(cfg, "train")
     assert ds.num_classes == 3 and len(ds) == 2 and len(ds.missing) == 1 and "999" in ds.missing[0]
     assert [ds[i]["label"] for i in range(2)] == [0, 2]
@@ -138,19 +197,24 @@ def test_ssv2_templates_to_classes_and_missing(ssv2) -> None:
 
 
 def test_ssv2_bad_inputs_name_the_culprit(ssv2, tmp_path) -> None:
-    cfg = DataConfig(dataset="ssv2", root=str(ssv2 / "chunks"), train_csv=str(ssv2 / "train.json"), val_csv="",
-                     decode_timeout_s=0.0)
+    cfg = DataConfig(
+        dataset="ssv2", root=str(ssv2 / "chunks"), train_csv=str(ssv2 / "train.json"), val_csv="", decode_timeout_s=0.0
+    )
     bad = tmp_path / "train.json"
     bad.write_text(json.dumps([{"id": "101", "template": "Spinning [something]"}]))
     with pytest.raises(FileNotFoundError, match="labels file not found"):
         build_dataset(DataConfig(**{**cfg.__dict__, "train_csv": str(bad)}), "train")
-    with pytest.raises(ValueError, match=r"entry 1 \(id 101\): template 'Spinning \[something\]' is not in labels.json"):
-        build_dataset(DataConfig(**{**cfg.__dict__, "train_csv": str(bad), "class_list": str(ssv2 / "labels.json")}),
-                      "train")
+    with pytest.raises(
+        ValueError, match=r"entry 1 \(id 101\): template 'Spinning \[something\]' is not in labels.json"
+    ):
+        build_dataset(
+            DataConfig(**{**cfg.__dict__, "train_csv": str(bad), "class_list": str(ssv2 / "labels.json")}), "train"
+        )
     bad.write_text(json.dumps([{"id": "101"}]))
     with pytest.raises(ValueError, match="entry 1 has no id/template"):
-        build_dataset(DataConfig(**{**cfg.__dict__, "train_csv": str(bad), "class_list": str(ssv2 / "labels.json")}),
-                      "train")
+        build_dataset(
+            DataConfig(**{**cfg.__dict__, "train_csv": str(bad), "class_list": str(ssv2 / "labels.json")}), "train"
+        )
 
 
 def test_class_index_beyond_the_class_list_is_refused_at_start_up(k400, tmp_path) -> None:
@@ -159,7 +223,12 @@ def test_class_index_beyond_the_class_list_is_refused_at_start_up(k400, tmp_path
     classes.write_text("abseiling\nair drumming\n")
     val = tmp_path / "val.csv"
     val.write_text("label,youtube_id,time_start,time_end,split\n1,bbb,0,10,val\n7,aaa,14,24,val\n")
-    cfg = DataConfig(dataset="kinetics", root=str(k400["chunks"]), train_csv=str(k400["csv"]), val_csv=str(val),
-                     class_list=str(classes))
+    cfg = DataConfig(
+        dataset="kinetics",
+        root=str(k400["chunks"]),
+        train_csv=str(k400["csv"]),
+        val_csv=str(val),
+        class_list=str(classes),
+    )
     with pytest.raises(ValueError, match=r"val.csv:3: label '7' is not a known class"):
         read_annotations(cfg, "val")

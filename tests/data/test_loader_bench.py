@@ -20,10 +20,27 @@ def test_workers_needed_is_the_smallest_sufficient_count() -> None:
 def test_bench_loader_prints_rates_and_workers(epic_cfg, tmp_path, capsys) -> None:
     recipe = tmp_path / "r.yaml"
     data = {k: getattr(epic_cfg, k) for k in ("dataset", "root", "train_csv", "val_csv", "num_frames", "size")}
-    recipe.write_text(yaml.safe_dump({"model": {"heads": {"verb": 8, "noun": 8}},
-                                      "data": {**data, "decoder": "auto", "decode_timeout_s": 0.0}}))
-    rc = cli(["bench-loader", str(recipe), "--workers", "1", "--batch", "2", "--batches", "2", "--clips", "2",
-              "--target", "1000"])
+    recipe.write_text(
+        yaml.safe_dump(
+            {"model": {"heads": {"verb": 8, "noun": 8}}, "data": {**data, "decoder": "auto", "decode_timeout_s": 0.0}}
+        )
+    )
+    rc = cli(
+        [
+            "bench-loader",
+            str(recipe),
+            "--workers",
+            "1",
+            "--batch",
+            "2",
+            "--batches",
+            "2",
+            "--clips",
+            "2",
+            "--target",
+            "1000",
+        ]
+    )
     out, err = capsys.readouterr()
     assert rc == 0, err
     assert "data.decoder=auto -> " in out

@@ -45,8 +45,7 @@ def test_tuned_malloc_reuses_frame_buffers() -> None:
 def test_dataloader_workers_and_the_helper_apply_it(tmp_path, monkeypatch, index_video) -> None:
     marker = tmp_path / "tuned"
     monkeypatch.setattr(loader_mod, "tune_malloc", lambda: marker.write_text("worker") > 0)
-    loader = build_loader([0, 1], batch_size=2, workers=1, shuffle=False, seed=0, drop_last=False,
-                          distributed=False)
+    loader = build_loader([0, 1], batch_size=2, workers=1, shuffle=False, seed=0, drop_last=False, distributed=False)
     assert next(iter(loader)).tolist() == [0, 1]
     assert marker.read_text() == "worker"  # written by the forked worker's init
     for opt_out, expected in (("1", platform.libc_ver()[0] == "glibc"), ("0", False)):  # "0" reaches the helper

@@ -79,8 +79,17 @@ def test_multi_scale_crop_sizes_and_offsets() -> None:
 def test_videos_dataset_items(epic_raw, epic_chunks) -> None:
     from avion_ds.data.datasets.videos import VideosDataset
 
-    cfg = DataConfig(dataset="videos", root=str(epic_chunks), num_frames=4, size=32, decoder="decord",
-                     sampling="stride", stride=2, clips_per_video=3, workers=0)
+    cfg = DataConfig(
+        dataset="videos",
+        root=str(epic_chunks),
+        num_frames=4,
+        size=32,
+        decoder="decord",
+        sampling="stride",
+        stride=2,
+        clips_per_video=3,
+        workers=0,
+    )
     ds = VideosDataset(cfg, "train", seed=0)
     ds.masks = MaskSpec((2, 2, 2), "tube", 0.5).validate()
     assert len(ds) == 2 * 3

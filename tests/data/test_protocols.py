@@ -17,15 +17,28 @@ REPO = Path(__file__).resolve().parents[2]
 RECIPES = REPO / "launch" / "recipes"
 
 
-@pytest.mark.parametrize("name,protocol", [("vit_b_k400", "k400"), ("vit_l_k400", "k400"), ("vit_b_ssv2", "ssv2"),
-                                           ("vit_l_ssv2", "ssv2"), ("vit_b_epic", "epic"), ("vit_l_epic", "epic")])
+@pytest.mark.parametrize(
+    "name,protocol",
+    [
+        ("vit_b_k400", "k400"),
+        ("vit_l_k400", "k400"),
+        ("vit_b_ssv2", "ssv2"),
+        ("vit_l_ssv2", "ssv2"),
+        ("vit_b_epic", "epic"),
+        ("vit_l_epic", "epic"),
+    ],
+)
 def test_dataset_recipes_carry_a_protocol_and_cite_sources(name, protocol) -> None:
     path = RECIPES / f"{name}.yaml"
     r = load_recipe(path)
     p = PROTOCOLS[protocol]
     assert r.eval.protocol == protocol and r.data.dataset == p.dataset
     assert (r.eval.temporal_views, r.eval.spatial_views, r.data.num_frames, r.data.size) == (
-        p.temporal_views, p.spatial_views, p.num_frames, p.size)
+        p.temporal_views,
+        p.spatial_views,
+        p.num_frames,
+        p.size,
+    )
     text = path.read_text()
     assert "# Source:" in text and "# Deviations" in text
     if protocol in ("k400", "ssv2"):  # VideoMAE fine-tuning
@@ -71,8 +84,11 @@ def test_missing_class_list_is_one_line_before_any_work(tmp_path) -> None:
     from avion_ds.engine.preflight import check_data_paths
 
     (tmp_path / "train.json").write_text("[]")
-    base = [f"data.root={tmp_path}", f"data.train_csv={tmp_path / 'train.json'}",
-            f"data.val_csv={tmp_path / 'train.json'}"]
+    base = [
+        f"data.root={tmp_path}",
+        f"data.train_csv={tmp_path / 'train.json'}",
+        f"data.val_csv={tmp_path / 'train.json'}",
+    ]
     r = load_recipe(RECIPES / "vit_b_ssv2.yaml", base)
     with pytest.raises(ConfigError, match="no labels.json next to .*train.json: set data.class_list"):
         check_data_paths(r)
@@ -93,7 +109,7 @@ def _videomae_k400_test(n: int, clip_len: int, rate: int, chunk_nb: int, test_nu
         index.append(index[-1])
     step = max(1.0 * (len(index) - clip_len) / (test_num_segment - 1), 0)
     first = int(chunk_nb * step)
-    return index[first:first + clip_len]
+    return index[first : first + clip_len]
 
 
 def _videomae_ssv2_test(n: int, num_segment: int, chunk_nb: int, test_num_segment: int) -> list[int]:
@@ -106,8 +122,9 @@ def _videomae_ssv2_test(n: int, num_segment: int, chunk_nb: int, test_num_segmen
     return [int(i) for i in np.sort(np.array(index))[chunk_nb::2]]
 
 
-def _avion_epic_test(start_s: float, end_s: float, fps: float, chunks: dict[int, int], clip_length: int,
-                     chunk_len: int = 15) -> list[int]:
+def _avion_epic_test(
+    start_s: float, end_s: float, fps: float, chunks: dict[int, int], clip_length: int, chunk_len: int = 15
+) -> list[int]:
     """AVION clip_dataset.video_loader (chunked) + get_frame_ids(jitter=False): the stop time is capped at
     the last frame of the chunk holding it (walking back to the last existing chunk), both times rounded
     to frames, then the means of neighbouring linspace(start, end, clip_length + 1) values, truncated."""
@@ -167,10 +184,17 @@ def test_epic_view_is_avion_get_frame_ids_on_chunks() -> None:
     spans = [(a, b) for a, b in spans if b <= 37.6]  # stop at most 1 s past the video's 36.67 s (below)
     spans += [(14.0, 14.99), (14.0, 14.984), (28.0, 29.99), (29.0, 30.0), (35.0, 37.5), (36.5, 37.6)]
     for start_s, stop_s in spans:
-        row = {"narration_id": "P01_01_0", "video_id": "P01_01", "start_timestamp": f"{start_s}",
-               "stop_timestamp": f"{stop_s}", "verb_class": "0", "noun_class": "0"}
-        ds = SimpleNamespace(csv="EPIC_100_validation.csv", rows=[(2, row)],
-                             index=SimpleNamespace(by_id=lambda _: entry))
+        row = {
+            "narration_id": "P01_01_0",
+            "video_id": "P01_01",
+            "start_timestamp": f"{start_s}",
+            "stop_timestamp": f"{stop_s}",
+            "verb_class": "0",
+            "noun_class": "0",
+        }
+        ds = SimpleNamespace(
+            csv="EPIC_100_validation.csv", rows=[(2, row)], index=SimpleNamespace(by_id=lambda _: entry)
+        )
         _, start, end, _ = EpicDataset.sample_span(ds, 0)
         want = _avion_epic_test(start_s, stop_s, fps, chunks, p.num_frames)
         assert _eval_clip("epic", start, end, 0) == want, (start_s, stop_s)

@@ -44,16 +44,36 @@ def test_shapes_move_as_their_verb_says() -> None:
     y0, _, _ = synthetic.segment_track(0, 0.0, 64, 48, (0.0, 0.0))
     y1, _, _ = synthetic.segment_track(0, 1.0, 64, 48, (0.0, 0.0))
     assert y1 < y0 - 20
-    area = [synthetic.shape_mask(0, yy, xx, 24, 32, synthetic.segment_track(2, t, 64, 48, (0, 0))[2]).sum()
-            for t in (0.0, 1.0)]
+    area = [
+        synthetic.shape_mask(0, yy, xx, 24, 32, synthetic.segment_track(2, t, 64, 48, (0, 0))[2]).sum()
+        for t in (0.0, 1.0)
+    ]
     assert area[1] > 4 * area[0]
 
 
 def test_synth_cli(tmp_path, capsys) -> None:
-    assert synthetic.main([str(tmp_path / "s"), "--num-videos", "1", "--segments-per-video", "2",
-                           "--segment-seconds", "0.5", "--width", "32", "--height", "32"]) == 0
+    assert (
+        synthetic.main(
+            [
+                str(tmp_path / "s"),
+                "--num-videos",
+                "1",
+                "--segments-per-video",
+                "2",
+                "--segment-seconds",
+                "0.5",
+                "--width",
+                "32",
+                "--height",
+                "32",
+            ]
+        )
+        == 0
+    )
     assert (tmp_path / "s" / "train.csv").is_file() and (tmp_path / "s" / "videos").is_dir()
-    assert synthetic.main([str(tmp_path / "bad"), "--num-verbs", "99"]) == 2  # bad input: exit 2 (one convention for every subcommand)
+    assert (
+        synthetic.main([str(tmp_path / "bad"), "--num-verbs", "99"]) == 2
+    )  # bad input: exit 2 (one convention for every subcommand)
     assert "num_verbs" in capsys.readouterr().err
 
 
@@ -63,9 +83,16 @@ def test_smooth_background_is_a_linear_ramp(tmp_path, decode_all) -> None:
     import numpy as np
 
     def planar_share(background: str) -> float:
-        info = synthetic.make_synthetic_epic(tmp_path / background, num_videos=1, segments_per_video=2,
-                                             segment_seconds=0.5, width=64, height=48, fps=12,
-                                             background=background)
+        info = synthetic.make_synthetic_epic(
+            tmp_path / background,
+            num_videos=1,
+            segments_per_video=2,
+            segment_seconds=0.5,
+            width=64,
+            height=48,
+            fps=12,
+            background=background,
+        )
         frame = decode_all(next(info["videos"].glob("*.mp4")))[0].numpy().astype(np.float64)
         yy, xx = np.mgrid[0:48, 0:64]
         design = np.stack([yy.ravel(), xx.ravel(), np.ones(yy.size)], axis=1)

@@ -23,15 +23,25 @@ def noise_cfg(tmp_path_factory) -> DataConfig:
     assert not chunk_videos(d / "src", d / "chunks", chunk_seconds=2.0, fps=15, progress=False).failed
     lst = d / "list.txt"
     lst.write_text("v.mp4 0\n")
-    return DataConfig(dataset="kinetics", root=str(d / "chunks"), train_csv=str(lst), val_csv=str(lst), num_frames=6,
-                      sampling="stride", stride=4, size=32, decode_timeout_s=0.0)
+    return DataConfig(
+        dataset="kinetics",
+        root=str(d / "chunks"),
+        train_csv=str(lst),
+        val_csv=str(lst),
+        num_frames=6,
+        sampling="stride",
+        stride=4,
+        size=32,
+        decode_timeout_s=0.0,
+    )
 
 
 @pytest.mark.parametrize("interpolation", ["bilinear", "bicubic"])
 @pytest.mark.parametrize("name", available_backends())
 def test_three_crops_decode_once_bit_identical(name, interpolation, noise_cfg, monkeypatch) -> None:
-    ds = build_dataset(replace(noise_cfg, decoder=name, interpolation=interpolation), "val", temporal_views=2,
-                       spatial_views=3)
+    ds = build_dataset(
+        replace(noise_cfg, decoder=name, interpolation=interpolation), "val", temporal_views=2, spatial_views=3
+    )
     calls = []
     decode = ds.decoder.decode
     monkeypatch.setattr(ds.decoder, "decode", lambda *a, **k: calls.append(a[0]) or decode(*a, **k))

@@ -29,16 +29,63 @@ def _run(cmd: list[str], timeout: int = 300) -> str:
 
 def test_synth_chunk_train_eval_export(tmp_path: Path) -> None:
     cli = [sys.executable, "-m", "avion_ds.cli"]
-    _run(cli + ["synth", str(tmp_path / "synth"), "--num-videos", "3", "--segments-per-video", "13",
-                "--segment-seconds", "1", "--width", "64", "--height", "48", "--fps", "12", "--seed", "2"])
-    _run(cli + ["chunk", str(tmp_path / "synth" / "videos"), str(tmp_path / "chunks"), "--chunk-seconds", "6",
-                "--short-side", "48", "--fps", "12", "--gop", "12", "--workers", "1", "--no-progress"])
+    _run(
+        cli
+        + [
+            "synth",
+            str(tmp_path / "synth"),
+            "--num-videos",
+            "3",
+            "--segments-per-video",
+            "13",
+            "--segment-seconds",
+            "1",
+            "--width",
+            "64",
+            "--height",
+            "48",
+            "--fps",
+            "12",
+            "--seed",
+            "2",
+        ]
+    )
+    _run(
+        cli
+        + [
+            "chunk",
+            str(tmp_path / "synth" / "videos"),
+            str(tmp_path / "chunks"),
+            "--chunk-seconds",
+            "6",
+            "--short-side",
+            "48",
+            "--fps",
+            "12",
+            "--gop",
+            "12",
+            "--workers",
+            "1",
+            "--no-progress",
+        ]
+    )
     assert (tmp_path / "chunks" / "manifest.jsonl").is_file()
     run = tmp_path / "run"
-    sets = [f"data.root={tmp_path / 'chunks'}", f"data.train_csv={tmp_path / 'synth' / 'train.csv'}",
-            f"data.val_csv={tmp_path / 'synth' / 'val.csv'}", f"output_dir={run}", "schedule.epochs=2",
-            "eval.every_epochs=2", "batch.global_batch=8", "batch.micro_batch=4", "eval.batch_size=4",
-            "logging.log_every=1", "precision=fp32", "data.num_frames=4", "data.size=32"]
+    sets = [
+        f"data.root={tmp_path / 'chunks'}",
+        f"data.train_csv={tmp_path / 'synth' / 'train.csv'}",
+        f"data.val_csv={tmp_path / 'synth' / 'val.csv'}",
+        f"output_dir={run}",
+        "schedule.epochs=2",
+        "eval.every_epochs=2",
+        "batch.global_batch=8",
+        "batch.micro_batch=4",
+        "eval.batch_size=4",
+        "logging.log_every=1",
+        "precision=fp32",
+        "data.num_frames=4",
+        "data.size=32",
+    ]
     args = ["--config", "launch/recipes/demo_cpu.yaml", "--deepspeed_config", "ds_configs/zero2.json"]
     for s in sets:
         args += ["--set", s]
@@ -86,8 +133,25 @@ def test_synth_chunk_train_eval_export(tmp_path: Path) -> None:
 
     # ZeRO-3 CPU-offloaded inference (memory package) through `avion-ds eval --offload cpu`: same metrics
     out3 = tmp_path / "eval_offload.json"
-    _run(cli + ["eval", "--checkpoint", str(run), "--out", str(out3), "--offload", "cpu", "--max-live-params", "1e5",
-                "--prefetch-bucket", "1e5", "--no-per-sample", "--tag", tags[-1]])
+    _run(
+        cli
+        + [
+            "eval",
+            "--checkpoint",
+            str(run),
+            "--out",
+            str(out3),
+            "--offload",
+            "cpu",
+            "--max-live-params",
+            "1e5",
+            "--prefetch-bucket",
+            "1e5",
+            "--no-per-sample",
+            "--tag",
+            tags[-1],
+        ]
+    )
     ev3 = json.loads(out3.read_text())
     assert ev3["tag"] == tags[-1]
     for key, value in ev["metrics"].items():

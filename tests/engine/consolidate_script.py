@@ -29,18 +29,26 @@ WS2_RUNS = ((1, "fp32"), (2, "fp32"), (3, "fp32"), (2, "bf16"))
 def save_run(run: Path, stage: int, precision: str = "fp32") -> None:
     """Train 2 steps under ZeRO ``stage`` on the current process group and save a checkpoint into ``run``."""
     world, rank = dist.get_world_size(), dist.get_rank()
-    cfg = {"train_batch_size": 2 * world, "train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 1,
-           "gradient_clipping": 1.0, "steps_per_print": 10**9, "zero_optimization": {"stage": stage},
-           "bf16": {"enabled": precision == "bf16"},
-           "optimizer": {"type": "AdamW", "params": {"lr": 1e-2, "weight_decay": 0.05, "torch_adam": True}}}
+    cfg = {
+        "train_batch_size": 2 * world,
+        "train_micro_batch_size_per_gpu": 2,
+        "gradient_accumulation_steps": 1,
+        "gradient_clipping": 1.0,
+        "steps_per_print": 10**9,
+        "zero_optimization": {"stage": stage},
+        "bf16": {"enabled": precision == "bf16"},
+        "optimizer": {"type": "AdamW", "params": {"lr": 1e-2, "weight_decay": 0.05, "torch_adam": True}},
+    }
     torch.manual_seed(0)
     with partitioned_construction(cfg):
         model = create_model("vit_test_tiny", heads=HEADS)
     for name, p in model.named_parameters():
         p.requires_grad_(name not in FROZEN)
     trainable = [p for p in model.parameters() if p.requires_grad]
-    groups = [{"params": [p for p in trainable if p.dim() > 1]},  # two groups, as the trainer's decay / no-decay
-              {"params": [p for p in trainable if p.dim() <= 1], "weight_decay": 0.0}]
+    groups = [
+        {"params": [p for p in trainable if p.dim() > 1]},  # two groups, as the trainer's decay / no-decay
+        {"params": [p for p in trainable if p.dim() <= 1], "weight_decay": 0.0},
+    ]
     engine, *_ = deepspeed.initialize(model=model, model_parameters=groups, config=cfg)
     dtype = torch.bfloat16 if precision == "bf16" else torch.float32
     torch.manual_seed(1 + rank)

@@ -20,9 +20,15 @@ from avion_ds.models.partition import gathered, partitioned_construction
 def main() -> None:
     deepspeed.init_distributed(dist_backend="gloo")
     run = Path(sys.argv[1])
-    cfg = {"train_batch_size": 4, "train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 1,
-           "gradient_clipping": 1.0, "steps_per_print": 10**9, "zero_optimization": {"stage": 3},
-           "optimizer": {"type": "AdamW", "params": {"lr": 1e-2, "weight_decay": 0.05, "torch_adam": True}}}
+    cfg = {
+        "train_batch_size": 4,
+        "train_micro_batch_size_per_gpu": 2,
+        "gradient_accumulation_steps": 1,
+        "gradient_clipping": 1.0,
+        "steps_per_print": 10**9,
+        "zero_optimization": {"stage": 3},
+        "optimizer": {"type": "AdamW", "params": {"lr": 1e-2, "weight_decay": 0.05, "torch_adam": True}},
+    }
     torch.manual_seed(0)
     with partitioned_construction(cfg):
         model = create_model("vit_test_tiny", heads={"verb": 4, "noun": 3}, layer_scale=0.1)

@@ -21,14 +21,20 @@ BATCH = {"global_batch": 8, "micro_batch": 2}
 NAN = "1:4,0:9"
 
 
-def _train(tmp: Path, data: dict, name: str, ds: str, nan: str, *extra: str,
-           pretrained: Path | None = None) -> tuple[Path, str]:
+def _train(
+    tmp: Path, data: dict, name: str, ds: str, nan: str, *extra: str, pretrained: Path | None = None
+) -> tuple[Path, str]:
     run = tmp / name
     model = {"pretrained": str(pretrained)} if pretrained else {}
-    recipe = write_recipe(tmp / f"{name}.yaml", data, run, batch=BATCH, model=model,
-                          checkpoint={"every_steps": 1, "keep_last": 20})
-    proc = launch(["--config", str(recipe), "--deepspeed_config", str(REPO / "ds_configs" / f"{ds}.json"), *extra],
-                  launcher="torchrun", script_path=SCRIPT, env=engine_env(AVION_TEST_NAN=nan))  # both ranks see it
+    recipe = write_recipe(
+        tmp / f"{name}.yaml", data, run, batch=BATCH, model=model, checkpoint={"every_steps": 1, "keep_last": 20}
+    )
+    proc = launch(
+        ["--config", str(recipe), "--deepspeed_config", str(REPO / "ds_configs" / f"{ds}.json"), *extra],
+        launcher="torchrun",
+        script_path=SCRIPT,
+        env=engine_env(AVION_TEST_NAN=nan),
+    )  # both ranks see it
     log = proc.stdout + proc.stderr
     assert proc.returncode == 0, log[-4000:]
     return run, log
@@ -89,10 +95,10 @@ def test_nonfinite_micro_batch_skips_its_whole_window(zero0: dict) -> None:
     assert client["scheduler"]["last_step"] == 6
 
 
-def test_zero2_resumed_mid_epoch_after_a_skip_matches_uninterrupted(zero0: dict, tiny_epic: dict,
-                                                                  tmp_path: Path) -> None:
-    run, _ = _train(tmp_path, tiny_epic, "zero2", "zero2", NAN, "--exit-after-steps", "3",
-                    pretrained=zero0["weights"])
+def test_zero2_resumed_mid_epoch_after_a_skip_matches_uninterrupted(
+    zero0: dict, tiny_epic: dict, tmp_path: Path
+) -> None:
+    run, _ = _train(tmp_path, tiny_epic, "zero2", "zero2", NAN, "--exit-after-steps", "3", pretrained=zero0["weights"])
     assert sorted(losses(run)) == [1, 2, 3]
     # resumed at step 3 of 4 in epoch 0: its micro-batches start at the 7th, so rank 0's 9th is its 3rd
     _, log = _train(tmp_path, tiny_epic, "zero2", "zero2", "0:3", pretrained=zero0["weights"])

@@ -64,8 +64,13 @@ def ws1(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def ws2(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """ZeRO 1/2/3 runs saved by 2 ranks: one torchrun launch."""
     root = tmp_path_factory.mktemp("ws2")
-    proc = launch([str(root)], nprocs=2, launcher="torchrun", timeout=400,
-                  script_path=Path(__file__).with_name("consolidate_script.py"))
+    proc = launch(
+        [str(root)],
+        nprocs=2,
+        launcher="torchrun",
+        timeout=400,
+        script_path=Path(__file__).with_name("consolidate_script.py"),
+    )
     assert proc.returncode == 0, proc.stderr[-4000:]
     return root
 
@@ -88,8 +93,9 @@ def _copy(src: Path, dst: Path) -> Path:
 # fidelity: our consolidation == DeepSpeed's zero_to_fp32
 # ---------------------------------------------------------------------------------------------
 @pytest.mark.parametrize(("world", "name"), ZERO_RUNS, ids=[f"ws{w}-{n}" for w, n in ZERO_RUNS])
-def test_consolidation_equals_zero_to_fp32_bit_for_bit(world: int, name: str, ws1: Path, ws2: Path,
-                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+def test_consolidation_equals_zero_to_fp32_bit_for_bit(
+    world: int, name: str, ws1: Path, ws2: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
 
     run = (ws1 if world == 1 else ws2) / name
@@ -138,10 +144,12 @@ def test_stream_export_holds_one_tensor_at_a_time(ws2: Path, tmp_path: Path, mon
     assert sorted(got) == sorted(want) and all(torch.equal(got[k], want[k]) for k in want)
 
 
-@pytest.mark.parametrize("missing", ["zero_pp_rank_1_mp_rank_00_optim_states.pt",
-                                     "zero_pp_rank_1_mp_rank_00_model_states.pt"])
-def test_missing_shard_is_one_line_naming_it(missing: str, ws2: Path, tmp_path: Path,
-                                             capsys: pytest.CaptureFixture) -> None:
+@pytest.mark.parametrize(
+    "missing", ["zero_pp_rank_1_mp_rank_00_optim_states.pt", "zero_pp_rank_1_mp_rank_00_model_states.pt"]
+)
+def test_missing_shard_is_one_line_naming_it(
+    missing: str, ws2: Path, tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
     run = _copy(ws2 / ("z2_fp32" if "optim" in missing else "z3_fp32"), tmp_path / "run")
     (rundir.checkpoint_dir(run) / TAG / missing).unlink()
     with pytest.raises(ConfigError, match=f"checkpoint file missing: .*{TAG}/{missing}"):
@@ -151,28 +159,34 @@ def test_missing_shard_is_one_line_naming_it(missing: str, ws2: Path, tmp_path: 
     assert len(err) == 1 and missing in err[0] and err[0].startswith("avion-ds export: error:"), err
 
 
-def test_export_says_it_passes_over_an_unfinished_newer_tag(ws1: Path, tmp_path: Path,
-                                                            capsys: pytest.CaptureFixture) -> None:
+def test_export_says_it_passes_over_an_unfinished_newer_tag(
+    ws1: Path, tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
     run = _copy(ws1 / "z2_fp32", tmp_path / "run")
     newer = rundir.checkpoint_dir(run) / "step_00000004"
     shutil.copytree(rundir.checkpoint_dir(run) / TAG, newer)
     (newer / rundir.MARKER).unlink()  # killed mid-save
     assert export_mod.main([str(run), "--out", str(tmp_path / "m.safetensors")]) == 0
     notes = [line for line in capsys.readouterr().out.splitlines() if line.startswith("note:")]
-    assert notes == [(f"note: {newer} has no {rundir.MARKER} (an unfinished save); using the newest complete "
-                      f"checkpoint {TAG}")]
+    assert notes == [
+        (f"note: {newer} has no {rundir.MARKER} (an unfinished save); using the newest complete checkpoint {TAG}")
+    ]
 
 
 # ---------------------------------------------------------------------------------------------
 # pickled code in a run directory
 # ---------------------------------------------------------------------------------------------
-POISONED = [("z0_fp32", "mp_rank_00_model_states.pt"), ("z2_fp32", "mp_rank_00_model_states.pt"),
-            ("z2_fp32", "zero_pp_rank_0_mp_rank_00_optim_states.pt")]
+POISONED = [
+    ("z0_fp32", "mp_rank_00_model_states.pt"),
+    ("z2_fp32", "mp_rank_00_model_states.pt"),
+    ("z2_fp32", "zero_pp_rank_0_mp_rank_00_optim_states.pt"),
+]
 
 
 @pytest.mark.parametrize(("name", "victim"), POISONED, ids=[f"{n}-{v.split('_')[-2]}" for n, v in POISONED])
-def test_payload_in_run_dir_never_runs_without_trust(name: str, victim: str, ws1: Path, tmp_path: Path,
-                                                     capsys: pytest.CaptureFixture) -> None:
+def test_payload_in_run_dir_never_runs_without_trust(
+    name: str, victim: str, ws1: Path, tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
     from avion_ds.engine.weights_report import load_and_report
     from avion_ds.models import create_model
 
@@ -184,9 +198,12 @@ def test_payload_in_run_dir_never_runs_without_trust(name: str, victim: str, ws1
     assert "\n" not in str(info.value) and "--trust-checkpoint" in str(info.value)
     with pytest.raises(UntrustedCheckpoint, match=victim):
         create_model("vit_test_tiny", heads=HEADS, pretrained=str(run))
-    with pytest.raises(ConfigError, match=rf"model.pretrained={run}: checkpoint {bad} pickles"):  # --set model.pretrained=RUN
-        load_and_report(create_model("vit_test_tiny", heads=HEADS), str(run), strict=True, trust=False,
-                        run_dir=None, is_main=False)
+    with pytest.raises(
+        ConfigError, match=rf"model.pretrained={run}: checkpoint {bad} pickles"
+    ):  # --set model.pretrained=RUN
+        load_and_report(
+            create_model("vit_test_tiny", heads=HEADS), str(run), strict=True, trust=False, run_dir=None, is_main=False
+        )
     out = tmp_path / "m.safetensors"
     assert export_mod.main([str(run), "--out", str(out)]) == 2
     err = capsys.readouterr().err.strip().splitlines()
@@ -196,8 +213,9 @@ def test_payload_in_run_dir_never_runs_without_trust(name: str, victim: str, ws1
     assert marker.exists() and out.is_file()
 
 
-def test_eval_cli_refuses_payload_in_one_line_and_loads_when_trusted(ws1: Path, tiny_epic_quick: dict,
-                                                                    tmp_path: Path) -> None:
+def test_eval_cli_refuses_payload_in_one_line_and_loads_when_trusted(
+    ws1: Path, tiny_epic_quick: dict, tmp_path: Path
+) -> None:
     marker = tmp_path / "pwned"
     run = _copy(ws1 / "z2_fp32", tmp_path / "run")
     bad = _poison(run, "zero_pp_rank_0_mp_rank_00_optim_states.pt", marker)

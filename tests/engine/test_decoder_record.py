@@ -14,8 +14,19 @@ pytestmark = pytest.mark.multiprocess
 
 
 def _train(recipe: Path, steps: int) -> subprocess.CompletedProcess:
-    return launch(["--config", recipe, "--deepspeed_config", REPO / "ds_configs" / "zero0.json",
-                   "--exit-after-steps", str(steps)], nprocs=1, launcher="python", timeout=300)
+    return launch(
+        [
+            "--config",
+            recipe,
+            "--deepspeed_config",
+            REPO / "ds_configs" / "zero0.json",
+            "--exit-after-steps",
+            str(steps),
+        ],
+        nprocs=1,
+        launcher="python",
+        timeout=300,
+    )
 
 
 def test_auto_decoder_is_recorded_and_kept_on_resume(tiny_epic: dict, tmp_path: Path) -> None:

@@ -19,10 +19,20 @@ pytestmark = pytest.mark.multiprocess
 
 
 def _train(data: dict, run: Path, tmp: Path) -> None:
-    recipe = write_recipe(tmp / f"{run.name}.yaml", data, run, data={**QUICK_DATA, "workers": 1, "crop_scale": [0.5, 1.0]},
-                          schedule={"epochs": 1, "warmup_epochs": 0.5}, checkpoint={"every_steps": 0})
-    proc = launch(["--config", recipe, "--deepspeed_config", REPO / "ds_configs" / "zero2.json"], nprocs=1,
-                  launcher="python", timeout=300)
+    recipe = write_recipe(
+        tmp / f"{run.name}.yaml",
+        data,
+        run,
+        data={**QUICK_DATA, "workers": 1, "crop_scale": [0.5, 1.0]},
+        schedule={"epochs": 1, "warmup_epochs": 0.5},
+        checkpoint={"every_steps": 0},
+    )
+    proc = launch(
+        ["--config", recipe, "--deepspeed_config", REPO / "ds_configs" / "zero2.json"],
+        nprocs=1,
+        launcher="python",
+        timeout=300,
+    )
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
 
 

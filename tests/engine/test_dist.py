@@ -26,10 +26,12 @@ def test_a_group_that_existed_before_the_entry_is_left_alone(one_rank: None) -> 
 
 @pytest.mark.multiprocess
 def test_a_group_the_entry_created_is_torn_down_with_its_code() -> None:
-    code = ("import sys; from avion_ds.engine import dist\n"
-            "def body():\n    dist.init(); return 5\n"
-            "dist.run_entry('t', body, {})\n"
-            "print('not reached'); sys.exit(0)\n")
+    code = (
+        "import sys; from avion_ds.engine import dist\n"
+        "def body():\n    dist.init(); return 5\n"
+        "dist.run_entry('t', body, {})\n"
+        "print('not reached'); sys.exit(0)\n"
+    )
     proc = run_process([sys.executable, "-c", code], timeout=120)
     assert proc.returncode == 5, proc.stderr[-2000:]
     assert "not reached" not in proc.stdout

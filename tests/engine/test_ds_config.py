@@ -22,14 +22,25 @@ SHIPPED = sorted((REPO / "ds_configs").glob("*.json"))
 
 
 def recipe(*overrides: str):
-    base = ["data.dataset=kinetics", "model.name=vit_test_tiny", "batch.global_batch=32", "batch.micro_batch=4",
-            "optim.lr=1e-3", "optim.base_batch=16", "optim.clip_grad=0.5"]
+    base = [
+        "data.dataset=kinetics",
+        "model.name=vit_test_tiny",
+        "batch.global_batch=32",
+        "batch.micro_batch=4",
+        "optim.lr=1e-3",
+        "optim.base_batch=16",
+        "optim.clip_grad=0.5",
+    ]
     return load_recipe(None, base + list(overrides))
 
 
 def test_auto_values_filled_from_recipe() -> None:
     cfg = build_ds_config(REPO / "ds_configs" / "zero2.json", recipe(), world_size=4, steps_per_epoch=10)
-    assert (cfg["train_batch_size"], cfg["train_micro_batch_size_per_gpu"], cfg["gradient_accumulation_steps"]) == (32, 4, 2)
+    assert (cfg["train_batch_size"], cfg["train_micro_batch_size_per_gpu"], cfg["gradient_accumulation_steps"]) == (
+        32,
+        4,
+        2,
+    )
     assert cfg["optimizer"]["params"]["lr"] == pytest.approx(1e-3 * 32 / 16)  # linear scaling rule
     assert cfg["optimizer"]["params"]["betas"] == [0.9, 0.999]
     assert cfg["optimizer"]["params"]["weight_decay"] == pytest.approx(0.05)
@@ -86,8 +97,17 @@ def test_precision_from_json_and_recipe() -> None:
 
 
 def test_scheduler_auto_steps() -> None:
-    user = {"scheduler": {"type": "WarmupCosineLR", "params": {"total_num_steps": "auto", "warmup_num_steps": "auto",
-                                                                "warmup_min_ratio": 0.0, "cos_min_ratio": "auto"}}}
+    user = {
+        "scheduler": {
+            "type": "WarmupCosineLR",
+            "params": {
+                "total_num_steps": "auto",
+                "warmup_num_steps": "auto",
+                "warmup_min_ratio": 0.0,
+                "cos_min_ratio": "auto",
+            },
+        }
+    }
     r = recipe("schedule.epochs=3", "schedule.warmup_epochs=0.5", "optim.layer_decay=1.0")
     cfg = build_ds_config(user, r, world_size=4, steps_per_epoch=10)
     p = cfg["scheduler"]["params"]
@@ -98,8 +118,11 @@ def test_scheduler_auto_steps() -> None:
 def test_scheduler_section_with_layer_decay_is_refused() -> None:
     """A DeepSpeed JSON scheduler sets one lr for all groups: layer-wise decay would be dropped silently."""
     user = {"scheduler": {"type": "WarmupCosineLR", "params": {"total_num_steps": "auto", "warmup_num_steps": "auto"}}}
-    with pytest.raises(ConfigError, match=r"deepspeed config 'scheduler' \(WarmupCosineLR\) cannot be combined with "
-                                          r"optim.layer_decay=0.75: .* or set optim.layer_decay=1.0"):
+    with pytest.raises(
+        ConfigError,
+        match=r"deepspeed config 'scheduler' \(WarmupCosineLR\) cannot be combined with "
+        r"optim.layer_decay=0.75: .* or set optim.layer_decay=1.0",
+    ):
         build_ds_config(user, recipe("optim.layer_decay=0.75"), world_size=1, steps_per_epoch=10)
 
 
@@ -116,16 +139,21 @@ def test_shipped_configs_build(path: Path, precision: str) -> None:
 def test_overrides_deep_merge_before_filling() -> None:
     """Overrides change only the keys they name (nested), None removes a key, the rest is the JSON's."""
     base = json.loads((REPO / "ds_configs" / "zero3.json").read_text())
-    over = {"zero_optimization": {"stage3_max_live_parameters": 7, "offload_param": {"device": "cpu"}},
-            "activation_checkpointing": None}
+    over = {
+        "zero_optimization": {"stage3_max_live_parameters": 7, "offload_param": {"device": "cpu"}},
+        "activation_checkpointing": None,
+    }
     cfg = build_ds_config(REPO / "ds_configs" / "zero3.json", recipe(), world_size=2, overrides=over)
     ref = build_ds_config(REPO / "ds_configs" / "zero3.json", recipe(), world_size=2)
     zo, zr = cfg["zero_optimization"], ref["zero_optimization"]
     assert zo["stage3_max_live_parameters"] == 7 and zo["offload_param"] == {"device": "cpu"}
     assert "activation_checkpointing" not in cfg and "activation_checkpointing" in ref
-    assert {k: v for k, v in zo.items() if k not in ("stage3_max_live_parameters", "offload_param")} == \
-        {k: v for k, v in zr.items() if k != "stage3_max_live_parameters"}
+    assert {k: v for k, v in zo.items() if k not in ("stage3_max_live_parameters", "offload_param")} == {
+        k: v for k, v in zr.items() if k != "stage3_max_live_parameters"
+    }
     assert zo["reduce_bucket_size"] == base["zero_optimization"]["reduce_bucket_size"]
     assert base == json.loads((REPO / "ds_configs" / "zero3.json").read_text())  # the file is not modified
     with pytest.raises(ConfigError, match="train_micro_batch_size_per_gpu=3 conflicts"):  # then checked as usual
-        build_ds_config(REPO / "ds_configs" / "zero3.json", recipe(), 2, overrides={"train_micro_batch_size_per_gpu": 3})
+        build_ds_config(
+            REPO / "ds_configs" / "zero3.json", recipe(), 2, overrides={"train_micro_batch_size_per_gpu": 3}
+        )

@@ -22,12 +22,17 @@ K = 2  # resume from the checkpoint after this many optimizer steps
 
 
 def _recipe(tmp: Path, data: dict, run: Path) -> Path:
-    path = write_recipe(tmp / f"{run.name}.yaml", data, run,
-                        model={"drop_path_rate": 0.0, "activation_checkpointing": False},
-                        optim={"lr": 1e-3, "layer_decay": 1.0, "eps": 1e-6},
-                        checkpoint={"every_steps": K, "keep_last": 20},  # step K (resumed from) + epoch end
-                        schedule={"epochs": 1, "warmup_epochs": 0.25}, eval={"every_epochs": 5},
-                        logging={"tensorboard": False, "log_every": 1, "progress": False})
+    path = write_recipe(
+        tmp / f"{run.name}.yaml",
+        data,
+        run,
+        model={"drop_path_rate": 0.0, "activation_checkpointing": False},
+        optim={"lr": 1e-3, "layer_decay": 1.0, "eps": 1e-6},
+        checkpoint={"every_steps": K, "keep_last": 20},  # step K (resumed from) + epoch end
+        schedule={"epochs": 1, "warmup_epochs": 0.25},
+        eval={"every_epochs": 5},
+        logging={"tensorboard": False, "log_every": 1, "progress": False},
+    )
     recipe = yaml.safe_load(path.read_text())
     recipe["data"].update(QUICK_DATA, hflip=0.0)  # hflip 0: no per-rank randomness
     path.write_text(yaml.safe_dump(recipe))
@@ -35,8 +40,11 @@ def _recipe(tmp: Path, data: dict, run: Path) -> Path:
 
 
 def _train(recipe: Path, ds: str, nprocs: int) -> str:
-    proc = launch(["--config", str(recipe), "--deepspeed_config", str(REPO / "ds_configs" / f"{ds}.json")],
-                  nprocs=nprocs, launcher="torchrun")
+    proc = launch(
+        ["--config", str(recipe), "--deepspeed_config", str(REPO / "ds_configs" / f"{ds}.json")],
+        nprocs=nprocs,
+        launcher="torchrun",
+    )
     log = proc.stdout + proc.stderr
     assert proc.returncode == 0, log[-4000:]
     return log
@@ -86,8 +94,9 @@ def _check(tmp: Path, data: dict, ds: str, before: int, after: int, tol: float =
     # the same resume with the optimizer moments zeroed must NOT match: the state really was used
     dropped = tmp / "dropped"
     _cut_at(full, dropped, K)
-    shutil.copytree(resumed / "checkpoints" / f"step_{K:08d}" / "universal",
-                    dropped / "checkpoints" / f"step_{K:08d}" / "universal")
+    shutil.copytree(
+        resumed / "checkpoints" / f"step_{K:08d}" / "universal", dropped / "checkpoints" / f"step_{K:08d}" / "universal"
+    )
     assert _drop_moments(dropped / "checkpoints" / f"step_{K:08d}" / "universal") > 0
     _train(_recipe(tmp, data, dropped), ds, after)
     worse = losses(dropped)

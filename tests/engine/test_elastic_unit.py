@@ -27,8 +27,9 @@ def _fake_converter(monkeypatch: pytest.MonkeyPatch, returncode: int) -> list[li
     return calls
 
 
-def test_killed_conversion_leaves_no_universal_folder_and_is_redone(tmp_path: Path,
-                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+def test_killed_conversion_leaves_no_universal_folder_and_is_redone(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     tag = tmp_path / "step_00000004"
     tag.mkdir()
     _fake_converter(monkeypatch, -9)

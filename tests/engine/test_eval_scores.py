@@ -49,14 +49,21 @@ def test_multiview_action_topk_matches_brute_force(views: int) -> None:
     order = logits.mean(1)
     verb = order[:, :KV].argsort(-1, descending=True)[torch.arange(n), verb]
     noun = order[:, KV:].argsort(-1, descending=True)[torch.arange(n), noun]
-    batches = [{"frames": logits[i:i + 8].reshape(-1, KV + KN), "index": torch.arange(i, min(i + 8, n)),
-                "label": {"verb": verb[i:i + 8], "noun": noun[i:i + 8]}} for i in range(0, n, 8)]
+    batches = [
+        {
+            "frames": logits[i : i + 8].reshape(-1, KV + KN),
+            "index": torch.arange(i, min(i + 8, n)),
+            "label": {"verb": verb[i : i + 8], "noun": noun[i : i + 8]},
+        }
+        for i in range(0, n, 8)
+    ]
 
     class Loader(list):
         dataset = None
 
     metrics, (index, scores, _labels), failed = evaluate_model(
-        _LogitModel(), Loader(batches), lambda x, y: (x, y), views, torch.device("cpu"))
+        _LogitModel(), Loader(batches), lambda x, y: (x, y), views, torch.device("cpu")
+    )
     assert failed == [] and index.tolist() == list(range(n))
     for head in ("verb", "noun"):  # one representation: probabilities
         torch.testing.assert_close(scores[head].sum(-1), torch.ones(n))
@@ -87,13 +94,22 @@ def test_failed_val_clips_are_counted_and_named(tiny_epic: dict, tmp_path: Path)
     for p in (chunks / victim).glob("*.mp4"):
         p.write_bytes(b"")
     expected = sorted(r["narration_id"] for r in rows if r["video_id"] == victim)
-    cfg = DataConfig(dataset="epic", root=str(chunks), train_csv=str(tiny_epic["train_csv"]),
-                     val_csv=str(tiny_epic["val_csv"]), num_frames=4, size=32, workers=0, decode_timeout_s=0.0)
+    cfg = DataConfig(
+        dataset="epic",
+        root=str(chunks),
+        train_csv=str(tiny_epic["train_csv"]),
+        val_csv=str(tiny_epic["val_csv"]),
+        num_frames=4,
+        size=32,
+        workers=0,
+        decode_timeout_s=0.0,
+    )
     ds = build_dataset(cfg, "val", temporal_views=2, spatial_views=1)
     loader = build_loader(ds, 3, 0, shuffle=False, seed=0, drop_last=False, distributed=False)
     model = create_model("vit_test_tiny", heads={"verb": 4, "noun": 3}).eval()
-    metrics, (index, _, _), failed = evaluate_model(model, loader, DeviceAugment(cfg, {"verb": 4, "noun": 3}, False),
-                                                    2, torch.device("cpu"))
+    metrics, (index, _, _), failed = evaluate_model(
+        model, loader, DeviceAugment(cfg, {"verb": 4, "noun": 3}, False), 2, torch.device("cpu")
+    )
     assert sorted(f["name"] for f in failed) == expected
     assert all("zero-byte file" in f["reason"] for f in failed)
     assert index.numel() == len(rows) - len(expected)  # the rest is evaluated, each clip once

@@ -60,11 +60,18 @@ def _zero0_run(tmp_path: Path, model: torch.nn.Module) -> Path:
     run = tmp_path / "run"
     tag = run / "checkpoints" / "step_00000004"
     tag.mkdir(parents=True)
-    recipe = recipe_from_dict({"model": {"name": "vit_test_tiny", "heads": {"verb": 4, "noun": 3}},
-                               "data": {"num_frames": 4, "size": 32}, "output_dir": str(run)})
+    recipe = recipe_from_dict(
+        {
+            "model": {"name": "vit_test_tiny", "heads": {"verb": 4, "noun": 3}},
+            "data": {"num_frames": 4, "size": 32},
+            "output_dir": str(run),
+        }
+    )
     save_recipe(recipe, run / "recipe.yaml")
     (run / "ds_config.json").write_text('{"zero_optimization": {"stage": 0}}')
-    torch.save({"module": {f"module.{k}": v for k, v in model.state_dict().items()}}, tag / "mp_rank_00_model_states.pt")
+    torch.save(
+        {"module": {f"module.{k}": v for k, v in model.state_dict().items()}}, tag / "mp_rank_00_model_states.pt"
+    )
     (tag / "COMPLETE.json").write_text('{"tag": "step_00000004"}')
     return run
 

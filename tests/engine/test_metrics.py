@@ -41,8 +41,10 @@ def test_top1_top5_mean_class() -> None:
 def test_epic_action_needs_both_right() -> None:
     verb = torch.tensor([0, 1, 2, 0])
     noun = torch.tensor([1, 1, 0, 2])
-    scores = {"verb": (_onehot_scores([0, 1, 0, 0], 3) * 5).softmax(-1),  # probabilities, as evaluate_model gives
-              "noun": (_onehot_scores([1, 0, 0, 2], 3) * 5).softmax(-1)}
+    scores = {
+        "verb": (_onehot_scores([0, 1, 0, 0], 3) * 5).softmax(-1),  # probabilities, as evaluate_model gives
+        "noun": (_onehot_scores([1, 0, 0, 2], 3) * 5).softmax(-1),
+    }
     m = compute_metrics(scores, {"verb": verb, "noun": noun})
     assert m["verb_top1"] == pytest.approx(75.0)  # samples 0, 1, 3
     assert m["noun_top1"] == pytest.approx(75.0)  # samples 0, 2, 3
@@ -54,8 +56,7 @@ def test_epic_action_needs_both_right() -> None:
 
 def test_multi_view_aggregation_mean_softmax() -> None:
     # 2 clips x 3 views; clip 0: two weak votes for class 1, one strong for class 0
-    flat = torch.tensor([[0.0, 1.0], [0.0, 1.0], [10.0, 0.0],
-                         [0.0, 2.0], [0.0, 2.0], [0.0, 2.0]])
+    flat = torch.tensor([[0.0, 1.0], [0.0, 1.0], [10.0, 0.0], [0.0, 2.0], [0.0, 2.0], [0.0, 2.0]])
     agg = aggregate_outputs(flat, views=3)
     assert agg.shape == (2, 2)
     assert agg[0].argmax() == 0  # mean softmax, not majority vote
@@ -84,8 +85,11 @@ def _gather_worker(rank: int, port: int, out: dict) -> None:
     mine = [0, 2, 4] if rank == 0 else [1, 3, 0]
     store = PredictionStore()
     idx = torch.tensor(mine)
-    store.add(idx, {"verb": _onehot_scores([i % 2 for i in mine], 2), "noun": _onehot_scores([0] * 3, 2)},
-              {"verb": idx % 2, "noun": torch.zeros(3, dtype=torch.long)})
+    store.add(
+        idx,
+        {"verb": _onehot_scores([i % 2 for i in mine], 2), "noun": _onehot_scores([0] * 3, 2)},
+        {"verb": idx % 2, "noun": torch.zeros(3, dtype=torch.long)},
+    )
     index, scores, labels = store.gather()
     out[rank] = (index.tolist(), compute_metrics(scores, labels)["action_top1"])
     torch.distributed.destroy_process_group()

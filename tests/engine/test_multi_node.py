@@ -21,20 +21,38 @@ pytestmark = pytest.mark.multiprocess
 
 
 def _node(rank: int, recipe: Path, hostfile: Path, port: int, log: Path) -> subprocess.Popen:
-    env = engine_env(NODE_RANK=str(rank), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), HOSTFILE=str(hostfile),
-                     DS_ACCELERATOR="cpu", AVION_DS_PG_TIMEOUT_S="20", SLURM_NODEID=None)
-    return subprocess.Popen(["bash", str(REPO / "launch" / "multi_node.sh"), str(recipe),
-                             str(REPO / "ds_configs" / "zero3.json")], cwd=REPO, env=env, stdout=log.open("w"),
-                            stderr=subprocess.STDOUT, start_new_session=True)
+    env = engine_env(
+        NODE_RANK=str(rank),
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
+        HOSTFILE=str(hostfile),
+        DS_ACCELERATOR="cpu",
+        AVION_DS_PG_TIMEOUT_S="20",
+        SLURM_NODEID=None,
+    )
+    return subprocess.Popen(
+        ["bash", str(REPO / "launch" / "multi_node.sh"), str(recipe), str(REPO / "ds_configs" / "zero3.json")],
+        cwd=REPO,
+        env=env,
+        stdout=log.open("w"),
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
 
 
 @pytest.mark.timeout(600)
 def test_two_nodes_no_ssh_kill_and_resume(tiny_epic_quick: dict, tmp_path: Path) -> None:
     tiny_epic = tiny_epic_quick
     run = tmp_path / "run"
-    recipe = write_recipe(tmp_path / "r.yaml", tiny_epic, run, checkpoint={"every_steps": 1, "keep_last": 20},
-                          eval={"every_epochs": 5}, data=QUICK_DATA,
-                          logging={"tensorboard": False, "log_every": 1, "progress": False})
+    recipe = write_recipe(
+        tmp_path / "r.yaml",
+        tiny_epic,
+        run,
+        checkpoint={"every_steps": 1, "keep_last": 20},
+        eval={"every_epochs": 5},
+        data=QUICK_DATA,
+        logging={"tensorboard": False, "log_every": 1, "progress": False},
+    )
     hostfile = tmp_path / "hostfile"
     hostfile.write_text("localhost slots=1\n127.0.0.1 slots=1\n")  # a hostfile cannot repeat a host name
 

@@ -26,8 +26,10 @@ def steps_per_epoch(data: dict) -> int:
 def _train(tmp: Path, data: dict, name: str, ds: str, *extra: str, launcher: str = "deepspeed") -> tuple[Path, str]:
     run = tmp / name
     recipe = write_recipe(tmp / f"{name}.yaml", data, run, data=QUICK_DATA)
-    proc = launch(["--config", str(recipe), "--deepspeed_config", str(REPO / "ds_configs" / f"{ds}.json"), *extra],
-                  launcher=launcher)
+    proc = launch(
+        ["--config", str(recipe), "--deepspeed_config", str(REPO / "ds_configs" / f"{ds}.json"), *extra],
+        launcher=launcher,
+    )
     log = proc.stdout + proc.stderr
     assert proc.returncode == 0, log[-4000:]
     return run, log
@@ -62,8 +64,9 @@ def test_zero0_run_logs_checkpoints_and_evaluates(reference: dict, tiny_epic_qui
 
 
 @pytest.mark.parametrize("stage", ["zero2", "zero3"])
-def test_resume_reproduces_uninterrupted_run(stage: str, reference: dict, tiny_epic_quick: dict,
-                                             tmp_path: Path) -> None:
+def test_resume_reproduces_uninterrupted_run(
+    stage: str, reference: dict, tiny_epic_quick: dict, tmp_path: Path
+) -> None:
     tiny_epic = tiny_epic_quick
     stop = steps_per_epoch(tiny_epic) + 1  # one step into the second epoch: resume mid-epoch
     # ZeRO-3 also switches activation checkpointing to deepspeed.checkpointing (the JSON's section)
@@ -95,8 +98,9 @@ def test_resume_reproduces_uninterrupted_run(stage: str, reference: dict, tiny_e
 
 
 def test_cpu_offload_matches(reference: dict, tiny_epic_quick: dict, tmp_path: Path) -> None:
-    run, log = _train(tmp_path, tiny_epic_quick, "offload", "zero3_offload", "--exit-after-steps", "2",
-                      launcher="torchrun")
+    run, log = _train(
+        tmp_path, tiny_epic_quick, "offload", "zero3_offload", "--exit-after-steps", "2", launcher="torchrun"
+    )
     assert "ZeRO-3" in log
     got, ref = losses(run), reference["losses"]
     assert sorted(got) == [1, 2]
@@ -110,8 +114,14 @@ def test_on_error_raise_is_one_line_exit_2_on_every_rank(tiny_epic: dict, tmp_pa
     from tests.engine.test_single_process import truncate_one_video
 
     data, files = truncate_one_video(tiny_epic, tmp_path)
-    recipe = write_recipe(tmp_path / "r.yaml", data, tmp_path / "run", data={"on_error": "raise"},
-                          schedule={"epochs": 1}, checkpoint={"every_steps": 0})
+    recipe = write_recipe(
+        tmp_path / "r.yaml",
+        data,
+        tmp_path / "run",
+        data={"on_error": "raise"},
+        schedule={"epochs": 1},
+        checkpoint={"every_steps": 0},
+    )
     proc = launch(["--config", str(recipe), "--deepspeed_config", str(REPO / "ds_configs" / "zero2.json")])
     out = proc.stdout + proc.stderr
     assert proc.returncode == 2, out[-4000:]

@@ -28,11 +28,28 @@ sys.exit(train.main([*sys.argv[1:], "--set", "task=finetune_oom_injected"]))
 @pytest.mark.multiprocess
 @pytest.mark.timeout(300)
 def test_oom_in_step_is_one_line_exit_1(tiny_epic: dict, tmp_path: Path) -> None:
-    recipe = write_recipe(tmp_path / "r.yaml", tiny_epic, tmp_path / "run",
-                          model={"activation_checkpointing": True, "checkpoint_every": 1})
-    proc = subprocess.run([sys.executable, "-c", INJECT, "--config", str(recipe), "--deepspeed_config",
-                           str(REPO / "ds_configs" / "zero2.json")], cwd=REPO, env=engine_env(), capture_output=True,
-                          text=True, timeout=280)
+    recipe = write_recipe(
+        tmp_path / "r.yaml",
+        tiny_epic,
+        tmp_path / "run",
+        model={"activation_checkpointing": True, "checkpoint_every": 1},
+    )
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            INJECT,
+            "--config",
+            str(recipe),
+            "--deepspeed_config",
+            str(REPO / "ds_configs" / "zero2.json"),
+        ],
+        cwd=REPO,
+        env=engine_env(),
+        capture_output=True,
+        text=True,
+        timeout=280,
+    )
     assert proc.returncode == 1, proc.stderr[-3000:]
     assert "Traceback" not in proc.stderr
     lines = [ln for ln in proc.stderr.splitlines() if "out of memory" in ln]

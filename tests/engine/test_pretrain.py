@@ -31,8 +31,17 @@ SCRIPT = Path(__file__).with_name("pretrain_jobs_script.py")
 def _launch(jobs: list[list[str]], tmp: Path, name: str) -> str:
     path = tmp / f"{name}.json"
     path.write_text(json.dumps(jobs))
-    cmd = [sys.executable, "-m", "deepspeed.launcher.runner", "--num_gpus", "2", "--master_port", str(free_port()),
-           str(SCRIPT), str(path)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "deepspeed.launcher.runner",
+        "--num_gpus",
+        "2",
+        "--master_port",
+        str(free_port()),
+        str(SCRIPT),
+        str(path),
+    ]
     proc = subprocess.run(cmd, cwd=REPO, env=engine_env(), capture_output=True, text=True, timeout=900)
     log = proc.stdout + proc.stderr
     assert proc.returncode == 0, log[-5000:]
@@ -43,9 +52,16 @@ def _recipe(tmp: Path, data: dict) -> Path:
     recipe = {
         "task": "pretrain",
         "model": {"name": "pretrain_videomae_test_tiny"},
-        "data": {"root": str(data["root"]), "num_frames": 4, "size": 32, "workers": 0, "stride": 2,
-                 "clips_per_video": 4, "decoder": "decord",
-                 "decode_timeout_s": 0.0},  # decode in-process: a helper process per dataset costs ~10 s per job
+        "data": {
+            "root": str(data["root"]),
+            "num_frames": 4,
+            "size": 32,
+            "workers": 0,
+            "stride": 2,
+            "clips_per_video": 4,
+            "decoder": "decord",
+            "decode_timeout_s": 0.0,
+        },  # decode in-process: a helper process per dataset costs ~10 s per job
         "pretrain": {"mask_ratio": 0.5, "decoder_mask_type": "running_cell", "decoder_mask_ratio": 0.5},
         "optim": {"lr": 1e-3, "base_batch": 4, "clip_grad": 1.0},
         "schedule": {"epochs": 2, "warmup_epochs": 0.5},
@@ -62,8 +78,14 @@ def _recipe(tmp: Path, data: dict) -> Path:
 
 
 def _job(recipe: Path, run: Path, stage: int, *sets: str, exit_after: int | None = None) -> list[str]:
-    argv = ["--config", str(recipe), "--deepspeed_config", str(REPO / "ds_configs" / f"zero{stage}.json"),
-            "--set", f"output_dir={run}"]
+    argv = [
+        "--config",
+        str(recipe),
+        "--deepspeed_config",
+        str(REPO / "ds_configs" / f"zero{stage}.json"),
+        "--set",
+        f"output_dir={run}",
+    ]
     for s in sets:
         argv += ["--set", s]
     return argv + (["--exit-after-steps", str(exit_after)] if exit_after else [])

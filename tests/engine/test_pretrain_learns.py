@@ -41,10 +41,21 @@ def test_tiny_videomae_beats_predict_zero_on_a_held_out_video(tmp_path: Path) ->
     recipe = {
         "task": "pretrain",
         "model": {"name": "pretrain_videomae_test_tiny", "drop_path_rate": 0.0},
-        "data": {"dataset": "videos", "root": str(data["chunks"]), "train_csv": str(data["train"]),
-                 "val_csv": str(data["val"]), "num_frames": 8, "sampling": "stride", "stride": 1, "size": 32,
-                 "decoder": "decord", "workers": 1, "decode_timeout_s": 0.0, "clips_per_video": 64,
-                 "hflip": 0.0},
+        "data": {
+            "dataset": "videos",
+            "root": str(data["chunks"]),
+            "train_csv": str(data["train"]),
+            "val_csv": str(data["val"]),
+            "num_frames": 8,
+            "sampling": "stride",
+            "stride": 1,
+            "size": 32,
+            "decoder": "decord",
+            "workers": 1,
+            "decode_timeout_s": 0.0,
+            "clips_per_video": 64,
+            "hflip": 0.0,
+        },
         "pretrain": {"mask_type": "tube", "mask_ratio": 0.9},
         "optim": {"lr": 2e-3, "base_batch": 16, "betas": [0.9, 0.95]},
         "schedule": {"epochs": 40, "warmup_epochs": 2},  # 40 x 12 = 480 steps
@@ -58,8 +69,12 @@ def test_tiny_videomae_beats_predict_zero_on_a_held_out_video(tmp_path: Path) ->
     }
     path = tmp_path / "pretrain.yaml"
     path.write_text(yaml.safe_dump(recipe))
-    proc = launch(["--config", path, "--deepspeed_config", REPO / "ds_configs" / "zero0.json"], nprocs=1,
-                  launcher="python", timeout=600)
+    proc = launch(
+        ["--config", path, "--deepspeed_config", REPO / "ds_configs" / "zero0.json"],
+        nprocs=1,
+        launcher="python",
+        timeout=600,
+    )
     log = proc.stdout + proc.stderr
     assert proc.returncode == 0, log[-4000:]
     metrics = json.loads((run / "metrics.json").read_text())

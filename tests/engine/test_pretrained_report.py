@@ -29,8 +29,9 @@ def test_full_match_logs_one_line_and_writes_report(tmp_path: Path) -> None:
     torch.save(src.state_dict(), path)
     lines: list[str] = []
     model = _model()
-    load_and_report(model, str(path), strict=True, trust=False, run_dir=tmp_path / "run", is_main=True,
-                    log=lines.append)
+    load_and_report(
+        model, str(path), strict=True, trust=False, run_dir=tmp_path / "run", is_main=True, log=lines.append
+    )
     assert len(lines) == 1 and "\n" not in lines[0]
     assert f"pretrained {path}: format avion_ds, backbone 100.0% of parameters matched" in lines[0]
     report = json.loads((tmp_path / "run" / REPORT_NAME).read_text())
@@ -44,10 +45,12 @@ def test_barely_mapping_checkpoint_is_refused_unless_not_strict(tmp_path: Path) 
     path = tmp_path / "half.pt"
     torch.save(sd, path)
     lines: list[str] = []
-    with pytest.raises(ConfigError, match=r"only \d+\.\d% of the backbone parameters matched \(< 90%; first "
-                                          r"missing: blocks\.1\.") as info:
-        load_and_report(_model(), str(path), strict=True, trust=False, run_dir=tmp_path, is_main=True,
-                        log=lines.append)
+    with pytest.raises(
+        ConfigError,
+        match=r"only \d+\.\d% of the backbone parameters matched \(< 90%; first "
+        r"missing: blocks\.1\.",
+    ) as info:
+        load_and_report(_model(), str(path), strict=True, trust=False, run_dir=tmp_path, is_main=True, log=lines.append)
     assert "\n" not in str(info.value)
     assert "first missing backbone keys: blocks.1." in lines[0]  # the summary still came first
     assert json.loads((tmp_path / REPORT_NAME).read_text())["backbone_matched_fraction"] < 0.9
@@ -63,8 +66,11 @@ def test_unreadable_or_untrusted_file_is_a_config_error(tmp_path: Path) -> None:
         load_and_report(_model(), str(tmp_path / "nope.pt"), strict=True, trust=False, run_dir=None, is_main=True)
     path = tmp_path / "odd.pth"
     torch.save({"model": _model().state_dict(), "extra": _Opaque()}, path)
-    with pytest.raises(ConfigError, match=r"model.pretrained=.*odd.pth: checkpoint .* pickles Python objects that are "
-                                          r"not weights \(.*_Opaque\).*--trust-checkpoint"):
+    with pytest.raises(
+        ConfigError,
+        match=r"model.pretrained=.*odd.pth: checkpoint .* pickles Python objects that are "
+        r"not weights \(.*_Opaque\).*--trust-checkpoint",
+    ):
         load_and_report(_model(), str(path), strict=True, trust=False, run_dir=None, is_main=True)
     load_and_report(_model(), str(path), strict=True, trust=True, run_dir=None, is_main=False)  # opted in
 
@@ -76,11 +82,14 @@ def test_train_stops_on_a_barely_mapping_checkpoint(tiny_epic: dict, tmp_path: P
     torch.save(_without_block(create_model("vit_test_tiny", heads={"verb": 4, "noun": 3}).state_dict(), 1), half)
     run = tmp_path / "bad"
     recipe = write_recipe(tmp_path / "bad.yaml", tiny_epic, run, model={"pretrained": str(half)})
-    proc = launch(["--deepspeed_config", REPO / "ds_configs" / "zero0.json", "--config", recipe], nprocs=1,
-                  launcher="python", timeout=240)
+    proc = launch(
+        ["--deepspeed_config", REPO / "ds_configs" / "zero0.json", "--config", recipe],
+        nprocs=1,
+        launcher="python",
+        timeout=240,
+    )
     err = [ln for ln in proc.stderr.splitlines() if ln.strip()]
     assert proc.returncode == 2, (proc.stdout + proc.stderr)[-3000:]
     assert "Traceback" not in proc.stderr
     assert "backbone parameters matched (< 90%" in err[-1] and err[-1].startswith("avion-ds train: error:")
     assert (run / REPORT_NAME).is_file()
-

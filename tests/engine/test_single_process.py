@@ -17,12 +17,28 @@ pytestmark = pytest.mark.multiprocess
 def test_nonfinite_stop_exits_nonzero_with_step(tiny_epic: dict, tmp_path: Path) -> None:
     run = tmp_path / "run"
     # lr 1e30 without clipping: the first AdamW step blows the weights up, step 2's loss is not finite
-    recipe = write_recipe(tmp_path / "r.yaml", tiny_epic, run, optim={"lr": 1e30, "clip_grad": 0.0},
-                          checkpoint={"every_steps": 0})
-    proc = subprocess.run([sys.executable, str(REPO / "launch" / "train.py"), "--config", str(recipe),
-                           "--deepspeed_config", str(REPO / "ds_configs" / "zero0.json"), "--set", "nonfinite=stop",
-                           "--set", "batch.global_batch=4"],
-                          cwd=REPO, env=engine_env(), capture_output=True, text=True, timeout=240)
+    recipe = write_recipe(
+        tmp_path / "r.yaml", tiny_epic, run, optim={"lr": 1e30, "clip_grad": 0.0}, checkpoint={"every_steps": 0}
+    )
+    proc = subprocess.run(
+        [
+            sys.executable,
+            str(REPO / "launch" / "train.py"),
+            "--config",
+            str(recipe),
+            "--deepspeed_config",
+            str(REPO / "ds_configs" / "zero0.json"),
+            "--set",
+            "nonfinite=stop",
+            "--set",
+            "batch.global_batch=4",
+        ],
+        cwd=REPO,
+        env=engine_env(),
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
     err = proc.stderr
     assert proc.returncode == 3, (proc.stdout + err)[-3000:]
     assert "avion-ds train: error: non-finite loss at global step 2 (epoch 0, step 2 of the epoch)" in err
@@ -57,11 +73,29 @@ def test_bad_videos_are_skipped_counted_and_named_once(tiny_epic: dict, tmp_path
 
     data, files = truncate_one_video(tiny_epic, tmp_path)
     run = tmp_path / "run"
-    recipe = write_recipe(tmp_path / "r.yaml", data, run, data={"workers": 2},
-                          schedule={"epochs": 2, "steps_per_epoch": 4}, checkpoint={"every_steps": 0})
-    proc = subprocess.run([sys.executable, str(REPO / "launch" / "train.py"), "--config", str(recipe),
-                           "--deepspeed_config", str(REPO / "ds_configs" / "zero0.json")],
-                          cwd=REPO, env=engine_env(), capture_output=True, text=True, timeout=240)
+    recipe = write_recipe(
+        tmp_path / "r.yaml",
+        data,
+        run,
+        data={"workers": 2},
+        schedule={"epochs": 2, "steps_per_epoch": 4},
+        checkpoint={"every_steps": 0},
+    )
+    proc = subprocess.run(
+        [
+            sys.executable,
+            str(REPO / "launch" / "train.py"),
+            "--config",
+            str(recipe),
+            "--deepspeed_config",
+            str(REPO / "ds_configs" / "zero0.json"),
+        ],
+        cwd=REPO,
+        env=engine_env(),
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out[-3000:]
     rows = [json.loads(line) for line in (run / "history.jsonl").read_text().splitlines()]
@@ -76,11 +110,18 @@ def test_bad_videos_are_skipped_counted_and_named_once(tiny_epic: dict, tmp_path
     assert "moov atom" not in out and "ERROR opening" not in out  # decoder stderr kept out of the log
 
 
-def _train_proc(recipe: Path, *extra: str, ds: str = "zero0.json", timeout: int = 240,
-                prefix: list[str] | None = None) -> subprocess.CompletedProcess:
+def _train_proc(
+    recipe: Path, *extra: str, ds: str = "zero0.json", timeout: int = 240, prefix: list[str] | None = None
+) -> subprocess.CompletedProcess:
     cmd = prefix or [sys.executable, str(REPO / "launch" / "train.py")]
-    return subprocess.run([*cmd, "--config", str(recipe), "--deepspeed_config", str(REPO / "ds_configs" / ds), *extra],
-                          cwd=REPO, env=engine_env(), capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(
+        [*cmd, "--config", str(recipe), "--deepspeed_config", str(REPO / "ds_configs" / ds), *extra],
+        cwd=REPO,
+        env=engine_env(),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
 
 
 def test_bad_input_end_to_end_is_one_stderr_line_exit_2(tiny_epic: dict, tmp_path: Path) -> None:
@@ -94,14 +135,21 @@ def test_bad_input_end_to_end_is_one_stderr_line_exit_2(tiny_epic: dict, tmp_pat
 
 def test_unexpected_error_in_a_step_exits_1_with_traceback(tiny_epic: dict, tmp_path: Path) -> None:
     """No blanket except: a bug inside a training step is a failure (1) with its traceback, not 'bad input'."""
-    recipe = write_recipe(tmp_path / "r.yaml", tiny_epic, tmp_path / "run", schedule={"epochs": 1, "steps_per_epoch": 3},
-                          checkpoint={"every_steps": 0})
-    script = ("import sys\nfrom avion_ds.engine import train\nfrom avion_ds.tasks import register_task\n"
-              "from avion_ds.tasks.finetune import FinetuneTask\ncalls = []\n"
-              "@register_task\nclass Broken(FinetuneTask):\n    name = 'finetune_broken'\n"
-              "    def loss(self, *a, **k):\n        calls.append(1)\n        if len(calls) == 2:\n"
-              "            raise ValueError('injected bug in step 2')\n        return super().loss(*a, **k)\n"
-              "sys.exit(train.main([*sys.argv[1:], '--set', 'task=finetune_broken']))\n")
+    recipe = write_recipe(
+        tmp_path / "r.yaml",
+        tiny_epic,
+        tmp_path / "run",
+        schedule={"epochs": 1, "steps_per_epoch": 3},
+        checkpoint={"every_steps": 0},
+    )
+    script = (
+        "import sys\nfrom avion_ds.engine import train\nfrom avion_ds.tasks import register_task\n"
+        "from avion_ds.tasks.finetune import FinetuneTask\ncalls = []\n"
+        "@register_task\nclass Broken(FinetuneTask):\n    name = 'finetune_broken'\n"
+        "    def loss(self, *a, **k):\n        calls.append(1)\n        if len(calls) == 2:\n"
+        "            raise ValueError('injected bug in step 2')\n        return super().loss(*a, **k)\n"
+        "sys.exit(train.main([*sys.argv[1:], '--set', 'task=finetune_broken']))\n"
+    )
     proc = _train_proc(recipe, prefix=[sys.executable, "-c", script])
     assert proc.returncode == 1, (proc.stdout + proc.stderr)[-3000:]
     assert "Traceback (most recent call last)" in proc.stderr and "ValueError: injected bug in step 2" in proc.stderr
@@ -111,8 +159,14 @@ def test_unexpected_error_in_a_step_exits_1_with_traceback(tiny_epic: dict, tmp_
 def test_nonfinite_streak_stops_with_exit_3(tiny_epic: dict, tmp_path: Path) -> None:
     """Under `nonfinite: skip`, a run whose every loss is non-finite stops after the cap (was: exit 0)."""
     run = tmp_path / "run"
-    recipe = write_recipe(tmp_path / "r.yaml", tiny_epic, run, optim={"lr": 1e30, "clip_grad": 0.0},
-                          schedule={"epochs": 1}, checkpoint={"every_steps": 0})
+    recipe = write_recipe(
+        tmp_path / "r.yaml",
+        tiny_epic,
+        run,
+        optim={"lr": 1e30, "clip_grad": 0.0},
+        schedule={"epochs": 1},
+        checkpoint={"every_steps": 0},
+    )
     proc = _train_proc(recipe, "--set", "nonfinite_max_consecutive=2", "--set", "batch.global_batch=4")
     assert proc.returncode == 3, (proc.stdout + proc.stderr)[-3000:]
     assert "error: 2 non-finite micro-batches in a row (nonfinite_max_consecutive=2)" in proc.stderr
@@ -122,16 +176,23 @@ def test_nonfinite_streak_stops_with_exit_3(tiny_epic: dict, tmp_path: Path) -> 
 def test_checkpoint_with_nonfinite_weights_is_never_written(tiny_epic: dict, tmp_path: Path) -> None:
     """A weight turned NaN during step 2 (after its loss was computed): step 1 is saved, step 2 is refused."""
     run = tmp_path / "run"
-    recipe = write_recipe(tmp_path / "r.yaml", tiny_epic, run, schedule={"epochs": 1, "steps_per_epoch": 3},
-                          checkpoint={"every_steps": 1, "keep_last": 5})
-    script = ("import sys, torch\nfrom avion_ds.engine import train\nfrom avion_ds.tasks import register_task\n"
-              "from avion_ds.tasks.finetune import FinetuneTask\n"
-              "@register_task\nclass Poison(FinetuneTask):\n    name = 'finetune_poisoned_weight'\n"
-              "    def __init__(self):\n        self.calls = 0\n"
-              "    def loss(self, model, *a, **k):\n        self.calls += 1\n        if self.calls == 2:\n"
-              "            with torch.no_grad():\n                next(model.module.parameters()).view(-1)[0] = float('nan')\n"
-              "        return super().loss(model, *a, **k)\n"
-              "sys.exit(train.main([*sys.argv[1:], '--set', 'task=finetune_poisoned_weight']))\n")
+    recipe = write_recipe(
+        tmp_path / "r.yaml",
+        tiny_epic,
+        run,
+        schedule={"epochs": 1, "steps_per_epoch": 3},
+        checkpoint={"every_steps": 1, "keep_last": 5},
+    )
+    script = (
+        "import sys, torch\nfrom avion_ds.engine import train\nfrom avion_ds.tasks import register_task\n"
+        "from avion_ds.tasks.finetune import FinetuneTask\n"
+        "@register_task\nclass Poison(FinetuneTask):\n    name = 'finetune_poisoned_weight'\n"
+        "    def __init__(self):\n        self.calls = 0\n"
+        "    def loss(self, model, *a, **k):\n        self.calls += 1\n        if self.calls == 2:\n"
+        "            with torch.no_grad():\n                next(model.module.parameters()).view(-1)[0] = float('nan')\n"
+        "        return super().loss(model, *a, **k)\n"
+        "sys.exit(train.main([*sys.argv[1:], '--set', 'task=finetune_poisoned_weight']))\n"
+    )
     proc = _train_proc(recipe, "--set", "batch.global_batch=4", prefix=[sys.executable, "-c", script])
     assert proc.returncode == 3, (proc.stdout + proc.stderr)[-3000:]
     assert "error: non-finite weights at global step 2: checkpoint step_00000002 not written" in proc.stderr
@@ -143,17 +204,22 @@ def test_resume_from_tag_rewrites_history(tiny_epic: dict, tmp_path: Path) -> No
     duplicates) and the replayed step's loss equals the first run's."""
 
     run = tmp_path / "run"
-    recipe = write_recipe(tmp_path / "r.yaml", tiny_epic, run, schedule={"epochs": 1, "steps_per_epoch": 4},
-                          checkpoint={"every_steps": 1, "keep_last": 5})
+    recipe = write_recipe(
+        tmp_path / "r.yaml",
+        tiny_epic,
+        run,
+        schedule={"epochs": 1, "steps_per_epoch": 4},
+        checkpoint={"every_steps": 1, "keep_last": 5},
+    )
     first = _train_proc(recipe, "--set", "batch.global_batch=4", "--exit-after-steps", "3")
     assert first.returncode == 0, (first.stdout + first.stderr)[-3000:]
     before = [json.loads(x) for x in (run / "history.jsonl").read_text().splitlines()]
     assert [r["step"] for r in before] == [1, 2, 3]
-    second = _train_proc(recipe, "--set", "batch.global_batch=4", "--exit-after-steps", "2",
-                         "--resume-from", "step_00000001")
+    second = _train_proc(
+        recipe, "--set", "batch.global_batch=4", "--exit-after-steps", "2", "--resume-from", "step_00000001"
+    )
     assert second.returncode == 0, (second.stdout + second.stderr)[-3000:]
     assert "resumed from step_00000001: epoch 0, step 1 in epoch, global step 1" in second.stdout
     after = [json.loads(x) for x in (run / "history.jsonl").read_text().splitlines()]
     assert [r["step"] for r in after] == [1, 2]  # step 3 of the first run is gone, step 2 written once
     assert after[1]["loss"] == pytest.approx(before[1]["loss"], abs=1e-6)
-

@@ -19,15 +19,26 @@ def setup(tmp_path: Path) -> dict:
     (tmp_path / "chunks").mkdir()
     (tmp_path / "chunks" / "manifest.jsonl").write_text(  # checks never open the video itself
         '{"video_id": "v0", "path": "v0/0.mp4", "start_frame": 0, "frames": 300, "fps": 30, "width": 64, '
-        '"height": 48, "job": 1}\n')
+        '"height": 48, "job": 1}\n'
+    )
     rows = "".join(f"v0_{i},v0,00:00:0{i}.00,00:00:0{i}.50,{i % 4},{i % 3}\n" for i in range(8))
     for name in ("train.csv", "val.csv"):
-        (tmp_path / name).write_text("narration_id,video_id,start_timestamp,stop_timestamp,verb_class,noun_class\n"
-                                     + rows)
-    recipe = {"model": {"name": "vit_test_tiny", "heads": {"verb": 4, "noun": 3}},
-              "data": {"dataset": "epic", "root": str(tmp_path / "chunks"), "train_csv": str(tmp_path / "train.csv"),
-                       "val_csv": str(tmp_path / "val.csv"), "num_frames": 4, "size": 32},
-              "batch": {"global_batch": 8, "micro_batch": 4}, "output_dir": str(tmp_path / "run")}
+        (tmp_path / name).write_text(
+            "narration_id,video_id,start_timestamp,stop_timestamp,verb_class,noun_class\n" + rows
+        )
+    recipe = {
+        "model": {"name": "vit_test_tiny", "heads": {"verb": 4, "noun": 3}},
+        "data": {
+            "dataset": "epic",
+            "root": str(tmp_path / "chunks"),
+            "train_csv": str(tmp_path / "train.csv"),
+            "val_csv": str(tmp_path / "val.csv"),
+            "num_frames": 4,
+            "size": 32,
+        },
+        "batch": {"global_batch": 8, "micro_batch": 4},
+        "output_dir": str(tmp_path / "run"),
+    }
     path = tmp_path / "r.yaml"
     path.write_text(yaml.safe_dump(recipe))
     return {"tmp": tmp_path, "recipe": path, "data": recipe}
@@ -162,26 +173,69 @@ CASES: list[tuple[str, list[str], Callable | None, Callable | None, list[str], l
     ("set_bad_yaml", ["optim.lr=[1,"], None, None, [], ["--set optim.lr=[1,", "not valid YAML"]),
     ("zero_stage_7", [], _stage(7), None, [], ["zero_optimization.stage=7", "allowed values: 0, 1, 2, 3"]),
     ("zero_stage_two", [], _stage("two"), None, [], ["zero_optimization.stage='two'", "0, 1, 2, 3"]),
-    ("zero_as_list", [], _top(zero_optimization=[{"stage": 2}]), None, [], ["zero_optimization", "JSON object", "list"]),
+    (
+        "zero_as_list",
+        [],
+        _top(zero_optimization=[{"stage": 2}]),
+        None,
+        [],
+        ["zero_optimization", "JSON object", "list"],
+    ),
     ("clipping_abc", [], _top(gradient_clipping="abc"), None, [], ["gradient_clipping='abc'", "number"]),
-    ("optimizer_adamm", [], lambda c: c["optimizer"].update(type="Adamm"), None, [],
-     ["optimizer.type='Adamm'", "did you mean", "adam"]),
-    ("zero_bool_field", [], lambda c: c["zero_optimization"].update(overlap_comm="maybe"), None, [],
-     ["zero_optimization.overlap_comm='maybe'", "boolean"]),
-    ("zero_unknown_field", [], lambda c: c["zero_optimization"].update(stage3_max_live_param=1), None, [],
-     ["zero_optimization.stage3_max_live_param=1", "not permitted"]),
+    (
+        "optimizer_adamm",
+        [],
+        lambda c: c["optimizer"].update(type="Adamm"),
+        None,
+        [],
+        ["optimizer.type='Adamm'", "did you mean", "adam"],
+    ),
+    (
+        "zero_bool_field",
+        [],
+        lambda c: c["zero_optimization"].update(overlap_comm="maybe"),
+        None,
+        [],
+        ["zero_optimization.overlap_comm='maybe'", "boolean"],
+    ),
+    (
+        "zero_unknown_field",
+        [],
+        lambda c: c["zero_optimization"].update(stage3_max_live_param=1),
+        None,
+        [],
+        ["zero_optimization.stage3_max_live_param=1", "not permitted"],
+    ),
     # once silently accepted
     ("lr_inf", ["optim.lr=.inf"], None, None, [], ["optim.lr=inf", "finite"]),
     ("lr_overflows_float32", ["optim.lr=1e39"], None, None, [], ["optim.lr=1e+39", "overflows float32"]),
-    ("scaled_lr_overflows_float32", ["optim.lr=3e38", "optim.base_batch=4"], None, None, [],
-     ["optim.lr=3e+38 x global batch 8 / optim.base_batch 4 = 6e+38 overflows float32"]),
+    (
+        "scaled_lr_overflows_float32",
+        ["optim.lr=3e38", "optim.base_batch=4"],
+        None,
+        None,
+        [],
+        ["optim.lr=3e+38 x global batch 8 / optim.base_batch 4 = 6e+38 overflows float32"],
+    ),
     ("ds_batch_is_a_string", [], _top(train_batch_size="8"), None, [], ["train_batch_size='8'", "not an integer"]),
-    ("ds_accum_is_a_float", [], _top(gradient_accumulation_steps=1.5), None, [],
-     ["gradient_accumulation_steps=1.5", "not an integer"]),
+    (
+        "ds_accum_is_a_float",
+        [],
+        _top(gradient_accumulation_steps=1.5),
+        None,
+        [],
+        ["gradient_accumulation_steps=1.5", "not an integer"],
+    ),
     ("exit_after_negative", [], None, None, ["--exit-after-steps", "-1"], ["--exit-after-steps -1", ">= 1"]),
     ("warmup_negative", ["schedule.warmup_epochs=-1"], None, None, [], ["schedule.warmup_epochs=-1", ">= 0"]),
-    ("ds_key_typo", [], _top(train_batch_sise=8), None, [],
-     ["unknown DeepSpeed key 'train_batch_sise'", "did you mean train_batch_size"]),
+    (
+        "ds_key_typo",
+        [],
+        _top(train_batch_sise=8),
+        None,
+        [],
+        ["unknown DeepSpeed key 'train_batch_sise'", "did you mean train_batch_size"],
+    ),
     ("empty_recipe", [], None, _empty_recipe, [], ["r.yaml is empty"]),
     # one line from the start
     ("recipe_key_typo", ["optim.learning_rate=1e-3"], None, None, [], ["optim.learning_rate", "known: lr"]),
@@ -201,14 +255,27 @@ CASES: list[tuple[str, list[str], Callable | None, Callable | None, list[str], l
     ("epochs_zero", ["schedule.epochs=0"], None, None, [], ["schedule.epochs=0", "positive"]),
     ("layer_decay_2", ["optim.layer_decay=2"], None, None, [], ["optim.layer_decay=2", "(0, 1]"]),
     ("spatial_views_2", ["eval.spatial_views=2"], None, None, [], ["eval.spatial_views=2", "1 or 3"]),
-    ("crop_scale_reversed", ["data.crop_scale=[1.0,0.5]"], None, None, [], ["data.crop_scale=[1.0, 0.5]", "low <= high"]),
+    (
+        "crop_scale_reversed",
+        ["data.crop_scale=[1.0,0.5]"],
+        None,
+        None,
+        [],
+        ["data.crop_scale=[1.0, 0.5]", "low <= high"],
+    ),
     ("head_zero", ["model.heads={verb: 0, noun: 3}"], None, None, [], ["model.heads.verb=0", "positive"]),
     ("tubelet_3", ["model.tubelet_size=3"], None, None, [], ["data.num_frames=4", "model.tubelet_size=3"]),
     ("epic_without_heads", ["model.heads=null"], None, None, [], ["model.heads", "epic"]),
     ("kinetics_with_heads", ["data.dataset=kinetics"], None, None, [], ["model.heads=", "kinetics", "num_classes"]),
     ("heads_vs_dataset", ["model.heads={action: 4}"], None, None, [], ["model.heads={'action': 4}", "verb, noun"]),
-    ("labels_beyond_heads", [], None, _labels_beyond_heads, [], ["data.val_csv", "verb labels up to 7",
-                                                                   "model.heads.verb=4"]),
+    (
+        "labels_beyond_heads",
+        [],
+        None,
+        _labels_beyond_heads,
+        [],
+        ["data.val_csv", "verb labels up to 7", "model.heads.verb=4"],
+    ),
     ("dropout_1", ["model.drop_path_rate=1.0"], None, None, [], ["model.drop_path_rate=1.0", "[0, 1)"]),
     ("keep_last_0", ["checkpoint.keep_last=0"], None, None, [], ["checkpoint.keep_last=0", ">= 1"]),
     ("missing_val_csv", ["data.val_csv=/nope/val.csv"], None, None, [], ["data.val_csv", "/nope/val.csv"]),
@@ -218,29 +285,72 @@ CASES: list[tuple[str, list[str], Callable | None, Callable | None, list[str], l
     ("recipe_not_yaml", [], None, _bad_yaml_recipe, [], ["r.yaml:2:1 is not valid YAML", "found '<stream end>'"]),
     ("recipe_is_a_list", [], None, _list_recipe, [], ["r.yaml", "top level must be a mapping", "list"]),
     ("batch_not_divisible", ["batch.global_batch=6"], None, None, [], ["batch.global_batch 6", "micro 4"]),
-    ("ds_micro_conflict", [], _top(train_micro_batch_size_per_gpu=2), None, [],
-     ["train_micro_batch_size_per_gpu=2", "recipe value 4"]),
+    (
+        "ds_micro_conflict",
+        [],
+        _top(train_micro_batch_size_per_gpu=2),
+        None,
+        [],
+        ["train_micro_batch_size_per_gpu=2", "recipe value 4"],
+    ),
     ("ds_bf16_and_fp16", [], _top(bf16={"enabled": True}, fp16={"enabled": True}), None, [], ["both bf16 and fp16"]),
-    ("ds_precision_conflict", ["precision=fp32"], _top(bf16={"enabled": True}), None, [],
-     ["precision='fp32'", "bf16.enabled=true"]),
-    ("ds_lr_conflict", [], lambda c: c["optimizer"]["params"].update(lr=0.5), None, [],
-     ["optimizer.params.lr=0.5", "conflicts"]),
-    ("ds_zero_auto", [], lambda c: c["zero_optimization"].update(reduce_bucket_size="auto"), None, [],
-     ["zero_optimization.reduce_bucket_size", "auto"]),
+    (
+        "ds_precision_conflict",
+        ["precision=fp32"],
+        _top(bf16={"enabled": True}),
+        None,
+        [],
+        ["precision='fp32'", "bf16.enabled=true"],
+    ),
+    (
+        "ds_lr_conflict",
+        [],
+        lambda c: c["optimizer"]["params"].update(lr=0.5),
+        None,
+        [],
+        ["optimizer.params.lr=0.5", "conflicts"],
+    ),
+    (
+        "ds_zero_auto",
+        [],
+        lambda c: c["zero_optimization"].update(reduce_bucket_size="auto"),
+        None,
+        [],
+        ["zero_optimization.reduce_bucket_size", "auto"],
+    ),
     ("ds_top_level_list", [], None, None, ["--deepspeed_config", "@list"], ["top level must be a JSON object"]),
-    ("ds_missing", [], None, None, ["--deepspeed_config", "/nope/ds.json"], ["deepspeed config not found",
-                                                                            "/nope/ds.json"]),
+    (
+        "ds_missing",
+        [],
+        None,
+        None,
+        ["--deepspeed_config", "/nope/ds.json"],
+        ["deepspeed config not found", "/nope/ds.json"],
+    ),
     ("other_model_in_output_dir", [], None, _other_model_dir, [], ["different model", "vit_test_small"]),
-    ("resume_from_unknown_tag", [], None, None, ["--resume-from", "step_00000009"],
-     ["--resume-from 'step_00000009'", "complete: none"]),
-    ("finetune_from_missing", [], None, None, ["--finetune-from", "/nope/w.pth"], ["--finetune-from /nope/w.pth",
-                                                                                  "not found"]),
+    (
+        "resume_from_unknown_tag",
+        [],
+        None,
+        None,
+        ["--resume-from", "step_00000009"],
+        ["--resume-from 'step_00000009'", "complete: none"],
+    ),
+    (
+        "finetune_from_missing",
+        [],
+        None,
+        None,
+        ["--finetune-from", "/nope/w.pth"],
+        ["--finetune-from /nope/w.pth", "not found"],
+    ),
 ]
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
-def test_malformed_invocation_is_one_line_exit_2(case: tuple, setup: dict, capsys: pytest.CaptureFixture,
-                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+def test_malformed_invocation_is_one_line_exit_2(
+    case: tuple, setup: dict, capsys: pytest.CaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
     _name, sets, ds_patch, prep, extra, expect = case
 
     def tripwire() -> None:
@@ -268,8 +378,9 @@ def test_table_keeps_every_malformed_invocation(setup: dict) -> None:
     assert len(CASES) >= 65, len(CASES)
 
 
-def test_dry_run_prints_resolved_recipe_and_ds_config(setup: dict, capsys: pytest.CaptureFixture,
-                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+def test_dry_run_prints_resolved_recipe_and_ds_config(
+    setup: dict, capsys: pytest.CaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """--dry-run: every check, the resolved recipe + DeepSpeed config, exit 0, no process group."""
     monkeypatch.setattr(train.dist, "init", lambda: (_ for _ in ()).throw(AssertionError("process group")))
     weights = setup["tmp"] / "w.safetensors"
@@ -277,8 +388,9 @@ def test_dry_run_prints_resolved_recipe_and_ds_config(setup: dict, capsys: pytes
     from safetensors.torch import save_file
 
     save_file({"w": torch.zeros(1)}, str(weights))  # its header is read before the run, nothing more
-    code = train.main(_args(setup, "--dry-run", "--set", "optim.lr=2e-3", "--finetune-from", str(weights),
-                            "--resume-from", "none"))
+    code = train.main(
+        _args(setup, "--dry-run", "--set", "optim.lr=2e-3", "--finetune-from", str(weights), "--resume-from", "none")
+    )
     out, err = capsys.readouterr()
     assert code == 0, err
     recipe_text = out.split("# resolved recipe\n")[1].split("# DeepSpeed config\n")[0]
@@ -296,7 +408,10 @@ def test_supported_precision_is_not_refused(setup: dict, capsys: pytest.CaptureF
     """The precision check asks DeepSpeed's accelerator: fp16/bf16 train on this CPU, so they pass."""
     from deepspeed.accelerator import get_accelerator
 
-    for precision, ok in (("fp16", get_accelerator().is_fp16_supported()), ("bf16", get_accelerator().is_bf16_supported())):
+    for precision, ok in (
+        ("fp16", get_accelerator().is_fp16_supported()),
+        ("bf16", get_accelerator().is_bf16_supported()),
+    ):
         code = train.main(_args(setup, "--dry-run", "--set", f"precision={precision}"))
         assert code == (0 if ok else 2), capsys.readouterr().err
         capsys.readouterr()
@@ -313,8 +428,9 @@ class _Payload:
 
 
 @pytest.mark.parametrize("kind", ["payload", "not_a_checkpoint", "missing"])
-def test_refused_pretrained_leaves_nothing_behind(kind: str, setup: dict, capsys: pytest.CaptureFixture,
-                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+def test_refused_pretrained_leaves_nothing_behind(
+    kind: str, setup: dict, capsys: pytest.CaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """A weights file the loader refuses is refused at start-up: one line, exit 2, no process group, and
     no recipe.yaml / ds_config.json / run.json left in output_dir (the run never started)."""
     import torch

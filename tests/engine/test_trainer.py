@@ -12,8 +12,18 @@ from tests.engine.tiny_trainer import batches, tiny_trainer
 
 pytestmark = pytest.mark.multiprocess  # trains a DeepSpeed engine in this process
 # the client state train.run wrote before the Trainer existed (resume of older run dirs relies on them)
-LEGACY_KEYS = {"epoch", "step_in_epoch", "global_step", "skipped", "bad_samples", "applied_steps",
-               "overflow_steps", "model", "scheduler", "rng"}
+LEGACY_KEYS = {
+    "epoch",
+    "step_in_epoch",
+    "global_step",
+    "skipped",
+    "bad_samples",
+    "applied_steps",
+    "overflow_steps",
+    "model",
+    "scheduler",
+    "rng",
+}
 
 
 def test_train_state_round_trips_through_a_checkpoint(one_rank: None, tmp_path: Path) -> None:
@@ -24,8 +34,9 @@ def test_train_state_round_trips_through_a_checkpoint(one_rank: None, tmp_path: 
         assert trainer.train_step(data)
     st = trainer.state
     assert (st.global_step, st.step_in_epoch, st.applied_steps) == (3, 3, 3)
-    trainer.state = TrainState(epoch=1, step_in_epoch=2, global_step=3, skipped=4, bad_samples=5, applied_steps=2,
-                               overflow_steps=1)
+    trainer.state = TrainState(
+        epoch=1, step_in_epoch=2, global_step=3, skipped=4, bad_samples=5, applied_steps=2, overflow_steps=1
+    )
     tag = trainer.save()
     client = torch.load(run / "checkpoints" / tag / "client_rank0.pt", weights_only=False)
     assert set(client) == LEGACY_KEYS
@@ -43,5 +54,6 @@ def test_train_state_round_trips_through_a_checkpoint(one_rank: None, tmp_path: 
 def test_older_client_state_loads_with_defaults() -> None:
     st = TrainState()
     st.load_state_dict({"epoch": 2, "step_in_epoch": 0, "global_step": 9, "model": {}, "rng": None})
-    assert st == TrainState(epoch=2, step_in_epoch=0, global_step=9, skipped=0, bad_samples=0, applied_steps=9,
-                            overflow_steps=0)
+    assert st == TrainState(
+        epoch=2, step_in_epoch=0, global_step=9, skipped=0, bad_samples=0, applied_steps=9, overflow_steps=0
+    )

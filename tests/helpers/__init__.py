@@ -7,5 +7,17 @@ from tests.helpers.env import REPO, TORCH_EXTENSIONS, engine_env, free_port, one
 from tests.helpers.launch import launch, run_process
 from tests.helpers.recipes import QUICK_DATA, losses, write_recipe
 
-__all__ = ["QUICK_DATA", "REPO", "TORCH_EXTENSIONS", "engine_env", "free_port", "launch", "losses", "one_rank_vars",
-           "run_process", "tiny_epic_data", "val_subset", "write_recipe"]
+__all__ = [
+    "QUICK_DATA",
+    "REPO",
+    "TORCH_EXTENSIONS",
+    "engine_env",
+    "free_port",
+    "launch",
+    "losses",
+    "one_rank_vars",
+    "run_process",
+    "tiny_epic_data",
+    "val_subset",
+    "write_recipe",
+]

@@ -12,13 +12,29 @@ def tiny_epic_data(root: Path, num_videos: int = 3, background: str = "blocks") 
     from avion_ds.data.prep.chunking import chunk_videos
     from avion_ds.data.prep.synthetic import make_synthetic_epic
 
-    info = make_synthetic_epic(root / "synth", num_videos=num_videos, segments_per_video=15, segment_seconds=1.0,
-                               width=64, height=48, fps=12, val_fraction=0.25, seed=1, background=background)
-    summary = chunk_videos(info["videos"], root / "chunks", chunk_seconds=6.0, short_side=48, fps=12, gop=12,
-                           progress=False)
+    info = make_synthetic_epic(
+        root / "synth",
+        num_videos=num_videos,
+        segments_per_video=15,
+        segment_seconds=1.0,
+        width=64,
+        height=48,
+        fps=12,
+        val_fraction=0.25,
+        seed=1,
+        background=background,
+    )
+    summary = chunk_videos(
+        info["videos"], root / "chunks", chunk_seconds=6.0, short_side=48, fps=12, gop=12, progress=False
+    )
     assert not summary.failed, summary
-    return {"root": root / "chunks", "train_csv": info["train_csv"], "val_csv": info["val_csv"],
-            "num_train": info["num_train"], "num_val": info["num_val"]}
+    return {
+        "root": root / "chunks",
+        "train_csv": info["train_csv"],
+        "val_csv": info["val_csv"],
+        "num_train": info["num_train"],
+        "num_val": info["num_val"],
+    }
 
 
 def val_subset(data: dict, num_val: int, csv_path: Path) -> dict:

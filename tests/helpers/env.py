@@ -33,5 +33,10 @@ def engine_env(**overrides: str | None) -> dict[str, str]:
 
 def one_rank_vars() -> dict[str, str]:
     """What a one-rank launcher sets (on a free port), for a DeepSpeed engine built in the test process."""
-    return {"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1",
-            "MASTER_PORT": str(free_port())}
+    return {
+        "RANK": "0",
+        "WORLD_SIZE": "1",
+        "LOCAL_RANK": "0",
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": str(free_port()),
+    }

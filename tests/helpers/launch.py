@@ -13,17 +13,34 @@ from tests.helpers.env import REPO, engine_env
 LAUNCHERS = ("deepspeed", "torchrun", "python")
 
 
-def run_process(cmd: Sequence[str | Path], timeout: int = 300, env: dict[str, str] | None = None,
-                cwd: Path = REPO) -> subprocess.CompletedProcess:
+def run_process(
+    cmd: Sequence[str | Path], timeout: int = 300, env: dict[str, str] | None = None, cwd: Path = REPO
+) -> subprocess.CompletedProcess:
     """``cmd`` in ``engine_env()`` (or ``env``) from the repo root, output captured as text. A non-zero
     exit is returned, not raised: the tests assert on the code and show the output's tail."""
-    return subprocess.run([str(c) for c in cmd], cwd=cwd, env=engine_env() if env is None else env,
-                          capture_output=True, text=True, timeout=timeout, check=False)
+    return subprocess.run(
+        [str(c) for c in cmd],
+        cwd=cwd,
+        env=engine_env() if env is None else env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
 
 
-def launch(args: Sequence[str | Path], nprocs: int = 2, timeout: int = 600, launcher: str = "deepspeed",
-           script_path: Path | None = None, *, module: str | None = None, port: int | None = None,
-           env: dict[str, str] | None = None, cwd: Path = REPO) -> subprocess.CompletedProcess:
+def launch(
+    args: Sequence[str | Path],
+    nprocs: int = 2,
+    timeout: int = 600,
+    launcher: str = "deepspeed",
+    script_path: Path | None = None,
+    *,
+    module: str | None = None,
+    port: int | None = None,
+    env: dict[str, str] | None = None,
+    cwd: Path = REPO,
+) -> subprocess.CompletedProcess:
     """Run ``launch/train.py`` (or ``script_path``, or ``python -m module``) with ``args`` on ``nprocs`` CPU
     ranks (gloo): ``launcher`` is "deepspeed" (its runner, as the README's commands), "torchrun", or
     "python" (one plain process, ``nprocs`` 1). ``port``: the rendezvous port (a free one by default)."""
@@ -39,10 +56,24 @@ def launch(args: Sequence[str | Path], nprocs: int = 2, timeout: int = 600, laun
     else:
         port = free_port() if port is None else port
         if launcher == "deepspeed":
-            prefix = [sys.executable, "-m", "deepspeed.launcher.runner", "--num_gpus", str(nprocs),
-                      "--master_port", str(port)]
+            prefix = [
+                sys.executable,
+                "-m",
+                "deepspeed.launcher.runner",
+                "--num_gpus",
+                str(nprocs),
+                "--master_port",
+                str(port),
+            ]
             target = ["--module", module] if module else target
         else:
-            prefix = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(nprocs),
-                      "--master_port", str(port)]
+            prefix = [
+                sys.executable,
+                "-m",
+                "torch.distributed.run",
+                "--nproc_per_node",
+                str(nprocs),
+                "--master_port",
+                str(port),
+            ]
     return run_process([*prefix, *target, *args], timeout=timeout, env=env, cwd=cwd)

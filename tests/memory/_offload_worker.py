@@ -26,12 +26,18 @@ def main(out_dir: str) -> None:
     out = off(x)
     local = sum(p.ds_tensor.numel() for p in off.module.parameters())
     released = all(p.data.numel() == 0 for p in off.module.parameters())
-    outs = stream_logits(two_heads, [x[:2], x[2:]], offload="cpu", max_live_parameters=5000,
-                         prefetch_bucket_size=2000)
+    outs = stream_logits(two_heads, [x[:2], x[2:]], offload="cpu", max_live_parameters=5000, prefetch_bucket_size=2000)
     heads_diff = max(float((torch.cat([o[k] for o in outs]) - ref_heads[k]).abs().max()) for k in ref_heads)
     rank = int(os.environ["RANK"])
-    result = {"rank": rank, "max_abs_diff": float((out - ref).abs().max()), "allclose": bool(torch.allclose(out, ref, atol=1e-5)),
-                  "local_params": int(local), "total_params": int(total), "released": bool(released), "heads_diff": heads_diff}
+    result = {
+        "rank": rank,
+        "max_abs_diff": float((out - ref).abs().max()),
+        "allclose": bool(torch.allclose(out, ref, atol=1e-5)),
+        "local_params": int(local),
+        "total_params": int(total),
+        "released": bool(released),
+        "heads_diff": heads_diff,
+    }
     with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:
         json.dump(result, f)
     import torch.distributed as dist

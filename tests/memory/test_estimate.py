@@ -24,8 +24,20 @@ def test_zero2_zero3_model_states_equal_deepspeed_estimators(world):
         host, gpu = estimate_zero2_model_states_mem_needs(p, min(world, 8), 1, cpu_offload=off)
         assert _states(e) == gpu and e.host == host
     # ZeRO-3 with the live-parameter window no larger than DeepSpeed's 4 x largest layer
-    e = estimate("vit_base_patch16_224", 16, 224, 1, "bf16", 3, True, True, False, world,
-                 max_live_parameters=1, prefetch_bucket_size=1)
+    e = estimate(
+        "vit_base_patch16_224",
+        16,
+        224,
+        1,
+        "bf16",
+        3,
+        True,
+        True,
+        False,
+        world,
+        max_live_parameters=1,
+        prefetch_bucket_size=1,
+    )
     host, gpu, _ = estimate_zero3_model_states_mem_needs(p, info.largest_layer_params, min(world, 8), 1, True, True)
     assert _states(e) == gpu and e.host == host
 
@@ -34,8 +46,9 @@ def test_parts_add_up_and_stages_shrink_memory():
     prev = None
     for stage in (0, 1, 2, 3):
         e = estimate("vit_large_patch16_224", 16, 224, 4, torch.bfloat16, stage, False, False, True, 8)
-        assert e.allocated_peak == sum(getattr(e, k) for k in ("params", "grads", "optimizer", "activations",
-                                                                "recompute", "workspace"))
+        assert e.allocated_peak == sum(
+            getattr(e, k) for k in ("params", "grads", "optimizer", "activations", "recompute", "workspace")
+        )
         assert e.total == e.allocated_peak + e.fragmentation + e.context
         if prev is not None:
             assert _states(e) < _states(prev)
@@ -61,10 +74,13 @@ def test_fp32_and_micro_batch_scaling():
 
 @pytest.mark.parametrize(
     "kwargs, fragment",
-    [({"zero_stage": 2, "offload_param": True}, "offload_param needs zero_stage=3"),
-     ({"zero_stage": 0, "offload_optimizer": True}, "offload_optimizer needs zero_stage >= 1"),
-     ({"zero_stage": 5}, "zero_stage=5"), ({"dtype": "int8"}, "dtype='int8'"),
-     ({"frames": 15}, "got 15")],
+    [
+        ({"zero_stage": 2, "offload_param": True}, "offload_param needs zero_stage=3"),
+        ({"zero_stage": 0, "offload_optimizer": True}, "offload_optimizer needs zero_stage >= 1"),
+        ({"zero_stage": 5}, "zero_stage=5"),
+        ({"dtype": "int8"}, "dtype='int8'"),
+        ({"frames": 15}, "got 15"),
+    ],
 )
 def test_bad_inputs(kwargs, fragment):
     args = {"model": "vit_base_patch16_224", "frames": 16, "size": 224, "micro_batch": 1}

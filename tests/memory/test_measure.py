@@ -23,8 +23,9 @@ def test_planner_probe_runs_the_trainers_step(one_rank: None, monkeypatch: pytes
         return done
 
     monkeypatch.setattr(Trainer, "train_step", spy)
-    cand = Candidate(zero_stage=2, offload="none", offload_device="cpu", checkpoint_every=1, micro_batch=2,
-                     grad_accum=1)
+    cand = Candidate(
+        zero_stage=2, offload="none", offload_device="cpu", checkpoint_every=1, micro_batch=2, grad_accum=1
+    )
     req = SimpleNamespace(model="vit_test_tiny", frames=4, size=32, dtype="fp32", nvme_path=None, gpus=1)
     measure_candidates([cand], req, steps=2)
     assert cand.measured_clips_per_s and cand.measured_clips_per_s > 0, cand

@@ -20,8 +20,12 @@ def test_inference_config_exposes_the_two_knobs():
 
 @pytest.mark.parametrize(
     "kwargs, fragment",
-    [({"offload": "gpu"}, "offload='gpu'"), ({"offload": "nvme"}, "needs nvme_path"),
-     ({"max_live_parameters": 0}, "max_live_parameters=0"), ({"prefetch_bucket_size": -1}, "prefetch_bucket_size=-1")],
+    [
+        ({"offload": "gpu"}, "offload='gpu'"),
+        ({"offload": "nvme"}, "needs nvme_path"),
+        ({"max_live_parameters": 0}, "max_live_parameters=0"),
+        ({"prefetch_bucket_size": -1}, "prefetch_bucket_size=-1"),
+    ],
 )
 def test_inference_config_bad_input(kwargs, fragment):
     with pytest.raises(ValueError, match=fragment):
@@ -30,8 +34,9 @@ def test_inference_config_bad_input(kwargs, fragment):
 
 @pytest.mark.multiprocess
 def test_two_rank_offloaded_logits_equal_plain_model(tmp_path):
-    proc = launch([tmp_path], launcher="torchrun", script_path=Path(__file__).with_name("_offload_worker.py"),
-                  timeout=240)
+    proc = launch(
+        [tmp_path], launcher="torchrun", script_path=Path(__file__).with_name("_offload_worker.py"), timeout=240
+    )
     results = [json.loads(p.read_text()) for p in sorted(tmp_path.glob("rank*.json"))]
     assert len(results) == 2, proc.stdout[-2000:] + proc.stderr[-4000:]
     for r in results:
@@ -52,10 +57,13 @@ def test_inference_config_is_the_reference_json_without_optimizer(offload, name)
 
     path = Path(__file__).resolve().parents[2] / "ds_configs" / f"{name}.json"
     ref_zo = json.loads(path.read_text())["zero_optimization"]
-    knobs = {"max_live_parameters": ref_zo["stage3_max_live_parameters"],
-             "prefetch_bucket_size": ref_zo["stage3_prefetch_bucket_size"],
-             "param_persistence_threshold": ref_zo["stage3_param_persistence_threshold"], "pin_memory": True,
-             "nvme_path": ref_zo["offload_param"].get("nvme_path")}
+    knobs = {
+        "max_live_parameters": ref_zo["stage3_max_live_parameters"],
+        "prefetch_bucket_size": ref_zo["stage3_prefetch_bucket_size"],
+        "param_persistence_threshold": ref_zo["stage3_param_persistence_threshold"],
+        "pin_memory": True,
+        "nvme_path": ref_zo["offload_param"].get("nvme_path"),
+    }
     got = inference_ds_config(offload, dtype=torch.float16, **knobs)
     recipe = Recipe(precision="fp16", batch=BatchConfig(global_batch=None, micro_batch=1, grad_accum=1))
     ref = build_ds_config(path, recipe, 1)

@@ -13,9 +13,11 @@ import pytest
 from tests.helpers import run_process
 
 pytestmark = pytest.mark.multiprocess
-CODE = ("import json, sys; from avion_ds.memory.offload import resident_peaks; "
-        "print('RESULT ' + json.dumps(resident_peaks('vit_test_small', 8, 64, [20000, 100000, 1000000])), flush=True); "
-        "import os; os._exit(0)")
+CODE = (
+    "import json, sys; from avion_ds.memory.offload import resident_peaks; "
+    "print('RESULT ' + json.dumps(resident_peaks('vit_test_small', 8, 64, [20000, 100000, 1000000])), flush=True); "
+    "import os; os._exit(0)"
+)
 
 
 @pytest.mark.timeout(240)

@@ -15,8 +15,26 @@ REPO = Path(__file__).resolve().parents[2]
 
 def test_plan_writes_a_config_the_engine_builder_accepts(tmp_path, capsys):
     out = tmp_path / "plan.json"
-    rc = plan_mod.main(["--model", "vit_large_patch16_224", "--frames", "16", "--size", "224", "--gpu-mem", "24GiB",
-                        "--gpus", "8", "--cpu-mem", "256GiB", "--global-batch", "256", "--out", str(out)])
+    rc = plan_mod.main(
+        [
+            "--model",
+            "vit_large_patch16_224",
+            "--frames",
+            "16",
+            "--size",
+            "224",
+            "--gpu-mem",
+            "24GiB",
+            "--gpus",
+            "8",
+            "--cpu-mem",
+            "256GiB",
+            "--global-batch",
+            "256",
+            "--out",
+            str(out),
+        ]
+    )
     printed = capsys.readouterr().out
     assert rc == 0
     assert "candidates fit" in printed and "peak/GPU" in printed and "rel" in printed
@@ -44,8 +62,9 @@ def test_plan_writes_a_config_the_engine_builder_accepts(tmp_path, capsys):
 
 
 def test_every_fitting_candidate_is_under_budget_and_ranked():
-    args = plan_mod.parse_args(["--model", "vit_base_patch16_224", "--gpu-mem", "16GiB", "--gpus", "2",
-                                "--global-batch", "64"])
+    args = plan_mod.parse_args(
+        ["--model", "vit_base_patch16_224", "--gpu-mem", "16GiB", "--gpus", "2", "--global-batch", "64"]
+    )
     req = plan_mod.build_request(args)
     cands, facts = plan_mod.plan(req)
     fitting = [c for c in cands if c.fits]
@@ -63,8 +82,9 @@ def test_every_fitting_candidate_is_under_budget_and_ranked():
 
 
 def test_impossible_request_says_why_and_what_is_closest(tmp_path, capsys):
-    rc = plan_mod.main(["--model", "vit_giant_patch14_224", "--gpu-mem", "1GiB", "--gpus", "1",
-                        "--out", str(tmp_path / "p.json")])
+    rc = plan_mod.main(
+        ["--model", "vit_giant_patch14_224", "--gpu-mem", "1GiB", "--gpus", "1", "--out", str(tmp_path / "p.json")]
+    )
     err = capsys.readouterr().err
     assert rc == 1
     assert "nothing fits" in err and "vit_giant_patch14_224" in err and "closest" in err and "--gpu-mem" in err
@@ -72,23 +92,37 @@ def test_impossible_request_says_why_and_what_is_closest(tmp_path, capsys):
 
 
 def test_host_memory_limit_rules_out_offload(capsys, tmp_path):
-    rc = plan_mod.main(["--model", "vit_giant_patch14_224", "--gpu-mem", "4GiB", "--cpu-mem", "8GiB",
-                        "--out", str(tmp_path / "p.json")])
+    rc = plan_mod.main(
+        [
+            "--model",
+            "vit_giant_patch14_224",
+            "--gpu-mem",
+            "4GiB",
+            "--cpu-mem",
+            "8GiB",
+            "--out",
+            str(tmp_path / "p.json"),
+        ]
+    )
     err = capsys.readouterr().err
     assert rc == 1 and "host" in err
 
 
 @pytest.mark.parametrize(
     "argv, fragment",
-    [(["--model", "vit_lrge", "--gpu-mem", "24GiB"], "unknown model 'vit_lrge'"),
-     (["--model", "vit_base_patch16_224", "--gpu-mem", "24"], "'24' has no unit"),
-     (["--model", "vit_base_patch16_224", "--gpu-mem=-24GiB"], "'-24GiB' is negative"),
-     (["--model", "vit_base_patch16_224", "--gpu-mem", "24GiB", "--cpu-mem", "256"], "--cpu-mem='256' has no unit"),
-     (["--model", "vit_base_patch16_224", "--gpu-mem", "24GiB", "--frames", "15"], "--frames 15 is not divisible"),
-     (["--model", "vit_base_patch16_224", "--gpu-mem", "24GiB", "--gpus", "3", "--global-batch", "256"],
-      "--global-batch 256 is not divisible by --gpus 3"),
-     (["--model", "vit_base_patch16_224", "--gpu-mem", "24GiB", "--gpus", "0"], "--gpus=0 must be positive"),
-     (["--model", "vit_base_patch16_224", "--gpu-mem", "24GiB", "--measure"], "--measure needs a CUDA GPU")],
+    [
+        (["--model", "vit_lrge", "--gpu-mem", "24GiB"], "unknown model 'vit_lrge'"),
+        (["--model", "vit_base_patch16_224", "--gpu-mem", "24"], "'24' has no unit"),
+        (["--model", "vit_base_patch16_224", "--gpu-mem=-24GiB"], "'-24GiB' is negative"),
+        (["--model", "vit_base_patch16_224", "--gpu-mem", "24GiB", "--cpu-mem", "256"], "--cpu-mem='256' has no unit"),
+        (["--model", "vit_base_patch16_224", "--gpu-mem", "24GiB", "--frames", "15"], "--frames 15 is not divisible"),
+        (
+            ["--model", "vit_base_patch16_224", "--gpu-mem", "24GiB", "--gpus", "3", "--global-batch", "256"],
+            "--global-batch 256 is not divisible by --gpus 3",
+        ),
+        (["--model", "vit_base_patch16_224", "--gpu-mem", "24GiB", "--gpus", "0"], "--gpus=0 must be positive"),
+        (["--model", "vit_base_patch16_224", "--gpu-mem", "24GiB", "--measure"], "--measure needs a CUDA GPU"),
+    ],
 )
 def test_bad_input_one_line_error(argv, fragment, capsys):
     import torch
@@ -105,8 +139,22 @@ def test_bad_input_one_line_error(argv, fragment, capsys):
 
 
 def test_nvme_candidates_only_with_a_path():
-    req = plan_mod.build_request(plan_mod.parse_args(["--model", "vit_test_tiny", "--frames", "4", "--size", "32",
-                                                      "--gpu-mem", "1GiB", "--nvme-path", "/tmp/nvme"]))
+    req = plan_mod.build_request(
+        plan_mod.parse_args(
+            [
+                "--model",
+                "vit_test_tiny",
+                "--frames",
+                "4",
+                "--size",
+                "32",
+                "--gpu-mem",
+                "1GiB",
+                "--nvme-path",
+                "/tmp/nvme",
+            ]
+        )
+    )
     cands, _ = plan_mod.plan(req)
     nvme = [c for c in cands if c.offload_device == "nvme" and c.offload != "none"]
     assert nvme
@@ -116,10 +164,17 @@ def test_nvme_candidates_only_with_a_path():
 
 def test_recipe_defaults_are_the_contract():
     # the override keys the planner writes must exist in the recipe dataclasses
-    data = apply_overrides({}, plan_mod.recipe_overrides(plan_mod.Candidate(3, "all", "cpu", 2, 4, 8),
-                                                         plan_mod.build_request(plan_mod.parse_args(
-                                                             ["--model", "vit_base_patch16_224", "--gpu-mem", "8GiB",
-                                                              "--gpus", "2", "--global-batch", "64"]))))
+    data = apply_overrides(
+        {},
+        plan_mod.recipe_overrides(
+            plan_mod.Candidate(3, "all", "cpu", 2, 4, 8),
+            plan_mod.build_request(
+                plan_mod.parse_args(
+                    ["--model", "vit_base_patch16_224", "--gpu-mem", "8GiB", "--gpus", "2", "--global-batch", "64"]
+                )
+            ),
+        ),
+    )
     data["data"]["dataset"] = "kinetics"
     recipe = recipe_from_dict(data)
     assert isinstance(recipe, Recipe) and recipe.model.checkpoint_every == 2 and recipe.batch.micro_batch == 4
@@ -142,11 +197,15 @@ PLAN_KNOBS = {
     (2, "none", "cpu"): ("zero2", set()),
     (2, "optimizer", "cpu"): ("zero2_offload", set()),
     (3, "none", "cpu"): ("zero3", set()),
-    (3, "optimizer", "cpu"): ("zero3", {"zero_optimization.offload_optimizer.device",
-                                        "zero_optimization.offload_optimizer.pin_memory"}),
+    (3, "optimizer", "cpu"): (
+        "zero3",
+        {"zero_optimization.offload_optimizer.device", "zero_optimization.offload_optimizer.pin_memory"},
+    ),
     (3, "all", "cpu"): ("zero3_offload", set()),
-    (3, "all", "nvme"): ("zero3_nvme", {"zero_optimization.offload_optimizer.nvme_path",
-                                        "zero_optimization.offload_param.nvme_path"}),
+    (3, "all", "nvme"): (
+        "zero3_nvme",
+        {"zero_optimization.offload_optimizer.nvme_path", "zero_optimization.offload_param.nvme_path"},
+    ),
 }
 
 
@@ -157,8 +216,9 @@ def test_planned_config_is_the_reference_json_plus_its_knobs(shape):
     from avion_ds.engine.ds_config import build_ds_config
 
     name, knobs = PLAN_KNOBS[shape]
-    rec = recipe_from_dict({"data": {"dataset": "kinetics"}, "batch": {"global_batch": 64, "micro_batch": 4},
-                            "precision": "bf16"})
+    rec = recipe_from_dict(
+        {"data": {"dataset": "kinetics"}, "batch": {"global_batch": 64, "micro_batch": 4}, "precision": "bf16"}
+    )
     planned = build_ds_config(plan_mod.ds_config_for(plan_mod.Candidate(*shape, 2, 4, 2), "/scratch/nvme"), rec, 8)
     reference = build_ds_config(REPO / "ds_configs" / f"{name}.json", rec, 8)
     got, ref = _leaves(planned), _leaves(reference)
@@ -171,7 +231,21 @@ def test_planned_config_is_the_reference_json_plus_its_knobs(shape):
 
 
 def test_every_planned_shape_has_a_reference():
-    req = plan_mod.build_request(plan_mod.parse_args(["--model", "vit_test_tiny", "--frames", "4", "--size", "32",
-                                                      "--gpu-mem", "80GiB", "--nvme-path", "/tmp/nvme"]))
+    req = plan_mod.build_request(
+        plan_mod.parse_args(
+            [
+                "--model",
+                "vit_test_tiny",
+                "--frames",
+                "4",
+                "--size",
+                "32",
+                "--gpu-mem",
+                "80GiB",
+                "--nvme-path",
+                "/tmp/nvme",
+            ]
+        )
+    )
     cands, _ = plan_mod.plan(req)
     assert {(c.zero_stage, c.offload, c.offload_device) for c in cands} == set(PLAN_KNOBS)

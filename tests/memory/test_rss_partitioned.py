@@ -26,9 +26,13 @@ def test_build_and_load_peak_rss_per_rank_below_0_6x(tmp_path: Path) -> None:
 
     weights = write_random_weights("vit_base_patch16_224", tmp_path / "vitb.safetensors")
     out = tmp_path / "rss.json"
-    proc = launch(["--model", "vit_base_patch16_224", "--mode", "after", "--pretrained", weights, "--no-init",
-                   "--out", out], launcher="torchrun", module="bench.rss", timeout=280,
-                  env=engine_env(MALLOC_MMAP_THRESHOLD_=None))  # the code must set what it needs itself
+    proc = launch(
+        ["--model", "vit_base_patch16_224", "--mode", "after", "--pretrained", weights, "--no-init", "--out", out],
+        launcher="torchrun",
+        module="bench.rss",
+        timeout=280,
+        env=engine_env(MALLOC_MMAP_THRESHOLD_=None),
+    )  # the code must set what it needs itself
     assert proc.returncode == 0 and out.is_file(), f"rc={proc.returncode}\n{proc.stderr[-4000:]}"
     r = json.loads(out.read_text())
     fp32 = r["fp32_bytes"]
@@ -36,7 +40,11 @@ def test_build_and_load_peak_rss_per_rank_below_0_6x(tmp_path: Path) -> None:
     for rank in r["ranks"]:
         st = rank["stages"]
         assert st["load"]["report"] == "format=avion_ds"  # every key loaded
-        peak = max(st["build"]["peak_total"], st["load"]["peak_total"], st["build"]["peak_anon"] + st["build"]["peak_file"],
-                   st["load"]["peak_anon"] + st["load"]["peak_file"])
+        peak = max(
+            st["build"]["peak_total"],
+            st["load"]["peak_total"],
+            st["build"]["peak_anon"] + st["build"]["peak_file"],
+            st["load"]["peak_anon"] + st["load"]["peak_file"],
+        )
         assert peak <= 0.6 * fp32, f"rank {rank['rank']}: peak {peak / fp32:.3f}x of fp32 bytes: {st}"
         assert st["build"]["now_total"] >= 0.45 * fp32  # the measurement saw the rank's half of the model

@@ -32,8 +32,8 @@ def test_eager_and_sdpa_match_values_and_input_grads(pool):
     xa, xb = x.clone().requires_grad_(), x.clone().requires_grad_()
     ya, yb = a(xa), b(xb)
     torch.testing.assert_close(ya, yb, atol=1e-5, rtol=1e-5)
-    (ya ** 2).sum().backward()
-    (yb ** 2).sum().backward()
+    (ya**2).sum().backward()
+    (yb**2).sum().backward()
     torch.testing.assert_close(xa.grad, xb.grad, atol=1e-5, rtol=1e-5)
     for (n, pa), pb in zip(a.named_parameters(), b.parameters()):
         torch.testing.assert_close(pa.grad, pb.grad, atol=1e-5, rtol=1e-4, msg=n)
@@ -43,7 +43,7 @@ def test_eager_matches_softmax_reference():
     torch.manual_seed(0)
     qkv = torch.randn(2, 5, 3, 2, 8)
     q, k, v = (qkv[:, :, i].transpose(1, 2) for i in range(3))
-    ref = (torch.softmax(q @ k.transpose(-2, -1) / 8 ** 0.5, -1) @ v).transpose(1, 2).reshape(2, 5, 16)
+    ref = (torch.softmax(q @ k.transpose(-2, -1) / 8**0.5, -1) @ v).transpose(1, 2).reshape(2, 5, 16)
     torch.testing.assert_close(attention(qkv, "eager"), ref)
     torch.testing.assert_close(attention(qkv, "sdpa"), ref, atol=1e-6, rtol=1e-5)
 
@@ -52,7 +52,11 @@ def test_qkv_bias_has_no_k_bias():
     m = Attention(16, 2, qkv_bias=True)
     names = {n for n, _ in m.named_parameters()}
     assert names == {"qkv.weight", "q_bias", "v_bias", "proj.weight", "proj.bias"}
-    assert {n for n, _ in Attention(16, 2, qkv_bias=False).named_parameters()} == {"qkv.weight", "proj.weight", "proj.bias"}
+    assert {n for n, _ in Attention(16, 2, qkv_bias=False).named_parameters()} == {
+        "qkv.weight",
+        "proj.weight",
+        "proj.bias",
+    }
 
 
 def test_auto_resolves_to_sdpa_on_cpu_and_logs_once(caplog):
@@ -107,7 +111,7 @@ def test_flash_matches_sdpa_bf16_gpu():
 
 def test_flash_decision_rules_with_a_fake_flash_package(monkeypatch):
     """The decision logic for CUDA inputs, checked on CPU with flash-attn and the GPU faked."""
-    monkeypatch.setattr(attn_mod, "_flash_fn", lambda: (lambda *a, **k: None))
+    monkeypatch.setattr(attn_mod, "_flash_fn", lambda: lambda *a, **k: None)
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
     attn_mod.resolve_cached.cache_clear()
     cuda = torch.device("cuda", 0)

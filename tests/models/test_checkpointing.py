@@ -111,8 +111,14 @@ def test_create_model_from_config_applies_recipe():
     from avion_ds.config import ModelConfig
     from avion_ds.models import create_model_from_config
 
-    cfg = ModelConfig(name="vit_test_tiny", heads={"verb": 4, "noun": 3}, activation_checkpointing=True,
-                      checkpoint_every=2, attn_backend="eager", drop_path_rate=0.1)
+    cfg = ModelConfig(
+        name="vit_test_tiny",
+        heads={"verb": 4, "noun": 3},
+        activation_checkpointing=True,
+        checkpoint_every=2,
+        attn_backend="eager",
+        drop_path_rate=0.1,
+    )
     model = create_model_from_config(cfg, num_frames=8, img_size=32)
     assert model.num_frames == 8 and model.heads_spec == {"verb": 4, "noun": 3}
     assert model.arch.attn_backend == "eager" and checkpointed_blocks(model) == {0: "torch"}

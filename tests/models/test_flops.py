@@ -12,7 +12,9 @@ from avion_ds.models import create_model, get_arch, model_flops
 def test_model_flops_matches_deepspeed_profiler(backend, embed, pool):
     from deepspeed.profiling.flops_profiler import get_model_profile
 
-    model = create_model("vit_test_small", attn_backend=backend, patch_embed=embed, pool=pool, heads={"v": 5, "n": 7}).eval()
+    model = create_model(
+        "vit_test_small", attn_backend=backend, patch_embed=embed, pool=pool, heads={"v": 5, "n": 7}
+    ).eval()
     with torch.no_grad():
         flops, macs, _ = get_model_profile(model, input_shape=(1, 3, 8, 64, 64), print_profile=False, as_string=False)
     ours = model_flops(model)

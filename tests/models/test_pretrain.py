@@ -42,7 +42,12 @@ def test_registered_sizes(name: str) -> None:
     with torch.device("meta"):
         m = create_model(name)
         ft = create_model(name.replace("pretrain_videomae_", "vit_").replace("v1_", ""), num_classes=0)
-    assert (m.encoder.embed_dim, m.encoder.depth, m.arch.decoder_dim, m.arch.decoder_heads) == (dim, depth, ddim, dheads)
+    assert (m.encoder.embed_dim, m.encoder.depth, m.arch.decoder_dim, m.arch.decoder_heads) == (
+        dim,
+        depth,
+        ddim,
+        dheads,
+    )
     assert len(m.decoder.blocks) == 4 and m.decoder.head.out_features == pix
     assert m.encoder_to_decoder.bias is None and m.mask_token.shape == (1, 1, ddim)
     # the encoder IS the fine-tuning ViT (no head): same parameter count
@@ -52,10 +57,24 @@ def test_registered_sizes(name: str) -> None:
 def _hf_pair(norm_pix: bool = True, **cfg):
     """A random-weight HF VideoMAEForPreTraining and our tiny model holding its weights."""
     config = transformers.VideoMAEConfig(
-        image_size=32, patch_size=16, num_frames=4, tubelet_size=2, hidden_size=64, num_hidden_layers=2,
-        num_attention_heads=2, intermediate_size=256, decoder_hidden_size=32, decoder_num_hidden_layers=1,
-        decoder_num_attention_heads=2, decoder_intermediate_size=128, norm_pix_loss=norm_pix, layer_norm_eps=1e-6,
-        use_mean_pooling=False, attn_implementation="sdpa", **cfg)
+        image_size=32,
+        patch_size=16,
+        num_frames=4,
+        tubelet_size=2,
+        hidden_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        intermediate_size=256,
+        decoder_hidden_size=32,
+        decoder_num_hidden_layers=1,
+        decoder_num_attention_heads=2,
+        decoder_intermediate_size=128,
+        norm_pix_loss=norm_pix,
+        layer_norm_eps=1e-6,
+        use_mean_pooling=False,
+        attn_implementation="sdpa",
+        **cfg,
+    )
     torch.manual_seed(0)
     hf = transformers.VideoMAEForPreTraining(config).eval()
     # Hugging Face's decoder LayerNorm keeps PyTorch's eps (1e-5); the official code uses 1e-6
@@ -118,7 +137,7 @@ def test_gradients_and_dual_masking() -> None:
         single = torch.zeros(1, 8, dtype=torch.bool)
         single[0, n] = True
         with torch.no_grad():
-            want.append(float(hf(x[b:b + 1].transpose(1, 2), bool_masked_pos=single).loss))
+            want.append(float(hf(x[b : b + 1].transpose(1, 2), bool_masked_pos=single).loss))
     assert abs(float(zero_pred) - sum(want) / len(want)) < 1e-5
 
 
@@ -137,7 +156,9 @@ def test_bad_masks_are_one_line_errors() -> None:
 def test_official_round_trip_and_formats() -> None:
     _, ours = _hf_pair()
     official = to_official(ours)
-    assert "encoder.norm.weight" in official["model"] and official["model"]["encoder.patch_embed.proj.weight"].dim() == 5
+    assert (
+        "encoder.norm.weight" in official["model"] and official["model"]["encoder.patch_embed.proj.weight"].dim() == 5
+    )
     assert detect_mae_format(official["model"]) == "videomae"
     assert detect_mae_format(ours.state_dict()) == "avion_ds"
     again = create_model("pretrain_videomae_test_tiny", decoder_norm_eps=1e-5).eval()
@@ -245,15 +266,26 @@ def _official_v1_huge() -> dict:
     """The key / shape layout of a VideoMAE (V1) ViT-H/16 pretraining checkpoint, on the meta device:
     modeling_pretrain.py pretrain_videomae_huge_patch16_224 (encoder 1280 x 32, qkv_bias as q_bias /
     v_bias, decoder 640 wide x 4 (run_mae_pretraining's default depth), head 3 * 2 * 16 * 16)."""
+
     def t(*shape: int) -> torch.Tensor:
         return torch.empty(shape, device="meta")
 
     def block(prefix: str, d: int) -> dict:
-        return {f"{prefix}.norm1.weight": t(d), f"{prefix}.norm1.bias": t(d), f"{prefix}.attn.qkv.weight": t(3 * d, d),
-                f"{prefix}.attn.q_bias": t(d), f"{prefix}.attn.v_bias": t(d), f"{prefix}.attn.proj.weight": t(d, d),
-                f"{prefix}.attn.proj.bias": t(d), f"{prefix}.norm2.weight": t(d), f"{prefix}.norm2.bias": t(d),
-                f"{prefix}.mlp.fc1.weight": t(4 * d, d), f"{prefix}.mlp.fc1.bias": t(4 * d),
-                f"{prefix}.mlp.fc2.weight": t(d, 4 * d), f"{prefix}.mlp.fc2.bias": t(d)}
+        return {
+            f"{prefix}.norm1.weight": t(d),
+            f"{prefix}.norm1.bias": t(d),
+            f"{prefix}.attn.qkv.weight": t(3 * d, d),
+            f"{prefix}.attn.q_bias": t(d),
+            f"{prefix}.attn.v_bias": t(d),
+            f"{prefix}.attn.proj.weight": t(d, d),
+            f"{prefix}.attn.proj.bias": t(d),
+            f"{prefix}.norm2.weight": t(d),
+            f"{prefix}.norm2.bias": t(d),
+            f"{prefix}.mlp.fc1.weight": t(4 * d, d),
+            f"{prefix}.mlp.fc1.bias": t(4 * d),
+            f"{prefix}.mlp.fc2.weight": t(d, 4 * d),
+            f"{prefix}.mlp.fc2.bias": t(d),
+        }
 
     sd = {"encoder.patch_embed.proj.weight": t(1280, 3, 2, 16, 16), "encoder.patch_embed.proj.bias": t(1280)}
     for i in range(32):
@@ -261,8 +293,16 @@ def _official_v1_huge() -> dict:
     sd.update({"encoder.norm.weight": t(1280), "encoder.norm.bias": t(1280)})
     for i in range(4):
         sd.update(block(f"decoder.blocks.{i}", 640))
-    sd.update({"decoder.norm.weight": t(640), "decoder.norm.bias": t(640), "decoder.head.weight": t(1536, 640),
-               "decoder.head.bias": t(1536), "encoder_to_decoder.weight": t(640, 1280), "mask_token": t(1, 1, 640)})
+    sd.update(
+        {
+            "decoder.norm.weight": t(640),
+            "decoder.norm.bias": t(640),
+            "decoder.head.weight": t(1536, 640),
+            "decoder.head.bias": t(1536),
+            "encoder_to_decoder.weight": t(640, 1280),
+            "mask_token": t(1, 1, 640),
+        }
+    )
     return {"model": sd}
 
 
@@ -278,7 +318,8 @@ def test_videomae_v1_huge_checkpoint_maps_on_the_meta_device() -> None:
     for m in (v1, from_file):
         assert (m.arch.decoder_dim, m.arch.decoder_depth, m.arch.decoder_heads) == (640, 4, 8)
     assert {k: tuple(v.shape) for k, v in from_file.state_dict().items()} == {
-        k: tuple(v.shape) for k, v in v1.state_dict().items()}
+        k: tuple(v.shape) for k, v in v1.state_dict().items()
+    }
     with pytest.raises(ValueError, match=r"^checkpoint key decoder\..*decoder_dim=640") as e:
         load_pretrained(v2, ckpt)  # V2's 512-wide decoder: one line naming the key and the file's width
     assert "\n" not in str(e.value)
@@ -333,8 +374,12 @@ def test_sharded_load_into_a_partitioned_pretraining_model(one_rank: None) -> No
     dist.init()
     hf, ours = _hf_pair()
     zero3 = {"train_micro_batch_size_per_gpu": 1, "zero_optimization": {"stage": 3}}
-    part = build_partitioned(lambda: create_model("pretrain_videomae_test_tiny", decoder_norm_eps=1e-5), zero3,
-                             pretrained=hf.state_dict(), strict=True)
+    part = build_partitioned(
+        lambda: create_model("pretrain_videomae_test_tiny", decoder_norm_eps=1e-5),
+        zero3,
+        pretrained=hf.state_dict(),
+        strict=True,
+    )
     full = {}
     for n, p in part.named_parameters():
         with gathered([p], modifier_rank=None):

@@ -58,8 +58,13 @@ def test_videomae_pretrain_checkpoint_loads_encoder(tmp_path):
     report = load_pretrained(dst, path)
     assert report.format == "videomae"
     assert report.missing == ["fc_norm.bias", "fc_norm.weight", "head.bias", "head.weight"]
-    assert report.unexpected == ["decoder.blocks.0.norm1.weight", "encoder_to_decoder.weight", "mask_token",
-                                 "norm.bias", "norm.weight"]
+    assert report.unexpected == [
+        "decoder.blocks.0.norm1.weight",
+        "encoder_to_decoder.weight",
+        "mask_token",
+        "norm.bias",
+        "norm.weight",
+    ]
     src.fc_norm.weight.fill_(1.0)  # fc_norm starts fresh, as in VideoMAE's fine-tuning
     src.fc_norm.bias.zero_()
     assert torch.equal(dst.forward_features(X), src.forward_features(X))
@@ -98,9 +103,20 @@ def test_against_transformers_videomae():
 
     assert int(transformers.__version__.split(".")[0]) == 5, transformers.__version__
     cfg = transformers.VideoMAEConfig(
-        image_size=32, patch_size=16, num_channels=3, num_frames=4, tubelet_size=2, hidden_size=64,
-        num_hidden_layers=2, num_attention_heads=2, intermediate_size=256, qkv_bias=True, use_mean_pooling=True,
-        layer_norm_eps=1e-6, num_labels=10, hidden_act="gelu",
+        image_size=32,
+        patch_size=16,
+        num_channels=3,
+        num_frames=4,
+        tubelet_size=2,
+        hidden_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        intermediate_size=256,
+        qkv_bias=True,
+        use_mean_pooling=True,
+        layer_norm_eps=1e-6,
+        num_labels=10,
+        hidden_act="gelu",
     )
     hf = transformers.VideoMAEForVideoClassification(cfg).eval()
     hf.fc_norm.eps = 1e-6
@@ -253,8 +269,13 @@ def test_pickled_training_args_load_through_the_allowlist(tmp_path, monkeypatch)
     src = _src()
     ckpt = to_videomae(src)
     # as VideoMAE's save_on_master does, with numpy scalars / dtypes / arrays inside
-    ckpt["args"] = argparse.Namespace(model="vit_test_tiny", lr=np.float64(1e-3), steps=np.int64(3),
-                                      dtype=np.dtype("float32"), mean=np.array([0.485, 0.456, 0.406]))
+    ckpt["args"] = argparse.Namespace(
+        model="vit_test_tiny",
+        lr=np.float64(1e-3),
+        steps=np.int64(3),
+        dtype=np.dtype("float32"),
+        mean=np.array([0.485, 0.456, 0.406]),
+    )
     torch.save(ckpt, tmp_path / "checkpoint-99.pth")
     real_load = torch.load
 
@@ -294,8 +315,11 @@ def test_checkpoint_that_would_run_code_is_refused_without_running_it(tmp_path):
     ckpt = to_videomae(_src())
     ckpt["payload"] = _RunsCode(marker)
     torch.save(ckpt, tmp_path / "evil.pth")
-    with pytest.raises(UntrustedCheckpoint, match=r"evil.pth pickles Python objects .*\(posix.system\).*"
-                       r"model.trust_checkpoint: true") as info:
+    with pytest.raises(
+        UntrustedCheckpoint,
+        match=r"evil.pth pickles Python objects .*\(posix.system\).*"
+        r"model.trust_checkpoint: true",
+    ) as info:
         load_pretrained(_fresh(), tmp_path / "evil.pth")
     assert "\n" not in str(info.value)
     assert not marker.exists()  # nothing was executed
@@ -324,9 +348,17 @@ def test_corrupt_file_is_one_line_error_naming_it(tmp_path):
     assert "\n" not in str(info.value)
 
 
-@pytest.mark.parametrize("src,target", [((8, 14, 14), (16, 16, 16)), ((8, 14, 14), (8, 7, 7)),
-                                        ((16, 14, 14), (8, 7, 7)), ((16, 14, 14), (16, 16, 16)),
-                                        ((8, 14, 14), (16, 14, 14)), ((16, 14, 14), (8, 14, 14))])
+@pytest.mark.parametrize(
+    "src,target",
+    [
+        ((8, 14, 14), (16, 16, 16)),
+        ((8, 14, 14), (8, 7, 7)),
+        ((16, 14, 14), (8, 7, 7)),
+        ((16, 14, 14), (16, 16, 16)),
+        ((8, 14, 14), (16, 14, 14)),
+        ((16, 14, 14), (8, 14, 14)),
+    ],
+)
 def test_resize_pos_embed_reads_the_source_grid_by_the_target_ratios(src, target):
     """A table constant in time with a spatial pattern: resizing must keep it constant in time and
     resample the pattern bilinearly (a wrong grid guess such as 2x28x28 for 1568 tokens mixes them)."""
@@ -373,10 +405,14 @@ def test_below_threshold_load_is_an_error_whatever_strict(caplog):
     assert report.format == "avion_ds" and len(report.missing) > 20
     errors = [r.getMessage() for r in caplog.records if r.levelname == "ERROR"]
     assert len(errors) == 1 and "pretrained a state dict matched" in errors[0] and "below 90%" in errors[0]
-    with pytest.raises(ValueError, match=r"^load_pretrained\(strict=True\) from a state dict: format=avion_ds missing="):
+    with pytest.raises(
+        ValueError, match=r"^load_pretrained\(strict=True\) from a state dict: format=avion_ds missing="
+    ):
         load_pretrained(_fresh(), sliver, strict=True)
     caplog.clear()
-    with caplog.at_level("ERROR", logger="avion_ds.models.weights.formats"):  # a pretraining encoder: fc_norm / head fresh
+    with caplog.at_level(
+        "ERROR", logger="avion_ds.models.weights.formats"
+    ):  # a pretraining encoder: fc_norm / head fresh
         load_pretrained(_fresh(num_classes=5), to_videomae_pretrain(src))
         load_pretrained(_fresh(), src.state_dict(), strict=True)
         load_pretrained(_fresh(), sliver, coverage_check=False)  # a caller that reports coverage itself

@@ -10,8 +10,14 @@ from avion_ds.models import VideoViT, count_params, create_model, get_arch, list
 
 def test_list_models_has_all_sizes():
     names = list_models()
-    for n in ("vit_test_tiny", "vit_small_patch16_224", "vit_base_patch16_224", "vit_large_patch16_224",
-              "vit_huge_patch16_224", "vit_giant_patch14_224"):
+    for n in (
+        "vit_test_tiny",
+        "vit_small_patch16_224",
+        "vit_base_patch16_224",
+        "vit_large_patch16_224",
+        "vit_huge_patch16_224",
+        "vit_giant_patch14_224",
+    ):
         assert n in names
     assert list_models("vit_giant") == ["vit_giant_patch14_224"]
     assert list_models("pretrain_videomae_giant") == ["pretrain_videomae_giant_patch14_224"]
@@ -19,8 +25,12 @@ def test_list_models_has_all_sizes():
 
 @pytest.mark.parametrize(
     "name,expected_m",
-    [("vit_base_patch16_224", 87), ("vit_large_patch16_224", 304), ("vit_huge_patch16_224", 633),
-     ("vit_giant_patch14_224", 1010)],
+    [
+        ("vit_base_patch16_224", 87),
+        ("vit_large_patch16_224", 304),
+        ("vit_huge_patch16_224", 633),
+        ("vit_giant_patch14_224", 1010),
+    ],
 )
 def test_param_counts_match_published(name, expected_m):
     with torch.device("meta"):
@@ -106,8 +116,13 @@ def test_unknown_override_lists_close_matches():
 
 @pytest.mark.parametrize(
     "kwargs,match",
-    [({"attn_backend": "fast"}, "attn_backend"), ({"pool": "max"}, "pool"), ({"num_frames": 5}, "num_frames"),
-     ({"img_size": 40}, "img_size"), ({"heads": {"verb": 0}}, "heads")],
+    [
+        ({"attn_backend": "fast"}, "attn_backend"),
+        ({"pool": "max"}, "pool"),
+        ({"num_frames": 5}, "num_frames"),
+        ({"img_size": 40}, "img_size"),
+        ({"heads": {"verb": 0}}, "heads"),
+    ],
 )
 def test_bad_options(kwargs, match):
     with pytest.raises(ValueError, match=match):
@@ -116,9 +131,13 @@ def test_bad_options(kwargs, match):
 
 @pytest.mark.parametrize(
     "shape,match",
-    [((3, 4, 32, 32), "expected a 5-D input"), ((2, 3, 8, 32, 32), "frames 4 got 8"),
-     ((2, 1, 4, 32, 32), "channels 3 got 1"), ((2, 3, 4, 32, 48), "width 32 got 48"),
-     ((2, 4, 32, 32, 3), "expected input")],
+    [
+        ((3, 4, 32, 32), "expected a 5-D input"),
+        ((2, 3, 8, 32, 32), "frames 4 got 8"),
+        ((2, 1, 4, 32, 32), "channels 3 got 1"),
+        ((2, 3, 4, 32, 48), "width 32 got 48"),
+        ((2, 4, 32, 32, 3), "expected input"),
+    ],
 )
 def test_bad_input_shape_is_one_line_value_error(shape, match):
     model = create_model("vit_test_tiny")

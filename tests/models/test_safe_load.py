@@ -33,12 +33,16 @@ def test_types_of_our_deepspeed_checkpoints_load_without_trust(tmp_path: Path) -
     from deepspeed.utils.tensor_fragment import fragment_address
 
     scaler = LossScaler(1.0)
-    state = {"optimizer_state_dict": {"zero_stage": ZeroStageEnum.gradients, "loss_scaler": scaler,
-                                      "param_slice_mappings": [collections.OrderedDict(
-                                          w=fragment_address(numel=6, start=2))],
-                                      "single_partition_of_fp32_groups": [torch.arange(8.0)]},
-             "args": argparse.Namespace(lr=1e-3, scale=np.float64(0.5)),
-             "rng": {"numpy": np.random.get_state(), "torch": torch.get_rng_state()}}
+    state = {
+        "optimizer_state_dict": {
+            "zero_stage": ZeroStageEnum.gradients,
+            "loss_scaler": scaler,
+            "param_slice_mappings": [collections.OrderedDict(w=fragment_address(numel=6, start=2))],
+            "single_partition_of_fp32_groups": [torch.arange(8.0)],
+        },
+        "args": argparse.Namespace(lr=1e-3, scale=np.float64(0.5)),
+        "rng": {"numpy": np.random.get_state(), "torch": torch.get_rng_state()},
+    }
     path = tmp_path / "zero_pp_rank_0_mp_rank_00_optim_states.pt"
     torch.save(state, path)
     for mmap in (False, True):
@@ -54,12 +58,14 @@ def test_types_of_our_deepspeed_checkpoints_load_without_trust(tmp_path: Path) -
 def test_payload_is_refused_without_running_it(zip_format: bool, tmp_path: Path) -> None:
     marker = tmp_path / "pwned"
     path = tmp_path / "evil.pth"
-    torch.save({"model": {"w": torch.ones(2)}, "payload": Payload(marker)}, path,
-               _use_new_zipfile_serialization=zip_format)
+    torch.save(
+        {"model": {"w": torch.ones(2)}, "payload": Payload(marker)}, path, _use_new_zipfile_serialization=zip_format
+    )
     for mmap in (False, True):
         # the legacy format's error names builtins as bare names
-        with pytest.raises(UntrustedCheckpoint, match=rf"{path} pickles .*\((builtins\.)?exec\).*--trust-checkpoint") \
-                as info:
+        with pytest.raises(
+            UntrustedCheckpoint, match=rf"{path} pickles .*\((builtins\.)?exec\).*--trust-checkpoint"
+        ) as info:
             load_checkpoint_file(path, mmap=mmap)
         assert "\n" not in str(info.value) and isinstance(info.value, ConfigError)  # the CLIs: exit 2, one line
     assert not marker.exists()
@@ -78,8 +84,14 @@ def test_payload_pth_as_pretrained_is_refused(tmp_path: Path) -> None:
     with pytest.raises(UntrustedCheckpoint, match=rf"{path} pickles .*builtins.exec"):
         create_model("vit_test_tiny", num_classes=5, pretrained=str(path))
     with pytest.raises(ConfigError, match=rf"^model.pretrained={path}: checkpoint {path} pickles .*--trust-checkpoint"):
-        load_and_report(create_model("vit_test_tiny", num_classes=5), str(path), strict=True, trust=False,
-                        run_dir=None, is_main=False)
+        load_and_report(
+            create_model("vit_test_tiny", num_classes=5),
+            str(path),
+            strict=True,
+            trust=False,
+            run_dir=None,
+            is_main=False,
+        )
     assert not marker.exists()
     dst = create_model("vit_test_tiny", num_classes=5)
     load_pretrained(dst, path, strict=True, trust=True)

@@ -23,7 +23,7 @@ def result(tmp_path_factory: pytest.TempPathFactory) -> dict:
     proc = launch([tmp], launcher="torchrun", script_path=Path(__file__).with_name("zero_init_script.py"), timeout=280)
     line = next((ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")), None)
     assert proc.returncode == 0 and line, f"rc={proc.returncode}\n{proc.stdout[-2000:]}\n{proc.stderr[-4000:]}"
-    return json.loads(line[len("RESULT "):])
+    return json.loads(line[len("RESULT ") :])
 
 
 @pytest.mark.timeout(300)

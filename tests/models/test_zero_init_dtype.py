@@ -26,8 +26,9 @@ def zero3_config(precision: str) -> dict:
 
 @pytest.mark.parametrize("fp16_supported", [False, True])
 @pytest.mark.parametrize("precision", ["fp32", "bf16", "fp16"])
-def test_partitioned_parameters_have_the_configs_dtype(one_rank: None, monkeypatch: pytest.MonkeyPatch,
-                                                        fp16_supported: bool, precision: str) -> None:
+def test_partitioned_parameters_have_the_configs_dtype(
+    one_rank: None, monkeypatch: pytest.MonkeyPatch, fp16_supported: bool, precision: str
+) -> None:
     from deepspeed.accelerator import get_accelerator
 
     if precision == "fp16" and not fp16_supported:

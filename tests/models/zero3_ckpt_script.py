@@ -21,13 +21,23 @@ from avion_ds.models import apply_activation_checkpointing, create_model
 
 def losses(impl: str | None) -> list[float]:
     torch.manual_seed(0)
-    model = create_model("vit_test_tiny", layer_scale=0.1, pool="cls", pos_embed="learned", head_init_scale=1.0,
-                         drop_path_rate=0.2, heads={"verb": 3, "noun": 2})
+    model = create_model(
+        "vit_test_tiny",
+        layer_scale=0.1,
+        pool="cls",
+        pos_embed="learned",
+        head_init_scale=1.0,
+        drop_path_rate=0.2,
+        heads={"verb": 3, "noun": 2},
+    )
     if impl:
         apply_activation_checkpointing(model, impl=impl)
     cfg = {
-        "train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 1, "gradient_clipping": 0.0,
-        "zero_optimization": {"stage": 3}, "optimizer": {"type": "SGD", "params": {"lr": 0.05}},
+        "train_micro_batch_size_per_gpu": 2,
+        "gradient_accumulation_steps": 1,
+        "gradient_clipping": 0.0,
+        "zero_optimization": {"stage": 3},
+        "optimizer": {"type": "SGD", "params": {"lr": 0.05}},
         "zero_allow_untested_optimizer": True,
         "activation_checkpointing": {"partition_activations": False, "cpu_checkpointing": False},
     }

@@ -40,10 +40,17 @@ WORLD = int(os.environ["WORLD_SIZE"])
 
 
 def config(precision: str = "fp32", stage: int = 3) -> dict:
-    return {"train_batch_size": 2 * WORLD, "train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 1,
-            "gradient_clipping": 0.0, "bf16": {"enabled": precision == "bf16"}, "steps_per_print": 10**9,
-            "zero_optimization": {"stage": stage}, "zero_allow_untested_optimizer": True,
-            "activation_checkpointing": {"partition_activations": False, "cpu_checkpointing": False}}
+    return {
+        "train_batch_size": 2 * WORLD,
+        "train_micro_batch_size_per_gpu": 2,
+        "gradient_accumulation_steps": 1,
+        "gradient_clipping": 0.0,
+        "bf16": {"enabled": precision == "bf16"},
+        "steps_per_print": 10**9,
+        "zero_optimization": {"stage": stage},
+        "zero_allow_untested_optimizer": True,
+        "activation_checkpointing": {"partition_activations": False, "cpu_checkpointing": False},
+    }
 
 
 def full_params(model: torch.nn.Module) -> dict[str, torch.Tensor]:
@@ -98,9 +105,11 @@ def bf16_table() -> dict:
         part = create_model("vit_test_tiny", **kw)
     table = part.pos_embed.float()[0]
     ref = sincos_table(1568, 64)[0]
-    return {"table_max_diff": float((table - ref.to(part.pos_embed.dtype).float()).abs().max()),
-            "distinct_1560_1567": len({tuple(r.tolist()) for r in table[1560:1568]}),
-            "weight_dtype": str(next(part.parameters()).dtype)}
+    return {
+        "table_max_diff": float((table - ref.to(part.pos_embed.dtype).float()).abs().max()),
+        "distinct_1560_1567": len({tuple(r.tolist()) for r in table[1560:1568]}),
+        "weight_dtype": str(next(part.parameters()).dtype),
+    }
 
 
 def train_losses(partitioned: bool, impl: str | None) -> list[float]:
@@ -127,8 +136,10 @@ def sharded_load(tmp: Path) -> dict:
     if dist.get_rank() == 0:
         torch.manual_seed(7)
         src = create_model("vit_test_tiny", pos_embed="learned", num_frames=8, layer_scale=0.1, patch_embed="conv")
-        sd = {k.replace(".ls1.gamma", ".gamma_1").replace(".ls2.gamma", ".gamma_2"): v
-              for k, v in src.state_dict().items()}
+        sd = {
+            k.replace(".ls1.gamma", ".gamma_1").replace(".ls2.gamma", ".gamma_2"): v
+            for k, v in src.state_dict().items()
+        }
         torch.save({"model": sd}, path)
     dist.barrier()
     kw = {"pos_embed": "learned", "layer_scale": 0.1, "num_classes": 7}
@@ -154,14 +165,25 @@ def sharded_load(tmp: Path) -> dict:
     dist.barrier()
     plain_st = create_model("vit_test_tiny", **kw).eval()
     plain_st_report = load_pretrained(plain_st, st_path)
-    part_st = build_partitioned(lambda: create_model("vit_test_tiny", **kw), config(),
-                                st_path if dist.get_rank() == 0 else tmp / "absent.safetensors")
-    st = {"param_max_diff": max_diff(dict(plain_st.named_parameters()), full_params(part_st)),
-          "plain_report": plain_st_report.summary(),
-          "part_report": load_pretrained_sharded(part_st, st_path if dist.get_rank() == 0 else "x").summary()}
-    return {"safetensors": st, "logits_max_diff": diff, "plain_report": plain_report.summary(), "part_report": report.summary(),
-            "resized": report.resized, "dropped": report.dropped,
-            "param_max_diff": max_diff(dict(plain.named_parameters()), full_params(part))}
+    part_st = build_partitioned(
+        lambda: create_model("vit_test_tiny", **kw),
+        config(),
+        st_path if dist.get_rank() == 0 else tmp / "absent.safetensors",
+    )
+    st = {
+        "param_max_diff": max_diff(dict(plain_st.named_parameters()), full_params(part_st)),
+        "plain_report": plain_st_report.summary(),
+        "part_report": load_pretrained_sharded(part_st, st_path if dist.get_rank() == 0 else "x").summary(),
+    }
+    return {
+        "safetensors": st,
+        "logits_max_diff": diff,
+        "plain_report": plain_report.summary(),
+        "part_report": report.summary(),
+        "resized": report.resized,
+        "dropped": report.dropped,
+        "param_max_diff": max_diff(dict(plain.named_parameters()), full_params(part)),
+    }
 
 
 def main() -> None:
@@ -169,8 +191,15 @@ def main() -> None:
     tmp = Path(sys.argv[1])
     result = {
         "default": construction({}),
-        "cls_learned_heads": construction({"pool": "cls", "pos_embed": "learned", "layer_scale": 0.1,
-                                           "heads": {"verb": 3, "noun": 2}, "head_init_scale": 0.5}),
+        "cls_learned_heads": construction(
+            {
+                "pool": "cls",
+                "pos_embed": "learned",
+                "layer_scale": 0.1,
+                "heads": {"verb": 3, "noun": 2},
+                "head_init_scale": 0.5,
+            }
+        ),
         "bf16": bf16_table(),
         "train": {str(impl): train_losses(True, impl) for impl in (None, "torch", "deepspeed")},
         "train_plain": train_losses(False, None),

@@ -30,16 +30,19 @@ def read_annotations(cfg: DataConfig, split: str) -> tuple[int, int | dict[str, 
         _, rows = open_csv(path, EPIC_REQUIRED)
         if not rows:
             raise ValueError(f"{path}: no annotation rows")
-        top = {h: max((v for _, r in rows if (v := parse_int(r[f"{h}_class"])) is not None), default=-1) + 1
-               for h in ("verb", "noun")}
+        top = {
+            h: max((v for _, r in rows if (v := parse_int(r[f"{h}_class"])) is not None), default=-1) + 1
+            for h in ("verb", "noun")
+        }
         return len(rows), top
     if cfg.dataset == "ssv2":
         return ssv2_summary(cfg, path)
     return split_summary(cfg, path)
 
 
-def build_dataset(cfg: DataConfig, split: str, temporal_views: int = 1, spatial_views: int = 1,
-                  seed: int = 0) -> ClipDataset:
+def build_dataset(
+    cfg: DataConfig, split: str, temporal_views: int = 1, spatial_views: int = 1, seed: int = 0
+) -> ClipDataset:
     """The dataset named by ``cfg.dataset`` (epic | kinetics | ssv2 | videos) for ``split`` (train | val)."""
     if cfg.dataset == "epic":
         return EpicDataset(cfg, split, temporal_views, spatial_views, seed)

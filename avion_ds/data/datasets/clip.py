@@ -145,12 +145,21 @@ def _shared_zeros(n: int) -> torch.Tensor:
 class ClipDataset(Dataset):
     """Shared machinery: sampling, crops, views, decoding across chunks, skip/raise on bad input."""
 
-    def __init__(self, cfg: DataConfig, split: str, temporal_views: int = 1, spatial_views: int = 1,
-                 seed: int = 0, index: VideoIndex | None = None) -> None:
+    def __init__(
+        self,
+        cfg: DataConfig,
+        split: str,
+        temporal_views: int = 1,
+        spatial_views: int = 1,
+        seed: int = 0,
+        index: VideoIndex | None = None,
+    ) -> None:
         if split not in ("train", "val"):
             raise ValueError(f"split must be 'train' or 'val', got {split!r}")
         if spatial_views not in (1, 3) or temporal_views < 1:
-            raise ValueError(f"temporal_views must be >= 1 and spatial_views 1 or 3, got {temporal_views}, {spatial_views}")
+            raise ValueError(
+                f"temporal_views must be >= 1 and spatial_views 1 or 3, got {temporal_views}, {spatial_views}"
+            )
         load_plugins()
         if cfg.decoder not in REGISTRY and cfg.decoder != "auto":
             raise ValueError(f"data.decoder={cfg.decoder!r} is not one of auto, {', '.join(sorted(REGISTRY))}")
@@ -216,8 +225,9 @@ class ClipDataset(Dataset):
     @property
     def decoder(self):
         if self._decoder is None:
-            self._decoder = get_decoder(self.decoder_name, self.cfg.decoder_threads, self.cfg.decode_timeout_s,
-                                        exact=not self.cfg.chunked)
+            self._decoder = get_decoder(
+                self.decoder_name, self.cfg.decoder_threads, self.cfg.decode_timeout_s, exact=not self.cfg.chunked
+            )
         return self._decoder
 
     # -- subclasses ---------------------------------------------------------------------------
@@ -245,8 +255,9 @@ class ClipDataset(Dataset):
             return str(e), None
         slack = max(1, int(round(entry.fps)))  # a stop time up to 1 s past the last decodable frame is tolerated
         if start >= entry.num_frames or end > entry.num_frames + slack:
-            return (f"clip frames [{start}, {end}) lie outside the video ({entry.num_frames} frames at "
-                    f"{entry.fps:g} fps)"), entry
+            return (
+                f"clip frames [{start}, {end}) lie outside the video ({entry.num_frames} frames at {entry.fps:g} fps)"
+            ), entry
         return None, entry
 
     def write_skipped(self, path: str | Path) -> Path | None:
@@ -258,8 +269,10 @@ class ClipDataset(Dataset):
 
     def startup_line(self) -> str:
         """One start-up log line: usable rows, and rows dropped up front (missing videos, quarantined)."""
-        return (f"{self.split}: {len(self)} samples; skipped up front: {len(self.missing)} rows with missing videos, "
-                f"{len(self.quarantined)} quarantined rows")
+        return (
+            f"{self.split}: {len(self)} samples; skipped up front: {len(self.missing)} rows with missing videos, "
+            f"{len(self.quarantined)} quarantined rows"
+        )
 
     # -- up-front row filtering -----------------------------------------------------------------
     def _quarantine_reason(self, i: int, ref: str, by_path: bool) -> str | None:
@@ -273,8 +286,11 @@ class ClipDataset(Dataset):
                 entry, start, end, _ = self.sample_span(i)
             except DataError as e:
                 return str(e)
-            touched = {os.path.relpath(c.path, self.index.root) for c in entry.chunks
-                       if c.start_frame < end and c.start_frame + c.frames > start}
+            touched = {
+                os.path.relpath(c.path, self.index.root)
+                for c in entry.chunks
+                if c.start_frame < end and c.start_frame + c.frames > start
+            }
             bad = [f for f in bad if f in touched]
         return "; ".join(f"{f}: {self._quarantine[f]}" for f in bad) or None
 
@@ -297,12 +313,20 @@ class ClipDataset(Dataset):
         total = len(self.rows)
         self.rows = keep
         if (self.missing or self.quarantined) and is_main():  # once per job, not per rank
-            log.warning("%s split: %d of %d annotation rows usable; %d missing videos, %d quarantined; first: %s",
-                        self.split, len(keep), total, len(self.missing), len(self.quarantined),
-                        (self.missing + self.quarantined)[0])
+            log.warning(
+                "%s split: %d of %d annotation rows usable; %d missing videos, %d quarantined; first: %s",
+                self.split,
+                len(keep),
+                total,
+                len(self.missing),
+                len(self.quarantined),
+                (self.missing + self.quarantined)[0],
+            )
         if not keep:
-            raise ValueError(f"{path}: none of its {total} rows is usable ({len(self.missing)} missing videos, "
-                             f"{len(self.quarantined)} quarantined); is data.root={self.index.root} right?")
+            raise ValueError(
+                f"{path}: none of its {total} rows is usable ({len(self.missing)} missing videos, "
+                f"{len(self.quarantined)} quarantined); is data.root={self.index.root} right?"
+            )
 
     # -- clips --------------------------------------------------------------------------------
     def clip_indices(self, start: int, end: int, rng, view: int) -> list[int]:
@@ -312,10 +336,12 @@ class ClipDataset(Dataset):
         if not self.train:
             return eval_indices(c.dataset, c.sampling, start, end, c.num_frames, c.stride, view, self.temporal_views)
         if c.sampling == "stride":
-            return stride_indices(start, end, c.num_frames, c.stride, train=self.train, rng=rng, view=view,
-                                  num_views=self.temporal_views)
-        return segment_indices(start, end, c.num_frames, train=self.train, rng=rng, view=view,
-                               num_views=self.temporal_views)
+            return stride_indices(
+                start, end, c.num_frames, c.stride, train=self.train, rng=rng, view=view, num_views=self.temporal_views
+            )
+        return segment_indices(
+            start, end, c.num_frames, train=self.train, rng=rng, view=view, num_views=self.temporal_views
+        )
 
     def crop_boxes(self, h: int, w: int, rng) -> list[CropBox]:
         """The spatial views' crop boxes in an ``h`` x ``w`` frame (random resized crops when training)."""
@@ -324,7 +350,9 @@ class ClipDataset(Dataset):
             return [random_resized_crop(h, w, scale, ratio, rng) for _ in range(self.spatial_views)]
         return [center_crop(h, w)] if self.spatial_views == 1 else three_crops(h, w)
 
-    def read_clip(self, entry: VideoEntry, indices: list[int], box: CropBox | None, resize: bool = True) -> torch.Tensor:
+    def read_clip(
+        self, entry: VideoEntry, indices: list[int], box: CropBox | None, resize: bool = True
+    ) -> torch.Tensor:
         """Frames ``indices`` cropped to ``box`` and resized to size (``box=None``: whole frames, no resize;
         ``resize=False``: the box's pixels as decoded)."""
         for k in sorted({entry.locate(i)[0] for i in indices}):
@@ -350,13 +378,17 @@ class ClipDataset(Dataset):
         if len(boxes) == 1:
             return [self.read_clip(entry, indices, boxes[0])]
         top, left = min(b.top for b in boxes), min(b.left for b in boxes)
-        union = CropBox(top, left, max(b.top + b.height for b in boxes) - top, max(b.left + b.width for b in boxes) - left)
+        union = CropBox(
+            top, left, max(b.top + b.height for b in boxes) - top, max(b.left + b.width for b in boxes) - left
+        )
         frames = self.read_clip(entry, indices, union, resize=False)
         if tuple(frames.shape[1:3]) != (union.height, union.width):  # a chunk of another size than the manifest's
             return [self.read_clip(entry, indices, b) for b in boxes]
         size = (self.cfg.size, self.cfg.size)
-        return [crop_resize(frames, CropBox(b.top - top, b.left - left, b.height, b.width), size, self.cfg.interpolation)
-                for b in boxes]
+        return [
+            crop_resize(frames, CropBox(b.top - top, b.left - left, b.height, b.width), size, self.cfg.interpolation)
+            for b in boxes
+        ]
 
     def _augment(self, frames: torch.Tensor, rng) -> torch.Tensor:
         return frames if self.randaug is None else self.randaug(frames, int(rng.integers(2**31)))
@@ -391,8 +423,16 @@ class ClipDataset(Dataset):
         shape = (c.num_frames, c.size, c.size, 3)
         frames = torch.zeros(((views,) if views > 1 else ()) + shape, dtype=torch.uint8)
         label: Any = {h: 0 for h in self.label_heads} if self.label_heads else 0
-        return {"frames": frames, "label": label, "index": int(i), "skipped": 0, "failed_index": -1,
-                "failed_reason": "", "bad": "", "fatal": message}
+        return {
+            "frames": frames,
+            "label": label,
+            "index": int(i),
+            "skipped": 0,
+            "failed_index": -1,
+            "failed_reason": "",
+            "bad": "",
+            "fatal": message,
+        }
 
     def __getitem__(self, i: int) -> dict:
         skipped, j, first_error, messages = 0, int(i), "", []
@@ -417,8 +457,9 @@ class ClipDataset(Dataset):
                     log.warning("skipping sample %d: %s", j, e)
                 skipped += 1
                 if skipped >= MAX_CONSECUTIVE_SKIPS:
-                    err = DataError(f"{skipped} bad samples in a row while producing index {i} "
-                                    f"(is data.root right?); last: {e}")
+                    err = DataError(
+                        f"{skipped} bad samples in a row while producing index {i} (is data.root right?); last: {e}"
+                    )
                     if self.defer_errors:
                         return self._placeholder(i, str(err))
                     raise err from e
@@ -454,8 +495,15 @@ class EpicDataset(ClipDataset):
 
     label_heads = ("verb", "noun")
 
-    def __init__(self, cfg: DataConfig, split: str, temporal_views: int = 1, spatial_views: int = 1,
-                 seed: int = 0, index: VideoIndex | None = None) -> None:
+    def __init__(
+        self,
+        cfg: DataConfig,
+        split: str,
+        temporal_views: int = 1,
+        spatial_views: int = 1,
+        seed: int = 0,
+        index: VideoIndex | None = None,
+    ) -> None:
         super().__init__(cfg, split, temporal_views, spatial_views, seed, index)
         self.csv, self.rows = open_csv(self._split_file(), EPIC_REQUIRED)
         if not self.rows:
@@ -466,8 +514,10 @@ class EpicDataset(ClipDataset):
                 for _, r in open_csv(p, EPIC_REQUIRED)[1]:
                     verbs.append(parse_int(r["verb_class"]))
                     nouns.append(parse_int(r["noun_class"]))
-        self.num_classes = {"verb": max((v for v in verbs if v is not None), default=-1) + 1,
-                            "noun": max((n for n in nouns if n is not None), default=-1) + 1}
+        self.num_classes = {
+            "verb": max((v for v in verbs if v is not None), default=-1) + 1,
+            "noun": max((n for n in nouns if n is not None), default=-1) + 1,
+        }
         self._prune()
 
     def __len__(self) -> int:
@@ -490,7 +540,9 @@ class EpicDataset(ClipDataset):
         except ValueError as e:
             raise DataError(f"{where}: {e}") from None
         if stop_s < start_s:
-            raise DataError(f"{where}: stop_timestamp {r['stop_timestamp']} is before start_timestamp {r['start_timestamp']}")
+            raise DataError(
+                f"{where}: stop_timestamp {r['stop_timestamp']} is before start_timestamp {r['start_timestamp']}"
+            )
         verb, noun = parse_int(r["verb_class"]), parse_int(r["noun_class"])
         if verb is None or noun is None or verb < 0 or noun < 0:
             raise DataError(f"{where}: bad verb_class/noun_class {r['verb_class']!r}/{r['noun_class']!r}")

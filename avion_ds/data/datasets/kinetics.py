@@ -62,8 +62,10 @@ def is_official_csv(path: str | Path) -> bool:
     with Path(path).open(newline="") as f:
         header = [h.strip() for h in next(csv.reader(f), [])]
     if "youtube_id" in header and "label" not in header:
-        raise ValueError(f"{path}: an official Kinetics CSV without a label column (the test split is "
-                         f"unlabelled); train and val need labels")
+        raise ValueError(
+            f"{path}: an official Kinetics CSV without a label column (the test split is "
+            f"unlabelled); train and val need labels"
+        )
     return all(c in header for c in OFFICIAL_COLUMNS)
 
 
@@ -87,8 +89,14 @@ def _raw_rows(path: str | Path) -> tuple[Path, list[tuple[int, list[str], bool, 
         for n, r in rows:
             if parse_int(r["time_start"]) is None or parse_int(r["time_end"]) is None:
                 raise ValueError(f"{p}:{n}: bad time_start/time_end {r['time_start']!r}/{r['time_end']!r}")
-            out.append((n, [kinetics_stem(r["youtube_id"], r["time_start"], r["time_end"]), r["youtube_id"]],
-                        False, r["label"]))
+            out.append(
+                (
+                    n,
+                    [kinetics_stem(r["youtube_id"], r["time_start"], r["time_end"]), r["youtube_id"]],
+                    False,
+                    r["label"],
+                )
+            )
         return p, out
     p, rows = read_video_list(path)
     return p, [(n, [rel], True, lab) for n, rel, lab in rows]
@@ -97,8 +105,15 @@ def _raw_rows(path: str | Path) -> tuple[Path, list[tuple[int, list[str], bool, 
 class KineticsDataset(ClipDataset):
     """Kinetics-style classification (see module doc); label = int class index."""
 
-    def __init__(self, cfg: DataConfig, split: str, temporal_views: int = 1, spatial_views: int = 1,
-                 seed: int = 0, index: VideoIndex | None = None) -> None:
+    def __init__(
+        self,
+        cfg: DataConfig,
+        split: str,
+        temporal_views: int = 1,
+        spatial_views: int = 1,
+        seed: int = 0,
+        index: VideoIndex | None = None,
+    ) -> None:
         super().__init__(cfg, split, temporal_views, spatial_views, seed, index)
         self.list_path, raw = _raw_rows(self._split_file())
         self.classes = self._classes(cfg)
@@ -109,8 +124,10 @@ class KineticsDataset(ClipDataset):
             if self.classes is not None and lab in lookup:  # a class name
                 label = lookup[lab]
             elif self.classes is not None and label is None:  # neither a known name nor an index
-                raise ValueError(f"{self.list_path}:{n}: label {lab!r} is not a known class "
-                                 f"({cfg.class_list or 'the sorted train labels'})")
+                raise ValueError(
+                    f"{self.list_path}:{n}: label {lab!r} is not a known class "
+                    f"({cfg.class_list or 'the sorted train labels'})"
+                )
             ref = next((r for r in refs if self.index.exists(r, by_path)), refs[0])
             self.rows.append((n, ref, by_path, label, lab))
         if self.classes is not None:
@@ -171,6 +188,7 @@ def split_summary(cfg: DataConfig, path: str | Path) -> tuple[int, int]:
     for n, _, _, lab in raw:  # the dataset would refuse it later, after the process group exists
         index = parse_int(lab)
         if lab not in known and (index is None or not 0 <= index < len(names)):
-            raise ValueError(f"{path}:{n}: label {lab!r} is not a known class "
-                             f"({cfg.class_list or 'the sorted train labels'})")
+            raise ValueError(
+                f"{path}:{n}: label {lab!r} is not a known class ({cfg.class_list or 'the sorted train labels'})"
+            )
     return len(raw), len(names)

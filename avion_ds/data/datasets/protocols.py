@@ -38,12 +38,36 @@ class Protocol:
 
 
 PROTOCOLS: dict[str, Protocol] = {
-    "k400": Protocol("kinetics", 16, "stride", 4, 5, 3, 224,
-                     "VideoMAE scripts/kinetics/*/finetune.sh: 16x4, 5 clips x 3 crops, short side 224"),
-    "ssv2": Protocol("ssv2", 16, "segment", None, 2, 3, 224,
-                     "VideoMAE scripts/ssv2/*/finetune.sh: 16 frames segment-based, 2 clips x 3 crops, short side 224"),
-    "epic": Protocol("epic", 16, "segment", None, 1, 1, 224,
-                     "AVION scripts/main_lavila_finetune_cls.py: 16 frames segment-based, 1 clip x 1 centre crop 224"),
+    "k400": Protocol(
+        "kinetics",
+        16,
+        "stride",
+        4,
+        5,
+        3,
+        224,
+        "VideoMAE scripts/kinetics/*/finetune.sh: 16x4, 5 clips x 3 crops, short side 224",
+    ),
+    "ssv2": Protocol(
+        "ssv2",
+        16,
+        "segment",
+        None,
+        2,
+        3,
+        224,
+        "VideoMAE scripts/ssv2/*/finetune.sh: 16 frames segment-based, 2 clips x 3 crops, short side 224",
+    ),
+    "epic": Protocol(
+        "epic",
+        16,
+        "segment",
+        None,
+        1,
+        1,
+        224,
+        "AVION scripts/main_lavila_finetune_cls.py: 16 frames segment-based, 1 clip x 1 centre crop 224",
+    ),
 }
 PROTOCOL_NAMES = (*PROTOCOLS, "custom")
 
@@ -55,16 +79,22 @@ def _protocol_problem(recipe: Any) -> str | None:
     if name == "custom":
         return None
     p, d, e = PROTOCOLS[name], recipe.data, recipe.eval
-    want = {"data.dataset": (d.dataset, p.dataset), "data.num_frames": (d.num_frames, p.num_frames),
-            "data.sampling": (d.sampling, p.sampling), "data.size": (d.size, p.size),
-            "eval.temporal_views": (e.temporal_views, p.temporal_views),
-            "eval.spatial_views": (e.spatial_views, p.spatial_views)}
+    want = {
+        "data.dataset": (d.dataset, p.dataset),
+        "data.num_frames": (d.num_frames, p.num_frames),
+        "data.sampling": (d.sampling, p.sampling),
+        "data.size": (d.size, p.size),
+        "eval.temporal_views": (e.temporal_views, p.temporal_views),
+        "eval.spatial_views": (e.spatial_views, p.spatial_views),
+    }
     if p.stride is not None:
         want["data.stride"] = (d.stride, p.stride)
     for key, (have, need) in want.items():
         if have != need:
-            return (f"eval.protocol={name} needs {key}={need!r} (recipe has {have!r}; {p.source}); "
-                    f"set eval.protocol=custom to evaluate differently")
+            return (
+                f"eval.protocol={name} needs {key}={need!r} (recipe has {have!r}; {p.source}); "
+                f"set eval.protocol=custom to evaluate differently"
+            )
     return None
 
 
@@ -96,9 +126,16 @@ def eval_report(protocol: str, views: int, dataset: Any, evaluated_index: Any) -
     missing = list(getattr(dataset, "missing", []))
     quarantined = list(getattr(dataset, "quarantined", []))
     out: dict[str, Any] = {
-        "protocol": protocol, "views": views, "annotation_rows": len(dataset) + len(missing) + len(quarantined),
-        "samples_evaluated": len(seen), "num_missing": len(missing), "num_quarantined": len(quarantined),
-        "num_failed": len(failed), "missing": missing, "quarantined": quarantined, "failed": failed,
+        "protocol": protocol,
+        "views": views,
+        "annotation_rows": len(dataset) + len(missing) + len(quarantined),
+        "samples_evaluated": len(seen),
+        "num_missing": len(missing),
+        "num_quarantined": len(quarantined),
+        "num_failed": len(failed),
+        "missing": missing,
+        "quarantined": quarantined,
+        "failed": failed,
     }
     if protocol in PROTOCOLS:
         out["protocol_settings"] = asdict(PROTOCOLS[protocol])

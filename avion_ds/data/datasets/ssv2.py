@@ -67,8 +67,15 @@ def read_split(path: str | Path, labels: dict[str, int]) -> tuple[Path, list[tup
 class SSv2Dataset(ClipDataset):
     """Something-Something V2 classification; label = int (174 classes)."""
 
-    def __init__(self, cfg: DataConfig, split: str, temporal_views: int = 1, spatial_views: int = 1,
-                 seed: int = 0, index: VideoIndex | None = None) -> None:
+    def __init__(
+        self,
+        cfg: DataConfig,
+        split: str,
+        temporal_views: int = 1,
+        spatial_views: int = 1,
+        seed: int = 0,
+        index: VideoIndex | None = None,
+    ) -> None:
         super().__init__(cfg, split, temporal_views, spatial_views, seed, index)
         split_file = self._split_file()
         labels_path = cfg.class_list or str(Path(cfg.train_csv or split_file).parent / LABELS_NAME)

@@ -41,8 +41,15 @@ MASK_STREAM = 7919  # the clip generator's "view" slot reserved for mask draws
 class VideosDataset(ClipDataset):
     """Unlabelled clips from every listed video (see module docstring)."""
 
-    def __init__(self, cfg: DataConfig, split: str, temporal_views: int = 1, spatial_views: int = 1,
-                 seed: int = 0, index: VideoIndex | None = None) -> None:
+    def __init__(
+        self,
+        cfg: DataConfig,
+        split: str,
+        temporal_views: int = 1,
+        spatial_views: int = 1,
+        seed: int = 0,
+        index: VideoIndex | None = None,
+    ) -> None:
         super().__init__(cfg, split, temporal_views, spatial_views, seed, index)
         listed = cfg.train_csv if self.train else cfg.val_csv
         if listed:

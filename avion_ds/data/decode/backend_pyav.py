@@ -73,15 +73,19 @@ class PyAVDecoder(Decoder):
                 if i in want:
                     if graph is not None:
                         graph.push(frame)
-                        out[i] = graph.pull().to_ndarray()[rel.top:rel.top + rel.height, rel.left:rel.left + rel.width]
+                        out[i] = graph.pull().to_ndarray()[
+                            rel.top : rel.top + rel.height, rel.left : rel.left + rel.width
+                        ]
                     else:
                         out[i] = frame.to_ndarray(format="rgb24", threads=self.threads)
                 if i >= indices[-1]:
                     break
         if len(out) != len(indices):
             missing = [i for i in indices if i not in out]
-            raise DataError(f"{path}: decoding stopped at frame {last}, asked for frame {missing[0]} "
-                            f"(file shorter than its manifest?)")
+            raise DataError(
+                f"{path}: decoding stopped at frame {last}, asked for frame {missing[0]} "
+                f"(file shorter than its manifest?)"
+            )
         frames = np.stack([out[i] for i in indices])
         if graph is None:
             return frames, crop is None
@@ -103,5 +107,3 @@ class PyAVDecoder(Decoder):
         if len(out) != len(indices):
             raise self._too_few(path, len(out), indices[-1])
         return np.stack([out[i] for i in indices]), crop is None
-
-

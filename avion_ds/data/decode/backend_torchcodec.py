@@ -72,8 +72,14 @@ class TorchCodecDecoder(Decoder):
     def _open(self, path: str, transforms: list | None, exact: bool):
         from torchcodec.decoders import VideoDecoder
 
-        return VideoDecoder(path, dimension_order="NHWC", num_ffmpeg_threads=self.threads, device=self.device,
-                            seek_mode="exact" if exact else "approximate", transforms=transforms)
+        return VideoDecoder(
+            path,
+            dimension_order="NHWC",
+            num_ffmpeg_threads=self.threads,
+            device=self.device,
+            seek_mode="exact" if exact else "approximate",
+            transforms=transforms,
+        )
 
     def _open_fused(self, path: str, crop: CropSpec | None, exact: bool):
         """(decoder, crop fused?) — the crop hook when allowed, else a plain decoder."""
@@ -84,8 +90,9 @@ class TorchCodecDecoder(Decoder):
         except Exception as e:  # noqa: BLE001 - a newer torchcodec may reject the private hook
             plain = self._open(path, None, exact)  # raises for a bad file: then it was not the hook
             if self.hook_ok is None:
-                log.warning("torchcodec rejected the crop-at-position hook (%s); cropping after decode instead",
-                            reason(e))
+                log.warning(
+                    "torchcodec rejected the crop-at-position hook (%s); cropping after decode instead", reason(e)
+                )
             self.hook_ok = False
             return plain, False
         self.hook_ok = True
@@ -103,8 +110,11 @@ class TorchCodecDecoder(Decoder):
         batch, meta, fused = self._read(path, indices, crop, self.exact)
         if not self.exact and not _on_grid(batch.pts_seconds.tolist(), indices, meta):
             if not self._warned_pts:
-                log.warning("%s: frames are not at index / fps (variable frame rate?); torchcodec re-reads such "
-                            "files in exact seek mode", path)
+                log.warning(
+                    "%s: frames are not at index / fps (variable frame rate?); torchcodec re-reads such "
+                    "files in exact seek mode",
+                    path,
+                )
                 self._warned_pts = True
             batch, meta, fused = self._read(path, indices, crop, True)
         return self._to_output(batch.data, crop, fused), True
@@ -142,8 +152,10 @@ class TorchCodecCudaDecoder(TorchCodecDecoder):
         import torch
 
         if not torch.cuda.is_available():
-            raise DecoderUnavailable(f"decoder {cls.name!r} is not available (no CUDA device here); "
-                                     "use data.decoder=auto or a CPU backend (decord, torchcodec, pyav)")
+            raise DecoderUnavailable(
+                f"decoder {cls.name!r} is not available (no CUDA device here); "
+                "use data.decoder=auto or a CPU backend (decord, torchcodec, pyav)"
+            )
 
     def _to_output(self, frames, crop: CropSpec | None, fused: bool):
         if frames.device.type != "cuda":

@@ -145,4 +145,6 @@ class Decoder:
 
     @staticmethod
     def _too_few(path: str, have: int, want: int) -> DataError:
-        return DataError(f"{path}: only {have} decodable frames, asked for frame {want} (file shorter than its manifest?)")
+        return DataError(
+            f"{path}: only {have} decodable frames, asked for frame {want} (file shorter than its manifest?)"
+        )

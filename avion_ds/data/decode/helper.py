@@ -62,7 +62,7 @@ def _send(fd: int, obj: object) -> None:
     data = struct.pack("<Q", len(data)) + data
     view = memoryview(data)
     while view:
-        view = view[os.write(fd, view):]
+        view = view[os.write(fd, view) :]
 
 
 def _recv(fd: int, deadline: float | None = None) -> object | None:
@@ -136,8 +136,9 @@ if hasattr(os, "register_at_fork"):
 class SubprocessDecoder:
     """Runs backend ``name`` in a persistent child process so a hung or crashing decode is bounded."""
 
-    def __init__(self, name: str, threads: int = 1, timeout_s: float = 60.0, fuse: bool = True,
-                 exact: bool = True) -> None:
+    def __init__(
+        self, name: str, threads: int = 1, timeout_s: float = 60.0, fuse: bool = True, exact: bool = True
+    ) -> None:
         REGISTRY[name].check_available()
         self.name, self.threads, self.timeout_s, self.fuse, self.exact = name, threads, float(timeout_s), fuse, exact
         self._proc: subprocess.Popen | None = None
@@ -159,6 +160,7 @@ class SubprocessDecoder:
     def region_states(self) -> list[str]:
         """Each handed-out region's state: ``free``, ``in use`` (a returned tensor views it) or ``retired``
         (in use when the process forked: never written again). For tests and debugging."""
+
         def state(held: Callable[[], object] | None) -> str:
             if isinstance(held, _Retired):
                 return "retired"
@@ -182,13 +184,27 @@ class SubprocessDecoder:
         if self._proc is None:
             self._pid = os.getpid()
             fds = [b.fd for b in self._bufs]
-            cmd = [sys.executable, "-m", "avion_ds.data.decode.helper", self.name, str(self.threads),
-                   str(int(self.fuse)), str(int(self.exact)), ",".join(map(str, fds))]
+            cmd = [
+                sys.executable,
+                "-m",
+                "avion_ds.data.decode.helper",
+                self.name,
+                str(self.threads),
+                str(int(self.fuse)),
+                str(int(self.exact)),
+                ",".join(map(str, fds)),
+            ]
             # the libraries' own stderr (FFmpeg's "moov atom not found", decord's "ERROR opening") stays out
             # of the run log: each failure already comes back as one DataError line (AVION_DS_VERBOSE=1 keeps it)
             noise = None if os.environ.get("AVION_DS_VERBOSE") else subprocess.DEVNULL
-            self._proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=noise,
-                                          pass_fds=fds, env={**os.environ, **_ONE_THREAD})
+            self._proc = subprocess.Popen(
+                cmd,
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=noise,
+                pass_fds=fds,
+                env={**os.environ, **_ONE_THREAD},
+            )
             try:  # the helper says "ready" once its imports are done; only then does the decode clock run
                 ready = _recv(self._proc.stdout.fileno(), time.monotonic() + STARTUP_LIMIT_S)
             except TimeoutError:
@@ -224,7 +240,9 @@ class SubprocessDecoder:
             reply = _recv(proc.stdout.fileno(), time.monotonic() + self.timeout_s)
         except TimeoutError:
             self._kill()
-            raise DataError(f"{path}: {self.name} decode timed out after {self.timeout_s:g}s (helper process killed)") from None
+            raise DataError(
+                f"{path}: {self.name} decode timed out after {self.timeout_s:g}s (helper process killed)"
+            ) from None
         except (BrokenPipeError, OSError) as e:
             self._kill()
             raise DataError(f"{path}: {self.name} decoder process failed ({reason(e)})") from None
@@ -325,5 +343,12 @@ def serve(name: str, threads: int, fuse: bool, exact: bool, fds: list[int]) -> i
 if __name__ == "__main__":
     import avion_ds.data.decode.registry  # noqa: F401 - registers the built-in backends (plugins load in serve)
 
-    sys.exit(serve(sys.argv[1], int(sys.argv[2]), bool(int(sys.argv[3])), bool(int(sys.argv[4])),
-                   [int(x) for x in sys.argv[5].split(",")]))
+    sys.exit(
+        serve(
+            sys.argv[1],
+            int(sys.argv[2]),
+            bool(int(sys.argv[3])),
+            bool(int(sys.argv[4])),
+            [int(x) for x in sys.argv[5].split(",")],
+        )
+    )

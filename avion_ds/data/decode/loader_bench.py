@@ -78,7 +78,9 @@ def main(argv: list[str] | None = None) -> int:
         if not workers or min(workers) < 1:
             raise ValueError
     except ValueError:
-        print(f"avion-ds bench-loader: error: --workers {a.workers!r}: give positive integers like 1,2", file=sys.stderr)
+        print(
+            f"avion-ds bench-loader: error: --workers {a.workers!r}: give positive integers like 1,2", file=sys.stderr
+        )
         return 2
     try:
         recipe = load_recipe(a.recipe, a.overrides)
@@ -95,8 +97,10 @@ def main(argv: list[str] | None = None) -> int:
     recipe.data.decoder = name
     ds = build_dataset(recipe.data, "train", seed=recipe.seed)
     d = recipe.data
-    print(f"{why}\ndataset: {d.dataset} {len(ds)} clips, {d.num_frames}x{d.size}px, decode_timeout_s={d.decode_timeout_s:g}, "
-          f"{os.cpu_count()} CPUs")
+    print(
+        f"{why}\ndataset: {d.dataset} {len(ds)} clips, {d.num_frames}x{d.size}px, decode_timeout_s={d.decode_timeout_s:g}, "
+        f"{os.cpu_count()} CPUs"
+    )
     main_rate = clips_per_s_main(ds, a.clips)
     print(f"{'workers':>8} {'clips/s':>9} {'per worker':>11}")
     print(f"{'main':>8} {main_rate:9.2f} {main_rate:11.2f}")
@@ -107,8 +111,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{w:>8} {rate:9.2f} {per_worker:11.2f}")
     if a.target:
         n = workers_needed(a.target, per_worker)
-        print(f"target {a.target:g} clips/s per GPU -> {n} workers (ceil({a.target:g} / {per_worker:.2f} clips/s per "
-              f"worker at {workers[-1]} workers); needs {n} free cores per GPU")
+        print(
+            f"target {a.target:g} clips/s per GPU -> {n} workers (ceil({a.target:g} / {per_worker:.2f} clips/s per "
+            f"worker at {workers[-1]} workers); needs {n} free cores per GPU"
+        )
     else:
         print("workers per GPU = ceil(target clips/s / clips/s per worker); pass --target to compute it")
     if ds.errors:

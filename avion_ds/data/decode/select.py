@@ -48,9 +48,24 @@ from avion_ds.data.errors import DataError
 if TYPE_CHECKING:
     from avion_ds.config import DataConfig
 
-__all__ = ["BACKENDS", "PLUGINS_ENV", "DataError", "Decoder", "DecoderUnavailable", "DecordDecoder", "PyAVDecoder",
-           "SubprocessDecoder", "TorchCodecCudaDecoder", "TorchCodecDecoder", "available_backends", "get_decoder",
-           "pick_decoder", "probe_backends", "probe_clips", "register_backend"]
+__all__ = [
+    "BACKENDS",
+    "PLUGINS_ENV",
+    "DataError",
+    "Decoder",
+    "DecoderUnavailable",
+    "DecordDecoder",
+    "PyAVDecoder",
+    "SubprocessDecoder",
+    "TorchCodecCudaDecoder",
+    "TorchCodecDecoder",
+    "available_backends",
+    "get_decoder",
+    "pick_decoder",
+    "probe_backends",
+    "probe_clips",
+    "register_backend",
+]
 
 log = logging.getLogger(__name__)
 AUTO = "auto"
@@ -58,8 +73,9 @@ RECORD_NAME = "decoder.json"
 _PROBED: dict[tuple, dict[str, float]] = {}
 
 
-def get_decoder(name: str = "decord", threads: int = 1, timeout_s: float = 0.0, fuse: bool = True,
-                exact: bool = True) -> Decoder | SubprocessDecoder:
+def get_decoder(
+    name: str = "decord", threads: int = 1, timeout_s: float = 0.0, fuse: bool = True, exact: bool = True
+) -> Decoder | SubprocessDecoder:
     """The backend ``name``; wrapped in a helper process when ``timeout_s > 0``.
 
     ``exact=False`` allows timestamp seeking (see :class:`Decoder`); use it for chunked datasets.
@@ -68,7 +84,9 @@ def get_decoder(name: str = "decord", threads: int = 1, timeout_s: float = 0.0, 
     if name == AUTO:  # no data to probe here (single-file tools): the first backend that imports
         found = available_backends()
         if not found:
-            raise DecoderUnavailable("data.decoder=auto: no decoder backend imports here (pip install decord av torchcodec)")
+            raise DecoderUnavailable(
+                "data.decoder=auto: no decoder backend imports here (pip install decord av torchcodec)"
+            )
         name = found[0]
         log.info("data.decoder=auto -> %s (first available backend; training probes its data instead)", name)
     if name not in REGISTRY:
@@ -103,8 +121,17 @@ def probe_clips(num_frames: int, span: int = 96, positions: int = 3) -> list[lis
     return [sorted({s0 + int(i * span / 16) for i in range(16)}) for s0 in starts]
 
 
-def probe_backends(path: str | Path, num_frames: int, height: int, width: int, size: int, names: list[str],
-                   timeout_s: float = 0.0, repeats: int = 4, exact: bool = False) -> dict[str, float]:
+def probe_backends(
+    path: str | Path,
+    num_frames: int,
+    height: int,
+    width: int,
+    size: int,
+    names: list[str],
+    timeout_s: float = 0.0,
+    repeats: int = 4,
+    exact: bool = False,
+) -> dict[str, float]:
     """Seconds per round of the probe clips (``probe_clips``) per backend; a failing backend -> inf.
 
     The backends take turns (``repeats`` rounds) and each keeps its fastest round: on a shared
@@ -173,7 +200,9 @@ def pick_decoder(cfg: DataConfig, run_dir: str | Path | None = None, resume: boo
     record = Path(run_dir) / RECORD_NAME if run_dir else None
     names = available_backends(cuda=True)  # NVDEC joins the probe where a GPU exists
     if not names:
-        raise DecoderUnavailable("data.decoder=auto: no decoder backend imports here (pip install decord av torchcodec)")
+        raise DecoderUnavailable(
+            "data.decoder=auto: no decoder backend imports here (pip install decord av torchcodec)"
+        )
     if record is not None and resume and record.is_file():
         try:
             name = json.loads(record.read_text()).get("decoder")
@@ -186,8 +215,9 @@ def pick_decoder(cfg: DataConfig, run_dir: str | Path | None = None, resume: boo
     for path, frames, h, w in _probe_videos(cfg):  # a file no backend decodes is bad data, not a verdict
         key = (path, Path(path).stat().st_mtime_ns, cfg.size, tuple(names))
         if key not in _PROBED:  # train + val datasets (and tests) probe a dataset once per process
-            _PROBED[key] = probe_backends(path, frames, h, w, cfg.size, names, cfg.decode_timeout_s,
-                                          exact=not cfg.chunked)
+            _PROBED[key] = probe_backends(
+                path, frames, h, w, cfg.size, names, cfg.decode_timeout_s, exact=not cfg.chunked
+            )
         times = _PROBED[key]
         name = min(names, key=lambda n: (times[n], names.index(n)))
         if math.isfinite(times[name]):
@@ -196,12 +226,14 @@ def pick_decoder(cfg: DataConfig, run_dir: str | Path | None = None, resume: boo
     else:
         raise DataError(f"data.decoder=auto: no backend could decode any of {', '.join(tried)}")
     ms = ", ".join(f"{n} {times[n] * 1e3:.1f} ms" for n in names)
-    msg = (f"data.decoder=auto -> {name} (probe on {path}, {len(probe_clips(frames))} clips of 16 frames to "
-           f"{cfg.size}px: {ms})")
+    msg = (
+        f"data.decoder=auto -> {name} (probe on {path}, {len(probe_clips(frames))} clips of 16 frames to "
+        f"{cfg.size}px: {ms})"
+    )
     if record is not None:
         record.parent.mkdir(parents=True, exist_ok=True)
-        record.write_text(json.dumps({"decoder": name, "probe_s": {n: times[n] for n in names}, "chunk": path},
-                                     indent=2) + "\n")
+        record.write_text(
+            json.dumps({"decoder": name, "probe_s": {n: times[n] for n in names}, "chunk": path}, indent=2) + "\n"
+        )
     log.info(msg)
     return name, msg
-

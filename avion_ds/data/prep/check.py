@@ -53,13 +53,24 @@ class CheckReport:
 
     def summary(self) -> dict:
         kinds = Counter(_kind(r) for r in self.quarantine.values())
-        return {"root": self.root, "mode": self.mode, "chunks_checked": self.chunks, "annotation_rows": self.rows,
-                "quarantined": len(self.quarantine), "by_reason": dict(kinds), "seconds": round(self.seconds, 2)}
+        return {
+            "root": self.root,
+            "mode": self.mode,
+            "chunks_checked": self.chunks,
+            "annotation_rows": self.rows,
+            "quarantined": len(self.quarantine),
+            "by_reason": dict(kinds),
+            "seconds": round(self.seconds, 2),
+        }
 
     def __str__(self) -> str:
         rows = ", ".join(f"{k} {v}" for k, v in self.rows.items()) or "none"
-        lines = [(f"checked {self.chunks} video files ({self.mode}) and annotation rows ({rows}) under {self.root} "
-                 f"in {self.seconds:.1f}s: {len(self.quarantine)} quarantined")]
+        lines = [
+            (
+                f"checked {self.chunks} video files ({self.mode}) and annotation rows ({rows}) under {self.root} "
+                f"in {self.seconds:.1f}s: {len(self.quarantine)} quarantined"
+            )
+        ]
         lines += [f"QUARANTINED {k}: {v}" for k, v in sorted(self.quarantine.items())[:20]]
         if len(self.quarantine) > 20:
             lines.append(f"... and {len(self.quarantine) - 20} more")
@@ -67,8 +78,18 @@ class CheckReport:
 
 
 def _kind(reason: str) -> str:
-    for key in ("not found", "does not match", "zero-byte", "decodable frames", "decoded", "could not decode",
-                "outside the video", "timestamp", "label", "class"):
+    for key in (
+        "not found",
+        "does not match",
+        "zero-byte",
+        "decodable frames",
+        "decoded",
+        "could not decode",
+        "outside the video",
+        "timestamp",
+        "label",
+        "class",
+    ):
         if key in reason:
             return key
     return "other"
@@ -109,8 +130,11 @@ def _check_file(job: tuple[str, int, int, int, bool, str, float]) -> str | None:
 
 def _file_jobs(cfg: DataConfig, full: bool, entries) -> list[tuple]:
     # data.decoder=auto: get_decoder takes the first backend that imports (no probe on the data being checked)
-    return [(c.path, c.frames, c.bytes, c.mtime_ns, full, cfg.decoder, cfg.decode_timeout_s)
-            for e in entries for c in e.chunks]
+    return [
+        (c.path, c.frames, c.bytes, c.mtime_ns, full, cfg.decoder, cfg.decode_timeout_s)
+        for e in entries
+        for c in e.chunks
+    ]
 
 
 def check_files(cfg: DataConfig, entries, full: bool, workers: int, report: CheckReport) -> None:
@@ -203,8 +227,10 @@ def main(argv: list[str] | None = None) -> int:
     print(report)
     where = Path(a.out) if a.out else Path(report.root)
     if report.quarantine:
-        print(f"quarantine list: {where / QUARANTINE_NAME} ({_training_note(report, where / QUARANTINE_NAME)}; "
-              f"summary {where / SUMMARY_NAME})")
+        print(
+            f"quarantine list: {where / QUARANTINE_NAME} ({_training_note(report, where / QUARANTINE_NAME)}; "
+            f"summary {where / SUMMARY_NAME})"
+        )
         return 1
     return 0
 
@@ -214,8 +240,11 @@ def _training_note(report: CheckReport, written: Path) -> str:
     reads = report.training_reads
     if reads is not None and reads.resolve() == written.resolve():
         return "training skips these rows"
-    now = (f"training reads {reads} (data.quarantine: {report.quarantine_setting})" if reads is not None
-           else "training reads no quarantine list (data.quarantine: none)")
+    now = (
+        f"training reads {reads} (data.quarantine: {report.quarantine_setting})"
+        if reads is not None
+        else "training reads no quarantine list (data.quarantine: none)"
+    )
     return f"{now}, not this file: to skip these rows, train with --set data.quarantine={written}"
 
 

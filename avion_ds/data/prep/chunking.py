@@ -74,12 +74,17 @@ class ChunkSummary:
     seconds: float = 0.0
 
     def __str__(self) -> str:
-        head = (f"chunked {len(self.ok)}, up to date {len(self.skipped)}, failed {len(self.failed)} "
-                f"in {self.seconds:.1f}s; manifest: {self.manifest}")
+        head = (
+            f"chunked {len(self.ok)}, up to date {len(self.skipped)}, failed {len(self.failed)} "
+            f"in {self.seconds:.1f}s; manifest: {self.manifest}"
+        )
         lines = [head]
         lines += [f"FAILED {src}: {reason}" for src, reason in self.failed]
-        lines += [f"TRUNCATED {src}: decodes {got:.2f}s of the {want:.2f}s its header states (chunked what "
-                  f"decoded; expected/decoded seconds are in the manifest)" for src, want, got in self.truncated]
+        lines += [
+            f"TRUNCATED {src}: decodes {got:.2f}s of the {want:.2f}s its header states (chunked what "
+            f"decoded; expected/decoded seconds are in the manifest)"
+            for src, want, got in self.truncated
+        ]
         lines += [f"NOT A VIDEO {d}: a directory named like a video, skipped" for d in self.not_videos]
         if self.stale_quarantine:
             lines.append(f"STALE {self.stale_quarantine}: written before these chunks; re-run `avion-ds check`")
@@ -117,8 +122,9 @@ def count_frames(path: str | Path) -> int:
 
 
 class _ChunkWriter:
-    def __init__(self, path: Path, width: int, height: int, fps: Fraction, gop: int, crf: int, preset: str,
-                 tune: str = ""):
+    def __init__(
+        self, path: Path, width: int, height: int, fps: Fraction, gop: int, crf: int, preset: str, tune: str = ""
+    ):
         import av
 
         self.tmp = path.with_name(path.name + _TMP_SUFFIX)
@@ -126,8 +132,15 @@ class _ChunkWriter:
         self.c = av.open(str(self.tmp), mode="w", format="mp4")
         self.s = self.c.add_stream("libx264", rate=fps)
         self.s.width, self.s.height, self.s.pix_fmt = width, height, "yuv420p"
-        self.s.options = {"crf": str(crf), "preset": preset, "g": str(gop), "keyint_min": str(gop),
-                          "sc_threshold": "0", "bf": "0", **({"tune": tune} if tune else {})}
+        self.s.options = {
+            "crf": str(crf),
+            "preset": preset,
+            "g": str(gop),
+            "keyint_min": str(gop),
+            "sc_threshold": "0",
+            "bf": "0",
+            **({"tune": tune} if tune else {}),
+        }
         self.s.codec_context.time_base = 1 / fps
         self.n = 0
 
@@ -181,13 +194,17 @@ def chunk_one(src: str, dst: str, video_id: str, params: dict) -> list[dict]:
         src_fps = stream.average_rate or stream.guessed_rate or Fraction(30)
         fps = Fraction(params["fps"]).limit_denominator(1001) if params["fps"] else Fraction(src_fps)
         sar = stream.sample_aspect_ratio  # container's, else the codec's (FFmpeg's guess); None: square
-        width, height = output_size(stream.codec_context.width, stream.codec_context.height, params["short_side"],
-                                    sar)
+        width, height = output_size(stream.codec_context.width, stream.codec_context.height, params["short_side"], sar)
         per_chunk = max(1, int(round(params["chunk_seconds"] * fps)))
         graph = av.filter.Graph()
-        nodes = [graph.add_buffer(template=stream), graph.add("fps", f"fps={fps.numerator}/{fps.denominator}"),
-                 graph.add("scale", f"{width}:{height}"), graph.add("setsar", "1"),
-                 graph.add("format", "pix_fmts=yuv420p"), graph.add("buffersink")]
+        nodes = [
+            graph.add_buffer(template=stream),
+            graph.add("fps", f"fps={fps.numerator}/{fps.denominator}"),
+            graph.add("scale", f"{width}:{height}"),
+            graph.add("setsar", "1"),
+            graph.add("format", "pix_fmts=yuv420p"),
+            graph.add("buffersink"),
+        ]
         for a, b in pairwise(nodes):
             a.link_to(b)
         graph.configure()
@@ -195,8 +212,17 @@ def chunk_one(src: str, dst: str, video_id: str, params: dict) -> list[dict]:
         for stale in out_dir.glob("*" + _TMP_SUFFIX):
             stale.unlink()
         expected_s = _header_seconds(container, stream)
-        base = {"video_id": video_id, "fps": float(fps), "width": width, "height": height, "source": str(src_p),
-                "source_size": st.st_size, "source_mtime_ns": st.st_mtime_ns, "params": params, "job": time.time_ns()}
+        base = {
+            "video_id": video_id,
+            "fps": float(fps),
+            "width": width,
+            "height": height,
+            "source": str(src_p),
+            "source_size": st.st_size,
+            "source_mtime_ns": st.st_mtime_ns,
+            "params": params,
+            "job": time.time_ns(),
+        }
         k = 0
 
         def emit(frame) -> None:
@@ -205,8 +231,16 @@ def chunk_one(src: str, dst: str, video_id: str, params: dict) -> list[dict]:
                 if writer is not None:
                     records.append(_record(writer, base, k - writer.n, fps))
                 start_s = float(k / fps)
-                writer = _ChunkWriter(out_dir / f"{_chunk_name(start_s)}.mp4", width, height, fps,
-                                      params["gop"], params["crf"], params["preset"], params.get("tune", ""))
+                writer = _ChunkWriter(
+                    out_dir / f"{_chunk_name(start_s)}.mp4",
+                    width,
+                    height,
+                    fps,
+                    params["gop"],
+                    params["crf"],
+                    params["preset"],
+                    params.get("tune", ""),
+                )
             writer.write(frame)
             k += 1
 
@@ -233,8 +267,9 @@ def chunk_one(src: str, dst: str, video_id: str, params: dict) -> list[dict]:
         writer = None
         decoded_s = float(k / fps)
         if expected_s and decoded_s < TRUNCATED_FRACTION * expected_s:
-            log.warning("%s: truncated source? decodes %.2fs of the %.2fs its header states", src, decoded_s,
-                        expected_s)
+            log.warning(
+                "%s: truncated source? decodes %.2fs of the %.2fs its header states", src, decoded_s, expected_s
+            )
             for r in records:
                 r["source_expected_s"], r["source_decoded_s"] = round(expected_s, 3), round(decoded_s, 3)
     except BaseException:
@@ -260,8 +295,15 @@ def _header_seconds(container, stream) -> float:
 def _record(writer: _ChunkWriter, base: dict, start_frame: int, fps: Fraction) -> dict:
     frames, size = writer.finish()
     rel = f"{base['video_id']}/{writer.path.name}"
-    return {**base, "path": rel, "start": float(start_frame / fps), "start_frame": start_frame,
-            "frames": frames, "bytes": size, "mtime_ns": writer.path.stat().st_mtime_ns}
+    return {
+        **base,
+        "path": rel,
+        "start": float(start_frame / fps),
+        "start_frame": start_frame,
+        "frames": frames,
+        "bytes": size,
+        "mtime_ns": writer.path.stat().st_mtime_ns,
+    }
 
 
 def _up_to_date(records: list[dict], src: Path, dst: Path, params: dict) -> bool:
@@ -282,9 +324,19 @@ def _run_job(src: str, dst: str, video_id: str, params: dict) -> list[dict]:
     return chunk_one(src, dst, video_id, params)
 
 
-def chunk_videos(src: str | Path, dst: str | Path, chunk_seconds: float = 15.0, short_side: int | None = 320,
-                 fps: float | None = 30, gop: int = 16, crf: int = 23, workers: int = 1, progress: bool = True,
-                 preset: str = "veryfast", tune: str = "fastdecode") -> ChunkSummary:
+def chunk_videos(
+    src: str | Path,
+    dst: str | Path,
+    chunk_seconds: float = 15.0,
+    short_side: int | None = 320,
+    fps: float | None = 30,
+    gop: int = 16,
+    crf: int = 23,
+    workers: int = 1,
+    progress: bool = True,
+    preset: str = "veryfast",
+    tune: str = "fastdecode",
+) -> ChunkSummary:
     """Chunk every video under ``src`` into ``dst`` (see module doc); never raises for one bad source."""
     t0 = time.perf_counter()
     src, dst = Path(src), Path(dst)
@@ -293,8 +345,15 @@ def chunk_videos(src: str | Path, dst: str | Path, chunk_seconds: float = 15.0, 
     if chunk_seconds <= 0 or gop <= 0:
         raise ValueError(f"chunk_seconds ({chunk_seconds}) and gop ({gop}) must be positive")
     dst.mkdir(parents=True, exist_ok=True)
-    params = {"chunk_seconds": float(chunk_seconds), "short_side": short_side, "fps": fps, "gop": int(gop),
-              "crf": int(crf), "preset": preset, "tune": tune}
+    params = {
+        "chunk_seconds": float(chunk_seconds),
+        "short_side": short_side,
+        "fps": fps,
+        "gop": int(gop),
+        "crf": int(crf),
+        "preset": preset,
+        "tune": tune,
+    }
     mpath = dst / MANIFEST_NAME
     old = dedupe_records(read_manifest_records(mpath)) if mpath.is_file() else []
     old_by_video: dict[str, list[dict]] = {}
@@ -329,6 +388,7 @@ def chunk_videos(src: str | Path, dst: str | Path, chunk_seconds: float = 15.0, 
 
     bar = tqdm(total=len(jobs), desc="chunk", unit="video", disable=not progress)
     with mpath.open("a") as journal:  # appended as videos finish: an interrupted run keeps its work
+
         def done(vid: str, path: Path, recs: list[dict] | None, err: BaseException | None) -> None:
             if err is not None:
                 reason = f"{type(err).__name__}: {err}".replace("\n", " ").replace("\t", " ")
@@ -354,7 +414,8 @@ def chunk_videos(src: str | Path, dst: str | Path, chunk_seconds: float = 15.0, 
         else:
             with ProcessPoolExecutor(max_workers=workers, mp_context=get_context("spawn")) as pool:
                 pending: dict[Future, tuple[Path, str]] = {
-                    pool.submit(_run_job, str(p), str(dst), v, params): (p, v) for p, v in jobs}
+                    pool.submit(_run_job, str(p), str(dst), v, params): (p, v) for p, v in jobs
+                }
                 while pending:
                     finished, _ = wait(pending, return_when=FIRST_COMPLETED)
                     for fut in finished:
@@ -383,27 +444,54 @@ def chunk_videos(src: str | Path, dst: str | Path, chunk_seconds: float = 15.0, 
 
 def main(argv: list[str] | None = None) -> int:
     """``avion-ds chunk SRC DST [...]``; exit 1 when any source failed (listed in DST/chunk_failures.tsv)."""
-    p = argparse.ArgumentParser(prog="avion-ds chunk", description="Re-encode videos under SRC into short "
-                                "H.264 chunks DST/<video_id>/<start_second>.mp4 plus DST/manifest.jsonl.")
+    p = argparse.ArgumentParser(
+        prog="avion-ds chunk",
+        description="Re-encode videos under SRC into short "
+        "H.264 chunks DST/<video_id>/<start_second>.mp4 plus DST/manifest.jsonl.",
+    )
     p.add_argument("src", help="a video file or a directory searched recursively")
     p.add_argument("dst", help="output directory")
     p.add_argument("--chunk-seconds", type=float, default=15.0, help="chunk length (default 15)")
-    p.add_argument("--short-side", type=int, default=320, help="scale the short side down to this (default 320; "
-                   "0 keeps the size); never upscales")
-    p.add_argument("--fps", type=float, default=30, help="constant output frame rate (default 30; 0 keeps the source's)")
+    p.add_argument(
+        "--short-side",
+        type=int,
+        default=320,
+        help="scale the short side down to this (default 320; 0 keeps the size); never upscales",
+    )
+    p.add_argument(
+        "--fps", type=float, default=30, help="constant output frame rate (default 30; 0 keeps the source's)"
+    )
     p.add_argument("--gop", type=int, default=16, help="keyframe interval in frames (default 16)")
     p.add_argument("--crf", type=int, default=23, help="libx264 CRF (default 23)")
     p.add_argument("--preset", default="veryfast", help="libx264 preset (default veryfast)")
-    p.add_argument("--tune", default="fastdecode", help='libx264 tune (default fastdecode: faster decoding at '
-                   'equal quality, BENCHMARKS.md; "" for none)')
-    p.add_argument("--workers", type=int, default=max(1, (os.cpu_count() or 2) // 2),
-                   help="parallel processes (default: half the CPUs)")
+    p.add_argument(
+        "--tune",
+        default="fastdecode",
+        help='libx264 tune (default fastdecode: faster decoding at equal quality, BENCHMARKS.md; "" for none)',
+    )
+    p.add_argument(
+        "--workers",
+        type=int,
+        default=max(1, (os.cpu_count() or 2) // 2),
+        help="parallel processes (default: half the CPUs)",
+    )
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     a = p.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     try:
-        s = chunk_videos(a.src, a.dst, a.chunk_seconds, a.short_side or None, a.fps or None, a.gop, a.crf,
-                         a.workers, not a.no_progress, a.preset, a.tune)
+        s = chunk_videos(
+            a.src,
+            a.dst,
+            a.chunk_seconds,
+            a.short_side or None,
+            a.fps or None,
+            a.gop,
+            a.crf,
+            a.workers,
+            not a.no_progress,
+            a.preset,
+            a.tune,
+        )
     except (OSError, ValueError) as e:
         print(f"avion-ds chunk: error: {e}", file=sys.stderr)
         return 2

@@ -61,10 +61,15 @@ def check_chunk_file(chunk: Chunk) -> str | None:
     if st.st_size == 0 and chunk.bytes:
         return f"{chunk.path}: zero-byte file (its manifest row says {chunk.bytes} bytes)"
     if st.st_size != chunk.bytes or (chunk.mtime_ns >= 0 and st.st_mtime_ns != chunk.mtime_ns):
-        what = f"size {st.st_size} vs {chunk.bytes} bytes" if st.st_size != chunk.bytes else \
-            f"mtime_ns {st.st_mtime_ns} vs {chunk.mtime_ns}"
-        return (f"{chunk.path}: file does not match its manifest row ({what}); re-run `avion-ds chunk` on this "
-                f"video (copies must keep timestamps: cp -a / rsync -a)")
+        what = (
+            f"size {st.st_size} vs {chunk.bytes} bytes"
+            if st.st_size != chunk.bytes
+            else f"mtime_ns {st.st_mtime_ns} vs {chunk.mtime_ns}"
+        )
+        return (
+            f"{chunk.path}: file does not match its manifest row ({what}); re-run `avion-ds chunk` on this "
+            f"video (copies must keep timestamps: cp -a / rsync -a)"
+        )
     return None
 
 
@@ -177,14 +182,24 @@ def load_manifest(root: str | Path) -> dict[str, VideoEntry]:
     root = Path(root)
     mpath = root / MANIFEST_NAME if root.is_dir() or not root.suffix else root
     if not mpath.is_file():
-        raise FileNotFoundError(f"no chunk manifest at {mpath} (run `avion-ds chunk SRC DST` first, "
-                                f"or set data.chunked=false for whole videos)")
+        raise FileNotFoundError(
+            f"no chunk manifest at {mpath} (run `avion-ds chunk SRC DST` first, "
+            f"or set data.chunked=false for whole videos)"
+        )
     base = mpath.parent
     by_video: dict[str, list[Chunk]] = {}
     for r in dedupe_records(read_manifest_records(mpath)):
         try:
-            chunk = Chunk(str(base / r["path"]), int(r["start_frame"]), int(r["frames"]), float(r["fps"]),
-                          int(r["width"]), int(r["height"]), int(r.get("bytes", -1)), int(r.get("mtime_ns", -1)))
+            chunk = Chunk(
+                str(base / r["path"]),
+                int(r["start_frame"]),
+                int(r["frames"]),
+                float(r["fps"]),
+                int(r["width"]),
+                int(r["height"]),
+                int(r.get("bytes", -1)),
+                int(r.get("mtime_ns", -1)),
+            )
         except (KeyError, TypeError, ValueError) as e:
             raise ValueError(f"{mpath}: bad manifest record for video {r.get('video_id')!r}: {e}") from None
         if chunk.frames > 0:

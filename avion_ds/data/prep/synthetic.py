@@ -37,16 +37,31 @@ VERB_NAMES = ("move-up", "move-down", "grow", "shrink", "move-left", "move-right
 NOUN_NAMES = ("circle", "square", "triangle", "diamond", "cross", "ring", "bar", "plus")
 _TRAIL = ((0.24, 0.2), (0.16, 0.3), (0.08, 0.45))  # (phase lag, brightness) of the motion trail
 _NOUN_COLOURS = (
-    (255, 70, 70), (70, 255, 70), (90, 140, 255), (255, 230, 60),
-    (255, 80, 255), (60, 240, 240), (255, 160, 40), (240, 240, 240),
+    (255, 70, 70),
+    (70, 255, 70),
+    (90, 140, 255),
+    (255, 230, 60),
+    (255, 80, 255),
+    (60, 240, 240),
+    (255, 160, 40),
+    (240, 240, 240),
 )
 
 
 class VideoWriter:
     """Minimal H.264 (libx264) writer over PyAV for RGB uint8 numpy frames."""
 
-    def __init__(self, path: str | Path, width: int, height: int, fps: float = 30, gop: int | None = None,
-                 crf: int = 18, preset: str = "veryfast", bframes: int = 0) -> None:
+    def __init__(
+        self,
+        path: str | Path,
+        width: int,
+        height: int,
+        fps: float = 30,
+        gop: int | None = None,
+        crf: int = 18,
+        preset: str = "veryfast",
+        bframes: int = 0,
+    ) -> None:
         import av
 
         if width % 2 or height % 2:
@@ -92,7 +107,7 @@ def _barcode(frame: np.ndarray, index: int) -> None:
     bw, bh = w // _BITS_PER_ROW, max(2, h // 8)
     for bit in range(_BITS_PER_ROW * _BAR_ROWS):
         r, c = divmod(bit, _BITS_PER_ROW)
-        frame[r * bh:(r + 1) * bh, c * bw:(c + 1) * bw] = 255 if (index >> bit) & 1 else 0
+        frame[r * bh : (r + 1) * bh, c * bw : (c + 1) * bw] = 255 if (index >> bit) & 1 else 0
 
 
 def read_frame_index(frame: np.ndarray) -> int:
@@ -127,8 +142,15 @@ def _pattern_frame(pattern: str, i: int, width: int, height: int, rng: np.random
     raise ValueError(f"unknown pattern {pattern!r} (use testsrc, noise or gray)")
 
 
-def write_video(path: str | Path, num_frames: int, width: int, height: int, fps: float = 30,
-                pattern: str = "testsrc", gop: int | None = None) -> Path:
+def write_video(
+    path: str | Path,
+    num_frames: int,
+    width: int,
+    height: int,
+    fps: float = 30,
+    pattern: str = "testsrc",
+    gop: int | None = None,
+) -> Path:
     """Write a small H.264 mp4 test video; ``testsrc`` frames carry their index as a barcode."""
     rng = np.random.default_rng(0)
     with VideoWriter(path, width, height, fps=fps, gop=gop) as w:
@@ -161,7 +183,9 @@ def shape_mask(noun: int, yy: np.ndarray, xx: np.ndarray, cy: float, cx: float, 
     return ((abs(dy) <= r * 0.2) | (abs(dx) <= r * 0.2)) & (abs(dy) + abs(dx) <= 1.3 * r)
 
 
-def segment_track(verb: int, t: float, width: int, height: int, rng_pos: tuple[float, float]) -> tuple[float, float, float]:
+def segment_track(
+    verb: int, t: float, width: int, height: int, rng_pos: tuple[float, float]
+) -> tuple[float, float, float]:
     """(cy, cx, radius) of the shape at segment phase t in [0, 1] for motion ``verb``."""
     base_r = min(width, height) * 0.16
     jy, jx = rng_pos  # per-segment offset in [-1, 1]
@@ -186,8 +210,9 @@ def segment_track(verb: int, t: float, width: int, height: int, rng_pos: tuple[f
     return cy0, cx0, base_r
 
 
-def _scene(canvas: np.ndarray, verb: int, t: float, yy: np.ndarray, xx: np.ndarray,
-           origin: tuple[float, float]) -> np.ndarray:
+def _scene(
+    canvas: np.ndarray, verb: int, t: float, yy: np.ndarray, xx: np.ndarray, origin: tuple[float, float]
+) -> np.ndarray:
     """The background at phase t: the whole scene pans (up/down/left/right) or zooms (grow/shrink)
     like the verb's shape, so the motion shows in every patch, not only where the shape is."""
     h, w = yy.shape
@@ -223,10 +248,11 @@ def _canvas(background: str, height: int, width: int, rng: np.random.Generator) 
     hidden patch is predictable from the visible ones (what masked pretraining learns from).
     """
     if background == "blocks":
-        return np.kron(rng.integers(0, 60, (height // 4 + 1, width // 4 + 1, 3)).astype(np.uint8),
-                       np.ones((8, 8, 1), np.uint8))
+        return np.kron(
+            rng.integers(0, 60, (height // 4 + 1, width // 4 + 1, 3)).astype(np.uint8), np.ones((8, 8, 1), np.uint8)
+        )
     if background == "smooth":
-        yy, xx = np.mgrid[-1:1:2j * height, -1:1:2j * width]
+        yy, xx = np.mgrid[-1 : 1 : 2j * height, -1 : 1 : 2j * width]
         angle, amp = rng.uniform(0, 2 * np.pi, 3), rng.uniform(90, 120, 3)
         ramps = [120 + a * (np.sin(t) * yy + np.cos(t) * xx) for t, a in zip(angle, amp)]
         return np.clip(np.stack(ramps, axis=-1), 0, 255).astype(np.uint8)
@@ -242,15 +268,37 @@ def format_timestamp(seconds: float) -> str:
     return f"{h:02d}:{m:02d}:{s:02d}.{ff:02d}"
 
 
-EPIC_COLUMNS = ("narration_id", "participant_id", "video_id", "narration_timestamp", "start_timestamp",
-                "stop_timestamp", "start_frame", "stop_frame", "narration", "verb", "verb_class", "noun",
-                "noun_class")
+EPIC_COLUMNS = (
+    "narration_id",
+    "participant_id",
+    "video_id",
+    "narration_timestamp",
+    "start_timestamp",
+    "stop_timestamp",
+    "start_frame",
+    "stop_frame",
+    "narration",
+    "verb",
+    "verb_class",
+    "noun",
+    "noun_class",
+)
 
 
-def make_synthetic_epic(out_dir: str | Path, num_videos: int = 4, segments_per_video: int = 12,
-                        segment_seconds: float = 2.0, width: int = 96, height: int = 72, fps: float = 15,
-                        num_verbs: int = 4, num_nouns: int = 3, seed: int = 0,
-                        val_fraction: float = 0.25, background: str = "blocks") -> dict:
+def make_synthetic_epic(
+    out_dir: str | Path,
+    num_videos: int = 4,
+    segments_per_video: int = 12,
+    segment_seconds: float = 2.0,
+    width: int = 96,
+    height: int = 72,
+    fps: float = 15,
+    num_verbs: int = 4,
+    num_nouns: int = 3,
+    seed: int = 0,
+    val_fraction: float = 0.25,
+    background: str = "blocks",
+) -> dict:
     """Write long synthetic videos + EPIC-100-style train/val CSVs under ``out_dir``.
 
     Each video is ``segments_per_video`` back-to-back segments; each segment is one CSV row
@@ -262,8 +310,9 @@ def make_synthetic_epic(out_dir: str | Path, num_videos: int = 4, segments_per_v
     if background not in BACKGROUNDS:
         raise ValueError(f"background must be one of {', '.join(BACKGROUNDS)}, got {background!r}")
     if not 1 <= num_verbs <= len(VERB_NAMES) or not 1 <= num_nouns <= len(NOUN_NAMES):
-        raise ValueError(f"num_verbs must be 1..{len(VERB_NAMES)} and num_nouns 1..{len(NOUN_NAMES)}, "
-                         f"got {num_verbs}, {num_nouns}")
+        raise ValueError(
+            f"num_verbs must be 1..{len(VERB_NAMES)} and num_nouns 1..{len(NOUN_NAMES)}, got {num_verbs}, {num_nouns}"
+        )
     out = Path(out_dir)
     videos = out / "videos"
     videos.mkdir(parents=True, exist_ok=True)
@@ -297,13 +346,23 @@ def make_synthetic_epic(out_dir: str | Path, num_videos: int = 4, segments_per_v
                     writer.write(frame)
                 start = s * seg_frames / fps
                 stop = (s + 1) * seg_frames / fps
-                rows.append({
-                    "narration_id": f"{video_id}_{s}", "participant_id": video_id[:3], "video_id": video_id,
-                    "narration_timestamp": format_timestamp(start), "start_timestamp": format_timestamp(start + 0.1),
-                    "stop_timestamp": format_timestamp(stop - 0.1), "start_frame": int(start * fps) + 1,
-                    "stop_frame": int(stop * fps), "narration": f"{VERB_NAMES[verb]} {NOUN_NAMES[noun]}",
-                    "verb": VERB_NAMES[verb], "verb_class": verb, "noun": NOUN_NAMES[noun], "noun_class": noun,
-                })
+                rows.append(
+                    {
+                        "narration_id": f"{video_id}_{s}",
+                        "participant_id": video_id[:3],
+                        "video_id": video_id,
+                        "narration_timestamp": format_timestamp(start),
+                        "start_timestamp": format_timestamp(start + 0.1),
+                        "stop_timestamp": format_timestamp(stop - 0.1),
+                        "start_frame": int(start * fps) + 1,
+                        "stop_frame": int(stop * fps),
+                        "narration": f"{VERB_NAMES[verb]} {NOUN_NAMES[noun]}",
+                        "verb": VERB_NAMES[verb],
+                        "verb_class": verb,
+                        "noun": NOUN_NAMES[noun],
+                        "noun_class": noun,
+                    }
+                )
     order = rng.permutation(len(rows))
     n_val = int(round(len(rows) * val_fraction)) if val_fraction > 0 else 0
     val_ids = set(order[:n_val].tolist())
@@ -317,11 +376,21 @@ def make_synthetic_epic(out_dir: str | Path, num_videos: int = 4, segments_per_v
             w.writeheader()
             w.writerows(subset)
         paths[name] = p
-    info = {"videos": videos, "train_csv": paths["train"], "val_csv": paths["val"], "num_verbs": num_verbs,
-            "num_nouns": num_nouns, "fps": fps, "width": width, "height": height,
-            "num_train": len(train_rows), "num_val": len(val_rows)}
-    (out / "synthetic.json").write_text(json.dumps({k: str(v) if isinstance(v, Path) else v for k, v in info.items()},
-                                                   indent=1))
+    info = {
+        "videos": videos,
+        "train_csv": paths["train"],
+        "val_csv": paths["val"],
+        "num_verbs": num_verbs,
+        "num_nouns": num_nouns,
+        "fps": fps,
+        "width": width,
+        "height": height,
+        "num_train": len(train_rows),
+        "num_val": len(val_rows),
+    }
+    (out / "synthetic.json").write_text(
+        json.dumps({k: str(v) if isinstance(v, Path) else v for k, v in info.items()}, indent=1)
+    )
     return info
 
 
@@ -339,13 +408,23 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--num-nouns", type=int, default=3, help="noun classes (shapes)")
     p.add_argument("--seed", type=int, default=0, help="random seed (same seed, same dataset)")
     p.add_argument("--val-fraction", type=float, default=0.25, help="share of segments written to val.csv")
-    p.add_argument("--background", default="blocks",
-                   help="blocks: random colour blocks per video (classification); smooth: a linear colour ramp "
-                        "per segment (spatially predictable, for masked pretraining)")
+    p.add_argument(
+        "--background",
+        default="blocks",
+        help="blocks: random colour blocks per video (classification); smooth: a linear colour ramp "
+        "per segment (spatially predictable, for masked pretraining)",
+    )
     a = p.parse_args(argv)
-    for flag, value in (("--num-videos", a.num_videos), ("--segments-per-video", a.segments_per_video),
-                        ("--segment-seconds", a.segment_seconds), ("--width", a.width), ("--height", a.height),
-                        ("--fps", a.fps), ("--num-verbs", a.num_verbs), ("--num-nouns", a.num_nouns)):
+    for flag, value in (
+        ("--num-videos", a.num_videos),
+        ("--segments-per-video", a.segments_per_video),
+        ("--segment-seconds", a.segment_seconds),
+        ("--width", a.width),
+        ("--height", a.height),
+        ("--fps", a.fps),
+        ("--num-verbs", a.num_verbs),
+        ("--num-nouns", a.num_nouns),
+    ):
         if not value > 0:
             print(f"avion-ds synth: error: {flag} {value} must be positive", file=sys.stderr)
             return 2
@@ -353,13 +432,27 @@ def main(argv: list[str] | None = None) -> int:
         print(f"avion-ds synth: error: --val-fraction {a.val_fraction} must be in [0, 1)", file=sys.stderr)
         return 2
     try:
-        info = make_synthetic_epic(a.out, a.num_videos, a.segments_per_video, a.segment_seconds, a.width,
-                                   a.height, a.fps, a.num_verbs, a.num_nouns, a.seed, a.val_fraction, a.background)
+        info = make_synthetic_epic(
+            a.out,
+            a.num_videos,
+            a.segments_per_video,
+            a.segment_seconds,
+            a.width,
+            a.height,
+            a.fps,
+            a.num_verbs,
+            a.num_nouns,
+            a.seed,
+            a.val_fraction,
+            a.background,
+        )
     except (ValueError, OSError) as e:  # bad arguments or an unusable output path
         print(f"avion-ds synth: error: {e}", file=sys.stderr)
         return 2
-    print(f"wrote {info['num_train']} train / {info['num_val']} val segments from {a.num_videos} videos "
-          f"under {a.out} (verbs={a.num_verbs}, nouns={a.num_nouns}); videos in {info['videos']}")
+    print(
+        f"wrote {info['num_train']} train / {info['num_val']} val segments from {a.num_videos} videos "
+        f"under {a.out} (verbs={a.num_verbs}, nouns={a.num_nouns}); videos in {info['videos']}"
+    )
     return 0
 
 

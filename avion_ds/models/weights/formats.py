@@ -118,7 +118,7 @@ def unwrap(ckpt: dict[str, Any]) -> StateDict:
     sd = {k: v for k, v in sd.items() if isinstance(v, torch.Tensor)}
     for prefix in _PREFIXES:
         if sd and all(k.startswith(prefix) for k in sd):
-            sd = {k[len(prefix):]: v for k, v in sd.items()}
+            sd = {k[len(prefix) :]: v for k, v in sd.items()}
     return sd
 
 
@@ -128,8 +128,12 @@ def unwrap(ckpt: dict[str, Any]) -> StateDict:
 def detect_format(sd: StateDict) -> str:
     """Name the checkpoint format or raise naming the first keys seen."""
     keys = list(sd)
-    if any(".encoder.layer." in f".{k}" or k.startswith("embeddings.patch_embeddings") or
-           ".embeddings.patch_embeddings." in k for k in keys):
+    if any(
+        ".encoder.layer." in f".{k}"
+        or k.startswith("embeddings.patch_embeddings")
+        or ".embeddings.patch_embeddings." in k
+        for k in keys
+    ):
         return "hf"
     stripped = [k.removeprefix("encoder.") for k in keys]
     if "blocks.0.attn.qkv.weight" in stripped:
@@ -139,7 +143,9 @@ def detect_format(sd: StateDict) -> str:
         if (patch is not None and patch.dim() == 2) or any(k.startswith(("heads.", "blocks.0.ls1.")) for k in keys):
             return "avion_ds"
         return "videomae"
-    raise ValueError(f"unrecognised checkpoint format (not avion_ds / VideoMAE / HF VideoMAE / timm ViT); first keys: {keys[:8]}")
+    raise ValueError(
+        f"unrecognised checkpoint format (not avion_ds / VideoMAE / HF VideoMAE / timm ViT); first keys: {keys[:8]}"
+    )
 
 
 def _filter_avion(sd: StateDict, model: VideoViT, report: LoadReport) -> StateDict:
@@ -234,7 +240,7 @@ def _filter_timm(sd: StateDict, model: VideoViT, report: LoadReport) -> StateDic
         m = re.match(r"^blocks\.(\d+)\.attn\.qkv\.bias$", k)
         if m:
             out[f"blocks.{m.group(1)}.attn.q_bias"] = v[:d]
-            out[f"blocks.{m.group(1)}.attn.v_bias"] = v[2 * d:]
+            out[f"blocks.{m.group(1)}.attn.v_bias"] = v[2 * d :]
             continue
         out[k] = v
     w = out.get("patch_embed.proj.weight")
@@ -259,7 +265,9 @@ def _filter_timm(sd: StateDict, model: VideoViT, report: LoadReport) -> StateDic
             grid = F.interpolate(grid.float(), size=(gh, gw), mode="bicubic", align_corners=False).to(pos.dtype)
         grid = grid.permute(0, 2, 3, 1).reshape(1, 1, gh * gw, -1)
         report.resized.append("pos_embed")
-        out["pos_embed"] = grid.expand(1, model.patch_embed.grid[0], gh * gw, grid.shape[-1]).reshape(1, -1, grid.shape[-1])
+        out["pos_embed"] = grid.expand(1, model.patch_embed.grid[0], gh * gw, grid.shape[-1]).reshape(
+            1, -1, grid.shape[-1]
+        )
     return out  # ``norm`` never becomes ``fc_norm`` (see _filter_videomae)
 
 
@@ -327,7 +335,9 @@ def _as_conv_weight(key: str, w: torch.Tensor, conv_shape: tuple[int, int, int, 
     D, C, _, p, _ = conv_shape
     t0, rem = divmod(w.shape[1], C * p * p)
     if w.shape[0] != D or rem or t0 < 1:
-        raise ValueError(f"checkpoint key {key}: linear patch weight {tuple(w.shape)} does not fit (D, C, t, p, p) = {conv_shape}")
+        raise ValueError(
+            f"checkpoint key {key}: linear patch weight {tuple(w.shape)} does not fit (D, C, t, p, p) = {conv_shape}"
+        )
     return w.reshape(D, C, t0, p, p)
 
 
@@ -360,8 +370,7 @@ def _adapt(sd: StateDict, model: VideoViT, report: LoadReport) -> StateDict:
     return out
 
 
-def prepare_state_dict(model: VideoViT, source: str | Path | dict,
-                       trust: bool = False) -> tuple[StateDict, LoadReport]:
+def prepare_state_dict(model: VideoViT, source: str | Path | dict, trust: bool = False) -> tuple[StateDict, LoadReport]:
     """Read ``source`` and map / resize it to ``model``'s names and shapes; nothing is loaded yet
     (shared by ``load_pretrained`` and the ZeRO-3 loader in ``sharded_load``). A model with its own
     ``prepare_checkpoint`` (the pretraining model: :mod:`~avion_ds.models.weights.mae_formats` layouts) maps
@@ -370,16 +379,24 @@ def prepare_state_dict(model: VideoViT, source: str | Path | dict,
     if callable(own):
         return own(source, trust)
     if not isinstance(model, VideoViT):
-        raise TypeError(f"pretrained weights load into a VideoViT or a VideoMAEPretrain, got {type(model).__name__} "
-                        "(load before deepspeed.initialize, into the bare model)")
+        raise TypeError(
+            f"pretrained weights load into a VideoViT or a VideoMAEPretrain, got {type(model).__name__} "
+            "(load before deepspeed.initialize, into the bare model)"
+        )
     sd = unwrap(read_checkpoint(source, trust))
     fmt = detect_format(sd)
     report = LoadReport(format=fmt)
     return _adapt(FILTERS[fmt](sd, model, report), model, report), report
 
 
-def load_pretrained(model: VideoViT, source: str | Path | dict, strict: bool = False,
-                    trust: bool = False, *, coverage_check: bool = True) -> LoadReport:
+def load_pretrained(
+    model: VideoViT,
+    source: str | Path | dict,
+    strict: bool = False,
+    trust: bool = False,
+    *,
+    coverage_check: bool = True,
+) -> LoadReport:
     """Load ``source`` (path, HF directory, or a (wrapped) state dict) into ``model`` in place.
 
     ``model``: a fine-tuning ``VideoViT`` (any format; a pretraining checkpoint gives its encoder)
@@ -393,12 +410,20 @@ def load_pretrained(model: VideoViT, source: str | Path | dict, strict: bool = F
     """
     sd, report = prepare_state_dict(model, source, trust)
     result = model.load_state_dict(sd, strict=False)
-    return finish_report(report, model, source, strict, result.missing_keys, result.unexpected_keys,
-                         coverage_check=coverage_check)
+    return finish_report(
+        report, model, source, strict, result.missing_keys, result.unexpected_keys, coverage_check=coverage_check
+    )
 
 
-def finish_report(report: LoadReport, model: VideoViT, source: Any, strict: bool, missing: list[str],
-                  unexpected: list[str], coverage_check: bool = True) -> LoadReport:
+def finish_report(
+    report: LoadReport,
+    model: VideoViT,
+    source: Any,
+    strict: bool,
+    missing: list[str],
+    unexpected: list[str],
+    coverage_check: bool = True,
+) -> LoadReport:
     """Record what the load left out, warn about a dropped timm table, raise under ``strict``."""
     fmt = report.format
     report.missing = sorted(missing)
@@ -406,15 +431,24 @@ def finish_report(report: LoadReport, model: VideoViT, source: Any, strict: bool
     report.resized.sort()
     report.dropped.sort()
     if fmt == "timm" and model.arch.pos_embed == "sincos" and "pos_embed" in report.unexpected:
-        logger.warning("timm checkpoint has a learned pos_embed but the model uses fixed sin-cos; "
-                       "create the model with pos_embed='learned' to keep it")
+        logger.warning(
+            "timm checkpoint has a learned pos_embed but the model uses fixed sin-cos; "
+            "create the model with pos_embed='learned' to keep it"
+        )
     if strict and (report.missing or report.unexpected or report.dropped):
         raise ValueError(f"load_pretrained(strict=True) from {_name(source)}: {report.summary()}")
     matched, total = backbone_coverage(model, report.missing)
     if coverage_check and matched < MIN_BACKBONE_MATCH * total:
-        logger.error("pretrained %s matched %.1f%% of %s's backbone parameters (%d of %d; below %.0f%%): %s",
-                     _name(source), 100 * matched / total, type(model).__name__, matched, total,
-                     100 * MIN_BACKBONE_MATCH, report.summary())
+        logger.error(
+            "pretrained %s matched %.1f%% of %s's backbone parameters (%d of %d; below %.0f%%): %s",
+            _name(source),
+            100 * matched / total,
+            type(model).__name__,
+            matched,
+            total,
+            100 * MIN_BACKBONE_MATCH,
+            report.summary(),
+        )
     return report
 
 

@@ -50,8 +50,10 @@ def detect_mae_format(sd: StateDict) -> str:
         return "hf"
     if "encoder.blocks.0.attn.qkv.weight" in sd and "encoder_to_decoder.weight" in sd:
         return "videomae" if "encoder.norm.weight" in sd else "avion_ds"
-    raise ValueError("not a VideoMAE pretraining checkpoint (expected encoder.* / decoder.* / encoder_to_decoder, "
-                     f"or Hugging Face videomae.* / decoder.decoder_layers.*); first keys: {keys[:8]}")
+    raise ValueError(
+        "not a VideoMAE pretraining checkpoint (expected encoder.* / decoder.* / encoder_to_decoder, "
+        f"or Hugging Face videomae.* / decoder.decoder_layers.*); first keys: {keys[:8]}"
+    )
 
 
 def _gamma(k: str) -> str:
@@ -81,8 +83,11 @@ def from_hf(sd: StateDict, model: VideoMAEPretrain, report: LoadReport) -> State
     """Hugging Face ``VideoMAEForPreTraining`` keys -> ours (decoder layers through the same block map)."""
     enc = {k: v for k, v in sd.items() if k.startswith("videomae.")}
     out = {f"encoder.{k}": v for k, v in FILTERS["hf"](enc, model.encoder, report).items()}
-    dec = {re.sub(r"^decoder\.decoder_layers\.", "videomae.encoder.layer.", k): v
-           for k, v in sd.items() if k.startswith("decoder.decoder_layers.")}
+    dec = {
+        re.sub(r"^decoder\.decoder_layers\.", "videomae.encoder.layer.", k): v
+        for k, v in sd.items()
+        if k.startswith("decoder.decoder_layers.")
+    }
     out.update({f"decoder.{k}": v for k, v in FILTERS["hf"](dec, model.encoder, report).items()})
     out.update({k: v for k, v in sd.items() if not k.startswith(("videomae.", "decoder.decoder_layers."))})
     return _encoder_norm(out)
@@ -105,8 +110,9 @@ def decoder_dims(sd: StateDict) -> dict[str, int]:
     return out
 
 
-def prepare_mae_state_dict(model: VideoMAEPretrain, source: str | Path | dict,
-                           trust: bool = False) -> tuple[StateDict, LoadReport]:
+def prepare_mae_state_dict(
+    model: VideoMAEPretrain, source: str | Path | dict, trust: bool = False
+) -> tuple[StateDict, LoadReport]:
     """Read ``source`` and map it to ``model``'s names; shapes are checked against the model's
     logical shapes (also under ZeRO-3), one-line ValueError naming the key. Nothing is loaded."""
     sd = unwrap(read_checkpoint(source, trust))
@@ -116,8 +122,10 @@ def prepare_mae_state_dict(model: VideoMAEPretrain, source: str | Path | dict,
     target = state_shapes(model)
     for k, v in sd.items():
         if k in target and v.shape != target[k] and v.numel() != target[k].numel():
-            raise ValueError(f"checkpoint key {k}: shape {tuple(v.shape)} does not fit the model's {tuple(target[k])}"
-                             f"{_decoder_hint(sd, model)}")
+            raise ValueError(
+                f"checkpoint key {k}: shape {tuple(v.shape)} does not fit the model's {tuple(target[k])}"
+                f"{_decoder_hint(sd, model)}"
+            )
     return sd, report
 
 
@@ -127,12 +135,15 @@ def _decoder_hint(sd: StateDict, model: VideoMAEPretrain) -> str:
     diff = {k: v for k, v in dims.items() if v != want[k]}
     if not diff:
         return ""
-    return (f" (the checkpoint's decoder has {', '.join(f'{k}={v}' for k, v in diff.items())}; build the model "
-            "with create_model(name, pretrained=FILE), which takes them from the file, or pass them)")
+    return (
+        f" (the checkpoint's decoder has {', '.join(f'{k}={v}' for k, v in diff.items())}; build the model "
+        "with create_model(name, pretrained=FILE), which takes them from the file, or pass them)"
+    )
 
 
-def load_pretrained_mae(model: VideoMAEPretrain, source: str | Path | dict, strict: bool = False,
-                        trust: bool = False) -> LoadReport:
+def load_pretrained_mae(
+    model: VideoMAEPretrain, source: str | Path | dict, strict: bool = False, trust: bool = False
+) -> LoadReport:
     """Load a pretraining checkpoint (file, HF directory, run directory or state dict) into ``model``.
 
     The same entry as ``load_pretrained``, which dispatches on the model: a fine-tuning model given
@@ -164,7 +175,7 @@ def to_official(model: VideoMAEPretrain) -> dict[str, Any]:
 def _hf_block(prefix: str, rest: str, v: torch.Tensor, d: int, out: StateDict) -> None:
     if rest == "attn.qkv.weight":
         for j, name in enumerate(("query", "key", "value")):
-            out[f"{prefix}attention.attention.{name}.weight"] = v[j * d:(j + 1) * d]
+            out[f"{prefix}attention.attention.{name}.weight"] = v[j * d : (j + 1) * d]
         return
     inverse = {ours: hf for hf, ours in HF_BLOCK_KEYS.items() if not hf.endswith(("q_bias", "v_bias"))}
     if rest not in inverse:

@@ -29,10 +29,12 @@ from avion_ds.config import ConfigError
 logger = logging.getLogger(__name__)
 
 # pickled by DeepSpeed's ZeRO optimizers into *_optim_states.pt: plain data classes / an int enum
-DEEPSPEED_TYPES = ("deepspeed.runtime.zero.config.ZeroStageEnum",
-                   "deepspeed.runtime.fp16.loss_scaler.LossScaler",
-                   "deepspeed.runtime.fp16.loss_scaler.DynamicLossScaler",
-                   "deepspeed.utils.tensor_fragment.fragment_address")
+DEEPSPEED_TYPES = (
+    "deepspeed.runtime.zero.config.ZeroStageEnum",
+    "deepspeed.runtime.fp16.loss_scaler.LossScaler",
+    "deepspeed.runtime.fp16.loss_scaler.DynamicLossScaler",
+    "deepspeed.utils.tensor_fragment.fragment_address",
+)
 TRUST_HINT = "pass --trust-checkpoint (or set model.trust_checkpoint: true) only if you trust the file"
 
 
@@ -49,8 +51,14 @@ def allowed_globals() -> list[Any]:
     import collections
 
     multiarray = getattr(np, "_core", None) or np.core  # numpy 2 / numpy 1
-    out: list[Any] = [argparse.Namespace, collections.OrderedDict, np.dtype, np.ndarray,
-                      multiarray.multiarray.scalar, multiarray.multiarray._reconstruct]
+    out: list[Any] = [
+        argparse.Namespace,
+        collections.OrderedDict,
+        np.dtype,
+        np.ndarray,
+        multiarray.multiarray.scalar,
+        multiarray.multiarray._reconstruct,
+    ]
     out += [getattr(np.dtypes, n) for n in dir(np.dtypes) if n.endswith("DType")]
     return out
 
@@ -97,7 +105,8 @@ def _unpickler_reason(e: Exception) -> str:
 def _refusal(path: Path, names: list[str]) -> UntrustedCheckpoint:
     return UntrustedCheckpoint(
         f"checkpoint {path} pickles Python objects that are not weights ({', '.join(names)}); unpickling them "
-        f"could run code, so it is refused: {TRUST_HINT}")
+        f"could run code, so it is refused: {TRUST_HINT}"
+    )
 
 
 def load_checkpoint_file(path: str | Path, trust: bool = False, *, mmap: bool = False) -> Any:
@@ -118,8 +127,9 @@ def load_checkpoint_file(path: str | Path, trust: bool = False, *, mmap: bool = 
         except pickle.UnpicklingError as e:
             bad = re.findall(r"GLOBAL ([\w.]+)", str(e))
             if not bad and not trust:  # not a type the allowlist lacks: the file is no (weights-only) checkpoint
-                raise ConfigError(f"checkpoint {path} cannot be read as a PyTorch checkpoint "
-                                  f"({_unpickler_reason(e)}); {TRUST_HINT}") from None
+                raise ConfigError(
+                    f"checkpoint {path} cannot be read as a PyTorch checkpoint ({_unpickler_reason(e)}); {TRUST_HINT}"
+                ) from None
     if not trust:
         raise _refusal(path, bad)
     logger.warning("%s: trusted checkpoint loaded with full unpickling (weights_only=False)", path)

@@ -20,8 +20,15 @@ from typing import Any
 import torch
 
 DTYPES: dict[str, torch.dtype] = {
-    "F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
-    "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8, "U8": torch.uint8,
+    "F64": torch.float64,
+    "F32": torch.float32,
+    "F16": torch.float16,
+    "BF16": torch.bfloat16,
+    "I64": torch.int64,
+    "I32": torch.int32,
+    "I16": torch.int16,
+    "I8": torch.int8,
+    "U8": torch.uint8,
     "BOOL": torch.bool,
 }
 NAMES = {v: k for k, v in DTYPES.items()}
@@ -65,8 +72,12 @@ class SafetensorsWriter:
     """Write a safetensors file from a known list of (name, dtype, shape), one tensor at a time,
     in that order. Written to ``path.tmp`` and renamed by ``close()``: a crash leaves no half file."""
 
-    def __init__(self, path: str | Path, specs: list[tuple[str, torch.dtype, tuple[int, ...]]],
-                 metadata: dict[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        path: str | Path,
+        specs: list[tuple[str, torch.dtype, tuple[int, ...]]],
+        metadata: dict[str, str] | None = None,
+    ) -> None:
         self.path = Path(path)
         header: dict[str, Any] = {}
         offset = 0
@@ -91,8 +102,9 @@ class SafetensorsWriter:
             raise ValueError(f"safetensors writer: expected {want}, got {name}")
         dtype, shape = self.specs[name]
         if tensor.dtype != dtype or tuple(tensor.shape) != shape:
-            raise ValueError(f"safetensors writer: {name} is {tensor.dtype} {tuple(tensor.shape)}, "
-                             f"header says {dtype} {shape}")
+            raise ValueError(
+                f"safetensors writer: {name} is {tensor.dtype} {tuple(tensor.shape)}, header says {dtype} {shape}"
+            )
         t = tensor.detach().cpu().contiguous()
         if t.numel():
             self.file.write(memoryview(t.reshape(-1).view(torch.uint8).numpy()))

@@ -95,8 +95,14 @@ def _copy_partitioned(model: nn.Module, sd: Any) -> list[str]:
     return missing
 
 
-def load_pretrained_sharded(model: nn.Module, source: str | Path | dict, strict: bool = False,
-                            trust: bool = False, *, coverage_check: bool = True) -> LoadReport:
+def load_pretrained_sharded(
+    model: nn.Module,
+    source: str | Path | dict,
+    strict: bool = False,
+    trust: bool = False,
+    *,
+    coverage_check: bool = True,
+) -> LoadReport:
     """``load_pretrained`` for a model built under ``zero.Init`` (plain models go to it directly).
 
     Collective: every rank of the model's process group must call it. Only rank 0 reads ``source``.
@@ -124,8 +130,12 @@ def load_pretrained_sharded(model: nn.Module, source: str | Path | dict, strict:
     return finish_report(report, model, source, strict, report.missing, report.unexpected, coverage_check)
 
 
-def build_partitioned(factory: Callable[[], nn.Module], ds_config: dict[str, Any] | None,
-                      pretrained: str | Path | dict | None = None, strict: bool = False) -> nn.Module:
+def build_partitioned(
+    factory: Callable[[], nn.Module],
+    ds_config: dict[str, Any] | None,
+    pretrained: str | Path | dict | None = None,
+    strict: bool = False,
+) -> nn.Module:
     """``factory()`` under ``zero.Init`` when ``ds_config`` is ZeRO-3 (plainly otherwise), then
     ``pretrained`` loaded module by module. The factory must not load weights itself: reading a
     checkpoint inside ``zero.Init`` would go through its patched tensor constructors."""
