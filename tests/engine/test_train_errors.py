@@ -44,6 +44,19 @@ def setup(tmp_path: Path) -> dict:
     return {"tmp": tmp_path, "recipe": path, "data": recipe}
 
 
+def no_process_group(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Make creating a process group fail the test (the libraries' entry points are patched, not ours)."""
+    import deepspeed
+    import torch.distributed as tdist
+
+    def tripwire(*args: object, **kwargs: object) -> None:
+        raise AssertionError("a process group was about to be created: preflight let the bad input through")
+
+    monkeypatch.setattr(tdist, "is_initialized", lambda: False)  # as in a fresh process, whatever ran before
+    monkeypatch.setattr(deepspeed, "init_distributed", tripwire)
+    monkeypatch.setattr(tdist, "init_process_group", tripwire)
+
+
 def _run(capsys: pytest.CaptureFixture, argv: list[str]) -> str:
     code = train.main(argv)
     err = capsys.readouterr().err.strip()
@@ -89,7 +102,7 @@ def test_resume_into_different_models_dir(setup: dict, capsys: pytest.CaptureFix
 
 # ---------------------------------------------------------------------------------------------
 # malformed invocations, table-driven: each ends in ONE stderr line naming the key
-# and value, exit code 2, before any process group exists (dist.init is replaced by a tripwire)
+# and value, exit code 2, before any process group exists (creating one trips a wire: no_process_group)
 # ---------------------------------------------------------------------------------------------
 def _ds_file(setup: dict, patch: Callable[[dict], None]) -> Path:
     cfg = json.loads((REPO / "ds_configs" / "zero2.json").read_text())
@@ -353,10 +366,7 @@ def test_malformed_invocation_is_one_line_exit_2(
 ) -> None:
     _name, sets, ds_patch, prep, extra, expect = case
 
-    def tripwire() -> None:
-        raise AssertionError("a process group was about to be created: preflight let the bad input through")
-
-    monkeypatch.setattr(train.dist, "init", tripwire)
+    no_process_group(monkeypatch)
     setup["monkeypatch"] = monkeypatch
     if prep is not None:
         prep(setup)
@@ -382,7 +392,7 @@ def test_dry_run_prints_resolved_recipe_and_ds_config(
     setup: dict, capsys: pytest.CaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """--dry-run: every check, the resolved recipe + DeepSpeed config, exit 0, no process group."""
-    monkeypatch.setattr(train.dist, "init", lambda: (_ for _ in ()).throw(AssertionError("process group")))
+    no_process_group(monkeypatch)
     weights = setup["tmp"] / "w.safetensors"
     import torch
     from safetensors.torch import save_file
@@ -435,10 +445,7 @@ def test_refused_pretrained_leaves_nothing_behind(
     no recipe.yaml / ds_config.json / run.json left in output_dir (the run never started)."""
     import torch
 
-    def tripwire() -> None:
-        raise AssertionError("a process group was about to be created: preflight let the bad weights through")
-
-    monkeypatch.setattr(train.dist, "init", tripwire)
+    no_process_group(monkeypatch)
     marker, weights = setup["tmp"] / "marker.txt", setup["tmp"] / "w.pth"
     if kind == "payload":
         torch.save({"model": {}, "evil": _Payload(marker)}, weights)

@@ -111,7 +111,13 @@ def test_flash_matches_sdpa_bf16_gpu():
 
 def test_flash_decision_rules_with_a_fake_flash_package(monkeypatch):
     """The decision logic for CUDA inputs, checked on CPU with flash-attn and the GPU faked."""
-    monkeypatch.setattr(attn_mod, "_flash_fn", lambda: lambda *a, **k: None)
+    import sys
+    import types
+
+    fake = types.ModuleType("flash_attn")  # a flash-attn package that imports (the library is faked, not our code)
+    fake.flash_attn_qkvpacked_func = lambda *a, **k: None
+    monkeypatch.setitem(sys.modules, "flash_attn", fake)
+    attn_mod._flash_fn.cache_clear()  # the import is looked up once per process
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
     attn_mod.resolve_cached.cache_clear()
     cuda = torch.device("cuda", 0)
@@ -128,3 +134,4 @@ def test_flash_decision_rules_with_a_fake_flash_package(monkeypatch):
             attn_mod.resolve_cached("flash", cuda, torch.bfloat16, 64)
     finally:
         attn_mod.resolve_cached.cache_clear()
+        attn_mod._flash_fn.cache_clear()
