@@ -38,3 +38,15 @@ def no_hard_exit_in_pytest() -> object:
     os._exit = guarded_exit
     yield
     os._exit = real_exit
+
+
+@pytest.fixture(autouse=True)
+def restore_torch_linear() -> object:
+    """``deepspeed.zero.Init`` replaces ``torch.nn.functional.linear`` for the rest of the process (its
+    memory-efficient linear); a test that builds a partitioned model in this process must not change how
+    later tests' linears compute (FLOP counts, saved activations, last-bit results)."""
+    import torch.nn.functional as F
+
+    linear = F.linear
+    yield
+    F.linear = linear

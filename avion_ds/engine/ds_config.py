@@ -391,26 +391,8 @@ def _fill_scheduler(cfg: dict[str, Any], recipe: Recipe, lr: float, steps_per_ep
         params[key] = values[key]
 
 
-def build_ds_config(
-    user: dict | str | Path,
-    recipe: Recipe,
-    world_size: int,
-    steps_per_epoch: int | None = None,
-    overrides: dict[str, Any] | None = None,
-) -> dict[str, Any]:
-    """Merge the user's DeepSpeed JSON with the recipe into one complete DeepSpeed config.
-
-    ``overrides`` are deep-merged into the JSON first (:func:`merge_overrides`): the knobs a caller
-    sets on top of a reference JSON. Then fills "auto" batch sizes, optimizer lr/betas/eps/weight
-    decay, scheduler steps and precision, always writes ``gradient_clipping`` explicitly (DeepSpeed
-    defaults it to 1.0 otherwise), and rejects values that contradict the recipe with a one-line
-    message showing the numbers.
-    """
-    cfg = merge_overrides(load_user_config(user), overrides)
-    check_user_config(cfg)
-    plan = resolve_batch(recipe, world_size)
-
-    # ---- batch arithmetic -------------------------------------------------------------------
+def _fill_batch(cfg: dict[str, Any], plan: BatchPlan) -> None:
+    """The JSON's batch keys: integers or "auto", equal to the recipe's plan; then written from it."""
     tbs = cfg.get("train_batch_size", AUTO)
     mbs = cfg.get("train_micro_batch_size_per_gpu", AUTO)
     gas = cfg.get("gradient_accumulation_steps", AUTO)
@@ -431,21 +413,21 @@ def build_ds_config(
             raise ConfigError(
                 f"deepspeed config {key}={val} conflicts with the recipe value {want}"
                 f" (global {plan.global_batch} = micro {plan.micro_batch} x accum {plan.grad_accum}"
-                f" x world {world_size})"
+                f" x world {plan.world_size})"
             )
     if tbs != AUTO and tbs != plan.global_batch:
         raise ConfigError(
             f"deepspeed config train_batch_size {tbs} != micro {plan.micro_batch} x accum "
-            f"{plan.grad_accum} x world {world_size} = {plan.global_batch}"
+            f"{plan.grad_accum} x world {plan.world_size} = {plan.global_batch}"
         )
     cfg["train_batch_size"] = plan.global_batch
     cfg["train_micro_batch_size_per_gpu"] = plan.micro_batch
     cfg["gradient_accumulation_steps"] = plan.grad_accum
 
-    # ---- clipping: always explicit (0.0 disables) ----------------------------------------------
-    _fill(cfg, "gradient_clipping", float(recipe.optim.clip_grad), "gradient_clipping", close=True)
 
-    # ---- optimizer --------------------------------------------------------------------------
+def _fill_optimizer(cfg: dict[str, Any], recipe: Recipe, plan: BatchPlan) -> float:
+    """The JSON optimizer's "auto" values from the recipe (lr scaled to the global batch); returns that lr."""
+    accel = accelerator_name()
     lr = scaled_lr(recipe, plan.global_batch)
     if not abs(lr) <= FLOAT32_MAX:  # each recipe value is checked alone; the scaled product can still overflow
         o = recipe.optim
@@ -453,7 +435,6 @@ def build_ds_config(
             f"optim.lr={o.lr:g} x global batch {plan.global_batch} / optim.base_batch {o.base_batch} "
             f"= {lr:.4g} overflows float32 (largest {FLOAT32_MAX:.4g}); lower optim.lr"
         )
-    accel = accelerator_name()
     if "optimizer" in cfg:
         opt = cfg["optimizer"]
         params = opt.setdefault("params", {})
@@ -468,10 +449,38 @@ def build_ds_config(
             params.setdefault("torch_adam", True)
         if params.get("torch_adam") == AUTO:
             params["torch_adam"] = accel == "cpu" and not offloads_optimizer(cfg)
+    return lr
+
+
+def build_ds_config(
+    user: dict | str | Path,
+    recipe: Recipe,
+    world_size: int,
+    steps_per_epoch: int | None = None,
+    overrides: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """Merge the user's DeepSpeed JSON with the recipe into one complete DeepSpeed config.
+
+    ``overrides`` are deep-merged into the JSON first (:func:`merge_overrides`): the knobs a caller
+    sets on top of a reference JSON. Then fills "auto" batch sizes, optimizer lr/betas/eps/weight
+    decay, scheduler steps and precision, always writes ``gradient_clipping`` explicitly (DeepSpeed
+    defaults it to 1.0 otherwise), and rejects values that contradict the recipe with a one-line
+    message showing the numbers.
+    """
+    cfg = merge_overrides(load_user_config(user), overrides)
+    check_user_config(cfg)
+    plan = resolve_batch(recipe, world_size)
+
+    _fill_batch(cfg, plan)
+
+    # ---- clipping: always explicit (0.0 disables) ----------------------------------------------
+    _fill(cfg, "gradient_clipping", float(recipe.optim.clip_grad), "gradient_clipping", close=True)
+
+    lr = _fill_optimizer(cfg, recipe, plan)
     _fill_scheduler(cfg, recipe, lr, steps_per_epoch)
 
     # ---- precision --------------------------------------------------------------------------
-    precision = resolve_precision(cfg, recipe, accel)
+    precision = resolve_precision(cfg, recipe, accelerator_name())
     for name in ("bf16", "fp16"):
         section = cfg.setdefault(name, {})
         section["enabled"] = precision == name
