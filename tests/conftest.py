@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 
 import pytest
+import torch.nn.functional as F
 
 from tests.helpers import TORCH_EXTENSIONS, one_rank_vars
 
@@ -40,13 +41,13 @@ def no_hard_exit_in_pytest() -> object:
     os._exit = real_exit
 
 
+_TORCH_LINEAR = F.linear  # as torch defines it, before any test ran
+
+
 @pytest.fixture(autouse=True)
 def restore_torch_linear() -> object:
     """``deepspeed.zero.Init`` replaces ``torch.nn.functional.linear`` for the rest of the process (its
     memory-efficient linear); a test that builds a partitioned model in this process must not change how
     later tests' linears compute (FLOP counts, saved activations, last-bit results)."""
-    import torch.nn.functional as F
-
-    linear = F.linear
     yield
-    F.linear = linear
+    F.linear = _TORCH_LINEAR  # the original, not what a module-scoped fixture's zero.Init left before the test

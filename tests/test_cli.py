@@ -103,5 +103,8 @@ def test_progress_bar_only_on_a_terminal(monkeypatch: pytest.MonkeyPatch) -> Non
     monkeypatch.setattr(sys.stderr, "isatty", lambda: True, raising=False)
     bar = progress(range(3), "eval")
     assert not bar.disable and list(bar) == [0, 1, 2]
+    import torch.distributed as tdist
+
+    monkeypatch.setattr(tdist, "is_initialized", lambda: False)  # no process group (whatever an earlier test left)
     monkeypatch.setenv("RANK", "1")  # a launcher's rank 1: before the process group, dist reads RANK
     assert progress(range(3), "eval").disable
