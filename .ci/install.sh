@@ -20,7 +20,7 @@ fi
 if ! $PY -c "import torch, torchvision, sys; sys.exit(torch.__version__.split('+')[0] != '2.14.1')" 2>/dev/null; then
   $PY -m pip install -q torch==2.14.1 torchvision==0.29.1
 fi
-if ! $PY -c "import timm, deepspeed, decord, av, torchcodec, pytest, pytest_timeout, transformers, ruff" 2>/dev/null; then
+if ! $PY -c "import timm, deepspeed, decord, av, torchcodec, pytest, pytest_timeout, transformers, ruff, open_clip, ftfy" 2>/dev/null; then
   $PY -m pip install -q -e ".[codec,test]"
 fi
 # avion_ds itself must resolve to THIS checkout (an editable install of another clone would not).

@@ -1,5 +1,6 @@
 """Video ViT model family: registry, VideoMAE-style blocks, attention backends, activation
-checkpointing, pretrained loading and FLOPs."""
+checkpointing, pretrained loading and FLOPs; the CLIP-style video-text dual encoders and their
+tokenizer."""
 
 from avion_ds.models.activation_checkpointing import (
     apply_activation_checkpointing,
@@ -7,6 +8,7 @@ from avion_ds.models.activation_checkpointing import (
 )
 from avion_ds.models.arch import ViTArch
 from avion_ds.models.attention import resolve_backend
+from avion_ds.models.clip import ClipArch, VideoTextDualEncoder
 from avion_ds.models.flops import model_flops
 from avion_ds.models.mae import MAEArch, VideoMAEPretrain, get_mae_arch
 from avion_ds.models.registry import (
@@ -16,15 +18,21 @@ from avion_ds.models.registry import (
     list_models,
     register_model,
 )
+from avion_ds.models.text import TextArch, TextTransformer
+from avion_ds.models.tokenizer import tokenize
 from avion_ds.models.vit import VideoViT, count_params
 from avion_ds.models.weights.formats import LoadReport, load_pretrained
 from avion_ds.models.weights.mae_formats import load_pretrained_mae
 
 __all__ = [
+    "ClipArch",
     "LoadReport",
     "MAEArch",
+    "TextArch",
+    "TextTransformer",
     "ViTArch",
     "VideoMAEPretrain",
+    "VideoTextDualEncoder",
     "VideoViT",
     "apply_activation_checkpointing",
     "count_params",
@@ -39,4 +47,5 @@ __all__ = [
     "register_model",
     "remove_activation_checkpointing",
     "resolve_backend",
+    "tokenize",
 ]

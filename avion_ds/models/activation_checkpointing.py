@@ -55,27 +55,29 @@ def _select(num_blocks: int, every: int, first_n: int | None) -> list[int]:
 def apply_activation_checkpointing(
     model: nn.Module, every: int = 1, first_n: int | None = None, impl: str = "torch"
 ) -> nn.Module:
-    """Checkpoint every ``every``-th block among the first ``first_n`` (None = all) of ``model.blocks``.
+    """Checkpoint every ``every``-th block among the first ``first_n`` (None = all) of ``model.blocks``;
+    of each tower's blocks for a model with ``block_lists()`` (the video-text dual encoder).
 
     Idempotent: re-applying replaces the previous selection. Returns ``model`` (modified in place).
     """
     if impl not in IMPLS:
         raise ValueError(f"activation checkpointing: impl expected one of {', '.join(IMPLS)}, got {impl!r}")
-    blocks = getattr(model, "blocks", None)
-    if blocks is None:  # a DeepSpeed engine / DDP wrapper around the model
-        blocks = getattr(getattr(model, "module", None), "blocks", None)
+    target = model if getattr(model, "blocks", None) is not None else getattr(model, "module", None)
+    blocks = getattr(target, "blocks", None)  # else a DeepSpeed engine / DDP wrapper around the model
     if not isinstance(blocks, nn.ModuleList):
         raise TypeError(
             f"activation checkpointing: expected a model with .blocks (nn.ModuleList), got {type(model).__name__}"
         )
+    lists = target.block_lists() if callable(getattr(target, "block_lists", None)) else [blocks]
     remove_activation_checkpointing(model)
     run = _torch_ckpt if impl == "torch" else _deepspeed_ckpt
     if impl == "deepspeed":
         import deepspeed  # noqa: F401  (fail now, not in the first forward, when it is missing)
-    for i in _select(len(blocks), every, first_n):
-        block = blocks[i]
-        block.forward = functools.partial(_checkpointed_forward, block, run)  # type: ignore[method-assign]
-        setattr(block, _ATTR, impl)
+    for group in lists:
+        for i in _select(len(group), every, first_n):
+            block = group[i]
+            block.forward = functools.partial(_checkpointed_forward, block, run)  # type: ignore[method-assign]
+            setattr(block, _ATTR, impl)
     return model
 
 

@@ -12,10 +12,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from avion_ds.models.attention import BACKENDS
+from avion_ds.models.mlp import ACTIVATIONS
 from avion_ds.models.patch_embed import MODES as PATCH_EMBED_MODES
 
 POOLS = ("mean", "cls")
-POS_EMBEDS = ("sincos", "learned")
+# sincos / learned: one entry per token; clip: a spatial table whose first entry is the class
+# token's, plus a temporal table added per frame (CLIP / AVION layout)
+POS_EMBEDS = ("sincos", "learned", "clip")
 
 
 @dataclass
@@ -44,6 +47,13 @@ class ViTArch:
     pos_embed: str = "sincos"  # sincos (fixed, VideoMAE) | learned
     norm_eps: float = 1e-6
     head_init_scale: float = 0.001  # VideoMAE fine-tune init_scale for the classifier
+    # CLIP layout options (all off for VideoMAE)
+    k_bias: bool = False  # with qkv_bias: one fused q/k/v bias (CLIP's in_proj_bias)
+    act: str = "gelu"  # gelu | quick_gelu (OpenAI / OpenCLIP weights)
+    patch_embed_bias: bool = True  # CLIP's conv1 has none
+    ln_pre: bool = False  # LayerNorm on the tokens before the blocks
+    proj_dim: int | None = None  # bias-free projection of the pooled feature (CLIP's visual.proj)
+    patch_dropout: float = 0.0  # FLIP: fraction of patch tokens dropped in training (never the class token)
 
     @property
     def head_dim(self) -> int:
@@ -64,6 +74,17 @@ class ViTArch:
         t, h, w = self.grid
         return t * h * w
 
+    @property
+    def feature_dim(self) -> int:
+        """Width of ``forward_features``: the projection's when there is one."""
+        return int(self.proj_dim) if self.proj_dim else self.embed_dim
+
+    @property
+    def kept_patches(self) -> int:
+        """Patch tokens the blocks see in training (after patch dropout)."""
+        n = self.num_patches
+        return max(1, int(n * (1 - self.patch_dropout))) if self.patch_dropout > 0 else n
+
     def validate(self) -> ViTArch:
         """Raise a one-line ValueError naming the bad field; return self."""
         choices = {
@@ -71,6 +92,7 @@ class ViTArch:
             "patch_embed": PATCH_EMBED_MODES,
             "pool": POOLS,
             "pos_embed": POS_EMBEDS,
+            "act": ACTIVATIONS,
         }
         for key, allowed in choices.items():
             if getattr(self, key) not in allowed:
@@ -107,7 +129,11 @@ class ViTArch:
             for head, n in self.heads.items():
                 if not isinstance(head, str) or not head.isidentifier() or int(n) <= 0:
                     raise ValueError(f"{self.name}: heads expected identifier -> positive int, got {head!r}: {n!r}")
-        for key in ("drop_path_rate", "head_drop_rate"):
+        if self.pos_embed == "clip" and self.pool != "cls":
+            raise ValueError(f"{self.name}: pos_embed='clip' expected pool='cls' (its table has a class entry)")
+        if self.proj_dim is not None and int(self.proj_dim) <= 0:
+            raise ValueError(f"{self.name}: proj_dim expected a positive integer or None, got {self.proj_dim!r}")
+        for key in ("drop_path_rate", "head_drop_rate", "patch_dropout"):
             if not 0.0 <= float(getattr(self, key)) < 1.0:
                 raise ValueError(f"{self.name}: {key} expected in [0, 1), got {getattr(self, key)!r}")
         return self

@@ -98,17 +98,22 @@ def check_backend_request(requested: str) -> None:
         raise RuntimeError("attn_backend='flash' cannot run: flash-attn is not installed (pip install 'avion_ds[gpu]')")
 
 
-def attention(qkv: torch.Tensor, backend: str) -> torch.Tensor:
-    """Attention over packed ``qkv`` (B, N, 3, H, d) with an already resolved backend -> (B, N, H*d)."""
+def attention(qkv: torch.Tensor, backend: str, causal: bool = False) -> torch.Tensor:
+    """Attention over packed ``qkv`` (B, N, 3, H, d) with an already resolved backend -> (B, N, H*d).
+
+    ``causal``: token i attends to tokens 0..i only (CLIP's text tower)."""
     B, N, _, H, d = qkv.shape
     if backend == "flash":
-        out = _flash_fn()(qkv, dropout_p=0.0, causal=False)  # (B, N, H, d)
+        out = _flash_fn()(qkv, dropout_p=0.0, causal=causal)  # (B, N, H, d)
         return out.reshape(B, N, H * d)
     q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)  # each (B, H, N, d)
     if backend == "sdpa":
-        out = F.scaled_dot_product_attention(q, k, v)
+        out = F.scaled_dot_product_attention(q, k, v, is_causal=causal)
     elif backend == "eager":
         attn = torch.matmul(q * d**-0.5, k.transpose(-2, -1))
+        if causal:
+            future = torch.ones(N, N, dtype=torch.bool, device=attn.device).triu_(1)
+            attn = attn.masked_fill(future, float("-inf"))
         attn = attn.softmax(dim=-1, dtype=torch.float32).to(q.dtype)
         out = torch.matmul(attn, v)
     else:
@@ -129,11 +134,22 @@ class QKVLinear(nn.Linear):
 class Attention(nn.Module):
     """Joint space-time multi-head self-attention with VideoMAE qkv bias (q and v bias, no k bias).
 
-    A k bias would add the same q.b_k to every logit of a query row, which softmax cancels, so it
-    is never needed.
+    A k bias would add the same q.b_k to every logit of a query row, which softmax cancels, so
+    VideoMAE never needs one. CLIP's checkpoints carry all three as one fused ``in_proj_bias``:
+    ``k_bias=True`` keeps that layout (one ``qkv.bias``, loaded and saved as is). ``causal``:
+    each token attends to itself and the tokens before it (CLIP's text tower).
     """
 
-    def __init__(self, dim: int, num_heads: int, qkv_bias: bool = True, backend: str = "auto") -> None:
+    def __init__(
+        self,
+        dim: int,
+        num_heads: int,
+        qkv_bias: bool = True,
+        backend: str = "auto",
+        *,
+        k_bias: bool = False,
+        causal: bool = False,
+    ) -> None:
         super().__init__()
         if dim % num_heads != 0:
             raise ValueError(f"Attention: expected dim divisible by num_heads, got dim={dim} num_heads={num_heads}")
@@ -141,8 +157,10 @@ class Attention(nn.Module):
         self.num_heads = num_heads
         self.head_dim = dim // num_heads
         self.backend = backend
-        self.qkv = QKVLinear(dim, dim * 3, bias=False)
-        if qkv_bias:
+        self.causal = causal
+        fused = bool(qkv_bias and k_bias)
+        self.qkv = QKVLinear(dim, dim * 3, bias=fused)
+        if qkv_bias and not fused:
             self.q_bias = nn.Parameter(torch.zeros(dim))
             self.v_bias = nn.Parameter(torch.zeros(dim))
         else:
@@ -157,4 +175,4 @@ class Attention(nn.Module):
             bias = torch.cat((self.q_bias, torch.zeros_like(self.v_bias), self.v_bias))
         qkv = self.qkv(x, bias).view(B, N, 3, self.num_heads, self.head_dim)
         backend = resolve_backend(self.backend, qkv.device, qkv.dtype, self.head_dim)
-        return self.proj(attention(qkv, backend))
+        return self.proj(attention(qkv, backend, self.causal))

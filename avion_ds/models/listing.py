@@ -29,6 +29,8 @@ def describe(
     if num_classes is not None:
         over["num_classes"] = num_classes
     pretrain = name.startswith("pretrain_")
+    if not pretrain and hasattr(get_arch(name), "vision"):  # a dual encoder has no classifier
+        over.pop("num_classes", None)
     if pretrain:  # masked-autoencoder sizes: encoder geometry; FLOPs depend on the mask ratio (not listed)
         over.pop("num_classes", None)
         arch = get_mae_arch(name, **over).encoder
@@ -36,6 +38,9 @@ def describe(
         arch = get_arch(name, **over)
     with torch.device("meta"):
         params = count_params(create_model(name, attn_backend="eager", **over))
+    flops = None if pretrain else model_flops(arch) / 1e9
+    if hasattr(arch, "vision"):  # dual encoder: the video tower's geometry, FLOPs of both towers
+        arch = arch.vision
     return {
         "name": name,
         "width": arch.embed_dim,
@@ -43,9 +48,9 @@ def describe(
         "heads": arch.num_heads,
         "input": f"{arch.num_frames}x{arch.img_size}",
         "patch": f"{arch.tubelet_size}x{arch.patch_size}",
-        "classes": "-" if pretrain else arch.num_classes,
+        "classes": "-" if pretrain or not arch.num_classes else arch.num_classes,
         "params_m": params / 1e6,
-        "gflops": None if pretrain else model_flops(arch) / 1e9,
+        "gflops": flops,
     }
 
 

@@ -30,6 +30,7 @@ class PatchEmbed(nn.Module):
         in_chans: int,
         embed_dim: int,
         mode: str = "linear",
+        bias: bool = True,
     ) -> None:
         super().__init__()
         if mode not in MODES:
@@ -50,9 +51,9 @@ class PatchEmbed(nn.Module):
         kernel = (tubelet_size, patch_size, patch_size)
         if mode == "linear":
             # nn.Linear's default init has the same fan-in (C*t*p*p) as Conv3d's: same distribution.
-            self.proj: nn.Module = nn.Linear(in_chans * tubelet_size * patch_size * patch_size, embed_dim)
+            self.proj: nn.Module = nn.Linear(in_chans * tubelet_size * patch_size * patch_size, embed_dim, bias=bias)
         else:
-            self.proj = nn.Conv3d(in_chans, embed_dim, kernel_size=kernel, stride=kernel)
+            self.proj = nn.Conv3d(in_chans, embed_dim, kernel_size=kernel, stride=kernel, bias=bias)
 
     @property
     def conv_weight_shape(self) -> tuple[int, int, int, int, int]:

@@ -1,8 +1,11 @@
 """timm-style model registry: one small registered constructor per size.
 
-``create_model(name, pretrained=None, **overrides)`` looks the name up, builds the ``ViTArch``
-with overrides applied, constructs ``VideoViT`` and optionally loads weights through
-``load_pretrained`` (weights never change the architecture).
+``create_model(name, pretrained=None, **overrides)`` looks the name up, builds the architecture
+with overrides applied, constructs the model and optionally loads weights through
+``load_pretrained`` (weights never change the architecture). Models are any ``nn.Module``: the
+video ViTs here, the pretraining models (``mae``), the video-text dual encoders (``clip``); an
+architecture is any dataclass with a ``name`` and a validating ``replace`` (``ViTArch``,
+``ClipArch``).
 """
 
 from __future__ import annotations
@@ -11,7 +14,9 @@ import difflib
 import logging
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol, Self
+
+from torch import nn
 
 from avion_ds.models.activation_checkpointing import apply_activation_checkpointing
 from avion_ds.models.arch import ViTArch
@@ -19,14 +24,31 @@ from avion_ds.models.vit import VideoViT
 
 logger = logging.getLogger(__name__)
 
-_MODELS: dict[str, Callable[..., VideoViT]] = {}
-_ARCHS: dict[str, ViTArch] = {}
+
+class Arch(Protocol):
+    """What the registry needs of an architecture description."""
+
+    name: str
+
+    def validate(self) -> Self: ...
+
+    def replace(self, **overrides: Any) -> Self: ...
 
 
-def register_model(fn: Callable[..., VideoViT]) -> Callable[..., VideoViT]:
+_MODELS: dict[str, Callable[..., nn.Module]] = {}
+_ARCHS: dict[str, Arch] = {}
+
+
+def register_model(fn: Callable[..., nn.Module]) -> Callable[..., nn.Module]:
     """Register a constructor under its function name."""
     _MODELS[fn.__name__] = fn
     return fn
+
+
+def register_arch(name: str, arch: Arch) -> Arch:
+    """Record the (validated) architecture a registered name builds, for ``get_arch``."""
+    _ARCHS[name] = arch.validate()
+    return _ARCHS[name]
 
 
 def list_models(pattern: str | None = None) -> list[str]:
@@ -40,25 +62,27 @@ def _unknown(name: str) -> ValueError:
     return ValueError(f"unknown model {name!r}{hint}")
 
 
-def get_arch(name: str, **overrides: Any) -> ViTArch:
+def get_arch(name: str, **overrides: Any) -> Any:
     """The architecture a registered name builds, with overrides applied (nothing is allocated)."""
     if name not in _ARCHS:
         raise _unknown(name)
     return _ARCHS[name].replace(**overrides)
 
 
-def create_model(name: str, pretrained: str | Path | dict | None = None, **overrides: Any) -> VideoViT:
+def create_model(name: str, pretrained: str | Path | dict | None = None, **overrides: Any) -> nn.Module:
     """Build a registered model; ``pretrained`` is any checkpoint ``load_pretrained`` understands.
 
     overrides: any ``ViTArch`` field, e.g. num_frames, img_size, tubelet_size, num_classes, heads,
-    drop_path_rate, head_drop_rate, attn_backend, patch_embed, pool, pos_embed.
+    drop_path_rate, head_drop_rate, attn_backend, patch_embed, pool, pos_embed; for a dual encoder
+    (``clip_*``) also ``text_<field>``, ``proj_dim``, ``freeze_logit_scale`` and ``projection``
+    (see ``avion_ds.models.clip``).
     """
     if name not in _MODELS:
         raise _unknown(name)
     return _MODELS[name](pretrained=pretrained, **overrides)
 
 
-def create_model_from_config(model_cfg: Any, num_frames: int, img_size: int, **overrides: Any) -> VideoViT:
+def create_model_from_config(model_cfg: Any, num_frames: int, img_size: int, **overrides: Any) -> nn.Module:
     """Build the model a recipe's ``ModelConfig`` describes (input size from the data section),
     load its pretrained weights and apply its activation checkpointing settings."""
     options = {
@@ -85,8 +109,15 @@ def create_model_from_config(model_cfg: Any, num_frames: int, img_size: int, **o
     return model
 
 
-def _build(name: str, pretrained: str | Path | dict | None, overrides: dict[str, Any]) -> VideoViT:
-    model = VideoViT(_ARCHS[name].replace(**overrides))
+def build_registered(
+    name: str,
+    pretrained: str | Path | dict | None,
+    overrides: dict[str, Any],
+    construct: Callable[[Any], nn.Module],
+) -> nn.Module:
+    """``construct`` the registered architecture with ``overrides``, then load ``pretrained`` (any
+    format the model's loader knows; partitioned models are filled shard by shard)."""
+    model = construct(_ARCHS[name].replace(**overrides))
     if pretrained is not None and pretrained != "":
         from avion_ds.models.weights.sharded import load_pretrained_sharded
 
@@ -95,9 +126,12 @@ def _build(name: str, pretrained: str | Path | dict | None, overrides: dict[str,
     return model
 
 
-def _arch(name: str, **fields: Any) -> ViTArch:
-    _ARCHS[name] = ViTArch(name=name, **fields).validate()
-    return _ARCHS[name]
+def _build(name: str, pretrained: str | Path | dict | None, overrides: dict[str, Any]) -> VideoViT:
+    return build_registered(name, pretrained, overrides, VideoViT)  # type: ignore[return-value]
+
+
+def _arch(name: str, **fields: Any) -> Arch:
+    return register_arch(name, ViTArch(name=name, **fields))
 
 
 # ----------------------------------------------------------------------------------------------

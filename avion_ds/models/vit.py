@@ -3,6 +3,12 @@
 Parameter names follow the official VideoMAE / VideoMAEv2 fine-tuning code (``patch_embed.proj``,
 ``blocks.N.attn.{qkv,q_bias,v_bias,proj}``, ``blocks.N.mlp.fc{1,2}``, ``fc_norm``, ``head``) so
 their checkpoints load by name; multi-head models use ``heads.<name>``.
+
+The same transformer is CLIP's / AVION's video tower with the CLIP layout options of ``ViTArch``:
+per-frame patches (tubelet 1), ``pos_embed="clip"`` (a spatial table whose entry 0 is the class
+token's, plus ``temporal_embed`` added per frame, time-major tokens), fused q/k/v bias
+(``k_bias``), ``ln_pre``, ``norm`` on the class token (CLIP's ``ln_post``), ``proj`` and FLIP
+patch dropout (after the position embedding, before ``ln_pre``, class token kept).
 """
 
 from __future__ import annotations
@@ -36,15 +42,18 @@ def sincos_table(num_positions: int, dim: int, device: torch.device | str | None
 class Block(nn.Module):
     """Pre-norm transformer block. Holds no parameters directly (ZeRO-3 + recompute safe)."""
 
-    def __init__(self, arch: ViTArch, drop_path: float) -> None:
+    def __init__(self, arch: ViTArch, drop_path: float, causal: bool = False) -> None:
+        """``arch``: a ``ViTArch`` or any object with its block fields (the text tower's ``TextArch``)."""
         super().__init__()
         dim = arch.embed_dim
         self.norm1 = nn.LayerNorm(dim, eps=arch.norm_eps)
-        self.attn = Attention(dim, arch.num_heads, qkv_bias=arch.qkv_bias, backend=arch.attn_backend)
+        self.attn = Attention(
+            dim, arch.num_heads, qkv_bias=arch.qkv_bias, backend=arch.attn_backend, k_bias=arch.k_bias, causal=causal
+        )
         self.ls1 = LayerScale(dim, arch.layer_scale) if arch.layer_scale else nn.Identity()
         self.drop_path = DropPath(drop_path) if drop_path > 0 else nn.Identity()
         self.norm2 = nn.LayerNorm(dim, eps=arch.norm_eps)
-        self.mlp = Mlp(dim, arch.mlp_hidden)
+        self.mlp = Mlp(dim, arch.mlp_hidden, act=arch.act)
         self.ls2 = LayerScale(dim, arch.layer_scale) if arch.layer_scale else nn.Identity()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -82,24 +91,34 @@ class VideoViT(nn.Module):
             arch.in_chans,
             arch.embed_dim,
             mode=arch.patch_embed,
+            bias=arch.patch_embed_bias,
         )
         n = self.patch_embed.num_patches
+        frames, side, _ = self.patch_embed.grid
         self.cls_token = nn.Parameter(torch.zeros(1, 1, arch.embed_dim)) if arch.pool == "cls" else None
-        if arch.pos_embed == "learned":
+        self.temporal_embed = None
+        if arch.pos_embed == "clip":
+            self.pos_embed = nn.Parameter(torch.zeros(1, 1 + side * side, arch.embed_dim))
+            if frames > 1:  # zeros at init: a CLIP image model's features are unchanged at first
+                self.temporal_embed = nn.Parameter(torch.zeros(1, frames, arch.embed_dim))
+        elif arch.pos_embed == "learned":
             self.pos_embed = nn.Parameter(torch.zeros(1, n, arch.embed_dim))
         else:
             self.register_buffer("pos_embed", sincos_table(n, arch.embed_dim), persistent=False)
+        self.ln_pre = nn.LayerNorm(arch.embed_dim, eps=arch.norm_eps) if arch.ln_pre else nn.Identity()
         rates = [arch.drop_path_rate * i / max(arch.depth - 1, 1) for i in range(arch.depth)]
         self.blocks = nn.ModuleList([Block(arch, r) for r in rates])
         # VideoMAE: final norm on tokens for cls pooling; norm after mean pooling (fc_norm) otherwise.
         self.norm = nn.LayerNorm(arch.embed_dim, eps=arch.norm_eps) if arch.pool == "cls" else nn.Identity()
         self.fc_norm = nn.LayerNorm(arch.embed_dim, eps=arch.norm_eps) if arch.pool == "mean" else nn.Identity()
+        self.proj = nn.Parameter(torch.zeros(arch.embed_dim, arch.proj_dim)) if arch.proj_dim else None
         self.head_drop = nn.Dropout(arch.head_drop_rate)
+        feat = arch.feature_dim
         if self.heads_spec:
             self.head = None
-            self.heads = nn.ModuleDict({k: nn.Linear(arch.embed_dim, v) for k, v in self.heads_spec.items()})
+            self.heads = nn.ModuleDict({k: nn.Linear(feat, v) for k, v in self.heads_spec.items()})
         else:
-            self.head = nn.Linear(arch.embed_dim, arch.num_classes) if arch.num_classes > 0 else nn.Identity()
+            self.head = nn.Linear(feat, arch.num_classes) if arch.num_classes > 0 else nn.Identity()
             self.heads = None
         self._init_weights()
 
@@ -127,6 +146,8 @@ class VideoViT(nn.Module):
             trunc_normal_(self.pos_embed, std=0.02)
         if self.cls_token is not None:
             trunc_normal_(self.cls_token, std=0.02)
+        if self.proj is not None:  # CLIP / AVION: normal(0, width^-0.5)
+            nn.init.normal_(self.proj, std=self.embed_dim**-0.5)
         with torch.no_grad():
             for head in self._head_modules():
                 with gathered(head.parameters(recurse=False)):
@@ -158,23 +179,45 @@ class VideoViT(nn.Module):
                 f"got {tuple(x.shape)} ({'; '.join(bad)})"
             )
 
+    def patch_positions(self) -> torch.Tensor:
+        """Position embedding of the patch tokens (1, N, D); CLIP layout: spatial + temporal per frame."""
+        if self.arch.pos_embed != "clip":
+            return self.pos_embed
+        spatial = self.pos_embed[:, 1:]  # (1, h*w, D), entry 0 is the class token's
+        if self.temporal_embed is None:
+            return spatial
+        return (spatial.unsqueeze(1) + self.temporal_embed.unsqueeze(2)).flatten(1, 2)  # time-major
+
+    def drop_patches(self, x: torch.Tensor) -> torch.Tensor:
+        """FLIP patch dropout in training: a random ``1 - patch_dropout`` of the patch tokens per clip."""
+        p = self.arch.patch_dropout
+        if not self.training or p <= 0:
+            return x
+        B, N, _ = x.shape
+        keep = self.arch.kept_patches
+        idx = torch.randn(B, N, device=x.device).topk(keep, dim=-1).indices
+        return x.gather(1, idx.unsqueeze(-1).expand(-1, -1, x.shape[-1]))
+
     def forward_tokens(self, x: torch.Tensor) -> torch.Tensor:
         """Embedded, position-encoded tokens (B, N[+1], D) before the blocks."""
         x = self.patch_embed(x)
-        x = x + self.pos_embed.to(dtype=x.dtype)
+        x = self.drop_patches(x + self.patch_positions().to(dtype=x.dtype))
         if self.cls_token is not None:
-            x = torch.cat((self.cls_token.to(x.dtype).expand(x.shape[0], -1, -1), x), dim=1)
-        return x
+            cls = self.cls_token
+            if self.arch.pos_embed == "clip":
+                cls = cls + self.pos_embed[:, :1]
+            x = torch.cat((cls.to(x.dtype).expand(x.shape[0], -1, -1), x), dim=1)
+        return self.ln_pre(x)
 
     def forward_features(self, x: torch.Tensor) -> torch.Tensor:
-        """Pooled features (B, D): mean over tokens + fc_norm, or the normed class token."""
+        """Pooled features (B, F): mean over tokens + fc_norm, or the normed class token (CLIP's
+        ``ln_post``); projected by ``proj`` when the model has one."""
         self.check_input(x)
         x = self.forward_tokens(x)
         for blk in self.blocks:
             x = blk(x)
-        if self.cls_token is not None:
-            return self.norm(x[:, 0])
-        return self.fc_norm(x.mean(dim=1))
+        feats = self.norm(x[:, 0]) if self.cls_token is not None else self.fc_norm(x.mean(dim=1))
+        return feats @ self.proj.to(feats.dtype) if self.proj is not None else feats
 
     def forward_head(self, feats: torch.Tensor) -> torch.Tensor | dict[str, torch.Tensor]:
         feats = self.head_drop(feats)
@@ -189,13 +232,13 @@ class VideoViT(nn.Module):
     def no_weight_decay(self) -> set[str]:
         """Names of parameters to exclude from weight decay: biases, norms, q/v bias, LayerScale,
         position embedding and class token (every parameter with fewer than 2 dims, plus tokens)."""
-        skip = {"pos_embed", "cls_token"}
+        skip = {"pos_embed", "cls_token", "temporal_embed"}
         return {n for n, p in self.named_parameters() if full_ndim(p) <= 1 or n in skip or n.endswith(".bias")}
 
     def layer_id(self, param_name: str) -> int:
         """Layer index for layer-wise lr decay: 0 embeddings, i+1 for blocks.i, depth+1 otherwise."""
         name = param_name.removeprefix("module.")
-        if name.startswith(("patch_embed", "pos_embed", "cls_token")):
+        if name.startswith(("patch_embed", "pos_embed", "cls_token", "temporal_embed", "ln_pre")):
             return 0
         if name.startswith("blocks."):
             return int(name.split(".")[1]) + 1
@@ -206,6 +249,11 @@ class VideoViT(nn.Module):
         return (
             f"name={a.name}, grid={a.grid}, attn={a.attn_backend}, patch_embed={a.patch_embed}, "
             f"pool={a.pool}, pos_embed={a.pos_embed}"
+            + (
+                f", act={a.act}, proj_dim={a.proj_dim}, patch_dropout={a.patch_dropout}"
+                if a.pos_embed == "clip"
+                else ""
+            )
         )
 
 

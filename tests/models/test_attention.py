@@ -48,6 +48,24 @@ def test_eager_matches_softmax_reference():
     torch.testing.assert_close(attention(qkv, "sdpa"), ref, atol=1e-6, rtol=1e-5)
 
 
+def test_causal_matches_masked_softmax_reference():
+    """Token i attends to 0..i: the upper triangle of the logits is -inf before the softmax."""
+    torch.manual_seed(0)
+    qkv = torch.randn(2, 6, 3, 2, 8)
+    q, k, v = (qkv[:, :, i].transpose(1, 2) for i in range(3))
+    logits = q @ k.transpose(-2, -1) / 8**0.5
+    logits = logits + torch.full((6, 6), float("-inf")).triu(1)
+    ref = (torch.softmax(logits, -1) @ v).transpose(1, 2).reshape(2, 6, 16)
+    torch.testing.assert_close(attention(qkv, "eager", causal=True), ref)
+    torch.testing.assert_close(attention(qkv, "sdpa", causal=True), ref, atol=1e-6, rtol=1e-5)
+    assert not torch.allclose(attention(qkv, "sdpa"), ref, atol=1e-3)
+
+
+def test_fused_qkv_bias_with_k_bias():
+    m = Attention(16, 2, qkv_bias=True, k_bias=True)
+    assert {n for n, _ in m.named_parameters()} == {"qkv.weight", "qkv.bias", "proj.weight", "proj.bias"}
+
+
 def test_qkv_bias_has_no_k_bias():
     m = Attention(16, 2, qkv_bias=True)
     names = {n for n, _ in m.named_parameters()}

@@ -58,3 +58,17 @@ def test_saves_one_hidden_activation_fewer() -> None:
     b_ref = measure_activation_bytes(ref, x)
     tokens = 4 * 10
     assert b_ref - b_ours == tokens * 128 * 4  # exactly one (tokens x hidden) fp32 tensor fewer
+
+
+def test_quick_gelu_matches_reference_formula_and_saves_as_gelu() -> None:
+    """OpenAI CLIP's QuickGELU, x * sigmoid(1.702 x), written out here as the reference."""
+    torch.manual_seed(0)
+    ours = Mlp(6, 10, act="quick_gelu").double()
+    x = torch.randn(2, 3, 6, dtype=torch.float64, requires_grad=True)
+    h = ours.fc1(x)
+    ref = torch.nn.functional.linear(h * torch.sigmoid(1.702 * h), ours.fc2.weight, ours.fc2.bias)
+    torch.testing.assert_close(ours(x), ref, rtol=0, atol=1e-12)
+    assert torch.autograd.gradcheck(lambda t: ours(t), (x,))
+    gelu, quick = Mlp(32, 128), Mlp(32, 128, act="quick_gelu")
+    inp = torch.randn(4, 10, 32)
+    assert measure_activation_bytes(quick, inp) == measure_activation_bytes(gelu, inp)

@@ -12,7 +12,7 @@ import torch
 
 from avion_ds.engine import dist
 from avion_ds.engine.optim import param_groups
-from avion_ds.models import create_model, get_arch, list_models
+from avion_ds.models import ClipArch, create_model, get_arch, list_models
 from avion_ds.models.mae import get_mae_arch, list_mae_models
 from avion_ds.models.partition import is_partitioned, partitioned_construction
 
@@ -26,6 +26,8 @@ def tiny_overrides(name: str) -> dict:
     kw = {"embed_dim": 32, "depth": 2, "num_heads": 2, "num_frames": 2, "img_size": 2 * patch}
     if pretrain:
         kw.update(decoder_dim=16, decoder_depth=1, decoder_heads=2)
+    elif isinstance(get_arch(name), ClipArch):  # dual encoder: a small text tower, no classifier
+        kw.update(text_embed_dim=16, text_depth=2, text_num_heads=2, text_vocab_size=64, text_context_length=8)
     else:
         kw["num_classes"] = 3
     return kw

@@ -51,17 +51,20 @@ class LoadReport:
     unexpected: list[str] = field(default_factory=list)  # checkpoint keys the model has no use for
     resized: list[str] = field(default_factory=list)  # loaded after interpolation / inflation
     dropped: list[str] = field(default_factory=list)  # shape mismatch we cannot resize (e.g. head)
+    skipped: list[str] = field(default_factory=list)  # checkpoint keys left out on purpose (fresh projection)
+    fresh: list[str] = field(default_factory=list)  # model keys initialised anew on purpose (not "missing")
+    notes: list[str] = field(default_factory=list)  # decisions the load took, in words
 
     def summary(self) -> str:
         def short(keys: list[str]) -> str:
             return ", ".join(keys[:6]) + (f", ... (+{len(keys) - 6})" if len(keys) > 6 else "")
 
         parts = [f"format={self.format}"]
-        for name in ("missing", "unexpected", "resized", "dropped"):
+        for name in ("missing", "unexpected", "resized", "dropped", "skipped", "fresh"):
             keys = getattr(self, name)
             if keys:
                 parts.append(f"{name}={len(keys)} [{short(keys)}]")
-        return " ".join(parts)
+        return " ".join(parts + [f"({n})" for n in self.notes])
 
 
 # ----------------------------------------------------------------------------------------------
@@ -426,18 +429,18 @@ def finish_report(
 ) -> LoadReport:
     """Record what the load left out, warn about a dropped timm table, raise under ``strict``."""
     fmt = report.format
-    report.missing = sorted(missing)
+    report.missing = sorted(set(missing) - set(report.fresh))
     report.unexpected = sorted(unexpected)
     report.resized.sort()
     report.dropped.sort()
-    if fmt == "timm" and model.arch.pos_embed == "sincos" and "pos_embed" in report.unexpected:
+    if fmt == "timm" and getattr(model.arch, "pos_embed", None) == "sincos" and "pos_embed" in report.unexpected:
         logger.warning(
             "timm checkpoint has a learned pos_embed but the model uses fixed sin-cos; "
             "create the model with pos_embed='learned' to keep it"
         )
     if strict and (report.missing or report.unexpected or report.dropped):
         raise ValueError(f"load_pretrained(strict=True) from {_name(source)}: {report.summary()}")
-    matched, total = backbone_coverage(model, report.missing)
+    matched, total = backbone_coverage(model, report.missing + report.fresh)
     if coverage_check and matched < MIN_BACKBONE_MATCH * total:
         logger.error(
             "pretrained %s matched %.1f%% of %s's backbone parameters (%d of %d; below %.0f%%): %s",

@@ -1,0 +1,249 @@
+"""CLIP-style video-text dual encoder (AVION / LaViLa): a ``VideoViT`` in the CLIP layout as the
+video tower, CLIP's causal text transformer, and a learned temperature.
+
+``forward(frames, tokens)`` returns L2-normalised video and text embeddings and the logit scale
+``exp(clamp(t, 0, ln 100))`` of the temperature parameter ``t`` (init ln(1 / 0.07)). The clamp
+acts in the forward, on whatever copy of ``t`` the forward sees, so it holds under ZeRO-3 and
+bf16 where clamping a module attribute after the step would miss the fp32 master weight.
+
+Registered sizes use AVION's training choices: exact-erf GELU in both towers (AVION's
+``use_quick_gelu`` never reaches its towers), LayerNorm eps 1e-6 (video) / 1e-5 (text), a 256-wide
+projection, 4 frames. ``act="quick_gelu", norm_eps=1e-5, proj_dim=512`` (768 for L/14) is
+OpenAI's CLIP exactly.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, NamedTuple
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from avion_ds.models.arch import ViTArch
+from avion_ds.models.registry import register_arch, register_model
+from avion_ds.models.text import TextArch, TextTransformer
+from avion_ds.models.vit import VideoViT
+from avion_ds.models.weights.formats import LoadReport
+
+LOGIT_SCALE_INIT = math.log(1 / 0.07)
+LOGIT_SCALE_MAX = math.log(100.0)
+PROJECTION_MODES = ("auto", "fresh")
+
+
+@dataclass
+class ClipArch:
+    """The two towers' architectures and the temperature settings of a dual encoder.
+
+    ``replace`` routes overrides: ``text_<field>`` to the text tower, ``proj_dim``, ``act`` and
+    ``attn_backend`` to both towers, the temperature fields here, every other key to the video
+    tower's ``ViTArch`` (which names unknown keys)."""
+
+    name: str
+    vision: ViTArch
+    text: TextArch
+    freeze_logit_scale: bool = False
+    logit_scale_init: float = LOGIT_SCALE_INIT
+
+    # what generic code (planner, preflight, listing) reads of a registered arch: the video tower's
+    @property
+    def patch_size(self) -> int:
+        return self.vision.patch_size
+
+    @property
+    def tubelet_size(self) -> int:
+        return self.vision.tubelet_size
+
+    @property
+    def num_frames(self) -> int:
+        return self.vision.num_frames
+
+    @property
+    def img_size(self) -> int:
+        return self.vision.img_size
+
+    @property
+    def head_dim(self) -> int:
+        return self.vision.head_dim
+
+    @property
+    def proj_dim(self) -> int | None:
+        return self.vision.proj_dim
+
+    def validate(self) -> ClipArch:
+        self.vision.validate()
+        self.text.validate()
+        if self.vision.proj_dim != self.text.proj_dim:
+            raise ValueError(
+                f"{self.name}: the towers' proj_dim differ (video {self.vision.proj_dim}, text {self.text.proj_dim})"
+            )
+        if self.vision.pool != "cls" or self.vision.num_classes or self.vision.heads:
+            raise ValueError(f"{self.name}: the video tower expected pool='cls' and no classifier")
+        return self
+
+    def replace(self, **overrides: Any) -> ClipArch:
+        """A copy with ``overrides`` applied (see the class docstring), validated."""
+        text = {k.removeprefix("text_"): overrides.pop(k) for k in list(overrides) if k.startswith("text_")}
+        for key in ("proj_dim", "act", "attn_backend"):
+            if key in overrides:
+                text.setdefault(key, overrides[key])
+        own = {k: overrides.pop(k) for k in ("freeze_logit_scale", "logit_scale_init") if k in overrides}
+        for key in ("num_classes", "heads"):
+            if overrides.get(key) not in (None, 0):
+                raise ValueError(f"{self.name}: a dual encoder has no classifier; got {key}={overrides[key]!r}")
+            overrides.pop(key, None)
+        return dataclasses.replace(
+            self, vision=self.vision.replace(**overrides), text=self.text.replace(**text), **own
+        ).validate()
+
+
+class DualEncoderOutput(NamedTuple):
+    """Normalised embeddings (B, E) of both towers and the logit scale (a 0-d tensor)."""
+
+    video: torch.Tensor
+    text: torch.Tensor
+    logit_scale: torch.Tensor
+
+
+class VideoTextDualEncoder(nn.Module):
+    """``visual`` (a ``VideoViT`` in the CLIP layout), ``textual`` (``TextTransformer``), ``logit_scale``."""
+
+    def __init__(self, arch: ClipArch, projection: str = "auto") -> None:
+        super().__init__()
+        arch.validate()
+        if projection not in PROJECTION_MODES:
+            raise ValueError(
+                f"{arch.name}: projection expected one of {', '.join(PROJECTION_MODES)}, got {projection!r}"
+            )
+        self.arch = arch
+        self.projection = projection  # how pretrained projections load (see weights.clip_formats)
+        self.visual = VideoViT(arch.vision)
+        self.textual = TextTransformer(arch.text)
+        # shape (1,), not CLIP's 0-d: ZeRO-3 cannot partition a 0-d parameter (loading reshapes)
+        self.logit_scale = nn.Parameter(torch.full((1,), float(arch.logit_scale_init)))
+        if arch.freeze_logit_scale:
+            self.logit_scale.requires_grad_(False)
+        self.depth = max(arch.vision.depth, arch.text.depth)
+        self.num_frames, self.img_size = arch.vision.num_frames, arch.vision.img_size
+
+    # -- towers ----------------------------------------------------------------------------------
+    def encode_video(self, frames: torch.Tensor) -> torch.Tensor:
+        """(B, C, T, H, W) normalised frames -> (B, E) video embeddings (not normalised)."""
+        return self.visual(frames)
+
+    def encode_text(self, tokens: torch.Tensor) -> torch.Tensor:
+        """(B, 77) token ids (``avion_ds.models.tokenize``) -> (B, E) text embeddings (not normalised)."""
+        return self.textual(tokens)
+
+    def scale(self) -> torch.Tensor:
+        """``exp`` of the temperature clamped to [0, ln 100] (the multiplier of the cosine logits)."""
+        return self.logit_scale.float().clamp(0.0, LOGIT_SCALE_MAX).exp().squeeze(0)
+
+    def forward(self, frames: torch.Tensor, tokens: torch.Tensor) -> DualEncoderOutput:
+        video = F.normalize(self.encode_video(frames), dim=-1)
+        text = F.normalize(self.encode_text(tokens), dim=-1)
+        return DualEncoderOutput(video, text, self.scale())
+
+    # -- hooks used by activation checkpointing, optimizer groups and weight loading ---------------
+    @property
+    def blocks(self) -> nn.ModuleList:
+        """Video blocks then text blocks (what the generic block walkers see)."""
+        return nn.ModuleList([*self.visual.blocks, *self.textual.blocks])
+
+    def block_lists(self) -> list[nn.ModuleList]:
+        """Each tower's blocks: activation checkpointing selects within each (every k-th, first n)."""
+        return [self.visual.blocks, self.textual.blocks]
+
+    def no_weight_decay(self) -> set[str]:
+        out = {f"visual.{n}" for n in self.visual.no_weight_decay()}
+        return out | {f"textual.{n}" for n in self.textual.no_weight_decay()} | {"logit_scale"}
+
+    def layer_id(self, param_name: str) -> int:
+        name = param_name.removeprefix("module.")
+        if name.startswith("visual."):
+            return self.visual.layer_id(name.removeprefix("visual."))
+        if name.startswith("textual."):
+            return self.textual.layer_id(name.removeprefix("textual."))
+        return self.depth + 1
+
+    def prepare_checkpoint(self, source: Any, trust: bool = False) -> tuple[dict[str, torch.Tensor], LoadReport]:
+        """``source`` (OpenAI CLIP, OpenCLIP, AVION / LaViLa, ours) mapped to this model's names."""
+        from avion_ds.models.weights.clip_formats import prepare_clip_state_dict
+
+        return prepare_clip_state_dict(self, source, trust)
+
+    def extra_repr(self) -> str:
+        return f"name={self.arch.name}, projection={self.projection}, freeze_logit_scale={self.arch.freeze_logit_scale}"
+
+
+# ----------------------------------------------------------------------------------------------
+# registered sizes
+# ----------------------------------------------------------------------------------------------
+def _clip(name: str, vision: dict[str, Any], text: dict[str, Any], proj_dim: int = 256) -> None:
+    fields: dict[str, Any] = {
+        "tubelet_size": 1,
+        "num_frames": 4,
+        "num_classes": 0,
+        "pool": "cls",
+        "pos_embed": "clip",
+        "k_bias": True,
+        "patch_embed_bias": False,
+        "ln_pre": True,
+        "proj_dim": proj_dim,
+    }
+    v = ViTArch(name=name, **(fields | vision))
+    register_arch(name, ClipArch(name=name, vision=v, text=TextArch(name=f"{name}.text", proj_dim=proj_dim, **text)))
+
+
+def _build(name: str, pretrained: str | Path | dict | None, overrides: dict[str, Any]) -> VideoTextDualEncoder:
+    from avion_ds.models.registry import build_registered
+
+    projection = overrides.pop("projection", "auto")
+    return build_registered(name, pretrained, overrides, lambda arch: VideoTextDualEncoder(arch, projection))
+
+
+_clip(
+    "clip_vit_test_tiny",
+    {"embed_dim": 64, "depth": 2, "num_heads": 2, "patch_size": 8, "num_frames": 2, "img_size": 32},
+    {"embed_dim": 32, "depth": 2, "num_heads": 2},
+    proj_dim=16,
+)
+_clip("clip_vit_base_patch16_224", {"embed_dim": 768, "depth": 12, "num_heads": 12}, {"embed_dim": 512, "num_heads": 8})
+_clip(
+    "clip_vit_large_patch14_224",
+    {"embed_dim": 1024, "depth": 24, "num_heads": 16, "patch_size": 14},
+    {"embed_dim": 768, "num_heads": 12},
+)
+_clip(
+    "clip_vit_large_patch14_336",
+    {"embed_dim": 1024, "depth": 24, "num_heads": 16, "patch_size": 14, "img_size": 336},
+    {"embed_dim": 768, "num_heads": 12},
+)
+
+
+@register_model
+def clip_vit_test_tiny(pretrained: Any = None, **overrides: Any) -> VideoTextDualEncoder:
+    """Test size: video 64 wide, 2 deep, 8 px patches, 2 frames x 32 px; text 32 wide, 2 deep; 16-d space."""
+    return _build("clip_vit_test_tiny", pretrained, overrides)
+
+
+@register_model
+def clip_vit_base_patch16_224(pretrained: Any = None, **overrides: Any) -> VideoTextDualEncoder:
+    """CLIP ViT-B/16 dual encoder (AVION): video 768/12/12, text 512/8 x 12, 256-d space, 4 frames."""
+    return _build("clip_vit_base_patch16_224", pretrained, overrides)
+
+
+@register_model
+def clip_vit_large_patch14_224(pretrained: Any = None, **overrides: Any) -> VideoTextDualEncoder:
+    """CLIP ViT-L/14 dual encoder (AVION): video 1024/24/16, text 768/12 x 12, 256-d space, 4 frames."""
+    return _build("clip_vit_large_patch14_224", pretrained, overrides)
+
+
+@register_model
+def clip_vit_large_patch14_336(pretrained: Any = None, **overrides: Any) -> VideoTextDualEncoder:
+    """CLIP ViT-L/14 at 336 px dual encoder: as clip_vit_large_patch14_224 on 336 px frames."""
+    return _build("clip_vit_large_patch14_336", pretrained, overrides)
