@@ -66,7 +66,7 @@ class DataConfig:
     workers: int = 4
     crop_scale: list[float] = field(default_factory=lambda: [0.5, 1.0])
     crop_ratio: list[float] = field(default_factory=lambda: [0.75, 1.3333333])
-    mean_std: str = "imagenet"  # imagenet | clip
+    mean_std: str = "imagenet"  # imagenet (VideoMAE) | clip (OpenAI CLIP) | openai (AVION's --norm-style openai)
     hflip: float = 0.5
     mixup: float = 0.0
     cutmix: float = 0.0
@@ -357,7 +357,7 @@ _CHOICES: dict[str, tuple[str, ...]] = {
     "pretrain.decoder_mask_type": ("none", "running_cell"),
     "data.sampling": ("segment", "stride"),
     "data.decoder": ("auto", "decord", "torchcodec", "pyav", "torchcodec-cuda"),
-    "data.mean_std": ("imagenet", "clip"),
+    "data.mean_std": ("imagenet", "clip", "openai"),
     "data.on_error": ("skip", "raise"),
     "data.interpolation": ("bilinear", "bicubic"),
     "precision": ("auto", "fp32", "bf16", "fp16"),

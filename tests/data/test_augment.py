@@ -18,7 +18,7 @@ def _frames(b: int = 4, t: int = 2, h: int = 8, w: int = 8) -> torch.Tensor:
     return torch.randint(0, 256, (b, t, h, w, 3), dtype=torch.uint8, generator=torch.Generator().manual_seed(0))
 
 
-@pytest.mark.parametrize("mean_std", ["imagenet", "clip"])
+@pytest.mark.parametrize("mean_std", ["imagenet", "clip", "openai"])
 def test_normalise_and_layout(mean_std) -> None:
     f = _frames()
     x, y = DeviceAugment(replace(CFG, mean_std=mean_std), 5, train=False)(f, torch.tensor([0, 1, 2, 3]))
@@ -27,6 +27,18 @@ def test_normalise_and_layout(mean_std) -> None:
     want = (f[1, 0, 2, 5, 1].float() / 255 - mean[1]) / std[1]
     assert x[1, 1, 0, 2, 5].item() == pytest.approx(want.item(), abs=1e-5)
     assert y.tolist() == [0, 1, 2, 3]
+
+
+def test_avion_openai_statistics_on_0_255_pixels() -> None:
+    """AVION's --norm-style openai, written as its scripts give it (0-255 pixels)."""
+    mean = (108.3272985, 116.7460125, 104.0937362)
+    std = (68.5005327, 66.6321579, 70.3231631)
+    f = _frames()
+    x, _ = DeviceAugment(replace(CFG, mean_std="openai"), 5, train=False)(f, torch.tensor([0, 1, 2, 3]))
+    want = (f.permute(0, 4, 1, 2, 3).float() - torch.tensor(mean).view(1, 3, 1, 1, 1)) / torch.tensor(std).view(
+        1, 3, 1, 1, 1
+    )
+    torch.testing.assert_close(x, want, rtol=0, atol=1e-5)
 
 
 def test_resize_when_decoder_did_not() -> None:
