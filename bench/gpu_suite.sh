@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# ONE GPU benchmark run on one H200; each part has a hard time limit (they add up to 620 s, 710 s with LOADER=1):
+# ONE GPU benchmark run on one H200; each part has a hard time limit (they add up to 700 s, 790 s with LOADER=1):
 #   1. ViT-B/L bf16 16x224 train-step clips/s and MFU, flash-attn vs SDPA            (bench/memory.py throughput)
 #   2. largest micro-batch per size under a 24 GiB cap, planner vs measured, and the
 #      planner's allocated-peak error on every probe (target within +-10%)            (bench/memory.py capacity)
@@ -9,7 +9,9 @@
 #   6. ours vs HF transformers VideoMAE (only when transformers is installed)         (bench/peer.py)
 #   7. ZeRO-3 offload inference: peak parameters resident on the GPU during forward for three
 #      stage3_max_live_parameters values, ViT-L 16x224 (model built partitioned)       (bench/memory.py resident)
-#   8. (LOADER=1 only, ~90 s) decode paths incl. torchcodec-cuda (NVDEC + GPU crop) vs the AVION-style
+#   8. ViT-B/16 video-text dual encoder, 4 frames, bf16, AVION's 256 clips/GPU with checkpointing:
+#      clips/s and peak memory, flash-attn vs SDPA                                     (bench/clip.py)
+#   9. (LOADER=1 only, ~90 s) decode paths incl. torchcodec-cuda (NVDEC + GPU crop) vs the AVION-style
 #      reference, one process, one decoder thread                                        (bench/loader.py)
 # then bench/report.py merges the JSON files into suite.json and draws suite.png.
 #
@@ -67,6 +69,8 @@ else
 fi
 run resident 60 python bench/memory.py --device cuda --parts resident --offload-model vit_large_patch16_224 \
     --frames 16 --size 224 --offload-live 10000000,50000000,200000000 --json "$OUT/resident.json"
+run clip 80 python bench/clip.py --device cuda --dtype bf16 --batch 256 --backends flash sdpa --ckpt-only \
+    --warmup 1 --iters 3
 if [ -n "${LOADER:-}" ]; then
     run loader 90 python bench/loader.py --seconds 20 --fps 30 --clips 10 --repeats 2 --parts paths \
         --workdir "$OUT/loader_work"

@@ -85,6 +85,16 @@ def _model_input(model: nn.Module, frames: int | None, size: int | None, batch: 
     return torch.randn(batch, 3, t, s, s, device=p.device, dtype=p.dtype)
 
 
+def _default_inputs(model: nn.Module, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """``(x,)``, or ``(x, tokens)`` for a model with a text tower (captions of its full context)."""
+    text = getattr(model, "textual", None)
+    if text is None:
+        return (x,)
+    tokens = torch.ones(x.shape[0], text.context_length, dtype=torch.int64, device=x.device)
+    tokens[:, -1] = 2  # the end-of-text token: the row's largest id
+    return (x, tokens)
+
+
 def measure_activation_bytes(
     model: nn.Module,
     inputs: torch.Tensor | tuple[int, int, int] | None = None,
@@ -102,7 +112,8 @@ def measure_activation_bytes(
     model's dtype/device, or None for one clip at the model's default frames/size.
     ``checkpointing``: False, True (every block) or k (every k-th block), applied to a deep copy
     through ``avion_ds.models.apply_activation_checkpointing`` (the caller's model is unchanged).
-    ``forward``: custom call (e.g. for a Hugging Face model); default ``model(x)``.
+    ``forward``: custom call (e.g. for a Hugging Face model); default ``model(x)``, and for a
+    video-text dual encoder ``model(x, tokens)`` with one full-context caption per clip.
     Returns the byte count, or the full :class:`SavedTensorStats` with ``return_stats``.
     """
     if isinstance(inputs, torch.Tensor):
@@ -124,7 +135,7 @@ def measure_activation_bytes(
     net.train(train)
     try:
         with torch.enable_grad(), SavedTensorTracker(exclude=net) as tracker:
-            out = forward(net, x) if forward is not None else net(x)
+            out = forward(net, x) if forward is not None else net(*_default_inputs(net, x))
         del out
     finally:
         net.train(was_training)

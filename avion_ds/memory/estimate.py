@@ -68,6 +68,26 @@ class ArchInfo:
     attn_backend: str
     params: int
     largest_layer_params: int  # largest single module's own parameters (what ZeRO-3 gathers at once)
+    # CLIP layout (video tower of a dual encoder): ln_pre, class token, projection, patch dropout
+    layout: str = "videomae"  # videomae | clip
+    proj_dim: int = 0
+    patch_dropout: float = 0.0
+    drop_path_rate: float = 0.0
+    text: TextInfo | None = None  # the text tower of a dual encoder
+
+
+@dataclass(frozen=True)
+class TextInfo:
+    """The text tower of a dual encoder: ``context`` tokens per caption, one caption per clip."""
+
+    embed_dim: int
+    depth: int
+    num_heads: int
+    mlp_hidden: int
+    context: int
+    proj_dim: int
+    attn_backend: str
+    layer_scale: bool = False
 
 
 def _count(model: nn.Module) -> tuple[int, int]:
@@ -95,6 +115,7 @@ def arch_info(model: nn.Module | str, frames: int | None = None, size: int | Non
 
         base = _arch_info_by_name(model)
         arch = get_arch(model)
+        arch = getattr(arch, "vision", arch)  # dual encoder: frames / size are the video tower's
         new = arch.replace(num_frames=frames or arch.num_frames, img_size=size or arch.img_size)  # validates
         if arch.pos_embed == "learned":
             delta = (new.num_patches - arch.num_patches) * arch.embed_dim
@@ -103,7 +124,18 @@ def arch_info(model: nn.Module | str, frames: int | None = None, size: int | Non
                 params=base.params + delta,
                 largest_layer_params=max(base.largest_layer_params, new.num_patches * arch.embed_dim),
             )
+        if arch.pos_embed == "clip":  # the temporal table: one row per frame, none for one frame
+            rows = [a.grid[0] if a.grid[0] > 1 else 0 for a in (arch, new)]
+            return dataclasses.replace(base, params=base.params + (rows[1] - rows[0]) * arch.embed_dim)
         return base
+    if hasattr(model, "visual") and hasattr(model, "textual"):  # video-text dual encoder
+        t = model.textual.arch
+        text = TextInfo(
+            t.embed_dim, t.depth, t.num_heads, t.mlp_hidden, t.context_length, t.proj_dim or 0, t.attn_backend
+        )
+        total, largest = _count(model)
+        video = arch_info(model.visual)
+        return dataclasses.replace(video, params=total, largest_layer_params=largest, text=text)
     arch = getattr(model, "arch", None)
     total, largest = _count(model)
     return ArchInfo(
@@ -120,6 +152,10 @@ def arch_info(model: nn.Module | str, frames: int | None = None, size: int | Non
         attn_backend=str(getattr(arch, "attn_backend", "auto")),
         params=total,
         largest_layer_params=largest,
+        layout="clip" if getattr(arch, "pos_embed", None) == "clip" else "videomae",
+        proj_dim=int(getattr(arch, "proj_dim", None) or 0),
+        patch_dropout=float(getattr(arch, "patch_dropout", 0.0)),
+        drop_path_rate=float(getattr(arch, "drop_path_rate", 0.0)),
     )
 
 
@@ -138,7 +174,16 @@ def checkpointed_blocks(depth: int, checkpointing: bool | int, first_n: int | No
     return len(range(0, n, every))
 
 
-def block_activation_bytes(info: ArchInfo, tokens: int, dtype_bytes: int, attn_backend: str = "sdpa") -> int:
+def selected_blocks(depth: int, checkpointing: bool | int, first_n: int | None = None) -> set[int]:
+    """The block indices ``checkpointed_blocks`` counts."""
+    if not checkpointing:
+        return set()
+    every = 1 if checkpointing is True else int(checkpointing)
+    n = depth if first_n is None else max(0, min(depth, int(first_n)))
+    return set(range(0, n, every))
+
+
+def block_activation_bytes(info: ArchInfo | TextInfo, tokens: int, dtype_bytes: int, attn_backend: str = "sdpa") -> int:
     """Saved bytes of ONE un-checkpointed block for one clip (see activation_bytes_per_clip)."""
     n, d, f, h, s = tokens, info.embed_dim, info.mlp_hidden, info.num_heads, dtype_bytes
     per_token = s * (8 * d + f + 4) + (2 * d * s if info.layer_scale else 0)
@@ -180,12 +225,46 @@ def activation_bytes_per_clip(
         raise ValueError(f"frames={frames} is not divisible by the tubelet size {info.tubelet_size}")
     if size % info.patch_size:
         raise ValueError(f"size={size} is not divisible by the patch size {info.patch_size}")
-    tokens = (frames // info.tubelet_size) * (size // info.patch_size) ** 2 + (1 if info.pool == "cls" else 0)
+    patches = (frames // info.tubelet_size) * (size // info.patch_size) ** 2
+    if info.patch_dropout > 0:  # training keeps this many patch tokens (models/vit.py drop_patches)
+        patches = max(1, int(patches * (1 - info.patch_dropout)))
+    tokens = patches + (1 if info.pool == "cls" else 0)
     c = checkpointed_blocks(info.depth, checkpointing, first_n)
     block = block_activation_bytes(info, tokens, s, backend)
     d = info.embed_dim
-    tail = (tokens * d * s + 2 * d * s) if info.pool == "cls" else (2 * d * s + 2 * s)
-    return (info.depth - c) * block + c * tokens * d * s + info.in_chans * frames * size * size * s + tail
+    body = (info.depth - c) * block + c * tokens * d * s + info.in_chans * frames * size * size * s
+    if info.layout != "clip":
+        tail = (tokens * d * s + 2 * d * s) if info.pool == "cls" else (2 * d * s + 2 * s)
+        return body + tail
+    extra = tokens * d * s + 2 * tokens * s  # ln_pre: its input and statistics
+    extra += tokens * d * s + 2 * s  # the class-token norm (ln_post): the last block's output, its statistics
+    extra += d * s if info.proj_dim else 0  # the projection's input
+    extra += 8 * (patches + 1) if info.patch_dropout > 0 else 0  # patch dropout's int64 indices (kept, row)
+    if info.drop_path_rate > 0:  # stochastic depth (rate 0 in block 0): a mask per branch of un-checkpointed blocks
+        kept = set(range(1, info.depth)) - selected_blocks(info.depth, checkpointing, first_n)
+        extra += 2 * s * len(kept)
+    if info.text is not None:
+        extra += text_activation_bytes(info.text, s, checkpointing, first_n, backend)
+    return body + extra
+
+
+def text_activation_bytes(
+    text: TextInfo, s: int, checkpointing: bool | int = False, first_n: int | None = None, backend: str = "sdpa"
+) -> int:
+    """Saved bytes of a dual encoder's text tower for one caption, plus the dual encoder's own forward.
+
+    Blocks as the video tower's on ``context`` tokens (the causal kernels save the same), the token
+    ids (int64) the embedding keeps, the two int64 indices that pick the end-of-text token, its
+    norm's input and statistics, the projection's input; then the forward's L2 normalisation of
+    both embeddings (each: the embedding, its norm, the clamped norm) and the fp32 logit scale
+    (4 or 8 bytes once per batch, counted in every clip's share).
+    """
+    n, d = text.context, text.embed_dim
+    c = checkpointed_blocks(text.depth, checkpointing, first_n)
+    blocks = (text.depth - c) * block_activation_bytes(text, n, s, backend) + c * n * d * s
+    pooled = 8 * n + 2 * 8 + d * s + 2 * s + (d * s if text.proj_dim else 0)
+    e = text.proj_dim or d
+    return blocks + pooled + 2 * (e * s + 2 * s) + 4 + (4 if s != 4 else 0)  # exp (+ the fp32 copy it clamps)
 
 
 # ----------------------------------------------------------------------------------------------

@@ -196,7 +196,8 @@ class VideoViT(nn.Module):
         B, N, _ = x.shape
         keep = self.arch.kept_patches
         idx = torch.randn(B, N, device=x.device).topk(keep, dim=-1).indices
-        return x.gather(1, idx.unsqueeze(-1).expand(-1, -1, x.shape[-1]))
+        rows = torch.arange(B, device=x.device).unsqueeze(1)
+        return x[rows, idx]  # indexing saves only the indices for backward (gather would keep all of x)
 
     def forward_tokens(self, x: torch.Tensor) -> torch.Tensor:
         """Embedded, position-encoded tokens (B, N[+1], D) before the blocks."""
