@@ -195,3 +195,27 @@ def test_l14_key_mapping_on_the_meta_device(name: str, oc_name: str) -> None:
     assert set(sd) | {"visual.temporal_embed"} == set(shapes), set(sd) ^ set(shapes)  # CLIP has no time
     assert all(sd[k].shape == shapes[k] for k in sd)
     assert report.fresh == ["visual.temporal_embed"] and not report.resized
+
+
+def test_avion_checkpoint_into_a_zero3_partitioned_dual_encoder(one_rank: None, tmp_path: Path) -> None:
+    """Built under zero.Init and filled module by module: the same weights and report as a plain load."""
+    from avion_ds.engine import dist
+    from avion_ds.models.partition import gathered, is_partitioned, partitioned_construction
+    from avion_ds.models.weights.sharded import load_pretrained_sharded
+
+    dist.init()
+    path = tmp_path / "checkpoint_best.pt"
+    args = argparse.Namespace(model="CLIP_VITB16", project_embed_dim=16, clip_length=4)
+    torch.save({"args": args, "state_dict": avion_state(tiny_open_clip(), 4)}, path)
+    plain = create_model("clip_vit_test_tiny", num_frames=8, **EXACT)
+    want = load_pretrained(plain, str(path), strict=True)
+    zero3 = {"train_micro_batch_size_per_gpu": 1, "zero_optimization": {"stage": 3}}
+    with partitioned_construction(zero3):
+        part = create_model("clip_vit_test_tiny", num_frames=8, **EXACT)
+    assert all(is_partitioned(p) for p in part.parameters())
+    got = load_pretrained_sharded(part, str(path), strict=True)
+    assert got.summary() == want.summary() and got.resized == ["visual.temporal_embed"]
+    ref = dict(plain.named_parameters())
+    for name, p in part.named_parameters():
+        with gathered([p], modifier_rank=None):
+            assert torch.equal(p.data.reshape(ref[name].shape), ref[name].data), name
