@@ -365,17 +365,25 @@ def explain_impossible(req: Request, cands: list[Candidate]) -> str:
     frames = [f for f in range(req.frames - tub, 0, -tub) if _fits(req.model, f)]
     if frames:
         msg.append(f"closest: {req.model} fits with --frames {frames[0]} (micro-batch 1, checkpoint every block)")
+    kind = type(get_arch(req.model))  # classifiers for a classifier, dual encoders for a dual encoder
     smaller = [
         m
-        for m in list_models("vit_")
-        if not m.startswith("vit_test")
-        and m != req.model  # classifiers
+        for m in list_models()
+        if m.startswith(("vit_", "clip_"))
+        and "_test_" not in m
+        and m != req.model
+        and type(get_arch(m)) is kind
         and req.size % get_arch(m).patch_size == 0
         and req.frames % get_arch(m).tubelet_size == 0
         and _fits(m, req.frames)
     ]
+
+    def width_depth(m: str) -> int:
+        a = getattr(get_arch(m), "vision", get_arch(m))
+        return a.embed_dim * a.depth
+
     if smaller:
-        biggest = max(smaller, key=lambda m: get_arch(m).embed_dim * get_arch(m).depth)
+        biggest = max(smaller, key=width_depth)
         msg.append(f"closest: {biggest} fits at {req.frames}x{req.size}")
     need = [f"--gpu-mem {math.ceil(low.peak / 2**30)}GiB"] if not gpu_ok else []
     if req.cpu_mem is not None and (gpu_ok or low.host > req.cpu_mem):
