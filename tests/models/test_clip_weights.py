@@ -213,12 +213,18 @@ def test_avion_checkpoint_into_a_zero3_partitioned_dual_encoder(
     path = tmp_path / "checkpoint_best.pt"
     args = argparse.Namespace(model="CLIP_VITB16", project_embed_dim=16, clip_length=4)
     torch.save({"args": args, "state_dict": avion_state(tiny_open_clip(), 4)}, path)
+    torch.manual_seed(3)
     plain = create_model("clip_vit_test_tiny", num_frames=8, **EXACT)
+    fresh = {k: v.clone() for k, v in plain.state_dict().items()}
     want = load_pretrained(plain, str(path), strict=True)
     zero3 = {"train_micro_batch_size_per_gpu": 1, "zero_optimization": {"stage": 3}}
+    torch.manual_seed(3)
     with partitioned_construction(zero3):
         part = create_model("clip_vit_test_tiny", num_frames=8, **EXACT)
     assert all(is_partitioned(p) for p in part.parameters())
+    for name, p in part.named_parameters():  # the same initial values as the plain build (both towers)
+        with gathered([p], modifier_rank=None):
+            assert torch.equal(p.data.reshape(fresh[name].shape), fresh[name]), name
     got = load_pretrained_sharded(part, str(path), strict=True)
     assert got.summary() == want.summary() and got.resized == ["visual.temporal_embed"]
     ref = dict(plain.named_parameters())
