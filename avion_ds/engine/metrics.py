@@ -202,3 +202,72 @@ def aggregate_outputs(outputs: Tensor | dict[str, Tensor], views: int) -> Tensor
         return aggregate_views(x.view(x.shape[0] // views, views, -1))
 
     return {k: one(v) for k, v in outputs.items()} if isinstance(outputs, dict) else one(outputs)
+
+
+# ---------------------------------------------------------------------------------------------
+# EPIC-Kitchens-100 multi-instance retrieval (JPoSE's evaluation, as AVION runs it)
+# ---------------------------------------------------------------------------------------------
+def _mir_checked(similarity: Any, relevancy: Any) -> tuple[Any, Any]:
+    """Both matrices as 2-D numpy arrays of one shape, every row AND column with a relevancy of exactly
+    1 (the reference divides by the count of those: a row or column without one would be a NaN)."""
+    import numpy as np
+
+    sim, rel = np.asarray(similarity), np.asarray(relevancy)  # their own dtypes: the reference computes in them
+    if sim.ndim != 2 or sim.shape != rel.shape:
+        raise ValueError(f"mir_metrics: similarity {sim.shape} and relevancy {rel.shape} must be 2-D and of one shape")
+    for axis, what in ((1, "row (video)"), (0, "column (sentence)")):
+        empty = np.flatnonzero(~(rel == 1).any(axis=axis))
+        if empty.size:
+            raise ValueError(
+                f"mir_metrics: relevancy {what} {int(empty[0])} has no entry equal to 1 "
+                f"({empty.size} such); mAP is undefined for it"
+            )
+    return sim, rel
+
+
+def _mean_average_precision(sim: Any, rel: Any) -> float:
+    """Rows are queries. Ranked by ``(-sim).argsort()`` (numpy's default sort, as the reference, so ties
+    fall the same way); precision at a hit is the summed relevancy so far over the rank; hits are
+    relevancy == 1."""
+    import numpy as np
+
+    order = (-sim).argsort()
+    ranked = np.take_along_axis(rel, order, axis=1)
+    hits = ranked == 1
+    found = np.where(hits, np.cumsum(ranked, axis=1), 0.0)
+    precision = found / (np.arange(ranked.shape[1]) + 1)
+    return float(np.mean(precision.sum(axis=1) / hits.sum(axis=1)))
+
+
+def _dcg(sim: Any, rel: Any, k_mask: Any) -> Any:
+    import numpy as np
+
+    order = np.argsort(sim)[:, ::-1]  # the reference's ranking for nDCG (descending, ties reversed)
+    gains = np.take_along_axis(rel, order, axis=1) * k_mask
+    return np.sum(gains / np.log2(np.arange(sim.shape[1]) + 2), axis=1)
+
+
+def _normalised_dcg(sim: Any, rel: Any) -> float:
+    """nDCG over the first k ranks, k = the row's nonzero relevancies; ideal = ranking by relevancy itself."""
+    import numpy as np
+
+    k_mask = (np.sort(rel)[:, ::-1] > 0).astype(int)
+    return float(np.mean(_dcg(sim, rel, k_mask) / _dcg(rel, rel, k_mask)))
+
+
+def mir_metrics(similarity: Any, relevancy: Any) -> dict[str, float]:
+    """EPIC-Kitchens-100 MIR metrics of a (videos x sentences) ``similarity`` against ``relevancy``:
+    ``vis_*`` rank sentences per video, ``txt_*`` videos per sentence, ``avg_*`` their mean; numbers equal
+    to JPoSE's / AVION's evaluation code on any input, ties included. ValueError (one line) when a row or
+    column has no relevancy of exactly 1."""
+    sim, rel = _mir_checked(similarity, relevancy)
+    vis_map, txt_map = _mean_average_precision(sim, rel), _mean_average_precision(sim.T, rel.T)
+    vis_ndcg, txt_ndcg = _normalised_dcg(sim, rel), _normalised_dcg(sim.T, rel.T)
+    return {
+        "vis_map": vis_map,
+        "txt_map": txt_map,
+        "avg_map": (vis_map + txt_map) / 2,
+        "vis_ndcg": vis_ndcg,
+        "txt_ndcg": txt_ndcg,
+        "avg_ndcg": (vis_ndcg + txt_ndcg) / 2,
+    }
