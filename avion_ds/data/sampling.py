@@ -3,7 +3,7 @@
 Frame indices live on the video's constant-rate time line (frame ``i`` is at ``i / fps``
 seconds). :func:`map_to_chunks` turns them into ``[(chunk_path, local_indices)]`` with the
 manifest's DECODED frame counts, clamping an index that falls at most ``MAX_CLAMP_FRAMES`` past a
-chunk's last decodable frame (AVION issue #17: 449 of 450) or past the end of the video to the
+chunk's last decodable frame (seen in AVION's released chunks: 449 of 450) or past the end of the video to the
 nearest earlier frame; a larger shortfall is a bad sample (:class:`DataError`).
 """
 
@@ -19,7 +19,7 @@ import numpy as np
 from avion_ds.data.errors import DataError
 from avion_ds.data.prep.manifest import VideoEntry
 
-MAX_CLAMP_FRAMES = 2  # a missing tail frame or two (AVION issue #17) is clamped; more is a bad sample
+MAX_CLAMP_FRAMES = 2  # a missing tail frame or two (as in AVION's released chunks) is clamped; more is a bad sample
 _TS = re.compile(r"^\s*(\d+):(\d{1,2}):(\d{1,2}(?:\.\d+)?)\s*$")
 
 

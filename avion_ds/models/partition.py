@@ -73,7 +73,7 @@ def zero_init(ds_config: dict[str, Any]) -> Any:
     ``Init._set_dtype`` evaluates ``dtype or fp16 if accelerator.is_fp16_supported() else bf16 ...``,
     which drops an EXPLICIT dtype whenever the accelerator reports no fp16 (a CPU without oneDNN
     fp16, e.g. AMD EPYC) and builds the parameters in bf16 under an fp32 config. The resolved dtype
-    is then checked, so a DeepSpeed that resolves it otherwise is corrected before anything is built.
+    is then checked before anything is built.
     """
     import deepspeed
 
@@ -87,13 +87,8 @@ def zero_init(ds_config: dict[str, Any]) -> Any:
         dtype=None,
     )
     want = torch_dtype(precision_of(ds_config))
-    if init.dtype != want:
-        if getattr(init, "param_swapper", None) is not None:
-            raise RuntimeError(
-                f"deepspeed.zero.Init resolved dtype {init.dtype} for a {want} config with NVMe "
-                "offload; this DeepSpeed version cannot build the model partitioned"
-            )
-        init.dtype = want  # read when __enter__ patches the tensor constructors
+    if init.dtype != want:  # a DeepSpeed that resolves it otherwise: refuse rather than build in the wrong dtype
+        raise RuntimeError(f"deepspeed.zero.Init resolved parameter dtype {init.dtype} for a {want} config")
     return init
 
 

@@ -7,7 +7,7 @@ One JSON line per chunk::
      "source": "/data/P01_01.MP4", "source_size": 123, "source_mtime_ns": 456, "params": {...}}
 
 ``frames`` is the number of frames that actually decode (counted by the chunker), which can be
-less than ``fps * chunk_seconds`` (AVION issue #17: 449 of 450). ``start_frame`` is the chunk's
+less than ``fps * chunk_seconds`` (seen in AVION's released chunks: 449 of 450). ``start_frame`` is the chunk's
 first frame on the video's constant-rate time line, so a missing tail frame leaves a one-frame
 gap that the sampler clamps instead of shifting every later chunk. A manifest may hold several
 lines for the same (video_id, start_frame) when a run was interrupted and resumed; the last
