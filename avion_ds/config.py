@@ -52,10 +52,18 @@ class ModelConfig:
 
 @dataclass
 class DataConfig:
-    dataset: str = "epic"  # epic | kinetics | ssv2 | videos (unlabelled clips, masked pretraining)
+    dataset: str = "epic"  # epic | kinetics | ssv2 | videos (unlabelled clips) | ego4d (narrations) | epic_mir (retrieval)
     root: str = ""  # chunk root (holds manifest.jsonl) or root of whole videos
-    train_csv: str = ""
+    train_csv: str = ""  # annotations (ego4d: narration pickle / CSV / JSONL)
     val_csv: str = ""
+    val_dataset: str = ""  # "" = dataset; e.g. epic_mir to evaluate ego4d pretraining zero-shot on EPIC MIR
+    val_root: str = ""  # "" = root; videos of the validation split when they live elsewhere
+    aux_train: list[str] = field(default_factory=list)  # ego4d: extra narration files appended to train_csv's
+    fps: float = 0.0  # frame times at this rate (AVION reads Ego4D at 30); 0 = each video's own rate
+    train_sentences: str = ""  # epic_mir: EPIC_100_retrieval_train_sentence.csv
+    train_relevancy: str = ""  # epic_mir: caption_relevancy_EPIC_100_retrieval_train.pkl
+    val_sentences: str = ""  # epic_mir: EPIC_100_retrieval_test_sentence.csv
+    val_relevancy: str = ""  # epic_mir: caption_relevancy_EPIC_100_retrieval_test.pkl
     chunked: bool = True
     num_frames: int = 16
     sampling: str = "segment"  # segment (TSN, EPIC/AVION) | stride (Kinetics/VideoMAE)
@@ -94,12 +102,14 @@ class OptimConfig:
     betas: list[float] = field(default_factory=lambda: [0.9, 0.999])
     eps: float = 1e-8
     clip_grad: float = 0.0  # 0 disables clipping (always written explicitly to the DS config)
+    no_decay: str = "model"  # model: its no_weight_decay() + 1-d + biases | avion: AVION's rule (1-d, biases, norms)
 
 
 @dataclass
 class ScheduleConfig:
     epochs: int = 30
     warmup_epochs: float = 2.0
+    fix_lr: bool = False  # constant lr = the (scaled) base lr from the first step, no warmup or decay (AVION --fix-lr)
     steps_per_epoch: int | None = None  # cap (for smoke runs); None = full epoch
 
 
@@ -147,6 +157,15 @@ class PretrainConfig:
 
 
 @dataclass
+class ContrastiveConfig:
+    """Video-text contrastive pretraining (``avion_ds.tasks.contrastive``): what stays frozen."""
+
+    freeze_temperature: bool = False  # AVION --freeze-temperature (its MODEL_ZOO commands set it)
+    freeze_visual: bool = False  # the video tower gets no updates
+    freeze_text: bool = False  # the text tower gets no updates
+
+
+@dataclass
 class Recipe:
     model: ModelConfig = field(default_factory=ModelConfig)
     data: DataConfig = field(default_factory=DataConfig)
@@ -157,6 +176,7 @@ class Recipe:
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     logging: LoggingConfig = field(default_factory=LoggingConfig)
     pretrain: PretrainConfig = field(default_factory=PretrainConfig)
+    contrastive: ContrastiveConfig = field(default_factory=ContrastiveConfig)
     task: str = ""  # a registered task (avion_ds.tasks); "" = the default one, filled in when loaded
     output_dir: str = "runs/default"
     seed: int = 0
@@ -352,7 +372,9 @@ _CHOICES: dict[str, tuple[str, ...]] = {
     "model.pool": ("mean", "cls"),
     "model.pos_embed": ("sincos", "learned"),
     "model.checkpoint_impl": ("torch", "deepspeed"),
-    "data.dataset": ("epic", "kinetics", "ssv2", "videos"),
+    "optim.no_decay": ("model", "avion"),
+    "data.dataset": ("epic", "kinetics", "ssv2", "videos", "ego4d", "epic_mir"),
+    "data.val_dataset": ("", "epic", "kinetics", "ssv2", "videos", "ego4d", "epic_mir"),
     "pretrain.mask_type": ("tube", "random"),
     "pretrain.decoder_mask_type": ("none", "running_cell"),
     "data.sampling": ("segment", "stride"),
@@ -395,6 +417,7 @@ _RANGES: dict[str, tuple[float | None, float | None, bool, bool]] = {
     "data.workers": (0, None, True, True),
     "data.decoder_threads": (0, None, True, True),
     "data.decode_timeout_s": (0.0, None, True, True),
+    "data.fps": (0.0, None, True, True),
     "data.hflip": (0.0, 1.0, True, True),
     "data.mixup": (0.0, None, True, True),
     "data.cutmix": (0.0, None, True, True),

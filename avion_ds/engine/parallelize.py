@@ -102,6 +102,8 @@ def parallelize(
         total = int(recipe.schedule.epochs * steps_per_epoch)
         warmup = int(round(recipe.schedule.warmup_epochs * steps_per_epoch))
         min_lr = recipe.optim.min_lr
+        if recipe.schedule.fix_lr:  # AVION --fix-lr: the base lr throughout (no warmup, no decay)
+            warmup, min_lr = 0, lr
 
         def lr_scheduler(opt: torch.optim.Optimizer) -> WarmupCosine:
             return WarmupCosine(opt, lr, min_lr, warmup, total)
