@@ -52,7 +52,9 @@ class ModelConfig:
 
 @dataclass
 class DataConfig:
-    dataset: str = "epic"  # epic | kinetics | ssv2 | videos (unlabelled clips) | ego4d (narrations) | epic_mir (retrieval)
+    dataset: str = (
+        "epic"  # epic | kinetics | ssv2 | videos (unlabelled clips) | ego4d (narrations) | epic_mir (retrieval)
+    )
     root: str = ""  # chunk root (holds manifest.jsonl) or root of whole videos
     train_csv: str = ""  # annotations (ego4d: narration pickle / CSV / JSONL)
     val_csv: str = ""

@@ -62,6 +62,27 @@ def complete_tags(run_dir: str | Path) -> list[str]:
     return [name for _, name in sorted(tags)]
 
 
+BEST = "best.json"  # {"metric", "value", "tag", "epoch", "global_step"}: the checkpoint the task's best metric keeps
+
+
+def read_best(run_dir: str | Path) -> dict | None:
+    """The run's best-checkpoint record (``best.json``), or None."""
+    path = Path(run_dir) / BEST
+    if not path.is_file():
+        return None
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def best_tag(run_dir: str | Path) -> str | None:
+    """The tag ``best.json`` names when it is still a complete checkpoint, else None."""
+    best = read_best(run_dir)
+    tag = best.get("tag") if isinstance(best, dict) else None
+    return tag if tag in complete_tags(run_dir) else None
+
+
 def latest_complete(run_dir: str | Path) -> str | None:
     """Newest complete tag, or None."""
     tags = complete_tags(run_dir)

@@ -29,8 +29,10 @@ from avion_ds.engine import dist
 from avion_ds.engine.rng import rng_state
 from avion_ds.models.weights.safe_load import load_checkpoint_file
 from avion_ds.rundir import (  # noqa: F401 - the layout names are re-exported as checkpoint.*
+    BEST,
     CKPT_SUBDIR,
     MARKER,
+    best_tag,
     check_tag_files,
     checkpoint_dir,
     complete_tags,
@@ -139,11 +141,12 @@ def save(engine: Any, run_dir: str | Path, global_step: int, client: dict[str, A
 
 
 def prune(run_dir: str | Path, keep_last: int) -> None:
-    """Delete complete tags beyond the newest ``keep_last`` and incomplete tags older than the newest."""
+    """Delete complete tags beyond the newest ``keep_last`` (and the best one, ``best.json``) and incomplete
+    tags older than the newest."""
     tags = complete_tags(run_dir)
     if not tags:
         return
-    keep = set(tags[-max(1, keep_last) :])
+    keep = set(tags[-max(1, keep_last) :]) | {best_tag(run_dir)}
     newest = tag_step(tags[-1]) or 0
     for p in checkpoint_dir(run_dir).iterdir():
         s = tag_step(p.name)
@@ -185,3 +188,16 @@ def load_latest(engine: Any, run_dir: str | Path, tag: str | None = None, trust:
     client = load_checkpoint_file(client_file, trust)
     client["tag"] = tag
     return client
+
+
+def record_best(run_dir: str | Path, metric: str, value: float, tag: str, epoch: int, global_step: int) -> bool:
+    """Rank 0: make ``tag`` the best checkpoint when ``value`` of ``metric`` beats ``best.json``'s (higher is
+    better); True when it did. The record survives resume (it is read back from the run directory)."""
+    from avion_ds.rundir import read_best
+
+    old = read_best(run_dir)
+    if old is not None and old.get("metric") == metric and float(old.get("value", float("-inf"))) >= value:
+        return False
+    record = {"metric": metric, "value": value, "tag": tag, "epoch": epoch, "global_step": global_step}
+    _atomic_write(Path(run_dir) / BEST, json.dumps(record) + "\n")
+    return True

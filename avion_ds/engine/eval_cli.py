@@ -47,7 +47,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument(
         "--tag",
         default=None,
-        help="checkpoint tag of the run directory to evaluate (e.g. step_00000120); default: the newest complete one",
+        help="checkpoint tag of the run directory to evaluate (e.g. step_00000120, or best: the one best.json names); "
+        "default: the newest complete one",
     )
     p.add_argument("--out", default=None, help="metrics JSON (default: <run dir or file dir>/eval_metrics.json)")
     add_override_option(p, "eval.temporal_views=2")
@@ -107,6 +108,14 @@ def _resolve_tag(args: argparse.Namespace, run_dir: Path | None) -> str | None:
     from avion_ds.engine.checkpoint import check_tag, latest_complete
 
     tag = args.tag or latest_complete(run_dir)
+    if tag == "best":
+        from avion_ds.rundir import best_tag
+
+        tag = best_tag(run_dir)
+        if tag is None:
+            raise ConfigError(
+                f"--tag best: {run_dir} has no best checkpoint (best.json is written by tasks that keep one)"
+            )
     if tag is None:
         raise ConfigError(f"--checkpoint {run_dir}: no complete checkpoint in {run_dir / 'checkpoints'}")
     check_tag(run_dir, tag, flag="--tag")

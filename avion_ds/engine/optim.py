@@ -37,13 +37,23 @@ def _num_layers(model: nn.Module) -> int:
     return int(depth) + 2
 
 
-def param_groups(model: nn.Module, weight_decay: float, layer_decay: float = 1.0) -> list[dict[str, Any]]:
+def avion_no_decay(name: str, p: torch.Tensor) -> bool:
+    """AVION's rule (``main_lavila_*.py``: ``p.ndim < 2 or 'bias' in n or 'ln' in n or 'bn' in n``) on our
+    names: 1-d tensors, biases, norms and the class token (1-d in AVION); position and temporal
+    embeddings, the token embedding and the projections ARE decayed."""
+    return full_ndim(p) < 2 or "bias" in name or "norm" in name or "ln_" in name or name.endswith("cls_token")
+
+
+def param_groups(
+    model: nn.Module, weight_decay: float, layer_decay: float = 1.0, no_decay: str = "model"
+) -> list[dict[str, Any]]:
     """Group trainable parameters by (decay?, layer id) with ``lr_scale = layer_decay ** (L-1-id)``.
 
-    No decay for parameters named by ``model.no_weight_decay()`` and every parameter with ndim <= 1
-    (norm weights, biases). Layer ids come from ``model.layer_id(name)`` when layer decay < 1.
+    ``no_decay="model"``: no decay for parameters named by ``model.no_weight_decay()`` and every
+    parameter with ndim <= 1 (norm weights, biases); ``"avion"``: :func:`avion_no_decay`. Layer ids come
+    from ``model.layer_id(name)`` when layer decay < 1.
     """
-    skip = _no_decay_names(model)
+    skip = _no_decay_names(model) if no_decay == "model" else set()
     layer_id = getattr(model, "layer_id", None)
     use_layers = layer_decay < 1.0 and callable(layer_id)
     n_layers = _num_layers(model)
@@ -52,15 +62,18 @@ def param_groups(model: nn.Module, weight_decay: float, layer_decay: float = 1.0
         if not p.requires_grad:
             continue
         name = _strip_wrappers(raw_name)
-        no_decay = full_ndim(p) <= 1 or name in skip or name.endswith(".bias")
+        if no_decay == "avion":
+            exempt = avion_no_decay(name, p)
+        else:
+            exempt = full_ndim(p) <= 1 or name in skip or name.endswith(".bias")
         lid = int(layer_id(name)) if use_layers else n_layers - 1
-        key = (no_decay, lid)
+        key = (exempt, lid)
         if key not in groups:
             scale = layer_decay ** (n_layers - 1 - lid) if use_layers else 1.0
             groups[key] = {
                 "params": [],
                 "names": [],
-                "weight_decay": 0.0 if no_decay else weight_decay,
+                "weight_decay": 0.0 if exempt else weight_decay,
                 "lr_scale": scale,
             }
         groups[key]["params"].append(p)
@@ -71,7 +84,8 @@ def param_groups(model: nn.Module, weight_decay: float, layer_decay: float = 1.0
 def optimizer_groups(model: nn.Module, recipe: Recipe) -> list[dict[str, Any]]:
     """Parameter groups for ``deepspeed.initialize(model_parameters=...)`` (names dropped)."""
     out = []
-    for g in param_groups(model, recipe.optim.weight_decay, recipe.optim.layer_decay):
+    o = recipe.optim
+    for g in param_groups(model, o.weight_decay, o.layer_decay, o.no_decay):
         out.append({k: v for k, v in g.items() if k != "names"})
     return out
 

@@ -166,6 +166,8 @@ class Trainer:
     def train_step(self, batches: Iterator[dict[str, Any]]) -> bool:
         """One optimizer step over the next micro-batches of ``batches`` (up to the accumulation
         boundary); False when ``batches`` ran out first."""
+        if self.task.whole_window:
+            return self._window_step(batches)
         while True:
             t0 = time.perf_counter()
             try:
@@ -192,6 +194,36 @@ class Trainer:
         if not boundary:
             step_window(self.engine, poisoned=False)  # DeepSpeed's micro-step bookkeeping only
             return False
+        self._finish_window()
+        return True
+
+    def _window_step(self, batches: Iterator[dict[str, Any]]) -> bool:
+        """One optimizer step of a ``whole_window`` task: the window's micro-batches are read first, the
+        task yields one loss per micro-batch, each backward unscaled (the task's losses already make up
+        the window's gradient: DeepSpeed's division by the accumulation steps would shrink it)."""
+        window: list[dict[str, Any]] = []
+        t0 = time.perf_counter()
+        for _ in range(self.engine.gradient_accumulation_steps()):
+            try:
+                window.append(next(batches))
+            except StopIteration:
+                return False  # a partial window is dropped, like a partial batch
+        xs, targets = [], []
+        for batch in window:
+            frames = batch["frames"].to(self.device, non_blocking=True)
+            labels = to_device(batch["label"], self.device)
+            x, t = self.augment(frames, labels) if self.augment is not None else (frames, labels)
+            xs.append(x)
+            targets.append(t)
+        self._interval.data_s += time.perf_counter() - t0
+        for batch, (loss, parts) in zip(
+            window, self.task.window_losses(self.engine, xs, targets, self.dtype, self.recipe)
+        ):
+            self._remember(loss, parts, batch)
+            boundary = self.engine.is_gradient_accumulation_boundary()
+            self.engine.backward(poison_nonfinite(loss), scale_wrt_gas=False)
+            if not boundary:
+                step_window(self.engine, poisoned=False)
         self._finish_window()
         return True
 
@@ -316,7 +348,7 @@ class Trainer:
             "overflow_steps": st.overflow_steps,  # fp16 loss-scale overflows (update skipped by DeepSpeed)
             "bad_samples": st.bad_samples,  # unreadable videos / bad rows skipped by the loader so far
         }
-        values.update({f"loss_{h}": v for h, v in heads.items()})
+        values.update(heads)
         self.log.step(st.epoch, st.global_step, values, steps=iv.steps)
 
     def restart_interval(self) -> None:
@@ -397,6 +429,14 @@ class Trainer:
             )
         return out.metrics
 
+    def _keep_best(self, metrics: dict[str, float] | None, tag: str, epoch: int) -> None:
+        """Record ``tag`` as the best checkpoint when the task's ``best_metric`` improved (rank 0)."""
+        name = self.task.best_metric
+        if not metrics or name is None or name not in metrics or not dist.is_main():
+            return
+        if ckpt.record_best(self.recipe.output_dir, name, float(metrics[name]), tag, epoch, self.state.global_step):
+            self.log.info(f"best checkpoint: {tag} ({name}={metrics[name]:.4f}, epoch {epoch})")
+
     def train_epoch(self, data: TrainData, exit_after: int | None = None) -> bool:
         """The rest of epoch ``state.epoch``; True when --exit-after-steps stopped it early."""
         st, spe = self.state, data.steps_per_epoch
@@ -431,10 +471,12 @@ class Trainer:
             if self.train_epoch(data, exit_after):
                 self.log.info(f"stopping after {st.global_step} steps (--exit-after-steps)")
                 break
+            metrics = None
             if (epoch + 1) % max(1, r.eval.every_epochs) == 0 or epoch + 1 == r.schedule.epochs:
-                self.evaluate(data)
+                metrics = self.evaluate(data)
             st.epoch, st.step_in_epoch = epoch + 1, 0
-            self.save()
+            tag = self.save()
+            self._keep_best(metrics, tag, epoch)
             if exit_after is not None and st.global_step >= exit_after:
                 self.log.info(f"stopping after {st.global_step} steps (--exit-after-steps)")
                 break

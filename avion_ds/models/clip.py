@@ -1,7 +1,7 @@
 """CLIP-style video-text dual encoder (AVION / LaViLa): a ``VideoViT`` in the CLIP layout as the
 video tower, CLIP's causal text transformer, and a learned temperature.
 
-``forward(frames, tokens)`` returns L2-normalised video and text embeddings and the logit scale
+``forward(frames, tokens)`` returns L2-normalised float32 video and text embeddings and the logit scale
 ``exp(clamp(t, 0, ln 100))`` of the temperature parameter ``t`` (init ln(1 / 0.07)). The clamp
 acts in the forward, on whatever copy of ``t`` the forward sees, so it holds under ZeRO-3 and
 bf16 where clamping a module attribute after the step would miss the fp32 master weight.
@@ -101,6 +101,11 @@ class ClipArch:
         ).validate()
 
 
+def at_least_fp32(x: torch.Tensor) -> torch.Tensor:
+    """``x`` in float32 when it is a 16-bit float (similarities and losses are not built in 16 bits)."""
+    return x.float() if x.dtype in (torch.float16, torch.bfloat16) else x
+
+
 class DualEncoderOutput(NamedTuple):
     """Normalised embeddings (B, E) of both towers and the logit scale (a 0-d tensor)."""
 
@@ -144,8 +149,9 @@ class VideoTextDualEncoder(nn.Module):
         return self.logit_scale.float().clamp(0.0, LOGIT_SCALE_MAX).exp().squeeze(0)
 
     def forward(self, frames: torch.Tensor, tokens: torch.Tensor) -> DualEncoderOutput:
-        video = F.normalize(self.encode_video(frames), dim=-1)
-        text = F.normalize(self.encode_text(tokens), dim=-1)
+        # normalised in float32: bf16 unit vectors would quantise every similarity built from them
+        video = F.normalize(at_least_fp32(self.encode_video(frames)), dim=-1)
+        text = F.normalize(at_least_fp32(self.encode_text(tokens)), dim=-1)
         return DualEncoderOutput(video, text, self.scale())
 
     # -- hooks used by activation checkpointing, optimizer groups and weight loading ---------------

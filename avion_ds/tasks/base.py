@@ -11,7 +11,7 @@ engine never branches on which task runs: it calls these methods. A task may bui
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -93,7 +93,22 @@ class Task(ABC):
         self, model: Callable[..., Any], x: torch.Tensor, targets: Any, dtype: torch.dtype, recipe: Recipe
     ) -> LossParts:
         """Forward ``x`` (float32 frames after augmentation) through ``model`` to the loss and the named
-        values logged beside it (``loss_<name>``); nothing read on the host."""
+        values logged beside it (e.g. ``loss_verb``, ``clip_acc``); nothing read on the host."""
+
+    # the metric whose best value keeps its checkpoint (higher is better); None: none kept
+    best_metric: ClassVar[str | None] = None
+
+    # a task whose loss couples the micro-batches of an accumulation window (a contrastive batch is the
+    # whole window) sets this and implements ``window_losses``; the trainer then hands it whole windows
+    whole_window: ClassVar[bool] = False
+
+    def window_losses(
+        self, model: Callable[..., Any], xs: list[torch.Tensor], targets: list[Any], dtype: torch.dtype, recipe: Recipe
+    ) -> Iterator[LossParts]:
+        """One (loss, logged values) per micro-batch of a window, each yielded before its backward; the
+        gradients of the window's backwards sum (no division by the accumulation steps) to the gradient
+        of the window's loss. Only for ``whole_window`` tasks."""
+        raise NotImplementedError(f"task {self.name!r} does not set whole_window")
 
     # ------------------------------------------------------------------ evaluation
     @abstractmethod

@@ -152,7 +152,8 @@ class FinetuneTask(Task):
     ) -> LossParts:
         from avion_ds.engine.losses import total_loss
 
-        return total_loss(model(x.to(dtype)), targets, recipe.data.label_smoothing)
+        loss, heads = total_loss(model(x.to(dtype)), targets, recipe.data.label_smoothing)
+        return loss, {f"loss_{h}": v for h, v in heads.items()}
 
     def evaluate(
         self,

@@ -1,0 +1,214 @@
+"""Video-text contrastive pretraining (AVION / LaViLa on Ego4D narrations), evaluated zero-shot on
+EPIC-Kitchens-100 Multi-Instance Retrieval.
+
+The model is a registered dual encoder (``clip_vit_*``); batches carry the narration tokens
+(``batch["label"]["tokens"]``). The loss is AVION's ``ClipLoss`` (``engine/clip_loss.py``), and a
+gradient-accumulation window is ONE contrastive batch of micro x accum x world clips (feature cache:
+``whole_window``). ``contrastive.freeze_temperature`` / ``freeze_visual`` / ``freeze_text`` freeze the
+temperature or a tower; ``schedule.fix_lr`` keeps the lr constant (AVION ``--fix-lr``).
+
+Evaluation (every ``eval.every_epochs``): on an ``epic_mir`` validation set, the zero-shot MIR protocol
+of AVION's ``validate_mir``: every row's video and narration embedded, gathered from all ranks and put
+back in CSV row order (the sampler's padding dropped), similarity ``(V T^T + 1) / 2`` in float32 with
+the columns the sentence file lists, then mAP / nDCG both ways (``engine.metrics.mir_metrics``); the
+best checkpoint is kept by ``avg_map``. Any other validation set gives the contrastive accuracies over
+the whole set. Recipe defaults are AVION's ``main_lavila_pretrain.py`` defaults (:data:`CONTRASTIVE_DEFAULTS`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch import nn
+
+from avion_ds.config import ConfigError
+from avion_ds.tasks.base import EvalOutcome, LossParts, ModelSummary, Task
+from avion_ds.tasks.registry import register_task
+
+if TYPE_CHECKING:
+    from avion_ds.config import Recipe
+    from avion_ds.engine.bad_input import BadInputLog
+
+# AVION scripts/main_lavila_pretrain.py defaults (get_args_parser); keys the recipe sets win
+CONTRASTIVE_DEFAULTS: dict[str, dict[str, Any]] = {
+    "model": {"name": "clip_vit_base_patch16_224", "drop_path_rate": 0.0, "num_classes": 0, "pool": "cls"},
+    "data": {
+        "dataset": "ego4d",
+        "val_dataset": "epic_mir",
+        "num_frames": 4,  # --clip-length 4
+        "sampling": "segment",
+        "fps": 30.0,  # video_loader(fps=30) for Ego4D
+        "crop_scale": [0.5, 1.0],  # fast_rrc rrc_params (224, (0.5, 1.0))
+        "mean_std": "openai",  # --norm-style openai
+        "hflip": 0.0,
+        "mixup": 0.0,
+        "cutmix": 0.0,
+        "label_smoothing": 0.0,
+    },
+    "optim": {
+        "lr": 3e-5,  # --lr 3e-5, not scaled by the batch
+        "scale_lr": False,
+        "min_lr": 1e-5,  # --lr-end
+        "betas": [0.9, 0.999],
+        "eps": 1e-8,
+        "weight_decay": 0.01,  # --wd
+        "layer_decay": 1.0,
+        "no_decay": "avion",
+        "clip_grad": 0.0,  # --grad-clip-norm None
+    },
+    "schedule": {"epochs": 5, "warmup_epochs": 1.0},
+}
+
+
+def _encoder_kwargs(recipe: Recipe) -> dict[str, Any]:
+    m, d = recipe.model, recipe.data
+    return {
+        "num_frames": d.num_frames,
+        "img_size": d.size,
+        "drop_path_rate": m.drop_path_rate,
+        "attn_backend": m.attn_backend,
+        "patch_embed": m.patch_embed,
+        "freeze_logit_scale": recipe.contrastive.freeze_temperature,
+    }
+
+
+def freeze_towers(model: nn.Module, recipe: Recipe) -> list[str]:
+    """Turn off gradients of the towers the recipe freezes; their names."""
+    c, frozen = recipe.contrastive, []
+    for tower, flag in (("visual", c.freeze_visual), ("textual", c.freeze_text)):
+        if flag:
+            getattr(model, tower).requires_grad_(False)
+            frozen.append(tower)
+    return frozen
+
+
+@register_task
+class ContrastiveTask(Task):
+    """Video-text contrastive pretraining (see module doc)."""
+
+    name = "contrastive"
+    recipe_defaults = CONTRASTIVE_DEFAULTS
+    whole_window = True
+    best_metric = "avg_map"
+
+    def validate_recipe(self, recipe: Recipe) -> None:
+        d, e, c = recipe.data, recipe.eval, recipe.contrastive
+        if d.dataset not in ("ego4d", "epic_mir"):
+            raise ConfigError(
+                f"task={recipe.task!r} with data.dataset={d.dataset!r}: contrastive pretraining reads "
+                "video-narration pairs (ego4d, epic_mir)"
+            )
+        if (d.val_dataset or d.dataset) not in ("ego4d", "epic_mir"):
+            raise ConfigError(
+                f"data.val_dataset={d.val_dataset!r}: the contrastive task evaluates on ego4d or epic_mir"
+            )
+        if e.temporal_views != 1 or e.spatial_views != 1:
+            raise ConfigError(
+                f"eval.temporal_views={e.temporal_views}, eval.spatial_views={e.spatial_views}: zero-shot "
+                "retrieval embeds one view per clip (set both to 1)"
+            )
+        if c.freeze_visual and c.freeze_text and c.freeze_temperature:
+            raise ConfigError("contrastive: freeze_visual, freeze_text and freeze_temperature leave nothing to train")
+        if d.mixup or d.cutmix:
+            raise ConfigError(f"data.mixup={d.mixup}, data.cutmix={d.cutmix}: mixing clips breaks video-text pairs")
+
+    def check_model(self, recipe: Recipe) -> ModelSummary:
+        from avion_ds.models import ClipArch, create_model, get_arch, model_flops
+        from avion_ds.models.vit import count_params
+
+        name = recipe.model.name
+        base = get_arch(name)
+        if not isinstance(base, ClipArch):
+            raise ConfigError(f"model.name={name!r} is not a video-text dual encoder (e.g. clip_vit_base_patch16_224)")
+        if recipe.data.size % base.patch_size:
+            raise ConfigError(
+                f"data.size={recipe.data.size} is not divisible by the patch size {base.patch_size} of {name}"
+            )
+        kw = _encoder_kwargs(recipe)
+        try:
+            arch = get_arch(name, **kw)
+        except ValueError as e:
+            raise ConfigError(f"model: {e}") from None
+        with torch.device("meta"):
+            model = create_model(name, pretrained=None, **{**kw, "attn_backend": "eager"})
+        return ModelSummary(name, count_params(model), model_flops(arch) / 1e9, arch.vision.grid)
+
+    def build_model(
+        self,
+        recipe: Recipe,
+        pretrained: str | None = None,
+        run_dir: Path | None = None,
+        ds_config: dict[str, Any] | None = None,
+    ) -> nn.Module:
+        from avion_ds.engine import dist
+        from avion_ds.engine.weights_report import load_and_report
+        from avion_ds.models import create_model
+        from avion_ds.models.weights.sharded import build_partitioned
+
+        m = recipe.model
+        source = pretrained if pretrained is not None else m.pretrained
+        kw = _encoder_kwargs(recipe)
+        model = build_partitioned(lambda: create_model(m.name, **kw), ds_config)
+        if source:
+            load_and_report(
+                model,
+                str(source),
+                strict=m.pretrained_strict,
+                trust=m.trust_checkpoint,
+                run_dir=run_dir,
+                is_main=dist.is_main(),
+            )
+        frozen = freeze_towers(model, recipe)
+        if frozen and dist.is_main():
+            print(f"frozen towers: {', '.join(frozen)}", flush=True)
+        return model
+
+    def label_classes(self, recipe: Recipe) -> int:
+        return 0  # targets are narration tokens, passed through the augmentation untouched
+
+    def synthetic_batch(self, recipe: Recipe, batch_size: int, device: torch.device | str = "cpu") -> dict[str, Any]:
+        from avion_ds.models.tokenizer import tokenize
+
+        d = recipe.data
+        frames = torch.randn(batch_size, 3, d.num_frames, d.size, d.size, device=device)
+        tokens = tokenize([f"#C C moves object {i}" for i in range(batch_size)]).to(device)
+        return {"frames": frames, "label": {"tokens": tokens}}
+
+    # ------------------------------------------------------------------ the loss
+    def loss(
+        self, model: Callable[..., Any], x: torch.Tensor, targets: Any, dtype: torch.dtype, recipe: Recipe
+    ) -> LossParts:
+        return next(iter(self.window_losses(model, [x], [targets], dtype, recipe)))
+
+    def window_losses(
+        self, model: Callable[..., Any], xs: list[torch.Tensor], targets: list[Any], dtype: torch.dtype, recipe: Recipe
+    ) -> Iterator[LossParts]:
+        from avion_ds.engine.clip_loss import feature_cache_losses
+
+        def encode(i: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+            out = model(xs[i].to(dtype), targets[i]["tokens"])
+            return out.video, out.text, out.logit_scale
+
+        return feature_cache_losses(encode, len(xs))
+
+    # ------------------------------------------------------------------ evaluation
+    def evaluate(
+        self,
+        model: Callable[..., Any],
+        loader: Any,
+        augment: Callable,
+        views: int,
+        device: torch.device,
+        dtype: torch.dtype,
+        recipe: Recipe,
+        bad_log: BadInputLog | None = None,
+    ) -> EvalOutcome:
+        from avion_ds.tasks.retrieval_eval import evaluate_retrieval
+
+        return evaluate_retrieval(model, loader, augment, device, dtype, bad_log)
+
+    def eval_line(self, metrics: dict[str, float]) -> str:
+        return " ".join(f"{k}={v:.3f}" for k, v in metrics.items())

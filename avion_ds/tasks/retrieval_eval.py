@@ -1,0 +1,117 @@
+"""Video-text retrieval evaluation of a dual encoder: EPIC-100 MIR (AVION's ``validate_mir``) or, on a
+set without relevancy files, the contrastive accuracies over the whole set.
+
+Every row's clip and narration are embedded (one view), gathered from all ranks and ordered by CSV
+row with the DistributedSampler's padding dropped, so 1 and N ranks see the same matrix. MIR: the
+similarity ``(V T^T + 1) / 2`` is computed in float32 from float32 unit embeddings (bf16 ones would
+leave ~128 distinct similarity levels and many false ties), its columns are the rows the sentence file
+lists, in its order, and the six numbers come from :func:`avion_ds.engine.metrics.mir_metrics`. Rows
+whose clip could not be decoded are named and left out with their columns (the report says how many).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import torch
+
+from avion_ds.engine.bad_input import BadInputLog, batch_messages
+from avion_ds.engine.metrics import PredictionStore, failed_in_batch, gather_failed, mir_metrics
+from avion_ds.engine.run_log import progress
+from avion_ds.tasks.base import EvalOutcome
+
+MIR_PROTOCOL = (
+    "EPIC-100 MIR zero-shot (AVION validate_mir): similarity (V T^T + 1) / 2 in float32, rows in CSV order, "
+    "columns = the sentence file's rows; mAP and nDCG both directions (JPoSE)"
+)
+
+
+@torch.no_grad()
+def embed_rows(
+    model: Callable[..., Any],
+    loader: Any,
+    augment: Callable,
+    device: torch.device,
+    dtype: torch.dtype,
+    bad_log: BadInputLog | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, list[dict[str, Any]]]:
+    """(rows, video embeddings, text embeddings, failed clips) of every rank, ordered by row, each once."""
+    was_training = getattr(model, "training", False)
+    if hasattr(model, "eval"):
+        model.eval()
+    store = PredictionStore()
+    failed: dict[int, str] = {}
+    bad, fatal = [], []
+    for batch in progress(loader, "eval"):
+        b, f = batch_messages(batch)
+        bad += b
+        fatal += f
+        frames = batch["frames"].to(device, non_blocking=True)
+        labels = {k: v.to(device) for k, v in batch["label"].items()}
+        x, targets = augment(frames, labels)
+        out = model(x.to(dtype), targets["tokens"])
+        rows = targets["row"] if "row" in targets else batch["index"]
+        store.add(rows, out.video.float(), out.text.float())
+        failed.update(failed_in_batch(batch))
+    if was_training and hasattr(model, "train"):
+        model.train()
+    (bad_log or BadInputLog(lambda msg: print(msg, flush=True))).exchange(bad, fatal)
+    rows, video, text = store.gather()
+    return rows, video, text, gather_failed(failed, loader.dataset)
+
+
+def contrastive_accuracies(video: torch.Tensor, text: torch.Tensor) -> dict[str, float]:
+    """Top-1 video->text / text->video (percent) with the whole set as one batch."""
+    if video.shape[0] == 0:
+        return {"clip_acc": 0.0, "t2v_acc": 0.0}
+    sim = video.float() @ text.float().T
+    labels = torch.arange(sim.shape[0])
+    return {
+        "clip_acc": 100.0 * float((sim.argmax(dim=1) == labels).float().mean()),
+        "t2v_acc": 100.0 * float((sim.argmax(dim=0) == labels).float().mean()),
+    }
+
+
+def mir_from_embeddings(
+    rows: torch.Tensor, video: torch.Tensor, text: torch.Tensor, columns: np.ndarray, relevancy: np.ndarray
+) -> tuple[dict[str, float], dict[str, Any]]:
+    """MIR metrics of the embedded ``rows`` against the (rows x columns) ``relevancy``; ``columns[j]`` is
+    the row whose narration is sentence j. Rows absent from ``rows`` drop out with their columns."""
+    n_rows, n_cols = relevancy.shape
+    position = {int(r): i for i, r in enumerate(rows.tolist())}
+    keep_rows = np.array([r for r in range(n_rows) if r in position], dtype=np.int64)
+    keep_cols = np.array([j for j, r in enumerate(columns.tolist()) if int(r) in position], dtype=np.int64)
+    v = video[[position[int(r)] for r in keep_rows]].float()
+    t = text[[position[int(columns[j])] for j in keep_cols]].float()
+    similarity = ((v @ t.T + 1.0) / 2.0).numpy()  # float32, as AVION's numpy matmul of float32 embeddings
+    rel = relevancy[np.ix_(keep_rows, keep_cols)]
+    metrics = mir_metrics(similarity, rel)
+    report = {
+        "protocol": MIR_PROTOCOL,
+        "rows": int(len(keep_rows)),
+        "rows_total": int(n_rows),
+        "columns": int(len(keep_cols)),
+        "columns_total": int(n_cols),
+    }
+    return metrics, report
+
+
+def evaluate_retrieval(
+    model: Callable[..., Any],
+    loader: Any,
+    augment: Callable,
+    device: torch.device,
+    dtype: torch.dtype,
+    bad_log: BadInputLog | None = None,
+) -> EvalOutcome:
+    """MIR metrics when the dataset carries relevancy targets (``mir_targets``), else accuracies."""
+    rows, video, text, failed = embed_rows(model, loader, augment, device, dtype, bad_log)
+    targets = getattr(loader.dataset, "mir_targets", None)
+    if targets is None:
+        metrics = contrastive_accuracies(video, text)
+        report: dict[str, Any] = {"protocol": "contrastive top-1 over the whole set", "rows": int(rows.numel())}
+    else:
+        metrics, report = mir_from_embeddings(rows, video, text, np.asarray(targets.columns), targets.relevancy)
+    return EvalOutcome(metrics, report, failed, num_samples=int(rows.numel()))

@@ -1,0 +1,157 @@
+"""One contrastive optimizer step through ``Trainer.train_step`` on every ZeRO stage, compared with the
+gradient of ONE process on the concatenated batch (run under torchrun; rank 0 prints a JSON line).
+
+Each rank feeds ``accum`` micro-batches of 2 clips; the optimizer is SGD with lr 1 and no decay, so the
+weights' change is minus the applied gradient. Dropout and drop path are off, everything fp32."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+REPO = Path(__file__).resolve().parents[2]
+MICRO = 2
+
+
+def global_batch(world: int, accum: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The concatenated batch (frames, tokens) of every rank's micro-batches, in rank-major order."""
+    from avion_ds.models.tokenizer import tokenize
+
+    n = world * accum * MICRO
+    g = torch.Generator().manual_seed(123)
+    frames = torch.randn(n, 3, 2, 32, 32, generator=g)
+    words = ["cut", "wash", "open", "close", "take", "put", "stir", "pour"]
+    tokens = tokenize([f"#C C {words[i % 8]} the thing {i // 8}" for i in range(n)])
+    return frames, tokens
+
+
+def full_params(engine, stage: int) -> dict[str, torch.Tensor]:
+    import deepspeed
+
+    params = dict(engine.module.named_parameters())
+    if stage == 3:
+        with deepspeed.zero.GatheredParameters(list(params.values())):
+            return {k: p.detach().clone().float() for k, p in params.items()}
+    return {k: p.detach().clone().float() for k, p in params.items()}
+
+
+def reference(weights: dict[str, torch.Tensor], frames: torch.Tensor, tokens: torch.Tensor, recipe) -> tuple:
+    """Loss and gradients of one process on the whole batch (a plain model, no DeepSpeed), with the loss
+    of AVION's ``ClipLoss`` on one process written out here (``avion/losses/losses.py``)."""
+    from avion_ds.models import create_model
+    from avion_ds.tasks.contrastive import _encoder_kwargs
+
+    model = create_model(recipe.model.name, **_encoder_kwargs(recipe))
+    model.load_state_dict(weights, strict=True)
+    model.train()
+    image_features, text_features, logit_scale = model(frames, tokens)
+    logits_per_image = logit_scale * image_features @ text_features.T
+    logits_per_text = logit_scale * text_features @ image_features.T
+    labels = torch.arange(logits_per_image.shape[0])
+    loss = (F.cross_entropy(logits_per_image, labels) + F.cross_entropy(logits_per_text, labels)) / 2
+    loss.backward()
+    return float(loss.detach()), {k: p.grad.detach().clone() for k, p in model.named_parameters() if p.grad is not None}
+
+
+def setup(stage: int, accum: int, freeze: list[str]) -> tuple:
+    """Recipe and DeepSpeed config, built before the process group as ``avion-ds train`` does."""
+    from avion_ds.engine import dist
+    from avion_ds.engine.ds_config import build_ds_config
+    from avion_ds.tasks import load_recipe
+
+    world = dist.env_world_size()
+    recipe = load_recipe(
+        None,
+        [
+            "task=contrastive",
+            "model.name=clip_vit_test_tiny",
+            "data.num_frames=2",
+            "data.size=32",
+            f"batch.micro_batch={MICRO}",
+            f"batch.global_batch={MICRO * accum * world}",
+            "precision=fp32",
+            "optim.lr=1.0",
+            "optim.weight_decay=0.0",
+            "schedule.fix_lr=true",
+            "logging.log_every=1000",
+            *[f"contrastive.{f}=true" for f in freeze],
+            "output_dir=/tmp/unused",
+        ],
+    )
+    cfg = build_ds_config(REPO / "ds_configs" / f"zero{stage}.json", recipe, world, steps_per_epoch=10)
+    cfg.pop("optimizer")
+    cfg["zero_allow_untested_optimizer"] = True
+    return recipe, cfg
+
+
+def run_stage(stage: int, accum: int, recipe, cfg) -> dict:
+    from avion_ds.engine import dist
+    from avion_ds.engine.parallelize import parallelize
+    from avion_ds.engine.trainer import Trainer
+    from avion_ds.tasks import task_of
+
+    world, rank = dist.world_size(), dist.rank()
+    task = task_of(recipe)
+    torch.manual_seed(0)
+    model = task.build_model(recipe, ds_config=cfg)
+    opt = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=1.0)
+    parallel = parallelize(model, recipe, cfg, steps_per_epoch=10, optimizer=opt)
+    trainer = Trainer(parallel, recipe, task)
+    before = full_params(trainer.engine, stage)
+    frames, tokens = global_batch(world, accum)
+    mine = range(rank * accum * MICRO, (rank + 1) * accum * MICRO)
+    batches = [
+        {
+            "frames": frames[list(mine)[m * MICRO : (m + 1) * MICRO]],
+            "label": {"tokens": tokens[list(mine)[m * MICRO : (m + 1) * MICRO]]},
+        }
+        for m in range(accum)
+    ]
+    assert trainer.train_step(iter(batches))
+    iv = trainer._interval
+    loss = iv.loss / iv.n
+    after = full_params(trainer.engine, stage)
+    ref_loss, ref_grads = reference(before, frames, tokens, recipe)
+    errors = {}
+    for k, w in before.items():
+        applied = w - after[k]
+        expected = ref_grads.get(k, torch.zeros_like(w))
+        # relative to the tensor's largest gradient: fp32 sums taken in another order differ by ~1e-7 of it
+        errors[k] = float((applied - expected).abs().max()) / max(1.0, float(expected.abs().max()))
+    changed = sorted(k for k in before if not torch.equal(before[k], after[k]))
+    return {
+        "stage": stage,
+        "loss": loss,
+        "ref_loss": ref_loss,
+        "max_error": max(errors.values()),
+        "errors": errors,
+        "changed": changed,
+    }
+
+
+def main() -> int:
+    p = argparse.ArgumentParser()
+    p.add_argument("--stages", default="0,1,2,3")
+    p.add_argument("--accum", type=int, default=2)
+    p.add_argument("--freeze", default="")
+    args = p.parse_args()
+    from avion_ds.engine import dist
+
+    freeze = [f for f in args.freeze.split(",") if f]
+    stages = [int(s) for s in args.stages.split(",")]
+    setups = {stage: setup(stage, args.accum, freeze) for stage in stages}
+    dist.init()
+    for stage in stages:
+        out = run_stage(stage, args.accum, *setups[stage])
+        if dist.is_main():
+            print("RESULT " + json.dumps(out), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
