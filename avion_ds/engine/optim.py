@@ -38,10 +38,11 @@ def _num_layers(model: nn.Module) -> int:
 
 
 def avion_no_decay(name: str, p: torch.Tensor) -> bool:
-    """AVION's rule (``main_lavila_*.py``: ``p.ndim < 2 or 'bias' in n or 'ln' in n or 'bn' in n``) on our
-    names: 1-d tensors, biases, norms and the class token (1-d in AVION); position and temporal
-    embeddings, the token embedding and the projections ARE decayed."""
-    return full_ndim(p) < 2 or "bias" in name or "norm" in name or "ln_" in name or name.endswith("cls_token")
+    """AVION's rule (``scripts/main_lavila_pretrain.py`` lines 155-157: ``p.ndim < 2 or 'bias' in n or 'ln'
+    in n or 'bn' in n or 'pos_embed' in n or 'positional_embedding' in n``) on our names: 1-d tensors,
+    biases, norms, position embeddings and the class token (1-d in AVION) are not decayed; the temporal
+    embedding, the token embedding, the patch embedding and the projections are."""
+    return full_ndim(p) < 2 or "bias" in name or "norm" in name or "pos_embed" in name or name.endswith("cls_token")
 
 
 def param_groups(
