@@ -23,6 +23,9 @@ videos (``x.mp4/``) are listed in the summary, not silently skipped. Sources run
 in parallel worker processes (``workers``); a failing source is reported with its reason in the
 summary and in ``DST/chunk_failures.tsv`` while the others finish; the CLI then exits with 1.
 
+``--index-only`` writes the manifest for an existing chunk tree instead (AVION's released layout,
+no re-encoding): :mod:`avion_ds.data.prep.index_tree`.
+
 Defaults: 15 s chunks, short side 320 px, 30 fps, GOP 16, CRF 23, x264 ``tune=fastdecode`` (AVION
 used 15 s / 288-320 px / 30 fps; the short GOP makes a random 16-frame read decode at most ~16 extra
 frames; fastdecode (no CABAC, no deblocking) decoded 1.5x faster with torchcodec at the same PSNR
@@ -85,7 +88,11 @@ class ChunkSummary:
             f"decoded; expected/decoded seconds are in the manifest)"
             for src, want, got in self.truncated
         ]
-        lines += [f"NOT A VIDEO {d}: a directory named like a video, skipped" for d in self.not_videos]
+        lines += [
+            f"NOT A VIDEO {d}: a directory named like a video, skipped (chunks named by start second? "
+            f"index that tree with `avion-ds chunk --index-only`)"
+            for d in self.not_videos
+        ]
         if self.stale_quarantine:
             lines.append(f"STALE {self.stale_quarantine}: written before these chunks; re-run `avion-ds check`")
         return "\n".join(lines)
@@ -447,11 +454,28 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(
         prog="avion-ds chunk",
         description="Re-encode videos under SRC into short "
-        "H.264 chunks DST/<video_id>/<start_second>.mp4 plus DST/manifest.jsonl.",
+        "H.264 chunks DST/<video_id>/<start_second>.mp4 plus DST/manifest.jsonl; with --index-only, write "
+        "DST/manifest.jsonl for an existing chunk tree SRC (<video>.<ext>/<start_second>.<ext>, AVION's "
+        "layout) without re-encoding.",
     )
     p.add_argument("src", help="a video file or a directory searched recursively")
-    p.add_argument("dst", help="output directory")
-    p.add_argument("--chunk-seconds", type=float, default=15.0, help="chunk length (default 15)")
+    p.add_argument("dst", nargs="?", help="output directory (--index-only: default SRC)")
+    p.add_argument(
+        "--index-only",
+        action="store_true",
+        help="index an existing chunk tree (no re-encoding); the encoding options are not used",
+    )
+    p.add_argument(
+        "--decode-count",
+        action="store_true",
+        help="--index-only: count every chunk's frames by decoding (default: the MP4 header's count, verified)",
+    )
+    p.add_argument(
+        "--chunk-seconds",
+        type=float,
+        default=None,
+        help="chunk length (default 15; --index-only: read from the names, checked against this when given)",
+    )
     p.add_argument(
         "--short-side",
         type=int,
@@ -478,11 +502,18 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     a = p.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    if a.index_only:
+        from avion_ds.data.prep.index_tree import run_index
+
+        return run_index(a.src, a.dst, a.chunk_seconds, a.decode_count, a.workers, not a.no_progress)
+    if a.dst is None:
+        print("avion-ds chunk: error: DST is required (only --index-only defaults it to SRC)", file=sys.stderr)
+        return 2
     try:
         s = chunk_videos(
             a.src,
             a.dst,
-            a.chunk_seconds,
+            15.0 if a.chunk_seconds is None else a.chunk_seconds,
             a.short_side or None,
             a.fps or None,
             a.gop,

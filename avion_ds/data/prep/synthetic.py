@@ -150,12 +150,14 @@ def write_video(
     fps: float = 30,
     pattern: str = "testsrc",
     gop: int | None = None,
+    first_index: int = 0,
 ) -> Path:
-    """Write a small H.264 mp4 test video; ``testsrc`` frames carry their index as a barcode."""
+    """Write a small H.264 mp4 test video; ``testsrc`` frames carry their index as a barcode, counted from
+    ``first_index`` (a chunk of a longer video carries the video's frame numbers)."""
     rng = np.random.default_rng(0)
     with VideoWriter(path, width, height, fps=fps, gop=gop) as w:
         for i in range(num_frames):
-            w.write(_pattern_frame(pattern, i, width, height, rng))
+            w.write(_pattern_frame(pattern, first_index + i, width, height, rng))
     return Path(path)
 
 
