@@ -141,7 +141,7 @@ def test_corrupt_chunk_is_named_counted_and_left_out(tmp_path, capsys) -> None:
     out = capsys.readouterr()
     assert out.out.count(str(bad)) == 1 and f"UNREADABLE {bad}: cannot open as video" in out.out
     assert "unreadable chunks 1," in out.out
-    assert (root / chunking.FAILURES_NAME).read_text().startswith(f"{bad}\t")
+    assert (root / chunking.FAILURES_NAME).read_text() == f"{bad}\t{out.out.split(f'UNREADABLE {bad}: ')[1]}"
     entry = load_manifest(root)["P01_01"]
     assert [c.start_frame for c in entry.chunks] == [0, 40] and entry.num_frames == 53  # a gap at [20, 40)
     rows = [("P01_01", 0.2, 1.8), ("P01_01", 4.2, 5.2), ("P01_01", 2.5, 3.5)]
@@ -152,6 +152,13 @@ def test_corrupt_chunk_is_named_counted_and_left_out(tmp_path, capsys) -> None:
         assert [read_frame_index(f) for f in ds.read_clip(entry, idx, None).numpy()] == idx
     with pytest.raises(DataError, match="past the last decodable frame"):  # a clip in the missing chunk
         ds[2]
+    # an unreadable FIRST chunk leaves its video out (earlier frames would map to no chunk)
+    first = root / "P02/P02_04.MP4/0.MP4"
+    first.write_bytes(b"")
+    s = index_tree(root, progress=False)
+    assert s.bad_chunks == [(str(bad), s.bad_chunks[0][1]), (str(first), "zero-byte file")]
+    assert s.bad_dirs == [(str(first.parent), "its first chunk 0.MP4 is unreadable")]
+    assert set(load_manifest(root)) == {"P01_01", "P02_03"}
 
 
 def test_truncated_or_headerless_chunks_are_decoded(tmp_path, transcode) -> None:

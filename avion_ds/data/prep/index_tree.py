@@ -225,11 +225,35 @@ def check_starts(starts: list[float], length: float | None) -> None:
 
 
 def _rel(path: Path, out: Path) -> str:
-    """A chunk's manifest path: relative to DST when under it, else absolute."""
-    try:
-        return str(path.resolve().relative_to(out.resolve()))
-    except ValueError:
-        return str(path.resolve())
+    """A chunk's manifest path: relative to DST when under it, else absolute (symlinks kept as named)."""
+    p, o = os.path.abspath(path), os.path.abspath(out)
+    return os.path.relpath(p, o) if os.path.commonpath([p, o]) == o else p
+
+
+def _probe_files(
+    files: list[tuple[float, Path]], out: Path, decode: bool, reuse: dict[str, dict], res: VideoResult
+) -> list[tuple[float, str, ChunkProbe, os.stat_result]]:
+    """(start, manifest path, probe, stat) per readable chunk; unreadable ones go to ``res.bad``."""
+    probes = []
+    for start, path in files:
+        rel, st = _rel(path, out), path.stat()
+        old = reuse.get(rel)
+        if (
+            old
+            and (old.get("bytes"), old.get("mtime_ns")) == (st.st_size, st.st_mtime_ns)
+            and (not decode or old.get("counted") == "decoded")
+        ):
+            fields = (int(old["frames"]), float(old["fps"]), int(old["width"]), int(old["height"]))
+            probe = ChunkProbe(*fields, old.get("counted", "header"))
+            res.reused += 1
+        else:
+            try:
+                probe = probe_chunk(path, decode)
+            except (OSError, ValueError) as e:
+                res.bad.append((str(path), str(e).replace("\n", " ").replace("\t", " ")))
+                continue
+        probes.append((start, rel, probe, st))
+    return probes
 
 
 def index_video(
@@ -248,48 +272,24 @@ def index_video(
     except ValueError as e:
         res.problem = str(e)
         return res
-    probes: list[tuple[float, Path, ChunkProbe, os.stat_result]] = []
-    for start, path in files:
-        rel = _rel(path, out_p)
-        st = path.stat()
-        old = reuse.get(rel)
-        if (
-            old
-            and (old.get("bytes"), old.get("mtime_ns")) == (st.st_size, st.st_mtime_ns)
-            and (not decode or old.get("counted") == "decoded")
-        ):
-            probe = ChunkProbe(
-                int(old["frames"]),
-                float(old["fps"]),
-                int(old["width"]),
-                int(old["height"]),
-                old.get("counted", "header"),
-            )
-            res.reused += 1
-        else:
-            try:
-                probe = probe_chunk(path, decode)
-            except (OSError, ValueError) as e:
-                res.bad.append((str(path), str(e).replace("\n", " ").replace("\t", " ")))
-                continue
-        probes.append((start, path, probe, st))
-    if not probes:
-        res.problem = "no readable chunk"
+    probes = _probe_files(files, out_p, decode, reuse, res)
+    if not probes or probes[0][0] != 0:  # frames before the first readable chunk would map to no chunk
+        res.problem = f"its first chunk {files[0][1].name} is unreadable"
         return res
     fps = probes[0][2].fps
-    odd = [(p, pr.fps) for _, p, pr, _ in probes if abs(pr.fps - fps) > _FPS_TOLERANCE * fps]
+    odd = [(Path(rel).name, pr.fps) for _, rel, pr, _ in probes if abs(pr.fps - fps) > _FPS_TOLERANCE * fps]
     if odd:
         res.problem = (
-            f"chunks at different frame rates ({probes[0][1].name}: {fps:g} fps, {odd[0][0].name}: {odd[0][1]:g} fps)"
+            f"chunks at different frame rates ({files[0][1].name}: {fps:g} fps, {odd[0][0]}: {odd[0][1]:g} fps)"
         )
         return res
     job = time.time_ns()
     params = {"index_only": True, "chunk_seconds": length, "count": "decode" if decode else "header"}
-    for start, path, probe, st in probes:
+    for start, rel, probe, st in probes:
         res.records.append(
             {
                 "video_id": video_id,
-                "path": _rel(path, out_p),
+                "path": rel,
                 "start": start,
                 "start_frame": int(math.ceil(start * fps - 1e-6)),
                 "frames": probe.frames,
@@ -305,9 +305,9 @@ def index_video(
             }
         )
     if length is not None:  # a chunk short of its slot leaves frames no chunk holds
-        for r in res.records:
+        for r in res.records[:-1]:
             slot = int(math.ceil((r["start"] + length) * fps - 1e-6)) - r["start_frame"]
-            if r is not res.records[-1] and r["frames"] < slot - MAX_CLAMP_FRAMES:
+            if r["frames"] < slot - MAX_CLAMP_FRAMES:
                 res.short.append((str(out_p / r["path"]), r["frames"], slot))
     return res
 
