@@ -306,8 +306,10 @@ def make_synthetic_epic(
     Each video is ``segments_per_video`` back-to-back segments; each segment is one CSV row
     whose verb (motion) and noun (shape and colour) are drawn at random. Rows are 0.1 s inside
     their segment so no clip sees the neighbouring action. ``val_fraction`` of the rows go to
-    the val CSV. ``background``: see :func:`_canvas`. Returns {"videos", "train_csv", "val_csv",
-    "num_verbs", "num_nouns", ...}.
+    the val CSV. ``background``: see :func:`_canvas`. Also writes narrations for video-text training
+    (Ego4D-style pairs for the train rows, EPIC-100 MIR files for both splits:
+    :mod:`avion_ds.data.prep.synthetic_text`). Returns {"videos", "train_csv", "val_csv", "num_verbs",
+    "num_nouns", "ego4d_train_pkl", "mir_test_csv", ...}.
     """
     if background not in BACKGROUNDS:
         raise ValueError(f"background must be one of {', '.join(BACKGROUNDS)}, got {background!r}")
@@ -390,6 +392,9 @@ def make_synthetic_epic(
         "num_train": len(train_rows),
         "num_val": len(val_rows),
     }
+    from avion_ds.data.prep.synthetic_text import write_text_annotations
+
+    info.update(write_text_annotations(out, train_rows, val_rows))
     (out / "synthetic.json").write_text(
         json.dumps({k: str(v) if isinstance(v, Path) else v for k, v in info.items()}, indent=1)
     )
@@ -399,7 +404,11 @@ def make_synthetic_epic(
 def main(argv: list[str] | None = None) -> int:
     """``avion-ds synth OUT``: write a learnable synthetic EPIC-style dataset (videos + CSVs)."""
     p = argparse.ArgumentParser(prog="avion-ds synth", description=make_synthetic_epic.__doc__.splitlines()[0])
-    p.add_argument("out", help="output directory (videos/, train.csv, val.csv)")
+    p.add_argument(
+        "out",
+        help="output directory (videos/, train.csv, val.csv; ego4d_train.pkl/.csv narrations of the train "
+        "segments; retrieval_annotations/: EPIC-100 MIR files, test = the val segments)",
+    )
     p.add_argument("--num-videos", type=int, default=4, help="long videos to generate")
     p.add_argument("--segments-per-video", type=int, default=12, help="action segments (CSV rows) per video")
     p.add_argument("--segment-seconds", type=float, default=2.0, help="length of each segment")
@@ -453,7 +462,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     print(
         f"wrote {info['num_train']} train / {info['num_val']} val segments from {a.num_videos} videos "
-        f"under {a.out} (verbs={a.num_verbs}, nouns={a.num_nouns}); videos in {info['videos']}"
+        f"under {a.out} (verbs={a.num_verbs}, nouns={a.num_nouns}, {info['num_narrations']} distinct "
+        f"narrations); videos in {info['videos']}"
     )
     return 0
 
