@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import json
 import shutil
 from pathlib import Path
 
@@ -124,8 +125,8 @@ def test_rerun_reuses_counts_and_cli(tree, tmp_path, capsys) -> None:
     s = index_tree(root, progress=False)
     assert s.reused == s.chunks - 1
     assert {(r["path"], r["frames"], r["start_frame"]) for r in read_manifest_records(root)} == first
-    # elsewhere: paths relative to DST still resolve
-    assert chunking.main(["--index-only", str(root), str(tmp_path / "out"), "--no-progress", "--workers", "1"]) == 0
+    # elsewhere (and in worker processes): paths relative to DST still resolve
+    assert chunking.main(["--index-only", str(root), str(tmp_path / "out"), "--no-progress", "--workers", "2"]) == 0
     assert sum(e.num_frames for e in load_manifest(tmp_path / "out").values()) == sum(LAYOUTS[layout].values())
     assert f"indexed {len(LAYOUTS[layout])} videos, {n_chunks(layout)} chunks" in capsys.readouterr().out
     # the chunk length in the names must match --chunk-seconds when given
@@ -214,3 +215,10 @@ def test_gaps_and_empty_trees(tmp_path, capsys) -> None:
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "no chunk directories" in err and "1 whole video files" in err
     assert chunking.main([str(tmp_path / "flat")]) == 2  # without --index-only, DST is required
+    capsys.readouterr()
+    # a DST holding a re-encoding run's manifest is not overwritten
+    (tmp_path / "enc").mkdir()
+    (tmp_path / "enc" / "manifest.jsonl").write_text(json.dumps({"video_id": "v", "start_frame": 0}) + "\n")
+    assert chunking.main(["--index-only", str(root), str(tmp_path / "enc"), "--no-progress"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "written by a re-encoding `avion-ds chunk` run (video 'v')" in err

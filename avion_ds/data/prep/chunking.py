@@ -474,7 +474,7 @@ def main(argv: list[str] | None = None) -> int:
         "--chunk-seconds",
         type=float,
         default=None,
-        help="chunk length (default 15; --index-only: read from the names, checked against this when given)",
+        help="chunk length (default 15; --index-only: default the most common spacing of the chunk names)",
     )
     p.add_argument(
         "--short-side",
