@@ -85,6 +85,21 @@ def segment_indices(
     return out
 
 
+def jittered_midpoints(start: int, end: int, num_frames: int, rng: np.random.Generator) -> list[int]:
+    """AVION's ``get_frame_ids(jitter=True)`` (CLIP pretraining and MIR fine-tuning): the midpoints of
+    ``num_frames`` equal parts of [start, end), each moved by a uniform shift in +- half of
+    ``(end - start - 1) / num_frames``, truncated to int (always inside [start, end - 1]). The draws
+    come from ``rng`` (one ``rng.random(num_frames)`` call) instead of numpy's global generator.
+    Without jitter the midpoints are :func:`segment_indices`' single eval view."""
+    if num_frames <= 0:
+        raise ValueError(f"num_frames must be positive, got {num_frames}")
+    end = max(end, start + 1)
+    edges = np.linspace(start, end, num_frames + 1)
+    seg = float(end - start - 1) / num_frames
+    ids = (edges[:-1] + edges[1:]) / 2 + (rng.random(num_frames) - 0.5) * seg
+    return [int(x) for x in ids]
+
+
 def stride_indices(
     start: int,
     end: int,
@@ -165,6 +180,18 @@ def chunk_end_frame(end: int, stop_s: float, entry: VideoEntry) -> int:
     k = max(0, bisect_right([c.start_frame for c in entry.chunks], stop_s * entry.fps) - 1)
     chunk = entry.chunks[k]
     return min(end, chunk.start_frame + chunk.frames - 1)
+
+
+def segment_span(start_s: float, stop_s: float, entry: VideoEntry, fps: float = 0.0) -> tuple[int, int]:
+    """Frame span [start, end) of the time segment [start_s, stop_s] of ``entry`` as AVION's chunked
+    ``video_loader`` computes it: ``round(seconds * fps)`` at ``fps`` (> 0; else the video's own
+    rate), the end capped by :func:`chunk_end_frame`, at least one frame long. With another ``fps``
+    than the video's, frame numbers are still read as indices into the video (AVION reads Ego4D at
+    30 fps whatever its chunks hold)."""
+    rate = fps if fps > 0 else entry.fps
+    start, end = seconds_to_frames(start_s, stop_s, rate)
+    end = chunk_end_frame(end, stop_s * rate / entry.fps, entry)
+    return start, max(end, start + 1)
 
 
 def map_to_chunks(indices: Sequence[int], entry: VideoEntry) -> list[tuple[str, list[int]]]:

@@ -42,6 +42,7 @@ def check_data_paths(recipe: Recipe, need_train: bool = True) -> None:
         ok = path.is_dir() if kind == "dir" else path.is_file()
         if not ok:
             raise ConfigError(f"{key}: {kind} not found: {path}")
+    _check_extra_paths(recipe, need_train)
     if d.class_list and not Path(d.class_list).is_file():
         raise ConfigError(f"data.class_list: file not found: {d.class_list}")
     if d.quarantine not in ("", "auto", "none") and not Path(d.quarantine).is_file():
@@ -57,24 +58,51 @@ def check_data_paths(recipe: Recipe, need_train: bool = True) -> None:
         )
 
 
+def _check_extra_paths(recipe: Recipe, need_train: bool) -> None:
+    """The validation video root, auxiliary narration files and retrieval sentence / relevancy files, when set."""
+    d = recipe.data
+    keys = [("data.val_root", d.val_root, "dir")]
+    if need_train:
+        keys += [(f"data.aux_train[{k}]", p, "file") for k, p in enumerate(d.aux_train)]
+    splits = ("train", "val") if need_train else ("val",)
+    for split in splits:
+        sentences, relevancy = getattr(d, f"{split}_sentences"), getattr(d, f"{split}_relevancy")
+        if bool(sentences) != bool(relevancy):
+            empty = f"data.{split}_relevancy" if sentences else f"data.{split}_sentences"
+            raise ConfigError(f"{empty} is empty but its pair is set; retrieval targets need both files")
+        keys += [(f"data.{split}_sentences", sentences, "file"), (f"data.{split}_relevancy", relevancy, "file")]
+    for key, value, kind in keys:
+        if value and not (Path(value).is_dir() if kind == "dir" else Path(value).is_file()):
+            raise ConfigError(f"{key}: {kind} not found: {value}")
+
+
+def _check_manifest(key: str, root: str) -> dict:
+    """The chunk manifest under ``root`` (data.chunked), as ``load_manifest`` reads it; ConfigError naming ``key``."""
+    from avion_ds.data.prep.manifest import MANIFEST_NAME, load_manifest
+
+    if not (Path(root) / MANIFEST_NAME).is_file():
+        raise ConfigError(
+            f"{key}={root!r} has no {MANIFEST_NAME} (data.chunked=true): run "
+            f"`avion-ds chunk SRC {root}` first, or set data.chunked=false for whole videos"
+        )
+    try:
+        videos = load_manifest(root)
+    except ValueError as e:
+        raise ConfigError(f"{key}: {e}") from None
+    if not videos:
+        raise ConfigError(f"{key}={root!r}: {MANIFEST_NAME} lists no decodable chunks")
+    return videos
+
+
 def check_data_layout(recipe: Recipe, need_train: bool = True) -> dict[str, int]:
     """Chunk manifest present, annotation headers right, labels within the heads; returns rows per split."""
     from avion_ds.data.datasets.build import read_annotations
-    from avion_ds.data.prep.manifest import MANIFEST_NAME, load_manifest
 
     d = recipe.data
     if d.chunked:
-        if not (Path(d.root) / MANIFEST_NAME).is_file():
-            raise ConfigError(
-                f"data.root={d.root!r} has no {MANIFEST_NAME} (data.chunked=true): run "
-                f"`avion-ds chunk SRC {d.root}` first, or set data.chunked=false for whole videos"
-            )
-        try:
-            videos = load_manifest(d.root)
-        except ValueError as e:
-            raise ConfigError(f"data.root: {e}") from None
-        if not videos:
-            raise ConfigError(f"data.root={d.root!r}: {MANIFEST_NAME} lists no decodable chunks")
+        videos = _check_manifest("data.root", d.root)
+        if d.val_root:
+            _check_manifest("data.val_root", d.val_root)
     rows: dict[str, int] = {}
     if d.dataset == "videos":  # unlabelled clips: an optional list of videos per split, no labels
         for split in ("train", "val") if need_train else ("val",):

@@ -1,10 +1,12 @@
 """Dataset factory: the dataset a ``DataConfig`` names, and its annotation summary for start-up checks.
 
 Sits above ``datasets`` (the shared :class:`ClipDataset` base and EPIC-Kitchens) and the per-dataset
-modules (``kinetics``, ``ssv2``, ``videos``) that subclass it, so none of them imports another's factory.
+modules (``kinetics``, ``ssv2``, ``videos``, ``ego4d``, ``epic_mir``) that subclass it, so none of them imports another's factory.
 """
 
 from __future__ import annotations
+
+from dataclasses import replace
 
 from avion_ds.config import DataConfig
 from avion_ds.data.datasets.clip import (
@@ -14,6 +16,8 @@ from avion_ds.data.datasets.clip import (
     open_csv,
     parse_int,
 )
+from avion_ds.data.datasets.ego4d import Ego4dDataset, narration_summary
+from avion_ds.data.datasets.epic_mir import EpicMirDataset, mir_summary
 from avion_ds.data.datasets.kinetics import KineticsDataset, split_summary
 from avion_ds.data.datasets.ssv2 import SSv2Dataset
 from avion_ds.data.datasets.ssv2 import split_summary as ssv2_summary
@@ -23,9 +27,15 @@ from avion_ds.data.datasets.videos import VideosDataset
 def read_annotations(cfg: DataConfig, split: str) -> tuple[int, int | dict[str, int]]:
     """(rows, classes seen) of ``split``'s annotation file without opening a video (start-up checks).
 
-    Raises ValueError / FileNotFoundError naming the file (missing column, empty list).
+    Raises ValueError / FileNotFoundError naming the file (missing column, empty list). The val split
+    is read as ``data.val_dataset`` when set. Narration and retrieval files have no classes ({}).
     """
+    cfg = split_config(cfg, split)
     path = cfg.train_csv if split == "train" else cfg.val_csv
+    if cfg.dataset == "ego4d":
+        return narration_summary(cfg, split)
+    if cfg.dataset == "epic_mir":
+        return mir_summary(path)
     if cfg.dataset == "epic":
         _, rows = open_csv(path, EPIC_REQUIRED)
         if not rows:
@@ -43,7 +53,13 @@ def read_annotations(cfg: DataConfig, split: str) -> tuple[int, int | dict[str, 
 def build_dataset(
     cfg: DataConfig, split: str, temporal_views: int = 1, spatial_views: int = 1, seed: int = 0
 ) -> ClipDataset:
-    """The dataset named by ``cfg.dataset`` (epic | kinetics | ssv2 | videos) for ``split`` (train | val)."""
+    """The dataset named by ``cfg.dataset`` (epic | kinetics | ssv2 | videos | ego4d | epic_mir) for ``split``
+    (train | val); the val split is a ``cfg.val_dataset`` one when that is set."""
+    cfg = split_config(cfg, split)
+    if cfg.dataset == "ego4d":
+        return Ego4dDataset(cfg, split, temporal_views, spatial_views, seed)
+    if cfg.dataset == "epic_mir":
+        return EpicMirDataset(cfg, split, temporal_views, spatial_views, seed)
     if cfg.dataset == "epic":
         return EpicDataset(cfg, split, temporal_views, spatial_views, seed)
     if cfg.dataset == "kinetics":
@@ -52,4 +68,11 @@ def build_dataset(
         return SSv2Dataset(cfg, split, temporal_views, spatial_views, seed)
     if cfg.dataset == "videos":
         return VideosDataset(cfg, split, temporal_views, spatial_views, seed)
-    raise ValueError(f"data.dataset={cfg.dataset!r} is not one of epic, kinetics, ssv2, videos")
+    raise ValueError(f"data.dataset={cfg.dataset!r} is not one of epic, kinetics, ssv2, videos, ego4d, epic_mir")
+
+
+def split_config(cfg: DataConfig, split: str) -> DataConfig:
+    """``cfg`` as ``split`` reads it: for val, ``dataset`` replaced by ``val_dataset`` when that is set."""
+    if split == "val" and cfg.val_dataset and cfg.val_dataset != cfg.dataset:
+        return replace(cfg, dataset=cfg.val_dataset)
+    return cfg

@@ -59,12 +59,11 @@ from avion_ds.data.prep.manifest import (
     probe_video,
 )
 from avion_ds.data.sampling import (
-    chunk_end_frame,
     eval_indices,
     map_to_chunks,
     parse_timestamp,
-    seconds_to_frames,
     segment_indices,
+    segment_span,
     stride_indices,
 )
 from avion_ds.engine.dist import is_main
@@ -165,7 +164,10 @@ class ClipDataset(Dataset):
             raise ValueError(f"data.decoder={cfg.decoder!r} is not one of auto, {', '.join(sorted(REGISTRY))}")
         self.cfg, self.split, self.train = cfg, split, split == "train"
         self.temporal_views, self.spatial_views, self.seed = temporal_views, spatial_views, seed
-        self.index = index if index is not None else VideoIndex(cfg.root, cfg.chunked)
+        # the val split's videos may live elsewhere (data.val_root: e.g. EPIC MIR evaluation of Ego4D pretraining)
+        self.root_key = "data.val_root" if split == "val" and cfg.val_root else "data.root"
+        self.video_root = cfg.val_root if self.root_key == "data.val_root" else cfg.root
+        self.index = index if index is not None else VideoIndex(self.video_root, cfg.chunked)
         self._decoder_name: str | None = None
         if cfg.decoder != "auto":
             REGISTRY[cfg.decoder].check_available()  # DecoderUnavailable (clear message) now, not in a worker
@@ -175,7 +177,7 @@ class ClipDataset(Dataset):
         self.missing: list[str] = []  # annotation rows dropped up front: video not found
         self.quarantined: list[str] = []  # annotation rows dropped up front: named by quarantine.tsv
         self.missing_where: list[tuple[Path, int]] = []  # (annotation file, line) of each missing row
-        self._quarantine = read_quarantine(quarantine_path(cfg.root, cfg.quarantine))
+        self._quarantine = read_quarantine(quarantine_path(self.video_root, cfg.quarantine))
         self.randaug = None
         if self.train and cfg.rand_aug:
             from avion_ds.data.randaug import ClipRandAugment
@@ -312,20 +314,24 @@ class ClipDataset(Dataset):
             keep.append(row)
         total = len(self.rows)
         self.rows = keep
+        self._report_pruned(len(keep), total, path)
+
+    def _report_pruned(self, kept: int, total: int, path: Path) -> None:
+        """Log the rows dropped up front once per job; ValueError when none of ``path``'s rows is left."""
         if (self.missing or self.quarantined) and is_main():  # once per job, not per rank
             log.warning(
                 "%s split: %d of %d annotation rows usable; %d missing videos, %d quarantined; first: %s",
                 self.split,
-                len(keep),
+                kept,
                 total,
                 len(self.missing),
                 len(self.quarantined),
                 (self.missing + self.quarantined)[0],
             )
-        if not keep:
+        if not kept:
             raise ValueError(
                 f"{path}: none of its {total} rows is usable ({len(self.missing)} missing videos, "
-                f"{len(self.quarantined)} quarantined); is data.root={self.index.root} right?"
+                f"{len(self.quarantined)} quarantined); is {self.root_key}={self.index.root} right?"
             )
 
     # -- clips --------------------------------------------------------------------------------
@@ -550,6 +556,5 @@ class EpicDataset(ClipDataset):
             entry = self.index.by_id(r["video_id"])
         except DataError as e:
             raise DataError(f"{where}: {e}") from None
-        start, end = seconds_to_frames(start_s, stop_s, entry.fps)
-        end = max(chunk_end_frame(end, stop_s, entry), start + 1)  # AVION's cap at its chunk's last frame
+        start, end = segment_span(start_s, stop_s, entry)  # AVION's cap at its chunk's last frame
         return entry, start, end, {"verb": verb, "noun": noun}

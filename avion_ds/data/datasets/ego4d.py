@@ -1,0 +1,340 @@
+"""``data.dataset: ego4d``: Ego4D narration clips for video-text pretraining (AVION / LaViLa).
+
+Rows ``(video_uid, start_sec, end_sec, narration)`` come from ``data.train_csv`` / ``data.val_csv``
+and, for training, every ``data.aux_train`` file appended after them (AVION's ``ConcatDataset`` of
+``--train-metadata-aux``). Accepted files:
+
+- AVION's pickle (``ego4d_train.pkl``, the rephraser / narrator pickles): a list of tuples
+  ``(video_uid, start_sec, end_sec, narration, ...)``, read with the restricted unpickler
+  (:mod:`avion_ds.data.safe_pickle`; numpy scalars are fine, code is refused);
+- CSV with columns ``video_uid,start_sec,end_sec,narration``;
+- JSON lines with the same keys.
+
+``narration`` is a string or a list of strings (the LLM rephraser's), of which one is drawn per
+sample from the clip generator keyed by (seed, epoch, index), so every epoch can see another
+phrasing; validation draws with epoch 0. A row is named ``file:N`` (N = 1-based row of a pickle,
+the line of a CSV / JSONL file). A file that is not such a list, a row without the four fields, a
+JSONL line that is not JSON fail at construction (one line naming file:N); a row whose times are
+not numbers, whose end is before its start, or whose narration is empty is a bad sample
+(:class:`DataError`: skipped or raised under ``data.on_error``, quarantined by ``avion-ds check``).
+
+Videos resolve by ``video_uid`` as EPIC's ``video_id`` does (:meth:`VideoIndex.by_id`: the chunk
+manifest's id, or the stem of a whole video). Frames: AVION's ``get_frame_ids`` over
+``[round(start * fps), round(end * fps))`` with ``fps`` = ``data.fps`` (> 0; AVION reads Ego4D at 30)
+or the video's own rate, capped at the last frame of the chunk holding the end (AVION's chunked
+``video_loader``): segment midpoints, plus a uniform jitter of +- half a segment in training
+(:func:`~avion_ds.data.sampling.jittered_midpoints`). Label: ``{"tokens": LongTensor (77,)}``.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import logging
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from avion_ds.config import DataConfig
+from avion_ds.data.crop import clip_rng
+from avion_ds.data.datasets.clip import ClipDataset, VideoIndex, open_csv
+from avion_ds.data.datasets.text import check_tokenizer, empty_tokens, text_tokens
+from avion_ds.data.errors import DataError
+from avion_ds.data.prep.manifest import VideoEntry
+from avion_ds.data.safe_pickle import load_pickle
+from avion_ds.data.sampling import jittered_midpoints, segment_indices, segment_span
+
+log = logging.getLogger(__name__)
+NARRATION_KEYS = ("video_uid", "start_sec", "end_sec", "narration")
+TEXT_STREAM = 7927  # the clip generator's "view" slot reserved for the narration draw
+PICKLE_SUFFIXES = (".pkl", ".pickle")
+JSONL_SUFFIXES = (".jsonl", ".json")
+
+
+@dataclass
+class NarrationTable:
+    """Narration rows of one or more files, stored by column (millions of rows stay compact)."""
+
+    files: list[Path]
+    src: np.ndarray  # file number of each row
+    line: np.ndarray  # row N of its file (1-based pickle row, CSV / JSONL line)
+    uids: list[str]  # distinct video uids
+    vid: np.ndarray  # index into uids
+    start: np.ndarray  # seconds (nan: not a number; raw value in ``bad_times``)
+    end: np.ndarray
+    text: list[Any]  # narration as read: a string or a list / tuple of strings (checked when drawn)
+    bad_times: dict[int, tuple[Any, Any]] = field(default_factory=dict)
+
+    def __len__(self) -> int:
+        return len(self.text)
+
+    def where(self, k: int) -> str:
+        """``file:N (video_uid)`` of row ``k``."""
+        return f"{self.files[int(self.src[k])]}:{int(self.line[k])} ({self.uids[int(self.vid[k])]})"
+
+
+def _number(value: Any) -> float:
+    """float(value), nan when it is not a finite number."""
+    if isinstance(value, bool):
+        return math.nan
+    try:
+        out = float(value)
+    except (TypeError, ValueError):
+        return math.nan
+    return out if math.isfinite(out) else math.nan
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+def _pickle_records(path: Path) -> list[tuple[int, Any, Any, Any, Any]]:
+    data = load_pickle(path)
+    if not isinstance(data, (list, tuple)):
+        raise ValueError(  # noqa: TRY004 - a malformed annotation file, reported as one line
+            f"{path}: expected a list of (video_uid, start_sec, end_sec, narration, ...) tuples, "
+            f"got {type(data).__name__}"
+        )
+    out = []
+    for n, row in enumerate(data, 1):
+        if not isinstance(row, (tuple, list)) or len(row) < 4:
+            raise ValueError(
+                f"{path}:{n}: expected a tuple (video_uid, start_sec, end_sec, narration, ...), got {_short(row)}"
+            )
+        out.append((n, row[0], row[1], row[2], row[3]))
+    return out
+
+
+def _csv_records(path: Path) -> list[tuple[int, Any, Any, Any, Any]]:
+    _, rows = open_csv(path, NARRATION_KEYS)
+    return [(n, r["video_uid"], r["start_sec"], r["end_sec"], r["narration"]) for n, r in rows]
+
+
+def _jsonl_records(path: Path) -> list[tuple[int, Any, Any, Any, Any]]:
+    out = []
+    with path.open() as f:
+        for n, text in enumerate(f, 1):
+            if not text.strip():
+                continue
+            try:
+                obj = json.loads(text)
+            except json.JSONDecodeError as e:
+                raise ValueError(f"{path}:{n}: not a JSON object ({e.msg})") from None
+            if not isinstance(obj, dict):
+                keys = ", ".join(NARRATION_KEYS)
+                raise ValueError(f"{path}:{n}: expected a JSON object with keys {keys}")  # noqa: TRY004 - bad file
+            missing = [k for k in NARRATION_KEYS if k not in obj]
+            if missing:
+                raise ValueError(f"{path}:{n}: missing key(s) {', '.join(missing)}")
+            text_value = obj["narration"]
+            out.append((n, obj["video_uid"], obj["start_sec"], obj["end_sec"], text_value))
+    return out
+
+
+def _file_format(path: Path) -> str:
+    suffix = path.suffix.lower()
+    if suffix in PICKLE_SUFFIXES:
+        return "pickle"
+    if suffix in JSONL_SUFFIXES:
+        return "jsonl"
+    if suffix == ".csv":
+        return "csv"
+    with path.open("rb") as f:
+        head = f.read(1)
+    return "pickle" if head == b"\x80" else "jsonl" if head == b"{" else "csv"
+
+
+def _table(path: Path, records: list[tuple[int, Any, Any, Any, Any]]) -> NarrationTable:
+    """Column storage of one file's ``(row, uid, start, end, narration)`` records."""
+    lookup: dict[str, int] = {}
+    n = len(records)
+    line, vid = np.empty(n, np.int64), np.empty(n, np.int32)
+    start, end = np.empty(n, np.float64), np.empty(n, np.float64)
+    text: list[Any] = [None] * n
+    bad: dict[int, tuple[Any, Any]] = {}
+    for k, (row, uid, s, e, narration) in enumerate(records):
+        line[k], vid[k] = row, lookup.setdefault(str(uid), len(lookup))
+        start[k], end[k] = _number(s), _number(e)
+        if math.isnan(start[k]) or math.isnan(end[k]):
+            bad[k] = (s, e)
+        text[k] = tuple(narration) if isinstance(narration, list) else narration
+    return NarrationTable([path], np.zeros(n, np.int16), line, list(lookup), vid, start, end, text, bad)
+
+
+@functools.lru_cache(maxsize=8)
+def _read_cached(path: str, size: int, mtime_ns: int) -> NarrationTable:
+    p = Path(path)
+    kind = _file_format(p)
+    records = _pickle_records(p) if kind == "pickle" else _jsonl_records(p) if kind == "jsonl" else _csv_records(p)
+    if not records:
+        raise ValueError(f"{p}: no narration rows")
+    return _table(p, records)
+
+
+def read_narration_file(path: str | Path) -> NarrationTable:
+    """The rows of one narration file (pickle / CSV / JSONL, see module doc); cached per (path, size, mtime)."""
+    p = Path(path)
+    if not str(path) or not p.is_file():
+        raise FileNotFoundError(f"narration file not found: {p}")
+    st = p.stat()
+    return _read_cached(str(p), st.st_size, st.st_mtime_ns)
+
+
+def concat_tables(tables: list[NarrationTable]) -> NarrationTable:
+    """Rows of ``tables`` one after another (AVION's ConcatDataset), video uids merged."""
+    if len(tables) == 1:
+        return tables[0]
+    lookup: dict[str, int] = {}
+    vids, bad, offset = [], {}, 0
+    for t in tables:
+        remap = np.array([lookup.setdefault(u, len(lookup)) for u in t.uids], np.int32)
+        vids.append(remap[t.vid])
+        bad.update({k + offset: v for k, v in t.bad_times.items()})
+        offset += len(t)
+    return NarrationTable(
+        [f for t in tables for f in t.files],
+        np.concatenate([t.src + i for i, t in enumerate(tables)]).astype(np.int16),
+        np.concatenate([t.line for t in tables]),
+        list(lookup),
+        np.concatenate(vids),
+        np.concatenate([t.start for t in tables]),
+        np.concatenate([t.end for t in tables]),
+        [x for t in tables for x in t.text],
+        bad,
+    )
+
+
+def read_narrations(cfg: DataConfig, split: str) -> NarrationTable:
+    """The rows of ``split``: ``val_csv``, or ``train_csv`` followed by every ``aux_train`` file."""
+    if split == "train":
+        if not cfg.train_csv:
+            raise ValueError("data.train_csv is empty: set it to the train narration file")
+        return concat_tables([read_narration_file(p) for p in [cfg.train_csv, *cfg.aux_train]])
+    if not cfg.val_csv:
+        raise ValueError("data.val_csv is empty: set it to the val narration file")
+    return read_narration_file(cfg.val_csv)
+
+
+def draw_narration(value: Any, rng: np.random.Generator, where: str) -> str:
+    """The narration of a row: the string, or one of its list drawn with ``rng``; DataError if empty."""
+    if isinstance(value, str):
+        if not value.strip():
+            raise DataError(f"{where}: empty narration")
+        return value
+    if isinstance(value, tuple) and value and all(isinstance(x, str) and x.strip() for x in value):
+        return value[int(rng.integers(len(value)))]
+    raise DataError(f"{where}: narration must be a non-empty string or list of strings, got {_short(value)}")
+
+
+class Ego4dDataset(ClipDataset):
+    """Ego4D narration clips (see module doc); label = ``{"tokens": LongTensor (77,)}``."""
+
+    def __init__(
+        self,
+        cfg: DataConfig,
+        split: str,
+        temporal_views: int = 1,
+        spatial_views: int = 1,
+        seed: int = 0,
+        index: VideoIndex | None = None,
+    ) -> None:
+        super().__init__(cfg, split, temporal_views, spatial_views, seed, index)
+        check_tokenizer()  # a missing tokenizer extra is a one-line error now, not in a DataLoader worker
+        self.table = read_narrations(cfg, split)
+        self.num_classes = 0
+        self.rows = np.arange(len(self.table))
+        self._prune()
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def row_ref(self, i: int) -> tuple[str, bool]:
+        return self.table.uids[int(self.table.vid[self.rows[i]])], False
+
+    def row_where(self, i: int) -> tuple[Path, int]:
+        k = int(self.rows[i])
+        return self.table.files[int(self.table.src[k])], int(self.table.line[k])
+
+    def row_name(self, i: int) -> str:
+        k = int(self.rows[i])
+        uid = self.table.uids[int(self.table.vid[k])]
+        return f"{uid} {self.table.start[k]:g}-{self.table.end[k]:g}s"
+
+    def _prune(self) -> None:
+        """:meth:`ClipDataset._prune` by column: videos looked up once per uid, quarantine per named row."""
+        t = self.table
+        present = np.array([self.index.exists(u) for u in t.uids], bool)
+        keep = present[t.vid] if len(t.uids) else np.zeros(len(t), bool)
+        for k in np.flatnonzero(~keep):
+            path, line = t.files[int(t.src[k])], int(t.line[k])
+            self.missing.append(f"{t.where(k)}: video {t.uids[int(t.vid[k])]!r} not found under {self.index.root}")
+            self.missing_where.append((path, line))
+        if self._quarantine:
+            for k in self._quarantine_candidates(keep):
+                reason = self._quarantine_reason(int(k), *self.row_ref(int(k)))
+                if reason:
+                    self.quarantined.append(f"{t.where(k)}: {reason}")
+                    keep[k] = False
+        self.rows = np.flatnonzero(keep)
+        self._report_pruned(len(self.rows), len(t), t.files[0])
+
+    def _quarantine_candidates(self, keep: np.ndarray) -> np.ndarray:
+        """Rows (still kept) that quarantine.tsv may name: by annotation row, or by a chunk of their video."""
+        t, hit = self.table, np.zeros(len(self.table), bool)
+        for f, path in enumerate(t.files):
+            prefix = f"{Path(path).resolve()}:"
+            named = (key[len(prefix) :] for key in self._quarantine if key.startswith(prefix))
+            lines = [int(n) for n in named if n.isdigit()]
+            if lines:
+                hit |= (t.src == f) & np.isin(t.line, lines)
+        bad_videos = [v for v, uid in enumerate(t.uids) if self._video_quarantined(uid)]
+        if bad_videos:
+            hit |= np.isin(t.vid, bad_videos)
+        return np.flatnonzero(hit & keep)
+
+    def _video_quarantined(self, uid: str) -> bool:
+        """Whether quarantine.tsv names any file of video ``uid``."""
+        return self.index.exists(uid) and any(f in self._quarantine for f in self.index.relative_files(uid))
+
+    def sample_span(self, i: int) -> tuple[VideoEntry, int, int, Any]:
+        t, k = self.table, int(self.rows[i])
+        where = t.where(k)
+        start_s, end_s = float(t.start[k]), float(t.end[k])
+        if k in t.bad_times:
+            s, e = t.bad_times[k]
+            raise DataError(f"{where}: start_sec/end_sec {_short(s)}/{_short(e)} are not numbers")
+        if end_s < start_s:
+            raise DataError(f"{where}: end_sec {end_s:g} is before start_sec {start_s:g}")
+        rng = clip_rng(self.seed, self.epoch if self.train else 0, i, TEXT_STREAM)
+        text = draw_narration(t.text[k], rng, where)
+        try:
+            entry = self.index.by_id(t.uids[int(t.vid[k])])
+        except DataError as e:
+            raise DataError(f"{where}: {e}") from None
+        start, end = segment_span(start_s, end_s, entry, self.cfg.fps)
+        return entry, start, end, text
+
+    def clip_indices(self, start: int, end: int, rng, view: int) -> list[int]:
+        """AVION's ``get_frame_ids``: jittered segment midpoints in training, the midpoints at eval."""
+        if self.train:
+            return jittered_midpoints(start, end, self.cfg.num_frames, rng)
+        return segment_indices(start, end, self.cfg.num_frames, train=False, view=view, num_views=self.temporal_views)
+
+    def _load(self, i: int) -> dict:
+        item = super()._load(i)
+        item["label"] = {"tokens": text_tokens(item["label"], f"{self.table.where(int(self.rows[i]))}")}
+        return item
+
+    def _placeholder(self, i: int, message: str) -> dict:
+        item = super()._placeholder(i, message)
+        item["label"] = {"tokens": empty_tokens()}
+        return item
+
+
+def narration_summary(cfg: DataConfig, split: str) -> tuple[int, dict[str, int]]:
+    """(rows, no classes) of ``split``'s narration files without opening a video (start-up checks)."""
+    return len(read_narrations(cfg, split)), {}

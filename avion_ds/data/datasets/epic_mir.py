@@ -1,0 +1,213 @@
+"""``data.dataset: epic_mir``: EPIC-KITCHENS-100 multi-instance retrieval (MIR) clips and targets.
+
+Rows are those of ``EPIC_100_retrieval_{train,test}.csv`` as released (AVION's reader uses
+``video_id``, ``start_timestamp``, ``stop_timestamp`` and ``narration``; ``narration_id`` names the
+row). Frames as :class:`~avion_ds.data.datasets.clip.EpicDataset` spans them (the video's own frame
+rate, AVION's cap at the last frame of the chunk holding the stop time), sampled by AVION's
+``get_frame_ids``: segment midpoints at eval, plus a uniform jitter of +- half a segment in training.
+
+Label ``{"tokens": LongTensor (77,), "row": int, "relevancy": float}``: ``row`` is the row's 0-based
+position in the CSV (the relevancy matrix's row, kept when rows are dropped up front). At eval, and
+in training without ``data.train_relevancy``, the tokens are the row's own narration (relevancy 1).
+With ``data.train_sentences`` + ``data.train_relevancy`` a training clip's caption is drawn as AVION's
+MIR fine-tuning does: uniformly among the sentences whose relevancy to the row is > 0.1 (seeded by
+(seed, epoch, index)), ``relevancy`` its value.
+
+:func:`load_mir_targets` gives what the MIR metrics need: AVION's column order
+(``indexes = [video_id.tolist().index(elem) for elem in text_id]``) and the relevancy matrix.
+"""
+
+from __future__ import annotations
+
+import csv
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from avion_ds.config import DataConfig
+from avion_ds.data.crop import clip_rng
+from avion_ds.data.datasets.clip import ClipDataset, VideoIndex, open_csv
+from avion_ds.data.datasets.text import check_tokenizer, empty_tokens, text_tokens
+from avion_ds.data.errors import DataError
+from avion_ds.data.prep.manifest import VideoEntry
+from avion_ds.data.safe_pickle import load_pickle
+from avion_ds.data.sampling import jittered_midpoints, parse_timestamp, segment_indices, segment_span
+
+MIR_REQUIRED = ("narration_id", "video_id", "start_timestamp", "stop_timestamp", "narration")
+POSITIVE_RELEVANCY = 0.1  # AVION: a caption is a positive of a clip when its relevancy is above this
+CAPTION_STREAM = 7933  # the clip generator's "view" slot reserved for the caption draw
+
+
+@dataclass
+class MirTargets:
+    """What EPIC-100 MIR scoring needs beside the embeddings."""
+
+    columns: np.ndarray  # int64 (sentences,): the CSV row of each sentence, in the sentence file's order
+    relevancy: np.ndarray  # float (rows, sentences): relevancy of sentence j to CSV row i
+    sentence_ids: list[str]  # first column of the sentence file
+    sentences: list[str]  # second column of the sentence file (the caption text)
+
+
+def first_columns(path: str | Path, columns: int = 1) -> list[list[str]]:
+    """The first ``columns`` fields of every data row of a CSV (header skipped), as pandas' ``.values``
+    sees them; ValueError naming the file and line of a short row."""
+    p = Path(path)
+    if not str(path) or not p.is_file():
+        raise FileNotFoundError(f"file not found: {p}")
+    with p.open(newline="") as f:
+        reader = csv.reader(f)
+        if next(reader, None) is None:
+            raise ValueError(f"{p}: empty file (expected a header and rows)")
+        out = []
+        for fields in reader:
+            if not fields:
+                continue
+            if len(fields) < columns:
+                raise ValueError(f"{p}:{reader.line_num}: expected at least {columns} columns, got {len(fields)}")
+            out.append([x.strip() for x in fields[:columns]])
+    return out
+
+
+def _relevancy_matrix(path: str | Path) -> np.ndarray:
+    """The relevancy pickle as a 2-D float array (read with the restricted unpickler)."""
+    raw = load_pickle(path)
+    try:
+        rel = np.asarray(raw)
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"{path}: not a relevancy matrix ({e})") from None
+    if rel.ndim != 2 or not np.issubdtype(rel.dtype, np.number):
+        raise ValueError(f"{path}: expected a 2-D numeric relevancy matrix, got {rel.dtype} of shape {rel.shape}")
+    return rel if np.issubdtype(rel.dtype, np.floating) else rel.astype(np.float64)
+
+
+def load_mir_targets(csv_path: str | Path, sentence_csv: str | Path, relevancy_pkl: str | Path) -> MirTargets:
+    """AVION's MIR targets: the CSV row of each sentence (first-column match, first occurrence) and the
+    relevancy matrix (rows of ``csv_path`` x sentences of ``sentence_csv``), shapes checked (one line)."""
+    row_ids = [r[0] for r in first_columns(csv_path)]
+    sentence_rows = first_columns(sentence_csv, 2)
+    first: dict[str, int] = {}
+    for n, rid in enumerate(row_ids):
+        first.setdefault(rid, n)
+    columns = []
+    for n, (sid, _) in enumerate(sentence_rows):
+        if sid not in first:
+            raise ValueError(f"{sentence_csv}: sentence row {n + 1} ({sid}) names no row of {csv_path}")
+        columns.append(first[sid])
+    rel = _relevancy_matrix(relevancy_pkl)
+    want = (len(row_ids), len(sentence_rows))
+    if rel.shape != want:
+        raise ValueError(
+            f"{relevancy_pkl}: relevancy matrix of shape {rel.shape} does not match {csv_path} ({want[0]} rows) "
+            f"x {sentence_csv} ({want[1]} sentences), expected {want}"
+        )
+    return MirTargets(np.asarray(columns, np.int64), rel, [s for s, _ in sentence_rows], [t for _, t in sentence_rows])
+
+
+class EpicMirDataset(ClipDataset):
+    """EPIC-100 MIR clips (see module doc); label = ``{"tokens", "row", "relevancy"}``."""
+
+    def __init__(
+        self,
+        cfg: DataConfig,
+        split: str,
+        temporal_views: int = 1,
+        spatial_views: int = 1,
+        seed: int = 0,
+        index: VideoIndex | None = None,
+    ) -> None:
+        super().__init__(cfg, split, temporal_views, spatial_views, seed, index)
+        check_tokenizer()  # a missing tokenizer extra is a one-line error now, not in a DataLoader worker
+        self.csv, rows = open_csv(self._split_file(), MIR_REQUIRED)
+        if not rows:
+            raise ValueError(f"{self.csv}: no annotation rows")
+        self.rows = [(pos, line, r) for pos, (line, r) in enumerate(rows)]
+        self.num_classes = 0
+        self.targets: MirTargets | None = None
+        if self.train and (cfg.train_sentences or cfg.train_relevancy):
+            if not (cfg.train_sentences and cfg.train_relevancy):
+                missing = "data.train_relevancy" if cfg.train_sentences else "data.train_sentences"
+                raise ValueError(f"{missing} is empty: captions are drawn by relevancy only with both files set")
+            self.targets = load_mir_targets(self.csv, cfg.train_sentences, cfg.train_relevancy)
+        self._prune()
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def row_ref(self, i: int) -> tuple[str, bool]:
+        return self.rows[i][2]["video_id"], False
+
+    def row_where(self, i: int) -> tuple[Path, int]:
+        return self.csv, self.rows[i][1]
+
+    def row_name(self, i: int) -> str:
+        return self.rows[i][2]["narration_id"]
+
+    def _where(self, i: int) -> str:
+        _, line, r = self.rows[i]
+        return f"{self.csv}:{line} ({r['narration_id']})"
+
+    def sample_span(self, i: int) -> tuple[VideoEntry, int, int, Any]:
+        _, _, r = self.rows[i]
+        where = self._where(i)
+        try:
+            start_s, stop_s = parse_timestamp(r["start_timestamp"]), parse_timestamp(r["stop_timestamp"])
+        except ValueError as e:
+            raise DataError(f"{where}: {e}") from None
+        if stop_s < start_s:
+            raise DataError(
+                f"{where}: stop_timestamp {r['stop_timestamp']} is before start_timestamp {r['start_timestamp']}"
+            )
+        caption, relevancy = self.caption(i)
+        try:
+            entry = self.index.by_id(r["video_id"])
+        except DataError as e:
+            raise DataError(f"{where}: {e}") from None
+        start, end = segment_span(start_s, stop_s, entry)
+        return entry, start, end, (caption, relevancy)
+
+    def caption(self, i: int) -> tuple[str, float]:
+        """(caption text, relevancy) of sample ``i``: its narration, or a drawn relevant sentence (module doc)."""
+        pos, _, r = self.rows[i]
+        if self.targets is None:
+            if not r["narration"]:
+                raise DataError(f"{self._where(i)}: empty narration")
+            return r["narration"], 1.0
+        rel = self.targets.relevancy[pos]
+        positives = np.flatnonzero(rel > POSITIVE_RELEVANCY)
+        if not len(positives):
+            raise DataError(f"{self._where(i)}: no sentence has relevancy > {POSITIVE_RELEVANCY} to this row")
+        rng = clip_rng(self.seed, self.epoch, i, CAPTION_STREAM)
+        j = int(positives[int(rng.integers(len(positives)))])
+        return self.targets.sentences[j], float(rel[j])
+
+    def clip_indices(self, start: int, end: int, rng, view: int) -> list[int]:
+        """AVION's ``get_frame_ids``: jittered segment midpoints in training, the midpoints at eval."""
+        if self.train:
+            return jittered_midpoints(start, end, self.cfg.num_frames, rng)
+        return segment_indices(start, end, self.cfg.num_frames, train=False, view=view, num_views=self.temporal_views)
+
+    def _load(self, i: int) -> dict:
+        item = super()._load(i)
+        caption, relevancy = item["label"]
+        item["label"] = {
+            "tokens": text_tokens(caption, self._where(i)),
+            "row": int(self.rows[i][0]),
+            "relevancy": relevancy,
+        }
+        return item
+
+    def _placeholder(self, i: int, message: str) -> dict:
+        item = super()._placeholder(i, message)
+        row = int(self.rows[i][0]) if 0 <= i < len(self.rows) else -1
+        item["label"] = {"tokens": empty_tokens(), "row": row, "relevancy": 0.0}
+        return item
+
+
+def mir_summary(path: str | Path) -> tuple[int, dict[str, int]]:
+    """(rows, no classes) of a MIR CSV without opening a video (start-up checks)."""
+    _, rows = open_csv(path, MIR_REQUIRED)
+    if not rows:
+        raise ValueError(f"{path}: no annotation rows")
+    return len(rows), {}
