@@ -22,6 +22,7 @@ replayed so the recomputed embeddings equal the cached ones.
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -44,7 +45,9 @@ def gather_with_grad(x: Tensor) -> Tensor:
         return x
     import torch.distributed.nn.functional as dist_nn
 
-    return torch.cat(dist_nn.all_gather(x.contiguous()), dim=0)
+    with warnings.catch_warnings():  # its suggested replacement has no gradient to the other ranks' rows
+        warnings.filterwarnings("ignore", message=".*all_gather is deprecated", category=FutureWarning)
+        return torch.cat(dist_nn.all_gather(x.contiguous()), dim=0)
 
 
 def clip_loss(video: Tensor, text: Tensor, logit_scale: Tensor) -> LossParts:

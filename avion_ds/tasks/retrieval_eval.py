@@ -89,6 +89,7 @@ def mir_from_embeddings(
     rel = relevancy[np.ix_(keep_rows, keep_cols)]
     metrics = mir_metrics(similarity, rel)
     report = {
+        **text_to_video_hits(similarity, rel),
         "protocol": MIR_PROTOCOL,
         "rows": int(len(keep_rows)),
         "rows_total": int(n_rows),
@@ -96,6 +97,36 @@ def mir_from_embeddings(
         "columns_total": int(n_cols),
     }
     return metrics, report
+
+
+def text_to_video_hits(similarity: np.ndarray, relevancy: np.ndarray) -> dict[str, float]:
+    """Text -> video R-precision on exact matches: for each sentence, the share of its R best clips that
+    have relevancy 1 to it (the same narration: verb and noun), R = the number of such clips; next to
+    chance, the mean share of clips with relevancy 1 to a sentence (what a random ranking gets)."""
+    exact = relevancy == 1
+    if similarity.size == 0:
+        return {"t2v_rprecision": 0.0, "t2v_rprecision_chance": 0.0}
+    order = np.argsort(-similarity, axis=0, kind="stable")  # clips by similarity, per sentence
+    hits = []
+    for j in range(similarity.shape[1]):
+        r = int(exact[:, j].sum())
+        hits.append(float(exact[order[:r, j], j].mean()) if r else 0.0)
+    return {
+        "t2v_rprecision": 100.0 * float(np.mean(hits)),
+        "t2v_rprecision_chance": 100.0 * float(exact.mean(axis=0).mean()),
+    }
+
+
+def dataset_rows_report(dataset: Any) -> dict[str, Any]:
+    """Rows the dataset dropped before evaluation (absent videos, quarantined files)."""
+    missing = list(getattr(dataset, "missing", []))
+    quarantined = list(getattr(dataset, "quarantined", []))
+    return {
+        "num_missing": len(missing),
+        "num_quarantined": len(quarantined),
+        "missing": missing,
+        "quarantined": quarantined,
+    }
 
 
 def evaluate_retrieval(
@@ -114,4 +145,5 @@ def evaluate_retrieval(
         report: dict[str, Any] = {"protocol": "contrastive top-1 over the whole set", "rows": int(rows.numel())}
     else:
         metrics, report = mir_from_embeddings(rows, video, text, np.asarray(targets.columns), targets.relevancy)
+    report.update(dataset_rows_report(loader.dataset))
     return EvalOutcome(metrics, report, failed, num_samples=int(rows.numel()))

@@ -124,12 +124,19 @@ class EpicMirDataset(ClipDataset):
             raise ValueError(f"{self.csv}: no annotation rows")
         self.rows = [(pos, line, r) for pos, (line, r) in enumerate(rows)]
         self.num_classes = 0
-        self.targets: MirTargets | None = None
-        if self.train and (cfg.train_sentences or cfg.train_relevancy):
-            if not (cfg.train_sentences and cfg.train_relevancy):
-                missing = "data.train_relevancy" if cfg.train_sentences else "data.train_sentences"
-                raise ValueError(f"{missing} is empty: captions are drawn by relevancy only with both files set")
-            self.targets = load_mir_targets(self.csv, cfg.train_sentences, cfg.train_relevancy)
+        self.targets: MirTargets | None = None  # training: captions drawn by relevancy
+        self.mir_targets: MirTargets | None = None  # evaluation: what the MIR metrics score against
+        split_key = "train" if self.train else "val"
+        sentences, relevancy = getattr(cfg, f"{split_key}_sentences"), getattr(cfg, f"{split_key}_relevancy")
+        if sentences or relevancy:
+            if not (sentences and relevancy):
+                missing = f"data.{split_key}_relevancy" if sentences else f"data.{split_key}_sentences"
+                raise ValueError(f"{missing} is empty: the MIR files come as a pair (sentences and relevancy)")
+            loaded = load_mir_targets(self.csv, sentences, relevancy)
+            if self.train:
+                self.targets = loaded
+            else:
+                self.mir_targets = loaded
         self._prune()
 
     def __len__(self) -> int:

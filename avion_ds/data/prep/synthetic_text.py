@@ -30,16 +30,18 @@ import numpy as np
 from avion_ds.data.prep.synthetic import EPIC_COLUMNS, NOUN_NAMES, VERB_NAMES
 from avion_ds.data.sampling import parse_timestamp
 
-# per verb: (Ego4D narration, EPIC narration); shared words so text learnt on one transfers to the other
-TEMPLATES: dict[str, tuple[str, str]] = {
-    "move-up": ("#C C moves the {noun} up", "move {noun} up"),
-    "move-down": ("#C C moves the {noun} down", "move {noun} down"),
-    "grow": ("#C C makes the {noun} bigger", "make {noun} bigger"),
-    "shrink": ("#C C makes the {noun} smaller", "make {noun} smaller"),
-    "move-left": ("#C C moves the {noun} left", "move {noun} left"),
-    "move-right": ("#C C moves the {noun} right", "move {noun} right"),
-    "orbit": ("#C C moves the {noun} around", "move {noun} around"),
-    "stay": ("#C C holds the {noun} still", "hold {noun} still"),
+# per verb: the narration of a segment. The MIR files use the SAME words as the Ego4D pairs, so zero-shot
+# retrieval on synth measures what pretraining learnt (a hit is an exact narration match); real EPIC
+# narrations ("open drawer") differ from Ego4D's ("#C C opens the drawer"), which pretraining at scale bridges.
+TEMPLATES: dict[str, str] = {
+    "move-up": "#C C moves the {noun} up",
+    "move-down": "#C C moves the {noun} down",
+    "grow": "#C C makes the {noun} bigger",
+    "shrink": "#C C makes the {noun} smaller",
+    "move-left": "#C C moves the {noun} left",
+    "move-right": "#C C moves the {noun} right",
+    "orbit": "#C C moves the {noun} around",
+    "stay": "#C C holds the {noun} still",
 }
 EGO4D_COLUMNS = ("video_uid", "start_sec", "end_sec", "narration")
 MIR_COLUMNS = (*EPIC_COLUMNS, "all_nouns", "all_noun_classes")
@@ -47,14 +49,9 @@ MIR_DIR = "retrieval_annotations"
 PICKLE_PROTOCOL = 4
 
 
-def ego4d_narration(verb: int, noun: int) -> str:
-    """Ego4D-style narration of a segment: "#C C moves the circle up"."""
-    return TEMPLATES[VERB_NAMES[verb]][0].format(noun=NOUN_NAMES[noun])
-
-
-def epic_narration(verb: int, noun: int) -> str:
-    """EPIC-style narration of a segment: "move circle up"."""
-    return TEMPLATES[VERB_NAMES[verb]][1].format(noun=NOUN_NAMES[noun])
+def narration(verb: int, noun: int) -> str:
+    """The narration of a segment (Ego4D pairs and MIR files alike): "#C C moves the circle up"."""
+    return TEMPLATES[VERB_NAMES[verb]].format(noun=NOUN_NAMES[noun])
 
 
 def ego4d_rows(rows: Sequence[dict]) -> list[tuple[str, float, float, str]]:
@@ -64,7 +61,7 @@ def ego4d_rows(rows: Sequence[dict]) -> list[tuple[str, float, float, str]]:
             str(r["video_id"]),
             float(parse_timestamp(r["start_timestamp"])),
             float(parse_timestamp(r["stop_timestamp"])),
-            ego4d_narration(int(r["verb_class"]), int(r["noun_class"])),
+            narration(int(r["verb_class"]), int(r["noun_class"])),
         )
         for r in rows
     ]
@@ -79,7 +76,7 @@ def mir_rows(rows: Sequence[dict]) -> list[dict]:
         out.append(
             {
                 **{k: r[k] for k in EPIC_COLUMNS},
-                "narration": epic_narration(verb, noun),
+                "narration": narration(verb, noun),
                 "all_nouns": str([NOUN_NAMES[noun]]),
                 "all_noun_classes": str([noun]),
             }
