@@ -42,8 +42,9 @@ class ModelConfig:
     head_drop_rate: float = 0.0
     attn_backend: str = "auto"  # auto | flash | sdpa | eager
     patch_embed: str = "linear"  # linear | conv
-    pool: str = "mean"  # mean (+fc_norm) | cls
-    pos_embed: str = "sincos"  # sincos | learned
+    # pool / pos_embed: None = the registered model's own (vit_*: mean, sincos; vit_clip_*: cls, clip)
+    pool: str | None = None  # None | mean (+fc_norm) | cls
+    pos_embed: str | None = None  # None | sincos | learned | clip
     activation_checkpointing: bool = False
     checkpoint_every: int = 1  # checkpoint every k-th block
     checkpoint_first_n: int | None = None  # only the first n blocks (None = all)
@@ -368,11 +369,12 @@ def save_recipe(recipe: Recipe, path: str | Path) -> None:
     Path(path).write_text(yaml.safe_dump(recipe.to_dict(), sort_keys=False))
 
 
-_CHOICES: dict[str, tuple[str, ...]] = {
+# None in a tuple: the key may be left unset (null), meaning "the model's own"
+_CHOICES: dict[str, tuple[str | None, ...]] = {
     "model.attn_backend": ("auto", "flash", "sdpa", "eager"),
     "model.patch_embed": ("linear", "conv"),
-    "model.pool": ("mean", "cls"),
-    "model.pos_embed": ("sincos", "learned"),
+    "model.pool": (None, "mean", "cls"),
+    "model.pos_embed": (None, "sincos", "learned", "clip"),
     "model.checkpoint_impl": ("torch", "deepspeed"),
     "optim.no_decay": ("model", "avion"),
     "data.dataset": ("epic", "kinetics", "ssv2", "videos", "ego4d", "epic_mir"),
@@ -470,7 +472,8 @@ def validate(recipe: Recipe) -> None:
         section, _, key = dotted.rpartition(".")
         value = d[section][key] if section else d[key]
         if value not in choices:
-            raise ConfigError(f"{dotted}={value!r} is not one of {', '.join(choices)}")
+            allowed = ", ".join("null (the model's own)" if c is None else c for c in choices)
+            raise ConfigError(f"{dotted}={value!r} is not one of {allowed}")
     positive = {
         "data.num_frames": recipe.data.num_frames,
         "data.size": recipe.data.size,

@@ -46,16 +46,21 @@ from avion_ds.rundir import (  # noqa: F401 - the layout names are re-exported a
 # run identity
 # ---------------------------------------------------------------------------------------------
 def model_identity(recipe: Recipe) -> dict[str, Any]:
-    """What must match for a checkpoint to be resumable by this recipe's model."""
+    """What must match for a checkpoint to be resumable by this recipe's model; an unset ``pool`` /
+    ``pos_embed`` is the registered model's own (what the run built, so leaving a key unset never
+    changes the identity)."""
+    from avion_ds.models.listing import video_arch
+
     m = recipe.model
+    arch = video_arch(m.name)
     return {
         "name": m.name,
         "heads": m.heads if m.heads is not None else {"logits": m.num_classes},
         "num_frames": recipe.data.num_frames,
         "img_size": recipe.data.size,
         "patch_embed": m.patch_embed,
-        "pool": m.pool,
-        "pos_embed": m.pos_embed,
+        "pool": m.pool if m.pool is not None else getattr(arch, "pool", None),
+        "pos_embed": m.pos_embed if m.pos_embed is not None else getattr(arch, "pos_embed", None),
     }
 
 

@@ -44,13 +44,15 @@ def backbone_coverage(model: nn.Module, report: LoadReport) -> tuple[int, int, l
 
 
 def summary_line(source: str, report: LoadReport, matched: int, total: int, absent: list[str]) -> str:
-    """One line: what was loaded from where."""
+    """One line: what was loaded from where, and the decisions the load took (e.g. what of a dual
+    encoder was dropped)."""
     frac = matched / total if total else 1.0
     first = f"; first missing backbone keys: {', '.join(absent[:4])}" if absent else ""
+    notes = f" ({'; '.join(report.notes)})" if report.notes else ""
     return (
         f"pretrained {source}: format {report.format}, backbone {100 * frac:.1f}% of parameters matched "
         f"({matched:,}/{total:,}) | missing {len(report.missing)}, unexpected {len(report.unexpected)}, "
-        f"resized {len(report.resized)}, dropped {len(report.dropped)}{first}"
+        f"resized {len(report.resized)}, dropped {len(report.dropped)}{first}{notes}"
     )
 
 
@@ -90,6 +92,9 @@ def load_and_report(
                 "unexpected": report.unexpected,
                 "resized": report.resized,
                 "dropped": report.dropped,
+                "skipped": report.skipped,
+                "fresh": report.fresh,
+                "notes": report.notes,
                 "strict": strict,
                 "min_backbone_match": MIN_BACKBONE_MATCH,
             }

@@ -28,6 +28,7 @@ from avion_ds.models.arch import ViTArch
 from avion_ds.models.registry import register_arch, register_model
 from avion_ds.models.text import TextArch, TextTransformer
 from avion_ds.models.vit import VideoViT
+from avion_ds.models.weights import tower_formats  # noqa: F401 - the dual-encoder source of load_pretrained
 from avion_ds.models.weights.formats import LoadReport
 
 LOGIT_SCALE_INIT = math.log(1 / 0.07)
@@ -253,3 +254,45 @@ def clip_vit_large_patch14_224(pretrained: Any = None, **overrides: Any) -> Vide
 def clip_vit_large_patch14_336(pretrained: Any = None, **overrides: Any) -> VideoTextDualEncoder:
     """CLIP ViT-L/14 at 336 px dual encoder: as clip_vit_large_patch14_224 on 336 px frames."""
     return _build("clip_vit_large_patch14_336", pretrained, overrides)
+
+
+# ----------------------------------------------------------------------------------------------
+# classifiers on a dual encoder's video tower (fine-tuning from contrastive / CLIP / AVION weights)
+# ----------------------------------------------------------------------------------------------
+def _tower_classifier(name: str, dual_encoder: str, num_classes: int) -> None:
+    """Register ``name`` as the video tower of the registered ``dual_encoder`` (its ``ViTArch``: CLIP
+    layout, exact-erf GELU, eps 1e-6) with a classifier on the class token after ``norm`` (CLIP's
+    ``ln_post``) in place of the projection, as AVION's ``VideoClassifier``."""
+    from avion_ds.models.registry import get_arch
+
+    tower = get_arch(dual_encoder).vision
+    register_arch(name, tower.replace(name=name, proj_dim=None, num_classes=num_classes))
+
+
+def _build_classifier(name: str, pretrained: str | Path | dict | None, overrides: dict[str, Any]) -> VideoViT:
+    from avion_ds.models.registry import build_registered
+
+    return build_registered(name, pretrained, overrides, VideoViT)  # type: ignore[return-value]
+
+
+_tower_classifier("vit_clip_test_tiny", "clip_vit_test_tiny", num_classes=10)
+_tower_classifier("vit_clip_base_patch16_224", "clip_vit_base_patch16_224", num_classes=400)
+_tower_classifier("vit_clip_large_patch14_224", "clip_vit_large_patch14_224", num_classes=400)
+
+
+@register_model
+def vit_clip_test_tiny(pretrained: Any = None, **overrides: Any) -> VideoViT:
+    """Test size: clip_vit_test_tiny's video tower (64 wide, 2 deep, 8 px patches, 2 frames x 32 px), 10 classes."""
+    return _build_classifier("vit_clip_test_tiny", pretrained, overrides)
+
+
+@register_model
+def vit_clip_base_patch16_224(pretrained: Any = None, **overrides: Any) -> VideoViT:
+    """clip_vit_base_patch16_224's video tower (768/12/12, per-frame 16 px patches, 4 frames) + classifier."""
+    return _build_classifier("vit_clip_base_patch16_224", pretrained, overrides)
+
+
+@register_model
+def vit_clip_large_patch14_224(pretrained: Any = None, **overrides: Any) -> VideoViT:
+    """clip_vit_large_patch14_224's video tower (1024/24/16, per-frame 14 px patches, 4 frames) + classifier."""
+    return _build_classifier("vit_clip_large_patch14_224", pretrained, overrides)

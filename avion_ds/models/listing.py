@@ -11,10 +11,26 @@ import sys
 
 import torch
 
+from avion_ds.models.arch import ViTArch
 from avion_ds.models.flops import model_flops
 from avion_ds.models.mae import get_mae_arch
 from avion_ds.models.registry import create_model, get_arch, list_models
 from avion_ds.models.vit import count_params
+
+
+def video_arch(name: str) -> ViTArch | None:
+    """The video transformer a registered ``name`` builds with no overrides (a classifier's own arch, a
+    dual encoder's video tower, a pretraining model's encoder); None for an unknown name."""
+    if name.startswith("pretrain_"):
+        try:
+            return get_mae_arch(name).encoder
+        except ValueError:
+            return None
+    try:
+        arch = get_arch(name)
+    except ValueError:
+        return None
+    return getattr(arch, "vision", arch)
 
 
 def describe(

@@ -94,9 +94,10 @@ def create_model_from_config(model_cfg: Any, num_frames: int, img_size: int, **o
         "head_drop_rate": model_cfg.head_drop_rate,
         "attn_backend": model_cfg.attn_backend,
         "patch_embed": model_cfg.patch_embed,
-        "pool": model_cfg.pool,
-        "pos_embed": model_cfg.pos_embed,
     }
+    for key in ("pool", "pos_embed"):  # unset (None): the registered model's own
+        if getattr(model_cfg, key, None) is not None:
+            options[key] = getattr(model_cfg, key)
     options.update(overrides)
     model = create_model(model_cfg.name, pretrained=model_cfg.pretrained or None, **options)
     if model_cfg.activation_checkpointing:

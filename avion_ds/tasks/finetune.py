@@ -36,9 +36,10 @@ def model_kwargs(recipe: Recipe) -> dict[str, Any]:
         "head_drop_rate": m.head_drop_rate,
         "attn_backend": m.attn_backend,
         "patch_embed": m.patch_embed,
-        "pool": m.pool,
-        "pos_embed": m.pos_embed,
     }
+    for key in ("pool", "pos_embed"):  # unset: the registered model's own (VideoMAE mean / sincos, CLIP cls / clip)
+        if getattr(m, key) is not None:
+            kw[key] = getattr(m, key)
     if m.tubelet_size is not None:
         kw["tubelet_size"] = m.tubelet_size
     if m.heads is not None:

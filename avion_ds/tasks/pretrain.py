@@ -55,11 +55,12 @@ def model_options(recipe: Recipe) -> dict[str, Any]:
         "drop_path_rate": m.drop_path_rate,
         "attn_backend": m.attn_backend,
         "patch_embed": m.patch_embed,
-        "pos_embed": m.pos_embed,
         "norm_pix_loss": recipe.pretrain.norm_pix_loss,
         "mean": mean,
         "std": std,
     }
+    if m.pos_embed is not None:  # unset: the registered encoder's own (sincos)
+        kw["pos_embed"] = m.pos_embed
     if m.tubelet_size is not None:
         kw["tubelet_size"] = m.tubelet_size
     return kw

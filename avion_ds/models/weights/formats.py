@@ -10,7 +10,10 @@ Formats (detected from the keys):
 * ``hf``        Hugging Face transformers VideoMAE (``videomae.encoder.layer.N...``; .bin or
   .safetensors, or a directory holding one);
 * ``timm``      timm image ViTs (2-D patch weight inflated over the tubelet, position embedding
-  tiled in time, qkv bias split into q / v bias; the k bias is softmax-invariant and dropped).
+  tiled in time, qkv bias split into q / v bias; the k bias is softmax-invariant and dropped);
+* ``dual_encoder``  the video tower of a video-text dual encoder (ours, AVION / LaViLa, OpenAI CLIP /
+  OpenCLIP, also OpenAI's TorchScript archives) into a CLIP-layout classifier (``vit_clip_*``); its
+  filter is registered by :mod:`~avion_ds.models.weights.tower_formats`.
 
 Each filter maps keys to our names; ``_adapt`` then resizes what differs from the model (patch
 weight layout / tubelet depth / patch size, learned position embedding in time and space) and
@@ -33,6 +36,7 @@ import torch.nn.functional as F
 from avion_ds.models.partition import full_numel, state_shapes
 from avion_ds.models.vit import VideoViT
 from avion_ds.models.weights.safe_load import UntrustedCheckpoint, load_checkpoint_file
+from avion_ds.models.weights.torchscript import read_torchscript_state_dict, torchscript_root
 
 logger = logging.getLogger(__name__)
 
@@ -40,6 +44,7 @@ StateDict = dict[str, torch.Tensor]
 
 _WRAPPERS = ("model", "module", "state_dict", "model_state", "model_state_dict", "model_ema")
 _PREFIXES = ("module.", "_orig_mod.", "model.", "backbone.")
+DUAL_ENCODER = "dual_encoder"
 
 
 @dataclass
@@ -131,6 +136,8 @@ def unwrap(ckpt: dict[str, Any]) -> StateDict:
 def detect_format(sd: StateDict) -> str:
     """Name the checkpoint format or raise naming the first keys seen."""
     keys = list(sd)
+    if any(k.startswith(("visual.blocks.", "visual.transformer.resblocks.")) for k in keys):
+        return DUAL_ENCODER  # ours, AVION / LaViLa, OpenAI CLIP / OpenCLIP: the video tower loads
     if any(
         ".encoder.layer." in f".{k}"
         or k.startswith("embeddings.patch_embeddings")
@@ -141,13 +148,16 @@ def detect_format(sd: StateDict) -> str:
     stripped = [k.removeprefix("encoder.") for k in keys]
     if "blocks.0.attn.qkv.weight" in stripped:
         patch = sd.get("patch_embed.proj.weight", sd.get("encoder.patch_embed.proj.weight"))
+        if "blocks.0.attn.qkv.bias" in stripped and patch is not None and patch.dim() in (2, 5):
+            return "avion_ds"  # ours in the CLIP layout (fused q/k/v bias); timm's patch weight is 4-D
         if "blocks.0.attn.qkv.bias" in stripped or (patch is not None and patch.dim() == 4):
             return "timm"
         if (patch is not None and patch.dim() == 2) or any(k.startswith(("heads.", "blocks.0.ls1.")) for k in keys):
             return "avion_ds"
         return "videomae"
     raise ValueError(
-        f"unrecognised checkpoint format (not avion_ds / VideoMAE / HF VideoMAE / timm ViT); first keys: {keys[:8]}"
+        "unrecognised checkpoint format (not avion_ds / VideoMAE / HF VideoMAE / timm ViT / dual encoder); "
+        f"first keys: {keys[:8]}"
     )
 
 
@@ -274,6 +284,7 @@ def _filter_timm(sd: StateDict, model: VideoViT, report: LoadReport) -> StateDic
     return out  # ``norm`` never becomes ``fc_norm`` (see _filter_videomae)
 
 
+# DUAL_ENCODER is added by avion_ds.models.weights.tower_formats (imported with avion_ds.models)
 FILTERS: dict[str, Callable[[StateDict, VideoViT, LoadReport], StateDict]] = {
     "avion_ds": _filter_avion,
     "videomae": _filter_videomae,
@@ -386,7 +397,10 @@ def prepare_state_dict(model: VideoViT, source: str | Path | dict, trust: bool =
             f"pretrained weights load into a VideoViT or a VideoMAEPretrain, got {type(model).__name__} "
             "(load before deepspeed.initialize, into the bare model)"
         )
-    sd = unwrap(read_checkpoint(source, trust))
+    if not isinstance(source, dict) and Path(source).is_file() and torchscript_root(source) is not None:
+        sd = read_torchscript_state_dict(source)  # OpenAI's CLIP releases: tensors read, nothing run
+    else:
+        sd = unwrap(read_checkpoint(source, trust))
     fmt = detect_format(sd)
     report = LoadReport(format=fmt)
     return _adapt(FILTERS[fmt](sd, model, report), model, report), report
