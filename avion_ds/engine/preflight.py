@@ -173,6 +173,7 @@ def check_weights_source(source: str, trust: bool, key: str = "model.pretrained"
     ``tag``, default its newest complete one) exist and would be accepted by the safe loader: refused
     here, before anything is written or started, instead of after the process group exists."""
     from avion_ds.models.weights.safe_load import check_checkpoint_file
+    from avion_ds.models.weights.torchscript import torchscript_root
     from avion_ds.rundir import checkpoint_dir, latest_complete
 
     path = Path(source)
@@ -191,6 +192,8 @@ def check_weights_source(source: str, trust: bool, key: str = "model.pretrained"
         if not files:
             raise ConfigError(f"{key}={source}: directory holds no {', '.join(names)} and no checkpoints/")
     for f in files:
+        if torchscript_root(f) is not None:  # OpenAI's CLIP releases: torch.load refuses them; the loader
+            continue  # reads their tensors with a restricted unpickler (anything else refused, in one line)
         try:
             check_checkpoint_file(f, trust)
         except ConfigError as e:

@@ -16,6 +16,7 @@ import torch.nn.functional as F
 
 from avion_ds.config import ConfigError, ModelConfig
 from avion_ds.engine.checkpoint import model_identity
+from avion_ds.engine.preflight import check_weights_source
 from avion_ds.engine.weights_report import REPORT_NAME, load_and_report
 from avion_ds.models import create_model, create_model_from_config, get_arch, load_pretrained
 from avion_ds.models.weights.formats import backbone_coverage
@@ -291,6 +292,7 @@ def test_openai_torchscript_archive_gives_openclips_pre_projection_image_feature
     path = tmp_path / "ViT-tiny.pt"
     with pytest.warns(Warning):  # torch.jit.script is deprecated; OpenAI's files were made with it
         torch.jit.save(torch.jit.script(ref), str(path))
+    check_weights_source(str(path), trust=False)  # the train preflight lets the loader read it
     model = create_model("vit_clip_test_tiny", num_frames=1, **EXACT).eval()
     report = load_pretrained(model, str(path))
     assert report.format == "dual_encoder" and not report.missing and not report.unexpected
