@@ -49,6 +49,7 @@ from pathlib import Path
 
 from avion_ds.data.datasets.quarantine import QUARANTINE_NAME
 from avion_ds.data.prep.manifest import (
+    FAILURES_NAME,
     MANIFEST_NAME,
     dedupe_records,
     find_videos,
@@ -58,7 +59,6 @@ from avion_ds.data.prep.manifest import (
 )
 
 log = logging.getLogger(__name__)
-FAILURES_NAME = "chunk_failures.tsv"
 TRUNCATED_FRACTION = 0.9  # a source decoding less than this share of its header's duration is reported
 _TMP_SUFFIX = ".part"
 

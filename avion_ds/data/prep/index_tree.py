@@ -40,8 +40,8 @@ from multiprocessing import get_context
 from pathlib import Path
 
 from avion_ds.data.datasets.quarantine import QUARANTINE_NAME
-from avion_ds.data.prep.chunking import FAILURES_NAME
 from avion_ds.data.prep.manifest import (
+    FAILURES_NAME,
     MANIFEST_NAME,
     VIDEO_EXTENSIONS,
     dedupe_records,

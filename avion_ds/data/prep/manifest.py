@@ -30,6 +30,8 @@ log = logging.getLogger(__name__)
 MANIFEST_NAME = "manifest.jsonl"
 VIDEO_EXTENSIONS = (".mp4", ".mkv", ".avi", ".mov", ".webm", ".m4v", ".mpg", ".mpeg", ".flv", ".ts")
 
+FAILURES_NAME = "chunk_failures.tsv"  # sources / chunks a chunking or indexing run could not read
+
 
 @dataclass(frozen=True)
 class Chunk:

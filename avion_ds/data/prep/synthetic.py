@@ -29,12 +29,12 @@ from pathlib import Path
 
 import numpy as np
 
+from avion_ds.data.prep.synthetic_labels import EPIC_COLUMNS, NOUN_NAMES, VERB_NAMES
+
 # barcode layout used by write_video(pattern="testsrc") / read_frame_index
 _BITS_PER_ROW = 8
 _BAR_ROWS = 2
 
-VERB_NAMES = ("move-up", "move-down", "grow", "shrink", "move-left", "move-right", "orbit", "stay")
-NOUN_NAMES = ("circle", "square", "triangle", "diamond", "cross", "ring", "bar", "plus")
 _TRAIL = ((0.24, 0.2), (0.16, 0.3), (0.08, 0.45))  # (phase lag, brightness) of the motion trail
 _NOUN_COLOURS = (
     (255, 70, 70),
@@ -268,23 +268,6 @@ def format_timestamp(seconds: float) -> str:
     m, rem = divmod(rem, 6000)
     s, ff = divmod(rem, 100)
     return f"{h:02d}:{m:02d}:{s:02d}.{ff:02d}"
-
-
-EPIC_COLUMNS = (
-    "narration_id",
-    "participant_id",
-    "video_id",
-    "narration_timestamp",
-    "start_timestamp",
-    "stop_timestamp",
-    "start_frame",
-    "stop_frame",
-    "narration",
-    "verb",
-    "verb_class",
-    "noun",
-    "noun_class",
-)
 
 
 def make_synthetic_epic(

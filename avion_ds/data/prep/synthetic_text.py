@@ -27,7 +27,7 @@ from pathlib import Path
 
 import numpy as np
 
-from avion_ds.data.prep.synthetic import EPIC_COLUMNS, NOUN_NAMES, VERB_NAMES
+from avion_ds.data.prep.synthetic_labels import EPIC_COLUMNS, NOUN_NAMES, VERB_NAMES
 from avion_ds.data.sampling import parse_timestamp
 
 # per verb: the narration of a segment. The MIR files use the SAME words as the Ego4D pairs, so zero-shot
