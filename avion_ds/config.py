@@ -49,6 +49,9 @@ class ModelConfig:
     checkpoint_every: int = 1  # checkpoint every k-th block
     checkpoint_first_n: int | None = None  # only the first n blocks (None = all)
     checkpoint_impl: str = "torch"  # torch | deepspeed
+    head_label_map: str = (
+        "auto"  # auto: a 710-row (Kinetics-710) head -> Kinetics-400/600/700 rows by VideoMAE V2's map | none
+    )
 
 
 @dataclass
@@ -106,6 +109,10 @@ class OptimConfig:
     eps: float = 1e-8
     clip_grad: float = 0.0  # 0 disables clipping (always written explicitly to the DS config)
     no_decay: str = "model"  # model: its no_weight_decay() + 1-d + biases | avion: AVION's rule (1-d, biases, norms)
+    name: str = "adamw"  # adamw | lion (DeepSpeed's Lion, deepspeed.ops.lion: sign update, decoupled weight decay)
+    weight_decay_end: float | None = (
+        None  # cosine weight_decay -> this over the run, decayed groups only; None: constant
+    )
 
 
 @dataclass
@@ -132,6 +139,14 @@ class EvalConfig:
     protocol: str = (
         "custom"  # k400 | ssv2 | epic | custom: locks the eval sampling and views (data/datasets/protocols.py)
     )
+
+
+@dataclass
+class EmaConfig:
+    """Exponential moving average of the fp32 master weights (VideoMAE / AVION ``--model-ema``)."""
+
+    decay: float = 0.0  # 0: off; VideoMAE / AVION use 0.9999 (ema = decay * ema + (1 - decay) * weights, per update)
+    weights: str = "ema"  # ema | model: what validation, `avion-ds eval` of a run directory and `export` use
 
 
 @dataclass
@@ -176,6 +191,7 @@ class Recipe:
     schedule: ScheduleConfig = field(default_factory=ScheduleConfig)
     batch: BatchConfig = field(default_factory=BatchConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
+    ema: EmaConfig = field(default_factory=EmaConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     logging: LoggingConfig = field(default_factory=LoggingConfig)
     pretrain: PretrainConfig = field(default_factory=PretrainConfig)
@@ -377,6 +393,9 @@ _CHOICES: dict[str, tuple[str | None, ...]] = {
     "model.pos_embed": (None, "sincos", "learned", "clip"),
     "model.checkpoint_impl": ("torch", "deepspeed"),
     "optim.no_decay": ("model", "avion"),
+    "optim.name": ("adamw", "lion"),
+    "ema.weights": ("ema", "model"),
+    "model.head_label_map": ("auto", "none"),
     "data.dataset": ("epic", "kinetics", "ssv2", "videos", "ego4d", "epic_mir"),
     "data.val_dataset": ("", "epic", "kinetics", "ssv2", "videos", "ego4d", "epic_mir"),
     "pretrain.mask_type": ("tube", "random"),
@@ -413,6 +432,8 @@ _RANGES: dict[str, tuple[float | None, float | None, bool, bool]] = {
     "optim.lr": (0.0, None, False, True),
     "optim.min_lr": (0.0, None, True, True),
     "optim.weight_decay": (0.0, None, True, True),
+    "optim.weight_decay_end": (0.0, None, True, True),
+    "ema.decay": (0.0, 1.0, True, False),
     "optim.eps": (0.0, None, False, True),
     "optim.clip_grad": (0.0, None, True, True),
     "optim.betas[0]": (0.0, 1.0, True, False),
@@ -497,6 +518,12 @@ def validate(recipe: Recipe) -> None:
             raise ConfigError(f"{key}={value} must be positive")
     if recipe.optim.lr <= 0:
         raise ConfigError(f"optim.lr={recipe.optim.lr} must be positive")
+    wd_end = recipe.optim.weight_decay_end
+    if wd_end is not None and recipe.optim.weight_decay == 0:
+        raise ConfigError(
+            f"optim.weight_decay_end={wd_end} needs optim.weight_decay > 0 (the schedule runs cosine from "
+            "optim.weight_decay to it on the decayed groups)"
+        )
     if not 0.0 < recipe.optim.layer_decay <= 1.0:
         raise ConfigError(f"optim.layer_decay={recipe.optim.layer_decay} must be in (0, 1]")
     for key, pair in (("data.crop_scale", recipe.data.crop_scale), ("data.crop_ratio", recipe.data.crop_ratio)):

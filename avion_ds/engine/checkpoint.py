@@ -116,10 +116,19 @@ def weights_finite(engine: Any) -> bool:
     return float(flag[0]) == 0.0
 
 
-def save(engine: Any, run_dir: str | Path, global_step: int, client: dict[str, Any], keep_last: int) -> str:
+def save(
+    engine: Any,
+    run_dir: str | Path,
+    global_step: int,
+    client: dict[str, Any],
+    keep_last: int,
+    rank_files: dict[str, Any] | None = None,
+) -> str:
     """Save a DeepSpeed checkpoint on all ranks, then mark it complete and prune old ones (rank 0).
 
-    Refuses (NonFiniteWeights, on every rank) to write a checkpoint whose weights are not finite.
+    ``rank_files``: more per-rank state, ``name -> object`` written as ``<name>_rank<r>.pt`` before the tag is
+    marked complete (None: nothing on this rank), e.g. the weight EMA. Refuses (NonFiniteWeights, on every
+    rank) to write a checkpoint whose weights are not finite.
     """
     root = checkpoint_dir(run_dir)
     tag = tag_for(global_step)
@@ -132,6 +141,9 @@ def save(engine: Any, run_dir: str | Path, global_step: int, client: dict[str, A
         str(root), tag=tag, client_state={"avion_ds": {k: v for k, v in client.items() if k != "rng"}}
     )
     torch.save({**client, "rng": rng_state()}, root / tag / f"client_rank{dist.rank()}.pt")
+    for name, obj in (rank_files or {}).items():
+        if obj is not None:
+            torch.save(obj, root / tag / f"{name}_rank{dist.rank()}.pt")
     dist.barrier()  # every rank's shards and client state are on disk
     if dist.is_main():
         _atomic_write(

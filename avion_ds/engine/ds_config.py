@@ -222,7 +222,7 @@ def check_user_config(cfg: dict[str, Any]) -> None:
     opt = cfg.get("optimizer")
     if opt is not None:
         name = opt.get("type")
-        if not isinstance(name, str) or not _optimizer_known(name):
+        if name != AUTO and (not isinstance(name, str) or not _optimizer_known(name)):
             import torch
             from deepspeed.runtime.config import DEEPSPEED_OPTIMIZERS
 
@@ -373,6 +373,12 @@ def _fill_scheduler(cfg: dict[str, Any], recipe: Recipe, lr: float, steps_per_ep
             "lr scale; remove the scheduler section (the built-in warmup + cosine honours layer "
             "decay) or set optim.layer_decay=1.0"
         )
+    if recipe.optim.weight_decay_end is not None:  # the built-in schedule is the one that sets weight decay
+        raise ConfigError(
+            f"deepspeed config 'scheduler' ({sched.get('type', '?')}) cannot be combined with "
+            f"optim.weight_decay_end={recipe.optim.weight_decay_end:g}: remove the scheduler section (the built-in "
+            "warmup + cosine also runs the weight-decay schedule) or unset optim.weight_decay_end"
+        )
     params = sched.setdefault("params", {})
     autos = [k for k, v in params.items() if v == AUTO]
     if autos and steps_per_epoch is None:
@@ -437,11 +443,21 @@ def _fill_optimizer(cfg: dict[str, Any], recipe: Recipe, plan: BatchPlan) -> flo
         )
     if "optimizer" in cfg:
         opt = cfg["optimizer"]
+        _fill_optimizer_type(opt, recipe)
         params = opt.setdefault("params", {})
         where = "optimizer.params"
         _fill(params, "lr", lr, f"{where}.lr", close=True)
         _fill(params, "betas", [float(b) for b in recipe.optim.betas], f"{where}.betas")
-        _fill(params, "eps", float(recipe.optim.eps), f"{where}.eps", close=True)
+        if recipe.optim.name == "lion":
+            for key in [k for k in ("eps", "torch_adam") if k in params]:
+                if params[key] != AUTO:
+                    raise ConfigError(
+                        f"deepspeed config {where}.{key}={params[key]!r}: DeepSpeed's Lion has no {key} "
+                        '(remove it or write "auto")'
+                    )
+                del params[key]
+        else:
+            _fill(params, "eps", float(recipe.optim.eps), f"{where}.eps", close=True)
         _fill(params, "weight_decay", float(recipe.optim.weight_decay), f"{where}.weight_decay", close=True)
         # on the CPU accelerator, plain torch AdamW avoids a ~35 s FusedAdam JIT build; offload
         # needs DeepSpeed's CPU Adam, which DeepSpeed picks itself.
@@ -450,6 +466,33 @@ def _fill_optimizer(cfg: dict[str, Any], recipe: Recipe, plan: BatchPlan) -> flo
         if params.get("torch_adam") == AUTO:
             params["torch_adam"] = accel == "cpu" and not offloads_optimizer(cfg)
     return lr
+
+
+OPTIMIZER_TYPES = {"adamw": "AdamW", "lion": "Lion"}  # optim.name -> the DeepSpeed optimizer.type it writes
+
+
+def _fill_optimizer_type(opt: dict[str, Any], recipe: Recipe) -> None:
+    """``optimizer.type`` "auto" (or absent) from ``optim.name``; Lion in only one of the two is a conflict
+    (other JSON types, e.g. Adam or SGD, are the JSON's choice under ``optim.name: adamw``)."""
+    name = recipe.optim.name
+    given = opt.get("type", AUTO)
+    if given == AUTO or given is None:
+        opt["type"] = OPTIMIZER_TYPES[name]
+        return
+    if (str(given).lower() == "lion") != (name == "lion"):
+        raise ConfigError(
+            f"deepspeed config optimizer.type={given!r} conflicts with the recipe value optim.name={name!r}"
+            ' (write "auto" in the JSON or change the recipe)'
+        )
+
+
+def lion_needs_client(cfg: dict[str, Any], accel: str | None = None) -> bool:
+    """True when a built config's Lion cannot be DeepSpeed's JSON optimizer: on the CPU accelerator without
+    offload DeepSpeed would build its GPU-only FusedLion, so the engine gets DeepSpeed's CPU Lion as a client
+    optimizer instead (``engine.optim.client_optimizer``)."""
+    opt = cfg.get("optimizer") or {}
+    lion = str(opt.get("type", "")).lower() == "lion"
+    return lion and (accel or accelerator_name()) == "cpu" and not offloads_optimizer(cfg)
 
 
 def build_ds_config(
@@ -484,6 +527,12 @@ def build_ds_config(
     for name in ("bf16", "fp16"):
         section = cfg.setdefault(name, {})
         section["enabled"] = precision == name
+
+    if recipe.ema.decay > 0 and zero_stage(cfg) == 3:
+        raise ConfigError(
+            f"ema.decay={recipe.ema.decay:g} is not supported with ZeRO-3 (the EMA follows the ZeRO 0-2 master "
+            "weights); use ZeRO-0/1/2 (with offload_optimizer for memory) or set ema.decay=0"
+        )
 
     # ---- stage-3 values DeepSpeed's HF integration calls "auto" --------------------------------
     zo = cfg.get("zero_optimization", {})

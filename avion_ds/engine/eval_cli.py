@@ -18,6 +18,8 @@ from avion_ds.config import ConfigError, Recipe, add_override_option
 from avion_ds.data.errors import DataError
 from avion_ds.engine import dist
 from avion_ds.engine.ds_config import PRECISIONS, torch_dtype
+from avion_ds.engine.ema import eval_weights
+from avion_ds.engine.export import consolidated
 from avion_ds.engine.metrics import failed_line
 from avion_ds.engine.run_setup import (
     EvalSetup,
@@ -25,7 +27,7 @@ from avion_ds.engine.run_setup import (
     prepare_eval,
     seed_everything,
 )
-from avion_ds.rundir import consolidate, skipped_note
+from avion_ds.rundir import skipped_note
 from avion_ds.tasks import EvalOutcome, load_recipe
 
 
@@ -131,7 +133,11 @@ def _eval_model(args: argparse.Namespace, setup: EvalSetup, dtype: torch.dtype) 
 
         source: Any = str(args.checkpoint)
         if run_dir is not None:
-            source = consolidate(run_dir, tag, recipe.model.trust_checkpoint) if dist.is_main() else {}
+            source = (
+                consolidated(run_dir, tag, recipe.model.trust_checkpoint, eval_weights(recipe))
+                if dist.is_main()
+                else {}
+            )
         return build_for_inference(
             lambda: task.build_model(recipe, pretrained=""),
             source,
@@ -147,7 +153,7 @@ def _eval_model(args: argparse.Namespace, setup: EvalSetup, dtype: torch.dtype) 
     model = task.build_model(recipe, pretrained="")
     from avion_ds.models import load_pretrained
 
-    load_pretrained(model, consolidate(run_dir, tag, recipe.model.trust_checkpoint), strict=True)
+    load_pretrained(model, consolidated(run_dir, tag, recipe.model.trust_checkpoint, eval_weights(recipe)), strict=True)
     return model
 
 
@@ -159,6 +165,7 @@ def _write_results(args: argparse.Namespace, setup: EvalSetup, views: int, out: 
     payload: dict[str, Any] = {
         "checkpoint": str(args.checkpoint),
         "tag": tag,
+        "weights": eval_weights(setup.recipe) if run_dir is not None else "file",
         "split": args.split,
         "num_samples": out.num_samples,
         "views": views,
@@ -212,7 +219,9 @@ def run(args: argparse.Namespace) -> int:
     model.eval()
     if dist.is_main():
         print(backends_line(model, recipe, device, dtype), flush=True)
-        what = f"{run_dir} checkpoint {tag}" if tag else f"weights file {args.checkpoint}"
+        what = (
+            f"{run_dir} checkpoint {tag} ({eval_weights(recipe)} weights)" if tag else f"weights file {args.checkpoint}"
+        )
         print(f"avion-ds eval: evaluating {what} on the {args.split} split", flush=True)
     if args.offload == "none":
         model = model.to(device=device, dtype=dtype)

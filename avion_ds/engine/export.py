@@ -4,6 +4,8 @@ ZeRO 1/2/3: the fp32 master weights rebuilt from the optimizer shards (``rundir.
 the layout of DeepSpeed's ``zero_to_fp32`` without its full unpickling); ZeRO-0: the module state.
 Every file is read with ``weights_only`` + allowlist (``--trust-checkpoint`` opts out). The file
 loads with ``create_model(name, pretrained=file)``; its metadata names the model and architecture.
+``--weights ema`` writes the run's weight EMA (``ema.decay``; ``engine.ema``) in place of the trained
+parameters; the default is the run recipe's ``ema.weights`` (``model`` when it kept no EMA).
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import sys
 from pathlib import Path
 
 import torch
+import yaml
 
 from avion_ds.config import ConfigError
 from avion_ds.engine.run_log import progress
@@ -29,26 +32,55 @@ from avion_ds.rundir import (
 )
 
 
-def stream_export(run_dir: Path, tag: str, out: Path, meta: dict[str, str], trust: bool = False) -> Path:
+def stream_export(
+    run_dir: Path, tag: str, out: Path, meta: dict[str, str], trust: bool = False, weights: str = "model"
+) -> Path:
     """ZeRO 1/2/3 -> safetensors one tensor at a time: the lazy fp32 reconstruction (optimizer shards
     memory-mapped) feeds ``SafetensorsWriter``, so the process holds the mapped fp32 partitions
-    (file-backed) plus one tensor, not the full copy of ``consolidate``."""
+    (file-backed) plus one tensor, not the full copy of ``consolidate``; ``weights="ema"``: the EMA's
+    tensors (assembled one at a time from its memory-mapped files) in place of the trained parameters."""
+    from avion_ds.engine.ema import EmaFiles
     from avion_ds.models.weights.safetensors_stream import SafetensorsWriter
 
-    lazy = zero_state_dict(checkpoint_dir(run_dir) / tag, trust)
+    tag_dir = checkpoint_dir(run_dir) / tag
+    lazy = zero_state_dict(tag_dir, trust)
+    averaged = EmaFiles(tag_dir, trust) if weights == "ema" else None
     specs = [
         (clean_key(k), torch.float32 if v.dtype.is_floating_point else v.dtype, tuple(v.shape)) for k, v in lazy.items()
     ]
     writer = SafetensorsWriter(out, specs, meta)
     for (name, dtype, _), v in zip(specs, lazy.values()):
-        t = v.materialize()
+        t = averaged.get(name) if averaged is not None and name in averaged.shapes else v.materialize()
         writer.write(name, t.to(dtype))
         del t
     return writer.close()
 
 
-def export(run_dir: str | Path, out: str | Path, tag: str | None = None, trust: bool = False) -> Path:
-    """Write the consolidated fp32 weights of ``run_dir`` to ``out`` (safetensors, or .pt).
+def run_weights(run_dir: Path) -> str:
+    """The weights a run's recipe names for evaluation and export (``ema.weights`` when it kept an EMA)."""
+    path = run_dir / "recipe.yaml"
+    data = yaml.safe_load(path.read_text()) if path.is_file() else None
+    section = (data or {}).get("ema") or {}
+    return "ema" if float(section.get("decay", 0.0) or 0.0) > 0 and section.get("weights", "ema") == "ema" else "model"
+
+
+def consolidated(run_dir: Path, tag: str | None, trust: bool, weights: str) -> dict[str, torch.Tensor]:
+    """``consolidate`` of the tag, with the weight EMA in place of the trained parameters for ``weights="ema"``."""
+    from avion_ds.engine.ema import with_ema
+
+    sd = consolidate(run_dir, tag, trust)
+    return (
+        with_ema(sd, checkpoint_dir(run_dir) / (tag or str(latest_complete(run_dir))), trust)
+        if weights == "ema"
+        else sd
+    )
+
+
+def export(
+    run_dir: str | Path, out: str | Path, tag: str | None = None, trust: bool = False, weights: str = "model"
+) -> Path:
+    """Write the consolidated fp32 weights of ``run_dir`` to ``out`` (safetensors, or .pt); ``weights``:
+    model (the trained parameters) | ema (the weight EMA, ``ema.decay``).
 
     ZeRO 1/2/3 runs exported to .safetensors stream (``stream_export``); other cases consolidate
     in memory first."""
@@ -56,7 +88,7 @@ def export(run_dir: str | Path, out: str | Path, tag: str | None = None, trust: 
     bar = progress(desc="export (consolidate, write)", total=2, unit="step")
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    meta = {"format": "avion_ds", "tag": tag or str(latest_complete(run_dir))}
+    meta = {"format": "avion_ds", "tag": tag or str(latest_complete(run_dir)), "weights": weights}
     ident = run_dir / "run.json"
     if ident.is_file():
         meta["model"] = json.dumps(json.loads(ident.read_text()).get("model", {}))
@@ -67,11 +99,11 @@ def export(run_dir: str | Path, out: str | Path, tag: str | None = None, trust: 
         and (checkpoint_dir(run_dir) / resolved / MARKER).is_file()
         and run_zero_stage(run_dir, checkpoint_dir(run_dir) / resolved) > 0
     ):
-        path = stream_export(run_dir, resolved, out, meta, trust)  # consolidates and writes tensor by tensor
+        path = stream_export(run_dir, resolved, out, meta, trust, weights)  # tensor by tensor
         bar.update(2)
         bar.close()
         return path
-    sd = consolidate(run_dir, tag, trust)
+    sd = consolidated(run_dir, tag, trust, weights)
     bar.update(1)
     if out.suffix == ".safetensors":
         from safetensors.torch import save_file
@@ -86,7 +118,12 @@ def export(run_dir: str | Path, out: str | Path, tag: str | None = None, trust: 
 
 
 def export_hf(
-    run_dir: str | Path, out: str | Path, tag: str | None = None, head: str | None = None, trust: bool = False
+    run_dir: str | Path,
+    out: str | Path,
+    tag: str | None = None,
+    head: str | None = None,
+    trust: bool = False,
+    weights: str = "model",
 ) -> float:
     """Write ``run_dir``'s checkpoint as a Hugging Face ``VideoMAEForVideoClassification`` directory.
 
@@ -107,7 +144,7 @@ def export_hf(
     except ValueError as e:
         raise ConfigError(f"--format hf: {e}") from None
     with progress(desc="export (consolidate, convert + write + reload)", total=2, unit="step") as bar:
-        load_pretrained(model, consolidate(run_dir, tag, trust), strict=True)
+        load_pretrained(model, consolidated(run_dir, tag, trust, weights), strict=True)
         bar.update(1)
         try:
             diff = save_hf(model, out, head)
@@ -144,6 +181,13 @@ def main(argv: list[str] | None = None) -> int:
         help="with --format hf and a multi-head model (EPIC verb + noun): the head to export as the classifier",
     )
     p.add_argument(
+        "--weights",
+        default=None,
+        choices=("model", "ema"),
+        help="model: the trained parameters; ema: their weight EMA (runs trained with ema.decay > 0); "
+        "default: the run recipe's ema.weights",
+    )
+    p.add_argument(
         "--trust-checkpoint",
         action="store_true",
         help="allow full unpickling of checkpoint files that pickle more than tensors and a few known "
@@ -157,19 +201,20 @@ def main(argv: list[str] | None = None) -> int:
         note = skipped_note(args.run_dir, tag) if tag and not args.tag else None
         if note:
             print(note, flush=True)
+        weights = args.weights or run_weights(Path(args.run_dir))
         if args.format == "hf":
-            diff = export_hf(args.run_dir, args.out, tag, args.head, args.trust_checkpoint)
+            diff = export_hf(args.run_dir, args.out, tag, args.head, args.trust_checkpoint, weights)
             print(
-                f"wrote {args.out} (Hugging Face VideoMAEForVideoClassification, checkpoint {tag}"
+                f"wrote {args.out} (Hugging Face VideoMAEForVideoClassification, checkpoint {tag}, {weights} weights"
                 f"{', head ' + args.head if args.head else ''}; reloaded with transformers: max |logit "
                 f"difference| {diff:.2e})"
             )
             return 0
-        out = export(args.run_dir, args.out, tag, args.trust_checkpoint)
+        out = export(args.run_dir, args.out, tag, args.trust_checkpoint, weights)
     except ConfigError as e:
         print(f"avion-ds export: error: {e}", file=sys.stderr)
         return 2
-    print(f"wrote {out} (checkpoint {tag})")
+    print(f"wrote {out} (checkpoint {tag}, {weights} weights)")
     return 0
 
 

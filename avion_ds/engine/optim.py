@@ -91,6 +91,40 @@ def optimizer_groups(model: nn.Module, recipe: Recipe) -> list[dict[str, Any]]:
     return out
 
 
+def client_lion(
+    groups: list[dict[str, Any]], recipe: Recipe, lr: float, params: dict[str, Any], cpu: bool
+) -> torch.optim.Optimizer:
+    """DeepSpeed's own Lion over ``groups`` as a client optimizer: ``DeepSpeedCPULion`` when ``cpu`` (CPU
+    accelerator or offloaded optimizer), else ``FusedLion``. ``params``: the filled JSON optimizer params
+    (lr, betas, weight decay), if any; the recipe's otherwise."""
+    from deepspeed.ops.lion import DeepSpeedCPULion, FusedLion
+
+    lr = float(params.get("lr", lr))
+    betas = tuple(params.get("betas", recipe.optim.betas))
+    wd = float(params.get("weight_decay", recipe.optim.weight_decay))
+    for g in groups:
+        g.setdefault("lr", lr * g.get("lr_scale", 1.0))
+    return (DeepSpeedCPULion if cpu else FusedLion)(groups, lr=lr, betas=betas, weight_decay=wd)
+
+
+def client_optimizer(
+    groups: list[dict[str, Any]], recipe: Recipe, lr: float, ds_config: dict[str, Any]
+) -> tuple[torch.optim.Optimizer | None, dict[str, Any]]:
+    """(client optimizer or None, config for ``deepspeed.initialize``): None and the config as is when the
+    JSON ``optimizer`` is DeepSpeed's to build; otherwise the recipe's optimizer (``optim.name``) over
+    ``groups`` and the config without its ``optimizer`` section (DeepSpeed takes one or the other)."""
+    from avion_ds.engine.ds_config import accelerator_name, lion_needs_client, offloads_optimizer
+
+    section = ds_config.get("optimizer")
+    if section is not None and not lion_needs_client(ds_config):
+        return None, ds_config
+    rest = {k: v for k, v in ds_config.items() if k != "optimizer"}
+    if recipe.optim.name == "lion":
+        cpu = accelerator_name() == "cpu" or offloads_optimizer(ds_config)
+        return client_lion(groups, recipe, lr, (section or {}).get("params", {}), cpu), rest
+    return client_adamw(groups, recipe, lr), rest
+
+
 def client_adamw(groups: list[dict[str, Any]], recipe: Recipe, lr: float) -> torch.optim.Optimizer:
     """A torch AdamW over ``groups``; used when the DeepSpeed JSON has no ``optimizer`` section."""
     for g in groups:

@@ -16,7 +16,7 @@ from torch import nn
 
 from avion_ds.config import Recipe
 from avion_ds.engine.ds_config import precision_of, scaled_lr, zero_stage
-from avion_ds.engine.optim import client_adamw, optimizer_groups
+from avion_ds.engine.optim import client_optimizer, optimizer_groups
 from avion_ds.engine.schedule import WarmupCosine
 
 
@@ -84,9 +84,10 @@ def parallelize(
     """Apply activation checkpointing, build param groups + schedule, make the DeepSpeed engine.
 
     The optimizer is DeepSpeed's (from the JSON ``optimizer`` section) over our parameter groups,
-    or a client torch AdamW when the JSON has none (ZeRO accepts torch Adam/AdamW). The schedule
+    or, when the JSON has none, a client optimizer of ``optim.name`` (torch AdamW or DeepSpeed's Lion; also
+    DeepSpeed's CPU Lion for a JSON Lion on the CPU accelerator, see ``client_optimizer``). The schedule
     is the JSON ``scheduler`` when present, else per-iteration warmup + cosine that honours each
-    group's ``lr_scale`` (layer-wise decay). Step the engine with ``Trainer.train_step``: for fp32
+    group's ``lr_scale`` (layer-wise decay) and runs ``optim.weight_decay_end``'s weight-decay schedule. Step the engine with ``Trainer.train_step``: for fp32
     ZeRO-0 it does the gradient clipping (``trim_engine``).
     """
     import deepspeed
@@ -94,8 +95,9 @@ def parallelize(
     model = apply_memory_features(model, recipe, ds_config)
     lr = base_lr(recipe, ds_config)
     groups = optimizer_groups(model, recipe)
-    if optimizer is None and "optimizer" not in ds_config:
-        optimizer = client_adamw(groups, recipe, lr)
+    config = ds_config
+    if optimizer is None:
+        optimizer, config = client_optimizer(groups, recipe, lr, ds_config)
 
     lr_scheduler = None
     if "scheduler" not in ds_config:
@@ -104,11 +106,13 @@ def parallelize(
         min_lr = recipe.optim.min_lr
         if recipe.schedule.fix_lr:  # AVION --fix-lr: the base lr throughout (no warmup, no decay)
             warmup, min_lr = 0, lr
+        o = recipe.optim
+        wd = None if o.weight_decay_end is None else (o.weight_decay, o.weight_decay_end)
 
         def lr_scheduler(opt: torch.optim.Optimizer) -> WarmupCosine:
-            return WarmupCosine(opt, lr, min_lr, warmup, total)
+            return WarmupCosine(opt, lr, min_lr, warmup, total, weight_decay=wd)
 
-    config, own_clip = trim_engine(ds_config)
+    config, own_clip = trim_engine(config)
     engine, _, _, _ = deepspeed.initialize(
         model=model,
         model_parameters=groups if optimizer is None else None,

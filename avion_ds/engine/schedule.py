@@ -1,4 +1,5 @@
-"""Per-iteration cosine learning-rate schedule with linear warmup, honouring group ``lr_scale``.
+"""Per-iteration cosine learning-rate schedule with linear warmup, honouring group ``lr_scale``; optionally
+a cosine weight-decay schedule on the decayed groups (VideoMAE / AVION ``weight_decay_end``).
 
 Written as a tiny stateful object with ``step/state_dict/load_state_dict`` so that DeepSpeed saves
 and restores it inside its checkpoints when handed to ``deepspeed.initialize(lr_scheduler=...)``;
@@ -23,17 +24,36 @@ def cosine_lr(step: int, base_lr: float, min_lr: float, warmup_steps: int, total
     return min_lr + 0.5 * (base_lr - min_lr) * (1.0 + math.cos(math.pi * progress))
 
 
+def cosine_wd(step: int, start: float, end: float, total_steps: int) -> float:
+    """Weight decay at optimizer step ``step``: cosine ``start`` -> ``end`` over ``total_steps``, no warmup
+    (VideoMAE's ``cosine_scheduler(wd, wd_end, epochs, iters)``); ``end`` from ``total_steps`` on."""
+    if total_steps <= 0:
+        return end
+    progress = min(1.0, step / total_steps)
+    return end + 0.5 * (start - end) * (1.0 + math.cos(math.pi * progress))
+
+
 class WarmupCosine:
-    """Sets ``group["lr"] = cosine_lr(step) * group.get("lr_scale", 1)`` for every param group."""
+    """Sets ``group["lr"] = cosine_lr(step) * group.get("lr_scale", 1)`` for every param group, and with
+    ``weight_decay=(start, end)`` ``group["weight_decay"] = cosine_wd(step)`` for the groups that decay (weight
+    decay > 0 when the schedule is made: norms, biases and embeddings keep 0)."""
 
     def __init__(
-        self, optimizer: torch.optim.Optimizer, base_lr: float, min_lr: float, warmup_steps: int, total_steps: int
+        self,
+        optimizer: torch.optim.Optimizer,
+        base_lr: float,
+        min_lr: float,
+        warmup_steps: int,
+        total_steps: int,
+        weight_decay: tuple[float, float] | None = None,
     ) -> None:
         self.optimizer = optimizer
         self.base_lr = base_lr
         self.min_lr = min_lr
         self.warmup_steps = int(warmup_steps)
         self.total_steps = int(total_steps)
+        self.weight_decay = weight_decay
+        self.decayed = [float(g.get("weight_decay", 0.0)) > 0 for g in optimizer.param_groups]
         self.last_step = 0
         self._apply()
 
@@ -41,10 +61,18 @@ class WarmupCosine:
         """Unscaled lr for the next optimizer step."""
         return cosine_lr(self.last_step, self.base_lr, self.min_lr, self.warmup_steps, self.total_steps)
 
+    def wd(self) -> float | None:
+        """Weight decay of the decayed groups for the next optimizer step (None: no schedule)."""
+        if self.weight_decay is None:
+            return None
+        return cosine_wd(self.last_step, *self.weight_decay, self.total_steps)
+
     def _apply(self) -> None:
-        lr = self.lr()
-        for g in self.optimizer.param_groups:
+        lr, wd = self.lr(), self.wd()
+        for g, decayed in zip(self.optimizer.param_groups, self.decayed):
             g["lr"] = lr * g.get("lr_scale", 1.0)
+            if wd is not None and decayed:
+                g["weight_decay"] = wd
 
     def step(self, *_: Any, **__: Any) -> None:
         """Advance one optimizer step."""
@@ -61,6 +89,7 @@ class WarmupCosine:
             "min_lr": self.min_lr,
             "warmup_steps": self.warmup_steps,
             "total_steps": self.total_steps,
+            **({} if self.weight_decay is None else {"weight_decay": list(self.weight_decay)}),
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:

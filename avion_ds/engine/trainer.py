@@ -17,6 +17,7 @@ row reports the steps since the previous logged one (with ``log_every: 1``, ever
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import time
@@ -29,7 +30,7 @@ import torch
 
 from avion_ds.config import Recipe
 from avion_ds.engine import checkpoint as ckpt
-from avion_ds.engine import dist
+from avion_ds.engine import dist, ema
 from avion_ds.engine.accum import poison_nonfinite, step_window
 from avion_ds.engine.bad_input import BadInputLog, batch_messages
 from avion_ds.engine.ds_config import torch_dtype
@@ -96,6 +97,7 @@ class _Interval:
     loss: float = 0.0
     n: int = 0
     heads: dict[str, torch.Tensor] = field(default_factory=dict)
+    weight_decay: float | None = None  # of the decayed groups, used by the logged step
     data_s: float = 0.0
     t0: float = field(default_factory=time.perf_counter)
 
@@ -161,6 +163,7 @@ class Trainer:
         self._window, self._interval = _Window(), _Interval()
         self._pending_rng: dict[str, Any] | None = None  # restored once the resumed epoch's loader started
         self._params = list(engine.module.parameters())  # walking the module tree costs ~1 ms a step
+        self.ema = ema.build(engine, recipe)  # None unless ema.decay > 0
 
     # ------------------------------------------------------------------ one optimizer step
     def train_step(self, batches: Iterator[dict[str, Any]]) -> bool:
@@ -249,7 +252,11 @@ class Trainer:
             norm = torch.nn.utils.clip_grad_norm_(self._grads_params(), self.clip)
         elif not bad and log_now and self.stage == 0:
             norm = zero0_grad_norm_tensor(self.engine, scale)
+        if log_now:
+            self._interval.weight_decay = self.weight_decay()
         applied = step_window(self.engine, bad)
+        if applied and self.ema is not None:
+            self.ema.update()
         if log_now and not bad and self.stage > 0:
             norm = self.engine.get_global_grad_norm()
         st.global_step += 1  # the data position: one window consumed, applied or not
@@ -263,6 +270,10 @@ class Trainer:
 
     def _grads_params(self) -> list[torch.nn.Parameter]:
         return [p for p in self._params if p.grad is not None]
+
+    def weight_decay(self) -> float:
+        """The largest group weight decay (the decayed groups'; scheduled by ``optim.weight_decay_end``)."""
+        return max(float(g.get("weight_decay", 0.0)) for g in self.engine.optimizer.param_groups)
 
     def loss_scale(self) -> float | None:
         """fp16's current loss scale (None otherwise); a host read."""
@@ -336,6 +347,7 @@ class Trainer:
         values: dict[str, Any] = {
             "loss": iv.loss / iv.n if iv.n else None,
             "lr": lr,
+            "weight_decay": iv.weight_decay,
             "grad_norm": grad_norm,
             "loss_scale": self.loss_scale(),
             "clips_per_s": self.engine.train_batch_size() * timed / wall,
@@ -368,8 +380,9 @@ class Trainer:
     def save(self) -> str:
         """A checkpoint of the current state (every rank; refuses non-finite weights)."""
         c = self.recipe.checkpoint
+        extra = {ema.FILE: self.ema.state_dict()} if self.ema is not None else None
         return ckpt.save(
-            self.engine, Path(self.recipe.output_dir), self.state.global_step, self.client_state(), c.keep_last
+            self.engine, Path(self.recipe.output_dir), self.state.global_step, self.client_state(), c.keep_last, extra
         )
 
     def maybe_save(self, steps_per_epoch: int, force: bool = False) -> str | None:
@@ -390,6 +403,10 @@ class Trainer:
         if client is None:
             return False
         self.state.load_state_dict(client)
+        if self.ema is not None:
+            self.ema.load(
+                ckpt.checkpoint_dir(self.recipe.output_dir) / client["tag"], self.recipe.model.trust_checkpoint
+            )
         self._pending_rng = client["rng"]
         sched = self.engine.lr_scheduler
         if sched is not None and "scheduler" in client:
@@ -407,9 +424,13 @@ class Trainer:
 
         r, st = self.recipe, self.state
         views = r.eval.temporal_views * r.eval.spatial_views
-        out = self.task.evaluate(
-            self.engine, data.val_loader, data.eval_aug, views, self.device, self.dtype, r, bad_log=self.bad_log
-        )
+        weights = ema.eval_weights(r)
+        if self.ema is not None:
+            self.log.info(f"evaluating the {weights} weights (ema.decay={r.ema.decay:g}, ema.weights={r.ema.weights})")
+        with self.ema.applied() if weights == "ema" else contextlib.nullcontext():
+            out = self.task.evaluate(
+                self.engine, data.val_loader, data.eval_aug, views, self.device, self.dtype, r, bad_log=self.bad_log
+            )
         if out.failed:
             self.log.info(failed_line(out.failed))
         self.log.eval(st.epoch, st.global_step, out.metrics)
@@ -421,6 +442,7 @@ class Trainer:
                         "step": st.global_step,
                         **out.metrics,
                         "failed_samples": out.failed,
+                        "weights": weights,
                         "eval": out.report,
                     },
                     indent=2,

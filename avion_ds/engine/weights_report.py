@@ -17,7 +17,7 @@ from typing import Any
 
 from torch import nn
 
-from avion_ds.config import ConfigError
+from avion_ds.config import ConfigError, Recipe
 from avion_ds.models import LoadReport
 from avion_ds.models.partition import full_numel
 from avion_ds.models.weights.formats import MIN_BACKBONE_MATCH
@@ -25,6 +25,12 @@ from avion_ds.models.weights.sharded import load_pretrained_sharded
 
 REPORT_NAME = "pretrained_report.json"
 _HEADS = ("head.", "heads.")
+
+
+def kinetics_head(recipe: Recipe) -> bool:
+    """Whether the recipe's ``model.pretrained`` load maps a Kinetics-710 head onto its Kinetics-400 / 600 /
+    700 head (``model.head_label_map: auto`` and ``data.dataset: kinetics``, as VideoMAE V2's fine-tuning)."""
+    return recipe.model.head_label_map == "auto" and recipe.data.dataset == "kinetics"
 
 
 def backbone_coverage(model: nn.Module, report: LoadReport) -> tuple[int, int, list[str]]:
@@ -65,15 +71,17 @@ def load_and_report(
     run_dir: Path | None,
     is_main: bool,
     log: Callable[[str], None] = print,
+    kinetics_head: bool = False,
 ) -> LoadReport:
     """Load ``source`` into ``model``; rank 0 logs the summary and writes ``run_dir/pretrained_report.json``.
 
     Raises ConfigError (one line, exit 2) for an unreadable / untrusted file, and under ``strict`` when
-    less than ``MIN_BACKBONE_MATCH`` of the backbone parameters were matched.
+    less than ``MIN_BACKBONE_MATCH`` of the backbone parameters were matched. ``kinetics_head``: a 710-row
+    (Kinetics-710) head is mapped onto the model's Kinetics-400/600/700 head (:func:`kinetics_head`).
     """
     try:
         # plain models: load_pretrained; the coverage is checked (and reported) below, once
-        report = load_pretrained_sharded(model, source, trust=trust, coverage_check=False)
+        report = load_pretrained_sharded(model, source, trust=trust, coverage_check=False, kinetics_head=kinetics_head)
     except (OSError, ValueError) as e:  # not found, unreadable, untrusted pickle, unknown format, bad shape
         msg = (str(e).strip().splitlines() or [type(e).__name__])[0]
         raise ConfigError(f"model.pretrained={source}: {msg}") from None
@@ -94,6 +102,7 @@ def load_and_report(
                 "dropped": report.dropped,
                 "skipped": report.skipped,
                 "fresh": report.fresh,
+                "remapped": report.remapped,
                 "notes": report.notes,
                 "strict": strict,
                 "min_backbone_match": MIN_BACKBONE_MATCH,

@@ -17,11 +17,14 @@ Formats (detected from the keys):
 
 Each filter maps keys to our names; ``_adapt`` then resizes what differs from the model (patch
 weight layout / tubelet depth / patch size, learned position embedding in time and space) and
-drops classifier weights whose class count differs. The result is a ``LoadReport``.
+drops classifier weights whose class count differs, except a Kinetics-710 head loaded for Kinetics-400 /
+600 / 700 (``kinetics_head``): its rows are picked by VideoMAE V2's label maps (``label_maps/``). The
+result is a ``LoadReport``.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 import re
@@ -57,6 +60,7 @@ class LoadReport:
     resized: list[str] = field(default_factory=list)  # loaded after interpolation / inflation
     dropped: list[str] = field(default_factory=list)  # shape mismatch we cannot resize (e.g. head)
     skipped: list[str] = field(default_factory=list)  # checkpoint keys left out on purpose (fresh projection)
+    remapped: list[str] = field(default_factory=list)  # head rows picked by a label map (Kinetics-710 -> 400/...)
     fresh: list[str] = field(default_factory=list)  # model keys initialised anew on purpose (not "missing")
     notes: list[str] = field(default_factory=list)  # decisions the load took, in words
 
@@ -65,7 +69,7 @@ class LoadReport:
             return ", ".join(keys[:6]) + (f", ... (+{len(keys) - 6})" if len(keys) > 6 else "")
 
         parts = [f"format={self.format}"]
-        for name in ("missing", "unexpected", "resized", "dropped", "skipped", "fresh"):
+        for name in ("missing", "unexpected", "resized", "dropped", "skipped", "fresh", "remapped"):
             keys = getattr(self, name)
             if keys:
                 parts.append(f"{name}={len(keys)} [{short(keys)}]")
@@ -355,7 +359,30 @@ def _as_conv_weight(key: str, w: torch.Tensor, conv_shape: tuple[int, int, int, 
     return w.reshape(D, C, t0, p, p)
 
 
-def _adapt(sd: StateDict, model: VideoViT, report: LoadReport) -> StateDict:
+K710 = 710  # classes of Kinetics-710 (VideoMAE V2's supervised post-pretraining)
+LABEL_MAPS = Path(__file__).with_name("label_maps")  # label_710to{400,600,700}.json, from VideoMAE V2
+
+
+def k710_label_map(classes: int) -> list[int] | None:
+    """For Kinetics-``classes`` (400 / 600 / 700), the Kinetics-710 row of each of its classes (VideoMAE V2's
+    ``misc/label_710to<classes>.json``); None for other class counts."""
+    path = LABEL_MAPS / f"label_710to{classes}.json"
+    return json.loads(path.read_text()) if path.is_file() else None
+
+
+def _remap_k710(k: str, v: torch.Tensor, want: torch.Size, report: LoadReport) -> torch.Tensor | None:
+    """A Kinetics-710 head's rows for a Kinetics-400 / 600 / 700 head (None: no map for this shape)."""
+    rows = k710_label_map(int(want[0])) if v.shape[0] == K710 and v.shape[1:] == want[1:] else None
+    if rows is None:
+        return None
+    report.remapped.append(k)
+    note = f"Kinetics-710 head rows mapped onto Kinetics-{want[0]} by label_710to{want[0]}.json (VideoMAE V2)"
+    if note not in report.notes:
+        report.notes.append(note)
+    return v[rows]
+
+
+def _adapt(sd: StateDict, model: VideoViT, report: LoadReport, kinetics_head: bool = False) -> StateDict:
     target = state_shapes(model)  # logical shapes, also of ZeRO-3 partitioned parameters
     out: StateDict = {}
     for k, v in sd.items():
@@ -363,7 +390,10 @@ def _adapt(sd: StateDict, model: VideoViT, report: LoadReport) -> StateDict:
             out[k] = v  # becomes "unexpected"
             continue
         want = target[k]
-        if v.shape == want:
+        mapped = _remap_k710(k, v, want, report) if kinetics_head and k in ("head.weight", "head.bias") else None
+        if mapped is not None:
+            out[k] = mapped
+        elif v.shape == want:
             out[k] = v
         elif k == "patch_embed.proj.weight":
             conv_shape = model.patch_embed.conv_weight_shape
@@ -384,11 +414,14 @@ def _adapt(sd: StateDict, model: VideoViT, report: LoadReport) -> StateDict:
     return out
 
 
-def prepare_state_dict(model: VideoViT, source: str | Path | dict, trust: bool = False) -> tuple[StateDict, LoadReport]:
+def prepare_state_dict(
+    model: VideoViT, source: str | Path | dict, trust: bool = False, *, kinetics_head: bool = False
+) -> tuple[StateDict, LoadReport]:
     """Read ``source`` and map / resize it to ``model``'s names and shapes; nothing is loaded yet
     (shared by ``load_pretrained`` and the ZeRO-3 loader in ``sharded_load``). A model with its own
     ``prepare_checkpoint`` (the pretraining model: :mod:`~avion_ds.models.weights.mae_formats` layouts) maps
-    through it; anything else but a ``VideoViT`` is refused in one line."""
+    through it; anything else but a ``VideoViT`` is refused in one line. ``kinetics_head``: the model is
+    trained on Kinetics, so a 710-row head becomes its 400 / 600 / 700 rows by the label map (VideoMAE V2)."""
     own = getattr(model, "prepare_checkpoint", None)
     if callable(own):
         return own(source, trust)
@@ -403,7 +436,7 @@ def prepare_state_dict(model: VideoViT, source: str | Path | dict, trust: bool =
         sd = unwrap(read_checkpoint(source, trust))
     fmt = detect_format(sd)
     report = LoadReport(format=fmt)
-    return _adapt(FILTERS[fmt](sd, model, report), model, report), report
+    return _adapt(FILTERS[fmt](sd, model, report), model, report, kinetics_head), report
 
 
 def load_pretrained(
@@ -413,6 +446,7 @@ def load_pretrained(
     trust: bool = False,
     *,
     coverage_check: bool = True,
+    kinetics_head: bool = False,
 ) -> LoadReport:
     """Load ``source`` (path, HF directory, or a (wrapped) state dict) into ``model`` in place.
 
@@ -422,10 +456,11 @@ def load_pretrained(
     ``1 - MIN_BACKBONE_MATCH`` of the backbone's parameters out is an error whatever ``strict``
     (raised under ``strict``, logged at ERROR level otherwise; ``coverage_check=False`` leaves that
     check to a caller that reports coverage itself, e.g. the training entry's ``load_and_report``).
-    ``trust`` allows full unpickling of a file that pickles more than weights (see ``read_checkpoint``).
-    Call before ``deepspeed.initialize`` (ZeRO-3 partitions parameters after that).
+    ``trust`` allows full unpickling of a file that pickles more than weights (see ``read_checkpoint``);
+    ``kinetics_head``: see ``prepare_state_dict``. Call before ``deepspeed.initialize`` (ZeRO-3 partitions
+    parameters after that).
     """
-    sd, report = prepare_state_dict(model, source, trust)
+    sd, report = prepare_state_dict(model, source, trust, kinetics_head=kinetics_head)
     result = model.load_state_dict(sd, strict=False)
     return finish_report(
         report, model, source, strict, result.missing_keys, result.unexpected_keys, coverage_check=coverage_check

@@ -53,7 +53,9 @@ class _LazyStateDict:
         return iter(list(self.names))
 
 
-def _prepare_lazy(model: nn.Module, source: Any) -> tuple[_LazyStateDict, LoadReport] | None:
+def _prepare_lazy(
+    model: nn.Module, source: Any, kinetics_head: bool = False
+) -> tuple[_LazyStateDict, LoadReport] | None:
     """For a .safetensors file whose tensors load as stored (no key merging / resizing): the
     mapping and report computed on shape-only tensors, values read one at a time. Else None."""
     if not isinstance(source, (str, Path)) or Path(source).suffix != ".safetensors" or not Path(source).is_file():
@@ -61,7 +63,7 @@ def _prepare_lazy(model: nn.Module, source: Any) -> tuple[_LazyStateDict, LoadRe
     reader = SafetensorsReader(source)
     meta = reader.meta()
     origin = {id(v): k for k, v in meta.items()}
-    sd, report = prepare_state_dict(model, meta)
+    sd, report = prepare_state_dict(model, meta, kinetics_head=kinetics_head)
     if any(id(v) not in origin for v in sd.values()):
         return None  # something was converted: needs the values (one full read on rank 0)
     return _LazyStateDict({k: origin[id(v)] for k, v in sd.items()}, reader), report
@@ -102,18 +104,23 @@ def load_pretrained_sharded(
     trust: bool = False,
     *,
     coverage_check: bool = True,
+    kinetics_head: bool = False,
 ) -> LoadReport:
     """``load_pretrained`` for a model built under ``zero.Init`` (plain models go to it directly).
 
     Collective: every rank of the model's process group must call it. Only rank 0 reads ``source``.
     """
     if not is_partitioned_model(model):
-        return load_pretrained(model, source, strict=strict, trust=trust, coverage_check=coverage_check)
+        return load_pretrained(
+            model, source, strict=strict, trust=trust, coverage_check=coverage_check, kinetics_head=kinetics_head
+        )
     sd, report, error = None, None, None
     if rank() == 0:
         try:
-            lazy = _prepare_lazy(model, source)
-            sd, report = lazy if lazy is not None else prepare_state_dict(model, source, trust)
+            lazy = _prepare_lazy(model, source, kinetics_head)
+            sd, report = (
+                lazy if lazy is not None else prepare_state_dict(model, source, trust, kinetics_head=kinetics_head)
+            )
         except Exception as e:  # noqa: BLE001 - every rank raises the same one-line error, nobody hangs
             error = (type(e), str(e))
     error = broadcast_object(error)
