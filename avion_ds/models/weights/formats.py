@@ -482,6 +482,7 @@ def finish_report(
     report.unexpected = sorted(unexpected)
     report.resized.sort()
     report.dropped.sort()
+    report.remapped.sort()
     if fmt == "timm" and getattr(model.arch, "pos_embed", None) == "sincos" and "pos_embed" in report.unexpected:
         logger.warning(
             "timm checkpoint has a learned pos_embed but the model uses fixed sin-cos; "
