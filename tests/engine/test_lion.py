@@ -11,11 +11,11 @@ from pathlib import Path
 import pytest
 import torch
 
+from avion_ds.engine.ds_config import build_ds_config, lion_needs_client
 from avion_ds.engine.optim import param_groups
 from avion_ds.engine.parallelize import unwrap
-from tests.engine.tiny_trainer import batches, tiny_trainer
-
-pytestmark = pytest.mark.multiprocess  # trains a DeepSpeed engine in this process
+from avion_ds.tasks import load_recipe
+from tests.engine.tiny_trainer import REPO, batches, tiny_trainer
 
 
 def avion_lion_step(
@@ -30,6 +30,19 @@ def avion_lion_step(
     return param, exp_avg
 
 
+def test_optimizer_type_comes_from_the_recipe() -> None:
+    """The shipped JSONs say ``"type": "auto"``: optim.name writes AdamW or Lion (Lion takes no eps)."""
+    for name, want in (("adamw", "AdamW"), ("lion", "Lion")):
+        recipe = load_recipe(None, ["data.dataset=kinetics", f"optim.name={name}"])
+        cfg = build_ds_config(REPO / "ds_configs" / "zero2.json", recipe, 1)
+        assert cfg["optimizer"]["type"] == want
+        assert ("eps" in cfg["optimizer"]["params"]) == (name == "adamw")
+        assert lion_needs_client(cfg, "cpu") == (name == "lion") and not lion_needs_client(cfg, "cuda")
+        offload = build_ds_config(REPO / "ds_configs" / "zero2_offload.json", recipe, 1)
+        assert not lion_needs_client(offload, "cpu")  # DeepSpeed builds its CPU Lion from the JSON itself
+
+
+@pytest.mark.multiprocess  # trains a DeepSpeed engine in this process
 @pytest.mark.parametrize("config", ["zero0.json", "zero2_offload.json"])
 def test_lion_follows_avions_update_rule(one_rank: None, tmp_path: Path, config: str) -> None:
     from deepspeed.utils import safe_get_full_grad

@@ -357,6 +357,53 @@ CASES: list[tuple[str, list[str], Callable | None, Callable | None, list[str], l
         ["--finetune-from", "/nope/w.pth"],
         ["--finetune-from /nope/w.pth", "not found"],
     ),
+    # training options: Lion, weight EMA, weight-decay schedule, K710 head map
+    ("optim_name_choice", ["optim.name=sgd"], None, None, [], ["optim.name='sgd'", "adamw, lion"]),
+    ("ema_decay_1", ["ema.decay=1"], None, None, [], ["ema.decay=1.0", "[0, 1)"]),
+    ("ema_weights_choice", ["ema.weights=best"], None, None, [], ["ema.weights='best'", "ema, model"]),
+    ("head_map_choice", ["model.head_label_map=k710"], None, None, [], ["model.head_label_map='k710'", "auto, none"]),
+    ("wd_end_negative", ["optim.weight_decay_end=-0.1"], None, None, [], ["optim.weight_decay_end=-0.1", ">= 0"]),
+    (
+        "wd_end_without_wd",
+        ["optim.weight_decay=0", "optim.weight_decay_end=0.1"],
+        None,
+        None,
+        [],
+        ["optim.weight_decay_end=0.1", "optim.weight_decay > 0"],
+    ),
+    (
+        "wd_end_with_ds_scheduler",
+        ["optim.weight_decay_end=0.1", "optim.layer_decay=1.0"],
+        _top(scheduler={"type": "WarmupLR", "params": {}}),
+        None,
+        [],
+        ["'scheduler' (WarmupLR)", "optim.weight_decay_end=0.1"],
+    ),
+    (
+        "lion_vs_json_adamw",
+        ["optim.name=lion"],
+        lambda c: c["optimizer"].update(type="AdamW"),
+        None,
+        [],
+        ["optimizer.type='AdamW'", "optim.name='lion'"],
+    ),
+    (
+        "json_lion_vs_recipe_adamw",
+        [],
+        lambda c: c["optimizer"].update(type="Lion"),
+        None,
+        [],
+        ["optimizer.type='Lion'", "optim.name='adamw'"],
+    ),
+    (
+        "lion_with_eps",
+        ["optim.name=lion"],
+        lambda c: c["optimizer"]["params"].update(eps=1e-8),
+        None,
+        [],
+        ["optimizer.params.eps=1e-08", "Lion has no eps"],
+    ),
+    ("ema_with_zero3", ["ema.decay=0.9999"], _stage(3), None, [], ["ema.decay=0.9999", "ZeRO-3"]),
 ]
 
 
