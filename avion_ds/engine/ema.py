@@ -10,8 +10,8 @@ fragment per parameter and rank, with no communication per step (timm's ``ModelE
 * ZeRO-1/2 (any precision): its fragment of each parameter's fp32 partition (``param._hp_mapping``,
   the link DeepSpeed's ``safe_get_full_fp32_param`` uses), on the device the partition lives on
   (the CPU under ``offload_optimizer``);
-* ZeRO-0 bf16 / fp16: the slice of the wrapper's flat fp32 master (``fp32_groups_flat``) (every rank
-  holds all of it);
+* ZeRO-0 bf16 / fp16: the wrapper's fp32 master of the parameter (``fp32_groups_flat`` /
+  ``fp32_groups``; every rank holds all of it);
 * ZeRO-0 fp32: the parameters themselves.
 
 ZeRO-3 is refused at start-up (``build_ds_config``). Only trainable parameters are averaged (buffers and
@@ -58,16 +58,20 @@ class _Slot:
 
 
 def _flat_master_views(optimizer: Any) -> dict[int, torch.Tensor]:
-    """id(param) -> its slice of ZeRO-0's bf16 / fp16 wrapper's flat fp32 master (``FP16_Optimizer``)."""
-    groups, flats = getattr(optimizer, "fp16_groups", None), getattr(optimizer, "fp32_groups_flat", None)
-    if groups is None or flats is None:
-        return {}
+    """id(param) -> its fp32 master under ZeRO-0's bf16 / fp16 wrappers: a slice of ``FP16_Optimizer``'s
+    flat ``fp32_groups_flat`` (DeepSpeed's fused optimizers) or ``FP16_UnfusedOptimizer``'s ``fp32_groups``."""
+    groups = getattr(optimizer, "fp16_groups", None)
+    flats, unfused = getattr(optimizer, "fp32_groups_flat", None), getattr(optimizer, "fp32_groups", None)
     views: dict[int, torch.Tensor] = {}
-    for params, flat in zip(groups, flats):
-        offset = 0
-        for p in params:
-            views[id(p)] = flat.narrow(0, offset, p.numel())
-            offset += p.numel()
+    if groups is not None and flats is not None:
+        for params, flat in zip(groups, flats):
+            offset = 0
+            for p in params:
+                views[id(p)] = flat.narrow(0, offset, p.numel())
+                offset += p.numel()
+    elif groups is not None and unfused is not None:
+        for params, masters in zip(groups, unfused):
+            views.update({id(p): m.detach().view(-1) for p, m in zip(params, masters)})
     return views
 
 

@@ -75,6 +75,22 @@ def test_ema_follows_timm_rule_resumes_bit_exactly_and_exports(one_rank: None, t
             assert all(torch.equal(sd[k], want[k].float()) for k in want), (weights, suffix)
 
 
+def test_zero0_bf16_ema_follows_the_wrappers_fp32_master(one_rank: None, tmp_path: Path) -> None:
+    """ZeRO-0 bf16: the module holds bf16 copies; the EMA follows the optimizer wrapper's fp32 masters."""
+    t = tiny_trainer("zero0.json", tmp_path / "run", "ema.decay=0.5", "precision=bf16", accum=1)
+    opt = t.engine.optimizer  # DeepSpeed's FP16_UnfusedOptimizer here (torch AdamW): fp32 copies per parameter
+    pairs = [(p, m) for params, fp32 in zip(opt.fp16_groups, opt.fp32_groups) for p, m in zip(params, fp32)]
+    assert pairs and all(p.dtype == torch.bfloat16 and m.dtype == torch.float32 for p, m in pairs)
+    ref = {id(p): m.detach().clone() for p, m in pairs}
+    data = batches()
+    for _ in range(3):
+        assert t.train_step(data)
+        for p, m in pairs:
+            ref[id(p)] = 0.5 * ref[id(p)] + 0.5 * m.detach()
+    for s in t.ema.slots:
+        torch.testing.assert_close(s.ema.view(s.shape), ref[id(s.param)], rtol=1e-6, atol=1e-8, msg=s.name)
+
+
 class _Recording:
     """Wraps the fine-tuning task: ``evaluate`` records the weights the model holds."""
 
