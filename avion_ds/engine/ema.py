@@ -28,7 +28,7 @@ files cover this rank's fragments (bit-exact; also after a change of world size,
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -237,6 +237,17 @@ def build(engine: Any, recipe: Recipe) -> WeightEMA | None:
 def eval_weights(recipe: Recipe) -> str:
     """Which weights validation, ``avion-ds eval`` of a run directory and ``export`` use: ema | model."""
     return "ema" if recipe.ema.decay > 0 and recipe.ema.weights == "ema" else "model"
+
+
+@contextlib.contextmanager
+def evaluation_weights(averaged: WeightEMA | None, recipe: Recipe, log: Callable[[str], None] = print) -> Iterator[str]:
+    """Inside the block the model holds the weights validation uses (``eval_weights``), whose name it yields;
+    with an EMA kept, one log line says which (every rank must enter: ZeRO-1/2 gather the EMA)."""
+    weights = eval_weights(recipe)
+    if averaged is not None:
+        log(f"evaluating the {weights} weights (ema.decay={recipe.ema.decay:g}, ema.weights={recipe.ema.weights})")
+    with averaged.applied() if averaged is not None and weights == "ema" else contextlib.nullcontext():
+        yield weights
 
 
 def with_ema(sd: dict[str, torch.Tensor], tag_dir: Path, trust: bool = False) -> dict[str, torch.Tensor]:

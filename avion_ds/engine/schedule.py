@@ -95,3 +95,8 @@ class WarmupCosine:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.last_step = int(state["last_step"])
         self._apply()
+
+
+def decayed_weight_decay(optimizer: torch.optim.Optimizer) -> float:
+    """The largest group weight decay: the decayed groups' (scheduled by ``optim.weight_decay_end``)."""
+    return max(float(g.get("weight_decay", 0.0)) for g in optimizer.param_groups)

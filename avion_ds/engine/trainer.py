@@ -17,7 +17,6 @@ row reports the steps since the previous logged one (with ``log_every: 1``, ever
 
 from __future__ import annotations
 
-import contextlib
 import json
 import math
 import time
@@ -37,6 +36,7 @@ from avion_ds.engine.ds_config import torch_dtype
 from avion_ds.engine.parallelize import Parallelized
 from avion_ds.engine.rng import set_rng_state
 from avion_ds.engine.run_log import RunLogger, peak_memory_gib
+from avion_ds.engine.schedule import decayed_weight_decay
 
 if TYPE_CHECKING:
     from avion_ds.tasks.base import Task
@@ -253,7 +253,7 @@ class Trainer:
         elif not bad and log_now and self.stage == 0:
             norm = zero0_grad_norm_tensor(self.engine, scale)
         if log_now:
-            self._interval.weight_decay = self.weight_decay()
+            self._interval.weight_decay = decayed_weight_decay(self.engine.optimizer)
         applied = step_window(self.engine, bad)
         if applied and self.ema is not None:
             self.ema.update()
@@ -270,10 +270,6 @@ class Trainer:
 
     def _grads_params(self) -> list[torch.nn.Parameter]:
         return [p for p in self._params if p.grad is not None]
-
-    def weight_decay(self) -> float:
-        """The largest group weight decay (the decayed groups'; scheduled by ``optim.weight_decay_end``)."""
-        return max(float(g.get("weight_decay", 0.0)) for g in self.engine.optimizer.param_groups)
 
     def loss_scale(self) -> float | None:
         """fp16's current loss scale (None otherwise); a host read."""
@@ -424,10 +420,7 @@ class Trainer:
 
         r, st = self.recipe, self.state
         views = r.eval.temporal_views * r.eval.spatial_views
-        weights = ema.eval_weights(r)
-        if self.ema is not None:
-            self.log.info(f"evaluating the {weights} weights (ema.decay={r.ema.decay:g}, ema.weights={r.ema.weights})")
-        with self.ema.applied() if weights == "ema" else contextlib.nullcontext():
+        with ema.evaluation_weights(self.ema, r, self.log.info) as weights:
             out = self.task.evaluate(
                 self.engine, data.val_loader, data.eval_aug, views, self.device, self.dtype, r, bad_log=self.bad_log
             )

@@ -11,7 +11,7 @@ import torch
 
 from avion_ds.engine.weights_report import REPORT_NAME, kinetics_head, load_and_report
 from avion_ds.models import create_model
-from avion_ds.models.weights.formats import LABEL_MAPS, k710_label_map
+from avion_ds.models.weights.kinetics710 import LABEL_MAPS, k710_label_map
 from avion_ds.tasks import load_recipe
 from tests.models.convert import to_videomae
 

@@ -24,7 +24,6 @@ result is a ``LoadReport``.
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 import re
@@ -38,6 +37,7 @@ import torch.nn.functional as F
 
 from avion_ds.models.partition import full_numel, state_shapes
 from avion_ds.models.vit import VideoViT
+from avion_ds.models.weights.kinetics710 import remap_k710
 from avion_ds.models.weights.safe_load import UntrustedCheckpoint, load_checkpoint_file
 from avion_ds.models.weights.torchscript import read_torchscript_state_dict, torchscript_root
 
@@ -359,29 +359,6 @@ def _as_conv_weight(key: str, w: torch.Tensor, conv_shape: tuple[int, int, int, 
     return w.reshape(D, C, t0, p, p)
 
 
-K710 = 710  # classes of Kinetics-710 (VideoMAE V2's supervised post-pretraining)
-LABEL_MAPS = Path(__file__).with_name("label_maps")  # label_710to{400,600,700}.json, from VideoMAE V2
-
-
-def k710_label_map(classes: int) -> list[int] | None:
-    """For Kinetics-``classes`` (400 / 600 / 700), the Kinetics-710 row of each of its classes (VideoMAE V2's
-    ``misc/label_710to<classes>.json``); None for other class counts."""
-    path = LABEL_MAPS / f"label_710to{classes}.json"
-    return json.loads(path.read_text()) if path.is_file() else None
-
-
-def _remap_k710(k: str, v: torch.Tensor, want: torch.Size, report: LoadReport) -> torch.Tensor | None:
-    """A Kinetics-710 head's rows for a Kinetics-400 / 600 / 700 head (None: no map for this shape)."""
-    rows = k710_label_map(int(want[0])) if v.shape[0] == K710 and v.shape[1:] == want[1:] else None
-    if rows is None:
-        return None
-    report.remapped.append(k)
-    note = f"Kinetics-710 head rows mapped onto Kinetics-{want[0]} by label_710to{want[0]}.json (VideoMAE V2)"
-    if note not in report.notes:
-        report.notes.append(note)
-    return v[rows]
-
-
 def _adapt(sd: StateDict, model: VideoViT, report: LoadReport, kinetics_head: bool = False) -> StateDict:
     target = state_shapes(model)  # logical shapes, also of ZeRO-3 partitioned parameters
     out: StateDict = {}
@@ -390,7 +367,7 @@ def _adapt(sd: StateDict, model: VideoViT, report: LoadReport, kinetics_head: bo
             out[k] = v  # becomes "unexpected"
             continue
         want = target[k]
-        mapped = _remap_k710(k, v, want, report) if kinetics_head and k in ("head.weight", "head.bias") else None
+        mapped = remap_k710(k, v, want, report) if kinetics_head and k in ("head.weight", "head.bias") else None
         if mapped is not None:
             out[k] = mapped
         elif v.shape == want:
