@@ -27,7 +27,7 @@ REPORT_NAME = "pretrained_report.json"
 _HEADS = ("head.", "heads.")
 
 
-def kinetics_head(recipe: Recipe) -> bool:
+def maps_kinetics710_head(recipe: Recipe) -> bool:
     """Whether the recipe's ``model.pretrained`` load maps a Kinetics-710 head onto its Kinetics-400 / 600 /
     700 head (``model.head_label_map: auto`` and ``data.dataset: kinetics``, as VideoMAE V2's fine-tuning)."""
     return recipe.model.head_label_map == "auto" and recipe.data.dataset == "kinetics"
@@ -77,7 +77,7 @@ def load_and_report(
 
     Raises ConfigError (one line, exit 2) for an unreadable / untrusted file, and under ``strict`` when
     less than ``MIN_BACKBONE_MATCH`` of the backbone parameters were matched. ``kinetics_head``: a 710-row
-    (Kinetics-710) head is mapped onto the model's Kinetics-400/600/700 head (:func:`kinetics_head`).
+    (Kinetics-710) head is mapped onto the model's Kinetics-400/600/700 head (:func:`maps_kinetics710_head`).
     """
     try:
         # plain models: load_pretrained; the coverage is checked (and reported) below, once

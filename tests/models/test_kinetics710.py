@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from avion_ds.engine.weights_report import REPORT_NAME, kinetics_head, load_and_report
+from avion_ds.engine.weights_report import REPORT_NAME, load_and_report, maps_kinetics710_head
 from avion_ds.models import create_model
 from avion_ds.models.weights.kinetics710 import LABEL_MAPS, k710_label_map
 from avion_ds.tasks import load_recipe
@@ -53,6 +53,6 @@ def test_k710_head_rows_are_picked_by_the_label_map(tmp_path: Path, classes: int
 
 
 def test_recipe_decides_the_mapping() -> None:
-    assert kinetics_head(load_recipe(None, ["data.dataset=kinetics"]))
-    assert not kinetics_head(load_recipe(None, ["data.dataset=kinetics", "model.head_label_map=none"]))
-    assert not kinetics_head(load_recipe(None, ["data.dataset=ssv2", "model.num_classes=174"]))
+    assert maps_kinetics710_head(load_recipe(None, ["data.dataset=kinetics"]))
+    assert not maps_kinetics710_head(load_recipe(None, ["data.dataset=kinetics", "model.head_label_map=none"]))
+    assert not maps_kinetics710_head(load_recipe(None, ["data.dataset=ssv2", "model.num_classes=174"]))
