@@ -205,8 +205,8 @@ def main(argv: list[str] | None = None) -> int:
         if args.format == "hf":
             diff = export_hf(args.run_dir, args.out, tag, args.head, args.trust_checkpoint, weights)
             print(
-                f"wrote {args.out} (Hugging Face VideoMAEForVideoClassification, checkpoint {tag}, {weights} weights"
-                f"{', head ' + args.head if args.head else ''}; reloaded with transformers: max |logit "
+                f"wrote {args.out} (Hugging Face VideoMAEForVideoClassification, checkpoint {tag}"
+                f"{', head ' + args.head if args.head else ''}, {weights} weights; reloaded with transformers: max |logit "
                 f"difference| {diff:.2e})"
             )
             return 0
