@@ -220,7 +220,9 @@ def run(args: argparse.Namespace) -> int:
     if dist.is_main():
         print(backends_line(model, recipe, device, dtype), flush=True)
         what = (
-            f"{run_dir} checkpoint {tag} ({eval_weights(recipe)} weights)" if tag else f"weights file {args.checkpoint}"
+            f"{run_dir} checkpoint {tag}" + (f" ({eval_weights(recipe)} weights)" if recipe.ema.decay > 0 else "")
+            if tag
+            else f"weights file {args.checkpoint}"
         )
         print(f"avion-ds eval: evaluating {what} on the {args.split} split", flush=True)
     if args.offload == "none":

@@ -202,11 +202,12 @@ def main(argv: list[str] | None = None) -> int:
         if note:
             print(note, flush=True)
         weights = args.weights or run_weights(Path(args.run_dir))
+        which = ", ema weights" if weights == "ema" else ""  # the trained weights unless said
         if args.format == "hf":
             diff = export_hf(args.run_dir, args.out, tag, args.head, args.trust_checkpoint, weights)
             print(
                 f"wrote {args.out} (Hugging Face VideoMAEForVideoClassification, checkpoint {tag}"
-                f"{', head ' + args.head if args.head else ''}, {weights} weights; reloaded with transformers: max |logit "
+                f"{', head ' + args.head if args.head else ''}{which}; reloaded with transformers: max |logit "
                 f"difference| {diff:.2e})"
             )
             return 0
@@ -214,7 +215,7 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as e:
         print(f"avion-ds export: error: {e}", file=sys.stderr)
         return 2
-    print(f"wrote {out} (checkpoint {tag}, {weights} weights)")
+    print(f"wrote {out} (checkpoint {tag}{which})")
     return 0
 
 
