@@ -11,7 +11,8 @@ import pytest
 import torch
 
 from avion_ds.engine.ema import EmaFiles, _copy_overlap
-from avion_ds.engine.export import export
+from avion_ds.config import save_recipe
+from avion_ds.engine.export import export, run_weights
 from avion_ds.engine.parallelize import unwrap
 from avion_ds.engine.trainer import TrainData
 from avion_ds.rundir import consolidate
@@ -136,3 +137,14 @@ def test_fragments_assemble_across_world_sizes(tmp_path: Path) -> None:
     mine = torch.zeros(3)  # elements [4, 7) of a 3-way partition
     copied = sum(_copy_overlap(mine, 4, st["params"]["w"]) for st in files.states)
     assert copied == 3 and torch.equal(mine, full[4:7])
+
+
+def test_export_defaults_to_the_runs_ema_weights(tmp_path: Path) -> None:
+    assert run_weights(tmp_path) == "model"  # no recipe.yaml
+    for sets, want in (
+        ([], "model"),
+        (["ema.decay=0.9999"], "ema"),
+        (["ema.decay=0.9999", "ema.weights=model"], "model"),
+    ):
+        save_recipe(load_recipe(None, ["data.dataset=kinetics", *sets]), tmp_path / "recipe.yaml")
+        assert run_weights(tmp_path) == want, sets
