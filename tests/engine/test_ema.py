@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 import torch
 
-from avion_ds.engine.ema import EmaFiles, _copy_overlap
 from avion_ds.config import save_recipe
+from avion_ds.engine.ema import EmaFiles, _copy_overlap
 from avion_ds.engine.export import export, run_weights
 from avion_ds.engine.parallelize import unwrap
 from avion_ds.engine.trainer import TrainData
@@ -19,7 +19,7 @@ from avion_ds.rundir import consolidate
 from avion_ds.tasks import EvalOutcome, load_recipe, task_of
 from tests.engine.tiny_trainer import batches, tiny_trainer
 
-pytestmark = pytest.mark.multiprocess  # trains a DeepSpeed engine in this process
+ENGINE = pytest.mark.multiprocess  # trains a DeepSpeed engine in this process
 DECAY = 0.9
 
 
@@ -40,6 +40,7 @@ def ema_of(trainer: Any) -> dict[str, torch.Tensor]:
     return {s.name: s.ema.view(s.shape).clone() for s in trainer.ema.slots}
 
 
+@ENGINE
 def test_ema_follows_timm_rule_resumes_bit_exactly_and_exports(one_rank: None, tmp_path: Path) -> None:
     run = tmp_path / "run"
     sets = [f"ema.decay={DECAY}", "model.drop_path_rate=0"]  # no randomness: the resumed run repeats the first
@@ -76,6 +77,7 @@ def test_ema_follows_timm_rule_resumes_bit_exactly_and_exports(one_rank: None, t
             assert all(torch.equal(sd[k], want[k].float()) for k in want), (weights, suffix)
 
 
+@ENGINE
 def test_zero0_bf16_ema_follows_the_wrappers_fp32_master(one_rank: None, tmp_path: Path) -> None:
     """ZeRO-0 bf16: the module holds bf16 copies; the EMA follows the optimizer wrapper's fp32 masters."""
     t = tiny_trainer("zero0.json", tmp_path / "run", "ema.decay=0.5", "precision=bf16", accum=1)
@@ -106,6 +108,7 @@ class _Recording:
         return EvalOutcome(metrics={"top1": 0.0})
 
 
+@ENGINE
 @pytest.mark.parametrize("weights", ["ema", "model"])
 def test_validation_uses_the_chosen_weights_then_restores(one_rank: None, tmp_path: Path, weights: str) -> None:
     run = tmp_path / "run"
