@@ -115,7 +115,7 @@ class FinetuneTask(Task):
         ds_config: dict[str, Any] | None = None,
     ) -> nn.Module:
         from avion_ds.engine import dist
-        from avion_ds.engine.weights_report import load_and_report
+        from avion_ds.engine.weights_report import load_and_report, maps_kinetics710_head
         from avion_ds.models import create_model
         from avion_ds.models.weights.sharded import build_partitioned
 
@@ -131,6 +131,7 @@ class FinetuneTask(Task):
                 trust=m.trust_checkpoint,
                 run_dir=run_dir,
                 is_main=dist.is_main(),
+                kinetics_head=maps_kinetics710_head(recipe),
             )
         return model
 

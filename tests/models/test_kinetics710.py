@@ -56,3 +56,21 @@ def test_recipe_decides_the_mapping() -> None:
     assert maps_kinetics710_head(load_recipe(None, ["data.dataset=kinetics"]))
     assert not maps_kinetics710_head(load_recipe(None, ["data.dataset=kinetics", "model.head_label_map=none"]))
     assert not maps_kinetics710_head(load_recipe(None, ["data.dataset=ssv2", "model.num_classes=174"]))
+
+
+@torch.no_grad()
+def test_finetune_task_maps_the_head_it_loads(tmp_path: Path) -> None:
+    """`avion-ds train`'s model build (the fine-tuning task) applies the recipe's mapping."""
+    from avion_ds.tasks import task_of
+
+    torch.manual_seed(0)
+    src = create_model("vit_test_tiny", num_classes=710, head_init_scale=1.0).eval()
+    path = tmp_path / "k710.pth"
+    torch.save(to_videomae(src), path)
+    recipe = load_recipe(
+        None,
+        ["model.name=vit_test_tiny", "model.num_classes=400", "data.dataset=kinetics", "data.num_frames=4"]
+        + ["data.size=32", f"model.pretrained={path}"],
+    )
+    model = task_of(recipe).build_model(recipe, run_dir=tmp_path)
+    assert torch.equal(model.head.weight, src.head.weight[k710_label_map(400)])
