@@ -102,6 +102,7 @@ class OptimConfig:
     lr: float = 1.5e-3  # base lr for base_batch; scaled linearly by global_batch / base_batch
     base_batch: int = 256
     scale_lr: bool = True
+    scale_lr_bounds: bool = False  # also scale min_lr and schedule.warmup_start_lr by global/base batch (AVION CLS)
     min_lr: float = 1e-6
     layer_decay: float = 0.75  # 1.0 disables layer-wise lr decay
     weight_decay: float = 0.05
@@ -119,6 +120,7 @@ class OptimConfig:
 class ScheduleConfig:
     epochs: int = 30
     warmup_epochs: float = 2.0
+    warmup_start_lr: float | None = None  # None: warmup (step+1)/W x lr; a value: AVION/BEiT's linspace(start, lr, W)
     fix_lr: bool = False  # constant lr = the (scaled) base lr from the first step, no warmup or decay (AVION --fix-lr)
     steps_per_epoch: int | None = None  # cap (for smoke runs); None = full epoch
 
@@ -439,6 +441,7 @@ _RANGES: dict[str, tuple[float | None, float | None, bool, bool]] = {
     "optim.betas[0]": (0.0, 1.0, True, False),
     "optim.betas[1]": (0.0, 1.0, True, False),
     "schedule.warmup_epochs": (0.0, None, True, True),
+    "schedule.warmup_start_lr": (0.0, None, True, True),
     "data.workers": (0, None, True, True),
     "data.decoder_threads": (0, None, True, True),
     "data.decode_timeout_s": (0.0, None, True, True),

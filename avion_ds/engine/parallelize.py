@@ -103,14 +103,16 @@ def parallelize(
     if "scheduler" not in ds_config:
         total = int(recipe.schedule.epochs * steps_per_epoch)
         warmup = int(round(recipe.schedule.warmup_epochs * steps_per_epoch))
-        min_lr = recipe.optim.min_lr
-        if recipe.schedule.fix_lr:  # AVION --fix-lr: the base lr throughout (no warmup, no decay)
+        o, sched = recipe.optim, recipe.schedule
+        bound = lr / o.lr if o.scale_lr_bounds else 1.0  # AVION CLS scales lr_start / lr_end like lr
+        min_lr = o.min_lr * bound
+        start = None if sched.warmup_start_lr is None else sched.warmup_start_lr * bound
+        if sched.fix_lr:  # AVION --fix-lr: the base lr throughout (no warmup, no decay)
             warmup, min_lr = 0, lr
-        o = recipe.optim
         wd = None if o.weight_decay_end is None else (o.weight_decay, o.weight_decay_end)
 
         def lr_scheduler(opt: torch.optim.Optimizer) -> WarmupCosine:
-            return WarmupCosine(opt, lr, min_lr, warmup, total, weight_decay=wd)
+            return WarmupCosine(opt, lr, min_lr, warmup, total, weight_decay=wd, warmup_start=start)
 
     config, own_clip = trim_engine(config)
     engine, _, _, _ = deepspeed.initialize(

@@ -14,10 +14,18 @@ from typing import Any
 import torch
 
 
-def cosine_lr(step: int, base_lr: float, min_lr: float, warmup_steps: int, total_steps: int) -> float:
-    """lr at optimizer step ``step``: linear 0 -> base over warmup, then cosine base -> min_lr."""
+def cosine_lr(
+    step: int, base_lr: float, min_lr: float, warmup_steps: int, total_steps: int, warmup_start: float | None = None
+) -> float:
+    """lr at optimizer step ``step``: linear warmup, then cosine base -> min_lr. The warmup is
+    ``base * (step + 1) / warmup`` or, with ``warmup_start``, AVION / BEiT's ``cosine_scheduler``
+    ``np.linspace(warmup_start, base, warmup)`` (``start_warmup_value``: first step at the start, last at base)."""
     if warmup_steps > 0 and step < warmup_steps:
-        return base_lr * (step + 1) / warmup_steps
+        if warmup_start is None:
+            return base_lr * (step + 1) / warmup_steps
+        if warmup_steps == 1:
+            return warmup_start
+        return warmup_start + (base_lr - warmup_start) * step / (warmup_steps - 1)
     if total_steps <= warmup_steps:
         return base_lr
     progress = min(1.0, (step - warmup_steps) / max(1, total_steps - warmup_steps))
@@ -46,8 +54,10 @@ class WarmupCosine:
         warmup_steps: int,
         total_steps: int,
         weight_decay: tuple[float, float] | None = None,
+        warmup_start: float | None = None,
     ) -> None:
         self.optimizer = optimizer
+        self.warmup_start = warmup_start
         self.base_lr = base_lr
         self.min_lr = min_lr
         self.warmup_steps = int(warmup_steps)
@@ -59,7 +69,9 @@ class WarmupCosine:
 
     def lr(self) -> float:
         """Unscaled lr for the next optimizer step."""
-        return cosine_lr(self.last_step, self.base_lr, self.min_lr, self.warmup_steps, self.total_steps)
+        return cosine_lr(
+            self.last_step, self.base_lr, self.min_lr, self.warmup_steps, self.total_steps, self.warmup_start
+        )
 
     def wd(self) -> float | None:
         """Weight decay of the decayed groups for the next optimizer step (None: no schedule)."""
@@ -89,6 +101,7 @@ class WarmupCosine:
             "min_lr": self.min_lr,
             "warmup_steps": self.warmup_steps,
             "total_steps": self.total_steps,
+            "warmup_start": self.warmup_start,
             **({} if self.weight_decay is None else {"weight_decay": list(self.weight_decay)}),
         }
 

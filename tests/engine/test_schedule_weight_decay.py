@@ -74,3 +74,37 @@ def test_schedule_is_applied_logged_and_resumed(one_rank: None, tmp_path: Path) 
     fresh = tiny_trainer("zero0.json", run, f"optim.weight_decay_end={WD_END}", accum=1)
     assert fresh.resume()
     assert [g["weight_decay"] for g in fresh.engine.optimizer.param_groups] == [g["weight_decay"] for g in groups]
+
+
+def test_warmup_start_is_avions_linspace_and_bounds_scale_like_lr() -> None:
+    """``schedule.warmup_start_lr``: AVION's ``cosine_scheduler(lr, lr_end, ..., start_warmup_value)``, step by
+    step; ``optim.scale_lr_bounds`` scales the start and the end as main_lavila_finetune_cls.py lines 216-218."""
+    from avion_ds.engine.schedule import cosine_lr
+
+    epochs, per_epoch, warmup_epochs = 4, 5, 2
+    base, start, end = 3e-3, 1e-6, 1e-5
+    ref = avion_cosine_scheduler(base, end, epochs, per_epoch, warmup_epochs, start)
+    ours = [cosine_lr(i, base, end, warmup_epochs * per_epoch, epochs * per_epoch, start) for i in range(20)]
+    np.testing.assert_allclose(ours, ref, rtol=1e-12, atol=0)
+
+
+def test_recipe_bounds_scale_with_the_batch(one_rank: None, tmp_path: Path) -> None:
+    """A recipe with AVION CLS's lr 3e-3 per 128 clips, lr_start 1e-6, lr_end 1e-5, all scaled (global 4 here)."""
+    trainer = tiny_trainer(
+        "zero0.json",
+        tmp_path,
+        "optim.lr=3e-3",
+        "optim.base_batch=128",
+        "optim.scale_lr=true",
+        "optim.scale_lr_bounds=true",
+        "optim.layer_decay=1.0",
+        "optim.min_lr=1e-5",
+        "schedule.warmup_start_lr=1e-6",
+        "schedule.warmup_epochs=0.02",  # 2 of the 100 steps
+        accum=2,
+    )
+    sched = trainer.engine.lr_scheduler
+    factor = 4 / 128
+    assert sched.warmup_start == pytest.approx(1e-6 * factor) and sched.min_lr == pytest.approx(1e-5 * factor)
+    assert sched.base_lr == pytest.approx(3e-3 * factor) and sched.warmup_steps == 2
+    assert trainer.engine.optimizer.param_groups[0]["lr"] == pytest.approx(1e-6 * factor)  # the first step's lr
