@@ -58,7 +58,7 @@ def reference(weights: dict[str, torch.Tensor], frames: torch.Tensor, tokens: to
     return float(loss.detach()), {k: p.grad.detach().clone() for k, p in model.named_parameters() if p.grad is not None}
 
 
-def setup(stage: int, accum: int, freeze: list[str]) -> tuple:
+def setup(stage: int, accum: int, freeze: list[str], precision: str = "fp32") -> tuple:
     """Recipe and DeepSpeed config, built before the process group as ``avion-ds train`` does."""
     from avion_ds.engine import dist
     from avion_ds.engine.ds_config import build_ds_config
@@ -74,7 +74,7 @@ def setup(stage: int, accum: int, freeze: list[str]) -> tuple:
             "data.size=32",
             f"batch.micro_batch={MICRO}",
             f"batch.global_batch={MICRO * accum * world}",
-            "precision=fp32",
+            f"precision={precision}",
             "optim.lr=1.0",
             "optim.weight_decay=0.0",
             "schedule.fix_lr=true",
@@ -124,6 +124,9 @@ def run_stage(stage: int, accum: int, recipe, cfg) -> dict:
         # relative to the tensor's largest gradient: fp32 sums taken in another order differ by ~1e-7 of it
         errors[k] = float((applied - expected).abs().max()) / max(1.0, float(expected.abs().max()))
     changed = sorted(k for k in before if not torch.equal(before[k], after[k]))
+    applied = torch.cat([(before[k] - after[k]).flatten() for k in before])
+    expected = torch.cat([ref_grads.get(k, torch.zeros_like(w)).flatten() for k, w in before.items()])
+    cosine = float(torch.nn.functional.cosine_similarity(applied, expected, dim=0))
     return {
         "stage": stage,
         "loss": loss,
@@ -131,6 +134,7 @@ def run_stage(stage: int, accum: int, recipe, cfg) -> dict:
         "max_error": max(errors.values()),
         "errors": errors,
         "changed": changed,
+        "cosine": cosine,
     }
 
 
@@ -139,12 +143,13 @@ def main() -> int:
     p.add_argument("--stages", default="0,1,2,3")
     p.add_argument("--accum", type=int, default=2)
     p.add_argument("--freeze", default="")
+    p.add_argument("--precision", default="fp32")
     args = p.parse_args()
     from avion_ds.engine import dist
 
     freeze = [f for f in args.freeze.split(",") if f]
     stages = [int(s) for s in args.stages.split(",")]
-    setups = {stage: setup(stage, args.accum, freeze) for stage in stages}
+    setups = {stage: setup(stage, args.accum, freeze, args.precision) for stage in stages}
     dist.init()
     for stage in stages:
         out = run_stage(stage, args.accum, *setups[stage])

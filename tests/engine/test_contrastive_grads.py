@@ -146,3 +146,19 @@ def test_frozen_tower_and_temperature_stay_put() -> None:
         assert r["changed"], stage
         assert all(k.startswith("textual.") for k in r["changed"]), (stage, r["changed"])
         assert not {k: e for k, e in r["errors"].items() if k.startswith("textual.") and e > 1e-5}, stage
+
+
+@pytest.mark.multiprocess
+def test_bf16_step_follows_the_fp32_reference() -> None:
+    """bf16 (the recipes' precision; AVION uses fp16 autocast) on ZeRO-2 and ZeRO-3 (both towers partitioned):
+    the loss within 0.05 of one fp32 process's and the applied update pointing along its gradient."""
+    proc = launch(
+        ["--stages", "2,3", "--accum", "2", "--precision", "bf16"], launcher="torchrun", script_path=SCRIPT, timeout=600
+    )
+    log = proc.stdout + proc.stderr
+    assert proc.returncode == 0, log[-4000:]
+    results = _results(proc.stdout)
+    assert sorted(results) == [2, 3], log[-3000:]
+    for stage, r in results.items():
+        assert abs(r["loss"] - r["ref_loss"]) < 0.05, (stage, r["loss"], r["ref_loss"])
+        assert r["cosine"] > 0.999, (stage, r["cosine"])
