@@ -58,7 +58,7 @@ def reference(weights: dict[str, torch.Tensor], frames: torch.Tensor, tokens: to
     return float(loss.detach()), {k: p.grad.detach().clone() for k, p in model.named_parameters() if p.grad is not None}
 
 
-def setup(stage: int, accum: int, freeze: list[str], precision: str = "fp32") -> tuple:
+def setup(stage: int, accum: int, freeze: list[str], precision: str = "fp32", ckpt: bool = False) -> tuple:
     """Recipe and DeepSpeed config, built before the process group as ``avion-ds train`` does."""
     from avion_ds.engine import dist
     from avion_ds.engine.ds_config import build_ds_config
@@ -75,6 +75,7 @@ def setup(stage: int, accum: int, freeze: list[str], precision: str = "fp32") ->
             f"batch.micro_batch={MICRO}",
             f"batch.global_batch={MICRO * accum * world}",
             f"precision={precision}",
+            f"model.activation_checkpointing={str(ckpt).lower()}",
             "optim.lr=1.0",
             "optim.weight_decay=0.0",
             "schedule.fix_lr=true",
@@ -144,12 +145,13 @@ def main() -> int:
     p.add_argument("--accum", type=int, default=2)
     p.add_argument("--freeze", default="")
     p.add_argument("--precision", default="fp32")
+    p.add_argument("--ckpt", action="store_true", help="activation checkpointing on both towers")
     args = p.parse_args()
     from avion_ds.engine import dist
 
     freeze = [f for f in args.freeze.split(",") if f]
     stages = [int(s) for s in args.stages.split(",")]
-    setups = {stage: setup(stage, args.accum, freeze, args.precision) for stage in stages}
+    setups = {stage: setup(stage, args.accum, freeze, args.precision, args.ckpt) for stage in stages}
     dist.init()
     for stage in stages:
         out = run_stage(stage, args.accum, *setups[stage])

@@ -118,9 +118,11 @@ def _results(log: str) -> dict[int, dict]:
 
 @pytest.mark.multiprocess
 def test_two_ranks_and_accumulation_match_one_process() -> None:
-    """2 ranks x 2 micro-batches of 2 (ZeRO 0, 1, 2, 3): the logged loss and the applied gradient of every
-    parameter equal one process's on the 8 clips (1e-6, relative to the tensor's largest gradient)."""
-    proc = launch(["--stages", "0,1,2,3", "--accum", "2"], launcher="torchrun", script_path=SCRIPT, timeout=600)
+    """2 ranks x 2 micro-batches of 2 (ZeRO 0, 1, 2, 3; activation checkpointing on both towers): the logged
+    loss and the applied gradient of every parameter equal one process's on the 8 clips (1e-6, relative to
+    the tensor's largest gradient)."""
+    args = ["--stages", "0,1,2,3", "--accum", "2", "--ckpt"]
+    proc = launch(args, launcher="torchrun", script_path=SCRIPT, timeout=600)
     log = proc.stdout + proc.stderr
     assert proc.returncode == 0, log[-4000:]
     results = _results(proc.stdout)
