@@ -192,7 +192,13 @@ class ContrastiveTask(Task):
             out = model(xs[i].to(dtype), targets[i]["tokens"])
             return out.video, out.text, out.logit_scale
 
-        return feature_cache_losses(encode, len(xs))
+        return feature_cache_losses(encode, len(xs), self.pair_loss())
+
+    def pair_loss(self) -> Callable[[torch.Tensor, torch.Tensor, torch.Tensor], LossParts]:
+        """The loss of a batch of (video, text, logit scale) over all ranks: AVION's ClipLoss here."""
+        from avion_ds.engine.clip_loss import clip_loss
+
+        return clip_loss
 
     # ------------------------------------------------------------------ evaluation
     def evaluate(

@@ -1,5 +1,6 @@
-"""One contrastive optimizer step through ``Trainer.train_step`` on every ZeRO stage, compared with the
-gradient of ONE process on the concatenated batch (run under torchrun; rank 0 prints a JSON line).
+"""One contrastive (``--task contrastive``: ClipLoss) or MIR fine-tuning (``--task mir``: max-margin ranking
+loss) optimizer step through ``Trainer.train_step`` on every ZeRO stage, compared with the gradient of ONE
+process on the concatenated batch (run under torchrun; rank 0 prints a JSON line).
 
 Each rank feeds ``accum`` micro-batches of 2 clips; the optimizer is SGD with lr 1 and no decay, so the
 weights' change is minus the applied gradient. Dropout and drop path are off, everything fp32."""
@@ -40,9 +41,37 @@ def full_params(engine, stage: int) -> dict[str, torch.Tensor]:
     return {k: p.detach().clone().float() for k, p in params.items()}
 
 
+def avion_clip_loss(image_features, text_features, logit_scale) -> torch.Tensor:
+    """AVION's ``ClipLoss`` on one process (``avion/losses/losses.py``, MIT licence)."""
+    logits_per_image = logit_scale * image_features @ text_features.T
+    logits_per_text = logit_scale * text_features @ image_features.T
+    labels = torch.arange(logits_per_image.shape[0])
+    return (F.cross_entropy(logits_per_image, labels) + F.cross_entropy(logits_per_text, labels)) / 2
+
+
+def avion_max_margin(image_features, text_features, logit_scale, margin: float = 0.2) -> torch.Tensor:
+    """AVION's ``MaxMarginRankingLoss(fix_norm=True)`` on one process (``avion/losses/losses.py``, MIT)."""
+    a_n, b_n = text_features.norm(dim=1)[:, None], image_features.norm(dim=1)[:, None]
+    a_norm = text_features / torch.max(a_n, 1e-8 * torch.ones_like(a_n))
+    b_norm = image_features / torch.max(b_n, 1e-8 * torch.ones_like(b_n))
+    x = torch.mm(a_norm, b_norm.transpose(0, 1))
+    n = x.size()[0]
+    x1 = torch.diag(x).unsqueeze(1).expand(n, n).contiguous().view(-1, 1)
+    x1 = torch.cat((x1, x1), 0)
+    x2 = torch.cat((x.view(-1, 1), x.transpose(0, 1).contiguous().view(-1, 1)), 0)
+    keep = torch.ones(x.shape) - torch.eye(x.shape[0])
+    keep1, keep2 = keep.view(-1, 1), keep.transpose(0, 1).contiguous().view(-1, 1)
+    keep_idx = torch.nonzero(torch.cat((keep1, keep2), 0).flatten()).flatten()
+    x1_, x2_ = torch.index_select(x1, dim=0, index=keep_idx), torch.index_select(x2, dim=0, index=keep_idx)
+    return F.relu(margin - (x1_ - x2_)).mean()
+
+
+REFERENCE_LOSS = {"contrastive": avion_clip_loss, "mir": avion_max_margin}
+
+
 def reference(weights: dict[str, torch.Tensor], frames: torch.Tensor, tokens: torch.Tensor, recipe) -> tuple:
-    """Loss and gradients of one process on the whole batch (a plain model, no DeepSpeed), with the loss
-    of AVION's ``ClipLoss`` on one process written out here (``avion/losses/losses.py``)."""
+    """Loss and gradients of one process on the whole batch (a plain model, no DeepSpeed), with AVION's
+    loss of the recipe's task on one process written out above."""
     from avion_ds.models import create_model
     from avion_ds.tasks.contrastive import _encoder_kwargs
 
@@ -50,15 +79,21 @@ def reference(weights: dict[str, torch.Tensor], frames: torch.Tensor, tokens: to
     model.load_state_dict(weights, strict=True)
     model.train()
     image_features, text_features, logit_scale = model(frames, tokens)
-    logits_per_image = logit_scale * image_features @ text_features.T
-    logits_per_text = logit_scale * text_features @ image_features.T
-    labels = torch.arange(logits_per_image.shape[0])
-    loss = (F.cross_entropy(logits_per_image, labels) + F.cross_entropy(logits_per_text, labels)) / 2
+    loss = REFERENCE_LOSS[recipe.task](image_features, text_features, logit_scale)
     loss.backward()
     return float(loss.detach()), {k: p.grad.detach().clone() for k, p in model.named_parameters() if p.grad is not None}
 
 
-def setup(stage: int, accum: int, freeze: list[str], precision: str = "fp32", ckpt: bool = False) -> tuple:
+TASK_SETS = {
+    "contrastive": ["task=contrastive"],
+    # the MIR files are read by the dataset only: this script feeds its own batches
+    "mir": ["task=mir", "data.dataset=epic_mir", "data.train_sentences=unused", "data.train_relevancy=unused"],
+}
+
+
+def setup(
+    stage: int, accum: int, freeze: list[str], task: str = "contrastive", precision: str = "fp32", ckpt: bool = False
+) -> tuple:
     """Recipe and DeepSpeed config, built before the process group as ``avion-ds train`` does."""
     from avion_ds.engine import dist
     from avion_ds.engine.ds_config import build_ds_config
@@ -68,7 +103,7 @@ def setup(stage: int, accum: int, freeze: list[str], precision: str = "fp32", ck
     recipe = load_recipe(
         None,
         [
-            "task=contrastive",
+            *TASK_SETS[task],
             "model.name=clip_vit_test_tiny",
             "data.num_frames=2",
             "data.size=32",
@@ -146,12 +181,13 @@ def main() -> int:
     p.add_argument("--freeze", default="")
     p.add_argument("--precision", default="fp32")
     p.add_argument("--ckpt", action="store_true", help="activation checkpointing on both towers")
+    p.add_argument("--task", default="contrastive", choices=sorted(TASK_SETS))
     args = p.parse_args()
     from avion_ds.engine import dist
 
     freeze = [f for f in args.freeze.split(",") if f]
     stages = [int(s) for s in args.stages.split(",")]
-    setups = {stage: setup(stage, args.accum, freeze, args.precision, args.ckpt) for stage in stages}
+    setups = {stage: setup(stage, args.accum, freeze, args.task, args.precision, args.ckpt) for stage in stages}
     dist.init()
     for stage in stages:
         out = run_stage(stage, args.accum, *setups[stage])
