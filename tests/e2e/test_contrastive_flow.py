@@ -1,8 +1,8 @@
 """Video-text pretraining end to end through the CLI, at test scale: synth (narrations + MIR files) ->
 chunk -> contrastive pretraining on 2 CPU ranks (deepspeed launcher, ZeRO-2, feature-cache accumulation)
 -> zero-shot EPIC-style MIR every 10 epochs, best checkpoint by avg mAP -> `avion-ds eval --tag best` on
-1 and on 2 ranks (an odd row count: the sampler pads) give identical metrics -> fine-tuning a classifier
-from the video tower.
+1 and on 2 ranks (an odd row count: the sampler pads) give identical metrics; then, from that run, the
+EPIC-100 fine-tunings AVION reports: a classifier on the video tower, and MIR fine-tuning (`task: mir`).
 
 Learns: on the 48 held-out clips (12 narrations), text -> video R-precision on exact narration matches
 reaches at least 3x chance (the share of clips sharing a query's narration)."""
@@ -16,8 +16,9 @@ import sys
 from pathlib import Path
 
 import pytest
+import yaml
 
-from tests.helpers import REPO, launch, run_process
+from tests.helpers import REPO, launch, losses, run_process
 
 pytestmark = pytest.mark.multiprocess
 CLI = [sys.executable, "-m", "avion_ds.cli"]
@@ -51,8 +52,11 @@ def _odd_mir_split(mir: Path, out: Path) -> tuple[Path, Path]:
     return out / "test47.csv", out / "rel47.pkl"
 
 
-def test_synth_contrastive_mir_finetune(tmp_path: Path) -> None:
-    synth, chunks, run = tmp_path / "synth", tmp_path / "chunks", tmp_path / "contrastive"
+@pytest.fixture(scope="module")
+def contrastive_run(tmp_path_factory: pytest.TempPathFactory) -> dict:
+    """synth -> chunk -> contrastive pretraining on 2 CPU ranks (the recipe of the CPU demo); paths and the log."""
+    tmp = tmp_path_factory.mktemp("contrastive_flow")
+    synth, chunks, run = tmp / "synth", tmp / "chunks", tmp / "contrastive"
     _ok(
         run_process(
             [*CLI, "synth", synth, "--num-videos", "4", "--segments-per-video", "24", "--val-fraction", "0.5"]
@@ -71,16 +75,28 @@ def test_synth_contrastive_mir_finetune(tmp_path: Path) -> None:
     recipe = REPO / "launch" / "recipes" / "contrastive_demo_cpu.yaml"
     sets = [x for s in [*data, f"output_dir={run}"] for x in ("--set", s)]
     log = _ok(launch(["--config", recipe, "--deepspeed_config", REPO / "ds_configs" / "zero2.json", *sets]))
+    return {"tmp": tmp, "synth": synth, "chunks": chunks, "mir": mir, "run": run, "log": log}
+
+
+def test_pretraining_logs_and_keeps_the_best(contrastive_run: dict) -> None:
+    run, log = contrastive_run["run"], contrastive_run["log"]
     assert "global batch 16 = micro 4 x accum 2 x world 2" in log
     best = json.loads((run / "best.json").read_text())
     assert best["metric"] == "avg_map" and f"best checkpoint: {best['tag']}" in log
     history = [json.loads(x) for x in (run / "history.jsonl").read_text().splitlines()]
     assert any("clip_acc" in h and "t2v_acc" in h and "logit_scale" in h for h in history), history[-1]
+    evals = [h["eval"]["avg_map"] for h in history if "eval" in h]
+    assert best["value"] == max(evals), (best, evals)
 
-    # zero-shot MIR of the best checkpoint on 1 and on 2 ranks, 47 rows (the DistributedSampler pads)
-    csv47, rel47 = _odd_mir_split(mir, tmp_path)
+
+def test_zero_shot_mir_same_on_one_and_two_ranks_and_learns(contrastive_run: dict) -> None:
+    """`avion-ds eval --tag best` on 1 and 2 ranks, 47 rows (the DistributedSampler pads): identical; on the
+    48 held-out clips, text -> video R-precision at least 3x chance."""
+    tmp, run, mir = contrastive_run["tmp"], contrastive_run["run"], contrastive_run["mir"]
+    best = json.loads((run / "best.json").read_text())
+    csv47, rel47 = _odd_mir_split(mir, tmp)
     odd = ["--set", f"data.val_csv={csv47}", "--set", f"data.val_relevancy={rel47}"]
-    one, two = tmp_path / "eval1.json", tmp_path / "eval2.json"
+    one, two = tmp / "eval1.json", tmp / "eval2.json"
     _ok(run_process([*CLI, "eval", "--checkpoint", run, "--tag", "best", "--out", one, *odd]))
     evaluate = ["eval", "--checkpoint", run, "--tag", "best", "--out", two, *odd]
     _ok(launch(evaluate, launcher="torchrun", module="avion_ds.cli"))
@@ -89,16 +105,17 @@ def test_synth_contrastive_mir_finetune(tmp_path: Path) -> None:
     assert e1["metrics"] == e2["metrics"]
     assert set(e1["metrics"]) == {"vis_map", "txt_map", "avg_map", "vis_ndcg", "txt_ndcg", "avg_ndcg"}
 
-    # learns: the best checkpoint on the full held-out set
-    scores = tmp_path / "eval_full.json"
+    scores = tmp / "eval_full.json"
     _ok(run_process([*CLI, "eval", "--checkpoint", run, "--tag", "best", "--out", scores]))
     full = json.loads(scores.read_text())
     print(f"t2v R-precision {full['t2v_rprecision']:.1f} vs chance {full['t2v_rprecision_chance']:.1f}")
     assert full["rows"] >= 48 and full["columns"] >= 8
     assert full["t2v_rprecision"] >= 3 * full["t2v_rprecision_chance"], full
 
-    # fine-tune a classifier from the video tower of the best checkpoint
-    ft = tmp_path / "finetune"
+
+def test_video_tower_finetunes_a_classifier(contrastive_run: dict) -> None:
+    tmp, synth, chunks, run = (contrastive_run[k] for k in ("tmp", "synth", "chunks", "run"))
+    ft = tmp / "finetune"
     finetune = [
         "model.name=vit_clip_test_tiny",
         "model.heads={verb: 4, noun: 3}",
@@ -124,3 +141,62 @@ def test_synth_contrastive_mir_finetune(tmp_path: Path) -> None:
     assert report["backbone_matched_fraction"] == 1.0, report
     assert any(k.startswith("textual.") for k in report["unexpected"] + report["dropped"]), report
     assert (ft / "metrics.json").is_file()
+
+
+def _mir_recipe(path: Path, synth: Path, chunks: Path, start: Path, run: Path) -> Path:
+    mir = synth / "retrieval_annotations"
+    recipe = {
+        "task": "mir",
+        "model": {"name": "clip_vit_test_tiny", "pretrained": str(start), "activation_checkpointing": True},
+        "data": {
+            "root": str(chunks),
+            "train_csv": str(mir / "EPIC_100_retrieval_train.csv"),
+            "train_sentences": str(mir / "EPIC_100_retrieval_train_sentence.csv"),
+            "train_relevancy": str(mir / "relevancy" / "caption_relevancy_EPIC_100_retrieval_train.pkl"),
+            "val_csv": str(mir / "EPIC_100_retrieval_test.csv"),
+            "val_sentences": str(mir / "EPIC_100_retrieval_test_sentence.csv"),
+            "val_relevancy": str(mir / "relevancy" / "caption_relevancy_EPIC_100_retrieval_test.pkl"),
+            "num_frames": 4,  # pretrained at 2: the temporal embedding is interpolated (AVION's 4 -> 16)
+            "size": 32,
+            "crop_scale": [0.7, 1.0],
+            "workers": 1,
+            "decode_timeout_s": 0.0,
+        },
+        "optim": {"lr": 1.0e-3, "min_lr": 1.0e-4},  # a toy model: AVION fine-tunes at 3e-5
+        "schedule": {"epochs": 10, "warmup_start_lr": 1.0e-4},
+        "batch": {"global_batch": 16, "micro_batch": 4},  # x 2 accumulation x 2 ranks: one batch of 16
+        "eval": {"batch_size": 8},  # every 5 epochs: the task's default
+        "checkpoint": {"keep_last": 1},
+        "logging": {"log_every": 1, "progress": False},
+        "output_dir": str(run),
+        "precision": "fp32",
+    }
+    path.write_text(yaml.safe_dump(recipe))
+    return path
+
+
+def test_mir_finetuning_from_the_run(contrastive_run: dict) -> None:
+    """`task: mir` from the contrastive run directory (its newest checkpoint): captions drawn by relevancy,
+    max-margin loss, temperature frozen, evaluation every 5 epochs, best checkpoint by avg mAP."""
+    from avion_ds.rundir import consolidate
+
+    tmp, synth, chunks, start = (contrastive_run[k] for k in ("tmp", "synth", "chunks", "run"))
+    run = tmp / "mir"
+    recipe = _mir_recipe(tmp / "mir.yaml", synth, chunks, start, run)
+    ds_config = REPO / "ds_configs" / "zero2.json"
+    log = _ok(launch(["--config", recipe, "--deepspeed_config", ds_config], launcher="torchrun"))
+    assert "global batch 16 = micro 4 x accum 2 x world 2" in log
+
+    report = json.loads((run / "pretrained_report.json").read_text())
+    assert "visual.temporal_embed" in report["resized"] and not report["missing"], report
+    history = [json.loads(x) for x in (run / "history.jsonl").read_text().splitlines()]
+    assert all("clip_acc" in h and "t2v_acc" in h for h in history if "loss" in h), history[-1]
+    evals = [h for h in history if "eval" in h]
+    assert [h["epoch"] for h in evals] == [4, 9], evals  # every 5 epochs (0-based epochs 4 and 9)
+    best = json.loads((run / "best.json").read_text())
+    assert best["metric"] == "avg_map" and best["value"] == max(h["eval"]["avg_map"] for h in evals), best
+    assert f"best checkpoint: {best['tag']}" in log
+    steps = losses(run)
+    assert all(0.0 <= v < 1.0 for v in steps.values()), steps  # hinge terms with margin 0.2 on cosines
+    pretrained = consolidate(start)["logit_scale"].reshape(())
+    assert float(consolidate(run)["logit_scale"].reshape(())) == float(pretrained)  # frozen
