@@ -40,6 +40,7 @@ class ModelConfig:
     tubelet_size: int | None = None  # frames per token; None = the registered size's (2)
     drop_path_rate: float = 0.1
     head_drop_rate: float = 0.0
+    head_init: str = "videomae"  # videomae: trunc-normal(0.02) x 0.001 | avion: N(0, 0.01), zero bias (AVION's fc_cls)
     attn_backend: str = "auto"  # auto | flash | sdpa | eager
     patch_embed: str = "linear"  # linear | conv
     # pool / pos_embed: None = the registered model's own (vit_*: mean, sincos; vit_clip_*: cls, clip)
@@ -64,6 +65,7 @@ class DataConfig:
     val_csv: str = ""
     val_dataset: str = ""  # "" = dataset; e.g. epic_mir to evaluate ego4d pretraining zero-shot on EPIC MIR
     val_root: str = ""  # "" = root; videos of the validation split when they live elsewhere
+    epic_label: str = "verb_noun"  # epic: verb_noun (heads verb + noun) | action (ONE head over AVION's verb:noun ids)
     aux_train: list[str] = field(default_factory=list)  # ego4d: extra narration files appended to train_csv's
     fps: float = 0.0  # frame times at this rate (AVION reads Ego4D at 30); 0 = each video's own rate
     train_sentences: str = ""  # epic_mir: EPIC_100_retrieval_train_sentence.csv
@@ -110,7 +112,9 @@ class OptimConfig:
     eps: float = 1e-8
     clip_grad: float = 0.0  # 0 disables clipping (always written explicitly to the DS config)
     no_decay: str = "model"  # model: its no_weight_decay() + 1-d + biases | avion: AVION's rule (1-d, biases, norms)
-    name: str = "adamw"  # adamw | lion (DeepSpeed's Lion, deepspeed.ops.lion: sign update, decoupled weight decay)
+    name: str = (
+        "adamw"  # adamw | lion (DeepSpeed's Lion: sign update, decoupled decay) | sgd (momentum betas[0], AVION CLS)
+    )
     weight_decay_end: float | None = (
         None  # cosine weight_decay -> this over the run, decayed groups only; None: constant
     )
@@ -395,7 +399,9 @@ _CHOICES: dict[str, tuple[str | None, ...]] = {
     "model.pos_embed": (None, "sincos", "learned", "clip"),
     "model.checkpoint_impl": ("torch", "deepspeed"),
     "optim.no_decay": ("model", "avion"),
-    "optim.name": ("adamw", "lion"),
+    "optim.name": ("adamw", "lion", "sgd"),
+    "model.head_init": ("videomae", "avion"),
+    "data.epic_label": ("verb_noun", "action"),
     "ema.weights": ("ema", "model"),
     "model.head_label_map": ("auto", "none"),
     "data.dataset": ("epic", "kinetics", "ssv2", "videos", "ego4d", "epic_mir"),
@@ -540,7 +546,8 @@ def validate(recipe: Recipe) -> None:
     if tubelet is not None and (tubelet <= 0 or recipe.data.num_frames % tubelet):
         raise ConfigError(f"data.num_frames={recipe.data.num_frames} is not divisible by model.tubelet_size={tubelet}")
     if recipe.data.dataset == "epic" and recipe.model.heads is None:
-        raise ConfigError("data.dataset='epic' needs model.heads (e.g. {verb: 97, noun: 300})")
+        want = "{action: 3806}" if recipe.data.epic_label == "action" else "{verb: 97, noun: 300}"
+        raise ConfigError(f"data.dataset='epic' needs model.heads (e.g. {want})")
     from avion_ds.data.datasets.protocols import check_recipe
 
     problem = check_recipe(recipe)

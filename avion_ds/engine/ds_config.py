@@ -447,6 +447,9 @@ def _fill_optimizer(cfg: dict[str, Any], recipe: Recipe, plan: BatchPlan) -> flo
         params = opt.setdefault("params", {})
         where = "optimizer.params"
         _fill(params, "lr", lr, f"{where}.lr", close=True)
+        if recipe.optim.name == "sgd":
+            _fill_sgd(params, recipe, where)
+            return lr
         _fill(params, "betas", [float(b) for b in recipe.optim.betas], f"{where}.betas")
         if recipe.optim.name == "lion":
             for key in [k for k in ("eps", "torch_adam") if k in params]:
@@ -468,18 +471,47 @@ def _fill_optimizer(cfg: dict[str, Any], recipe: Recipe, plan: BatchPlan) -> flo
     return lr
 
 
-OPTIMIZER_TYPES = {"adamw": "AdamW", "lion": "Lion"}  # optim.name -> the DeepSpeed optimizer.type it writes
+# optim.name -> the DeepSpeed optimizer.type it writes ("SGD": DeepSpeed builds torch.optim.SGD)
+OPTIMIZER_TYPES = {"adamw": "AdamW", "lion": "Lion", "sgd": "SGD"}
+
+
+def _fill_sgd(params: dict[str, Any], recipe: Recipe, where: str) -> None:
+    """AVION's CLS optimizer (``scripts/main_lavila_finetune_cls.py`` line 221: ``torch.optim.SGD(lr,
+    momentum=betas[0], weight_decay=wd)``): momentum ``optim.betas[0]``, no Nesterov, coupled weight decay;
+    the Adam keys (betas, eps, torch_adam) are refused unless "auto", then removed."""
+    for key in [k for k in ("betas", "eps", "torch_adam") if k in params]:
+        if params[key] != AUTO:
+            raise ConfigError(
+                f"deepspeed config {where}.{key}={params[key]!r}: SGD has no {key} "
+                '(remove it or write "auto"; optim.betas[0] is its momentum)'
+            )
+        del params[key]
+    _fill(params, "momentum", float(recipe.optim.betas[0]), f"{where}.momentum", close=True)
+    _fill(params, "nesterov", False, f"{where}.nesterov")
+    _fill(params, "weight_decay", float(recipe.optim.weight_decay), f"{where}.weight_decay", close=True)
+
+
+def allow_sgd_under_zero(cfg: dict[str, Any], recipe: Recipe) -> None:
+    """``optim.name: sgd``: DeepSpeed's ZeRO asks ``zero_allow_untested_optimizer`` for torch's SGD, and its
+    optimizer offload ``zero_force_ds_cpu_optimizer: false`` (SGD runs as is on the CPU partitions)."""
+    if recipe.optim.name != "sgd":
+        return
+    if zero_stage(cfg) > 0:
+        _fill(cfg, "zero_allow_untested_optimizer", True, "zero_allow_untested_optimizer")
+    if offloads_optimizer(cfg):
+        _fill(cfg, "zero_force_ds_cpu_optimizer", False, "zero_force_ds_cpu_optimizer")
 
 
 def _fill_optimizer_type(opt: dict[str, Any], recipe: Recipe) -> None:
-    """``optimizer.type`` "auto" (or absent) from ``optim.name``; Lion in only one of the two is a conflict
-    (other JSON types, e.g. Adam or SGD, are the JSON's choice under ``optim.name: adamw``)."""
+    """``optimizer.type`` "auto" (or absent) from ``optim.name``; Lion or SGD in only one of the two is a
+    conflict (other JSON types, e.g. Adam, are the JSON's choice under ``optim.name: adamw``)."""
     name = recipe.optim.name
     given = opt.get("type", AUTO)
     if given == AUTO or given is None:
         opt["type"] = OPTIMIZER_TYPES[name]
         return
-    if (str(given).lower() == "lion") != (name == "lion"):
+    kind = str(given).lower()
+    if any((kind == own) != (name == own) for own in ("lion", "sgd")):
         raise ConfigError(
             f"deepspeed config optimizer.type={given!r} conflicts with the recipe value optim.name={name!r}"
             ' (write "auto" in the JSON or change the recipe)'
@@ -520,6 +552,7 @@ def build_ds_config(
     _fill(cfg, "gradient_clipping", float(recipe.optim.clip_grad), "gradient_clipping", close=True)
 
     lr = _fill_optimizer(cfg, recipe, plan)
+    allow_sgd_under_zero(cfg, recipe)
     _fill_scheduler(cfg, recipe, lr, steps_per_epoch)
 
     # ---- precision --------------------------------------------------------------------------

@@ -38,7 +38,8 @@ def _num_layers(model: nn.Module) -> int:
 
 
 def avion_no_decay(name: str, p: torch.Tensor) -> bool:
-    """AVION's rule (``scripts/main_lavila_pretrain.py`` lines 155-157: ``p.ndim < 2 or 'bias' in n or 'ln'
+    """AVION's rule (``scripts/main_lavila_pretrain.py`` lines 155-157, the same in
+    ``scripts/main_lavila_finetune_cls.py`` lines 199-202: ``p.ndim < 2 or 'bias' in n or 'ln'
     in n or 'bn' in n or 'pos_embed' in n or 'positional_embedding' in n``) on our names: 1-d tensors,
     biases, norms, position embeddings and the class token (1-d in AVION) are not decayed; the temporal
     embedding, the token embedding, the patch embedding and the projections are."""
@@ -122,7 +123,19 @@ def client_optimizer(
     if recipe.optim.name == "lion":
         cpu = accelerator_name() == "cpu" or offloads_optimizer(ds_config)
         return client_lion(groups, recipe, lr, (section or {}).get("params", {}), cpu), rest
+    if recipe.optim.name == "sgd":
+        return client_sgd(groups, recipe, lr), rest
     return client_adamw(groups, recipe, lr), rest
+
+
+def client_sgd(groups: list[dict[str, Any]], recipe: Recipe, lr: float) -> torch.optim.Optimizer:
+    """A torch SGD over ``groups`` as AVION's CLS script builds it (momentum ``optim.betas[0]``, no
+    Nesterov, coupled weight decay); used when the DeepSpeed JSON has no ``optimizer`` section."""
+    for g in groups:
+        g.setdefault("lr", lr * g.get("lr_scale", 1.0))
+    return torch.optim.SGD(
+        groups, lr=lr, momentum=recipe.optim.betas[0], nesterov=False, weight_decay=recipe.optim.weight_decay
+    )
 
 
 def client_adamw(groups: list[dict[str, Any]], recipe: Recipe, lr: float) -> torch.optim.Optimizer:

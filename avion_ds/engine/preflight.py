@@ -134,6 +134,13 @@ def _check_labels(recipe: Recipe, key: str, classes: int | dict[str, int]) -> No
     heads = recipe.model.heads
     have = classes if isinstance(classes, dict) else {"num_classes": classes}
     want = dict(heads) if heads is not None else {"num_classes": recipe.model.num_classes}
+    if recipe.data.dataset == "epic" and recipe.data.epic_label == "action" and "action" in want:
+        n = have.get("action", 0)
+        if n != want["action"]:  # ids beyond the map would never be a target; fewer rows cannot hold them
+            raise ConfigError(
+                f"model.heads.action={want['action']} but data.train_csv + data.val_csv make {n} actions "
+                f"(AVION's verb:noun map); set model.heads.action={n}"
+            )
     for head, n in have.items():
         if head in want and n > want[head]:
             where = f"model.heads.{head}" if heads is not None else "model.num_classes"

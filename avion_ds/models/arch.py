@@ -19,6 +19,9 @@ POOLS = ("mean", "cls")
 # sincos / learned: one entry per token; clip: a spatial table whose first entry is the class
 # token's, plus a temporal table added per frame (CLIP / AVION layout)
 POS_EMBEDS = ("sincos", "learned", "clip")
+# classifier init: VideoMAE's fine-tuning (trunc-normal 0.02 scaled by head_init_scale) or AVION's
+# VideoClassifier (``fc_cls``: normal(0, 0.01) weights, zero bias; avion/models/model_clip.py)
+HEAD_INITS = ("videomae", "avion")
 
 
 @dataclass
@@ -47,6 +50,7 @@ class ViTArch:
     pos_embed: str = "sincos"  # sincos (fixed, VideoMAE) | learned
     norm_eps: float = 1e-6
     head_init_scale: float = 0.001  # VideoMAE fine-tune init_scale for the classifier
+    head_init: str = "videomae"  # videomae: trunc-normal(0.02) x head_init_scale | avion: N(0, 0.01), zero bias
     # CLIP layout options (all off for VideoMAE)
     k_bias: bool = False  # with qkv_bias: one fused q/k/v bias (CLIP's in_proj_bias)
     act: str = "gelu"  # gelu | quick_gelu (OpenAI / OpenCLIP weights)
@@ -93,6 +97,7 @@ class ViTArch:
             "pool": POOLS,
             "pos_embed": POS_EMBEDS,
             "act": ACTIVATIONS,
+            "head_init": HEAD_INITS,
         }
         for key, allowed in choices.items():
             if getattr(self, key) not in allowed:

@@ -124,7 +124,8 @@ class VideoViT(nn.Module):
 
     # ------------------------------------------------------------------------------------------
     def _init_weights(self) -> None:
-        """VideoMAE init: trunc-normal(0.02) linears, unit LayerNorms, classifier scaled down.
+        """VideoMAE init: trunc-normal(0.02) linears, unit LayerNorms, classifier scaled down (or AVION's
+        classifier init, ``arch.head_init="avion"``: normal(0, 0.01) weights, zero bias).
 
         Under ``zero.Init`` children are already partitioned here: each one is gathered (all ranks
         draw the same numbers, rank 0's are kept), so the result equals the unpartitioned model.
@@ -151,8 +152,12 @@ class VideoViT(nn.Module):
         with torch.no_grad():
             for head in self._head_modules():
                 with gathered(head.parameters(recurse=False)):
-                    head.weight.mul_(self.arch.head_init_scale)
-                    head.bias.mul_(self.arch.head_init_scale)
+                    if self.arch.head_init == "avion":  # AVION's VideoClassifier.fc_cls
+                        head.weight.normal_(mean=0.0, std=0.01)
+                        head.bias.zero_()
+                    else:
+                        head.weight.mul_(self.arch.head_init_scale)
+                        head.bias.mul_(self.arch.head_init_scale)
 
     def _head_modules(self) -> list[nn.Linear]:
         if self.heads is not None:

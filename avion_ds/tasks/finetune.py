@@ -1,8 +1,9 @@
-"""Fine-tuning a video ViT classifier: one head (Kinetics, SSv2) or several (EPIC verb + noun).
+"""Fine-tuning a video ViT classifier: one head (Kinetics, SSv2) or several (EPIC verb + noun), or EPIC's
+ONE action head as AVION trains it (``data.epic_label: action``, ``model.heads: {action: N}``).
 
 Loss: cross-entropy per head (label smoothing / mixup targets from the device augmentation), summed;
-evaluation: multi-view softmax averaged per clip, top-k / mean-class (EPIC: verb, noun, action), the
-protocol report and per-sample scores.
+evaluation: multi-view softmax averaged per clip, top-k / mean-class (EPIC: verb, noun, action; the action
+head adds AVION's metrics, :mod:`avion_ds.engine.action_metrics`), the protocol report and per-sample scores.
 """
 
 from __future__ import annotations
@@ -26,6 +27,13 @@ if TYPE_CHECKING:
 DATASET_HEADS: dict[str, tuple[str, ...] | None] = {"epic": ("verb", "noun"), "kinetics": None, "ssv2": None}
 
 
+def dataset_heads(recipe: Recipe) -> tuple[str, ...] | None:
+    """The label heads ``data.dataset`` yields (EPIC: verb + noun, or the action under ``data.epic_label``)."""
+    if recipe.data.dataset == "epic" and recipe.data.epic_label == "action":
+        return ("action",)
+    return DATASET_HEADS.get(recipe.data.dataset)
+
+
 def model_kwargs(recipe: Recipe) -> dict[str, Any]:
     """The ``create_model`` keyword arguments a recipe implies (frames/size from the data section)."""
     m = recipe.model
@@ -34,6 +42,7 @@ def model_kwargs(recipe: Recipe) -> dict[str, Any]:
         "img_size": recipe.data.size,
         "drop_path_rate": m.drop_path_rate,
         "head_drop_rate": m.head_drop_rate,
+        "head_init": m.head_init,
         "attn_backend": m.attn_backend,
         "patch_embed": m.patch_embed,
     }
@@ -50,8 +59,8 @@ def model_kwargs(recipe: Recipe) -> dict[str, Any]:
 
 
 def check_heads(recipe: Recipe) -> None:
-    """The model's heads must be the labels the dataset yields (EPIC: verb + noun; Kinetics: one)."""
-    want = DATASET_HEADS.get(recipe.data.dataset)
+    """The model's heads must be the labels the dataset yields (EPIC: verb + noun or action; Kinetics: one)."""
+    want = dataset_heads(recipe)
     heads = recipe.model.heads
     if want is None:
         if heads is not None:
@@ -61,9 +70,11 @@ def check_heads(recipe: Recipe) -> None:
             )
         return
     if heads is None or set(heads) != set(want):
+        label = f", data.epic_label={recipe.data.epic_label!r}" if recipe.data.dataset == "epic" else ""
+        example = "{action: 3806}" if want == ("action",) else "{verb: 97, noun: 300}"
         raise ConfigError(
-            f"model.heads={heads} does not match the labels of data.dataset={recipe.data.dataset!r}: "
-            f"it needs exactly the heads {', '.join(want)} (e.g. {{verb: 97, noun: 300}})"
+            f"model.heads={heads} does not match the labels of data.dataset={recipe.data.dataset!r}{label}: "
+            f"it needs exactly the heads {', '.join(want)} (e.g. {example})"
         )
 
 
@@ -78,6 +89,11 @@ class FinetuneTask(Task):
             raise ConfigError(
                 f"task={recipe.task!r} with data.dataset='videos': fine-tuning needs a labelled "
                 "dataset (epic, kinetics, ssv2); unlabelled clips are for task: pretrain"
+            )
+        if recipe.data.epic_label != "verb_noun" and recipe.data.dataset != "epic":
+            raise ConfigError(
+                f"data.epic_label={recipe.data.epic_label!r} applies to data.dataset='epic' only "
+                f"(recipe has {recipe.data.dataset!r}); remove it"
             )
 
     def check_model(self, recipe: Recipe) -> ModelSummary:
@@ -176,4 +192,11 @@ class FinetuneTask(Task):
             model, loader, augment, views, device, dtype, bad_log=bad_log
         )
         report = {"scores": SCORES, **eval_report(recipe.eval.protocol, views, loader.dataset, index)}
+        action_map = getattr(loader.dataset, "action_map", None)
+        if action_map is not None:  # ONE action head: the usual EPIC keys from it, and AVION's
+            from avion_ds.data.datasets.epic_actions import MAP_ORDER
+            from avion_ds.engine.action_metrics import action_head_metrics
+
+            metrics = action_head_metrics(scores["action"], labels["action"], action_map)
+            report["action_label_map"] = {"num_actions": len(action_map), "order": MAP_ORDER}
         return EvalOutcome(metrics, report, failed, per_sample_records(index, scores, labels), int(index.numel()))

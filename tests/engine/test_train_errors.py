@@ -358,7 +358,25 @@ CASES: list[tuple[str, list[str], Callable | None, Callable | None, list[str], l
         ["--finetune-from /nope/w.pth", "not found"],
     ),
     # training options: Lion, weight EMA, weight-decay schedule, K710 head map
-    ("optim_name_choice", ["optim.name=sgd"], None, None, [], ["optim.name='sgd'", "adamw, lion"]),
+    ("optim_name_choice", ["optim.name=adam"], None, None, [], ["optim.name='adam'", "adamw, lion, sgd"]),
+    (
+        "sgd_with_betas",
+        ["optim.name=sgd"],
+        lambda c: c["optimizer"]["params"].update(betas=[0.9, 0.99]),
+        None,
+        [],
+        ["optimizer.params.betas=[0.9, 0.99]", "SGD has no betas"],
+    ),
+    # EPIC's one action head (AVION's verb:noun ids over train + val: 8 pairs in the fixture's CSVs)
+    ("epic_label_choice", ["data.epic_label=actions"], None, None, [], ["data.epic_label='actions'", "verb_noun"]),
+    (
+        "action_head_size",
+        ["data.epic_label=action", "model.heads={action: 12}"],
+        None,
+        None,
+        [],
+        ["model.heads.action=12", "make 8 actions", "model.heads.action=8"],
+    ),
     ("ema_decay_1", ["ema.decay=1"], None, None, [], ["ema.decay=1.0", "[0, 1)"]),
     ("ema_weights_choice", ["ema.weights=best"], None, None, [], ["ema.weights='best'", "ema, model"]),
     ("head_map_choice", ["model.head_label_map=k710"], None, None, [], ["model.head_label_map='k710'", "auto, none"]),

@@ -13,10 +13,12 @@ from avion_ds.data.datasets.clip import (
     EPIC_REQUIRED,
     ClipDataset,
     EpicDataset,
+    epic_action_map,
     open_csv,
     parse_int,
 )
 from avion_ds.data.datasets.ego4d import Ego4dDataset, narration_summary
+from avion_ds.data.datasets.epic_actions import map_files
 from avion_ds.data.datasets.epic_mir import EpicMirDataset, mir_summary
 from avion_ds.data.datasets.kinetics import KineticsDataset, split_summary
 from avion_ds.data.datasets.ssv2 import SSv2Dataset
@@ -40,6 +42,8 @@ def read_annotations(cfg: DataConfig, split: str) -> tuple[int, int | dict[str, 
         _, rows = open_csv(path, EPIC_REQUIRED)
         if not rows:
             raise ValueError(f"{path}: no annotation rows")
+        if cfg.epic_label == "action":
+            return len(rows), {"action": len(epic_action_map(map_files(cfg.train_csv, cfg.val_csv)))}
         top = {
             h: max((v for _, r in rows if (v := parse_int(r[f"{h}_class"])) is not None), default=-1) + 1
             for h in ("verb", "noun")

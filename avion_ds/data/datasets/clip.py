@@ -47,6 +47,7 @@ from avion_ds.data.crop import (
     random_resized_crop,
     three_crops,
 )
+from avion_ds.data.datasets.epic_actions import ActionMap, action_map_from_pairs, map_files
 from avion_ds.data.datasets.quarantine import quarantine_path, read_quarantine, row_key
 from avion_ds.data.decode.base import REGISTRY, load_plugins
 from avion_ds.data.decode.select import get_decoder, pick_decoder
@@ -496,10 +497,21 @@ def parse_int(text: str) -> int | None:
         return None
 
 
+def epic_action_map(csv_paths: list[str | Path]) -> ActionMap:
+    """AVION's action ids over the EPIC CSVs ``csv_paths`` (train + validation), see
+    :mod:`~avion_ds.data.datasets.epic_actions`; FileNotFoundError / ValueError naming a bad file."""
+    pairs = []
+    for path in csv_paths:
+        pairs += [(parse_int(r["verb_class"]), parse_int(r["noun_class"])) for _, r in open_csv(path, EPIC_REQUIRED)[1]]
+    return action_map_from_pairs(pairs)
+
+
 class EpicDataset(ClipDataset):
-    """EPIC-Kitchens-100 action segments (official CSV columns); label = {"verb", "noun"}."""
+    """EPIC-Kitchens-100 action segments (official CSV columns); label = {"verb", "noun"}, or with
+    ``data.epic_label: action`` {"action"}: the id of (verb, noun) in AVION's map (``self.action_map``)."""
 
     label_heads = ("verb", "noun")
+    action_map: ActionMap | None = None  # under data.epic_label: action
 
     def __init__(
         self,
@@ -524,6 +536,10 @@ class EpicDataset(ClipDataset):
             "verb": max((v for v in verbs if v is not None), default=-1) + 1,
             "noun": max((n for n in nouns if n is not None), default=-1) + 1,
         }
+        if cfg.epic_label == "action":
+            self.action_map = epic_action_map(map_files(cfg.train_csv, cfg.val_csv))
+            self.label_heads = ("action",)
+            self.num_classes = {"action": len(self.action_map)}
         self._prune()
 
     def __len__(self) -> int:
@@ -557,4 +573,6 @@ class EpicDataset(ClipDataset):
         except DataError as e:
             raise DataError(f"{where}: {e}") from None
         start, end = segment_span(start_s, stop_s, entry)  # AVION's cap at its chunk's last frame
+        if self.action_map is not None:
+            return entry, start, end, {"action": self.action_map.id_of(verb, noun)}
         return entry, start, end, {"verb": verb, "noun": noun}

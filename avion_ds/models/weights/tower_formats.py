@@ -9,10 +9,14 @@ DeepSpeed ``module.``, a run directory or an ``avion-ds export`` file), AVION / 
 
 ``visual.<name>`` loads as ``<name>`` (a ``vit_clip_*`` classifier has the tower's names). The text
 tower, ``logit_scale`` and ``visual.proj`` (a classifier has no projection) are reported ``dropped``,
-with a note counting them; keys neither tower knows stay ``unexpected``. The temporal embedding is
+with a note counting them; keys neither tower knows stay ``unexpected``. AVION's fine-tuned classifiers
+(``VideoClassifier``: ``module.visual.*`` + ``module.fc_cls.*``, e.g. its EK-100 CLS releases) load whole:
+``fc_cls`` becomes the model's one classifier (``head`` or its only ``heads.<name>``; a head of another
+size stays fresh, reported ``dropped``). The temporal embedding is
 resized as for the dual encoder (AVION's ``inflate_positional_embeds``: linear in time for more
 frames, the first frames for fewer), the spatial position table bicubic for another image size; a
-file without a temporal embedding (CLIP) leaves the model's zeros. The classifier head is ``fresh``.
+file without a temporal embedding (CLIP) leaves the model's zeros. Without ``fc_cls`` the classifier head
+is ``fresh``.
 """
 
 from __future__ import annotations
@@ -58,6 +62,14 @@ def _fit(key: str, v: torch.Tensor, want: torch.Size, model: VideoViT, report: L
     return v
 
 
+def _classifier_prefix(target: dict[str, torch.Size]) -> str | None:
+    """Where AVION's ``fc_cls`` goes: ``head.`` or the only ``heads.<name>.``; None for several heads."""
+    heads = sorted({k.split(".")[1] for k in target if k.startswith("heads.")})
+    if len(heads) == 1:
+        return f"heads.{heads[0]}."
+    return "head." if not heads and "head.weight" in target else None
+
+
 def filter_dual_encoder(sd: StateDict, model: VideoViT, report: LoadReport) -> StateDict:
     """The video tower of a dual-encoder state dict under the model's names (see the module doc)."""
     layout = detect_clip_format(sd)
@@ -65,12 +77,19 @@ def filter_dual_encoder(sd: StateDict, model: VideoViT, report: LoadReport) -> S
     out: StateDict = {}
     text: list[str] = []
     other: list[str] = []
+    classifier = _classifier_prefix(target)
     for key, v in sd.items():
         name = key if layout == "avion_ds" else map_clip_key(key, layout)
         if name is None:  # not a weight (CLIP's attn_mask, TorchScript attributes)
             continue
         sub = name.removeprefix("visual.")
-        if name.startswith("visual.") and sub in target:
+        if name.startswith("fc_cls.") and classifier is not None:  # AVION's VideoClassifier head
+            mine = classifier + name.removeprefix("fc_cls.")
+            if target.get(mine) == v.shape:
+                out[mine] = v
+            else:  # another class count: the model's head stays fresh
+                other.append(key)
+        elif name.startswith("visual.") and sub in target:
             out[sub] = _fit(sub, v, target[sub], model, report)
         elif name.startswith("textual."):
             text.append(key)
@@ -80,14 +99,17 @@ def filter_dual_encoder(sd: StateDict, model: VideoViT, report: LoadReport) -> S
             out[key] = v  # unknown: reported unexpected
     report.dropped.extend(text + other)
     what = [f"text tower ({len(text)} tensors)"] if text else []
+    fc_cls = classifier is not None and classifier + "weight" in out
+    source = "AVION VideoClassifier (visual + fc_cls)" if "fc_cls.weight" in sd else f"dual encoder ({LAYOUTS[layout]})"
     report.notes.append(
-        f"dual encoder ({LAYOUTS[layout]}): video tower loaded"
+        f"{source}: video tower loaded"
+        + (f", classifier from fc_cls ({sd['fc_cls.weight'].shape[0]} classes)" if fc_cls else "")
         + (f"; dropped {', '.join(what + sorted(other))}" if text or other else "")
     )
     if "temporal_embed" in target and "temporal_embed" not in out:
         report.fresh.append("temporal_embed")
         report.notes.append("temporal embedding starts at zeros (none in the checkpoint)")
-    head = [k for k in target if k.startswith(_HEADS)]
+    head = [k for k in target if k.startswith(_HEADS) and k not in out]
     if head:
         report.fresh.extend(head)
         report.notes.append("classifier head fresh")
