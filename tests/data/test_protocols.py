@@ -193,11 +193,17 @@ def test_epic_view_is_avion_get_frame_ids_on_chunks() -> None:
             "noun_class": "0",
         }
         ds = SimpleNamespace(
-            csv="EPIC_100_validation.csv", rows=[(2, row)], index=SimpleNamespace(by_id=lambda _: entry)
+            csv="EPIC_100_validation.csv",
+            rows=[(2, row)],
+            index=SimpleNamespace(by_id=lambda _: entry),
+            action_map=None,
         )
         _, start, end, _ = EpicDataset.sample_span(ds, 0)
         want = _avion_epic_test(start_s, stop_s, fps, chunks, p.num_frames)
         assert _eval_clip("epic", start, end, 0) == want, (start_s, stop_s)
     # deviation: a stop time more than 1 s past the video is a bad sample here (AVION squeezes the clip)
     row = dict(row, start_timestamp="35.0", stop_timestamp="40.0")
-    assert EpicDataset.sample_span(SimpleNamespace(csv="x.csv", rows=[(2, row)], index=ds.index), 0)[2] == 1200
+    assert (
+        EpicDataset.sample_span(SimpleNamespace(csv="x.csv", rows=[(2, row)], index=ds.index, action_map=None), 0)[2]
+        == 1200
+    )
