@@ -256,7 +256,7 @@ def text_activation_bytes(
     Blocks as the video tower's on ``context`` tokens (the causal kernels save the same), the token
     ids (int64) the embedding keeps, the two int64 indices that pick the end-of-text token, its
     norm's input and statistics, the projection's input; then the forward's L2 normalisation of
-    both embeddings (each: the embedding, its norm, the clamped norm) and the fp32 logit scale
+    both embeddings in float32 (each: the embedding, its norm, the clamped norm) and the fp32 logit scale
     (4 or 8 bytes once per batch, counted in every clip's share).
     """
     n, d = text.context, text.embed_dim
@@ -264,7 +264,8 @@ def text_activation_bytes(
     blocks = (text.depth - c) * block_activation_bytes(text, n, s, backend) + c * n * d * s
     pooled = 8 * n + 2 * 8 + d * s + 2 * s + (d * s if text.proj_dim else 0)
     e = text.proj_dim or d
-    return blocks + pooled + 2 * (e * s + 2 * s) + 4 + (4 if s != 4 else 0)  # exp (+ the fp32 copy it clamps)
+    f = max(s, 4)  # 16-bit embeddings are normalised in float32 (models/clip.py)
+    return blocks + pooled + 2 * (e * f + 2 * f) + 4 + (4 if s != 4 else 0)  # exp (+ the fp32 copy it clamps)
 
 
 # ----------------------------------------------------------------------------------------------
