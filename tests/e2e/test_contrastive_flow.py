@@ -2,7 +2,8 @@
 chunk -> contrastive pretraining on 2 CPU ranks (deepspeed launcher, ZeRO-2, feature-cache accumulation)
 -> zero-shot EPIC-style MIR every 10 epochs, best checkpoint by avg mAP -> `avion-ds eval --tag best` on
 1 and on 2 ranks (an odd row count: the sampler pads) give identical metrics; then, from that run, the
-EPIC-100 fine-tunings AVION reports: a classifier on the video tower, and MIR fine-tuning (`task: mir`).
+EPIC-100 fine-tunings AVION reports: action recognition with one action head on the video tower (AVION's
+CLS recipe), and MIR fine-tuning (`task: mir`).
 
 Learns: on the 48 held-out clips (12 narrations), text -> video R-precision on exact narration matches
 reaches at least 3x chance (the share of clips sharing a query's narration)."""
@@ -113,34 +114,76 @@ def test_zero_shot_mir_same_on_one_and_two_ranks_and_learns(contrastive_run: dic
     assert full["t2v_rprecision"] >= 3 * full["t2v_rprecision_chance"], full
 
 
-def test_video_tower_finetunes_a_classifier(contrastive_run: dict) -> None:
-    tmp, synth, chunks, run = (contrastive_run[k] for k in ("tmp", "synth", "chunks", "run"))
-    ft = tmp / "finetune"
-    finetune = [
+USUAL = {f"{h}_{m}" for h in ("verb", "noun") for m in ("top1", "top5", "mean_class")} | {"action_top1", "action_top5"}
+AVION = {"avion_action_top1", "avion_action_top5", "avion_action_mean_class", "avion_verb_top1", "avion_noun_top1"}
+
+
+def _csv_pairs(path: Path) -> list[tuple[int, int]]:
+    import csv
+
+    with open(path, newline="") as f:
+        return [(int(r["verb_class"]), int(r["noun_class"])) for r in csv.DictReader(f)]
+
+
+def test_avion_cls_from_the_video_tower(contrastive_run: dict) -> None:
+    """EPIC-100 action recognition as AVION runs it, from the run's video tower: launch/recipes/
+    lavila_vit_b_epic_cls.yaml (SGD, one action head over AVION's verb:noun ids, mixup + cutmix) at tiny size
+    on 2 CPU ranks -> `avion-ds eval`: the usual EPIC keys and AVION's, per-sample action probabilities,
+    labels numbered as AVION's generate_label_map (re-implemented in tests/engine/test_action_metrics.py)."""
+    from tests.engine.test_action_metrics import generate_label_map
+
+    tmp, synth, chunks, start = (contrastive_run[k] for k in ("tmp", "synth", "chunks", "run"))
+    run = tmp / "cls"
+    actions = generate_label_map([synth / "train.csv", synth / "val.csv"])
+    sets = [
         "model.name=vit_clip_test_tiny",
-        "model.heads={verb: 4, noun: 3}",
-        f"model.pretrained={run}",
-        "data.dataset=epic",
+        f"model.pretrained={start}",
+        f"model.heads={{action: {len(actions)}}}",
         f"data.root={chunks}",
         f"data.train_csv={synth / 'train.csv'}",
         f"data.val_csv={synth / 'val.csv'}",
         "data.num_frames=2",
         "data.size=32",
-        "data.workers=1",
-        "schedule.epochs=1",
+        "data.workers=0",
+        "data.decoder=pyav",
+        "eval.protocol=custom",
+        "eval.batch_size=8",
+        "eval.every_epochs=2",
+        "schedule.epochs=2",
+        "schedule.warmup_epochs=1",
         "batch.global_batch=16",
         "batch.micro_batch=8",
-        f"output_dir={ft}",
+        "checkpoint.every_steps=0",
+        "logging.tensorboard=false",
+        "logging.progress=false",
+        "precision=fp32",
+        f"output_dir={run}",
     ]
-    args = [x for s in finetune for x in ("--set", s)]
-    demo = REPO / "launch" / "recipes" / "demo_cpu.yaml"
-    _ok(
-        launch(["--config", demo, "--deepspeed_config", REPO / "ds_configs" / "zero2.json", *args], launcher="torchrun")
-    )
-    report = json.loads((ft / "pretrained_report.json").read_text())
-    assert report["backbone_matched_fraction"] == 1.0, report
-    assert any(k.startswith("textual.") for k in report["unexpected"] + report["dropped"]), report
-    assert (ft / "metrics.json").is_file()
+    recipe = REPO / "launch" / "recipes" / "lavila_vit_b_epic_cls.yaml"
+    args = ["--config", recipe, "--deepspeed_config", REPO / "ds_configs" / "zero2.json"]
+    _ok(launch([*args, *[x for s in sets for x in ("--set", s)]], launcher="torchrun"))
+    ds = json.loads((run / "ds_config.json").read_text())
+    assert ds["optimizer"]["type"] == "SGD" and ds["optimizer"]["params"]["momentum"] == 0.9
+    assert ds["optimizer"]["params"]["nesterov"] is False and ds["zero_allow_untested_optimizer"] is True
+    report = json.loads((run / "pretrained_report.json").read_text())
+    assert report["backbone_matched_fraction"] == 1.0, report  # the whole video tower
+    assert sorted(report["fresh"]) == ["heads.action.bias", "heads.action.weight"], report
+    assert any(k.startswith("textual.") for k in report["dropped"]), report
+    assert set(json.loads((run / "metrics.json").read_text())) >= USUAL | AVION
+
+    out = tmp / "cls_eval.json"
+    _ok(run_process([*CLI, "eval", "--checkpoint", run, "--out", out]))
+    result = json.loads(out.read_text())
+    assert set(result["metrics"]) == USUAL | AVION
+    assert result["action_label_map"]["num_actions"] == len(actions)
+    rows, pairs = result["per_sample"], _csv_pairs(synth / "val.csv")
+    assert len(rows) == len(pairs) == result["num_samples"]
+    for row in rows:
+        assert row["action_label"] == actions["{}:{}".format(*pairs[row["index"]])]
+        assert len(row["action_scores"]) == len(actions) and sum(row["action_scores"]) == pytest.approx(1, abs=1e-4)
+    right = 100 * sum(r["action_pred"] == r["action_label"] for r in rows) / len(rows)
+    assert result["metrics"]["action_top1"] == pytest.approx(right)
+    assert result["metrics"]["avion_action_top1"] == pytest.approx(right)
 
 
 def _mir_recipe(path: Path, synth: Path, chunks: Path, start: Path, run: Path) -> Path:
