@@ -83,6 +83,18 @@ def best_tag(run_dir: str | Path) -> str | None:
     return tag if tag in complete_tags(run_dir) else None
 
 
+def resolve_tag(run_dir: str | Path, tag: str | None, flag: str = "--tag") -> str | None:
+    """``tag`` itself, or for ``best`` the tag ``best.json`` names (one line when there is none)."""
+    if tag != "best":
+        return tag
+    found = best_tag(run_dir)
+    if found is None:
+        raise ConfigError(
+            f"{flag} best: {run_dir} has no best checkpoint (best.json is written by tasks that keep one)"
+        )
+    return found
+
+
 def latest_complete(run_dir: str | Path) -> str | None:
     """Newest complete tag, or None."""
     tags = complete_tags(run_dir)

@@ -108,16 +108,9 @@ def _resolve_tag(args: argparse.Namespace, run_dir: Path | None) -> str | None:
             )
         return None
     from avion_ds.engine.checkpoint import check_tag, latest_complete
+    from avion_ds.rundir import resolve_tag
 
-    tag = args.tag or latest_complete(run_dir)
-    if tag == "best":
-        from avion_ds.rundir import best_tag
-
-        tag = best_tag(run_dir)
-        if tag is None:
-            raise ConfigError(
-                f"--tag best: {run_dir} has no best checkpoint (best.json is written by tasks that keep one)"
-            )
+    tag = resolve_tag(run_dir, args.tag) or latest_complete(run_dir)
     if tag is None:
         raise ConfigError(f"--checkpoint {run_dir}: no complete checkpoint in {run_dir / 'checkpoints'}")
     check_tag(run_dir, tag, flag="--tag")

@@ -26,6 +26,7 @@ from avion_ds.rundir import (
     clean_key,
     consolidate,
     latest_complete,
+    resolve_tag,
     run_zero_stage,
     skipped_note,
     zero_state_dict,
@@ -167,7 +168,9 @@ def main(argv: list[str] | None = None) -> int:
         required=True,
         help="output file (.safetensors recommended, or .pt), or the directory to create with --format hf",
     )
-    p.add_argument("--tag", default=None, help="checkpoint tag (default: newest complete)")
+    p.add_argument(
+        "--tag", default=None, help="checkpoint tag, or best (the one best.json names); default: newest complete"
+    )
     p.add_argument(
         "--format",
         default="safetensors",
@@ -197,6 +200,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if not Path(args.run_dir).is_dir():
             raise ConfigError(f"run dir not found: {args.run_dir}")
+        args.tag = resolve_tag(args.run_dir, args.tag)
         tag = args.tag or latest_complete(args.run_dir)
         note = skipped_note(args.run_dir, tag) if tag and not args.tag else None
         if note:

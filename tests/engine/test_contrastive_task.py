@@ -130,3 +130,17 @@ def test_best_record_keeps_the_highest_and_survives_pruning(tmp_path: Path) -> N
     left = sorted(p.name for p in checkpoint_dir(tmp_path).iterdir())
     assert left == ["step_00000002", "step_00000004"]
     assert best_tag(tmp_path) == "step_00000002"
+
+
+def test_tag_best_resolves_through_best_json_or_refuses_in_one_line(tmp_path: Path) -> None:
+    from avion_ds.engine.checkpoint import record_best
+    from avion_ds.rundir import MARKER, checkpoint_dir, resolve_tag
+
+    with pytest.raises(ConfigError, match="no best checkpoint"):
+        resolve_tag(tmp_path, "best")
+    d = checkpoint_dir(tmp_path) / "step_00000007"
+    d.mkdir(parents=True)
+    (d / MARKER).write_text("{}")
+    record_best(tmp_path, "avg_map", 0.5, "step_00000007", 2, 7)
+    assert resolve_tag(tmp_path, "best") == "step_00000007"
+    assert resolve_tag(tmp_path, "step_00000003") == "step_00000003" and resolve_tag(tmp_path, None) is None
