@@ -128,3 +128,35 @@ class Task(ABC):
     def eval_line(self, metrics: dict[str, float]) -> str:
         """How `avion-ds eval` prints the metrics."""
         return " ".join(f"{k}={v:.2f}" for k, v in metrics.items())
+
+
+def build_with_weights(
+    recipe: Recipe,
+    kwargs: dict[str, Any],
+    pretrained: str | None,
+    run_dir: Path | None,
+    ds_config: dict[str, Any] | None,
+    **load: Any,
+) -> nn.Module:
+    """``create_model(recipe.model.name, **kwargs)`` (partitioned under a ZeRO-3 ``ds_config``) with
+    ``pretrained`` (default ``model.pretrained``; "" for none) loaded and reported; ``load``: extra
+    arguments of ``load_and_report`` (e.g. ``kinetics_head``). What every task's ``build_model`` shares."""
+    from avion_ds.engine import dist
+    from avion_ds.engine.weights_report import load_and_report
+    from avion_ds.models import create_model
+    from avion_ds.models.weights.sharded import build_partitioned
+
+    m = recipe.model
+    source = pretrained if pretrained is not None else m.pretrained
+    model = build_partitioned(lambda: create_model(m.name, **kwargs), ds_config)
+    if source:
+        load_and_report(
+            model,
+            str(source),
+            strict=m.pretrained_strict,
+            trust=m.trust_checkpoint,
+            run_dir=run_dir,
+            is_main=dist.is_main(),
+            **load,
+        )
+    return model

@@ -25,7 +25,7 @@ import torch
 from torch import nn
 
 from avion_ds.config import ConfigError
-from avion_ds.tasks.base import EvalOutcome, LossParts, ModelSummary, Task
+from avion_ds.tasks.base import EvalOutcome, LossParts, ModelSummary, Task, build_with_weights
 from avion_ds.tasks.registry import register_task
 
 if TYPE_CHECKING:
@@ -144,23 +144,8 @@ class ContrastiveTask(Task):
         ds_config: dict[str, Any] | None = None,
     ) -> nn.Module:
         from avion_ds.engine import dist
-        from avion_ds.engine.weights_report import load_and_report
-        from avion_ds.models import create_model
-        from avion_ds.models.weights.sharded import build_partitioned
 
-        m = recipe.model
-        source = pretrained if pretrained is not None else m.pretrained
-        kw = _encoder_kwargs(recipe)
-        model = build_partitioned(lambda: create_model(m.name, **kw), ds_config)
-        if source:
-            load_and_report(
-                model,
-                str(source),
-                strict=m.pretrained_strict,
-                trust=m.trust_checkpoint,
-                run_dir=run_dir,
-                is_main=dist.is_main(),
-            )
+        model = build_with_weights(recipe, _encoder_kwargs(recipe), pretrained, run_dir, ds_config)
         frozen = freeze_towers(model, recipe)
         if frozen and dist.is_main():
             print(f"frozen towers: {', '.join(frozen)}", flush=True)

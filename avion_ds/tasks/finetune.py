@@ -16,7 +16,7 @@ import torch
 from torch import nn
 
 from avion_ds.config import ConfigError
-from avion_ds.tasks.base import EvalOutcome, LossParts, ModelSummary, Task
+from avion_ds.tasks.base import EvalOutcome, LossParts, ModelSummary, Task, build_with_weights
 from avion_ds.tasks.registry import register_task
 
 if TYPE_CHECKING:
@@ -130,26 +130,12 @@ class FinetuneTask(Task):
         run_dir: Path | None = None,
         ds_config: dict[str, Any] | None = None,
     ) -> nn.Module:
-        from avion_ds.engine import dist
-        from avion_ds.engine.weights_report import load_and_report, maps_kinetics710_head
-        from avion_ds.models import create_model
-        from avion_ds.models.weights.sharded import build_partitioned
+        from avion_ds.engine.weights_report import maps_kinetics710_head
 
-        m = recipe.model
-        source = pretrained if pretrained is not None else m.pretrained
         kw = model_kwargs(recipe)
-        model = build_partitioned(lambda: create_model(m.name, **kw), ds_config)
-        if source:
-            load_and_report(
-                model,
-                str(source),
-                strict=m.pretrained_strict,
-                trust=m.trust_checkpoint,
-                run_dir=run_dir,
-                is_main=dist.is_main(),
-                kinetics_head=maps_kinetics710_head(recipe),
-            )
-        return model
+        return build_with_weights(
+            recipe, kw, pretrained, run_dir, ds_config, kinetics_head=maps_kinetics710_head(recipe)
+        )
 
     def label_classes(self, recipe: Recipe) -> int | dict[str, int]:
         # the MODEL's heads, not the dataset's: a CSV that lacks the top classes must not shrink targets
