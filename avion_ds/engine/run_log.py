@@ -157,6 +157,9 @@ class RunLogger:
             "peak_gib": "mem_gib",
             "bad_samples": "bad",
             "overflow_steps": "overflow",
+            "clip_acc": "clip_acc",  # video-text tasks
+            "t2v_acc": "t2v_acc",
+            "logit_scale": "logit_scale",
         }
         compact = " ".join(
             f"{s}={_fmt(values[k])}"
