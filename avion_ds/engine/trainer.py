@@ -34,6 +34,7 @@ from avion_ds.engine.accum import poison_nonfinite, step_window
 from avion_ds.engine.bad_input import BadInputLog, batch_messages
 from avion_ds.engine.ds_config import torch_dtype
 from avion_ds.engine.parallelize import Parallelized
+from avion_ds.engine.resume_loader import loader_skipping
 from avion_ds.engine.rng import set_rng_state
 from avion_ds.engine.run_log import RunLogger, peak_memory_gib
 from avion_ds.engine.schedule import decayed_weight_decay
@@ -513,43 +514,3 @@ class TrainData:
     val_set: Any
     eval_aug: Callable[[torch.Tensor, Any], tuple[torch.Tensor, Any]]
     steps_per_epoch: int
-
-
-class _SkipSampler(torch.utils.data.Sampler):
-    """Yields ``sampler``'s indices after the first ``skip`` (resume inside an epoch)."""
-
-    def __init__(self, sampler: Any, skip: int) -> None:
-        self.sampler, self.skip = sampler, skip
-
-    def __iter__(self):  # type: ignore[no-untyped-def]
-        for i, idx in enumerate(self.sampler):
-            if i >= self.skip:
-                yield idx
-
-    def __len__(self) -> int:
-        return max(0, len(self.sampler) - self.skip)
-
-    def set_epoch(self, epoch: int) -> None:
-        if hasattr(self.sampler, "set_epoch"):
-            self.sampler.set_epoch(epoch)
-
-
-def loader_skipping(loader: torch.utils.data.DataLoader, skip_samples: int) -> torch.utils.data.DataLoader:
-    """A copy of ``loader`` that starts ``skip_samples`` into its (already epoch-seeded) sampler."""
-    kw: dict[str, Any] = {
-        "batch_size": loader.batch_size,
-        "drop_last": loader.drop_last,
-        "num_workers": loader.num_workers,
-        "collate_fn": loader.collate_fn,
-        "pin_memory": loader.pin_memory,
-        "worker_init_fn": loader.worker_init_fn,
-        "generator": loader.generator,
-        "timeout": loader.timeout,
-    }
-    if loader.num_workers > 0:
-        kw.update(
-            prefetch_factor=loader.prefetch_factor,
-            persistent_workers=False,
-            multiprocessing_context=loader.multiprocessing_context,
-        )
-    return torch.utils.data.DataLoader(loader.dataset, sampler=_SkipSampler(loader.sampler, skip_samples), **kw)
