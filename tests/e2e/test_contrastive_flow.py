@@ -96,7 +96,8 @@ def test_zero_shot_mir_same_on_one_and_two_ranks_and_learns(contrastive_run: dic
     tmp, run, mir = contrastive_run["tmp"], contrastive_run["run"], contrastive_run["mir"]
     best = json.loads((run / "best.json").read_text())
     csv47, rel47 = _odd_mir_split(mir, tmp)
-    odd = ["--set", f"data.val_csv={csv47}", "--set", f"data.val_relevancy={rel47}"]
+    # one clip per forward on both: every embedding comes from the same kernels, whatever the batching
+    odd = ["--set", f"data.val_csv={csv47}", "--set", f"data.val_relevancy={rel47}", "--set", "eval.batch_size=1"]
     one, two = tmp / "eval1.json", tmp / "eval2.json"
     _ok(run_process([*CLI, "eval", "--checkpoint", run, "--tag", "best", "--out", one, *odd]))
     evaluate = ["eval", "--checkpoint", run, "--tag", "best", "--out", two, *odd]
