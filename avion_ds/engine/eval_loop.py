@@ -24,6 +24,14 @@ from avion_ds.engine.metrics import (
 from avion_ds.engine.run_log import progress
 
 
+def augmented_batch(batch: dict[str, Any], augment: Callable, device: torch.device) -> tuple[torch.Tensor, Any]:
+    """A loader batch on ``device`` through the evaluation augmentation: (float frames, targets)."""
+    frames = batch["frames"].to(device, non_blocking=True)
+    labels = batch["label"]
+    labels = {k: v.to(device) for k, v in labels.items()} if isinstance(labels, dict) else labels.to(device)
+    return augment(frames, labels)
+
+
 @torch.no_grad()
 def evaluate_model(
     model: Callable[[torch.Tensor], Any],
@@ -51,10 +59,7 @@ def evaluate_model(
         b, f = batch_messages(batch)
         bad += b
         fatal += f
-        frames = batch["frames"].to(device, non_blocking=True)
-        labels = batch["label"]
-        labels = {k: v.to(device) for k, v in labels.items()} if isinstance(labels, dict) else labels.to(device)
-        x, targets = augment(frames, labels)
+        x, targets = augmented_batch(batch, augment, device)
         out = model(x.to(dtype))
         scores = aggregate_outputs(out, views)  # probabilities for any view count (metrics.SCORES)
         store.add(batch["index"], scores, targets)

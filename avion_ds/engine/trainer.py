@@ -186,11 +186,7 @@ class Trainer:
         """Forward + backward of one micro-batch; at the boundary also the update. True at a boundary.
 
         No host sync unless this is a boundary (then one; more on a logged step)."""
-        t0 = time.perf_counter()
-        frames = batch["frames"].to(self.device, non_blocking=True)
-        labels = to_device(batch["label"], self.device)
-        x, targets = self.augment(frames, labels) if self.augment is not None else (frames, labels)
-        self._interval.data_s += time.perf_counter() - t0
+        x, targets = self._on_device(batch)
         loss, parts = self.task.loss(self.engine, x, targets, self.dtype, self.recipe)
         self._remember(loss, parts, batch)
         boundary = self.engine.is_gradient_accumulation_boundary()
@@ -200,6 +196,15 @@ class Trainer:
             return False
         self._finish_window()
         return True
+
+    def _on_device(self, batch: dict[str, Any]) -> tuple[torch.Tensor, Any]:
+        """A micro-batch on the device through the training augmentation (its time counts as data time)."""
+        t0 = time.perf_counter()
+        frames = batch["frames"].to(self.device, non_blocking=True)
+        labels = to_device(batch["label"], self.device)
+        out = self.augment(frames, labels) if self.augment is not None else (frames, labels)
+        self._interval.data_s += time.perf_counter() - t0
+        return out
 
     def _window_step(self, batches: Iterator[dict[str, Any]]) -> bool:
         """One optimizer step of a ``whole_window`` task: the window's micro-batches are read first, the
@@ -212,16 +217,10 @@ class Trainer:
                 window.append(next(batches))
             except StopIteration:
                 return False  # a partial window is dropped, like a partial batch
-        xs, targets = [], []
-        for batch in window:
-            frames = batch["frames"].to(self.device, non_blocking=True)
-            labels = to_device(batch["label"], self.device)
-            x, t = self.augment(frames, labels) if self.augment is not None else (frames, labels)
-            xs.append(x)
-            targets.append(t)
         self._interval.data_s += time.perf_counter() - t0
+        xs, targets = zip(*(self._on_device(batch) for batch in window), strict=True)
         for batch, (loss, parts) in zip(
-            window, self.task.window_losses(self.engine, xs, targets, self.dtype, self.recipe)
+            window, self.task.window_losses(self.engine, list(xs), list(targets), self.dtype, self.recipe), strict=True
         ):
             self._remember(loss, parts, batch)
             boundary = self.engine.is_gradient_accumulation_boundary()

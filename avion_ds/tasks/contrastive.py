@@ -34,7 +34,7 @@ if TYPE_CHECKING:
 
 # AVION scripts/main_lavila_pretrain.py defaults (get_args_parser); keys the recipe sets win
 CONTRASTIVE_DEFAULTS: dict[str, dict[str, Any]] = {
-    "model": {"name": "clip_vit_base_patch16_224", "drop_path_rate": 0.0, "num_classes": 0, "pool": "cls"},
+    "model": {"name": "clip_vit_base_patch16_224", "drop_path_rate": 0.0, "num_classes": 0},
     "data": {
         "dataset": "ego4d",
         "val_dataset": "epic_mir",

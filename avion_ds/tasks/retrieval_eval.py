@@ -18,6 +18,7 @@ import numpy as np
 import torch
 
 from avion_ds.engine.bad_input import BadInputLog, batch_messages
+from avion_ds.engine.eval_loop import augmented_batch
 from avion_ds.engine.metrics import PredictionStore, failed_in_batch, gather_failed, mir_metrics
 from avion_ds.engine.run_log import progress
 from avion_ds.tasks.base import EvalOutcome
@@ -48,9 +49,7 @@ def embed_rows(
         b, f = batch_messages(batch)
         bad += b
         fatal += f
-        frames = batch["frames"].to(device, non_blocking=True)
-        labels = {k: v.to(device) for k, v in batch["label"].items()}
-        x, targets = augment(frames, labels)
+        x, targets = augmented_batch(batch, augment, device)
         out = model(x.to(dtype), targets["tokens"])
         rows = targets["row"] if "row" in targets else batch["index"]
         store.add(rows, out.video.float(), out.text.float())

@@ -506,6 +506,27 @@ def epic_action_map(csv_paths: list[str | Path]) -> ActionMap:
     return action_map_from_pairs(pairs)
 
 
+def epic_seconds(r: dict, where: str) -> tuple[float, float]:
+    """(start, stop) seconds of an EPIC-100 CSV row (action or retrieval file); DataError naming ``where``."""
+    try:
+        start_s, stop_s = parse_timestamp(r["start_timestamp"]), parse_timestamp(r["stop_timestamp"])
+    except ValueError as e:
+        raise DataError(f"{where}: {e}") from None
+    if stop_s < start_s:
+        raise DataError(
+            f"{where}: stop_timestamp {r['stop_timestamp']} is before start_timestamp {r['start_timestamp']}"
+        )
+    return start_s, stop_s
+
+
+def epic_video(index: VideoIndex, r: dict, where: str) -> VideoEntry:
+    """The manifest entry of an EPIC-100 CSV row's ``video_id``; DataError naming ``where``."""
+    try:
+        return index.by_id(r["video_id"])
+    except DataError as e:
+        raise DataError(f"{where}: {e}") from None
+
+
 class EpicDataset(ClipDataset):
     """EPIC-Kitchens-100 action segments (official CSV columns); label = {"verb", "noun"}, or with
     ``data.epic_label: action`` {"action"}: the id of (verb, noun) in AVION's map (``self.action_map``)."""
@@ -557,21 +578,11 @@ class EpicDataset(ClipDataset):
     def sample_span(self, i: int) -> tuple[VideoEntry, int, int, Any]:
         line, r = self.rows[i]
         where = f"{self.csv}:{line} ({r['narration_id']})"
-        try:
-            start_s, stop_s = parse_timestamp(r["start_timestamp"]), parse_timestamp(r["stop_timestamp"])
-        except ValueError as e:
-            raise DataError(f"{where}: {e}") from None
-        if stop_s < start_s:
-            raise DataError(
-                f"{where}: stop_timestamp {r['stop_timestamp']} is before start_timestamp {r['start_timestamp']}"
-            )
+        start_s, stop_s = epic_seconds(r, where)
         verb, noun = parse_int(r["verb_class"]), parse_int(r["noun_class"])
         if verb is None or noun is None or verb < 0 or noun < 0:
             raise DataError(f"{where}: bad verb_class/noun_class {r['verb_class']!r}/{r['noun_class']!r}")
-        try:
-            entry = self.index.by_id(r["video_id"])
-        except DataError as e:
-            raise DataError(f"{where}: {e}") from None
+        entry = epic_video(self.index, r, where)
         start, end = segment_span(start_s, stop_s, entry)  # AVION's cap at its chunk's last frame
         if self.action_map is not None:
             return entry, start, end, {"action": self.action_map.id_of(verb, noun)}

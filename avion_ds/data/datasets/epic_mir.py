@@ -28,12 +28,12 @@ import numpy as np
 
 from avion_ds.config import DataConfig
 from avion_ds.data.crop import clip_rng
-from avion_ds.data.datasets.clip import ClipDataset, VideoIndex, open_csv
+from avion_ds.data.datasets.clip import ClipDataset, VideoIndex, epic_seconds, epic_video, open_csv
 from avion_ds.data.datasets.text import check_tokenizer, empty_tokens, text_tokens
 from avion_ds.data.errors import DataError
 from avion_ds.data.prep.manifest import VideoEntry
 from avion_ds.data.safe_pickle import load_pickle
-from avion_ds.data.sampling import jittered_midpoints, parse_timestamp, segment_indices, segment_span
+from avion_ds.data.sampling import jittered_midpoints, segment_indices, segment_span
 
 MIR_REQUIRED = ("narration_id", "video_id", "start_timestamp", "stop_timestamp", "narration")
 POSITIVE_RELEVANCY = 0.1  # AVION: a caption is a positive of a clip when its relevancy is above this
@@ -158,19 +158,9 @@ class EpicMirDataset(ClipDataset):
     def sample_span(self, i: int) -> tuple[VideoEntry, int, int, Any]:
         _, _, r = self.rows[i]
         where = self._where(i)
-        try:
-            start_s, stop_s = parse_timestamp(r["start_timestamp"]), parse_timestamp(r["stop_timestamp"])
-        except ValueError as e:
-            raise DataError(f"{where}: {e}") from None
-        if stop_s < start_s:
-            raise DataError(
-                f"{where}: stop_timestamp {r['stop_timestamp']} is before start_timestamp {r['start_timestamp']}"
-            )
+        start_s, stop_s = epic_seconds(r, where)
         caption, relevancy = self.caption(i)
-        try:
-            entry = self.index.by_id(r["video_id"])
-        except DataError as e:
-            raise DataError(f"{where}: {e}") from None
+        entry = epic_video(self.index, r, where)
         start, end = segment_span(start_s, stop_s, entry)
         return entry, start, end, (caption, relevancy)
 
