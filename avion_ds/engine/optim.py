@@ -92,6 +92,12 @@ def optimizer_groups(model: nn.Module, recipe: Recipe) -> list[dict[str, Any]]:
     return out
 
 
+def _start_lr(groups: list[dict[str, Any]], lr: float) -> None:
+    """Each group's first lr (``lr x lr_scale``) where the group does not set one; the schedule sets the rest."""
+    for g in groups:
+        g.setdefault("lr", lr * g.get("lr_scale", 1.0))
+
+
 def client_lion(
     groups: list[dict[str, Any]], recipe: Recipe, lr: float, params: dict[str, Any], cpu: bool
 ) -> torch.optim.Optimizer:
@@ -103,8 +109,7 @@ def client_lion(
     lr = float(params.get("lr", lr))
     betas = tuple(params.get("betas", recipe.optim.betas))
     wd = float(params.get("weight_decay", recipe.optim.weight_decay))
-    for g in groups:
-        g.setdefault("lr", lr * g.get("lr_scale", 1.0))
+    _start_lr(groups, lr)
     return (DeepSpeedCPULion if cpu else FusedLion)(groups, lr=lr, betas=betas, weight_decay=wd)
 
 
@@ -131,8 +136,7 @@ def client_optimizer(
 def client_sgd(groups: list[dict[str, Any]], recipe: Recipe, lr: float) -> torch.optim.Optimizer:
     """A torch SGD over ``groups`` as AVION's CLS script builds it (momentum ``optim.betas[0]``, no
     Nesterov, coupled weight decay); used when the DeepSpeed JSON has no ``optimizer`` section."""
-    for g in groups:
-        g.setdefault("lr", lr * g.get("lr_scale", 1.0))
+    _start_lr(groups, lr)
     return torch.optim.SGD(
         groups, lr=lr, momentum=recipe.optim.betas[0], nesterov=False, weight_decay=recipe.optim.weight_decay
     )
@@ -140,8 +144,7 @@ def client_sgd(groups: list[dict[str, Any]], recipe: Recipe, lr: float) -> torch
 
 def client_adamw(groups: list[dict[str, Any]], recipe: Recipe, lr: float) -> torch.optim.Optimizer:
     """A torch AdamW over ``groups``; used when the DeepSpeed JSON has no ``optimizer`` section."""
-    for g in groups:
-        g.setdefault("lr", lr * g.get("lr_scale", 1.0))
+    _start_lr(groups, lr)
     return torch.optim.AdamW(
         groups, lr=lr, betas=tuple(recipe.optim.betas), eps=recipe.optim.eps, weight_decay=recipe.optim.weight_decay
     )
