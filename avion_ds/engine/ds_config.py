@@ -452,13 +452,7 @@ def _fill_optimizer(cfg: dict[str, Any], recipe: Recipe, plan: BatchPlan) -> flo
             return lr
         _fill(params, "betas", [float(b) for b in recipe.optim.betas], f"{where}.betas")
         if recipe.optim.name == "lion":
-            for key in [k for k in ("eps", "torch_adam") if k in params]:
-                if params[key] != AUTO:
-                    raise ConfigError(
-                        f"deepspeed config {where}.{key}={params[key]!r}: DeepSpeed's Lion has no {key} "
-                        '(remove it or write "auto")'
-                    )
-                del params[key]
+            _drop_foreign_keys(params, ("eps", "torch_adam"), where, "DeepSpeed's Lion", "")
         else:
             _fill(params, "eps", float(recipe.optim.eps), f"{where}.eps", close=True)
         _fill(params, "weight_decay", float(recipe.optim.weight_decay), f"{where}.weight_decay", close=True)
@@ -475,17 +469,21 @@ def _fill_optimizer(cfg: dict[str, Any], recipe: Recipe, plan: BatchPlan) -> flo
 OPTIMIZER_TYPES = {"adamw": "AdamW", "lion": "Lion", "sgd": "SGD"}
 
 
+def _drop_foreign_keys(params: dict[str, Any], keys: tuple[str, ...], where: str, name: str, hint: str) -> None:
+    """Remove the Adam keys an optimizer named ``name`` has no use for: "auto" silently, a value in one line."""
+    for key in [k for k in keys if k in params]:
+        if params[key] != AUTO:
+            raise ConfigError(
+                f'deepspeed config {where}.{key}={params[key]!r}: {name} has no {key} (remove it or write "auto"{hint})'
+            )
+        del params[key]
+
+
 def _fill_sgd(params: dict[str, Any], recipe: Recipe, where: str) -> None:
     """AVION's CLS optimizer (``scripts/main_lavila_finetune_cls.py`` line 221: ``torch.optim.SGD(lr,
     momentum=betas[0], weight_decay=wd)``): momentum ``optim.betas[0]``, no Nesterov, coupled weight decay;
     the Adam keys (betas, eps, torch_adam) are refused unless "auto", then removed."""
-    for key in [k for k in ("betas", "eps", "torch_adam") if k in params]:
-        if params[key] != AUTO:
-            raise ConfigError(
-                f"deepspeed config {where}.{key}={params[key]!r}: SGD has no {key} "
-                '(remove it or write "auto"; optim.betas[0] is its momentum)'
-            )
-        del params[key]
+    _drop_foreign_keys(params, ("betas", "eps", "torch_adam"), where, "SGD", "; optim.betas[0] is its momentum")
     _fill(params, "momentum", float(recipe.optim.betas[0]), f"{where}.momentum", close=True)
     _fill(params, "nesterov", False, f"{where}.nesterov")
     _fill(params, "weight_decay", float(recipe.optim.weight_decay), f"{where}.weight_decay", close=True)
