@@ -190,6 +190,13 @@ class ContrastiveConfig:
 
 
 @dataclass
+class ZeroShotConfig:
+    """Zero-shot classification by text prompts (``avion_ds.tasks.zero_shot``)."""
+
+    templates: str = "lavila"  # lavila: "#C C {}", "#C {}" (LaViLa --cls-use-template) | plain: "{}" | "fmt|fmt"
+
+
+@dataclass
 class Recipe:
     model: ModelConfig = field(default_factory=ModelConfig)
     data: DataConfig = field(default_factory=DataConfig)
@@ -202,6 +209,7 @@ class Recipe:
     logging: LoggingConfig = field(default_factory=LoggingConfig)
     pretrain: PretrainConfig = field(default_factory=PretrainConfig)
     contrastive: ContrastiveConfig = field(default_factory=ContrastiveConfig)
+    zeroshot: ZeroShotConfig = field(default_factory=ZeroShotConfig)
     task: str = ""  # a registered task (avion_ds.tasks); "" = the default one, filled in when loaded
     output_dir: str = "runs/default"
     seed: int = 0
@@ -404,8 +412,8 @@ _CHOICES: dict[str, tuple[str | None, ...]] = {
     "data.epic_label": ("verb_noun", "action"),
     "ema.weights": ("ema", "model"),
     "model.head_label_map": ("auto", "none"),
-    "data.dataset": ("epic", "kinetics", "ssv2", "videos", "ego4d", "epic_mir"),
-    "data.val_dataset": ("", "epic", "kinetics", "ssv2", "videos", "ego4d", "epic_mir"),
+    "data.dataset": ("epic", "kinetics", "ssv2", "videos", "ego4d", "epic_mir", "egtea", "charades_ego"),
+    "data.val_dataset": ("", "epic", "kinetics", "ssv2", "videos", "ego4d", "epic_mir", "egtea", "charades_ego"),
     "pretrain.mask_type": ("tube", "random"),
     "pretrain.decoder_mask_type": ("none", "running_cell"),
     "data.sampling": ("segment", "stride"),

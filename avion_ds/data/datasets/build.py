@@ -18,6 +18,7 @@ from avion_ds.data.datasets.clip import (
     parse_int,
 )
 from avion_ds.data.datasets.ego4d import Ego4dDataset, narration_summary
+from avion_ds.data.datasets.egocentric import CharadesEgoDataset, EgteaDataset, egocentric_summary
 from avion_ds.data.datasets.epic_actions import map_files
 from avion_ds.data.datasets.epic_mir import EpicMirDataset, mir_summary
 from avion_ds.data.datasets.kinetics import KineticsDataset, split_summary
@@ -38,6 +39,8 @@ def read_annotations(cfg: DataConfig, split: str) -> tuple[int, int | dict[str, 
         return narration_summary(cfg, split)
     if cfg.dataset == "epic_mir":
         return mir_summary(path)
+    if cfg.dataset in ("egtea", "charades_ego"):
+        return egocentric_summary(cfg)
     if cfg.dataset == "epic":
         _, rows = open_csv(path, EPIC_REQUIRED)
         if not rows:
@@ -72,7 +75,13 @@ def build_dataset(
         return SSv2Dataset(cfg, split, temporal_views, spatial_views, seed)
     if cfg.dataset == "videos":
         return VideosDataset(cfg, split, temporal_views, spatial_views, seed)
-    raise ValueError(f"data.dataset={cfg.dataset!r} is not one of epic, kinetics, ssv2, videos, ego4d, epic_mir")
+    if cfg.dataset == "egtea":
+        return EgteaDataset(cfg, split, temporal_views, spatial_views, seed)
+    if cfg.dataset == "charades_ego":
+        return CharadesEgoDataset(cfg, split, temporal_views, spatial_views, seed)
+    raise ValueError(
+        f"data.dataset={cfg.dataset!r} is not one of epic, kinetics, ssv2, videos, ego4d, epic_mir, egtea, charades_ego"
+    )
 
 
 def split_config(cfg: DataConfig, split: str) -> DataConfig:

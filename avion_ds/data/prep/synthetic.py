@@ -363,10 +363,13 @@ def make_synthetic_epic(
             w.writeheader()
             w.writerows(subset)
         paths[name] = p
+    paths.update(write_class_files(out, rows, num_verbs, num_nouns))
     info = {
         "videos": videos,
         "train_csv": paths["train"],
         "val_csv": paths["val"],
+        "verb_classes_csv": paths["verb_classes"],
+        "noun_classes_csv": paths["noun_classes"],
         "num_verbs": num_verbs,
         "num_nouns": num_nouns,
         "fps": fps,
@@ -382,6 +385,21 @@ def make_synthetic_epic(
         json.dumps({k: str(v) if isinstance(v, Path) else v for k, v in info.items()}, indent=1)
     )
     return info
+
+
+def write_class_files(out: Path, rows: list[dict], num_verbs: int, num_nouns: int) -> dict[str, Path]:
+    """EPIC-100's class files (``id,key,instances,category``) for the synthetic verbs and nouns, next to the
+    CSVs: what zero-shot classification reads its class names from."""
+    paths = {}
+    for head, names, count in (("verb", VERB_NAMES, num_verbs), ("noun", NOUN_NAMES, num_nouns)):
+        p = out / f"EPIC_100_{head}_classes.csv"
+        with p.open("w", newline="") as f:
+            w = csv.writer(f)
+            w.writerow(["id", "key", "instances", "category"])
+            for i in range(count):
+                w.writerow([i, names[i], sum(int(r[f"{head}_class"]) == i for r in rows), "synthetic"])
+        paths[f"{head}_classes"] = p
+    return paths
 
 
 def main(argv: list[str] | None = None) -> int:

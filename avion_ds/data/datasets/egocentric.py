@@ -1,0 +1,261 @@
+"""Zero-shot classification sets as LaViLa's ``eval_zeroshot.py`` reads them: EGTEA Gaze+
+(``data.dataset: egtea``) and Charades-Ego (``data.dataset: charades_ego``), annotation files as
+their projects release them, clips sampled as LaViLa's ``VideoCaptionDatasetBase.get_raw_item``.
+
+- EGTEA: ``data.val_csv`` is a split file (``test_split1.txt``: ``clip_id action verb noun`` per line,
+  1-based action numbers), the class file ``action_idx.txt`` (``Words_Of_Action N`` per line; "" in
+  ``data.class_list`` = next to the split file, as LaViLa). Videos ``<root>/<video_id>/<clip_id>.mp4``
+  with ``video_id`` = the first three ``-`` fields of the clip id; the whole clip is the span. Clips:
+  ``eval.temporal_views`` (LaViLa ``--num-clips``, 10) windows of ``data.num_frames`` frames
+  ``data.stride`` apart (``--clip-stride``, 2) starting at ``linspace(0, frames - num_frames * stride)``;
+  a clip shorter than ``num_frames * stride`` is zero-padded first (black frames), as LaViLa.
+- Charades-Ego: ``data.val_csv`` is ``CharadesEgo_v1_test_only1st.csv`` (columns ``id``, ``actions``
+  (``c092 11.90 21.20;...``), ``length`` seconds), the class file ``Charades_v1_classes.txt`` (``c000
+  Holding some clothes``); one untrimmed sample per video, frames over ``[0, fps * length)`` by LaViLa's
+  ``get_frame_ids`` (``--sparse-sample``: segment midpoints); label a multi-hot float vector.
+"""
+
+from __future__ import annotations
+
+import csv
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from avion_ds.config import DataConfig
+from avion_ds.data.crop import CropBox
+from avion_ds.data.datasets.clip import ClipDataset, VideoIndex, open_csv
+from avion_ds.data.errors import DataError
+from avion_ds.data.prep.manifest import VideoEntry
+
+PAD = -1  # a frame index LaViLa fills with zeros (a clip shorter than num_frames x stride)
+EGTEA_CLASSES = "action_idx.txt"
+CHARADES_CLASSES = "Charades_v1_classes.txt"
+CHARADES_REQUIRED = ("id", "actions", "length")
+
+
+def lavila_frame_ids(start: float, end: float, num_segments: int) -> list[int]:
+    """LaViLa's ``get_frame_ids(jitter=False)``: the midpoint of each of ``num_segments`` parts of
+    ``(end - start - 1)``, part bounds rounded (``np.round``) and capped at ``end``."""
+    seg = float(end - start - 1) / num_segments
+    out = []
+    for i in range(num_segments):
+        first = int(np.round(seg * i) + start)
+        last = min(int(np.round(seg * (i + 1)) + start), end)
+        out.append(int((first + last) // 2))
+    return out
+
+
+def lavila_stride_clips(frames: int, num_frames: int, stride: int, num_clips: int) -> list[list[int]]:
+    """LaViLa's EGTEA test clips: ``num_clips`` windows of ``num_frames`` frames ``stride`` apart, starts
+    ``linspace(0, frames - num_frames * stride, num_clips, dtype=int)``; a shorter video is read whole,
+    padded with :data:`PAD` to ``num_frames * stride`` and taken every ``stride``, for every clip."""
+    span = num_frames * stride
+    if frames < span:
+        one = (list(range(frames)) + [PAD] * (span - frames))[::stride]
+        return [one] * num_clips
+    starts = np.linspace(0, frames - span, num_clips, dtype=int)
+    return [list(range(int(s), int(s) + span, stride)) for s in starts]
+
+
+def class_file(cfg: DataConfig, default_name: str) -> Path:
+    """``data.class_list``, or ``default_name`` next to ``data.val_csv`` (LaViLa's layout)."""
+    return Path(cfg.class_list) if cfg.class_list else Path(cfg.val_csv).parent / default_name
+
+
+def read_egtea_classes(path: str | Path) -> tuple[list[str], dict[int, int]]:
+    """(class names, action number -> class index) of EGTEA's ``action_idx.txt``: the name is the line
+    without its last field, ``_`` as spaces, lower case; the index is the line's position (LaViLa's
+    ``{label: i}``: a repeated name keeps its last position). ValueError naming a line of another layout."""
+    p = Path(path)
+    if not p.is_file():
+        raise FileNotFoundError(f"EGTEA class file not found: {p} (action_idx.txt; set data.class_list)")
+    names, numbers = [], []
+    for n, line in enumerate(p.read_text().splitlines(), 1):
+        row = line.strip()
+        if not row:
+            continue
+        parts = row.split(" ")
+        if len(parts) < 2 or not parts[-1].isdigit():
+            raise ValueError(f"{p}:{n}: expected 'Action_Name NUMBER' (EGTEA action_idx.txt), got {row[:60]!r}")
+        names.append(" ".join(parts[:-1]).replace("_", " ").lower())
+        numbers.append(int(parts[-1]))
+    if not names:
+        raise ValueError(f"{p}: no classes (expected EGTEA action_idx.txt lines 'Action_Name NUMBER')")
+    position = {name: i for i, name in enumerate(names)}
+    return names, {num: position[name] for num, name in zip(numbers, names)}
+
+
+def read_charades_classes(path: str | Path) -> tuple[list[str], dict[str, int]]:
+    """(class names, code -> index) of ``Charades_v1_classes.txt``: LaViLa reads each line with a CSV
+    reader, the code is the first field's first 4 characters and the name the rest after a space."""
+    p = Path(path)
+    if not p.is_file():
+        raise FileNotFoundError(f"Charades class file not found: {p} (Charades_v1_classes.txt; set data.class_list)")
+    names, codes = [], {}
+    with p.open(newline="") as f:
+        for n, row in enumerate(csv.reader(f), 1):
+            if not row or not row[0].strip():
+                continue
+            text = row[0]
+            if len(text) < 6 or text[0] != "c" or not text[1:4].isdigit() or text[4] != " ":
+                raise ValueError(f"{p}:{n}: expected 'cNNN Class name' (Charades_v1_classes.txt), got {text[:60]!r}")
+            codes[text[:4]] = len(names)
+            names.append(text[5:])
+    if not names:
+        raise ValueError(f"{p}: no classes (expected Charades_v1_classes.txt lines 'cNNN Class name')")
+    return names, codes
+
+
+class _PaddedClips(ClipDataset):
+    """Decoding that fills :data:`PAD` indices (at the end of a clip) with zero frames, as LaViLa."""
+
+    def read_clip(self, entry: VideoEntry, indices: list[int], box: CropBox | None, resize: bool = True):
+        real = [i for i in indices if i != PAD]
+        frames = super().read_clip(entry, real, box, resize)
+        if len(real) == len(indices):
+            return frames
+        pad = frames.new_zeros((len(indices) - len(real), *frames.shape[1:]))
+        return torch.cat([frames, pad])
+
+
+class EgteaDataset(_PaddedClips):
+    """EGTEA Gaze+ test clips (see module doc); label = the class index."""
+
+    def __init__(
+        self,
+        cfg: DataConfig,
+        split: str,
+        temporal_views: int = 1,
+        spatial_views: int = 1,
+        seed: int = 0,
+        index: VideoIndex | None = None,
+    ) -> None:
+        super().__init__(cfg, split, temporal_views, spatial_views, seed, index)
+        self.split_file = Path(self._split_file())
+        self.class_names, number_to_class = read_egtea_classes(class_file(cfg, EGTEA_CLASSES))
+        self.num_classes = len(self.class_names)
+        self.rows = read_egtea_split(self.split_file, number_to_class)
+        self._prune()
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def row_ref(self, i: int) -> tuple[str, bool]:
+        return self.rows[i][1], True
+
+    def row_where(self, i: int) -> tuple[Path, int]:
+        return self.split_file, self.rows[i][0]
+
+    def row_name(self, i: int) -> str:
+        return Path(self.rows[i][1]).stem
+
+    def sample_span(self, i: int) -> tuple[VideoEntry, int, int, Any]:
+        _, rel, label = self.rows[i]
+        entry = self.index.by_path(rel)
+        return entry, 0, entry.num_frames, label
+
+    def clip_indices(self, start: int, end: int, rng, view: int) -> list[int]:
+        c = self.cfg
+        return lavila_stride_clips(end - start, c.num_frames, c.stride, self.temporal_views)[view]
+
+
+def read_egtea_split(path: Path, number_to_class: dict[int, int]) -> list[tuple[int, str, int]]:
+    """(line, video path under root, class index) of each line of an EGTEA split file."""
+    if not path.is_file():
+        raise FileNotFoundError(f"annotation file not found: {path}")
+    rows = []
+    for n, line in enumerate(path.read_text().splitlines(), 1):
+        parts = line.strip().split(" ")
+        if not parts[0]:
+            continue
+        if len(parts) < 2 or not parts[1].isdigit() or parts[0].count("-") < 2:
+            raise ValueError(f"{path}:{n}: expected 'CLIP_ID ACTION [VERB NOUN]' (EGTEA split file), got {line[:60]!r}")
+        if int(parts[1]) not in number_to_class:
+            raise ValueError(f"{path}:{n}: action {parts[1]} is not in the class file")
+        video_id = "-".join(parts[0].split("-")[:3])
+        rows.append((n, f"{video_id}/{parts[0]}.mp4", number_to_class[int(parts[1])]))
+    if not rows:
+        raise ValueError(f"{path}: no annotation rows")
+    return rows
+
+
+class CharadesEgoDataset(ClipDataset):
+    """Charades-Ego untrimmed test videos (see module doc); label = multi-hot float (classes,)."""
+
+    def __init__(
+        self,
+        cfg: DataConfig,
+        split: str,
+        temporal_views: int = 1,
+        spatial_views: int = 1,
+        seed: int = 0,
+        index: VideoIndex | None = None,
+    ) -> None:
+        super().__init__(cfg, split, temporal_views, spatial_views, seed, index)
+        self.class_names, codes = read_charades_classes(class_file(cfg, CHARADES_CLASSES))
+        self.num_classes = len(self.class_names)
+        self.csv, rows = open_csv(self._split_file(), CHARADES_REQUIRED)
+        if not rows:
+            raise ValueError(f"{self.csv}: no annotation rows")
+        self.rows = []
+        for line, r in rows:
+            labels = []
+            for action in filter(None, r["actions"].split(";")):
+                code = action.split(" ")[0]
+                if code not in codes:
+                    raise ValueError(f"{self.csv}:{line}: action {code!r} is not in the class file")
+                labels.append(codes[code])
+            self.rows.append((line, r, labels))
+        self._prune()
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def row_ref(self, i: int) -> tuple[str, bool]:
+        return f"{self.rows[i][1]['id']}.mp4", True
+
+    def row_where(self, i: int) -> tuple[Path, int]:
+        return self.csv, self.rows[i][0]
+
+    def row_name(self, i: int) -> str:
+        return self.rows[i][1]["id"]
+
+    def _target(self, labels: list[int]) -> torch.Tensor:
+        target = torch.zeros(self.num_classes)
+        target[labels] = 1.0
+        return target
+
+    def sample_span(self, i: int) -> tuple[VideoEntry, int, int, Any]:
+        line, r, labels = self.rows[i]
+        entry = self.index.by_path(f"{r['id']}.mp4")
+        try:
+            length = float(r["length"])
+        except ValueError:
+            raise DataError(f"{self.csv}:{line} ({r['id']}): bad length {r['length']!r}") from None
+        self._duration = entry.fps * length  # LaViLa: a float frame count
+        return entry, 0, max(1, int(np.ceil(self._duration))), self._target(labels)
+
+    def clip_indices(self, start: int, end: int, rng, view: int) -> list[int]:
+        ids = lavila_frame_ids(0, getattr(self, "_duration", end), self.cfg.num_frames * self.temporal_views)
+        n = self.cfg.num_frames
+        return ids[view * n : (view + 1) * n]
+
+    def _placeholder(self, i: int, message: str) -> dict:
+        item = super()._placeholder(i, message)
+        item["label"] = torch.zeros(self.num_classes)
+        return item
+
+
+def egocentric_summary(cfg: DataConfig) -> tuple[int, dict[str, int]]:
+    """(rows, no class check) of an EGTEA / Charades-Ego val split without opening a video."""
+    if cfg.dataset == "egtea":
+        _, numbers = read_egtea_classes(class_file(cfg, EGTEA_CLASSES))
+        return len(read_egtea_split(Path(cfg.val_csv), numbers)), {}
+    read_charades_classes(class_file(cfg, CHARADES_CLASSES))
+    _, rows = open_csv(cfg.val_csv, CHARADES_REQUIRED)
+    if not rows:
+        raise ValueError(f"{cfg.val_csv}: no annotation rows")
+    return len(rows), {}

@@ -1,0 +1,237 @@
+"""Zero-shot classification by text prompts with a video-text dual encoder (``task: zeroshot``), the
+protocol of LaViLa's ``eval_zeroshot.py``: EPIC-100 (verb, noun and LaViLa's action head), EGTEA Gaze+
+(mean class accuracy, top-1) and Charades-Ego (mAP).
+
+Evaluation only: ``avion-ds eval --checkpoint RUN_OR_WEIGHTS --set task=zeroshot --set
+data.val_dataset=epic|egtea|charades_ego ...`` (docs/zero_shot.md). The classifiers are built from the
+class files (:mod:`avion_ds.tasks.zero_shot_classes`) on every rank, the clips embedded by the video tower
+on all ranks, the scores gathered and put in dataset order with the sampler's padding dropped.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from avion_ds.config import ConfigError
+from avion_ds.tasks.base import EvalOutcome, build_with_weights
+from avion_ds.tasks.contrastive import CONTRASTIVE_DEFAULTS, ContrastiveTask, _encoder_kwargs
+from avion_ds.tasks.registry import register_task
+from avion_ds.tasks.zero_shot_classes import (
+    ClassSet,
+    charades_map,
+    epic_action_classes,
+    epic_class_files,
+    epic_narration_files,
+    lavila_mean_class_accuracy,
+    read_epic_classes,
+    resolve_templates,
+    text_classifier,
+    topk_accuracy,
+    view_logits,
+)
+
+if TYPE_CHECKING:
+    from avion_ds.config import Recipe
+    from avion_ds.engine.bad_input import BadInputLog
+    from avion_ds.models.weights.formats import LoadReport
+
+BENCHMARKS = ("epic", "egtea", "charades_ego")
+PROTOCOL = (
+    "zero-shot by text prompts (LaViLa eval_zeroshot.py): per class, the normalised mean of the normalised "
+    "text embeddings of every template x name; scores = cosine to the video embedding (one view) or the "
+    "softmax of the maximum cosine over the views"
+)
+METRICS = {
+    "epic": "top-1 / top-5 / mean class accuracy (sklearn confusion matrix without labels=) per head",
+    "egtea": "mean class accuracy and top-1 (LaViLa get_mean_accuracy), top-5",
+    "charades_ego": "mAP over classes with positives (LaViLa charades_map)",
+}
+ZEROSHOT_DEFAULTS: dict[str, dict[str, Any]] = {
+    **CONTRASTIVE_DEFAULTS,
+    "data": {**CONTRASTIVE_DEFAULTS["data"], "val_dataset": "epic", "fps": 0.0},
+}
+
+
+def benchmark(recipe: Recipe) -> str:
+    return recipe.data.val_dataset or recipe.data.dataset
+
+
+def class_sets(recipe: Recipe, dataset: Any) -> tuple[list[ClassSet], dict[str, Any]]:
+    """The zero-shot heads of the evaluated set and what the eval JSON says of them; ConfigError
+    (one line, naming the file) for a class file of another layout."""
+    d, name = recipe.data, benchmark(recipe)
+    try:
+        if name == "epic":
+            files = epic_class_files(d.class_list, d.val_csv)
+            sets = [
+                ClassSet(head, [[c] for c in read_epic_classes(files[head], head == "noun")], str(files[head]))
+                for head in ("verb", "noun")
+            ]
+            sources = epic_narration_files(d.train_csv, d.val_csv)
+            keys, narrations = epic_action_classes(sources)
+            sets.append(ClassSet("action", narrations, " + ".join(map(str, sources))))
+            dataset.zero_shot_action_ids = {k: i for i, k in enumerate(keys)}
+        else:
+            sets = [ClassSet(name, [[c] for c in dataset.class_names], "class file")]
+    except (ValueError, FileNotFoundError) as e:
+        raise ConfigError(f"zero-shot classes: {e}") from None
+    for s in sets:
+        if not len(s):
+            raise ConfigError(f"zero-shot classes: {s.source} gives no {s.head} classes")
+    return sets, {"classes": {s.head: len(s) for s in sets}, "class_sources": {s.head: s.source for s in sets}}
+
+
+def check_towers(report: LoadReport, source: str) -> None:
+    """Refuse weights that lack a trained text or video tower (projection included), in one line."""
+    lacking = [k for k in [*report.missing, *report.fresh] if k.startswith(("textual.", "visual."))]
+    if lacking:
+        tower = "text" if any(k.startswith("textual.") for k in lacking) else "video"
+        raise ConfigError(
+            f"--checkpoint {source}: no trained {tower} tower in it ({len(lacking)} tensors missing or fresh, "
+            f"e.g. {lacking[0]}); zero-shot needs both towers of a dual encoder (ours, AVION, LaViLa, OpenAI CLIP "
+            "at its own geometry)"
+        )
+
+
+def epic_targets(labels: dict[str, torch.Tensor], action_ids: dict[str, int]) -> dict[str, torch.Tensor]:
+    """Verb, noun and LaViLa action class of each row (-1: the pair is not in the action classes)."""
+    pairs = zip(labels["verb"].tolist(), labels["noun"].tolist())
+    action = torch.tensor([action_ids.get(f"{v}:{n}", -1) for v, n in pairs], dtype=torch.long)
+    return {"verb": labels["verb"].long(), "noun": labels["noun"].long(), "action": action}
+
+
+def zero_shot_metrics(name: str, scores: dict[str, torch.Tensor], labels: Any) -> dict[str, float]:
+    """The benchmark's numbers (percent) from gathered scores and labels."""
+    if name == "charades_ego":
+        m_ap, _ = charades_map(scores[name].numpy(), labels.numpy())
+        return {"map": m_ap}
+    targets = {name: labels.long()} if name == "egtea" else labels
+    out: dict[str, float] = {}
+    for head, s in scores.items():
+        t = targets[head]
+        prefix = "" if name == "egtea" else f"{head}_"
+        mean_class, top1 = lavila_mean_class_accuracy(s.argmax(dim=1).numpy(), t.numpy())
+        out.update({f"{prefix}top1": top1, f"{prefix}top5": topk_accuracy(s, t, 5), f"{prefix}mean_class": mean_class})
+    return out
+
+
+@register_task
+class ZeroShotTask(ContrastiveTask):
+    """Zero-shot classification by text prompts (see module doc)."""
+
+    name = "zeroshot"
+    recipe_defaults = ZEROSHOT_DEFAULTS
+    best_metric = None
+
+    def validate_recipe(self, recipe: Recipe) -> None:
+        if benchmark(recipe) not in BENCHMARKS:
+            raise ConfigError(
+                f"data.val_dataset={benchmark(recipe)!r}: task=zeroshot classifies {', '.join(BENCHMARKS)} clips"
+            )
+        try:
+            resolve_templates(recipe.zeroshot.templates)
+        except ValueError as e:
+            raise ConfigError(str(e)) from None
+
+    def build_model(
+        self,
+        recipe: Recipe,
+        pretrained: str | None = None,
+        run_dir: Path | None = None,
+        ds_config: dict[str, Any] | None = None,
+    ) -> nn.Module:
+        from avion_ds.engine import dist
+        from avion_ds.engine.weights_report import load_and_report
+
+        source = pretrained if pretrained is not None else recipe.model.pretrained
+        model = build_with_weights(recipe, _encoder_kwargs(recipe), "", run_dir, ds_config)
+        if source:
+            m = recipe.model
+            report = load_and_report(
+                model, str(source), strict=False, trust=m.trust_checkpoint, run_dir=run_dir, is_main=dist.is_main()
+            )
+            check_towers(report, str(source))
+        return model
+
+    def prepare_datasets(self, recipe: Recipe, *datasets: Any) -> None:
+        for ds in datasets:
+            if not getattr(ds, "train", True):
+                ds.zero_shot_classes, ds.zero_shot_report = class_sets(recipe, ds)
+
+    def evaluate(
+        self,
+        model: Callable[..., Any],
+        loader: Any,
+        augment: Callable,
+        views: int,
+        device: torch.device,
+        dtype: torch.dtype,
+        recipe: Recipe,
+        bad_log: BadInputLog | None = None,
+    ) -> EvalOutcome:
+        return evaluate_zero_shot(model, loader, augment, views, device, dtype, recipe, bad_log)
+
+    def eval_line(self, metrics: dict[str, float]) -> str:
+        return " ".join(f"{k}={v:.2f}" for k, v in metrics.items())
+
+
+@torch.no_grad()
+def evaluate_zero_shot(
+    model: Callable[..., Any],
+    loader: Any,
+    augment: Callable,
+    views: int,
+    device: torch.device,
+    dtype: torch.dtype,
+    recipe: Recipe,
+    bad_log: BadInputLog | None = None,
+) -> EvalOutcome:
+    """Classifiers from the prompts, video embeddings of every clip (all ranks), the benchmark's metrics."""
+    from avion_ds.engine.bad_input import BadInputLog, batch_messages
+    from avion_ds.engine.eval_loop import augmented_batch
+    from avion_ds.engine.metrics import PredictionStore, failed_in_batch, gather_failed
+    from avion_ds.engine.run_log import progress
+    from avion_ds.models.clip import at_least_fp32
+    from avion_ds.tasks.retrieval_eval import dataset_rows_report
+
+    net = getattr(model, "module", model)
+    was_training = net.training
+    net.eval()
+    ds, name = loader.dataset, benchmark(recipe)
+    templates = resolve_templates(recipe.zeroshot.templates)
+    classifiers = {s.head: text_classifier(net.encode_text, s, templates, device) for s in ds.zero_shot_classes}
+    store, failed, bad, fatal = PredictionStore(), {}, [], []
+    for batch in progress(loader, "zero-shot"):
+        b, f = batch_messages(batch)
+        bad, fatal = bad + b, fatal + f
+        x, targets = augmented_batch(batch, augment, device)
+        video = F.normalize(at_least_fp32(net.encode_video(x.to(dtype))), dim=-1)
+        scores = {h: view_logits(video, c, views) for h, c in classifiers.items()}
+        if name == "epic":
+            targets = epic_targets({k: v.cpu() for k, v in targets.items()}, ds.zero_shot_action_ids)
+        store.add(batch["index"], scores, targets)
+        failed.update(failed_in_batch(batch))
+    net.train(was_training)
+    (bad_log or BadInputLog(lambda msg: print(msg, flush=True))).exchange(bad, fatal)
+    index, scores, labels = store.gather()
+    metrics = zero_shot_metrics(name, scores, labels)
+    report: dict[str, Any] = {
+        "protocol": f"{PROTOCOL}; {name}: {METRICS[name]}",
+        "benchmark": name,
+        "templates": list(templates),
+        **ds.zero_shot_report,
+        "rows": int(index.numel()),
+        **dataset_rows_report(ds),
+    }
+    if name == "charades_ego":
+        report["classes_without_positives"] = charades_map(scores[name].numpy(), labels.numpy())[1]
+    if name == "epic":
+        report["action_rows_outside_classes"] = int((labels["action"] < 0).sum())
+    report["chance_top1"] = {h: 100.0 / max(1, c.shape[0]) for h, c in classifiers.items()}
+    return EvalOutcome(metrics, report, gather_failed(failed, ds), num_samples=int(index.numel()))
