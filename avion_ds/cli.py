@@ -24,6 +24,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "plan": ("avion_ds.memory.plan", "pick ZeRO stage / offload / checkpointing / micro-batch for a GPU budget"),
     "bench-loader": ("avion_ds.data.decode.loader_bench", "clips/s per DataLoader worker and workers needed per GPU"),
     "models": ("avion_ds.models.listing", "registered model sizes with parameters and GFLOPs per clip"),
+    "embed": ("avion_ds.embed.embed_cli", "video embeddings of fixed-length clips (an index), or text embeddings"),
+    "search": ("avion_ds.embed.search_cli", "top-k clips of an embedding index for a text query (table, --html)"),
 }
 # distribution name -> how --version shows it (read from package metadata: nothing heavy is imported)
 _PACKAGES = {

@@ -1,0 +1,102 @@
+"""`avion-ds search "QUERY" --index DIR`: the clips of an `avion-ds embed` index closest to a text query.
+
+The query is embedded by the text tower of the model that wrote the index (``index.json`` names its
+checkpoint; ``--checkpoint`` another copy of it), the shards are scanned one at a time (cosine
+similarity, a running top-k), and the hits printed as a table: rank, score, video, start and end
+seconds. ``--html OUT`` writes a page with one thumbnail per hit (the clip's middle frame, decoded by
+the project's decoders, embedded as a base64 JPEG) that opens in any browser without other files.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import torch
+
+from avion_ds.config import ConfigError
+from avion_ds.data.errors import DataError
+from avion_ds.embed.embed_cli import add_model_options, embed_texts, model_overrides
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(
+        prog="avion-ds search",
+        description=__doc__.splitlines()[0],
+        epilog="exit codes: 0 done, 1 failure (traceback), 2 bad input (one line)",
+    )
+    p.add_argument("query", help="text to search for, e.g. 'cut the onion'")
+    p.add_argument("--index", required=True, help="index directory written by avion-ds embed")
+    p.add_argument("--top-k", type=int, default=10, help="hits to show (default 10)")
+    p.add_argument("--html", default=None, help="also write a page with a thumbnail per hit to this file")
+    add_model_options(p, required=False)
+    return p.parse_args(argv)
+
+
+def format_table(hits: list[dict]) -> str:
+    """The hits as an aligned text table."""
+    head = ("rank", "score", "video", "start_s", "end_s")
+    rows = [(str(h["rank"]), f"{h['score']:.4f}", h["video"], f"{h['start']:.2f}", f"{h['end']:.2f}") for h in hits]
+    widths = [max(len(r[i]) for r in [head, *rows]) for i in range(len(head))]
+    line = lambda r: "  ".join(c.rjust(w) if i != 2 else c.ljust(w) for i, (c, w) in enumerate(zip(r, widths)))  # noqa: E731
+    return "\n".join([line(head), *[line(r) for r in rows]])
+
+
+def run(args: argparse.Namespace) -> int:
+    from avion_ds.embed.index import check_complete, read_clips, read_meta, top_k
+    from avion_ds.embed.model import load_encoder
+
+    if not args.query.strip():
+        raise ConfigError("empty query: give the text to search for")
+    if args.top_k < 1:
+        raise ConfigError(f"--top-k={args.top_k} must be at least 1")
+    out = Path(args.index)
+    meta = read_meta(out)
+    check_complete(out, meta)
+    if args.checkpoint is None and not Path(meta.checkpoint).exists():
+        raise ConfigError(f"--index {out}: its checkpoint {meta.checkpoint} is gone; name a copy with --checkpoint")
+    checkpoint = args.checkpoint or meta.checkpoint
+    tag = args.tag if args.checkpoint else meta.tag
+    config = args.config or (None if args.checkpoint else meta.config)
+    model_name = args.model or (meta.model if Path(checkpoint).is_file() and config is None else None)
+    overrides = model_overrides(args) if args.checkpoint else [*meta.overrides, *model_overrides(args)]
+    enc = load_encoder(checkpoint, tag, config, model_name, overrides)
+    if enc.fingerprint != meta.fingerprint or enc.recipe.model.name != meta.model:
+        raise ConfigError(
+            f"--index {out} was embedded by another model ({meta.model}, weights {meta.fingerprint}) than "
+            f"{checkpoint} ({enc.recipe.model.name}, weights {enc.fingerprint}); search it with the model that wrote it"
+        )
+    query = embed_texts(enc.model, [args.query], torch.device("cpu"))[0]
+    clips = read_clips(out)
+    hits = [
+        {
+            "rank": n + 1,
+            "score": score,
+            "row": row,
+            "video": clips[row][0],
+            "start": clips[row][1],
+            "end": clips[row][2],
+        }
+        for n, (row, score) in enumerate(top_k(out, meta, query, args.top_k))
+    ]
+    print(f"query {args.query!r}: top {len(hits)} of {meta.num_clips} clips ({meta.model})")
+    print(format_table(hits))
+    if args.html:
+        from avion_ds.embed.page import write_page
+
+        path = write_page(Path(args.html), args.query, hits, enc.recipe.data, meta)
+        print(f"wrote {path}")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point for `avion-ds search`."""
+    from avion_ds.engine import dist
+
+    args = parse_args(argv)
+    return dist.run_entry("avion-ds search", lambda: run(args), {ConfigError: 2, DataError: 2})
+
+
+if __name__ == "__main__":
+    sys.exit(main())
