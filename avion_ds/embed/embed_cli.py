@@ -159,12 +159,11 @@ def prepare_index(args: argparse.Namespace, enc, listed, rank: int):
 
 def run_videos(args: argparse.Namespace) -> int:
     from avion_ds.data import DeviceAugment
+    from avion_ds.embed.clips import list_clips
     from avion_ds.embed.index import missing_shards, write_shard
     from avion_ds.embed.model import load_encoder
     from avion_ds.engine.dist import env_world_size
     from avion_ds.engine.run_log import progress
-
-    from avion_ds.embed.clips import list_clips
 
     rank, world = int(os.environ.get("RANK", "0")), env_world_size()
     if Path(args.out).exists() and not Path(args.out).is_dir():

@@ -39,7 +39,7 @@ def format_table(hits: list[dict]) -> str:
     head = ("rank", "score", "video", "start_s", "end_s")
     rows = [(str(h["rank"]), f"{h['score']:.4f}", h["video"], f"{h['start']:.2f}", f"{h['end']:.2f}") for h in hits]
     widths = [max(len(r[i]) for r in [head, *rows]) for i in range(len(head))]
-    line = lambda r: "  ".join(c.rjust(w) if i != 2 else c.ljust(w) for i, (c, w) in enumerate(zip(r, widths)))  # noqa: E731
+    line = lambda r: "  ".join(c.rjust(w) if i != 2 else c.ljust(w) for i, (c, w) in enumerate(zip(r, widths)))
     return "\n".join([line(head), *[line(r) for r in rows]])
 
 
