@@ -134,6 +134,8 @@ class ZeroShotTask(ContrastiveTask):
             raise ConfigError(
                 f"data.val_dataset={benchmark(recipe)!r}: task=zeroshot classifies {', '.join(BENCHMARKS)} clips"
             )
+        if benchmark(recipe) == "epic" and not recipe.data.train_csv.endswith(".csv"):
+            recipe.data.train_csv = ""  # a pretraining run's narration file: the action classes come from CSVs
         try:
             resolve_templates(recipe.zeroshot.templates)
         except ValueError as e:
