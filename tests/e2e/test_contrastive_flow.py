@@ -256,7 +256,8 @@ def test_zero_shot_classification_of_the_synthetic_classes(contrastive_run: dict
     _ok(run_process([*CLI, "eval", "--checkpoint", run, "--tag", "best", "--out", out, *_sets(sets)]))
     result = json.loads(out.read_text())
     m, chance = result["metrics"], result["chance_top1"]
-    print(f"zero-shot top-1: {', '.join(f'{h} {m[h + "_top1"]:.1f} (chance {chance[h]:.1f})' for h in chance)}")
+    shown = [f"{h} {m[h + '_top1']:.1f} (chance {chance[h]:.1f})" for h in chance]
+    print("zero-shot top-1: " + ", ".join(shown))
     assert result["classes"] == {"verb": 4, "noun": 3, "action": 12} and result["rows"] == 48
     assert result["templates"] == ["#C C {}", "#C {}"]
     assert m["action_top1"] >= 2 * chance["action"], result
