@@ -231,6 +231,21 @@ _clip(
     {"embed_dim": 768, "num_heads": 12},
 )
 
+# OpenAI's CLIP geometry exactly (QuickGELU, eps 1e-5, its projection width): its released weights, zero-shot
+_OPENAI = {"act": "quick_gelu", "norm_eps": 1e-5}
+_clip(
+    "clip_openai_vit_base_patch16_224",
+    {"embed_dim": 768, "depth": 12, "num_heads": 12, **_OPENAI},
+    {"embed_dim": 512, "num_heads": 8, **_OPENAI},
+    proj_dim=512,
+)
+_clip(
+    "clip_openai_vit_large_patch14_224",
+    {"embed_dim": 1024, "depth": 24, "num_heads": 16, "patch_size": 14, **_OPENAI},
+    {"embed_dim": 768, "num_heads": 12, **_OPENAI},
+    proj_dim=768,
+)
+
 
 @register_model
 def clip_vit_test_tiny(pretrained: Any = None, **overrides: Any) -> VideoTextDualEncoder:
@@ -254,6 +269,18 @@ def clip_vit_large_patch14_224(pretrained: Any = None, **overrides: Any) -> Vide
 def clip_vit_large_patch14_336(pretrained: Any = None, **overrides: Any) -> VideoTextDualEncoder:
     """CLIP ViT-L/14 at 336 px dual encoder: as clip_vit_large_patch14_224 on 336 px frames."""
     return _build("clip_vit_large_patch14_336", pretrained, overrides)
+
+
+@register_model
+def clip_openai_vit_base_patch16_224(pretrained: Any = None, **overrides: Any) -> VideoTextDualEncoder:
+    """OpenAI CLIP ViT-B/16 exactly (QuickGELU, eps 1e-5, 512-d space) over 4 frames: ViT-B-16.pt as released."""
+    return _build("clip_openai_vit_base_patch16_224", pretrained, overrides)
+
+
+@register_model
+def clip_openai_vit_large_patch14_224(pretrained: Any = None, **overrides: Any) -> VideoTextDualEncoder:
+    """OpenAI CLIP ViT-L/14 exactly (QuickGELU, eps 1e-5, 768-d space) over 4 frames: ViT-L-14.pt as released."""
+    return _build("clip_openai_vit_large_patch14_224", pretrained, overrides)
 
 
 # ----------------------------------------------------------------------------------------------

@@ -89,7 +89,12 @@ def class_sets(recipe: Recipe, dataset: Any) -> tuple[list[ClassSet], dict[str, 
 
 def check_towers(report: LoadReport, source: str) -> None:
     """Refuse weights that lack a trained text or video tower (projection included), in one line."""
-    lacking = [k for k in [*report.missing, *report.fresh] if k.startswith(("textual.", "visual."))]
+    # an image CLIP has no temporal embedding: zeros (fresh) are its frame-averaging equivalent, not a gap
+    lacking = [
+        k
+        for k in [*report.missing, *report.fresh]
+        if k.startswith(("textual.", "visual.")) and "temporal_embed" not in k
+    ]
     if lacking:
         tower = "text" if any(k.startswith("textual.") for k in lacking) else "video"
         raise ConfigError(

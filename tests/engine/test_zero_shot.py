@@ -298,3 +298,26 @@ def test_eval_refuses_an_unknown_class_file_layout(tmp_path: Path) -> None:
     assert proc.returncode == 2, proc.stderr
     lines = [x for x in proc.stderr.splitlines() if "avion-ds eval" in x]
     assert len(lines) == 1 and "missing column(s) id, key" in lines[0] and str(bad) in lines[0], proc.stderr
+
+
+def test_openai_sizes_are_openai_geometry_and_towers_check() -> None:
+    """clip_openai_* = the AVION sizes with OpenAI's own choices (what ViT-B-16.pt loads into with its
+    projections); a missing text tensor is refused, a fresh temporal embedding (image CLIP) is not."""
+    from avion_ds.config import ConfigError
+    from avion_ds.models import get_arch
+    from avion_ds.models.weights.formats import LoadReport
+    from avion_ds.tasks.zero_shot import check_towers
+
+    for ours, base in (
+        ("clip_openai_vit_base_patch16_224", "clip_vit_base_patch16_224"),
+        ("clip_openai_vit_large_patch14_224", "clip_vit_large_patch14_224"),
+    ):
+        want = get_arch(base, act="quick_gelu", norm_eps=1e-5, proj_dim=512 if "base" in base else 768)
+        got = get_arch(ours)
+        assert (got.vision.replace(name="x"), got.text.replace(name="x")) == (
+            want.vision.replace(name="x"),
+            want.text.replace(name="x"),
+        )
+    check_towers(LoadReport("openai", fresh=["visual.temporal_embed"]), "ViT-B-16.pt")
+    with pytest.raises(ConfigError, match="no trained text tower"):
+        check_towers(LoadReport("x", fresh=["textual.proj"]), "w.pt")
