@@ -16,6 +16,17 @@ if ! ldconfig -p 2>/dev/null | grep -q libavcodec; then
   fi
 fi
 
+# Debian's Chromium: the headless-browser test of `avion-ds search --html` (skipped where it is absent).
+if ! command -v chromium >/dev/null 2>&1 && ! command -v chromium-browser >/dev/null 2>&1; then
+  if command -v apt-get >/dev/null 2>&1; then
+    SUDO=""; [ "$(id -u)" = 0 ] || SUDO="sudo"
+    $SUDO apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq chromium >/dev/null
+  else
+    echo "install.sh: no apt-get; install Chromium for the search page test (it is skipped otherwise)" >&2
+  fi
+fi
+
 # torch first and pinned: an unpinned torch may pull other builds (timm needs this torchvision).
 if ! $PY -c "import torch, torchvision, sys; sys.exit(torch.__version__.split('+')[0] != '2.14.1')" 2>/dev/null; then
   $PY -m pip install -q torch==2.14.1 torchvision==0.29.1

@@ -44,6 +44,8 @@ BAD_INPUT = [
     ("models", ["--frames", "5"]),
     ("train", ["--config", "/nope/r.yaml"]),
     ("train", ["--no-such-flag"]),
+    ("embed", ["/nope/videos", "--out", "{tmp}/i", "--checkpoint", "/nope/w.safetensors"]),
+    ("search", ["  ", "--index", "{tmp}"]),
 ]
 
 

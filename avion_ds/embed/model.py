@@ -40,7 +40,8 @@ def resolve_encoder(
 ) -> tuple[Recipe, Path | None, str | None]:
     """(recipe, run directory or None, checkpoint tag) with every check done; ConfigError otherwise."""
     from avion_ds.engine import preflight as pf
-    from avion_ds.tasks import get_task, load_recipe
+    from avion_ds.tasks import load_recipe
+    from avion_ds.tasks.zero_shot import ZeroShotTask
 
     path = Path(checkpoint)
     if not path.exists():
@@ -51,12 +52,12 @@ def resolve_encoder(
     if config is not None:
         recipe = load_recipe(config, [*overrides, *([f"model.name={model_name}"] if model_name else [])])
     elif model_name:
-        recipe = load_recipe(None, ["task=contrastive", f"model.name={model_name}", *overrides])
+        recipe = load_recipe(None, [f"task={ZeroShotTask.name}", f"model.name={model_name}", *overrides])
     else:
         raise ConfigError(
             "--checkpoint is a weights file: name its model with --model (e.g. clip_vit_base_patch16_224)"
         )
-    get_task("contrastive").check_model(recipe)  # a dual encoder, geometry right
+    ZeroShotTask().check_model(recipe)  # a dual encoder, geometry right
     if run_dir is not None:
         from avion_ds.engine.checkpoint import check_tag
         from avion_ds.rundir import latest_complete, resolve_tag
