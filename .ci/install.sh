@@ -5,26 +5,24 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
 
+# apt_install PACKAGE WHY: a Debian package via apt-get (sudo when not root), or a note saying WHY it is wanted
+apt_install() {
+  if command -v apt-get >/dev/null 2>&1; then
+    SUDO=""; [ "$(id -u)" = 0 ] || SUDO="sudo"
+    $SUDO apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "$1" >/dev/null
+  else
+    echo "install.sh: no apt-get; install $2" >&2
+  fi
+}
+
 # Debian's FFmpeg libraries: torchcodec links against them (decord and PyAV bundle their own).
 if ! ldconfig -p 2>/dev/null | grep -q libavcodec; then
-  if command -v apt-get >/dev/null 2>&1; then
-    SUDO=""; [ "$(id -u)" = 0 ] || SUDO="sudo"
-    $SUDO apt-get update -qq
-    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq ffmpeg >/dev/null
-  else
-    echo "install.sh: no apt-get; install FFmpeg 4-7 shared libraries for the torchcodec backend" >&2
-  fi
+  apt_install ffmpeg "FFmpeg 4-7 shared libraries for the torchcodec backend"
 fi
-
 # Debian's Chromium: the headless-browser test of `avion-ds search --html` (skipped where it is absent).
 if ! command -v chromium >/dev/null 2>&1 && ! command -v chromium-browser >/dev/null 2>&1; then
-  if command -v apt-get >/dev/null 2>&1; then
-    SUDO=""; [ "$(id -u)" = 0 ] || SUDO="sudo"
-    $SUDO apt-get update -qq
-    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq chromium >/dev/null
-  else
-    echo "install.sh: no apt-get; install Chromium for the search page test (it is skipped otherwise)" >&2
-  fi
+  apt_install chromium "Chromium for the search page test (it is skipped otherwise)"
 fi
 
 # torch first and pinned: an unpinned torch may pull other builds (timm needs this torchvision).

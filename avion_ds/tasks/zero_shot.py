@@ -28,11 +28,9 @@ from avion_ds.tasks.zero_shot_classes import (
     epic_action_classes,
     epic_class_files,
     epic_narration_files,
-    lavila_mean_class_accuracy,
     read_epic_classes,
     resolve_templates,
     text_classifier,
-    topk_accuracy,
     view_logits,
 )
 
@@ -116,13 +114,15 @@ def zero_shot_metrics(name: str, scores: dict[str, torch.Tensor], labels: Any) -
     if name == "charades_ego":
         m_ap, _ = charades_map(scores[name].numpy(), labels.numpy())
         return {"map": m_ap}
+    from avion_ds.engine.action_metrics import mean_class_accuracy, overall_accuracy, topk_accuracy
+
     targets = {name: labels.long()} if name == "egtea" else labels
     out: dict[str, float] = {}
     for head, s in scores.items():
-        t = targets[head]
-        prefix = "" if name == "egtea" else f"{head}_"
-        mean_class, top1 = lavila_mean_class_accuracy(s.argmax(dim=1).numpy(), t.numpy())
-        out.update({f"{prefix}top1": top1, f"{prefix}top5": topk_accuracy(s, t, 5), f"{prefix}mean_class": mean_class})
+        t, pred, prefix = targets[head].numpy(), s.argmax(dim=1).numpy(), "" if name == "egtea" else f"{head}_"
+        out[f"{prefix}top1"] = overall_accuracy(t, pred)
+        out[f"{prefix}top5"] = topk_accuracy(t, s.numpy(), 5)
+        out[f"{prefix}mean_class"] = mean_class_accuracy(t, pred)  # LaViLa's get_mean_accuracy (sklearn's cm)
     return out
 
 
@@ -171,6 +171,7 @@ class ZeroShotTask(ContrastiveTask):
             if not getattr(ds, "train", True):
                 ds.zero_shot_classes, ds.zero_shot_report = class_sets(recipe, ds)
 
+    @torch.no_grad()
     def evaluate(
         self,
         model: Callable[..., Any],
@@ -182,63 +183,49 @@ class ZeroShotTask(ContrastiveTask):
         recipe: Recipe,
         bad_log: BadInputLog | None = None,
     ) -> EvalOutcome:
-        return evaluate_zero_shot(model, loader, augment, views, device, dtype, recipe, bad_log)
+        """Classifiers from the prompts, video embeddings of every clip (all ranks), the benchmark's metrics."""
+        from avion_ds.engine.bad_input import BadInputLog, batch_messages
+        from avion_ds.engine.eval_loop import augmented_batch
+        from avion_ds.engine.metrics import PredictionStore, failed_in_batch, gather_failed
+        from avion_ds.engine.run_log import progress
+        from avion_ds.models.clip import at_least_fp32
+        from avion_ds.tasks.retrieval_eval import dataset_rows_report
+
+        net = getattr(model, "module", model)
+        was_training = net.training
+        net.eval()
+        ds, name = loader.dataset, benchmark(recipe)
+        templates = resolve_templates(recipe.zeroshot.templates)
+        classifiers = {s.head: text_classifier(net.encode_text, s, templates, device) for s in ds.zero_shot_classes}
+        store, failed, bad, fatal = PredictionStore(), {}, [], []
+        for batch in progress(loader, "zero-shot"):
+            b, f = batch_messages(batch)
+            bad, fatal = bad + b, fatal + f
+            x, targets = augmented_batch(batch, augment, device)
+            video = F.normalize(at_least_fp32(net.encode_video(x.to(dtype))), dim=-1)
+            scores = {h: view_logits(video, c, views) for h, c in classifiers.items()}
+            if name == "epic":
+                targets = epic_targets({k: v.cpu() for k, v in targets.items()}, ds.zero_shot_action_ids)
+            store.add(batch["index"], scores, targets)
+            failed.update(failed_in_batch(batch))
+        net.train(was_training)
+        (bad_log or BadInputLog(lambda msg: print(msg, flush=True))).exchange(bad, fatal)
+        index, scores, labels = store.gather()
+        metrics = zero_shot_metrics(name, scores, labels)
+        report: dict[str, Any] = {
+            "protocol": f"{PROTOCOL}; {name}: {METRICS[name]}",
+            "benchmark": name,
+            "templates": list(templates),
+            **ds.zero_shot_report,
+            "rows": int(index.numel()),
+            **dataset_rows_report(ds),
+        }
+        if name == "charades_ego":
+            report["classes_without_positives"] = charades_map(scores[name].numpy(), labels.numpy())[1]
+        if name == "epic":
+            report["action_rows_outside_classes"] = int((labels["action"] < 0).sum())
+        report["chance_top1"] = {h: 100.0 / max(1, c.shape[0]) for h, c in classifiers.items()}
+        return EvalOutcome(metrics, report, gather_failed(failed, ds), num_samples=int(index.numel()))
 
     def eval_line(self, metrics: dict[str, float]) -> str:
         return " ".join(f"{k}={v:.2f}" for k, v in metrics.items())
-
-
-@torch.no_grad()
-def evaluate_zero_shot(
-    model: Callable[..., Any],
-    loader: Any,
-    augment: Callable,
-    views: int,
-    device: torch.device,
-    dtype: torch.dtype,
-    recipe: Recipe,
-    bad_log: BadInputLog | None = None,
-) -> EvalOutcome:
-    """Classifiers from the prompts, video embeddings of every clip (all ranks), the benchmark's metrics."""
-    from avion_ds.engine.bad_input import BadInputLog, batch_messages
-    from avion_ds.engine.eval_loop import augmented_batch
-    from avion_ds.engine.metrics import PredictionStore, failed_in_batch, gather_failed
-    from avion_ds.engine.run_log import progress
-    from avion_ds.models.clip import at_least_fp32
-    from avion_ds.tasks.retrieval_eval import dataset_rows_report
-
-    net = getattr(model, "module", model)
-    was_training = net.training
-    net.eval()
-    ds, name = loader.dataset, benchmark(recipe)
-    templates = resolve_templates(recipe.zeroshot.templates)
-    classifiers = {s.head: text_classifier(net.encode_text, s, templates, device) for s in ds.zero_shot_classes}
-    store, failed, bad, fatal = PredictionStore(), {}, [], []
-    for batch in progress(loader, "zero-shot"):
-        b, f = batch_messages(batch)
-        bad, fatal = bad + b, fatal + f
-        x, targets = augmented_batch(batch, augment, device)
-        video = F.normalize(at_least_fp32(net.encode_video(x.to(dtype))), dim=-1)
-        scores = {h: view_logits(video, c, views) for h, c in classifiers.items()}
-        if name == "epic":
-            targets = epic_targets({k: v.cpu() for k, v in targets.items()}, ds.zero_shot_action_ids)
-        store.add(batch["index"], scores, targets)
-        failed.update(failed_in_batch(batch))
-    net.train(was_training)
-    (bad_log or BadInputLog(lambda msg: print(msg, flush=True))).exchange(bad, fatal)
-    index, scores, labels = store.gather()
-    metrics = zero_shot_metrics(name, scores, labels)
-    report: dict[str, Any] = {
-        "protocol": f"{PROTOCOL}; {name}: {METRICS[name]}",
-        "benchmark": name,
-        "templates": list(templates),
-        **ds.zero_shot_report,
-        "rows": int(index.numel()),
-        **dataset_rows_report(ds),
-    }
-    if name == "charades_ego":
-        report["classes_without_positives"] = charades_map(scores[name].numpy(), labels.numpy())[1]
-    if name == "epic":
-        report["action_rows_outside_classes"] = int((labels["action"] < 0).sum())
-    report["chance_top1"] = {h: 100.0 / max(1, c.shape[0]) for h, c in classifiers.items()}
-    return EvalOutcome(metrics, report, gather_failed(failed, ds), num_samples=int(index.numel()))

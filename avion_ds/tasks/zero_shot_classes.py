@@ -162,31 +162,8 @@ def view_logits(video: torch.Tensor, classifier: torch.Tensor, views: int) -> to
 
 
 # ---------------------------------------------------------------------------------------------
-# metrics (LaViLa's lavila/utils/evaluation.py and evaluation_charades.py)
+# Charades-Ego mAP (LaViLa's lavila/utils/evaluation_charades.py; the accuracies: engine.action_metrics)
 # ---------------------------------------------------------------------------------------------
-def topk_accuracy(scores: torch.Tensor, target: torch.Tensor, k: int) -> float:
-    """Percent of rows whose target is among the ``k`` highest scores (LaViLa's ``accuracy``)."""
-    if target.numel() == 0:
-        return 0.0
-    top = scores.topk(min(k, scores.shape[1]), dim=1).indices
-    return 100.0 * float((top == target.view(-1, 1)).any(dim=1).float().mean())
-
-
-def lavila_mean_class_accuracy(pred: np.ndarray, target: np.ndarray) -> tuple[float, float]:
-    """(mean class accuracy, top-1) in percent as LaViLa's ``get_mean_accuracy`` on sklearn's
-    ``confusion_matrix(target, pred)`` without ``labels=``: the classes are the sorted union of targets
-    and predictions, so a class only ever predicted counts with accuracy 0."""
-    pred, target = np.asarray(pred).astype(np.int64), np.asarray(target).astype(np.int64)
-    if target.size == 0:
-        return 0.0, 0.0
-    classes = np.union1d(target, pred)
-    accs = []
-    for c in classes:
-        rows = target == c
-        accs.append(float((pred[rows] == c).sum() / rows.sum()) if rows.any() else 0.0)
-    return 100.0 * float(np.mean(accs)), 100.0 * float((pred == target).mean())
-
-
 def charades_map(scores: np.ndarray, targets: np.ndarray) -> tuple[float, int]:
     """(mAP in percent, classes without positives) as LaViLa's ``charades_map``: rows without any
     positive get -inf scores, classes are ranked by ``np.argsort(-scores)`` (ties in numpy's order), AP =

@@ -18,7 +18,11 @@ from avion_ds.data.datasets.egocentric import lavila_frame_ids, lavila_stride_cl
 from avion_ds.data.prep.synthetic import write_video
 from tests.engine.test_zero_shot import save_tiny_weights
 
-CLIPS = {"OP01-R01-PastaSalad-10-20-F1-F2": 20, "OP01-R01-PastaSalad-30-40-F3-F4": 60}  # frames each
+CLIPS = {  # frames each
+    "OP01-R01-PastaSalad-10-20-F1-F2": 20,
+    "OP01-R01-PastaSalad-30-40-F3-F4": 60,
+    "OP01-R01-PastaSalad-50-60-F5-F6": 36,
+}
 
 
 @pytest.fixture(scope="module")
@@ -28,7 +32,7 @@ def egtea(tmp_path_factory: pytest.TempPathFactory) -> dict:
         (root / "cropped_clips" / "OP01-R01-PastaSalad").mkdir(parents=True, exist_ok=True)
         write_video(root / "cropped_clips" / "OP01-R01-PastaSalad" / f"{clip}.mp4", frames, 48, 32, fps=12)
     (root / "action_idx.txt").write_text("Open_fridge 1\nTake_bowl 2\nCut_tomato 3\n")
-    (root / "test_split1.txt").write_text("\n".join(f"{c} {a} 1 1" for c, a in zip(CLIPS, (3, 1))) + "\n")
+    (root / "test_split1.txt").write_text("\n".join(f"{c} {a} 1 1" for c, a in zip(CLIPS, (3, 1, 2))) + "\n")
     return {"root": root / "cropped_clips", "split": root / "test_split1.txt"}
 
 
@@ -54,7 +58,7 @@ def _cfg(**kw) -> DataConfig:
 def test_egtea_labels_and_lavila_clips(egtea: dict) -> None:
     cfg = _cfg(dataset="egtea", root=str(egtea["root"]), val_csv=str(egtea["split"]), num_frames=16, stride=2)
     ds = build_dataset(cfg, "val", temporal_views=3, spatial_views=3)
-    assert ds.class_names == ["open fridge", "take bowl", "cut tomato"] and len(ds) == 2
+    assert ds.class_names == ["open fridge", "take bowl", "cut tomato"] and len(ds) == 3
     short, long = ds[0], ds[1]
     assert short["label"] == 2 and long["label"] == 0  # action numbers 3 and 1 (1-based) -> positions
     assert short["frames"].shape == (9, 16, 32, 32, 3)  # 3 clips x 3 crops
@@ -77,16 +81,21 @@ def test_charades_multi_hot_and_sparse_midpoints(charades: dict) -> None:
     assert ds.clip_indices(0, 40, None, 0) == lavila_frame_ids(0, 8 * 5.0, 4) == [5, 15, 24, 34]
 
 
-def _zero_shot_eval(tmp_path: Path, sets: list[str]) -> dict:
+def _zero_shot_eval(tmp_path: Path, sets: list[str], ranks: int = 1) -> dict:
+    tmp_path.mkdir(parents=True, exist_ok=True)
     recipe = tmp_path / "zs.yaml"
     recipe.write_text("task: zeroshot\nmodel: {name: clip_vit_test_tiny}\n")
     weights = save_tiny_weights(tmp_path / "w.safetensors")
     common = ["data.chunked=false", "data.size=32", "data.decoder=pyav", "data.workers=0", "precision=fp32"]
     out = tmp_path / "eval.json"
     cmd = [sys.executable, "-m", "avion_ds.cli", "eval", "--config", recipe, "--checkpoint", weights, "--out", out]
-    proc = subprocess.run(
-        [*map(str, cmd), *[x for s in [*common, *sets] for x in ("--set", s)]], capture_output=True, text=True
-    )
+    argv = [*map(str, cmd), *[x for s in [*common, *sets] for x in ("--set", s)]]
+    if ranks == 1:
+        proc = subprocess.run(argv, capture_output=True, text=True)
+    else:
+        from tests.helpers import launch
+
+        proc = launch(argv[3:], nprocs=ranks, launcher="torchrun", module="avion_ds.cli")
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return json.loads(out.read_text())
 
@@ -96,8 +105,18 @@ def test_egtea_zero_shot_eval(egtea: dict, tmp_path: Path) -> None:
     sets += ["data.num_frames=4", "data.stride=2", "eval.temporal_views=2", "eval.spatial_views=3"]
     result = _zero_shot_eval(tmp_path, sets)
     assert set(result["metrics"]) == {"top1", "top5", "mean_class"}
-    assert result["views"] == 6 and result["classes"] == {"egtea": 3} and result["rows"] == 2
+    assert result["views"] == 6 and result["classes"] == {"egtea": 3} and result["rows"] == 3
     assert result["templates"] == ["#C C {}", "#C {}"] and "LaViLa" in result["protocol"]
+
+
+@pytest.mark.multiprocess
+def test_egtea_zero_shot_same_on_two_ranks(egtea: dict, tmp_path: Path) -> None:
+    """3 clips on 2 ranks (the sampler pads one): the metrics of one process."""
+    sets = [f"data.root={egtea['root']}", f"data.val_csv={egtea['split']}", "data.val_dataset=egtea"]
+    sets += ["data.num_frames=4", "data.stride=2", "eval.temporal_views=2", "eval.batch_size=1"]
+    one = _zero_shot_eval(tmp_path / "one", sets)
+    two = _zero_shot_eval(tmp_path / "two", sets, ranks=2)
+    assert two["rows"] == one["rows"] == 3 and two["metrics"] == one["metrics"]
 
 
 def test_charades_zero_shot_eval(charades: dict, tmp_path: Path) -> None:

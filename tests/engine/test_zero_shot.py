@@ -23,40 +23,22 @@ from avion_ds.data.datasets.egocentric import (
     read_charades_classes,
     read_egtea_classes,
 )
+from avion_ds.engine.action_metrics import mean_class_accuracy, overall_accuracy
 from avion_ds.tasks.zero_shot_classes import (
     ClassSet,
     charades_map,
     epic_action_classes,
     epic_key_name,
-    lavila_mean_class_accuracy,
     read_epic_classes,
     resolve_templates,
     text_classifier,
     view_logits,
 )
+from tests.engine.test_action_metrics import confusion_matrix as ref_confusion_matrix
+from tests.engine.test_action_metrics import get_mean_accuracy as ref_get_mean_accuracy
 
 
 # ------------------------------------------------------------------------------- the reference (LaViLa)
-def ref_confusion_matrix(y_true: np.ndarray, y_pred: np.ndarray) -> np.ndarray:
-    """sklearn.metrics.confusion_matrix(y_true, y_pred) without labels=: sorted union of both."""
-    labels = np.unique(np.concatenate([y_true, y_pred]))
-    pos = {c: i for i, c in enumerate(labels)}
-    cm = np.zeros((len(labels), len(labels)), dtype=np.int64)
-    for t, p in zip(y_true, y_pred):
-        cm[pos[t], pos[p]] += 1
-    return cm
-
-
-def ref_get_mean_accuracy(cm: np.ndarray) -> tuple[float, float]:
-    list_acc = []
-    for i in range(len(cm)):
-        acc = 0
-        if cm[i, :].sum() > 0:
-            acc = cm[i, i] / cm[i, :].sum()
-        list_acc.append(acc)
-    return 100 * np.mean(list_acc), 100 * np.trace(cm) / np.sum(cm)
-
-
 def ref_compute_map(submission_array: np.ndarray, gt_array: np.ndarray) -> tuple[float, np.ndarray]:
     m_aps = []
     for oc_i in range(submission_array.shape[1]):
@@ -143,7 +125,7 @@ def test_mean_class_accuracy_equals_lavila_on_sklearn_confusion(seed: int) -> No
     target = rng.integers(0, 6, 40)
     pred = np.where(rng.random(40) < 0.5, target, rng.integers(0, 9, 40))  # classes 6-8 only ever predicted
     pred[0] = 8
-    ours = lavila_mean_class_accuracy(pred, target)
+    ours = mean_class_accuracy(target, pred), overall_accuracy(target, pred)
     ref = ref_get_mean_accuracy(ref_confusion_matrix(target, pred))
     assert ours == pytest.approx(ref, abs=1e-9)
 
@@ -151,7 +133,7 @@ def test_mean_class_accuracy_equals_lavila_on_sklearn_confusion(seed: int) -> No
 def test_mean_class_accuracy_counts_a_class_only_predicted_as_zero() -> None:
     target, pred = np.array([0, 0, 1, 1]), np.array([0, 0, 1, 5])
     # classes {0, 1, 5}: 1.0, 0.5, 0.0 -> 50 (the mean over target classes alone would be 75)
-    assert lavila_mean_class_accuracy(pred, target) == pytest.approx((50.0, 75.0))
+    assert (mean_class_accuracy(target, pred), overall_accuracy(target, pred)) == pytest.approx((50.0, 75.0))
 
 
 @pytest.mark.parametrize("levels", [0, 3])
