@@ -86,7 +86,7 @@ def _relevancy_matrix(path: str | Path) -> np.ndarray:
             i, j = (int(k) for k in np.argwhere(bad)[0])
             raise ValueError(
                 f"{path}: {int(bad.sum())} {what} relevancy value(s), first at row {i}, sentence {j} "
-                f"({rel[i, j]}); relevancies are >= 0"
+                f"({rel[i, j]}); relevancies are finite and >= 0"
             )
     return rel
 
