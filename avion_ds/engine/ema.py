@@ -245,7 +245,10 @@ def read_ema_file(path: Path, trust: bool = False) -> dict[str, Any]:
             why = f"entry {str(name)[:60]}: {reason}"
             break
     if why:
-        raise ConfigError(f"EMA file {path} is not an avion-ds weight EMA ({why}); remove it or set ema.decay=0")
+        raise ConfigError(
+            f"EMA file {path} is not an avion-ds weight EMA ({why}); move it out of the tag, or use the trained "
+            "weights (ema.decay=0 to resume, --set ema.weights=model to evaluate, --weights model to export)"
+        )
     return state
 
 
