@@ -261,15 +261,21 @@ def mir_metrics(similarity: Any, relevancy: Any) -> dict[str, float]:
     to JPoSE's / AVION's evaluation code on any input, ties included. ValueError (one line) when a row or
     column has no relevancy of exactly 1."""
     sim, rel = _mir_checked(similarity, relevancy)
-    vis_map, txt_map = _mean_average_precision(sim, rel), _mean_average_precision(sim.T, rel.T)
-    vis_ndcg, txt_ndcg = _normalised_dcg(sim, rel), _normalised_dcg(sim.T, rel.T)
+    return _six(
+        (_mean_average_precision(sim, rel), _normalised_dcg(sim, rel)),
+        (_mean_average_precision(sim.T, rel.T), _normalised_dcg(sim.T, rel.T)),
+    )
+
+
+def _six(vis: tuple[float, float], txt: tuple[float, float]) -> dict[str, float]:
+    """The six MIR numbers from each direction's (mAP, nDCG)."""
     return {
-        "vis_map": vis_map,
-        "txt_map": txt_map,
-        "avg_map": (vis_map + txt_map) / 2,
-        "vis_ndcg": vis_ndcg,
-        "txt_ndcg": txt_ndcg,
-        "avg_ndcg": (vis_ndcg + txt_ndcg) / 2,
+        "vis_map": vis[0],
+        "txt_map": txt[0],
+        "avg_map": (vis[0] + txt[0]) / 2,
+        "vis_ndcg": vis[1],
+        "txt_ndcg": txt[1],
+        "avg_ndcg": (vis[1] + txt[1]) / 2,
     }
 
 
@@ -293,16 +299,7 @@ def mir_metrics_matched(similarity: Any, relevancy: Any) -> tuple[dict[str, floa
             return 0.0, 0.0
         return _mean_average_precision(s, r), _normalised_dcg(s, r)
 
-    vis_map, vis_ndcg = direction(sim[rows], rel[rows])
-    txt_map, txt_ndcg = direction(sim.T[cols], rel.T[cols])
-    metrics = {
-        "vis_map": vis_map,
-        "txt_map": txt_map,
-        "avg_map": (vis_map + txt_map) / 2,
-        "vis_ndcg": vis_ndcg,
-        "txt_ndcg": txt_ndcg,
-        "avg_ndcg": (vis_ndcg + txt_ndcg) / 2,
-    }
+    metrics = _six(direction(sim[rows], rel[rows]), direction(sim.T[cols], rel.T[cols]))
     left = {
         "rows": np.flatnonzero(~exact.any(axis=1)).tolist(),
         "columns": np.flatnonzero(~exact.any(axis=0)).tolist(),

@@ -23,19 +23,10 @@ from avion_ds.engine import eval_cli
 from avion_ds.engine import export as export_mod
 from avion_ds.models.weights.torchscript import read_torchscript_state_dict
 from avion_ds.tasks import load_recipe
+from tests.engine.test_tag_layout import Payload
 from tests.engine.test_train_errors import REPO, no_process_group, setup  # noqa: F401 - the fixture
 
 TAG = "step_00000002"
-
-
-class Payload:
-    """Unpickling this writes ``marker``."""
-
-    def __init__(self, marker: Path) -> None:
-        self.marker = marker
-
-    def __reduce__(self) -> tuple:
-        return (Path.write_text, (self.marker, "ran"))
 
 
 def _run_dir(setup: dict, trust_in_recipe: bool = True) -> tuple[Path, Path]:
