@@ -139,6 +139,7 @@ def run_zero_stage(run_dir: Path, tag_dir: Path) -> int:
 
 
 TEXT_FILES = ("latest", "latest_universal")  # DeepSpeed's tag pointers: text, never unpickled
+UNIVERSAL_TMP = "universal.tmp"  # an elastic conversion in progress (or killed): never read, removed before the next
 
 
 def _layout_refusal(tag_dir: Path, path: Path, why: str) -> ConfigError:
@@ -155,7 +156,8 @@ def tag_files(tag_dir: Path) -> list[Path]:
     descend into a linked folder, and DeepSpeed would open what it points to); one inside is checked
     under its own name. A file other than ``*.pt``, ``*.json`` (markers) and DeepSpeed's ``latest``
     pointers, or anything that is neither file nor folder, is a layout we do not read: refused, one line
-    naming it (``UntrustedCheckpoint``)."""
+    naming it (``UntrustedCheckpoint``). The folder of an unfinished elastic conversion (``universal.tmp``,
+    deleted before the next one, never loaded) is not walked."""
     root = Path(tag_dir).resolve()
     found: list[Path] = []
     pending = [Path(tag_dir)]
@@ -169,8 +171,9 @@ def tag_files(tag_dir: Path) -> list[Path]:
             if entry.is_symlink() and not real.is_relative_to(root):
                 raise _layout_refusal(tag_dir, entry, f"is a symlink to {real}, outside the tag")
             if entry.is_dir():
-                if not entry.is_symlink():  # a link to a folder inside the tag: that folder is walked itself
-                    pending.append(entry)
+                if entry.is_symlink() or (folder == Path(tag_dir) and entry.name == UNIVERSAL_TMP):
+                    continue  # a link inside the tag: its target is walked itself; the temp folder is never read
+                pending.append(entry)
             elif not entry.is_file():
                 raise _layout_refusal(tag_dir, entry, "is neither a file nor a folder")
             elif entry.suffix == ".pt":

@@ -144,3 +144,23 @@ def test_a_layout_we_do_not_read_is_refused_in_one_line(name: str, why: str, tmp
         with pytest.raises(UntrustedCheckpoint, match=rf"^checkpoint {tag}: {tag / name} {why}") as info:
             call()
         assert "\n" not in str(info.value)
+
+
+def test_a_killed_conversions_temp_folder_does_not_block_the_resume(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``universal.tmp`` (ds_to_universal's half output: ``fp32.00`` slices, partial files) is never read
+    and is deleted before the next conversion: the walk passes over it."""
+    run = tmp_path / "run"
+    tag = _tag(run)
+    half = tag / rundir.UNIVERSAL_TMP / "tmp" / "blocks.0.weight" / "0"
+    half.mkdir(parents=True)
+    (half / "fp32.00").write_bytes(b"partial")
+    (half.parent / "fp32.pt").write_bytes(b"partial")
+    calls: list[Path] = []
+    monkeypatch.setattr(elastic, "convert_to_universal", lambda d: calls.append(d) or d / elastic.UNIVERSAL)
+    assert elastic.prepare_resume(run, {}) and calls == [tag]
+    (tag / "stray").mkdir()
+    (tag / "stray" / "fp32.00").write_bytes(b"partial")  # the same elsewhere in the tag is refused
+    with pytest.raises(UntrustedCheckpoint, match="fp32.00 is not part of a checkpoint"):
+        elastic.prepare_resume(run, {})
