@@ -395,8 +395,11 @@ def load_recipe_data(path: str | Path | None, overrides: list[str] | None = None
 
 
 def save_recipe(recipe: Recipe, path: str | Path) -> None:
-    """Write the resolved recipe as YAML (into the run directory)."""
-    Path(path).write_text(yaml.safe_dump(recipe.to_dict(), sort_keys=False))
+    """Write the resolved recipe as YAML (into the run directory). ``model.trust_checkpoint`` is written
+    false: trust is given per command, never by a file of the run directory (``engine.trust``)."""
+    data = recipe.to_dict()
+    data["model"]["trust_checkpoint"] = False
+    Path(path).write_text(yaml.safe_dump(data, sort_keys=False))
 
 
 # None in a tuple: the key may be left unset (null), meaning "the model's own"

@@ -138,14 +138,63 @@ def run_zero_stage(run_dir: Path, tag_dir: Path) -> int:
     return 1 if any(tag_dir.glob("*zero_pp_rank_*_optim_states.pt")) else 0  # ZeRO-0 writes no optimizer shards
 
 
+TEXT_FILES = ("latest", "latest_universal")  # DeepSpeed's tag pointers: text, never unpickled
+UNIVERSAL_TMP = "universal.tmp"  # an elastic conversion in progress (or killed): never read, removed before the next
+
+
+def _layout_refusal(tag_dir: Path, path: Path, why: str) -> ConfigError:
+    from avion_ds.models.weights.safe_load import UntrustedCheckpoint
+
+    return UntrustedCheckpoint(f"checkpoint {tag_dir}: {path} {why}; refused (nothing of the tag was read)")
+
+
+def tag_files(tag_dir: Path) -> list[Path]:
+    """Every pickle file (``*.pt``) a resume, conversion, evaluation or export of the tag may open, at any
+    depth (DeepSpeed's ``universal/`` folder included), found without following anything out of it.
+
+    A symlink is resolved: one whose target lies outside the tag is refused (``rglob`` would not even
+    descend into a linked folder, and DeepSpeed would open what it points to); one inside is checked
+    under its own name. A file other than ``*.pt``, ``*.json`` (markers) and DeepSpeed's ``latest``
+    pointers, or anything that is neither file nor folder, is a layout we do not read: refused, one line
+    naming it (``UntrustedCheckpoint``). The folder of an unfinished elastic conversion (``universal.tmp``,
+    deleted before the next one, never loaded) is not walked."""
+    root = Path(tag_dir).resolve()
+    found: list[Path] = []
+    pending = [Path(tag_dir)]
+    while pending:
+        folder = pending.pop()
+        for entry in sorted(folder.iterdir()):
+            try:
+                real = entry.resolve()
+            except (OSError, RuntimeError):  # a symlink loop
+                raise _layout_refusal(tag_dir, entry, "is a symlink that resolves to nothing") from None
+            if entry.is_symlink() and not real.is_relative_to(root):
+                raise _layout_refusal(tag_dir, entry, f"is a symlink to {real}, outside the tag")
+            if entry.is_dir():
+                if entry.is_symlink() or (folder == Path(tag_dir) and entry.name == UNIVERSAL_TMP):
+                    continue  # a link inside the tag: its target is walked itself; the temp folder is never read
+                pending.append(entry)
+            elif not entry.is_file():
+                raise _layout_refusal(tag_dir, entry, "is neither a file nor a folder")
+            elif entry.suffix == ".pt":
+                found.append(entry)
+            elif entry.suffix != ".json" and not entry.name.endswith(".json.tmp") and entry.name not in TEXT_FILES:
+                raise _layout_refusal(
+                    tag_dir,
+                    entry,
+                    "is not part of a checkpoint avion-ds reads (*.pt shards and states, *.json markers)",
+                )
+    return sorted(found)
+
+
 def check_tag_files(tag_dir: Path, trust: bool = False) -> int:
-    """Unpickle every ``*.pt`` under ``tag_dir`` with the safe loader (tensors memory-mapped, then
-    dropped) and return how many: DeepSpeed's ``load_checkpoint`` and ``ds_to_universal`` unpickle
-    them in full, so a file pickling anything outside the allowlist is refused here first
-    (``UntrustedCheckpoint`` naming it). With ``trust`` nothing is checked."""
+    """Unpickle every file of :func:`tag_files` with the safe loader (tensors memory-mapped, then dropped)
+    and return how many: DeepSpeed's ``load_checkpoint`` and ``ds_to_universal`` unpickle them in full, so
+    a file pickling anything outside the allowlist is refused here first (``UntrustedCheckpoint`` naming
+    it). With ``trust`` nothing is checked."""
     if trust:
         return 0
-    files = sorted(tag_dir.rglob("*.pt"))
+    files = tag_files(tag_dir)
     for f in files:
         load_checkpoint_file(f, mmap=True)
     return len(files)
@@ -335,6 +384,8 @@ def lazy_state_dict(run_dir: str | Path, tag: str | None = None, trust: bool = F
     tag_dir = checkpoint_dir(run_dir) / tag
     if not (tag_dir / MARKER).is_file():
         raise ConfigError(f"{tag_dir} is not a complete checkpoint (no {MARKER})")
+    if not trust:
+        tag_files(tag_dir)  # the layout: no symlink out of the tag, nothing we do not read
     if run_zero_stage(run_dir, tag_dir) == 0:
         return {k: _eager(v) for k, v in _load(tag_dir / MODEL_STATES, trust)["module"].items()}
     return zero_state_dict(tag_dir, trust)

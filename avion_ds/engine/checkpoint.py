@@ -28,7 +28,7 @@ from avion_ds.config import ConfigError, Recipe
 from avion_ds.engine import dist
 from avion_ds.engine.rng import rng_state
 from avion_ds.models.weights.safe_load import load_checkpoint_file
-from avion_ds.rundir import (  # noqa: F401 - the layout names are re-exported as checkpoint.*
+from avion_ds.rundir import (
     BEST,
     CKPT_SUBDIR,
     MARKER,
@@ -80,6 +80,41 @@ def check_run_identity(run_dir: str | Path, recipe: Recipe) -> None:
             f"output_dir {run_dir} holds checkpoints of a different model ({'; '.join(diff)}); "
             "use a new output_dir or set checkpoint.resume=false"
         )
+
+
+RUN_FILES = ("best.json", "history.jsonl", "metrics.json", "tb")  # what a run leaves beside its checkpoints
+
+
+def check_fresh_start(recipe: Recipe) -> None:
+    """A fresh start (``checkpoint.resume: false`` / ``--resume-from none``) goes into a directory that
+    holds no other run: its checkpoints would win over the new ones when pruning, its ``best.json`` would
+    be evaluated as the new run's and its history mixed with the new one. Refused, one line."""
+    run_dir = Path(recipe.output_dir)
+    if recipe.checkpoint.resume or not run_dir.is_dir():
+        return
+    root = checkpoint_dir(run_dir)
+    tags = sorted(p.name for p in root.iterdir() if tag_step(p.name) is not None) if root.is_dir() else []
+    found = ([f"{CKPT_SUBDIR}/ ({len(tags)} tags, newest {tags[-1]})"] if tags else []) + [
+        name for name in RUN_FILES if (run_dir / name).exists()
+    ]
+    if found:
+        raise ConfigError(
+            f"output_dir {run_dir} holds another run ({', '.join(found)}): a fresh start "
+            "(--resume-from none / checkpoint.resume=false) would mix the two runs' files; move it away "
+            f"(mv {run_dir} {run_dir}.old) or choose another output_dir, or resume it (drop --resume-from none)"
+        )
+
+
+def check_resume_source(recipe: Recipe, tag: str | None) -> None:
+    """Before any process group: the files of the checkpoint a resume will load (``tag``, default the newest
+    complete one) pass the safe loader's checks (``preflight.check_checkpoint_tag``); a fresh start goes
+    into a directory without another run (:func:`check_fresh_start`)."""
+    from avion_ds.engine.preflight import check_checkpoint_tag
+
+    check_fresh_start(recipe)
+    tag = tag or (latest_complete(recipe.output_dir) if recipe.checkpoint.resume else None)
+    if tag is not None:
+        check_checkpoint_tag(checkpoint_dir(recipe.output_dir) / tag, recipe.model.trust_checkpoint, "resume")
 
 
 def write_run_identity(run_dir: str | Path, recipe: Recipe) -> None:

@@ -62,7 +62,7 @@ def convert_to_universal(tag_dir: Path) -> Path:
     out = tag_dir / UNIVERSAL
     if (out / DONE).is_file():
         return out
-    tmp = tag_dir / f"{UNIVERSAL}.tmp"
+    tmp = tag_dir / rundir.UNIVERSAL_TMP
     shutil.rmtree(tmp, ignore_errors=True)  # a conversion killed earlier
     shutil.rmtree(out, ignore_errors=True)
     cmd = [

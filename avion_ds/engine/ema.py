@@ -28,6 +28,8 @@ files cover this rank's fragments (bit-exact; also after a change of world size,
 from __future__ import annotations
 
 import contextlib
+import math
+import re
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -150,7 +152,7 @@ class WeightEMA:
                 f"ema.decay={self.decay:g} but checkpoint {tag_dir} holds no EMA ({FILE_PREFIX}*.pt): it was "
                 "written without ema; set ema.decay=0 or start a new output_dir"
             )
-        states = [load_checkpoint_file(f, trust, mmap=True) for f in files]
+        states = [read_ema_file(f, trust) for f in files]
         self.updates = int(states[0].get("updates", 0))
         covered = {s.name: 0 for s in self.slots}
         for state in states:
@@ -203,9 +205,51 @@ def _copy_overlap(dst: torch.Tensor, start: int, entry: dict[str, Any]) -> int:
     return hi - lo
 
 
+FILE_NAME = re.compile(rf"^{FILE_PREFIX}(\d+)\.pt$")
+
+
 def ema_files(tag_dir: Path) -> list[Path]:
-    """The tag's EMA files, by rank."""
-    return sorted(Path(tag_dir).glob(f"{FILE_PREFIX}*.pt"), key=lambda p: int(p.stem.removeprefix(FILE_PREFIX)))
+    """The tag's EMA files (``ema_rank<r>.pt`` exactly: a stray ``ema_rank0.bak.pt`` is not ours), by rank."""
+    found = [(int(m.group(1)), p) for p in Path(tag_dir).glob(f"{FILE_PREFIX}*.pt") if (m := FILE_NAME.match(p.name))]
+    return [p for _, p in sorted(found)]
+
+
+def _bad_entry(entry: Any) -> str | None:
+    """Why a file's parameter entry is not ``{"shape": [ints], "start": int, "value": 1-D float tensor}``
+    lying inside that shape, else None."""
+    if not isinstance(entry, dict):
+        return f"a {type(entry).__name__}, not a dict"
+    shape, start, value = entry.get("shape"), entry.get("start"), entry.get("value")
+    if not isinstance(shape, (list, tuple)) or not all(isinstance(n, int) and n >= 0 for n in shape):
+        return f"shape {str(shape)[:40]} is not a list of sizes"
+    if not isinstance(start, int) or start < 0:
+        return f"start {str(start)[:40]} is not an offset"
+    if not isinstance(value, torch.Tensor) or value.dim() != 1 or not value.is_floating_point():
+        return "value is not a 1-D float tensor"
+    if start + value.numel() > math.prod(shape):
+        return f"elements [{start}, {start + value.numel()}) lie outside its shape {list(shape)}"
+    return None
+
+
+def read_ema_file(path: Path, trust: bool = False) -> dict[str, Any]:
+    """One EMA file through the safe loader, its structure checked: ConfigError naming the file (and the
+    parameter) when it is not what ``WeightEMA.state_dict`` writes."""
+    state = load_checkpoint_file(path, trust, mmap=True)
+    params = state.get("params") if isinstance(state, dict) else None
+    why = None if isinstance(params, dict) else "no 'params' mapping"
+    if why is None and not isinstance(state.get("updates", 0), int):
+        why = "'updates' is not an integer"
+    for name, entry in (params or {}).items() if why is None else ():
+        reason = _bad_entry(entry)
+        if reason:
+            why = f"entry {str(name)[:60]}: {reason}"
+            break
+    if why:
+        raise ConfigError(
+            f"EMA file {path} is not an avion-ds weight EMA ({why}); move it out of the tag, or use the trained "
+            "weights (ema.decay=0 to resume, --set ema.weights=model to evaluate, --weights model to export)"
+        )
+    return state
 
 
 class EmaFiles:
@@ -217,7 +261,7 @@ class EmaFiles:
             raise ConfigError(
                 f"weights 'ema': checkpoint {tag_dir} holds no EMA ({FILE_PREFIX}*.pt; trained with ema.decay=0)"
             )
-        self.states = [load_checkpoint_file(f, trust, mmap=True) for f in files]
+        self.states = [read_ema_file(f, trust) for f in files]
         self.shapes = {name: tuple(e["shape"]) for st in self.states for name, e in st["params"].items()}
 
     def get(self, name: str) -> torch.Tensor:

@@ -27,6 +27,7 @@ from avion_ds.engine.run_setup import (
     prepare_eval,
     seed_everything,
 )
+from avion_ds.engine.trust import command_trust
 from avion_ds.rundir import skipped_note
 from avion_ds.tasks import EvalOutcome, load_recipe
 
@@ -96,6 +97,9 @@ def _resolve_recipe(args: argparse.Namespace) -> tuple[Recipe, Path | None]:
             raise ConfigError("--config is required when --checkpoint is not a run directory with recipe.yaml")
         config = run_dir / "recipe.yaml"
     recipe = load_recipe(config, args.overrides)
+    note = command_trust(recipe, config, args.overrides, [run_dir])
+    if note and dist.is_main():
+        print(note, flush=True)
     return recipe, run_dir
 
 

@@ -261,13 +261,47 @@ def mir_metrics(similarity: Any, relevancy: Any) -> dict[str, float]:
     to JPoSE's / AVION's evaluation code on any input, ties included. ValueError (one line) when a row or
     column has no relevancy of exactly 1."""
     sim, rel = _mir_checked(similarity, relevancy)
-    vis_map, txt_map = _mean_average_precision(sim, rel), _mean_average_precision(sim.T, rel.T)
-    vis_ndcg, txt_ndcg = _normalised_dcg(sim, rel), _normalised_dcg(sim.T, rel.T)
+    return _six(
+        (_mean_average_precision(sim, rel), _normalised_dcg(sim, rel)),
+        (_mean_average_precision(sim.T, rel.T), _normalised_dcg(sim.T, rel.T)),
+    )
+
+
+def _six(vis: tuple[float, float], txt: tuple[float, float]) -> dict[str, float]:
+    """The six MIR numbers from each direction's (mAP, nDCG)."""
     return {
-        "vis_map": vis_map,
-        "txt_map": txt_map,
-        "avg_map": (vis_map + txt_map) / 2,
-        "vis_ndcg": vis_ndcg,
-        "txt_ndcg": txt_ndcg,
-        "avg_ndcg": (vis_ndcg + txt_ndcg) / 2,
+        "vis_map": vis[0],
+        "txt_map": txt[0],
+        "avg_map": (vis[0] + txt[0]) / 2,
+        "vis_ndcg": vis[1],
+        "txt_ndcg": txt[1],
+        "avg_ndcg": (vis[1] + txt[1]) / 2,
     }
+
+
+def mir_metrics_matched(similarity: Any, relevancy: Any) -> tuple[dict[str, float], dict[str, list[int]]]:
+    """:func:`mir_metrics` of what can be scored after rows or columns were left out (a clip that failed
+    to decode drops its row and its narration's column): a row (video) with no relevancy of exactly 1 is
+    no ``vis_*`` query but stays a candidate that the ``txt_*`` queries rank, and a column (sentence)
+    likewise; a direction with no query scores 0. Returns the metrics and the left-out queries
+    (``{"rows": [...], "columns": [...]}``, indices). Equal to :func:`mir_metrics` when every row and
+    column has an exact 1."""
+    import numpy as np
+
+    sim, rel = np.asarray(similarity), np.asarray(relevancy)
+    if sim.ndim != 2 or sim.shape != rel.shape:
+        raise ValueError(f"mir_metrics: similarity {sim.shape} and relevancy {rel.shape} must be 2-D and of one shape")
+    exact = rel == 1
+    rows, cols = np.flatnonzero(exact.any(axis=1)), np.flatnonzero(exact.any(axis=0))
+
+    def direction(s: Any, r: Any) -> tuple[float, float]:
+        if s.shape[0] == 0:
+            return 0.0, 0.0
+        return _mean_average_precision(s, r), _normalised_dcg(s, r)
+
+    metrics = _six(direction(sim[rows], rel[rows]), direction(sim.T[cols], rel.T[cols]))
+    left = {
+        "rows": np.flatnonzero(~exact.any(axis=1)).tolist(),
+        "columns": np.flatnonzero(~exact.any(axis=0)).tolist(),
+    }
+    return metrics, left

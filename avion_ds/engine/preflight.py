@@ -179,8 +179,6 @@ def check_weights_source(source: str, trust: bool, key: str = "model.pretrained"
     """The weights a run will read (a file, a Hugging Face directory, or a run directory's checkpoint
     ``tag``, default its newest complete one) exist and would be accepted by the safe loader: refused
     here, before anything is written or started, instead of after the process group exists."""
-    from avion_ds.models.weights.safe_load import check_checkpoint_file
-    from avion_ds.models.weights.torchscript import torchscript_root
     from avion_ds.rundir import checkpoint_dir, latest_complete
 
     path = Path(source)
@@ -192,17 +190,40 @@ def check_weights_source(source: str, trust: bool, key: str = "model.pretrained"
         tag = tag or latest_complete(path)
         if tag is None:
             raise ConfigError(f"{key}={source}: no complete checkpoint under {checkpoint_dir(path)}")
-        files = sorted((checkpoint_dir(path) / tag).rglob("*.pt"))
+        check_checkpoint_tag(checkpoint_dir(path) / tag, trust, key)
+        return
     else:
         names = ("model.safetensors", "pytorch_model.bin", "mp_rank_00_model_states.pt")
         files = [path / n for n in names if (path / n).is_file()][:1]
         if not files:
             raise ConfigError(f"{key}={source}: directory holds no {', '.join(names)} and no checkpoints/")
+    _check_files(files, trust, key)
+
+
+def check_checkpoint_tag(tag_dir: Path, trust: bool, key: str) -> None:
+    """Every file of a checkpoint tag (``rundir.tag_files``: symlinks resolved, its universal folder
+    included) passes the safe loader's type check; nothing is unpickled. ConfigError naming ``key``."""
+    from avion_ds.rundir import tag_files
+
+    if trust:
+        return
+    try:
+        files = tag_files(tag_dir)
+    except ConfigError as e:
+        raise type(e)(f"{key}: {e}") from None
+    _check_files(files, trust, key)
+
+
+def _check_files(files: list[Path], trust: bool, key: str) -> None:
+    from avion_ds.models.weights.safe_load import check_checkpoint_file
+    from avion_ds.models.weights.torchscript import check_torchscript, torchscript_root
+
     for f in files:
-        if torchscript_root(f) is not None:  # OpenAI's CLIP releases: torch.load refuses them; the loader
-            continue  # reads their tensors with a restricted unpickler (anything else refused, in one line)
         try:
-            check_checkpoint_file(f, trust)
+            if torchscript_root(f) is not None:  # OpenAI's CLIP releases: read by a restricted unpickler,
+                check_torchscript(f)  # whatever trust says (torch.load refuses them)
+            else:
+                check_checkpoint_file(f, trust)
         except ConfigError as e:
             raise type(e)(f"{key}: {e}") from None
 

@@ -31,6 +31,7 @@ from avion_ds.engine.run_setup import (
     seed_everything,
 )
 from avion_ds.engine.trainer import NonFiniteLoss, TrainData, Trainer
+from avion_ds.engine.trust import command_trust
 from avion_ds.tasks import load_recipe
 
 
@@ -109,11 +110,17 @@ def preflight(args: argparse.Namespace) -> RunSetup:
     """Every check that can fail cheaply, and the run's resolved setup; no process group, worker or model."""
     if args.exit_after_steps is not None and args.exit_after_steps < 1:
         raise ConfigError(f"--exit-after-steps {args.exit_after_steps}: must be >= 1 (optimizer steps)")
-    recipe = load_recipe(args.config, _recipe_overrides(args))
+    overrides = _recipe_overrides(args)
+    recipe = load_recipe(args.config, overrides)
+    note = command_trust(recipe, args.config, overrides, [recipe.output_dir, recipe.model.pretrained])
+    if note and dist.is_main():
+        print(note, flush=True)
     setup = prepare_training(recipe, args.deepspeed_config)
     ckpt.check_run_identity(recipe.output_dir, recipe)
-    if args.resume_from is not None and args.resume_from.lower() != "none":
-        ckpt.check_tag(recipe.output_dir, args.resume_from)
+    tag = args.resume_from if args.resume_from is not None and args.resume_from.lower() != "none" else None
+    if tag is not None:
+        ckpt.check_tag(recipe.output_dir, tag)
+    ckpt.check_resume_source(recipe, tag)
     if args.dry_run:
         sm = setup.summary
         print(

@@ -5,8 +5,10 @@ Every row's clip and narration are embedded (one view), gathered from all ranks 
 row with the DistributedSampler's padding dropped, so 1 and N ranks see the same matrix. MIR: the
 similarity ``(V T^T + 1) / 2`` is computed in float32 from float32 unit embeddings (bf16 ones would
 leave ~128 distinct similarity levels and many false ties), its columns are the rows the sentence file
-lists, in its order, and the six numbers come from :func:`avion_ds.engine.metrics.mir_metrics`. Rows
-whose clip could not be decoded are named and left out with their columns (the report says how many).
+lists, in its order, and the six numbers come from :func:`avion_ds.engine.metrics.mir_metrics` (through
+``mir_metrics_matched``). Rows whose clip could not be decoded are named and left out with their columns
+(the report says how many); a video or sentence that then has no exact match is no query of its
+direction but stays a candidate of the other (named in one line and in the report).
 """
 
 from __future__ import annotations
@@ -17,9 +19,10 @@ from typing import Any
 import numpy as np
 import torch
 
+from avion_ds.engine import dist
 from avion_ds.engine.bad_input import BadInputLog, batch_messages
 from avion_ds.engine.eval_loop import augmented_batch
-from avion_ds.engine.metrics import PredictionStore, failed_in_batch, gather_failed, mir_metrics
+from avion_ds.engine.metrics import PredictionStore, failed_in_batch, gather_failed, mir_metrics_matched
 from avion_ds.engine.run_log import progress
 from avion_ds.tasks.base import EvalOutcome
 
@@ -74,10 +77,18 @@ def contrastive_accuracies(video: torch.Tensor, text: torch.Tensor) -> dict[str,
 
 
 def mir_from_embeddings(
-    rows: torch.Tensor, video: torch.Tensor, text: torch.Tensor, columns: np.ndarray, relevancy: np.ndarray
+    rows: torch.Tensor,
+    video: torch.Tensor,
+    text: torch.Tensor,
+    columns: np.ndarray,
+    relevancy: np.ndarray,
+    names: tuple[list[str], list[str]] = ([], []),
 ) -> tuple[dict[str, float], dict[str, Any]]:
     """MIR metrics of the embedded ``rows`` against the (rows x columns) ``relevancy``; ``columns[j]`` is
-    the row whose narration is sentence j. Rows absent from ``rows`` drop out with their columns."""
+    the row whose narration is sentence j. Rows absent from ``rows`` drop out with their columns; a
+    remaining video or sentence left without an exact match is no query of its direction
+    (:func:`~avion_ds.engine.metrics.mir_metrics_matched`), named in the report by ``names`` (row ids,
+    sentence ids)."""
     n_rows, n_cols = relevancy.shape
     position = {int(r): i for i, r in enumerate(rows.tolist())}
     keep_rows = np.array([r for r in range(n_rows) if r in position], dtype=np.int64)
@@ -86,7 +97,8 @@ def mir_from_embeddings(
     t = text[[position[int(columns[j])] for j in keep_cols]].float()
     similarity = ((v @ t.T + 1.0) / 2.0).numpy()  # float32, as AVION's numpy matmul of float32 embeddings
     rel = relevancy[np.ix_(keep_rows, keep_cols)]
-    metrics = mir_metrics(similarity, rel)
+    metrics, left = mir_metrics_matched(similarity, rel)
+    row_names, col_names = names
     report = {
         **text_to_video_hits(similarity, rel),
         "protocol": MIR_PROTOCOL,
@@ -94,8 +106,32 @@ def mir_from_embeddings(
         "rows_total": int(n_rows),
         "columns": int(len(keep_cols)),
         "columns_total": int(n_cols),
+        "vis_queries": int(len(keep_rows) - len(left["rows"])),
+        "txt_queries": int(len(keep_cols) - len(left["columns"])),
+        "no_match_videos": [_name(row_names, int(keep_rows[i])) for i in left["rows"]],
+        "no_match_sentences": [_name(col_names, int(keep_cols[j])) for j in left["columns"]],
     }
     return metrics, report
+
+
+def _name(names: list[str], i: int) -> str:
+    return names[i] if i < len(names) else str(i)
+
+
+def no_match_line(report: dict[str, Any], show: int = 5) -> str | None:
+    """One line naming the videos / sentences that were no MIR query (None when there are none)."""
+    parts = []
+    for key, what in (("no_match_videos", "video(s)"), ("no_match_sentences", "sentence(s)")):
+        names = report.get(key) or []
+        if names:
+            more = f", ... (+{len(names) - show})" if len(names) > show else ""
+            parts.append(f"{len(names)} {what} ({', '.join(names[:show])}{more})")
+    if not parts:
+        return None
+    return (
+        f"MIR: {' and '.join(parts)} kept no exact match once the clips that failed or were dropped left out "
+        "their rows and columns: not scored as queries, still ranked as candidates"
+    )
 
 
 def text_to_video_hits(similarity: np.ndarray, relevancy: np.ndarray) -> dict[str, float]:
@@ -143,6 +179,10 @@ def evaluate_retrieval(
         metrics = contrastive_accuracies(video, text)
         report: dict[str, Any] = {"protocol": "contrastive top-1 over the whole set", "rows": int(rows.numel())}
     else:
-        metrics, report = mir_from_embeddings(rows, video, text, np.asarray(targets.columns), targets.relevancy)
+        names = (targets.row_ids, targets.sentence_ids)
+        metrics, report = mir_from_embeddings(rows, video, text, np.asarray(targets.columns), targets.relevancy, names)
+        line = no_match_line(report)
+        if line and dist.is_main():
+            (bad_log.emit if bad_log is not None else print)(line)
     report.update(dataset_rows_report(loader.dataset))
     return EvalOutcome(metrics, report, failed, num_samples=int(rows.numel()))

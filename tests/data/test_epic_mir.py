@@ -201,9 +201,11 @@ def test_val_split_of_another_dataset_reads_val_root(mir, tmp_path) -> None:
     assert read_annotations(cfg, "val") == (5, {}) and read_annotations(cfg, "train") == (1, {})
 
 
-def test_bad_timestamps_are_bad_samples(mir, tmp_path) -> None:
+def test_bad_timestamps_are_bad_samples_in_training_and_refused_for_evaluation(mir, tmp_path) -> None:
     bad = tmp_path / "bad.csv"
     bad.write_text(f"{COLUMNS}\nidx_9,idx,idx,x,00:00:03.00,00:00:01.00,0,0,backwards,v,0,n,0,[],[]\n")
-    ds = build_dataset(replace(mir["cfg"], val_csv=str(bad)), "val")
+    ds = build_dataset(replace(mir["cfg"], train_csv=str(bad)), "train")
     with pytest.raises(DataError, match=r"bad.csv:2 \(idx_9\): stop_timestamp 00:00:01.00 is before start_timestamp"):
         ds[0]
+    with pytest.raises(ValueError, match=r"bad.csv:2 \(idx_9\): stop_timestamp 00:00:01.00 is before start_timestamp"):
+        build_dataset(replace(mir["cfg"], val_csv=str(bad)), "val")  # at start-up, not after training

@@ -20,7 +20,7 @@ MIR fine-tuning does: uniformly among the sentences whose relevancy to the row i
 from __future__ import annotations
 
 import csv
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -48,6 +48,7 @@ class MirTargets:
     relevancy: np.ndarray  # float (rows, sentences): relevancy of sentence j to CSV row i
     sentence_ids: list[str]  # first column of the sentence file
     sentences: list[str]  # second column of the sentence file (the caption text)
+    row_ids: list[str] = field(default_factory=list)  # first column of the CSV (narration_id), by row
 
 
 def first_columns(path: str | Path, columns: int = 1) -> list[list[str]]:
@@ -79,12 +80,35 @@ def _relevancy_matrix(path: str | Path) -> np.ndarray:
         raise ValueError(f"{path}: not a relevancy matrix ({e})") from None
     if rel.ndim != 2 or not np.issubdtype(rel.dtype, np.number):
         raise ValueError(f"{path}: expected a 2-D numeric relevancy matrix, got {rel.dtype} of shape {rel.shape}")
-    return rel if np.issubdtype(rel.dtype, np.floating) else rel.astype(np.float64)
+    rel = rel if np.issubdtype(rel.dtype, np.floating) else rel.astype(np.float64)
+    for bad, what in ((~np.isfinite(rel), "NaN or infinite"), (rel < 0, "negative")):
+        if bad.any():
+            i, j = (int(k) for k in np.argwhere(bad)[0])
+            raise ValueError(
+                f"{path}: {int(bad.sum())} {what} relevancy value(s), first at row {i}, sentence {j} "
+                f"({rel[i, j]}); relevancies are finite and >= 0"
+            )
+    return rel
 
 
-def load_mir_targets(csv_path: str | Path, sentence_csv: str | Path, relevancy_pkl: str | Path) -> MirTargets:
+def check_exact_matches(rel: np.ndarray, path: str | Path) -> None:
+    """Every row (video) and column (sentence) of an evaluation relevancy matrix has a relevancy of exactly
+    1 (its own narration): the MIR metrics divide by the count of those. ValueError naming the first."""
+    for axis, what in ((1, "row (video)"), (0, "column (sentence)")):
+        empty = np.flatnonzero(~(rel == 1).any(axis=axis))
+        if empty.size:
+            raise ValueError(
+                f"{path}: relevancy {what} {int(empty[0])} has no entry equal to 1 ({empty.size} such); "
+                "every clip and sentence of the MIR test matrix matches itself exactly"
+            )
+
+
+def load_mir_targets(
+    csv_path: str | Path, sentence_csv: str | Path, relevancy_pkl: str | Path, evaluation: bool = False
+) -> MirTargets:
     """AVION's MIR targets: the CSV row of each sentence (first-column match, first occurrence) and the
-    relevancy matrix (rows of ``csv_path`` x sentences of ``sentence_csv``), shapes checked (one line)."""
+    relevancy matrix (rows of ``csv_path`` x sentences of ``sentence_csv``), shapes and values checked
+    (one line; ``evaluation``: every row and column has an exact match, :func:`check_exact_matches`)."""
     row_ids = [r[0] for r in first_columns(csv_path)]
     sentence_rows = first_columns(sentence_csv, 2)
     first: dict[str, int] = {}
@@ -102,7 +126,11 @@ def load_mir_targets(csv_path: str | Path, sentence_csv: str | Path, relevancy_p
             f"{relevancy_pkl}: relevancy matrix of shape {rel.shape} does not match {csv_path} ({want[0]} rows) "
             f"x {sentence_csv} ({want[1]} sentences), expected {want}"
         )
-    return MirTargets(np.asarray(columns, np.int64), rel, [s for s, _ in sentence_rows], [t for _, t in sentence_rows])
+    if evaluation:
+        check_exact_matches(rel, relevancy_pkl)
+    return MirTargets(
+        np.asarray(columns, np.int64), rel, [s for s, _ in sentence_rows], [t for _, t in sentence_rows], row_ids
+    )
 
 
 class EpicMirDataset(ClipDataset):
@@ -123,6 +151,12 @@ class EpicMirDataset(ClipDataset):
         if not rows:
             raise ValueError(f"{self.csv}: no annotation rows")
         self.rows = [(pos, line, r) for pos, (line, r) in enumerate(rows)]
+        if not self.train:  # an evaluation row that cannot be sampled would only fail after training
+            for pos, line, r in self.rows:
+                try:
+                    epic_seconds(r, f"{self.csv}:{line} ({r['narration_id']})")
+                except DataError as e:
+                    raise ValueError(str(e)) from None
         self.num_classes = 0
         self.targets: MirTargets | None = None  # training: captions drawn by relevancy
         self.mir_targets: MirTargets | None = None  # evaluation: what the MIR metrics score against
@@ -132,7 +166,7 @@ class EpicMirDataset(ClipDataset):
             if not (sentences and relevancy):
                 missing = f"data.{split_key}_relevancy" if sentences else f"data.{split_key}_sentences"
                 raise ValueError(f"{missing} is empty: the MIR files come as a pair (sentences and relevancy)")
-            loaded = load_mir_targets(self.csv, sentences, relevancy)
+            loaded = load_mir_targets(self.csv, sentences, relevancy, evaluation=not self.train)
             if self.train:
                 self.targets = loaded
             else:

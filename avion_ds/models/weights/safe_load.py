@@ -8,7 +8,7 @@ and DeepSpeed's ZeRO optimizer shards hold ``ZeroStageEnum``, ``LossScaler`` and
 (found with ``torch.serialization.get_unsafe_globals_in_checkpoint`` on ZeRO 0-3 fp32 / bf16
 checkpoints written by our trainer). Any other pickled object could execute code when unpickled: it is
 refused with ``UntrustedCheckpoint`` (one line naming the file and the type), unless the caller opts
-in (``model.trust_checkpoint: true`` / ``--trust-checkpoint``).
+in (``--trust-checkpoint``: only from the command line, never from a run directory, see ``engine.trust``).
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ DEEPSPEED_TYPES = (
     "deepspeed.runtime.fp16.loss_scaler.DynamicLossScaler",
     "deepspeed.utils.tensor_fragment.fragment_address",
 )
-TRUST_HINT = "pass --trust-checkpoint (or set model.trust_checkpoint: true) only if you trust the file"
+TRUST_HINT = "pass --trust-checkpoint on the command line only if you trust the file"
 
 
 class UntrustedCheckpoint(ConfigError):

@@ -22,7 +22,8 @@ from typing import Any
 
 import torch
 
-from avion_ds.models.weights.safe_load import TRUST_HINT, UntrustedCheckpoint
+from avion_ds.config import ConfigError
+from avion_ds.models.weights.safe_load import UntrustedCheckpoint
 
 _STORAGE_DTYPES = {
     "FloatStorage": torch.float32,
@@ -67,16 +68,16 @@ def _rebuild_tensor(storage: torch.Tensor, offset: int, size: Any, stride: Any, 
 
 
 class _Unpickler(pickle.Unpickler):
-    def __init__(self, data: bytes, archive: zipfile.ZipFile, root: str, path: Path) -> None:
+    def __init__(self, data: bytes, archive: zipfile.ZipFile, root: str, path: Path, scan: bool = False) -> None:
         super().__init__(io.BytesIO(data))
-        self.archive, self.root, self.path = archive, root, path
+        self.archive, self.root, self.path, self.scan = archive, root, path, scan
         self.classes: dict[str, type] = {}
 
     def find_class(self, module: str, name: str) -> Any:
         if module == "__torch__" or module.startswith("__torch__."):
             return self.classes.setdefault(f"{module}.{name}", type(name, (ScriptObject,), {}))
         if (module, name) == ("torch._utils", "_rebuild_tensor_v2"):
-            return _rebuild_tensor
+            return _same if self.scan else _rebuild_tensor
         if module == "torch.jit._pickle" and name in _JIT_PICKLE:
             return _same
         if (module, name) == ("collections", "OrderedDict"):
@@ -85,13 +86,19 @@ class _Unpickler(pickle.Unpickler):
             return _StorageType(_STORAGE_DTYPES[name])
         raise UntrustedCheckpoint(
             f"TorchScript archive {self.path} pickles {module}.{name}, which is neither a module nor a "
-            f"tensor; refused (nothing was run). Load it with torch.jit.load yourself {TRUST_HINT[4:]}"
+            f"tensor; refused (nothing was run). --trust-checkpoint does not apply to TorchScript archives: "
+            f"load it with torch.jit.load yourself only if you trust the file"
         )
 
     def persistent_load(self, pid: Any) -> torch.Tensor:
-        kind, storage_type, key, _location, numel = pid
+        try:
+            kind, storage_type, key, _location, numel = pid
+        except (TypeError, ValueError):
+            kind = storage_type = None
         if kind != "storage" or not isinstance(storage_type, _StorageType):
-            raise UntrustedCheckpoint(f"TorchScript archive {self.path}: unexpected persistent id {pid!r}")
+            raise UntrustedCheckpoint(f"TorchScript archive {self.path}: unexpected persistent id {str(pid)[:80]}")
+        if self.scan:  # types only: no storage read
+            return torch.empty(0, dtype=storage_type.dtype)
         raw = self.archive.read(f"{self.root}data/{key}")
         if not numel:
             return torch.empty(0, dtype=storage_type.dtype)
@@ -102,8 +109,11 @@ def torchscript_root(path: str | Path) -> str | None:
     """The archive's top folder (``"name/"``) when ``path`` is a TorchScript zip, else None."""
     if not zipfile.is_zipfile(path):
         return None
-    with zipfile.ZipFile(path) as z:
-        names = z.namelist()
+    try:
+        with zipfile.ZipFile(path) as z:
+            names = z.namelist()
+    except (zipfile.BadZipFile, OSError):  # a damaged zip: the checkpoint reader names it
+        return None
     roots = [n[: -len("data.pkl")] for n in names if n.endswith("/data.pkl") and n.count("/") == 1]
     for root in roots:
         if f"{root}constants.pkl" in names or any(n.startswith(f"{root}code/") for n in names):
@@ -122,16 +132,36 @@ def _collect(obj: Any, prefix: str, out: dict[str, torch.Tensor], seen: set[int]
             _collect(value, f"{prefix}{name}.", out, seen)
 
 
-def read_torchscript_state_dict(path: str | Path) -> dict[str, torch.Tensor]:
-    """The tensors of a TorchScript module archive by their ``state_dict`` names (nothing executed)."""
-    path = Path(path)
+def _module_tree(path: Path, scan: bool) -> ScriptObject:
+    """The archive's module tree from its ``data.pkl`` (``scan``: types only, no tensor data read);
+    ``UntrustedCheckpoint`` for a global we do not allow, ``ConfigError`` (one line) for a truncated or
+    corrupt archive."""
     root = torchscript_root(path)
     if root is None:
         raise ValueError(f"{path} is not a TorchScript archive (no <root>/data.pkl with code/ or constants.pkl)")
-    with zipfile.ZipFile(path) as z:
-        top = _Unpickler(z.read(f"{root}data.pkl"), z, root, path).load()
+    try:
+        with zipfile.ZipFile(path) as z:
+            top = _Unpickler(z.read(f"{root}data.pkl"), z, root, path, scan).load()
+    except UntrustedCheckpoint:
+        raise
+    except (pickle.UnpicklingError, EOFError, zipfile.BadZipFile, KeyError, ValueError, TypeError, RuntimeError) as e:
+        why = str(e).splitlines()[0][:120] if str(e) else type(e).__name__
+        raise ConfigError(
+            f"TorchScript archive {path} is truncated or corrupt ({type(e).__name__}: {why}); nothing was run"
+        ) from None
     if not isinstance(top, ScriptObject):
-        raise TypeError(f"TorchScript archive {path}: data.pkl holds a {type(top).__name__}, not a module")
+        raise ConfigError(f"TorchScript archive {path}: data.pkl holds a {type(top).__name__}, not a module")
+    return top
+
+
+def check_torchscript(path: str | Path) -> None:
+    """Refuse, before any work starts, an archive :func:`read_torchscript_state_dict` would refuse: its
+    ``data.pkl`` is read by the same restricted unpickler, without reading a tensor."""
+    _module_tree(Path(path), scan=True)
+
+
+def read_torchscript_state_dict(path: str | Path) -> dict[str, torch.Tensor]:
+    """The tensors of a TorchScript module archive by their ``state_dict`` names (nothing executed)."""
     out: dict[str, torch.Tensor] = {}
-    _collect(top, "", out, set())
+    _collect(_module_tree(Path(path), scan=False), "", out, set())
     return out
