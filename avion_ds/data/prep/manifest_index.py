@@ -1,0 +1,175 @@
+"""The chunk manifest as flat arrays, cached beside ``manifest.jsonl`` (:mod:`avion_ds.data.index_cache`).
+
+``manifest.jsonl`` of a large dataset (Ego4D: 865k chunks) held as one ``Chunk`` object per row
+costs ~2.5 KiB a chunk in every process. Here each chunk is one row of an int64 table
+``(start_frame, frames, width, height, bytes, mtime_ns)``, an fps column and its path (relative to
+the manifest, in one string buffer); videos are ranges of rows, sorted by ``start_frame``. The
+:class:`FlatManifest` mapping hands out :class:`FlatVideoEntry` objects that read those rows on
+access and behave as the :class:`~avion_ds.data.prep.manifest.VideoEntry` ``load_manifest`` used
+to build: same chunks (same paths, numbers and order), same videos in the same order, the same
+torn-line warnings (kept in the index and logged again on each load).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator, Mapping, Sequence
+from pathlib import Path
+
+import numpy as np
+
+from avion_ds.data.index_cache import MappedIndex, Strings, cached_index, pack_strings
+from avion_ds.data.prep.manifest import Chunk, VideoEntry, dedupe_records, read_manifest_records
+
+log = logging.getLogger(__name__)
+_INT_FIELDS = ("start_frame", "frames", "width", "height", "bytes", "mtime_ns")
+
+
+def join_path(base: str, rel: str) -> str:
+    """``str(Path(base) / rel)`` for ``rel`` already normalised by ``str(Path(rel))``, without a Path."""
+    if rel.startswith("/"):
+        return rel
+    if rel == ".":
+        return base
+    if base == ".":
+        return rel
+    return base + rel if base.endswith("/") else base + "/" + rel
+
+
+def _parse(mpath: Path, r: dict) -> tuple[str, str, list[int], float]:
+    """(video id, normalised relative path, int fields, fps) of one record; ValueError as load_manifest's."""
+    try:
+        raw = r["path"]
+        rel = str(Path(raw)) if isinstance(raw, str) else str(mpath.parent / raw)
+        start, frames, fps = int(r["start_frame"]), int(r["frames"]), float(r["fps"])
+        ints = [start, frames, int(r["width"]), int(r["height"]), int(r.get("bytes", -1)), int(r.get("mtime_ns", -1))]
+    except (KeyError, TypeError, ValueError) as e:
+        raise ValueError(f"{mpath}: bad manifest record for video {r.get('video_id')!r}: {e}") from None
+    return str(r["video_id"]), rel, ints, fps
+
+
+def build_manifest_arrays(mpath: Path) -> tuple[dict[str, np.ndarray], dict]:
+    """The arrays of ``mpath``'s chunks (last record per (video, start_frame) of each video's newest job,
+    chunks with ``frames`` > 0), videos in order of first appearance, chunks by ``start_frame``."""
+    problems: list[str] = []
+    by_video: dict[str, list[tuple[list[int], float, str]]] = {}
+    for r in dedupe_records(read_manifest_records(mpath, problems)):
+        vid, rel, ints, fps = _parse(mpath, r)
+        if ints[1] > 0:
+            by_video.setdefault(vid, []).append((ints, fps, rel))
+    ints, fps, paths, vid_off = [], [], [], [0]
+    for chunks in by_video.values():
+        chunks.sort(key=lambda c: c[0][0])
+        for i, f, p in chunks:
+            ints.append(i)
+            fps.append(f)
+            paths.append(p)
+        vid_off.append(len(ints))
+    ids_buf, ids_off = pack_strings(list(by_video))
+    path_buf, path_off = pack_strings(paths)
+    arrays = {
+        "ints": np.array(ints, np.int64).reshape(len(ints), len(_INT_FIELDS)),
+        "fps": np.array(fps, np.float64),
+        "vid_off": np.array(vid_off, np.int64),
+        "ids_buf": ids_buf,
+        "ids_off": ids_off,
+        "path_buf": path_buf,
+        "path_off": path_off,
+    }
+    return arrays, {"warnings": problems}
+
+
+class ChunkView(Sequence[Chunk]):
+    """The chunks of one video, rows [lo, hi) of a :class:`FlatManifest`, made on access."""
+
+    __slots__ = ("hi", "lo", "manifest")
+
+    def __init__(self, manifest: FlatManifest, lo: int, hi: int) -> None:
+        self.manifest, self.lo, self.hi = manifest, lo, hi
+
+    def __len__(self) -> int:
+        return self.hi - self.lo
+
+    def __getitem__(self, k):  # noqa: ANN001, ANN204 - Sequence protocol (int or slice)
+        if isinstance(k, slice):
+            return [self[j] for j in range(*k.indices(len(self)))]
+        n = self.hi - self.lo
+        if not -n <= k < n:
+            raise IndexError(f"chunk {k} of {n}")
+        return self.manifest.chunk(self.lo + (k % n))
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Sequence) and list(self) == list(other)
+
+    def __repr__(self) -> str:
+        return repr(list(self))
+
+
+class FlatVideoEntry(VideoEntry):
+    """A :class:`VideoEntry` reading its chunks from a :class:`FlatManifest` (nothing copied)."""
+
+    def __init__(self, manifest: FlatManifest, v: int) -> None:  # noqa: D107 - VideoEntry's fields, from arrays
+        lo, hi = int(manifest.vid_off[v]), int(manifest.vid_off[v + 1])
+        self.video_id = manifest.ids[v]
+        self.chunks = ChunkView(manifest, lo, hi)
+        self._starts = manifest.ints[lo:hi, 0]
+        self._manifest, self._lo, self._hi = manifest, lo, hi
+
+    @property
+    def fps(self) -> float:
+        return float(self._manifest.fps[self._lo])
+
+    @property
+    def num_frames(self) -> int:
+        start, frames = self._manifest.ints[self._hi - 1, :2].tolist()
+        return start + frames
+
+    @property
+    def width(self) -> int:
+        return int(self._manifest.ints[self._lo, 2])
+
+    @property
+    def height(self) -> int:
+        return int(self._manifest.ints[self._lo, 3])
+
+
+class FlatManifest(Mapping[str, VideoEntry]):
+    """``{video_id: VideoEntry}`` over a manifest's flat index; chunk paths absolute as ``load_manifest``'s."""
+
+    def __init__(self, index: MappedIndex, base: Path) -> None:
+        a = index.arrays
+        self.index, self.base = index, str(base)
+        self.ints, self.fps, self.vid_off = a["ints"], a["fps"], a["vid_off"]
+        self.paths = Strings(a["path_buf"], a["path_off"])
+        self.ids = Strings(a["ids_buf"], a["ids_off"]).tolist()
+        self._number = {v: i for i, v in enumerate(self.ids)}
+
+    def chunk(self, j: int) -> Chunk:
+        """Chunk row ``j``."""
+        start, frames, width, height, size, mtime = self.ints[j].tolist()
+        path = join_path(self.base, self.paths[j])
+        return Chunk(path, start, frames, float(self.fps[j]), width, height, size, mtime)
+
+    def __getitem__(self, video_id: str) -> VideoEntry:
+        return FlatVideoEntry(self, self._number[video_id])
+
+    def __contains__(self, video_id: object) -> bool:
+        return video_id in self._number
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.ids)
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    @property
+    def num_chunks(self) -> int:
+        return len(self.fps)
+
+
+def load_manifest_index(mpath: Path) -> FlatManifest:
+    """The flat manifest of ``mpath`` (a manifest.jsonl): cached index when valid, else built and cached."""
+    index = cached_index("chunks", [mpath], lambda: build_manifest_arrays(mpath))
+    for message in index.meta.get("warnings", []):
+        log.warning("%s", message)
+    return FlatManifest(index, mpath.parent)
