@@ -105,3 +105,67 @@ def object_dataset(ds: ego4d.Ego4dDataset, paths: list[str | Path]) -> ego4d.Ego
         old.index.videos = object_manifest(ds.index.root)
     old.table = object_narrations(paths)
     return old
+
+
+WORDS = (
+    "picks up puts down the a knife cup plate onion tap door opens closes cuts washes rinses holds moves "
+    "looks at table counter drawer phone box bag towel lid pan spoon stirs pours water into from on"
+).split()
+
+
+def write_scale_inputs(
+    out: Path,
+    videos: int,
+    rows: int,
+    seed: int = 0,
+    chunks: tuple[int, int] = (40, 140),
+    mixed: bool = False,
+) -> tuple[Path, Path]:
+    """An Ego4D-shaped chunk manifest (``videos`` x ``chunks`` chunks of 450 frames at 30 fps, some 449)
+    and ``rows`` narrations in AVION's pickle layout (``(video_uid, start, end, narration)``), no videos.
+
+    ``mixed`` adds rephraser lists, numpy scalars, bad times and bad narrations to the rows. Returns
+    (chunk directory, pickle path)."""
+    import json
+    import pickle
+    import uuid
+
+    rng = np.random.default_rng(seed)
+    root = Path(out) / "chunks"
+    root.mkdir(parents=True, exist_ok=True)
+    uids = [str(uuid.UUID(bytes=rng.bytes(16))) for _ in range(videos)]
+    counts = rng.integers(chunks[0], chunks[1] + 1, videos)
+    with (root / "manifest.jsonl").open("w") as f:
+        for uid, n in zip(uids, counts.tolist()):
+            for k in rng.permutation(n).tolist():  # lines out of order: the index sorts them
+                frames = 449 if rng.random() < 0.3 else 450
+                rec = {"video_id": uid, "path": f"{uid}/{k * 15}.mp4", "start": k * 15.0, "start_frame": k * 450}
+                rec.update(frames=frames, fps=30.0, width=456, height=256, bytes=int(rng.integers(1e6, 9e6)))
+                rec.update(mtime_ns=1_700_000_000_000_000_000 + k, source=f"/data/ego4d/{uid}.mp4", job=1)
+                f.write(json.dumps(rec, sort_keys=True) + "\n")
+    vid = rng.integers(0, videos, rows)
+    length = counts[vid] * 15.0
+    start = rng.random(rows) * length
+    end = start + rng.random(rows) * 3 + 0.2
+    words = rng.integers(0, len(WORDS), (rows, 6))
+    data: list[tuple] = []
+    for r in range(rows):
+        text = "#C C " + " ".join(WORDS[w] for w in words[r, : 3 + r % 4])
+        data.append((uids[vid[r]], float(start[r]), float(end[r]), text))
+    if mixed:
+        for r in rng.choice(rows, rows // 10, replace=False).tolist():
+            uid, s, e, text = data[r]
+            pick = r % 7
+            value = [text, text + " again", text.upper()] if pick < 3 else text
+            if pick == 3:
+                s, e = np.float64(s), np.float32(e)
+            elif pick == 4:
+                s = "soon" if r % 2 else float("nan")
+            elif pick == 5:
+                value = [None, ["x"], "  ", [text, ""], ("a", "b"), 7][r % 6]
+            elif pick == 6:
+                e = s - 1.0
+            data[r] = (uid, s, e, value, "extra")
+    pkl = Path(out) / "ego4d_train.pkl"
+    pkl.write_bytes(pickle.dumps(data, protocol=pickle.HIGHEST_PROTOCOL))
+    return root, pkl

@@ -41,10 +41,11 @@ import numpy as np
 from avion_ds.config import DataConfig
 from avion_ds.data.crop import clip_rng
 from avion_ds.data.datasets.clip import ClipDataset, VideoIndex, open_csv
-from avion_ds.data.datasets.flat_index import load_narration_index
+from avion_ds.data.datasets.flat_index import load_narration_index, narration_columns
 from avion_ds.data.datasets.flat_index import short_repr as _short
 from avion_ds.data.datasets.text import check_tokenizer, empty_tokens, text_tokens
 from avion_ds.data.errors import DataError
+from avion_ds.data.index_cache import MappedIndex
 from avion_ds.data.prep.manifest import VideoEntry
 from avion_ds.data.safe_pickle import load_pickle
 from avion_ds.data.sampling import jittered_midpoints, segment_indices, segment_span
@@ -69,6 +70,12 @@ class NarrationTable:
     end: np.ndarray
     text: Sequence[Any]  # narration as read: a string or a tuple of strings (checked when drawn)
     bad_times: Mapping[int, tuple[Any, Any]] = field(default_factory=dict)
+    index: MappedIndex | None = None  # the mapped file of the columns (pickles as its path)
+
+    def __reduce__(self) -> tuple:
+        if self.index is None:
+            return super().__reduce__()
+        return _mapped_table, (self.index, self.files)
 
     def __len__(self) -> int:
         return len(self.text)
@@ -137,13 +144,19 @@ def _file_format(path: Path) -> str:
 def _file_records(path: Path) -> list[tuple[int, Any, Any, Any, Any]]:
     """The ``(row, uid, start, end, narration)`` records of one narration file, by its format."""
     kind = _file_format(path)
-    return _pickle_records(path) if kind == "pickle" else _jsonl_records(path) if kind == "jsonl" else _csv_records(path)
+    return (
+        _pickle_records(path) if kind == "pickle" else _jsonl_records(path) if kind == "jsonl" else _csv_records(path)
+    )
+
+
+def _mapped_table(index: MappedIndex, files: list[Path]) -> NarrationTable:
+    return NarrationTable(**narration_columns(index, files), index=index)
 
 
 @functools.lru_cache(maxsize=8)
 def _read_cached(paths: tuple[str, ...], stats: tuple[tuple[int, int], ...]) -> NarrationTable:
-    _, columns = load_narration_index([Path(p) for p in paths], _file_records)
-    return NarrationTable(**columns)
+    files = [Path(p) for p in paths]
+    return _mapped_table(load_narration_index(files, _file_records), files)
 
 
 def read_narration_files(paths: list[str | Path]) -> NarrationTable:

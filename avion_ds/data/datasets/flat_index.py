@@ -165,12 +165,16 @@ class _Raw(str):
         return str(self)
 
 
-def load_narration_index(paths: list[Path], read_records: Callable[[Path], Records]) -> tuple[MappedIndex, dict]:
-    """The cached index of ``paths`` and its columns: ``files src line uids vid start end text bad_times``."""
-    index = cached_index("narrations", paths, lambda: build_narration_arrays(paths, read_records))
+def load_narration_index(paths: list[Path], read_records: Callable[[Path], Records]) -> MappedIndex:
+    """The cached index of the narration files ``paths`` (built with ``read_records`` when needed)."""
+    return cached_index("narrations", paths, lambda: build_narration_arrays(paths, read_records))
+
+
+def narration_columns(index: MappedIndex, files: list[Path]) -> dict[str, Any]:
+    """The columns of a narration index: ``files src line uids vid start end text bad_times``."""
     a = index.arrays
-    columns = {
-        "files": [Path(p) for p in paths],
+    return {
+        "files": list(files),
         "src": a["src"],
         "line": a["line"],
         "uids": Strings(a["uid_buf"], a["uid_off"]).tolist(),
@@ -180,4 +184,3 @@ def load_narration_index(paths: list[Path], read_records: Callable[[Path], Recor
         "text": NarrationTexts(a["kind"], a["row_str"], Strings(a["text_buf"], a["text_off"])),
         "bad_times": BadTimes(a["bad_rows"], Strings(a["bad_buf"], a["bad_off"]), a["start"], a["end"]),
     }
-    return index, columns

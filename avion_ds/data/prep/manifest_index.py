@@ -144,6 +144,9 @@ class FlatManifest(Mapping[str, VideoEntry]):
         self.ids = Strings(a["ids_buf"], a["ids_off"]).tolist()
         self._number = {v: i for i, v in enumerate(self.ids)}
 
+    def __reduce__(self) -> tuple:
+        return FlatManifest, (self.index, Path(self.base))  # the index pickles as its path: no arrays copied
+
     def chunk(self, j: int) -> Chunk:
         """Chunk row ``j``."""
         start, frames, width, height, size, mtime = self.ints[j].tolist()
