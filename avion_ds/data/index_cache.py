@@ -23,6 +23,7 @@ from __future__ import annotations
 import errno
 import fcntl
 import hashlib
+import itertools
 import json
 import logging
 import mmap
@@ -31,7 +32,7 @@ import struct
 import zlib
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
 
 import numpy as np
 
@@ -169,7 +170,7 @@ class _Lock:
         path.parent.mkdir(parents=True, exist_ok=True)
         self.fd = os.open(path, os.O_CREAT | os.O_RDWR, 0o666)
 
-    def __enter__(self) -> _Lock:
+    def __enter__(self) -> Self:
         fcntl.flock(self.fd, fcntl.LOCK_EX)
         return self
 
@@ -263,4 +264,4 @@ class Strings:
     def tolist(self) -> list[str]:
         """Every string (for small columns: video ids, file names)."""
         data, off = self.buf.tobytes(), self.off.tolist()
-        return [data[a:b].decode("utf-8", "surrogatepass") for a, b in zip(off, off[1:])]
+        return [data[a:b].decode("utf-8", "surrogatepass") for a, b in itertools.pairwise(off)]

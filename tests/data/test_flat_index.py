@@ -108,10 +108,14 @@ def test_manifest_index_equals_the_object_manifest(tmp_path) -> None:
         '{"video_id": "b", "path": "b/30.mp4", "start_frame": 30, "frames": 30, "fps": 30.0, "width": 8, "height": 6}',
         '{"video_id": "b", "path": "./b//0.mp4", "start_frame": 0, "frames": 29, "fps": 30.0, "width": 8, "height": 6}',
         '{"video_id": "a", "path": "a/0.mp4", "start_frame": 0, "frames": 0, "fps": 25.0, "width": 8, "height": 6}',
-        '{"video_id": "c", "path": "/abs/c.mp4", "start_frame": 0, "frames": 9, "fps": 25.0, "width": 8, "height": 6,'
-        ' "bytes": 5, "mtime_ns": 7, "job": 2}',
-        '{"video_id": "c", "path": "c/old.mp4", "start_frame": 0, "frames": 9, "fps": 25.0, "width": 8, "height": 6,'
-        ' "job": 1}',
+        (
+            '{"video_id": "c", "path": "/abs/c.mp4", "start_frame": 0, "frames": 9, "fps": 25.0, "width": 8,'
+            ' "height": 6, "bytes": 5, "mtime_ns": 7, "job": 2}'
+        ),
+        (
+            '{"video_id": "c", "path": "c/old.mp4", "start_frame": 0, "frames": 9, "fps": 25.0, "width": 8,'
+            ' "height": 6, "job": 1}'
+        ),
         '{"video_id": "b", "path": "b/30b.mp4", "start_frame": 30, "frames": 28, "fps": 30.0, "width": 8, "hei',
     ]
     (root / "manifest.jsonl").write_text("\n".join(lines) + "\n")
@@ -125,7 +129,7 @@ def test_manifest_index_equals_the_object_manifest(tmp_path) -> None:
 
 
 def test_cache_is_reused_and_rebuilt_when_stale_or_corrupt(large, caplog, monkeypatch) -> None:
-    root, pkl = large
+    pkl = large[1]
     first = ego4d.read_narration_files([pkl])
     ego4d._read_cached.cache_clear()
     beside, _ = ic.index_paths("narrations", [pkl])

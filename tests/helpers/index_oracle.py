@@ -107,10 +107,45 @@ def object_dataset(ds: ego4d.Ego4dDataset, paths: list[str | Path]) -> ego4d.Ego
     return old
 
 
-WORDS = (
-    "picks up puts down the a knife cup plate onion tap door opens closes cuts washes rinses holds moves "
-    "looks at table counter drawer phone box bag towel lid pan spoon stirs pours water into from on"
-).split()
+WORDS = [
+    "picks",
+    "up",
+    "puts",
+    "down",
+    "the",
+    "a",
+    "knife",
+    "cup",
+    "plate",
+    "onion",
+    "tap",
+    "door",
+    "opens",
+    "closes",
+    "cuts",
+    "washes",
+    "rinses",
+    "holds",
+    "moves",
+    "looks",
+    "at",
+    "table",
+    "counter",
+    "drawer",
+    "phone",
+    "box",
+    "bag",
+    "towel",
+    "lid",
+    "pan",
+    "spoon",
+    "stirs",
+    "pours",
+    "water",
+    "into",
+    "from",
+    "on",
+]
 
 
 def write_scale_inputs(

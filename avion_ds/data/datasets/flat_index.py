@@ -117,7 +117,7 @@ class NarrationTexts(Sequence[Any]):
     def __len__(self) -> int:
         return len(self.kind)
 
-    def __getitem__(self, k):  # noqa: ANN001, ANN204 - Sequence protocol (int or slice)
+    def __getitem__(self, k):
         if isinstance(k, slice):
             return [self[j] for j in range(*k.indices(len(self)))]
         kind, a = int(self.kind[k]), int(self.row_str[k])

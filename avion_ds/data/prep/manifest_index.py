@@ -90,7 +90,7 @@ class ChunkView(Sequence[Chunk]):
     def __len__(self) -> int:
         return self.hi - self.lo
 
-    def __getitem__(self, k):  # noqa: ANN001, ANN204 - Sequence protocol (int or slice)
+    def __getitem__(self, k):
         if isinstance(k, slice):
             return [self[j] for j in range(*k.indices(len(self)))]
         n = self.hi - self.lo
@@ -108,7 +108,7 @@ class ChunkView(Sequence[Chunk]):
 class FlatVideoEntry(VideoEntry):
     """A :class:`VideoEntry` reading its chunks from a :class:`FlatManifest` (nothing copied)."""
 
-    def __init__(self, manifest: FlatManifest, v: int) -> None:  # noqa: D107 - VideoEntry's fields, from arrays
+    def __init__(self, manifest: FlatManifest, v: int) -> None:
         lo, hi = int(manifest.vid_off[v]), int(manifest.vid_off[v + 1])
         self.video_id = manifest.ids[v]
         self.chunks = ChunkView(manifest, lo, hi)
