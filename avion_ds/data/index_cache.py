@@ -87,7 +87,8 @@ def _crc_file(f: Any, start: int, length: int) -> int:
 
 
 def write_index(path: Path, kind: str, key: list, arrays: Arrays, meta: dict) -> None:
-    """Write ``arrays`` (+ ``meta``, JSON) as the index of ``kind`` for ``key`` (temp file + rename)."""
+    """Write ``arrays`` (+ ``meta``, JSON) as the index of ``kind`` (``name/layout version``) for ``key``
+    (temp file + rename)."""
     table, offset = {}, 0
     for name, a in arrays.items():
         a = np.ascontiguousarray(a)
@@ -142,7 +143,9 @@ def read_index(path: Path, kind: str, key: list) -> tuple[Arrays, dict] | str:
             table, meta, got_kind, got_key = header["arrays"], header["meta"], header["kind"], header["key"]
         except (ValueError, KeyError, TypeError):
             return "corrupt (header)"
-        if got_kind != kind or got_key != key:
+        if got_kind != kind:
+            return "written by another version"
+        if got_key != key:
             return "stale (its inputs changed)"
         start = _aligned(_FIXED.size + hlen)
         if os.fstat(f.fileno()).st_size != start + dlen:
@@ -204,17 +207,19 @@ class MappedIndex:
             self.arrays, self.meta = got
 
 
-def cached_index(kind: str, paths: list[Path], build: Callable[[], tuple[Arrays, dict]]) -> MappedIndex:
-    """The index of ``kind`` over the input files ``paths``: mapped from the cache when valid, else
-    built with ``build()`` (which raises on bad input: nothing is cached then) and cached (module doc)."""
+def cached_index(kind: str, layout: int, paths: list[Path], build: Callable[[], tuple[Arrays, dict]]) -> MappedIndex:
+    """The index of ``kind`` over the input files ``paths``: mapped from the cache when valid (same
+    ``layout``: the builder's version of its arrays), else built with ``build()`` (which raises on bad
+    input: nothing is cached then) and cached (module doc)."""
     key = source_key(paths)
     beside, fallback = index_paths(kind, paths)
+    name, kind = kind, f"{kind}/{layout}"
     for target in (beside, fallback):
         got = read_index(target, kind, key)
         if not isinstance(got, str):
             return MappedIndex(kind, key, target, *got)
         if got != "absent":
-            log.info("%s: rebuilding the %s index: %s", target, kind, got)
+            log.info("%s: rebuilding the %s index: %s", target, name, got)
         if target == beside and os.access(beside.parent, os.W_OK):
             break  # the place to write it is beside the input: no need to look in the fallback
     built: tuple[Arrays, dict] | None = None
@@ -230,12 +235,12 @@ def cached_index(kind: str, paths: list[Path], build: Callable[[], tuple[Arrays,
             if e.errno not in _NOT_WRITABLE:
                 raise
             if target == beside:
-                log.warning("%s is not writable: caching the %s index in %s", beside.parent, kind, fallback.parent)
+                log.warning("%s is not writable: caching the %s index in %s", beside.parent, name, fallback.parent)
             continue
         got = read_index(target, kind, key)
         if not isinstance(got, str):
             return MappedIndex(kind, key, target, *got)
-    log.warning("no writable cache for the %s index of %s: keeping it in memory", kind, paths[0])
+    log.warning("no writable cache for the %s index of %s: keeping it in memory", name, paths[0])
     built = built or build()
     return MappedIndex(kind, key, None, *built)
 
@@ -253,13 +258,17 @@ class Strings:
 
     def __init__(self, buf: np.ndarray, off: np.ndarray) -> None:
         self.buf, self.off = buf, off
+        self.raw = memoryview(buf)
+
+    def __reduce__(self) -> tuple:
+        return Strings, (self.buf, self.off)
 
     def __len__(self) -> int:
         return len(self.off) - 1
 
     def __getitem__(self, k: int) -> str:
-        a, b = self.off[k], self.off[k + 1]
-        return self.buf[a:b].tobytes().decode("utf-8", "surrogatepass")
+        a, b = self.off[k : k + 2].tolist()
+        return str(self.raw[a:b], "utf-8", "surrogatepass")
 
     def tolist(self) -> list[str]:
         """Every string (for small columns: video ids, file names)."""

@@ -176,8 +176,7 @@ def chunk_end_frame(end: int, stop_s: float, entry: VideoEntry) -> int:
     bad sample (a truncated video or a wrong annotation), where AVION would squeeze it silently."""
     if end > entry.num_frames + max(1, int(round(entry.fps))):
         return end
-    chunk = entry.chunks[entry.chunk_at(stop_s * entry.fps)]
-    return min(end, chunk.start_frame + chunk.frames - 1)
+    return min(end, entry.chunk_last_frame(entry.chunk_at(stop_s * entry.fps)))
 
 
 def segment_span(start_s: float, stop_s: float, entry: VideoEntry, fps: float = 0.0) -> tuple[int, int]:

@@ -20,6 +20,7 @@ import numpy as np
 
 from avion_ds.data.index_cache import Arrays, MappedIndex, Strings, cached_index, pack_strings
 
+LAYOUT = 1  # version of the arrays below: a cache of another layout is rebuilt
 Records = list[tuple[int, Any, Any, Any, Any]]  # (row N of its file, video_uid, start, end, narration)
 
 
@@ -120,11 +121,11 @@ class NarrationTexts(Sequence[Any]):
     def __getitem__(self, k):
         if isinstance(k, slice):
             return [self[j] for j in range(*k.indices(len(self)))]
-        kind, a = int(self.kind[k]), int(self.row_str[k])
+        kind, (a, b) = self.kind[k], self.row_str[k : k + 2].tolist()
         if kind == 0:
             return self.strings[a]
         if kind == 1:
-            return tuple(self.strings[j] for j in range(a, int(self.row_str[k + 1])))
+            return tuple(self.strings[j] for j in range(a, b))
         return Unreadable(self.strings[a])
 
 
@@ -137,7 +138,9 @@ class BadTimes(Mapping[int, tuple[str, str]]):
         self.rows, self.text, self.start, self.end = rows, text, start, end
 
     def __contains__(self, k: object) -> bool:
-        return isinstance(k, (int, np.integer)) and 0 <= k < len(self.start) and _nan(self.start[k], self.end[k])
+        if not len(self.rows) or not isinstance(k, (int, np.integer)) or not 0 <= k < len(self.start):
+            return False
+        return _nan(self.start[k], self.end[k])
 
     def __getitem__(self, k: int) -> tuple[str, str]:
         j = int(np.searchsorted(self.rows, k))
@@ -167,7 +170,7 @@ class _Raw(str):
 
 def load_narration_index(paths: list[Path], read_records: Callable[[Path], Records]) -> MappedIndex:
     """The cached index of the narration files ``paths`` (built with ``read_records`` when needed)."""
-    return cached_index("narrations", paths, lambda: build_narration_arrays(paths, read_records))
+    return cached_index("narrations", LAYOUT, paths, lambda: build_narration_arrays(paths, read_records))
 
 
 def narration_columns(index: MappedIndex, files: list[Path]) -> dict[str, Any]:

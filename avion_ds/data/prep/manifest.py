@@ -108,6 +108,11 @@ class VideoEntry:
         """Number of the chunk whose start is the last at or before ``frame`` (0 before the first)."""
         return max(0, bisect_right(self._starts, frame) - 1)
 
+    def chunk_last_frame(self, k: int) -> int:
+        """The last decodable frame of chunk ``k`` on the video's time line."""
+        chunk = self.chunks[k]
+        return chunk.start_frame + chunk.frames - 1
+
     def locate(self, frame: int) -> tuple[int, int]:
         """Global frame -> (chunk number, local index), clamped to the nearest earlier decodable frame."""
         frame = min(max(int(frame), 0), self.num_frames - 1)

@@ -3,7 +3,8 @@
 ``manifest.jsonl`` of a large dataset (Ego4D: 865k chunks) held as one ``Chunk`` object per row
 costs ~2.5 KiB a chunk in every process. Here each chunk is one row of an int64 table
 ``(start_frame, frames, width, height, bytes, mtime_ns)``, an fps column and its path (relative to
-the manifest, in one string buffer); videos are ranges of rows, sorted by ``start_frame``. The
+the manifest, in one string buffer); videos are ranges of rows, sorted by ``start_frame``, with their
+length and frame size in a per-video table. The
 :class:`FlatManifest` mapping hands out :class:`FlatVideoEntry` objects that read those rows on
 access and behave as the :class:`~avion_ds.data.prep.manifest.VideoEntry` ``load_manifest`` used
 to build: same chunks (same paths, numbers and order), same videos in the same order, the same
@@ -22,6 +23,8 @@ from avion_ds.data.index_cache import MappedIndex, Strings, cached_index, pack_s
 from avion_ds.data.prep.manifest import Chunk, VideoEntry, dedupe_records, read_manifest_records
 
 log = logging.getLogger(__name__)
+LAYOUT = 2  # version of the arrays below: a cache of another layout is rebuilt
+ENTRY_CACHE = 16384  # video entries a process keeps made (~0.5 KiB + 40 B a chunk each)
 _INT_FIELDS = ("start_frame", "frames", "width", "height", "bytes", "mtime_ns")
 
 
@@ -57,20 +60,24 @@ def build_manifest_arrays(mpath: Path) -> tuple[dict[str, np.ndarray], dict]:
         vid, rel, ints, fps = _parse(mpath, r)
         if ints[1] > 0:
             by_video.setdefault(vid, []).append((ints, fps, rel))
-    ints, fps, paths, vid_off = [], [], [], [0]
+    ints, fps, paths, videos = [], [], [], []
     for chunks in by_video.values():
         chunks.sort(key=lambda c: c[0][0])
+        lo = len(ints)
         for i, f, p in chunks:
             ints.append(i)
             fps.append(f)
             paths.append(p)
-        vid_off.append(len(ints))
+        last = chunks[-1][0]
+        videos.append([lo, len(ints), last[0] + last[1], chunks[0][0][2], chunks[0][0][3]])
     ids_buf, ids_off = pack_strings(list(by_video))
     path_buf, path_off = pack_strings(paths)
+    table = np.array(ints, np.int64).reshape(len(ints), len(_INT_FIELDS))
     arrays = {
-        "ints": np.array(ints, np.int64).reshape(len(ints), len(_INT_FIELDS)),
+        "starts": np.ascontiguousarray(table[:, 0]),
+        "ints": np.ascontiguousarray(table[:, 1:]),
         "fps": np.array(fps, np.float64),
-        "vid_off": np.array(vid_off, np.int64),
+        "videos": np.array(videos, np.int64).reshape(len(videos), 5),
         "ids_buf": ids_buf,
         "ids_off": ids_off,
         "path_buf": path_buf,
@@ -106,31 +113,34 @@ class ChunkView(Sequence[Chunk]):
 
 
 class FlatVideoEntry(VideoEntry):
-    """A :class:`VideoEntry` reading its chunks from a :class:`FlatManifest` (nothing copied)."""
+    """A :class:`VideoEntry` over a :class:`FlatManifest`: chunks made on access, only their starts copied."""
 
     def __init__(self, manifest: FlatManifest, v: int) -> None:
-        lo, hi = int(manifest.vid_off[v]), int(manifest.vid_off[v + 1])
+        lo, hi, self._num_frames, self._width, self._height = manifest.videos[v].tolist()
         self.video_id = manifest.ids[v]
         self.chunks = ChunkView(manifest, lo, hi)
-        self._starts = manifest.ints[lo:hi, 0]
-        self._manifest, self._lo, self._hi = manifest, lo, hi
+        self._fps = float(manifest.fps[lo])
+        self._starts = manifest.starts[lo:hi].tolist()
+        self._lo = lo
+
+    def chunk_last_frame(self, k: int) -> int:
+        return self._starts[k] + int(self.chunks.manifest.ints[self._lo + k, 0]) - 1
 
     @property
     def fps(self) -> float:
-        return float(self._manifest.fps[self._lo])
+        return self._fps
 
     @property
     def num_frames(self) -> int:
-        start, frames = self._manifest.ints[self._hi - 1, :2].tolist()
-        return start + frames
+        return self._num_frames
 
     @property
     def width(self) -> int:
-        return int(self._manifest.ints[self._lo, 2])
+        return self._width
 
     @property
     def height(self) -> int:
-        return int(self._manifest.ints[self._lo, 3])
+        return self._height
 
 
 class FlatManifest(Mapping[str, VideoEntry]):
@@ -139,22 +149,28 @@ class FlatManifest(Mapping[str, VideoEntry]):
     def __init__(self, index: MappedIndex, base: Path) -> None:
         a = index.arrays
         self.index, self.base = index, str(base)
-        self.ints, self.fps, self.vid_off = a["ints"], a["fps"], a["vid_off"]
+        self.starts, self.ints, self.fps, self.videos = a["starts"], a["ints"], a["fps"], a["videos"]
         self.paths = Strings(a["path_buf"], a["path_off"])
         self.ids = Strings(a["ids_buf"], a["ids_off"]).tolist()
         self._number = {v: i for i, v in enumerate(self.ids)}
+        self._entries: dict[str, FlatVideoEntry] = {}  # made on first use, at most ENTRY_CACHE kept
 
     def __reduce__(self) -> tuple:
         return FlatManifest, (self.index, Path(self.base))  # the index pickles as its path: no arrays copied
 
     def chunk(self, j: int) -> Chunk:
         """Chunk row ``j``."""
-        start, frames, width, height, size, mtime = self.ints[j].tolist()
+        frames, width, height, size, mtime = self.ints[j].tolist()
         path = join_path(self.base, self.paths[j])
-        return Chunk(path, start, frames, float(self.fps[j]), width, height, size, mtime)
+        return Chunk(path, int(self.starts[j]), frames, float(self.fps[j]), width, height, size, mtime)
 
     def __getitem__(self, video_id: str) -> VideoEntry:
-        return FlatVideoEntry(self, self._number[video_id])
+        entry = self._entries.get(video_id)
+        if entry is None:
+            if len(self._entries) >= ENTRY_CACHE:
+                self._entries.clear()
+            entry = self._entries[video_id] = FlatVideoEntry(self, self._number[video_id])
+        return entry
 
     def __contains__(self, video_id: object) -> bool:
         return video_id in self._number
@@ -172,7 +188,7 @@ class FlatManifest(Mapping[str, VideoEntry]):
 
 def load_manifest_index(mpath: Path) -> FlatManifest:
     """The flat manifest of ``mpath`` (a manifest.jsonl): cached index when valid, else built and cached."""
-    index = cached_index("chunks", [mpath], lambda: build_manifest_arrays(mpath))
+    index = cached_index("chunks", LAYOUT, [mpath], lambda: build_manifest_arrays(mpath))
     for message in index.meta.get("warnings", []):
         log.warning("%s", message)
     return FlatManifest(index, mpath.parent)
