@@ -207,6 +207,14 @@ class MappedIndex:
             self.arrays, self.meta = got
 
 
+def _not_writable(e: OSError, at_beside: bool, beside: Path, fallback: Path, name: str) -> None:
+    """Re-raise ``e`` unless it says the cache directory is not writable; say so once for the data dir."""
+    if e.errno not in _NOT_WRITABLE:
+        raise e
+    if at_beside:
+        log.warning("%s is not writable: caching the %s index in %s", beside.parent, name, fallback.parent)
+
+
 def cached_index(kind: str, layout: int, paths: list[Path], build: Callable[[], tuple[Arrays, dict]]) -> MappedIndex:
     """The index of ``kind`` over the input files ``paths``: mapped from the cache when valid (same
     ``layout``: the builder's version of its arrays), else built with ``build()`` (which raises on bad
@@ -219,24 +227,28 @@ def cached_index(kind: str, layout: int, paths: list[Path], build: Callable[[], 
         if not isinstance(got, str):
             return MappedIndex(kind, key, target, *got)
         if got != "absent":
-            log.info("%s: rebuilding the %s index: %s", target, name, got)
+            (log.warning if got.startswith("corrupt") else log.info)(
+                "%s: rebuilding the %s index: %s", target, name, got
+            )
         if target == beside and os.access(beside.parent, os.W_OK):
             break  # the place to write it is beside the input: no need to look in the fallback
     built: tuple[Arrays, dict] | None = None
     for target in (beside, fallback):
         try:
-            with _Lock(target.with_name(target.name + ".lock")):
-                got = read_index(target, kind, key)  # another rank may have built it while we waited
-                if not isinstance(got, str):
-                    return MappedIndex(kind, key, target, *got)
-                built = built or build()
-                write_index(target, kind, key, dict(built[0]), built[1])
+            lock = _Lock(target.with_name(target.name + ".lock"))
         except OSError as e:
-            if e.errno not in _NOT_WRITABLE:
-                raise
-            if target == beside:
-                log.warning("%s is not writable: caching the %s index in %s", beside.parent, name, fallback.parent)
+            _not_writable(e, target == beside, beside, fallback, name)
             continue
+        with lock:
+            got = read_index(target, kind, key)  # another rank may have built it while we waited
+            if not isinstance(got, str):
+                return MappedIndex(kind, key, target, *got)
+            built = built or build()  # bad input raises here: nothing is cached
+            try:
+                write_index(target, kind, key, dict(built[0]), built[1])
+            except OSError as e:
+                _not_writable(e, target == beside, beside, fallback, name)
+                continue
         got = read_index(target, kind, key)
         if not isinstance(got, str):
             return MappedIndex(kind, key, target, *got)

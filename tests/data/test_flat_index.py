@@ -190,3 +190,15 @@ def test_index_survives_pickling_and_holds_no_objects(large) -> None:
     assert isinstance(table.text, ego4d.Sequence) and not isinstance(table.text, list)
     with pytest.raises(TypeError, match="numbers only"):
         ic.write_index(root / "x.index", "t", [], {"o": np.array([None], object)}, {})
+
+
+def test_bad_input_is_named_in_one_line_and_never_cached(tmp_path, caplog) -> None:
+    bad = tmp_path / "bad.pkl"
+    bad.write_bytes(pickle.dumps([("v", 1.0, 2.0, "ok"), ("v", 1.0)]))
+    with caplog.at_level(logging.INFO), pytest.raises(ValueError, match=r"bad.pkl:2: expected a tuple"):
+        ego4d.read_narration_files([bad])
+    assert not list(tmp_path.glob("*.index")) and "not writable" not in caplog.text
+    (tmp_path / "manifest.jsonl").write_text('{"video_id": "v", "path": "v/0.mp4", "start_frame": 0, "frames": 3}\n')
+    with pytest.raises(ValueError, match=r"manifest.jsonl: bad manifest record for video 'v': 'fps'"):
+        load_manifest(tmp_path)
+    assert not list(tmp_path.glob("*.index"))
