@@ -37,6 +37,7 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 GiB, MiB = 1 << 30, 1 << 20
+AB_ROWS = 30_000  # random rows timed per A/B pass
 
 
 def _status() -> dict[str, int]:
@@ -165,12 +166,12 @@ def ab_rates(root: Path, pkl: Path, reps: int = 3) -> dict:
     import numpy as np
 
     new, old = _dataset("new", root, pkl), _dataset("old", root, pkl)
-    rows = np.random.default_rng(1).integers(0, len(new), min(len(new), 100_000)).tolist()
+    rows = np.random.default_rng(1).integers(0, len(new), min(len(new), AB_ROWS)).tolist()
     out = {}
     for name, run in (("span", _span_pass), ("check", _check_pass)):
         for _ in range(2):  # warm-up
-            run(old, rows[:10_000])
-            run(new, rows[:10_000])
+            run(old, rows[:5_000])
+            run(new, rows[:5_000])
         t_old = t_new = 0.0
         for _ in range(reps):
             t_old += run(old, rows)
