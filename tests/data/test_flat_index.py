@@ -202,3 +202,11 @@ def test_bad_input_is_named_in_one_line_and_never_cached(tmp_path, caplog) -> No
     with pytest.raises(ValueError, match=r"manifest.jsonl: bad manifest record for video 'v': 'fps'"):
         load_manifest(tmp_path)
     assert not list(tmp_path.glob("*.index"))
+
+
+def test_plain_string_rows_take_the_direct_path_and_agree(tmp_path) -> None:
+    root, pkl = write_scale_inputs(tmp_path, videos=12, rows=3_000)
+    new = build_dataset(DataConfig(dataset="ego4d", root=str(root), train_csv=str(pkl), num_frames=4), "train")
+    old = object_dataset(new, [pkl])
+    assert new.table.text.one_string_each
+    assert [_span(new, i) for i in range(len(new))] == [_span(old, i) for i in range(len(old))]

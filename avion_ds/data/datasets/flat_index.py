@@ -20,7 +20,7 @@ import numpy as np
 
 from avion_ds.data.index_cache import Arrays, MappedIndex, Strings, cached_index, pack_strings
 
-LAYOUT = 1  # version of the arrays below: a cache of another layout is rebuilt
+LAYOUT = 2  # version of the arrays below: a cache of another layout is rebuilt
 Records = list[tuple[int, Any, Any, Any, Any]]  # (row N of its file, video_uid, start, end, narration)
 
 
@@ -106,14 +106,14 @@ def build_narration_arrays(paths: list[Path], read_records: Callable[[Path], Rec
     arrays["text_buf"], arrays["text_off"] = pack_strings(strings)
     arrays["uid_buf"], arrays["uid_off"] = pack_strings(list(lookup))
     arrays["bad_buf"], arrays["bad_off"] = pack_strings(bad_text)
-    return arrays, {}
+    return arrays, {"one_string_each": not any(kind)}  # every row a plain string: row k is string k
 
 
 class NarrationTexts(Sequence[Any]):
     """Row ``k``'s narration as read: a string, a tuple of strings, or an :class:`Unreadable`."""
 
-    def __init__(self, kind: np.ndarray, row_str: np.ndarray, strings: Strings) -> None:
-        self.kind, self.row_str, self.strings = kind, row_str, strings
+    def __init__(self, kind: np.ndarray, row_str: np.ndarray, strings: Strings, one_string_each: bool) -> None:
+        self.kind, self.row_str, self.strings, self.one_string_each = kind, row_str, strings, one_string_each
 
     def __len__(self) -> int:
         return len(self.kind)
@@ -121,6 +121,8 @@ class NarrationTexts(Sequence[Any]):
     def __getitem__(self, k):
         if isinstance(k, slice):
             return [self[j] for j in range(*k.indices(len(self)))]
+        if self.one_string_each:
+            return self.strings[k]
         kind, (a, b) = self.kind[k], self.row_str[k : k + 2].tolist()
         if kind == 0:
             return self.strings[a]
@@ -184,6 +186,8 @@ def narration_columns(index: MappedIndex, files: list[Path]) -> dict[str, Any]:
         "vid": a["vid"],
         "start": a["start"],
         "end": a["end"],
-        "text": NarrationTexts(a["kind"], a["row_str"], Strings(a["text_buf"], a["text_off"])),
+        "text": NarrationTexts(
+            a["kind"], a["row_str"], Strings(a["text_buf"], a["text_off"]), bool(index.meta["one_string_each"])
+        ),
         "bad_times": BadTimes(a["bad_rows"], Strings(a["bad_buf"], a["bad_off"]), a["start"], a["end"]),
     }
