@@ -270,7 +270,7 @@ class Strings:
 
     def __init__(self, buf: np.ndarray, off: np.ndarray) -> None:
         self.buf, self.off = buf, off
-        self.raw = memoryview(buf)
+        self.raw, self._off = memoryview(buf), memoryview(off)  # item reads without numpy scalars
 
     def __reduce__(self) -> tuple:
         return Strings, (self.buf, self.off)
@@ -279,8 +279,7 @@ class Strings:
         return len(self.off) - 1
 
     def __getitem__(self, k: int) -> str:
-        a, b = self.off[k : k + 2].tolist()
-        return str(self.raw[a:b], "utf-8", "surrogatepass")
+        return str(self.raw[self._off[k] : self._off[k + 1]], "utf-8", "surrogatepass")
 
     def tolist(self) -> list[str]:
         """Every string (for small columns: video ids, file names)."""

@@ -114,6 +114,7 @@ class NarrationTexts(Sequence[Any]):
 
     def __init__(self, kind: np.ndarray, row_str: np.ndarray, strings: Strings, one_string_each: bool) -> None:
         self.kind, self.row_str, self.strings, self.one_string_each = kind, row_str, strings, one_string_each
+        self._kind, self._row_str = memoryview(kind), memoryview(row_str)
 
     def __len__(self) -> int:
         return len(self.kind)
@@ -123,11 +124,11 @@ class NarrationTexts(Sequence[Any]):
             return [self[j] for j in range(*k.indices(len(self)))]
         if self.one_string_each:
             return self.strings[k]
-        kind, (a, b) = self.kind[k], self.row_str[k : k + 2].tolist()
+        kind, a = self._kind[k], self._row_str[k]
         if kind == 0:
             return self.strings[a]
         if kind == 1:
-            return tuple(self.strings[j] for j in range(a, b))
+            return tuple(self.strings[j] for j in range(a, self._row_str[k + 1]))
         return Unreadable(self.strings[a])
 
 
@@ -189,5 +190,7 @@ def narration_columns(index: MappedIndex, files: list[Path]) -> dict[str, Any]:
         "text": NarrationTexts(
             a["kind"], a["row_str"], Strings(a["text_buf"], a["text_off"]), bool(index.meta["one_string_each"])
         ),
-        "bad_times": BadTimes(a["bad_rows"], Strings(a["bad_buf"], a["bad_off"]), a["start"], a["end"]),
+        "bad_times": BadTimes(a["bad_rows"], Strings(a["bad_buf"], a["bad_off"]), a["start"], a["end"])
+        if len(a["bad_rows"])
+        else {},
     }

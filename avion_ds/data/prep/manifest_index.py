@@ -124,7 +124,7 @@ class FlatVideoEntry(VideoEntry):
         self._lo = lo
 
     def chunk_last_frame(self, k: int) -> int:
-        return self._starts[k] + int(self.chunks.manifest.frames[self._lo + k]) - 1
+        return self._starts[k] + self.chunks.manifest.frames[self._lo + k] - 1
 
     @property
     def fps(self) -> float:
@@ -150,7 +150,7 @@ class FlatManifest(Mapping[str, VideoEntry]):
         a = index.arrays
         self.index, self.base = index, str(base)
         self.starts, self.ints, self.fps, self.videos = a["starts"], a["ints"], a["fps"], a["videos"]
-        self.frames = self.ints[:, 0]
+        self.frames = memoryview(self.ints[:, 0])  # Python ints on item reads
         self.paths = Strings(a["path_buf"], a["path_off"])
         self.ids = Strings(a["ids_buf"], a["ids_off"]).tolist()
         self._number = {v: i for i, v in enumerate(self.ids)}
