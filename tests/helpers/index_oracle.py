@@ -10,6 +10,7 @@ from typing import Any
 import numpy as np
 
 from avion_ds.data.datasets import ego4d
+from avion_ds.data.datasets.flat_index import finite_or_nan as _number
 from avion_ds.data.prep.manifest import MANIFEST_NAME, Chunk, VideoEntry, dedupe_records, read_manifest_records
 
 
@@ -36,16 +37,6 @@ def object_manifest(root: str | Path) -> dict[str, VideoEntry]:
         if chunk.frames > 0:
             by_video.setdefault(str(r["video_id"]), []).append(chunk)
     return {vid: VideoEntry(vid, chunks) for vid, chunks in by_video.items()}
-
-
-def _number(value: Any) -> float:
-    if isinstance(value, bool):
-        return math.nan
-    try:
-        out = float(value)
-    except (TypeError, ValueError):
-        return math.nan
-    return out if math.isfinite(out) else math.nan
 
 
 def _table(path: Path, records: list) -> ego4d.NarrationTable:
