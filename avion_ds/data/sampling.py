@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import math
 import re
-from bisect import bisect_right
 from collections.abc import Sequence
 
 import numpy as np
@@ -177,9 +176,7 @@ def chunk_end_frame(end: int, stop_s: float, entry: VideoEntry) -> int:
     bad sample (a truncated video or a wrong annotation), where AVION would squeeze it silently."""
     if end > entry.num_frames + max(1, int(round(entry.fps))):
         return end
-    k = max(0, bisect_right([c.start_frame for c in entry.chunks], stop_s * entry.fps) - 1)
-    chunk = entry.chunks[k]
-    return min(end, chunk.start_frame + chunk.frames - 1)
+    return min(end, entry.chunk_last_frame(entry.chunk_at(stop_s * entry.fps)))
 
 
 def segment_span(start_s: float, stop_s: float, entry: VideoEntry, fps: float = 0.0) -> tuple[int, int]:

@@ -31,7 +31,7 @@ from __future__ import annotations
 import functools
 import json
 import logging
-import math
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -41,8 +41,11 @@ import numpy as np
 from avion_ds.config import DataConfig
 from avion_ds.data.crop import clip_rng
 from avion_ds.data.datasets.clip import ClipDataset, VideoIndex, open_csv
+from avion_ds.data.datasets.flat_index import load_narration_index, narration_columns
+from avion_ds.data.datasets.flat_index import short_repr as _short
 from avion_ds.data.datasets.text import check_tokenizer, empty_tokens, text_tokens
 from avion_ds.data.errors import DataError
+from avion_ds.data.index_cache import MappedIndex
 from avion_ds.data.prep.manifest import VideoEntry
 from avion_ds.data.safe_pickle import load_pickle
 from avion_ds.data.sampling import jittered_midpoints, segment_indices, segment_span
@@ -56,7 +59,7 @@ JSONL_SUFFIXES = (".jsonl", ".json")
 
 @dataclass
 class NarrationTable:
-    """Narration rows of one or more files, stored by column (millions of rows stay compact)."""
+    """Narration rows of one or more files, stored by column in a memory-mapped index (shared pages)."""
 
     files: list[Path]
     src: np.ndarray  # file number of each row
@@ -65,8 +68,14 @@ class NarrationTable:
     vid: np.ndarray  # index into uids
     start: np.ndarray  # seconds (nan: not a number; raw value in ``bad_times``)
     end: np.ndarray
-    text: list[Any]  # narration as read: a string or a list / tuple of strings (checked when drawn)
-    bad_times: dict[int, tuple[Any, Any]] = field(default_factory=dict)
+    text: Sequence[Any]  # narration as read: a string or a tuple of strings (checked when drawn)
+    bad_times: Mapping[int, tuple[Any, Any]] = field(default_factory=dict)
+    index: MappedIndex | None = None  # the mapped file of the columns (pickles as its path)
+
+    def __reduce__(self) -> tuple:
+        if self.index is None:
+            return super().__reduce__()
+        return _mapped_table, (self.index, self.files)
 
     def __len__(self) -> int:
         return len(self.text)
@@ -74,22 +83,6 @@ class NarrationTable:
     def where(self, k: int) -> str:
         """``file:N (video_uid)`` of row ``k``."""
         return f"{self.files[int(self.src[k])]}:{int(self.line[k])} ({self.uids[int(self.vid[k])]})"
-
-
-def _number(value: Any) -> float:
-    """float(value), nan when it is not a finite number."""
-    if isinstance(value, bool):
-        return math.nan
-    try:
-        out = float(value)
-    except (TypeError, ValueError):
-        return math.nan
-    return out if math.isfinite(out) else math.nan
-
-
-def _short(value: Any) -> str:
-    text = repr(value)
-    return text if len(text) <= 80 else text[:77] + "..."
 
 
 def _pickle_records(path: Path) -> list[tuple[int, Any, Any, Any, Any]]:
@@ -148,64 +141,35 @@ def _file_format(path: Path) -> str:
     return "pickle" if head == b"\x80" else "jsonl" if head == b"{" else "csv"
 
 
-def _table(path: Path, records: list[tuple[int, Any, Any, Any, Any]]) -> NarrationTable:
-    """Column storage of one file's ``(row, uid, start, end, narration)`` records."""
-    lookup: dict[str, int] = {}
-    n = len(records)
-    line, vid = np.empty(n, np.int64), np.empty(n, np.int32)
-    start, end = np.empty(n, np.float64), np.empty(n, np.float64)
-    text: list[Any] = [None] * n
-    bad: dict[int, tuple[Any, Any]] = {}
-    for k, (row, uid, s, e, narration) in enumerate(records):
-        line[k], vid[k] = row, lookup.setdefault(str(uid), len(lookup))
-        start[k], end[k] = _number(s), _number(e)
-        if math.isnan(start[k]) or math.isnan(end[k]):
-            bad[k] = (s, e)
-        text[k] = tuple(narration) if isinstance(narration, list) else narration
-    return NarrationTable([path], np.zeros(n, np.int16), line, list(lookup), vid, start, end, text, bad)
+def _file_records(path: Path) -> list[tuple[int, Any, Any, Any, Any]]:
+    """The ``(row, uid, start, end, narration)`` records of one narration file, by its format."""
+    kind = _file_format(path)
+    return (
+        _pickle_records(path) if kind == "pickle" else _jsonl_records(path) if kind == "jsonl" else _csv_records(path)
+    )
+
+
+def _mapped_table(index: MappedIndex, files: list[Path]) -> NarrationTable:
+    return NarrationTable(**narration_columns(index, files), index=index)
 
 
 @functools.lru_cache(maxsize=8)
-def _read_cached(path: str, size: int, mtime_ns: int) -> NarrationTable:
-    p = Path(path)
-    kind = _file_format(p)
-    records = _pickle_records(p) if kind == "pickle" else _jsonl_records(p) if kind == "jsonl" else _csv_records(p)
-    if not records:
-        raise ValueError(f"{p}: no narration rows")
-    return _table(p, records)
+def _read_cached(paths: tuple[str, ...], stats: tuple[tuple[int, int], ...]) -> NarrationTable:
+    files = [Path(p) for p in paths]
+    return _mapped_table(load_narration_index(files, _file_records), files)
 
 
-def read_narration_file(path: str | Path) -> NarrationTable:
-    """The rows of one narration file (pickle / CSV / JSONL, see module doc); cached per (path, size, mtime)."""
-    p = Path(path)
-    if not str(path) or not p.is_file():
-        raise FileNotFoundError(f"narration file not found: {p}")
-    st = p.stat()
-    return _read_cached(str(p), st.st_size, st.st_mtime_ns)
-
-
-def concat_tables(tables: list[NarrationTable]) -> NarrationTable:
-    """Rows of ``tables`` one after another (AVION's ConcatDataset), video uids merged."""
-    if len(tables) == 1:
-        return tables[0]
-    lookup: dict[str, int] = {}
-    vids, bad, offset = [], {}, 0
-    for t in tables:
-        remap = np.array([lookup.setdefault(u, len(lookup)) for u in t.uids], np.int32)
-        vids.append(remap[t.vid])
-        bad.update({k + offset: v for k, v in t.bad_times.items()})
-        offset += len(t)
-    return NarrationTable(
-        [f for t in tables for f in t.files],
-        np.concatenate([t.src + i for i, t in enumerate(tables)]).astype(np.int16),
-        np.concatenate([t.line for t in tables]),
-        list(lookup),
-        np.concatenate(vids),
-        np.concatenate([t.start for t in tables]),
-        np.concatenate([t.end for t in tables]),
-        [x for t in tables for x in t.text],
-        bad,
-    )
+def read_narration_files(paths: list[str | Path]) -> NarrationTable:
+    """The rows of ``paths`` one after another (AVION's ConcatDataset), video uids merged; a flat index
+    cached beside the first file (:mod:`~avion_ds.data.datasets.flat_index`), per process per (size, mtime)."""
+    stats = []
+    for path in paths:
+        p = Path(path)
+        if not str(path) or not p.is_file():
+            raise FileNotFoundError(f"narration file not found: {p}")
+        st = p.stat()
+        stats.append((st.st_size, st.st_mtime_ns))
+    return _read_cached(tuple(str(Path(p)) for p in paths), tuple(stats))
 
 
 def read_narrations(cfg: DataConfig, split: str) -> NarrationTable:
@@ -213,10 +177,10 @@ def read_narrations(cfg: DataConfig, split: str) -> NarrationTable:
     if split == "train":
         if not cfg.train_csv:
             raise ValueError("data.train_csv is empty: set it to the train narration file")
-        return concat_tables([read_narration_file(p) for p in [cfg.train_csv, *cfg.aux_train]])
+        return read_narration_files([cfg.train_csv, *cfg.aux_train])
     if not cfg.val_csv:
         raise ValueError("data.val_csv is empty: set it to the val narration file")
-    return read_narration_file(cfg.val_csv)
+    return read_narration_files([cfg.val_csv])
 
 
 def draw_narration(value: Any, rng: np.random.Generator, where: str) -> str:

@@ -21,7 +21,7 @@ import json
 import logging
 import os
 from bisect import bisect_right
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -104,10 +104,19 @@ class VideoEntry:
     def height(self) -> int:
         return self.chunks[0].height
 
+    def chunk_at(self, frame: float) -> int:
+        """Number of the chunk whose start is the last at or before ``frame`` (0 before the first)."""
+        return max(0, bisect_right(self._starts, frame) - 1)
+
+    def chunk_last_frame(self, k: int) -> int:
+        """The last decodable frame of chunk ``k`` on the video's time line."""
+        chunk = self.chunks[k]
+        return chunk.start_frame + chunk.frames - 1
+
     def locate(self, frame: int) -> tuple[int, int]:
         """Global frame -> (chunk number, local index), clamped to the nearest earlier decodable frame."""
         frame = min(max(int(frame), 0), self.num_frames - 1)
-        k = max(0, bisect_right(self._starts, frame) - 1)
+        k = self.chunk_at(frame)
         chunk = self.chunks[k]
         return k, min(frame - chunk.start_frame, chunk.frames - 1)
 
@@ -132,8 +141,9 @@ def find_videos(src: str | Path) -> list[Path]:
     return sorted(p for p in src.rglob("*") if is_video_file(p))
 
 
-def read_manifest_records(path: str | Path) -> list[dict]:
-    """Raw manifest lines; a torn last line (interrupted write) is ignored with a warning."""
+def read_manifest_records(path: str | Path, problems: list[str] | None = None) -> list[dict]:
+    """Raw manifest lines; a torn last line (interrupted write) is ignored with a warning (appended to
+    ``problems`` instead of logged when given)."""
     path = Path(path)
     if path.is_dir():
         path = path / MANIFEST_NAME
@@ -146,7 +156,10 @@ def read_manifest_records(path: str | Path) -> list[dict]:
             try:
                 records.append(json.loads(line))
             except json.JSONDecodeError:
-                log.warning("%s:%d: ignoring unreadable manifest line", path, n)
+                if problems is None:
+                    log.warning("%s:%d: ignoring unreadable manifest line", path, n)
+                else:
+                    problems.append(f"{path}:{n}: ignoring unreadable manifest line")
     return records
 
 
@@ -179,8 +192,13 @@ def dedupe_records(records: Iterable[dict]) -> list[dict]:
     return list(last.values())
 
 
-def load_manifest(root: str | Path) -> dict[str, VideoEntry]:
-    """Read ``root/manifest.jsonl`` into {video_id: VideoEntry}; chunk paths become absolute."""
+def load_manifest(root: str | Path) -> Mapping[str, VideoEntry]:
+    """``{video_id: VideoEntry}`` of ``root/manifest.jsonl``; chunk paths absolute (under the manifest's
+    directory). Kept as a flat, memory-mapped index cached beside the manifest
+    (:mod:`avion_ds.data.prep.manifest_index`): each video's newest job, the last record per
+    (video_id, start_frame), chunks with frames > 0, sorted by start_frame; ValueError naming a bad record."""
+    from avion_ds.data.prep.manifest_index import load_manifest_index
+
     root = Path(root)
     mpath = root / MANIFEST_NAME if root.is_dir() or not root.suffix else root
     if not mpath.is_file():
@@ -188,25 +206,7 @@ def load_manifest(root: str | Path) -> dict[str, VideoEntry]:
             f"no chunk manifest at {mpath} (run `avion-ds chunk SRC DST` first, "
             f"or set data.chunked=false for whole videos)"
         )
-    base = mpath.parent
-    by_video: dict[str, list[Chunk]] = {}
-    for r in dedupe_records(read_manifest_records(mpath)):
-        try:
-            chunk = Chunk(
-                str(base / r["path"]),
-                int(r["start_frame"]),
-                int(r["frames"]),
-                float(r["fps"]),
-                int(r["width"]),
-                int(r["height"]),
-                int(r.get("bytes", -1)),
-                int(r.get("mtime_ns", -1)),
-            )
-        except (KeyError, TypeError, ValueError) as e:
-            raise ValueError(f"{mpath}: bad manifest record for video {r.get('video_id')!r}: {e}") from None
-        if chunk.frames > 0:
-            by_video.setdefault(str(r["video_id"]), []).append(chunk)
-    return {vid: VideoEntry(vid, chunks) for vid, chunks in by_video.items()}
+    return load_manifest_index(mpath)
 
 
 def probe_video(path: str | Path, video_id: str | None = None) -> VideoEntry:

@@ -1,0 +1,196 @@
+"""Narration rows (Ego4D and its rephraser / narrator files) as flat arrays, cached beside the first file.
+
+Four million rows held as Python tuples and strings cost ~1 GiB per process and are copied into
+every forked DataLoader worker as it reads them. Here the rows of ``data.train_csv`` and every
+``data.aux_train`` file (or ``data.val_csv``) are one :mod:`avion_ds.data.index_cache` index:
+numeric columns, video uids interned, and every narration string in one buffer. Each row's
+narration keeps what was read: a string (kind 0), a list / tuple of non-empty strings (kind 1),
+or anything else (kind 2: its short ``repr`` is kept for the error it raises when drawn), so the
+same rows, values, draws and error messages come out as from the Python objects.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from avion_ds.data.index_cache import Arrays, MappedIndex, Strings, cached_index, pack_strings
+
+LAYOUT = 2  # version of the arrays below: a cache of another layout is rebuilt
+Records = list[tuple[int, Any, Any, Any, Any]]  # (row N of its file, video_uid, start, end, narration)
+
+
+def finite_or_nan(value: Any) -> float:
+    """float(value), nan when it is not a finite number."""
+    if isinstance(value, bool):
+        return math.nan
+    try:
+        out = float(value)
+    except (TypeError, ValueError):
+        return math.nan
+    return out if math.isfinite(out) else math.nan
+
+
+def short_repr(value: Any) -> str:
+    """``repr(value)``, cut to 80 characters."""
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+class Unreadable:
+    """A narration that is neither a string nor a list of non-empty strings: only its repr is kept."""
+
+    __slots__ = ("text",)
+
+    def __init__(self, text: str) -> None:
+        self.text = text
+
+    def __repr__(self) -> str:
+        return self.text
+
+
+def _narration_parts(value: Any) -> tuple[int, list[str]]:
+    """(kind, strings) of one narration value (module doc)."""
+    if isinstance(value, str):
+        return 0, [value]
+    if isinstance(value, list):
+        value = tuple(value)
+    if isinstance(value, tuple) and value and all(isinstance(x, str) and x.strip() for x in value):
+        return 1, list(value)
+    return 2, [short_repr(value)]
+
+
+def build_narration_arrays(paths: list[Path], read_records: Callable[[Path], Records]) -> tuple[Arrays, dict]:
+    """The index arrays of the rows of ``paths`` one after another (AVION's ConcatDataset), uids merged."""
+    lookup: dict[str, int] = {}
+    cols: dict[str, list] = {k: [] for k in ("src", "line", "vid", "start", "end", "kind")}
+    strings: list[str] = []
+    str_off, bad_rows, bad_text = [0], [], []
+    src, line, vid, start, end, kind = (cols[k] for k in ("src", "line", "vid", "start", "end", "kind"))
+    for f, path in enumerate(paths):
+        records = read_records(path)
+        if not records:
+            raise ValueError(f"{path}: no narration rows")
+        for row, uid, s, e, narration in records:
+            a, b = finite_or_nan(s), finite_or_nan(e)
+            if math.isnan(a) or math.isnan(b):
+                bad_rows.append(len(line))
+                bad_text += [short_repr(s), short_repr(e)]
+            src.append(f)
+            line.append(row)
+            vid.append(lookup.setdefault(str(uid), len(lookup)))
+            start.append(a)
+            end.append(b)
+            if type(narration) is str:
+                strings.append(narration)
+                kind.append(0)
+            else:
+                k, parts = _narration_parts(narration)
+                strings += parts
+                kind.append(k)
+            str_off.append(len(strings))
+    arrays = {
+        "src": np.array(src, np.int16),
+        "line": np.array(line, np.int64),
+        "vid": np.array(vid, np.int32),
+        "start": np.array(start, np.float64),
+        "end": np.array(end, np.float64),
+        "kind": np.array(kind, np.int8),
+        "row_str": np.array(str_off, np.int64),
+        "bad_rows": np.array(bad_rows, np.int64),
+    }
+    arrays["text_buf"], arrays["text_off"] = pack_strings(strings)
+    arrays["uid_buf"], arrays["uid_off"] = pack_strings(list(lookup))
+    arrays["bad_buf"], arrays["bad_off"] = pack_strings(bad_text)
+    return arrays, {"one_string_each": not any(kind)}  # every row a plain string: row k is string k
+
+
+class NarrationTexts(Sequence[Any]):
+    """Row ``k``'s narration as read: a string, a tuple of strings, or an :class:`Unreadable`."""
+
+    def __init__(self, kind: np.ndarray, row_str: np.ndarray, strings: Strings, one_string_each: bool) -> None:
+        self.kind, self.row_str, self.strings, self.one_string_each = kind, row_str, strings, one_string_each
+        self._kind, self._row_str = memoryview(kind), memoryview(row_str)
+
+    def __len__(self) -> int:
+        return len(self.kind)
+
+    def __getitem__(self, k):
+        if isinstance(k, slice):
+            return [self[j] for j in range(*k.indices(len(self)))]
+        if self.one_string_each:
+            return self.strings[k]
+        kind, a = self._kind[k], self._row_str[k]
+        if kind == 0:
+            return self.strings[a]
+        if kind == 1:
+            return tuple(self.strings[j] for j in range(a, self._row_str[k + 1]))
+        return Unreadable(self.strings[a])
+
+
+class BadTimes(Mapping[int, tuple[str, str]]):
+    """``{row: (start, end) as read}`` of the rows whose times are not numbers (nan in the columns).
+
+    The values are the reprs (cut to 80 characters) of what the file held, as error messages show them."""
+
+    def __init__(self, rows: np.ndarray, text: Strings, start: np.ndarray, end: np.ndarray) -> None:
+        self.rows, self.text, self.start, self.end = rows, text, start, end
+
+    def __contains__(self, k: object) -> bool:
+        if not len(self.rows) or not isinstance(k, (int, np.integer)) or not 0 <= k < len(self.start):
+            return False
+        return _nan(self.start[k], self.end[k])
+
+    def __getitem__(self, k: int) -> tuple[str, str]:
+        j = int(np.searchsorted(self.rows, k))
+        if j >= len(self.rows) or self.rows[j] != k:
+            raise KeyError(k)
+        return _Raw(self.text[2 * j]), _Raw(self.text[2 * j + 1])
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(self.rows.tolist())
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+
+def _nan(a: float, b: float) -> bool:
+    return a != a or b != b  # noqa: PLR0124 - nan test on numpy scalars without a call
+
+
+class _Raw(str):
+    """A repr kept as text: its own repr is the text (so ``short_repr`` shows what the file held)."""
+
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return str(self)
+
+
+def load_narration_index(paths: list[Path], read_records: Callable[[Path], Records]) -> MappedIndex:
+    """The cached index of the narration files ``paths`` (built with ``read_records`` when needed)."""
+    return cached_index("narrations", LAYOUT, paths, lambda: build_narration_arrays(paths, read_records))
+
+
+def narration_columns(index: MappedIndex, files: list[Path]) -> dict[str, Any]:
+    """The columns of a narration index: ``files src line uids vid start end text bad_times``."""
+    a = index.arrays
+    return {
+        "files": list(files),
+        "src": a["src"],
+        "line": a["line"],
+        "uids": Strings(a["uid_buf"], a["uid_off"]).tolist(),
+        "vid": a["vid"],
+        "start": a["start"],
+        "end": a["end"],
+        "text": NarrationTexts(
+            a["kind"], a["row_str"], Strings(a["text_buf"], a["text_off"]), bool(index.meta["one_string_each"])
+        ),
+        "bad_times": BadTimes(a["bad_rows"], Strings(a["bad_buf"], a["bad_off"]), a["start"], a["end"])
+        if len(a["bad_rows"])
+        else {},
+    }

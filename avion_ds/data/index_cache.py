@@ -1,0 +1,287 @@
+"""Flat, memory-mapped index files built once from annotation inputs and cached next to them.
+
+Millions of annotation rows held as Python objects cost gigabytes per process and are copied page
+by page into every forked DataLoader worker (reference counts write to them). An index here is a
+set of numpy arrays (strings as one byte buffer + offsets) in ONE file, mapped read-only: every
+rank and worker on a machine shares its pages, and a start reads no input file.
+
+File layout (no pickle anywhere): a fixed part ``magic, version, header length, header crc32, data
+crc32, data length``, a JSON header (``kind``, the inputs' ``key``, the arrays' dtype / shape /
+offset, free ``meta``), then the arrays, 64-byte aligned. An index is used only when all of it
+checks: magic, version, both checksums, the file size, no object dtype, and the key (every input's
+resolved path, size and mtime_ns) equal to the inputs' now; otherwise it is rebuilt (one log line
+says why) and replaced atomically (temp file + rename). Concurrent builders (ranks starting
+together) wait on a lock file, so one builds and the others map its result.
+
+Where: beside the first input (``<input>.<kind>-<digest>.index``); when that directory is not
+writable, under ``$XDG_CACHE_HOME/avion_ds/index`` (default ``~/.cache``), said in one log line;
+when neither is, the index stays in memory (also one line).
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import hashlib
+import itertools
+import json
+import logging
+import mmap
+import os
+import struct
+import zlib
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, Self
+
+import numpy as np
+
+log = logging.getLogger(__name__)
+MAGIC = b"AVDSIDX\x00"
+VERSION = 1
+_FIXED = struct.Struct("<8sIIIIQ")  # magic, version, header length, header crc32, data crc32, data length
+_ALIGN = 64
+_READ_BLOCK = 1 << 24
+_KINDS = set("biuf")  # bool, signed / unsigned integers, floats: never objects
+Arrays = dict[str, np.ndarray]
+
+
+def source_key(paths: list[Path]) -> list[list[Any]]:
+    """[resolved path, size, mtime_ns] of every input: an index is valid only for exactly these."""
+    out = []
+    for p in paths:
+        st = Path(p).stat()
+        out.append([str(Path(p).resolve()), st.st_size, st.st_mtime_ns])
+    return out
+
+
+def cache_dir() -> Path:
+    """The fallback cache directory: ``$XDG_CACHE_HOME/avion_ds/index`` (default ``~/.cache/...``)."""
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "avion_ds" / "index"
+
+
+def index_paths(kind: str, paths: list[Path]) -> tuple[Path, Path]:
+    """(beside the first input, in :func:`cache_dir`) for the index of ``kind`` over ``paths``."""
+    first = Path(paths[0]).resolve()
+    digest = hashlib.sha1("\n".join(str(Path(p).resolve()) for p in paths).encode()).hexdigest()[:12]
+    name = f"{first.name}.{kind}-{digest}.index"
+    return first.with_name(name), cache_dir() / name
+
+
+def _aligned(n: int) -> int:
+    return -(-n // _ALIGN) * _ALIGN
+
+
+def _crc_file(f: Any, start: int, length: int) -> int:
+    """crc32 of ``length`` bytes from ``start`` read through a buffer (the pages stay out of our RSS)."""
+    f.seek(start)
+    crc, buf = 0, bytearray(min(_READ_BLOCK, max(length, 1)))
+    view = memoryview(buf)
+    while length > 0:
+        n = f.readinto(view[: min(len(buf), length)])
+        if not n:
+            break
+        crc, length = zlib.crc32(view[:n], crc), length - n
+    return crc
+
+
+def write_index(path: Path, kind: str, key: list, arrays: Arrays, meta: dict) -> None:
+    """Write ``arrays`` (+ ``meta``, JSON) as the index of ``kind`` (``name/layout version``) for ``key``
+    (temp file + rename)."""
+    table, offset = {}, 0
+    for name, a in arrays.items():
+        a = np.ascontiguousarray(a)
+        if a.dtype.kind not in _KINDS:
+            raise TypeError(f"index array {name!r} has dtype {a.dtype} (numbers only)")
+        table[name] = [a.dtype.str, list(a.shape), offset]
+        arrays[name], offset = a, _aligned(offset + a.nbytes)
+    header = json.dumps({"kind": kind, "key": key, "arrays": table, "meta": meta}).encode()
+    data_start = _aligned(_FIXED.size + len(header))
+    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+    try:
+        with tmp.open("wb") as f:
+            f.write(b"\0" * data_start)
+            crc = 0
+            for name, a in arrays.items():
+                f.seek(data_start + table[name][2])
+                raw = memoryview(a).cast("B") if a.nbytes else b""
+                f.write(raw)
+                pad = _aligned(a.nbytes) - a.nbytes
+                crc = zlib.crc32(raw, crc)
+                crc = zlib.crc32(b"\0" * pad, crc)
+            f.truncate(data_start + offset)
+            f.seek(0)
+            f.write(_FIXED.pack(MAGIC, VERSION, len(header), zlib.crc32(header), crc, offset) + header)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def read_index(path: Path, kind: str, key: list) -> tuple[Arrays, dict] | str:
+    """The arrays (mapped read-only) and meta of a valid index, or why ``path`` is not one."""
+    try:
+        f = path.open("rb")
+    except FileNotFoundError:
+        return "absent"
+    except OSError as e:
+        return f"unreadable ({e.strerror})"
+    with f:
+        fixed = f.read(_FIXED.size)
+        if len(fixed) < _FIXED.size:
+            return "corrupt (truncated header)"
+        magic, version, hlen, hcrc, dcrc, dlen = _FIXED.unpack(fixed)
+        if magic != MAGIC or version != VERSION:
+            return "not an index of this version"
+        raw = f.read(hlen)
+        if len(raw) != hlen or zlib.crc32(raw) != hcrc:
+            return "corrupt (header checksum)"
+        try:
+            header = json.loads(raw)
+            table, meta, got_kind, got_key = header["arrays"], header["meta"], header["kind"], header["key"]
+        except (ValueError, KeyError, TypeError):
+            return "corrupt (header)"
+        if got_kind != kind:
+            return "written by another version"
+        if got_key != key:
+            return "stale (its inputs changed)"
+        start = _aligned(_FIXED.size + hlen)
+        if os.fstat(f.fileno()).st_size != start + dlen:
+            return "corrupt (size)"
+        if _crc_file(f, start, dlen) != dcrc:
+            return "corrupt (data checksum)"
+        mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) if start + dlen else None
+    arrays = {}
+    try:
+        for name, (dtype, shape, offset) in table.items():
+            dt = np.dtype(dtype)
+            count = int(np.prod(shape, dtype=np.int64))
+            if dt.kind not in _KINDS or offset < 0 or offset + count * dt.itemsize > dlen:
+                return f"corrupt (array {name})"
+            arrays[name] = np.frombuffer(mm, dt, count, start + offset).reshape(shape) if count else np.empty(shape, dt)
+    except (TypeError, ValueError):
+        return "corrupt (array table)"
+    return arrays, meta
+
+
+class _Lock:
+    """An exclusive ``flock`` on ``path`` (created) for the duration of a ``with`` block."""
+
+    def __init__(self, path: Path) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self.fd = os.open(path, os.O_CREAT | os.O_RDWR, 0o666)
+
+    def __enter__(self) -> Self:
+        fcntl.flock(self.fd, fcntl.LOCK_EX)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        fcntl.flock(self.fd, fcntl.LOCK_UN)
+        os.close(self.fd)
+
+
+_NOT_WRITABLE = (errno.EACCES, errno.EPERM, errno.EROFS, errno.ENOSPC, errno.EDQUOT, errno.ENOENT)
+
+
+class MappedIndex:
+    """The arrays of one index (``arrays``, ``meta``) and the file they map (``path``; None: in memory).
+
+    Pickles as its path (a spawned worker maps the same file again, after the same checks)."""
+
+    def __init__(self, kind: str, key: list, path: Path | None, arrays: Arrays, meta: dict) -> None:
+        self.kind, self.key, self.path, self.arrays, self.meta = kind, key, path, arrays, meta
+
+    def __getstate__(self) -> dict:
+        if self.path is None:
+            return dict(self.__dict__)
+        return {"kind": self.kind, "key": self.key, "path": self.path}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        if "arrays" not in state:
+            got = read_index(self.path, self.kind, self.key)
+            if isinstance(got, str):
+                raise ValueError(f"{self.path}: index changed under a running job: {got}")
+            self.arrays, self.meta = got
+
+
+def _not_writable(e: OSError, at_beside: bool, beside: Path, fallback: Path, name: str) -> None:
+    """Re-raise ``e`` unless it says the cache directory is not writable; say so once for the data dir."""
+    if e.errno not in _NOT_WRITABLE:
+        raise e
+    if at_beside:
+        log.warning("%s is not writable: caching the %s index in %s", beside.parent, name, fallback.parent)
+
+
+def cached_index(kind: str, layout: int, paths: list[Path], build: Callable[[], tuple[Arrays, dict]]) -> MappedIndex:
+    """The index of ``kind`` over the input files ``paths``: mapped from the cache when valid (same
+    ``layout``: the builder's version of its arrays), else built with ``build()`` (which raises on bad
+    input: nothing is cached then) and cached (module doc)."""
+    key = source_key(paths)
+    beside, fallback = index_paths(kind, paths)
+    name, kind = kind, f"{kind}/{layout}"
+    for target in (beside, fallback):
+        got = read_index(target, kind, key)
+        if not isinstance(got, str):
+            return MappedIndex(kind, key, target, *got)
+        if got != "absent":
+            (log.warning if got.startswith("corrupt") else log.info)(
+                "%s: rebuilding the %s index: %s", target, name, got
+            )
+        if target == beside and os.access(beside.parent, os.W_OK):
+            break  # the place to write it is beside the input: no need to look in the fallback
+    built: tuple[Arrays, dict] | None = None
+    for target in (beside, fallback):
+        try:
+            lock = _Lock(target.with_name(target.name + ".lock"))
+        except OSError as e:
+            _not_writable(e, target == beside, beside, fallback, name)
+            continue
+        with lock:
+            got = read_index(target, kind, key)  # another rank may have built it while we waited
+            if not isinstance(got, str):
+                return MappedIndex(kind, key, target, *got)
+            built = built or build()  # bad input raises here: nothing is cached
+            try:
+                write_index(target, kind, key, dict(built[0]), built[1])
+            except OSError as e:
+                _not_writable(e, target == beside, beside, fallback, name)
+                continue
+        got = read_index(target, kind, key)
+        if not isinstance(got, str):
+            return MappedIndex(kind, key, target, *got)
+    log.warning("no writable cache for the %s index of %s: keeping it in memory", name, paths[0])
+    built = built or build()
+    return MappedIndex(kind, key, None, *built)
+
+
+def pack_strings(strings: list[str]) -> tuple[np.ndarray, np.ndarray]:
+    """(utf-8 bytes of all ``strings`` one after another, offsets (len + 1)): one buffer, no objects."""
+    encoded = [s.encode("utf-8", "surrogatepass") for s in strings]
+    off = np.zeros(len(encoded) + 1, np.int64)
+    np.cumsum(np.fromiter(map(len, encoded), np.int64, len(encoded)), out=off[1:])
+    return np.frombuffer(b"".join(encoded), np.uint8), off
+
+
+class Strings:
+    """Read-only sequence over :func:`pack_strings`' (buffer, offsets): item ``k`` decoded on access."""
+
+    def __init__(self, buf: np.ndarray, off: np.ndarray) -> None:
+        self.buf, self.off = buf, off
+        self.raw, self._off = memoryview(buf), memoryview(off)  # item reads without numpy scalars
+
+    def __reduce__(self) -> tuple:
+        return Strings, (self.buf, self.off)
+
+    def __len__(self) -> int:
+        return len(self.off) - 1
+
+    def __getitem__(self, k: int) -> str:
+        return str(self.raw[self._off[k] : self._off[k + 1]], "utf-8", "surrogatepass")
+
+    def tolist(self) -> list[str]:
+        """Every string (for small columns: video ids, file names)."""
+        data, off = self.buf.tobytes(), self.off.tolist()
+        return [data[a:b].decode("utf-8", "surrogatepass") for a, b in itertools.pairwise(off)]
