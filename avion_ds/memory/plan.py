@@ -19,6 +19,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from avion_ds.cli_args import Parser
 from avion_ds.memory.units import format_bytes, parse_bytes
 
 CHECKPOINT_CHOICES = (0, 1, 2, 4)  # 0 = none, k = every k-th block
@@ -396,7 +397,7 @@ def explain_impossible(req: Request, cands: list[Candidate]) -> str:
 # ----------------------------------------------------------------------------------------------
 # command line
 # ----------------------------------------------------------------------------------------------
-class _Parser(argparse.ArgumentParser):
+class _Parser(Parser):
     def error(self, message: str) -> None:  # type: ignore[override]
         print(f"avion-ds plan: error: {message}", file=sys.stderr)
         raise SystemExit(2)

@@ -111,7 +111,7 @@ def test_synth_chunk_train_eval_export(tmp_path: Path) -> None:
 
     # export -> safetensors -> create_model(pretrained=...) reproduces the consolidated weights' logits
     weights = tmp_path / "model.safetensors"
-    _run(cli + ["export", str(run), "--out", str(weights)])
+    _run(cli + ["export", "--checkpoint", str(run), "--out", str(weights)])
     from avion_ds.engine.export import consolidate
     from avion_ds.models import create_model
 
