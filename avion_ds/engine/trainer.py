@@ -265,6 +265,7 @@ class Trainer:
         st.overflow_steps += not applied and not bad
         self._interval.steps += 1
         self._interval.timed += 1
+        self.log.advance()
         if log_now:
             self._log_interval(lr, None if bad else norm)
 
