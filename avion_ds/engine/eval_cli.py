@@ -121,7 +121,7 @@ def _write_results(args: argparse.Namespace, setup: EvalSetup, views: int, out: 
     path.write_text(json.dumps(payload) + "\n")
     if out.failed:
         print(failed_line(out.failed), flush=True)
-    print(setup.task.eval_line(out.metrics), flush=True)
+    print(setup.task.eval_line(out.metrics, out.report), flush=True)
     where = (
         f"protocol {payload['protocol']}, {views} views, {payload['num_missing']} missing, "
         f"{payload['num_quarantined']} quarantined, {len(out.failed)} failed to decode; "
