@@ -106,3 +106,11 @@ def test_models_gflops_of_test_sizes_are_not_zero(capsys: pytest.CaptureFixture)
     rows = [ln.split() for ln in capsys.readouterr().out.splitlines()[1:]]
     shown = {r[0]: r[-1] for r in rows if r[-1] != "-"}
     assert shown and all(float(v) > 0 for v in shown.values()), shown
+
+
+def test_eval_offload_says_where_the_parameters_went() -> None:
+    from avion_ds.engine.eval_cli import offload_line
+
+    cpu = offload_line(eval_args(["--checkpoint", "r", "--offload", "cpu", "--max-live-params", "1e5"]))
+    assert "parameters offloaded to CPU memory" in cpu and "at most 100,000 live parameters" in cpu
+    assert "NVMe (/nv)" in offload_line(eval_args(["--checkpoint", "r", "--offload", "nvme", "--nvme-path", "/nv"]))

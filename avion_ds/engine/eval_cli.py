@@ -100,6 +100,15 @@ def _eval_model(args: argparse.Namespace, setup: EvalSetup, dtype: torch.dtype) 
     return model
 
 
+def offload_line(args: argparse.Namespace) -> str:
+    """What ``--offload`` did: where the ZeRO-3 inference engine keeps the parameters, and its limits."""
+    where = "CPU memory" if args.offload == "cpu" else f"NVMe ({args.nvme_path})"
+    return (
+        f"avion-ds eval: ZeRO-3 inference, parameters offloaded to {where}; on the accelerator at most "
+        f"{int(args.max_live_params):,} live parameters (--max-live-params), prefetch bucket {int(args.prefetch_bucket):,}"
+    )
+
+
 def _write_results(args: argparse.Namespace, setup: EvalSetup, views: int, out: EvalOutcome) -> None:
     """eval_metrics.json (metrics, the task's report, failed samples, per-sample scores) and the summary lines."""
     run_dir, tag = setup.run_dir, setup.tag
@@ -168,6 +177,8 @@ def run(args: argparse.Namespace) -> int:
             else f"weights file {args.checkpoint}"
         )
         print(f"avion-ds eval: evaluating {what} on the {args.split} split", flush=True)
+        if args.offload != "none":
+            print(offload_line(args), flush=True)
     if args.offload == "none":
         model = model.to(device=device, dtype=dtype)
 
