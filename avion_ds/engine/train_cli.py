@@ -57,10 +57,12 @@ def preflight(args: argparse.Namespace) -> RunSetup:
     if args.resume_from is not None and args.resume_from.lower() != "none":
         ckpt.check_tag(recipe.output_dir, args.resume_from)
     if args.dry_run:
+        from avion_ds.models.listing import gflops_text
+
         sm = setup.summary
         print(
             f"# avion-ds train --dry-run: all checks passed | {sm.name} {sm.params / 1e6:.2f}M params, "
-            f"{sm.gflops:.1f} GFLOPs/clip, token grid {sm.grid} | world {setup.world} | "
+            f"{gflops_text(sm.gflops)} GFLOPs/clip, token grid {sm.grid} | world {setup.world} | "
             f"{setup.steps_per_epoch} steps/epoch"
         )
         print("# resolved recipe")
