@@ -249,7 +249,9 @@ def test_payload_in_run_dir_never_runs_without_trust(
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and str(bad) in err[0] and "builtins.exec" in err[0] and "--trust-checkpoint" in err[0]
     assert not marker.exists() and not out.exists()
-    assert export_mod.main(["--checkpoint", str(run), "--out", str(out), "--trust-checkpoint"]) == 0  # the user trusts it
+    assert (
+        export_mod.main(["--checkpoint", str(run), "--out", str(out), "--trust-checkpoint"]) == 0
+    )  # the user trusts it
     assert marker.exists() and out.is_file()
 
 
