@@ -3,7 +3,9 @@
 # Idempotent: re-running on a prepared machine takes seconds.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+HERE=$(pwd -P)
 PY=${PYTHON:-python3}
+PY=$(command -v "$PY")  # an absolute path: the checks below run from /
 
 # apt_install PACKAGE WHY: a Debian package via apt-get (sudo when not root), or a note saying WHY it is wanted
 apt_install() {
@@ -32,8 +34,17 @@ fi
 if ! $PY -c "import timm, deepspeed, decord, av, torchcodec, pytest, pytest_timeout, transformers, ruff, open_clip, ftfy" 2>/dev/null; then
   $PY -m pip install -q -e ".[codec,test]"
 fi
-# avion_ds itself must resolve to THIS checkout (an editable install of another clone would not).
-if ! $PY -c "import avion_ds, pathlib, sys; sys.exit(pathlib.Path(avion_ds.__file__).resolve().parent.parent != pathlib.Path('.').resolve())" 2>/dev/null; then
+# avion_ds itself must resolve to THIS checkout, as console scripts (avion-ds, deepspeed's subprocesses)
+# see it: checked from / (in the checkout, the current directory on sys.path would always win), and
+# an install of another clone (editable or not) replaced.
+resolves_here() {
+  (cd / && "$PY" -c "import avion_ds, pathlib, sys; sys.exit(pathlib.Path(avion_ds.__file__).resolve().parents[1] != pathlib.Path(sys.argv[1]))" "$HERE") 2>/dev/null
+}
+if ! resolves_here; then
   $PY -m pip install -q --no-deps --no-build-isolation -e .
+  if ! resolves_here; then
+    echo "install.sh: avion_ds still does not resolve to $HERE from outside it (PYTHONPATH? another install first on sys.path?)" >&2
+    exit 1
+  fi
 fi
-$PY -c "import torch, deepspeed, avion_ds; print('avion_ds ready: torch', torch.__version__, 'deepspeed', deepspeed.__version__)" 2>&1 | grep -v real_accelerator
+(cd / && "$PY" -c "import torch, deepspeed, avion_ds; print('avion_ds ready:', avion_ds.__file__, '| torch', torch.__version__, 'deepspeed', deepspeed.__version__)") 2>&1 | grep -v real_accelerator

@@ -7,6 +7,7 @@ Each subcommand module exposes ``main(argv: list[str] | None) -> int`` so that h
 from __future__ import annotations
 
 import importlib
+import os
 import sys
 
 # subcommand -> (module, one-line help)
@@ -26,6 +27,13 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "models": ("avion_ds.models.listing", "registered model sizes with parameters and GFLOPs per clip"),
     "embed": ("avion_ds.embed.embed_cli", "video embeddings of fixed-length clips (an index), or text embeddings"),
     "search": ("avion_ds.embed.search_cli", "top-k clips of an embedding index for a text query (table, --html)"),
+}
+# subcommand -> (light module, parse function): parsed before the command's module (torch, DeepSpeed,
+# models) is imported, so --help and usage errors answer at once
+PARSE_FIRST: dict[str, tuple[str, str]] = {
+    "train": ("avion_ds.cli_parsers", "train_args"),
+    "eval": ("avion_ds.cli_parsers", "eval_args"),
+    "models": ("avion_ds.cli_parsers", "models_args"),
 }
 # distribution name -> how --version shows it (read from package metadata: nothing heavy is imported)
 _PACKAGES = {
@@ -67,9 +75,20 @@ def versions() -> dict[str, str]:
     return out
 
 
+def launcher_rank(argv: list[str]) -> list[str]:
+    """``argv`` without the ``--local_rank=N`` (``--local_rank N``, ``--local-rank``) the deepspeed launcher
+    puts before the subcommand of ``--module avion_ds.cli``; N goes to ``LOCAL_RANK`` where unset."""
+    while argv and argv[0].split("=")[0] in ("--local_rank", "--local-rank"):
+        flag = argv.pop(0)
+        value = flag.partition("=")[2] if "=" in flag else (argv.pop(0) if argv else "")
+        if value:
+            os.environ.setdefault("LOCAL_RANK", value)
+    return argv
+
+
 def main(argv: list[str] | None = None) -> int:
     """Dispatch ``avion-ds <command> ...`` to ``<module>.main(rest)``."""
-    argv = list(sys.argv[1:] if argv is None else argv)
+    argv = launcher_rank(list(sys.argv[1:] if argv is None else argv))
     if not argv or argv[0] in ("-h", "--help"):
         print(_usage())
         return 0 if argv else 2
@@ -80,6 +99,9 @@ def main(argv: list[str] | None = None) -> int:
     if cmd not in COMMANDS:
         print(f"avion-ds: unknown command {cmd!r}\n{_usage()}", file=sys.stderr)
         return 2
+    if cmd in PARSE_FIRST:
+        light, parse = PARSE_FIRST[cmd]
+        getattr(importlib.import_module(light), parse)(list(rest))  # --help / a usage error exits here
     module = importlib.import_module(COMMANDS[cmd][0])
     return int(module.main(rest) or 0)
 

@@ -296,7 +296,9 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
 
 def _unknown_key_error(cls: type, key: str, prefix: str) -> ConfigError:
     names = [f.name for f in dataclasses.fields(cls)]
-    close = difflib.get_close_matches(key, names, n=3)
+    initials = "".join(w[:1] for w in key.split("_"))  # learning_rate -> lr
+    close = [n for n in names if "_" in key and n == initials] or difflib.get_close_matches(key, names, n=3)
+    close = close or [n for n in names if set(n.split("_")) & set(key.split("_"))][:3]  # a shared word
     hint = f" (did you mean {', '.join(close)}?)" if close else f" (known: {', '.join(names)})"
     return ConfigError(f"unknown recipe key {prefix + key!r}{hint}")
 

@@ -371,6 +371,20 @@ def zero_state_dict(tag_dir: str | Path, trust: bool = False) -> dict[str, LazyT
     for name, source in states[0].get("shared_params", {}).items():
         if source in out:
             out[name] = out[source]
+    return _with_module_rest(out, states[0]["module"], stage, model_files[0])
+
+
+def _with_module_rest(out: dict[str, LazyTensor], module: dict, stage: int, where: Path) -> dict[str, LazyTensor]:
+    """``out`` plus every tensor of the module state the shards carry no values for: under ZeRO 1/2 the
+    module state is whole (ZeRO-1 saves frozen params, e.g. a frozen ``logit_scale``, only there);
+    under ZeRO-3 it holds placeholders, so a tensor missing there refuses (one line naming them)."""
+    rest = [k for k in module if k not in out]
+    if rest and stage >= 3:
+        shown = ", ".join(rest[:4]) + (f", ... ({len(rest)} in all)" if len(rest) > 4 else "")
+        raise ConfigError(f"{where}: no values for {shown} in the shards; refusing to consolidate without them")
+    for k in rest:
+        v = module[k]
+        out[k] = _eager(v.float() if v.is_floating_point() else v)
     return out
 
 

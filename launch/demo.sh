@@ -34,7 +34,7 @@ deepspeed --num_gpus 2 launch/train.py --config launch/recipes/demo_cpu.yaml \
 echo "== 4/5 evaluating the latest checkpoint, exporting fp32 weights"
 QUIET="^\[[0-9-]+ |^W[0-9]+ |built successfully|Processing zero checkpoint|Parsing checkpoint|Loading checkpoint shards|Detected checkpoint|Reconstructed fp32"
 $PY -m avion_ds.cli eval --checkpoint "$OUT/run" --out "$OUT/run/eval_metrics.json" 2>&1 | grep --line-buffered -v -E "$QUIET"
-$PY -m avion_ds.cli export "$OUT/run" --out "$OUT/model.safetensors" 2>&1 | grep --line-buffered -v -E "$QUIET"
+$PY -m avion_ds.cli export --checkpoint "$OUT/run" --out "$OUT/model.safetensors" 2>&1 | grep --line-buffered -v -E "$QUIET"
 echo "== 5/5 result"
 $PY - "$OUT" <<'PYEOF'
 import csv, json, sys

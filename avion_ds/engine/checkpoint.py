@@ -242,9 +242,19 @@ def load_latest(engine: Any, run_dir: str | Path, tag: str | None = None, trust:
     return client
 
 
-def record_best(run_dir: str | Path, metric: str, value: float, tag: str, epoch: int, global_step: int) -> bool:
+def record_best(
+    run_dir: str | Path,
+    metric: str,
+    value: float,
+    tag: str,
+    epoch: int,
+    global_step: int,
+    keep_last: int | None = None,
+) -> bool:
     """Rank 0: make ``tag`` the best checkpoint when ``value`` of ``metric`` beats ``best.json``'s (higher is
-    better); True when it did. The record survives resume (it is read back from the run directory)."""
+    better); True when it did. The record survives resume (it is read back from the run directory).
+    ``keep_last``: prune again, so the checkpoint kept only as the former best goes now, not at the next save
+    (else ``keep_last: 1`` ends a run with two checkpoints)."""
     from avion_ds.rundir import read_best
 
     old = read_best(run_dir)
@@ -252,4 +262,6 @@ def record_best(run_dir: str | Path, metric: str, value: float, tag: str, epoch:
         return False
     record = {"metric": metric, "value": value, "tag": tag, "epoch": epoch, "global_step": global_step}
     _atomic_write(Path(run_dir) / BEST, json.dumps(record) + "\n")
+    if keep_last is not None:
+        prune(run_dir, keep_last)
     return True

@@ -14,10 +14,11 @@ from typing import Any
 
 import torch
 
-from avion_ds.config import ConfigError, Recipe, add_override_option
+from avion_ds.cli_parsers import eval_args as parse_args
+from avion_ds.config import ConfigError, Recipe
 from avion_ds.data.errors import DataError
 from avion_ds.engine import dist
-from avion_ds.engine.ds_config import PRECISIONS, torch_dtype
+from avion_ds.engine.ds_config import torch_dtype
 from avion_ds.engine.ema import eval_weights
 from avion_ds.engine.export import consolidated
 from avion_ds.engine.metrics import failed_line
@@ -35,57 +36,6 @@ from avion_ds.tasks import EvalOutcome, load_recipe
 # ---------------------------------------------------------------------------------------------
 # standalone evaluation
 # ---------------------------------------------------------------------------------------------
-def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(
-        prog="avion-ds eval",
-        description=__doc__.splitlines()[0],
-        epilog="exit codes: 0 done, 1 failure (traceback), 2 bad input (one line)",
-    )
-    p.add_argument("--config", default=None, help="YAML recipe (default: RUN_DIR/recipe.yaml)")
-    p.add_argument(
-        "--checkpoint",
-        required=True,
-        help="run directory (latest complete checkpoint) or a weights file (.safetensors/.pt)",
-    )
-    p.add_argument(
-        "--tag",
-        default=None,
-        help="checkpoint tag of the run directory to evaluate (e.g. step_00000120, or best: the one best.json names); "
-        "default: the newest complete one",
-    )
-    p.add_argument("--out", default=None, help="metrics JSON (default: <run dir or file dir>/eval_metrics.json)")
-    add_override_option(p, "eval.temporal_views=2")
-    p.add_argument("--split", default="val", choices=("val", "train"), help="annotation file to evaluate on")
-    p.add_argument("--no-per-sample", action="store_true", help="omit per-sample scores from the JSON")
-    p.add_argument(
-        "--offload",
-        default="none",
-        choices=("none", "cpu", "nvme"),
-        help="ZeRO-3 parameter offload for models larger than accelerator memory",
-    )
-    p.add_argument("--max-live-params", type=float, default=1e9, help="ZeRO-3 stage3_max_live_parameters")
-    p.add_argument("--prefetch-bucket", type=float, default=5e7, help="ZeRO-3 stage3_prefetch_bucket_size")
-    p.add_argument("--nvme-path", default="/local_nvme", help="directory for --offload nvme")
-    p.add_argument(
-        "--precision",
-        default="auto",
-        choices=("auto", *PRECISIONS),
-        help="inference dtype (auto: the recipe's, else bf16 on GPUs and fp32 on CPU)",
-    )
-    p.add_argument(
-        "--trust-checkpoint",
-        action="store_true",
-        help="allow full unpickling of checkpoint files (weights file or run directory) that pickle more "
-        "than tensors and a few known types (it can run code); "
-        "same as --set model.trust_checkpoint=true",
-    )
-    p.add_argument("--local_rank", "--local-rank", type=int, default=None, help="injected by the deepspeed launcher")
-    args = p.parse_args(argv)
-    if args.trust_checkpoint:
-        args.overrides.append("model.trust_checkpoint=true")
-    return args
-
-
 def _resolve_recipe(args: argparse.Namespace) -> tuple[Recipe, Path | None]:
     ckpt_path = Path(args.checkpoint)
     if not ckpt_path.exists():
@@ -154,6 +104,15 @@ def _eval_model(args: argparse.Namespace, setup: EvalSetup, dtype: torch.dtype) 
     return model
 
 
+def offload_line(args: argparse.Namespace) -> str:
+    """What ``--offload`` did: where the ZeRO-3 inference engine keeps the parameters, and its limits."""
+    where = "CPU memory" if args.offload == "cpu" else f"NVMe ({args.nvme_path})"
+    return (
+        f"avion-ds eval: ZeRO-3 inference, parameters offloaded to {where}; on the accelerator at most "
+        f"{int(args.max_live_params):,} live parameters (--max-live-params), prefetch bucket {int(args.prefetch_bucket):,}"
+    )
+
+
 def _write_results(args: argparse.Namespace, setup: EvalSetup, views: int, out: EvalOutcome) -> None:
     """eval_metrics.json (metrics, the task's report, failed samples, per-sample scores) and the summary lines."""
     run_dir, tag = setup.run_dir, setup.tag
@@ -175,7 +134,7 @@ def _write_results(args: argparse.Namespace, setup: EvalSetup, views: int, out: 
     path.write_text(json.dumps(payload) + "\n")
     if out.failed:
         print(failed_line(out.failed), flush=True)
-    print(setup.task.eval_line(out.metrics), flush=True)
+    print(setup.task.eval_line(out.metrics, out.report), flush=True)
     where = (
         f"protocol {payload['protocol']}, {views} views, {payload['num_missing']} missing, "
         f"{payload['num_quarantined']} quarantined, {len(out.failed)} failed to decode; "
@@ -222,6 +181,8 @@ def run(args: argparse.Namespace) -> int:
             else f"weights file {args.checkpoint}"
         )
         print(f"avion-ds eval: evaluating {what} on the {args.split} split", flush=True)
+        if args.offload != "none":
+            print(offload_line(args), flush=True)
     if args.offload == "none":
         model = model.to(device=device, dtype=dtype)
 

@@ -1,4 +1,4 @@
-"""`avion-ds export RUN_DIR --out model.safetensors`: ZeRO shards -> one fp32 safetensors state dict.
+"""`avion-ds export --checkpoint RUN_DIR --out model.safetensors`: ZeRO shards -> one fp32 safetensors state dict.
 
 ZeRO 1/2/3: the fp32 master weights rebuilt from the optimizer shards (``rundir.zero_state_dict``,
 the layout of DeepSpeed's ``zero_to_fp32`` without its full unpickling); ZeRO-0: the module state.
@@ -10,7 +10,6 @@ parameters; the default is the run recipe's ``ema.weights`` (``model`` when it k
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 from pathlib import Path
@@ -18,6 +17,8 @@ from pathlib import Path
 import torch
 import yaml
 
+from avion_ds.cli_args import Parser, add_positional_alias, alias_positional
+from avion_ds.cli_parsers import add_weights_option
 from avion_ds.config import ConfigError
 from avion_ds.engine.run_log import progress
 from avion_ds.rundir import (
@@ -157,12 +158,13 @@ def export_hf(
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point for `avion-ds export`."""
-    p = argparse.ArgumentParser(
+    p = Parser(
         prog="avion-ds export",
         description=__doc__.splitlines()[0],
         epilog="exit codes: 0 done, 1 failure (traceback), 2 bad input (one line)",
     )
-    p.add_argument("run_dir", help="training output_dir holding checkpoints/")
+    p.add_argument("--checkpoint", dest="run_dir", default=None, help="training output_dir holding checkpoints/")
+    add_positional_alias(p, "--checkpoint", "run_dir")
     p.add_argument(
         "--out",
         required=True,
@@ -183,13 +185,7 @@ def main(argv: list[str] | None = None) -> int:
         default=None,
         help="with --format hf and a multi-head model (EPIC verb + noun): the head to export as the classifier",
     )
-    p.add_argument(
-        "--weights",
-        default=None,
-        choices=("model", "ema"),
-        help="model: the trained parameters; ema: their weight EMA (runs trained with ema.decay > 0); "
-        "default: the run recipe's ema.weights",
-    )
+    add_weights_option(p, "as avion-ds eval --weights")
     p.add_argument(
         "--trust-checkpoint",
         action="store_true",
@@ -197,6 +193,7 @@ def main(argv: list[str] | None = None) -> int:
         "types (it can run code from them)",
     )
     args = p.parse_args(argv)
+    alias_positional(args, "--checkpoint", "run_dir", "avion-ds export")
     try:
         if not Path(args.run_dir).is_dir():
             raise ConfigError(f"run dir not found: {args.run_dir}")

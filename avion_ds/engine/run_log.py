@@ -119,6 +119,12 @@ class RunLogger:
             leave=False,
         )
 
+    def advance(self) -> None:
+        """One optimizer step of the epoch done: the bar counts every step, not only the logged ones
+        (a logged row covers ``log_every`` steps, which may span epochs)."""
+        if self.bar is not None:
+            self.bar.update(1)
+
     def end_epoch(self) -> None:
         if self.bar is not None:
             self.bar.close()
@@ -131,8 +137,8 @@ class RunLogger:
                     self.writer.add_scalar(k, v, step)
 
     def step(self, epoch: int, step: int, values: dict[str, Any], steps: int = 1) -> None:
-        """Record a logged optimizer step (``values`` cover the ``steps`` since the previous logged one);
-        console line every ``log_every`` steps."""
+        """Record a logged optimizer step (``values`` cover the ``steps`` since the previous logged one; the
+        bar advances per step, ``advance``); console line every ``log_every`` steps."""
         if not self.enabled:
             return
         row = {"epoch": epoch, "step": step, **values}
@@ -167,7 +173,6 @@ class RunLogger:
             if values.get(k) is not None and not (k in ("bad_samples", "overflow_steps") and not values[k])
         )
         if self.bar is not None:
-            self.bar.update(steps)
             self.bar.set_postfix_str(compact, refresh=False)
         if step % self.log_every == 0:
             self.info(f"[ep {epoch} step {step}] {compact}")

@@ -31,6 +31,7 @@ from avion_ds.engine.ds_config import (
     resolve_batch,
     validate_with_deepspeed,
 )
+from avion_ds.engine.weights_fit import check_weights_fit
 from avion_ds.tasks import ModelSummary, Task, task_of
 
 
@@ -95,6 +96,7 @@ def prepare_training(recipe: Recipe, deepspeed_config: dict | str | Path) -> Run
     if recipe.model.pretrained:
         pf.check_weights_source(recipe.model.pretrained, recipe.model.trust_checkpoint)
     summary = check_inputs(recipe, task, need_train=True)
+    check_weights_fit(recipe, task)  # the checkpoint's shapes against the model's, before any process
     user_ds = load_user_config(deepspeed_config)
     world = dist.env_world_size()
     plan = resolve_batch(recipe, world)

@@ -17,6 +17,7 @@ from pathlib import Path
 import torch
 import yaml
 
+from avion_ds.cli_parsers import train_args as parse_args
 from avion_ds.config import ConfigError, save_recipe
 from avion_ds.data.errors import DataError
 from avion_ds.engine import checkpoint as ckpt
@@ -33,65 +34,6 @@ from avion_ds.engine.run_setup import (
 from avion_ds.engine.trainer import NonFiniteLoss, TrainData, Trainer
 from avion_ds.engine.trust import command_trust
 from avion_ds.tasks import load_recipe
-
-
-def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(
-        prog="avion-ds train",
-        description=__doc__.splitlines()[0],
-        epilog="exit codes: 0 done, 1 failure (traceback), 2 bad input (one line), 3 non-finite loss/weights stop",
-    )
-    p.add_argument("--config", required=True, help="YAML recipe (launch/recipes/*.yaml)")
-    p.add_argument(
-        "--deepspeed_config",
-        "--deepspeed-config",
-        default="ds_configs/zero2.json",
-        help="DeepSpeed JSON (ds_configs/*.json); 'auto' values are filled from the recipe",
-    )
-    p.add_argument(
-        "--set",
-        dest="overrides",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="dotted recipe override, repeatable (e.g. --set optim.lr=1e-3)",
-    )
-    p.add_argument(
-        "--trust-checkpoint",
-        action="store_true",
-        help="allow full unpickling of a weights file that pickles more than tensors (it can run code); "
-        "same as --set model.trust_checkpoint=true",
-    )
-    p.add_argument("--local_rank", "--local-rank", type=int, default=None, help="injected by the deepspeed launcher")
-    p.add_argument(
-        "--exit-after-steps",
-        type=int,
-        default=None,
-        help="stop cleanly after this many optimizer steps in total (preemption drills, tests)",
-    )
-    p.add_argument(
-        "--dry-run",
-        action="store_true",
-        help="run every start-up check, print the resolved recipe and DeepSpeed config, exit 0",
-    )
-    p.add_argument(
-        "--resume-from",
-        default=None,
-        metavar="TAG|none",
-        help="resume from this checkpoint tag of output_dir (e.g. step_00000120), or 'none' to start "
-        "fresh; default: the newest complete checkpoint (checkpoint.resume)",
-    )
-    p.add_argument(
-        "--finetune-from",
-        default=None,
-        metavar="FILE",
-        help="initialise the model from these weights (any format model.pretrained reads: VideoMAE, "
-        "Hugging Face, timm, an avion-ds export); same as --set model.pretrained=FILE",
-    )
-    args = p.parse_args(argv)
-    if args.trust_checkpoint:
-        args.overrides.append("model.trust_checkpoint=true")
-    return args
 
 
 def _recipe_overrides(args: argparse.Namespace) -> list[str]:
@@ -122,10 +64,12 @@ def preflight(args: argparse.Namespace) -> RunSetup:
         ckpt.check_tag(recipe.output_dir, tag)
     ckpt.check_resume_source(recipe, tag)
     if args.dry_run:
+        from avion_ds.models.listing import gflops_text
+
         sm = setup.summary
         print(
             f"# avion-ds train --dry-run: all checks passed | {sm.name} {sm.params / 1e6:.2f}M params, "
-            f"{sm.gflops:.1f} GFLOPs/clip, token grid {sm.grid} | world {setup.world} | "
+            f"{gflops_text(sm.gflops)} GFLOPs/clip, token grid {sm.grid} | world {setup.world} | "
             f"{setup.steps_per_epoch} steps/epoch"
         )
         print("# resolved recipe")

@@ -265,6 +265,7 @@ class Trainer:
         st.overflow_steps += not applied and not bad
         self._interval.steps += 1
         self._interval.timed += 1
+        self.log.advance()
         if log_now:
             self._log_interval(lr, None if bad else norm)
 
@@ -449,7 +450,10 @@ class Trainer:
         name = self.task.best_metric
         if not metrics or name is None or name not in metrics or not dist.is_main():
             return
-        if ckpt.record_best(self.recipe.output_dir, name, float(metrics[name]), tag, epoch, self.state.global_step):
+        keep = self.recipe.checkpoint.keep_last
+        if ckpt.record_best(
+            self.recipe.output_dir, name, float(metrics[name]), tag, epoch, self.state.global_step, keep
+        ):
             self.log.info(f"best checkpoint: {tag} ({name}={metrics[name]:.4f}, epoch {epoch})")
 
     def train_epoch(self, data: TrainData, exit_after: int | None = None) -> bool:

@@ -19,6 +19,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from avion_ds.cli_args import Parser
 from avion_ds.memory.units import format_bytes, parse_bytes
 
 CHECKPOINT_CHOICES = (0, 1, 2, 4)  # 0 = none, k = every k-th block
@@ -396,7 +397,7 @@ def explain_impossible(req: Request, cands: list[Candidate]) -> str:
 # ----------------------------------------------------------------------------------------------
 # command line
 # ----------------------------------------------------------------------------------------------
-class _Parser(argparse.ArgumentParser):
+class _Parser(Parser):
     def error(self, message: str) -> None:  # type: ignore[override]
         print(f"avion-ds plan: error: {message}", file=sys.stderr)
         raise SystemExit(2)
@@ -440,7 +441,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument(
         "--max-micro-batch", type=_positive_int("--max-micro-batch"), default=64, help="largest micro-batch to consider"
     )
-    p.add_argument("--out", default="plan.json", help="DeepSpeed JSON to write (recipe overrides go next to it)")
+    p.add_argument(
+        "--out",
+        default=None,
+        help="DeepSpeed JSON to write, recipe overrides next to it (.overrides.yaml); not into ds_configs/, "
+        "whose files the tests build as shipped; default: nothing written, the config printed",
+    )
     p.add_argument("--top", type=_positive_int("--top"), default=12, help="rows of the table")
     p.add_argument("--measure", action="store_true", help="CUDA only: run real steps of the top candidates")
     p.add_argument(
@@ -566,9 +572,16 @@ def main(argv: list[str] | None = None) -> int:
             fitting = top + [c for c in fitting if c not in top]
     print(format_table(fitting, args.top))
     best = fitting[0]
-    out, yml, sets = write_outputs(best, req, Path(args.out))
     print(f"\nbest: {best.label}, predicted peak {format_bytes(best.peak)}/GPU, {best.clips_per_s:.1f} clips/s")
-    print(f"wrote {out} (DeepSpeed config) and {yml} (recipe overrides)")
+    if args.out is None:  # nothing lands in the current directory unasked
+        sets, out = recipe_overrides(best, req), "PLAN.json"
+        print(json.dumps(ds_config_for(best, req.nvme_path), indent=2))
+        print(
+            f"recipe overrides: {' '.join(sets)}\nnothing written (--out PLAN.json writes the config and the overrides)"
+        )
+    else:
+        out, yml, sets = write_outputs(best, req, Path(args.out))
+        print(f"wrote {out} (DeepSpeed config) and {yml} (recipe overrides)")
     nodes = "" if req.gpus <= req.gpus_per_node else " --hostfile HOSTFILE"
     print(
         f"run: deepspeed{nodes} --num_gpus {min(req.gpus, req.gpus_per_node)} launch/train.py --config RECIPE.yaml "

@@ -6,21 +6,19 @@ ViT-g lists instantly); FLOPs come from :func:`avion_ds.models.model_flops`.
 
 from __future__ import annotations
 
-import argparse
 import sys
+from typing import TYPE_CHECKING
 
-import torch
-
-from avion_ds.models.arch import ViTArch
-from avion_ds.models.flops import model_flops
-from avion_ds.models.mae import get_mae_arch
-from avion_ds.models.registry import create_model, get_arch, list_models
-from avion_ds.models.vit import count_params
+if TYPE_CHECKING:
+    from avion_ds.models.arch import ViTArch
 
 
 def video_arch(name: str) -> ViTArch | None:
     """The video transformer a registered ``name`` builds with no overrides (a classifier's own arch, a
     dual encoder's video tower, a pretraining model's encoder); None for an unknown name."""
+    from avion_ds.models.mae import get_mae_arch
+    from avion_ds.models.registry import get_arch
+
     if name.startswith("pretrain_"):
         try:
             return get_mae_arch(name).encoder
@@ -37,6 +35,13 @@ def describe(
     name: str, num_frames: int | None = None, img_size: int | None = None, num_classes: int | None = None
 ) -> dict[str, object]:
     """One row: name, width/depth/heads, input, parameters (meta build) and forward GFLOPs per clip."""
+    import torch
+
+    from avion_ds.models.flops import model_flops
+    from avion_ds.models.mae import get_mae_arch
+    from avion_ds.models.registry import create_model, get_arch
+    from avion_ds.models.vit import count_params
+
     over: dict[str, int] = {}
     if num_frames is not None:
         over["num_frames"] = num_frames
@@ -70,16 +75,18 @@ def describe(
     }
 
 
+def gflops_text(gflops: float) -> str:
+    """GFLOPs with one decimal from 1 up, two significant digits below (a test-size model is not 0.0)."""
+    return f"{gflops:.1f}" if gflops >= 1 else f"{gflops:.2g}"
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point for `avion-ds models`."""
-    p = argparse.ArgumentParser(
-        prog="avion-ds models", description=__doc__.splitlines()[0], epilog="exit codes: 0 done, 2 bad input (one line)"
-    )
-    p.add_argument("pattern", nargs="?", default=None, help="only names containing this text")
-    p.add_argument("--frames", type=int, default=None, help="clip length for the numbers (default: each model's own)")
-    p.add_argument("--size", type=int, default=None, help="input size for the numbers (default: each model's own)")
-    p.add_argument("--num-classes", type=int, default=None, help="classifier size (default: each model's own)")
-    args = p.parse_args(argv)
+    from avion_ds.cli_parsers import models_args
+
+    args = models_args(argv)
+    from avion_ds.models.registry import list_models  # after parsing: --help answers without torch
+
     names = list_models(args.pattern)
     if not names:
         print(
@@ -97,7 +104,7 @@ def main(argv: list[str] | None = None) -> int:
         f"{'params':>9} {'GFLOPs':>9}"
     )
     for r in rows:
-        gflops = "-" if r["gflops"] is None else f"{r['gflops']:.1f}"
+        gflops = "-" if r["gflops"] is None else gflops_text(r["gflops"])
         print(
             f"{r['name']:<36} {r['width']:>5} {r['depth']:>5} {r['heads']:>5} {r['input']:>7} {r['patch']:>6} "
             f"{r['classes']:>7} {r['params_m']:>8.2f}M {gflops:>9}"

@@ -125,8 +125,9 @@ class Task(ABC):
     ) -> EvalOutcome:
         """Metrics over ``loader`` on all ranks (the sampler's padding removed)."""
 
-    def eval_line(self, metrics: dict[str, float]) -> str:
-        """How `avion-ds eval` prints the metrics."""
+    def eval_line(self, metrics: dict[str, float], report: dict[str, Any] | None = None) -> str:
+        """How `avion-ds eval` prints the metrics (``report``: the rest of the eval JSON, for a task whose
+        headline figure lives there)."""
         return " ".join(f"{k}={v:.2f}" for k, v in metrics.items())
 
 

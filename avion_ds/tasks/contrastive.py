@@ -201,5 +201,9 @@ class ContrastiveTask(Task):
 
         return evaluate_retrieval(model, loader, augment, device, dtype, bad_log)
 
-    def eval_line(self, metrics: dict[str, float]) -> str:
-        return " ".join(f"{k}={v:.3f}" for k, v in metrics.items())
+    def eval_line(self, metrics: dict[str, float], report: dict[str, Any] | None = None) -> str:
+        line = " ".join(f"{k}={v:.3f}" for k, v in metrics.items())
+        r = report or {}
+        if "t2v_rprecision" in r:  # the headline of a retrieval eval (docs/video_text.md)
+            line += f" | text->video R-precision {r['t2v_rprecision']:.1f}% (chance {r['t2v_rprecision_chance']:.1f}%)"
+        return line

@@ -179,7 +179,7 @@ class PretrainTask(Task):
         metrics = evaluate_pretrain(model, loader, augment, device)
         return EvalOutcome(metrics, num_samples=len(loader.dataset))
 
-    def eval_line(self, metrics: dict[str, float]) -> str:
+    def eval_line(self, metrics: dict[str, float], report: dict[str, Any] | None = None) -> str:
         return " ".join(f"{k}={v:.4f}" for k, v in metrics.items())
 
 

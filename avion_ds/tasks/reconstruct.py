@@ -19,13 +19,14 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from avion_ds.cli_args import Parser
 from avion_ds.config import ConfigError, Recipe, add_override_option
 from avion_ds.engine import dist
 from avion_ds.tasks.pretrain import PretrainTask, build_pretrain_model, mask_spec
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="avion-ds reconstruct", description=__doc__.splitlines()[0])
+    p = Parser(prog="avion-ds reconstruct", description=__doc__.splitlines()[0])
     p.add_argument("--checkpoint", required=True, help="pretraining run directory, or a weights file (needs --config)")
     p.add_argument("--video", required=True, help="a video file")
     p.add_argument("--out", required=True, help="PNG to write")

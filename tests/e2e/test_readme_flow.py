@@ -111,7 +111,7 @@ def test_synth_chunk_train_eval_export(tmp_path: Path) -> None:
 
     # export -> safetensors -> create_model(pretrained=...) reproduces the consolidated weights' logits
     weights = tmp_path / "model.safetensors"
-    _run(cli + ["export", str(run), "--out", str(weights)])
+    _run(cli + ["export", "--checkpoint", str(run), "--out", str(weights)])
     from avion_ds.engine.export import consolidate
     from avion_ds.models import create_model
 
@@ -133,7 +133,7 @@ def test_synth_chunk_train_eval_export(tmp_path: Path) -> None:
 
     # ZeRO-3 CPU-offloaded inference (memory package) through `avion-ds eval --offload cpu`: same metrics
     out3 = tmp_path / "eval_offload.json"
-    _run(
+    said = _run(
         cli
         + [
             "eval",
@@ -152,6 +152,7 @@ def test_synth_chunk_train_eval_export(tmp_path: Path) -> None:
             tags[-1],
         ]
     )
+    assert "parameters offloaded to CPU memory; on the accelerator at most 100,000 live parameters" in said
     ev3 = json.loads(out3.read_text())
     assert ev3["tag"] == tags[-1]
     for key, value in ev["metrics"].items():

@@ -41,6 +41,18 @@ def test_prune_keeps_last_k_and_drops_stale_partials(tmp_path: Path) -> None:
     assert left == ["step_00000020", "step_00000030", "step_00000040"]
 
 
+def test_a_new_best_prunes_the_former_best(tmp_path: Path) -> None:
+    """keep_last 1: the newest checkpoint, plus the best while it is another; once the newest becomes the
+    best, the former best goes at once (not at the next save: a run ending there kept two)."""
+    _fake_tag(tmp_path, 10, True)
+    assert ckpt.record_best(tmp_path, "acc", 0.5, "step_00000010", 0, 10, keep_last=1)
+    _fake_tag(tmp_path, 20, True)
+    ckpt.prune(tmp_path, keep_last=1)  # what save does: step 10 is still the best
+    assert [p.name for p in sorted(ckpt.checkpoint_dir(tmp_path).iterdir())] == ["step_00000010", "step_00000020"]
+    assert ckpt.record_best(tmp_path, "acc", 0.9, "step_00000020", 1, 20, keep_last=1)
+    assert [p.name for p in ckpt.checkpoint_dir(tmp_path).iterdir()] == ["step_00000020"]
+
+
 def test_resume_into_other_models_dir_is_refused(tmp_path: Path) -> None:
     base = ["data.dataset=kinetics", f"output_dir={tmp_path}"]
     tiny = load_recipe(None, base + ["model.name=vit_test_tiny"])

@@ -2,7 +2,11 @@
 
 * ``rundir.zero_state_dict`` (our consolidation, files read with ``weights_only``) equals DeepSpeed's
   own ``zero_to_fp32`` result (full unpickling, trusted here) bit for bit: ZeRO 1/2/3 at world sizes
-  1 and 2, fp32 and bf16, with frozen params and two param groups;
+  1 and 2, fp32 and bf16, with frozen params and two param groups; and it carries what ``zero_to_fp32``
+  drops (ZeRO-1's frozen params);
+* consolidation and export carry every parameter and buffer of the live model, names and values:
+  ZeRO 0-3 x world 1-2, the ViT and the dual encoder (a frozen ``logit_scale``, as MIR fine-tuning);
+  a checkpoint whose shards lack a tensor of the module refuses in one line;
 * a pickled payload (``__reduce__`` -> ``exec`` writing a marker file) in a ZeRO-0 or ZeRO-2 run's
   model states, a ZeRO-2 optimizer shard or a resumed ``client_rank0.pt`` is refused, by the library
   (``UntrustedCheckpoint`` naming file and type) and by the CLIs (exit 2, one line); the marker is
@@ -27,14 +31,17 @@ from avion_ds.config import ConfigError
 from avion_ds.engine import dist
 from avion_ds.engine import export as export_mod
 from avion_ds.models.weights.safe_load import UntrustedCheckpoint
-from tests.engine.consolidate_script import FROZEN, HEADS, WS2_RUNS, save_run
+from tests.engine.consolidate_script import CLIP_STAGES, FROZEN, HEADS, LIVE, WS2_RUNS, save_run
 from tests.helpers import QUICK_DATA, launch, one_rank_vars, run_process, write_recipe
 
 pytestmark = pytest.mark.multiprocess
 
 TAG = "step_00000002"
 WS1_RUNS = ((0, "fp32"), (1, "fp32"), (2, "fp32"), (3, "fp32"), (3, "bf16"))
-ZERO_RUNS = [(1, f"z{s}_{p}") for s, p in WS1_RUNS if s] + [(2, f"z{s}_{p}") for s, p in WS2_RUNS]
+ZERO_RUNS = [(1, f"z{s}_{p}") for s, p in WS1_RUNS if s] + [(2, f"z{s}_{p}") for s, p in WS2_RUNS if s]
+ALL_RUNS = [(w, n) for w, runs in ((1, WS1_RUNS), (2, WS2_RUNS)) for n in [f"z{s}_{p}" for s, p in runs]] + [
+    (w, f"clip_z{s}") for w in (1, 2) for s in CLIP_STAGES
+]
 
 
 class Payload:
@@ -57,6 +64,8 @@ def ws1(tmp_path_factory: pytest.TempPathFactory) -> Path:
         dist.init()
         for stage, precision in WS1_RUNS:
             save_run(root / f"z{stage}_{precision}", stage, precision)
+        for stage in CLIP_STAGES:
+            save_run(root / f"clip_z{stage}", stage, model="clip")
     return root
 
 
@@ -106,14 +115,45 @@ def test_consolidation_equals_zero_to_fp32_bit_for_bit(
     monkeypatch.setattr(torch, "load", lambda *a, **k: modes.append(k.get("weights_only")) or real_load(*a, **k))
     ours = rundir.zero_state_dict(rundir.checkpoint_dir(run) / TAG)
     assert modes and all(m is True for m in modes)  # nothing unpickled in full
-    assert list(ours) == list(ref)
+    assert [k for k in ours if k in ref] == list(ref)
+    assert set(ours) - set(ref) == (set(FROZEN) if name[1] == "1" else set())  # what zero_to_fp32 drops
     for k, v in ref.items():
         got = ours[k].materialize()
         assert got.dtype == v.dtype and got.shape == v.shape == ours[k].shape, k
         assert torch.equal(got, v), k
     flat = rundir.consolidate(run)
-    assert sorted(flat) == sorted(rundir.clean_key(k) for k in ref)
+    assert sorted(flat) == sorted(rundir.clean_key(k) for k in ours)
     assert all(torch.equal(flat[rundir.clean_key(k)], v.float()) for k, v in ref.items())
+
+
+@pytest.mark.parametrize(("world", "name"), ALL_RUNS, ids=[f"ws{w}-{n}" for w, n in ALL_RUNS])
+def test_consolidation_and_export_carry_every_live_tensor(
+    world: int, name: str, ws1: Path, ws2: Path, tmp_path: Path
+) -> None:
+    from safetensors.torch import load_file
+
+    run = (ws1 if world == 1 else ws2) / name
+    live = torch.load(run / LIVE, map_location="cpu", weights_only=True)
+    out = tmp_path / "m.safetensors"
+    assert export_mod.main(["--checkpoint", str(run), "--out", str(out)]) == 0
+    for got in (rundir.consolidate(run), load_file(str(out))):
+        assert sorted(got) == sorted(live)  # every parameter and buffer (a frozen logit_scale too)
+        for k, v in live.items():
+            assert got[k].dtype == (torch.float32 if v.is_floating_point() else v.dtype), k
+            assert torch.equal(got[k].to(v.dtype), v), k  # bf16 runs: the fp32 master rounds to the live weight
+
+
+def test_export_refuses_a_checkpoint_missing_a_tensor(ws2: Path, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    run = _copy(ws2 / "clip_z3", tmp_path / "run")
+    for path in sorted((rundir.checkpoint_dir(run) / TAG).glob("*model_states.pt")):
+        state = torch.load(path, map_location="cpu", weights_only=False)  # our own file: trusted here
+        del state["frozen_param_shapes"]["logit_scale"]
+        torch.save(state, path)
+    out = tmp_path / "m.safetensors"
+    assert export_mod.main(["--checkpoint", str(run), "--out", str(out)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "logit_scale" in err[0] and err[0].startswith("avion-ds export: error:"), err
+    assert not out.exists()
 
 
 def test_stream_export_holds_one_tensor_at_a_time(ws2: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -137,7 +177,7 @@ def test_stream_export_holds_one_tensor_at_a_time(ws2: Path, tmp_path: Path, mon
     monkeypatch.setattr(rundir, "_joined", joined)
     monkeypatch.setattr(SafetensorsWriter, "write", write)
     out = tmp_path / "m.safetensors"
-    assert export_mod.main([str(ws2 / "z3_fp32"), "--out", str(out)]) == 0
+    assert export_mod.main(["--checkpoint", str(ws2 / "z3_fp32"), "--out", str(out)]) == 0
     assert peak[0] == 1  # the tensor being written: no other gathered tensor alive
     monkeypatch.setattr(rundir, "_joined", real_joined)
     got, want = load_file(str(out)), rundir.consolidate(ws2 / "z3_fp32")
@@ -154,7 +194,7 @@ def test_missing_shard_is_one_line_naming_it(
     (rundir.checkpoint_dir(run) / TAG / missing).unlink()
     with pytest.raises(ConfigError, match=f"checkpoint file missing: .*{TAG}/{missing}"):
         rundir.consolidate(run)
-    assert export_mod.main([str(run), "--out", str(tmp_path / "m.safetensors")]) == 2
+    assert export_mod.main(["--checkpoint", str(run), "--out", str(tmp_path / "m.safetensors")]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and missing in err[0] and err[0].startswith("avion-ds export: error:"), err
 
@@ -166,7 +206,7 @@ def test_export_says_it_passes_over_an_unfinished_newer_tag(
     newer = rundir.checkpoint_dir(run) / "step_00000004"
     shutil.copytree(rundir.checkpoint_dir(run) / TAG, newer)
     (newer / rundir.MARKER).unlink()  # killed mid-save
-    assert export_mod.main([str(run), "--out", str(tmp_path / "m.safetensors")]) == 0
+    assert export_mod.main(["--checkpoint", str(run), "--out", str(tmp_path / "m.safetensors")]) == 0
     notes = [line for line in capsys.readouterr().out.splitlines() if line.startswith("note:")]
     assert notes == [
         (f"note: {newer} has no {rundir.MARKER} (an unfinished save); using the newest complete checkpoint {TAG}")
@@ -205,11 +245,13 @@ def test_payload_in_run_dir_never_runs_without_trust(
             create_model("vit_test_tiny", heads=HEADS), str(run), strict=True, trust=False, run_dir=None, is_main=False
         )
     out = tmp_path / "m.safetensors"
-    assert export_mod.main([str(run), "--out", str(out)]) == 2
+    assert export_mod.main(["--checkpoint", str(run), "--out", str(out)]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and str(bad) in err[0] and "builtins.exec" in err[0] and "--trust-checkpoint" in err[0]
     assert not marker.exists() and not out.exists()
-    assert export_mod.main([str(run), "--out", str(out), "--trust-checkpoint"]) == 0  # the user trusts it
+    assert (
+        export_mod.main(["--checkpoint", str(run), "--out", str(out), "--trust-checkpoint"]) == 0
+    )  # the user trusts it
     assert marker.exists() and out.is_file()
 
 

@@ -144,3 +144,13 @@ def test_tag_best_resolves_through_best_json_or_refuses_in_one_line(tmp_path: Pa
     record_best(tmp_path, "avg_map", 0.5, "step_00000007", 2, 7)
     assert resolve_tag(tmp_path, "best") == "step_00000007"
     assert resolve_tag(tmp_path, "step_00000003") == "step_00000003" and resolve_tag(tmp_path, None) is None
+
+
+def test_eval_line_prints_the_text_to_video_headline() -> None:
+    """The retrieval eval's headline (text -> video R-precision, in the JSON's report) is on the console line."""
+    from avion_ds.tasks.contrastive import ContrastiveTask
+
+    report = {"t2v_rprecision": 41.25, "t2v_rprecision_chance": 12.5, "protocol": "x"}
+    line = ContrastiveTask().eval_line({"mAP_avg": 0.5}, report)
+    assert line == "mAP_avg=0.500 | text->video R-precision 41.2% (chance 12.5%)"
+    assert ContrastiveTask().eval_line({"clip_acc": 0.5}) == "clip_acc=0.500"

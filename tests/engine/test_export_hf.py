@@ -79,10 +79,15 @@ def _zero0_run(tmp_path: Path, model: torch.nn.Module) -> Path:
 def test_cli_export_hf_from_a_run(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     model = _randomised(heads={"verb": 4, "noun": 3})
     run = _zero0_run(tmp_path, model)
-    assert cli.main(["export", str(run), "--out", str(tmp_path / "hf"), "--format", "hf"]) == 2
+    assert cli.main(["export", "--checkpoint", str(run), "--out", str(tmp_path / "hf"), "--format", "hf"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "--head verb" in err[0] and "one classifier" in err[0]
-    assert cli.main(["export", str(run), "--out", str(tmp_path / "hf"), "--format", "hf", "--head", "verb"]) == 0
+    assert (
+        cli.main(
+            ["export", "--checkpoint", str(run), "--out", str(tmp_path / "hf"), "--format", "hf", "--head", "verb"]
+        )
+        == 0
+    )
     out = capsys.readouterr().out
     assert "checkpoint step_00000004, head verb" in out and "max |logit difference|" in out
     with torch.no_grad():

@@ -28,7 +28,7 @@ def test_streamed_export_equals_live_weights(tmp_path: Path) -> None:
     out = tmp_path / "model.safetensors"
     try:
         export.stream_export = lambda *a, **k: calls.append(1) or real(*a, **k)
-        assert export.main([str(run), "--out", str(out)]) == 0
+        assert export.main(["--checkpoint", str(run), "--out", str(out)]) == 0
     finally:
         export.stream_export = real
     assert calls == [1]  # the ZeRO-3 run took the streaming path

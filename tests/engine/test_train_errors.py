@@ -459,10 +459,14 @@ def test_dry_run_prints_resolved_recipe_and_ds_config(
     """--dry-run: every check, the resolved recipe + DeepSpeed config, exit 0, no process group."""
     no_process_group(monkeypatch)
     weights = setup["tmp"] / "w.safetensors"
-    import torch
     from safetensors.torch import save_file
 
-    save_file({"w": torch.zeros(1)}, str(weights))  # its header is read before the run, nothing more
+    from avion_ds.models import create_model
+
+    sd = create_model("vit_test_tiny", heads={"verb": 4, "noun": 3}).state_dict()
+    save_file(
+        {k: v.contiguous() for k, v in sd.items()}, str(weights)
+    )  # its header is read before the run, nothing more
     code = train.main(
         _args(setup, "--dry-run", "--set", "optim.lr=2e-3", "--finetune-from", str(weights), "--resume-from", "none")
     )

@@ -15,7 +15,6 @@ per-worker throughput drops, which the 1 vs 2 (vs N) worker rows show.
 
 from __future__ import annotations
 
-import argparse
 import math
 import os
 import sys
@@ -23,6 +22,7 @@ import time
 
 import torch
 
+from avion_ds.cli_args import Parser, add_positional_alias, alias_positional
 from avion_ds.config import ConfigError, add_override_option
 from avion_ds.data.decode.select import pick_decoder
 from avion_ds.tasks import load_recipe
@@ -64,8 +64,9 @@ def workers_needed(target: float, per_worker: float) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="avion-ds bench-loader", description=__doc__.splitlines()[0])
-    p.add_argument("recipe", help="YAML recipe (its data section is measured)")
+    p = Parser(prog="avion-ds bench-loader", description=__doc__.splitlines()[0])
+    p.add_argument("--config", dest="recipe", default=None, help="YAML recipe (its data section is measured)")
+    add_positional_alias(p, "--config", "recipe")
     add_override_option(p)
     p.add_argument("--workers", default="1,2", help="comma-separated worker counts (default 1,2)")
     p.add_argument("--batch", type=int, default=4, help="batch size for the DataLoader rows (default 4)")
@@ -73,6 +74,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--clips", type=int, default=20, help="timed clips in the main process (default 20)")
     p.add_argument("--target", type=float, default=None, help="clips/s one GPU consumes; prints workers needed")
     a = p.parse_args(argv)
+    alias_positional(a, "--config", "recipe", "avion-ds bench-loader")
     try:
         workers = [int(w) for w in a.workers.split(",") if w.strip()]
         if not workers or min(workers) < 1:

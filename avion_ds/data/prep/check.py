@@ -17,7 +17,6 @@ quarantined, 1 when something was, 2 on bad input (one line).
 
 from __future__ import annotations
 
-import argparse
 import json
 import logging
 import os
@@ -29,6 +28,7 @@ from dataclasses import dataclass, field, replace
 from multiprocessing import get_context
 from pathlib import Path
 
+from avion_ds.cli_args import Parser, add_positional_alias, alias_positional
 from avion_ds.config import ConfigError, DataConfig, add_override_option
 from avion_ds.data.datasets.quarantine import QUARANTINE_NAME, row_key, write_quarantine
 from avion_ds.tasks import load_recipe
@@ -210,14 +210,18 @@ def run_check(target: str, overrides: list[str], full: bool, workers: int, out: 
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``avion-ds check RECIPE_OR_DATA``: exit 0 clean, 1 something quarantined, 2 bad input."""
-    p = argparse.ArgumentParser(prog="avion-ds check", description=__doc__.splitlines()[0])
-    p.add_argument("target", help="a recipe YAML (annotations + videos) or a chunk directory (chunks only)")
+    """``avion-ds check --config RECIPE_OR_DATA``: exit 0 clean, 1 something quarantined, 2 bad input."""
+    p = Parser(prog="avion-ds check", description=__doc__.splitlines()[0])
+    p.add_argument(
+        "--config", dest="target", default=None, help="a recipe YAML (annotations + videos) or a chunk directory"
+    )
+    add_positional_alias(p, "--config", "target")
     add_override_option(p, "data.root=/data/k400/chunks")
     p.add_argument("--full", action="store_true", help="decode and count every frame (default: first/middle/last)")
     p.add_argument("--workers", type=int, default=max(1, (os.cpu_count() or 2) // 2), help="parallel processes")
     p.add_argument("--out", default=None, help="where quarantine.tsv and check_summary.json go (default: data root)")
     a = p.parse_args(argv)
+    alias_positional(a, "--config", "target", "avion-ds check", note=Path(a.target_positional or "").is_file())
     logging.basicConfig(level=logging.ERROR, format="%(levelname)s %(name)s: %(message)s")
     try:
         report = run_check(a.target, a.overrides, a.full, a.workers, a.out)

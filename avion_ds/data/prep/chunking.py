@@ -34,7 +34,6 @@ within 0.1 dB for 15% more bytes: BENCHMARKS.md, chunk encoding table; ``--tune 
 
 from __future__ import annotations
 
-import argparse
 import json
 import logging
 import os
@@ -47,6 +46,7 @@ from itertools import pairwise
 from multiprocessing import get_context
 from pathlib import Path
 
+from avion_ds.cli_args import Parser
 from avion_ds.data.datasets.quarantine import QUARANTINE_NAME
 from avion_ds.data.prep.manifest import (
     FAILURES_NAME,
@@ -451,7 +451,7 @@ def chunk_videos(
 
 def main(argv: list[str] | None = None) -> int:
     """``avion-ds chunk SRC DST [...]``; exit 1 when any source failed (listed in DST/chunk_failures.tsv)."""
-    p = argparse.ArgumentParser(
+    p = Parser(
         prog="avion-ds chunk",
         description="Re-encode videos under SRC into short "
         "H.264 chunks DST/<video_id>/<start_second>.mp4 plus DST/manifest.jsonl; with --index-only, write "

@@ -20,7 +20,6 @@ Two things live here:
 
 from __future__ import annotations
 
-import argparse
 import csv
 import json
 import sys
@@ -29,6 +28,7 @@ from pathlib import Path
 
 import numpy as np
 
+from avion_ds.cli_args import Parser
 from avion_ds.data.prep.synthetic_labels import EPIC_COLUMNS, NOUN_NAMES, VERB_NAMES
 
 # barcode layout used by write_video(pattern="testsrc") / read_frame_index
@@ -404,7 +404,7 @@ def write_class_files(out: Path, rows: list[dict], num_verbs: int, num_nouns: in
 
 def main(argv: list[str] | None = None) -> int:
     """``avion-ds synth OUT``: write a learnable synthetic EPIC-style dataset (videos + CSVs)."""
-    p = argparse.ArgumentParser(prog="avion-ds synth", description=make_synthetic_epic.__doc__.splitlines()[0])
+    p = Parser(prog="avion-ds synth", description=make_synthetic_epic.__doc__.splitlines()[0])
     p.add_argument(
         "out",
         help="output directory (videos/, train.csv, val.csv; ego4d_train.pkl/.csv narrations of the train "

@@ -1,0 +1,110 @@
+"""The documented commands work as written: every ```bash block of README.md and docs/*.md is marked
+(``tests/e2e/doc_blocks.py``: cpu / gpu / data / manual), and the ``cpu`` ones run at toy size in one
+scratch directory, in document order (a block may use what an earlier block of its file made), exit 0,
+and print the figures the doc quotes within their stated tolerance.
+
+The scratch directory links ``launch/`` and ``ds_configs/`` of this checkout and holds the demo's
+synthetic data (``demo/synth``, ``demo/chunks``, made once, as ``launch/demo.sh`` makes them), so the
+doc's relative paths resolve; this checkout is first on ``PYTHONPATH`` for ``avion-ds``, ``deepspeed``
+and ``python``.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from tests.e2e.doc_blocks import Block, blocks, parse_marker, with_sets
+from tests.helpers.env import REPO, engine_env
+
+DOCS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
+ALL = [b for path in DOCS for b in blocks(path)]
+RUN = [b for b in ALL if b.kind == "cpu"]
+DEMO_DATA = (
+    "avion-ds synth demo/synth --num-videos 16 --segments-per-video 24 --seed 0\n"
+    "avion-ds chunk demo/synth/videos demo/chunks --chunk-seconds 15 --short-side 72 --fps 15 --gop 15 "
+    "--workers 2 --no-progress\n"
+)
+
+
+def test_every_bash_block_is_marked() -> None:
+    unmarked = [b.id for b in ALL if b.kind is None]
+    assert not unmarked, f"```bash blocks without a <!-- doc-test: KIND --> line before them: {unmarked}"
+    assert RUN, "no cpu block found"
+
+
+def test_marker_syntax() -> None:
+    kind, multi, sets, expects = parse_marker(
+        'cpu multiprocess set="schedule.epochs=1 data.workers=0" expect="top-1 +([0-9.]+)%"~94.8+-20 expect="done"'
+    )
+    assert (kind, multi, sets) == ("cpu", True, ["schedule.epochs=1", "data.workers=0"])
+    assert [(e.pattern, e.value, e.tol) for e in expects] == [("top-1 +([0-9.]+)%", 94.8, 20.0), ("done", None, 0.0)]
+    with pytest.raises(ValueError, match="kind 'cuda'"):
+        parse_marker("cuda")
+    with pytest.raises(ValueError, match="unknown words"):
+        parse_marker("cpu fast")
+    text = "deepspeed --num_gpus 2 launch/train.py --config r.yaml \\\n    --deepspeed_config z.json  # train\nls"
+    assert (
+        with_sets(text, ["a=1"])
+        == "deepspeed --num_gpus 2 launch/train.py --config r.yaml --deepspeed_config z.json --set a=1  # train\nls"
+    )
+
+
+@pytest.fixture(scope="session")
+def scratch(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, str]]:
+    """The directory the blocks run in (links to launch/ and ds_configs/) and their env."""
+    root = tmp_path_factory.mktemp("docs")
+    for name in ("launch", "ds_configs", ".ci"):
+        (root / name).symlink_to(REPO / name)
+    return root, engine_env(OMP_NUM_THREADS="1")
+
+
+@pytest.fixture(scope="session")
+def demo_data(scratch: tuple[Path, dict[str, str]]) -> None:
+    """The demo's synthetic data in the scratch directory, once (what the multiprocess blocks train on)."""
+    root, env = scratch
+    if not (root / "demo" / "chunks" / "manifest.jsonl").is_file():
+        proc = _bash(DEMO_DATA, root, env, timeout=600)
+        assert proc.returncode == 0, proc.stdout[-3000:]
+
+
+def _bash(text: str, cwd: Path, env: dict[str, str], timeout: int) -> subprocess.CompletedProcess:
+    script = f"set -euo pipefail\n{text}\n"
+    return subprocess.run(
+        ["bash", "-c", script],
+        cwd=cwd,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+
+
+def _param(b: Block) -> object:
+    return pytest.param(b, id=b.id, marks=[pytest.mark.multiprocess] if b.multiprocess else [])
+
+
+@pytest.mark.parametrize("block", [_param(b) for b in RUN])
+def test_cpu_block_runs_as_written(
+    block: Block, scratch: tuple[Path, dict[str, str]], request: pytest.FixtureRequest
+) -> None:
+    root, env = scratch
+    if block.multiprocess and "launch/demo.sh" not in block.text:  # the demo makes its data itself
+        request.getfixturevalue("demo_data")
+    proc = _bash(with_sets(block.text, block.sets), root, {**env, "PATH": os.environ["PATH"]}, timeout=900)
+    out = proc.stdout
+    assert proc.returncode == 0, f"{block.id} exited {proc.returncode}:\n{out[-4000:]}"
+    for e in block.expects:
+        m = re.search(e.pattern, out, re.MULTILINE)
+        assert m, f"{block.id}: output lacks {e.pattern!r}:\n{out[-3000:]}"
+        if e.value is not None:
+            got = float(m.group(1))
+            assert abs(got - e.value) <= e.tol, (
+                f"{block.id}: {e.pattern!r} gave {got}, the doc says {e.value} +- {e.tol}"
+            )
