@@ -21,6 +21,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from avion_ds.cli_args import Parser
 from avion_ds.config import ConfigError, add_override_option
 from avion_ds.data.errors import DataError
 
@@ -44,7 +45,7 @@ def model_overrides(args: argparse.Namespace) -> list[str]:
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(
+    p = Parser(
         prog="avion-ds embed",
         description=__doc__.splitlines()[0],
         epilog="exit codes: 0 done, 1 failure (traceback), 2 bad input (one line)",

@@ -15,13 +15,14 @@ from pathlib import Path
 
 import torch
 
+from avion_ds.cli_args import Parser
 from avion_ds.config import ConfigError
 from avion_ds.data.errors import DataError
 from avion_ds.embed.embed_cli import add_model_options, embed_texts, model_overrides
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(
+    p = Parser(
         prog="avion-ds search",
         description=__doc__.splitlines()[0],
         epilog="exit codes: 0 done, 1 failure (traceback), 2 bad input (one line)",
