@@ -59,7 +59,7 @@ CONTRASTIVE_DEFAULTS: dict[str, dict[str, Any]] = {
         "no_decay": "avion",
         "clip_grad": 0.0,  # --grad-clip-norm None
     },
-    "schedule": {"epochs": 5, "warmup_epochs": 1.0},
+    "schedule": {"epochs": 5, "warmup_epochs": 1.0, "warmup_start_lr": 1e-6},  # --lr-start 1e-6 (start_warmup_value)
 }
 
 
@@ -110,8 +110,11 @@ class ContrastiveTask(Task):
                 f"eval.temporal_views={e.temporal_views}, eval.spatial_views={e.spatial_views}: zero-shot "
                 "retrieval embeds one view per clip (set both to 1)"
             )
-        if c.freeze_visual and c.freeze_text and c.freeze_temperature:
-            raise ConfigError("contrastive: freeze_visual, freeze_text and freeze_temperature leave nothing to train")
+        if c.freeze_visual and c.freeze_text:
+            raise ConfigError(
+                "contrastive.freeze_visual=true and contrastive.freeze_text=true: both towers frozen leave at most "
+                "the temperature to train; unfreeze one tower"
+            )
         if d.mixup or d.cutmix:
             raise ConfigError(f"data.mixup={d.mixup}, data.cutmix={d.cutmix}: mixing clips breaks video-text pairs")
 
