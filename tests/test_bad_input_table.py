@@ -377,3 +377,21 @@ def test_the_tables_recipes_pass_as_they_are(files: dict, capsys: pytest.Capture
         code = train_cli.main(["--config", str(files["recipes"][name]), "--deepspeed_config", str(ZERO2), "--dry-run"])
         assert code == 0, (name, capsys.readouterr().err)
         capsys.readouterr()
+
+
+def test_some_chunks_missing_under_skip_are_counted_in_the_start_up_summary(
+    files: dict, capsys: pytest.CaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Under data.on_error: skip a root where only some sampled rows hit a missing chunk still starts; the
+    dry run's summary counts them and names the first file (training skips them, named once, counted)."""
+    no_process_group(monkeypatch)
+    from avion_ds.engine import train_cli
+
+    _drop_one_chunk(files)
+    code = train_cli.main(
+        ["--config", str(files["recipes"]["contrastive"]), "--deepspeed_config", str(ZERO2), "--dry-run"]
+    )
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    line = next(x for x in out.splitlines() if x.startswith("# data train:"))
+    assert "of 16 sampled rows read chunk files not as listed" in line and "5.mp4: file not found" in line

@@ -135,7 +135,7 @@ CHUNK_SAMPLE_ROWS = 64  # rows (spread over the split) whose chunk files start-u
 
 
 def check_chunk_sample(ds: Any, key: str, rows: int = CHUNK_SAMPLE_ROWS) -> None:
-    """The chunk files of ``rows`` rows spread over ``ds`` are on disk as manifest.jsonl lists them (a stat
+    """The chunk files that ``rows`` rows spread over ``ds`` read are on disk as manifest.jsonl lists them (a stat
     each, nothing decoded). Refused in one line naming ``key`` when every sampled row is hit (a wrong or
     half-copied root) or under ``data.on_error: raise``; otherwise the count and the first file go into
     ``ds.chunk_problems`` and the start-up summary, and training skips those samples (named once, counted)."""
@@ -147,12 +147,12 @@ def check_chunk_sample(ds: Any, key: str, rows: int = CHUNK_SAMPLE_ROWS) -> None
     picks = sorted({i * len(ds) // min(rows, len(ds)) for i in range(min(rows, len(ds)))})
     problems: list[str] = []
     for i in picks:
-        ref, by_path = ds.row_ref(i)
         try:
-            entry = ds.index.by_path(ref) if by_path else ds.index.by_id(ref)
+            entry, start, end, _ = ds.sample_span(i)
         except DataError:
             continue  # named by the row's own check when it is drawn
-        found = next((p for c in entry.chunks if (p := check_chunk_file(c))), None)
+        touched = [c for c in entry.chunks if c.start_frame < end and c.start_frame + c.frames > start]
+        found = next((p for c in touched if (p := check_chunk_file(c))), None)
         if found:
             problems.append(found)
     ds.chunk_problems = (len(problems), len(picks), problems[0] if problems else "")
