@@ -39,6 +39,7 @@ class ModelConfig:
     heads: dict[str, int] | None = None  # e.g. {"verb": 97, "noun": 300} (EPIC); overrides num_classes
     tubelet_size: int | None = None  # frames per token; None = the registered size's (2)
     drop_path_rate: float = 0.1
+    drop_path_schedule: str | None = None  # None: the model's own (clip_vit_* / vit_clip_*: uniform) | linear | uniform
     head_drop_rate: float = 0.0
     head_init: str = "videomae"  # videomae: trunc-normal(0.02) x 0.001 | avion: N(0, 0.01), zero bias (AVION's fc_cls)
     attn_backend: str = "auto"  # auto | flash | sdpa | eager
@@ -397,6 +398,7 @@ _CHOICES: dict[str, tuple[str | None, ...]] = {
     "model.patch_embed": ("linear", "conv"),
     "model.pool": (None, "mean", "cls"),
     "model.pos_embed": (None, "sincos", "learned", "clip"),
+    "model.drop_path_schedule": (None, "linear", "uniform"),
     "model.checkpoint_impl": ("torch", "deepspeed"),
     "optim.no_decay": ("model", "avion"),
     "optim.name": ("adamw", "lion", "sgd"),

@@ -16,6 +16,7 @@ from torch import nn
 
 from avion_ds.config import Recipe
 from avion_ds.engine.ds_config import precision_of, scaled_lr, zero_stage
+from avion_ds.engine.lion_guard import guard_zero_direction, is_deepspeed_lion
 from avion_ds.engine.optim import client_optimizer, optimizer_groups
 from avion_ds.engine.schedule import WarmupCosine
 
@@ -129,6 +130,8 @@ def parallelize(
         config=config,
     )
     trim_zero0(engine, ds_config)
+    if is_deepspeed_lion(engine.basic_optimizer):  # sign(0) = 0 as AVION's Lion (client or JSON-built)
+        guard_zero_direction(engine.basic_optimizer)
     return Parallelized(engine, own_clip)
 
 

@@ -65,7 +65,8 @@ CONTRASTIVE_DEFAULTS: dict[str, dict[str, Any]] = {
 
 def _encoder_kwargs(recipe: Recipe) -> dict[str, Any]:
     m, d = recipe.model, recipe.data
-    return {
+    own = {} if m.drop_path_schedule is None else {"drop_path_schedule": m.drop_path_schedule}
+    return own | {
         "num_frames": d.num_frames,
         "img_size": d.size,
         "drop_path_rate": m.drop_path_rate,
@@ -153,6 +154,15 @@ class ContrastiveTask(Task):
         if frozen and dist.is_main():
             print(f"frozen towers: {', '.join(frozen)}", flush=True)
         return model
+
+    def after_step(self, engine: Any) -> None:
+        """AVION's ``logit_scale.data.clamp_(0, 4.6052)`` after every step, master weight included."""
+        from avion_ds.engine.master_weights import clamp_parameter_
+        from avion_ds.models.clip import LOGIT_SCALE_MAX
+
+        scale = getattr(engine.module, "logit_scale", None)
+        if scale is not None and scale.requires_grad:
+            clamp_parameter_(engine.optimizer, scale, 0.0, LOGIT_SCALE_MAX)
 
     def label_classes(self, recipe: Recipe) -> int:
         return 0  # targets are narration tokens, passed through the augmentation untouched
