@@ -4,7 +4,7 @@ After an optimizer step the module tensor is only a copy under mixed precision o
 starts again from the fp32 master (ZeRO-1/2 and the bf16 optimizer: this rank's fragment of a flat
 partition; ZeRO-3: the partitioned parameter; fp16 ZeRO-0: ``FP16_Optimizer``'s flat fp32 groups). An
 edit of the module tensor alone would be undone by the next step. :func:`clamp_parameter_` clamps every
-copy this rank holds (no collective, except under ZeRO-3 where the full fp32 value is gathered).
+copy this rank holds (no collective: each rank clamps its own partition).
 """
 
 from __future__ import annotations
@@ -32,10 +32,11 @@ def _fp16_master(optimizer: Any, param: torch.Tensor) -> torch.Tensor | None:
 def clamp_parameter_(optimizer: Any, param: torch.Tensor, low: float, high: float) -> None:
     """Clamp ``param`` to [low, high] in the module and in the fp32 master copy ``optimizer`` steps
     (``engine.optimizer``: DeepSpeed's wrapper, or the plain optimizer of fp32 ZeRO-0)."""
-    if hasattr(param, "ds_id"):  # ZeRO-3: the fp32 partition through DeepSpeed's accessors
-        from deepspeed.utils import safe_get_full_fp32_param, safe_set_full_fp32_param
+    if hasattr(param, "ds_id"):  # ZeRO-3: this rank's fp32 partition and its low-precision copy (DeepSpeed's
+        # local API; the full-parameter setter fails on a parameter smaller than the world, e.g. the 1-element t)
+        from deepspeed.utils import safe_get_local_fp32_param, safe_set_local_fp32_param
 
-        safe_set_full_fp32_param(param, safe_get_full_fp32_param(param).clamp(low, high))
+        safe_set_local_fp32_param(param, safe_get_local_fp32_param(param).clamp(low, high))
         param.ds_tensor.data.clamp_(low, high)
         return
     mapping = getattr(param, "_hp_mapping", None)
