@@ -9,16 +9,7 @@ import pytest
 import torch
 
 from avion_ds.engine.lion_guard import guard_zero_direction, is_deepspeed_lion
-
-
-def avion_lion_step(p, grad, exp_avg, lr, wd, beta1, beta2):
-    """AVION avion/optim/lion.py ``_single_tensor_lion`` (MIT), on copies: (new param, new exp_avg)."""
-    p, exp_avg = p.clone(), exp_avg.clone()
-    p.mul_(1 - lr * wd)
-    update = exp_avg.clone().mul_(beta1).add(grad, alpha=1 - beta1).sign_()
-    p.add_(update, alpha=-lr)
-    exp_avg.mul_(beta2).add_(grad, alpha=1 - beta2)
-    return p, exp_avg
+from tests.engine.test_optim_lion import avion_lion_step  # AVION's _single_tensor_lion, re-implemented
 
 
 def _grads(step: int) -> tuple[torch.Tensor, torch.Tensor]:
