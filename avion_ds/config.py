@@ -39,6 +39,7 @@ class ModelConfig:
     heads: dict[str, int] | None = None  # e.g. {"verb": 97, "noun": 300} (EPIC); overrides num_classes
     tubelet_size: int | None = None  # frames per token; None = the registered size's (2)
     drop_path_rate: float = 0.1
+    drop_path_schedule: str | None = None  # None: the model's own (clip_vit_* / vit_clip_*: uniform) | linear | uniform
     head_drop_rate: float = 0.0
     head_init: str = "videomae"  # videomae: trunc-normal(0.02) x 0.001 | avion: N(0, 0.01), zero bias (AVION's fc_cls)
     attn_backend: str = "auto"  # auto | flash | sdpa | eager
@@ -410,6 +411,7 @@ _CHOICES: dict[str, tuple[str | None, ...]] = {
     "model.patch_embed": ("linear", "conv"),
     "model.pool": (None, "mean", "cls"),
     "model.pos_embed": (None, "sincos", "learned", "clip"),
+    "model.drop_path_schedule": (None, "linear", "uniform"),
     "model.checkpoint_impl": ("torch", "deepspeed"),
     "optim.no_decay": ("model", "avion"),
     "optim.name": ("adamw", "lion", "sgd"),
@@ -535,11 +537,14 @@ def validate(recipe: Recipe) -> None:
     for key, value in (
         ("batch.global_batch", recipe.batch.global_batch),
         ("batch.grad_accum", recipe.batch.grad_accum),
+        ("eval.batch_size", recipe.eval.batch_size),
     ):
         if value is not None and value <= 0:
             raise ConfigError(f"{key}={value} must be positive")
     if recipe.optim.lr <= 0:
         raise ConfigError(f"optim.lr={recipe.optim.lr} must be positive")
+    if len(recipe.optim.betas) != 2:
+        raise ConfigError(f"optim.betas={recipe.optim.betas} must be two numbers [beta1, beta2]")
     wd_end = recipe.optim.weight_decay_end
     if wd_end is not None and recipe.optim.weight_decay == 0:
         raise ConfigError(
@@ -551,6 +556,10 @@ def validate(recipe: Recipe) -> None:
     for key, pair in (("data.crop_scale", recipe.data.crop_scale), ("data.crop_ratio", recipe.data.crop_ratio)):
         if len(pair) != 2 or not 0 < pair[0] <= pair[1]:
             raise ConfigError(f"{key}={pair} must be [low, high] with 0 < low <= high")
+    if recipe.data.crop_scale[1] > 1:
+        raise ConfigError(
+            f"data.crop_scale={recipe.data.crop_scale}: the crop area is a fraction of the frame, in (0, 1]"
+        )
     if recipe.model.heads is not None:
         for head, n in recipe.model.heads.items():
             if n <= 0:

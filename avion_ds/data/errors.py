@@ -9,3 +9,8 @@ class DataError(RuntimeError):
     Datasets catch it and, under ``on_error: skip``, log it once, count it and substitute another
     index; under ``on_error: raise`` it propagates unchanged.
     """
+
+
+class KeyedInputError(ValueError):
+    """An annotation file problem whose message already starts with the recipe key naming that file
+    (``data.val_relevancy: FILE: ...``), so start-up reports it as is instead of under the split's CSV key."""

@@ -32,8 +32,8 @@ def parse_timestamp(text: str) -> float:
         value = float(text)
     except (TypeError, ValueError):
         raise ValueError(f"bad timestamp {text!r} (expected HH:MM:SS.ff)") from None
-    if not math.isfinite(value):
-        raise ValueError(f"bad timestamp {text!r} (expected HH:MM:SS.ff)")
+    if not math.isfinite(value) or value < 0:
+        raise ValueError(f"bad timestamp {text!r} (expected HH:MM:SS.ff, not before the video's start)")
     return value
 
 

@@ -16,6 +16,7 @@ from torch import nn
 
 from avion_ds.config import Recipe
 from avion_ds.engine.ds_config import precision_of, scaled_lr, zero_stage
+from avion_ds.engine.lion_guard import guard_zero_direction, is_deepspeed_lion
 from avion_ds.engine.optim import client_optimizer, optimizer_groups
 from avion_ds.engine.schedule import WarmupCosine
 
@@ -74,6 +75,15 @@ def base_lr(recipe: Recipe, ds_config: dict[str, Any]) -> float:
     return float(params["lr"]) if "lr" in params else scaled_lr(recipe, int(ds_config["train_batch_size"]))
 
 
+def schedule_bounds(recipe: Recipe, ds_config: dict[str, Any]) -> tuple[float, float, float | None]:
+    """(peak lr, cosine end lr, warmup start lr or None) the built-in schedule runs with: the bounds scaled
+    by the batch like the lr under ``optim.scale_lr_bounds`` (AVION CLS scales lr_start / lr_end like lr)."""
+    lr = base_lr(recipe, ds_config)
+    o, start = recipe.optim, recipe.schedule.warmup_start_lr
+    bound = lr / o.lr if o.scale_lr_bounds else 1.0
+    return lr, o.min_lr * bound, None if start is None else start * bound
+
+
 def parallelize(
     model: nn.Module,
     recipe: Recipe,
@@ -93,7 +103,7 @@ def parallelize(
     import deepspeed
 
     model = apply_memory_features(model, recipe, ds_config)
-    lr = base_lr(recipe, ds_config)
+    lr, min_lr, start = schedule_bounds(recipe, ds_config)
     groups = optimizer_groups(model, recipe)
     config = ds_config
     if optimizer is None:
@@ -104,9 +114,6 @@ def parallelize(
         total = int(recipe.schedule.epochs * steps_per_epoch)
         warmup = int(round(recipe.schedule.warmup_epochs * steps_per_epoch))
         o, sched = recipe.optim, recipe.schedule
-        bound = lr / o.lr if o.scale_lr_bounds else 1.0  # AVION CLS scales lr_start / lr_end like lr
-        min_lr = o.min_lr * bound
-        start = None if sched.warmup_start_lr is None else sched.warmup_start_lr * bound
         if sched.fix_lr:  # AVION --fix-lr: the base lr throughout (no warmup, no decay)
             warmup, min_lr = 0, lr
         wd = None if o.weight_decay_end is None else (o.weight_decay, o.weight_decay_end)
@@ -123,6 +130,8 @@ def parallelize(
         config=config,
     )
     trim_zero0(engine, ds_config)
+    if is_deepspeed_lion(engine.basic_optimizer):  # sign(0) = 0 as AVION's Lion (client or JSON-built)
+        guard_zero_direction(engine.basic_optimizer)
     return Parallelized(engine, own_clip)
 
 

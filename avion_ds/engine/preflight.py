@@ -9,6 +9,7 @@ unexpected exception keeps its traceback.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -130,6 +131,39 @@ def check_data_layout(recipe: Recipe, need_train: bool = True) -> dict[str, int]
     return rows
 
 
+CHUNK_SAMPLE_ROWS = 64  # rows (spread over the split) whose chunk files start-up looks at
+
+
+def check_chunk_sample(ds: Any, key: str, rows: int = CHUNK_SAMPLE_ROWS) -> None:
+    """The chunk files that ``rows`` rows spread over ``ds`` read are on disk as manifest.jsonl lists them (a stat
+    each, nothing decoded). Refused in one line naming ``key`` when every sampled row is hit (a wrong or
+    half-copied root) or under ``data.on_error: raise``; otherwise the count and the first file go into
+    ``ds.chunk_problems`` and the start-up summary, and training skips those samples (named once, counted)."""
+    from avion_ds.data.errors import DataError
+    from avion_ds.data.prep.manifest import check_chunk_file
+
+    if not ds.cfg.chunked or not len(ds):
+        return
+    picks = sorted({i * len(ds) // min(rows, len(ds)) for i in range(min(rows, len(ds)))})
+    problems: list[str] = []
+    for i in picks:
+        try:
+            entry, start, end, _ = ds.sample_span(i)
+        except DataError:
+            continue  # named by the row's own check when it is drawn
+        touched = [c for c in entry.chunks if c.start_frame < end and c.start_frame + c.frames > start]
+        found = next((p for c in touched if (p := check_chunk_file(c))), None)
+        if found:
+            problems.append(found)
+    ds.chunk_problems = (len(problems), len(picks), problems[0] if problems else "")
+    if problems and (len(problems) == len(picks) or ds.cfg.on_error == "raise"):
+        raise ConfigError(
+            f"{key}={ds.index.root}: {len(problems)} of {len(picks)} sampled {ds.split} rows read chunk files "
+            f"that are not as manifest.jsonl lists them; first: {problems[0]} (re-run `avion-ds chunk`, or "
+            f"`avion-ds check` to quarantine them)"
+        )
+
+
 def _check_labels(recipe: Recipe, key: str, classes: int | dict[str, int]) -> None:
     heads = recipe.model.heads
     have = classes if isinstance(classes, dict) else {"num_classes": classes}
@@ -172,6 +206,23 @@ def check_runtime(recipe: Recipe, precision: str, accelerator: str) -> None:
             raise ConfigError(
                 f"precision={precision} cannot run here: the {accelerator} accelerator reports no "
                 f"{precision} support; allowed here: {allowed}"
+            )
+
+
+def check_schedule(recipe: Recipe, ds_config: dict) -> None:
+    """The built-in schedule warms UP to the peak lr and decays DOWN to ``optim.min_lr``: a warmup start or
+    an end above the peak (after the batch scaling) would run it backwards; refused naming the keys."""
+    from avion_ds.engine.parallelize import schedule_bounds
+
+    if "scheduler" in ds_config or recipe.schedule.fix_lr:
+        return
+    lr, min_lr, start = schedule_bounds(recipe, ds_config)
+    for key, value in (("schedule.warmup_start_lr", start), ("optim.min_lr", min_lr)):
+        if value is not None and value > lr:
+            raise ConfigError(
+                f"{key}={value:g} is above the peak lr {lr:g} (optim.lr after batch scaling): the schedule "
+                f"would {'warm up downwards' if key.startswith('schedule') else 'rise instead of decay'}; "
+                f"set {key} <= {lr:g}"
             )
 
 

@@ -19,7 +19,7 @@ import numpy as np
 import torch
 
 from avion_ds.config import ConfigError, Recipe
-from avion_ds.data.errors import DataError
+from avion_ds.data.errors import DataError, KeyedInputError
 from avion_ds.engine import dist
 from avion_ds.engine import preflight as pf
 from avion_ds.engine.ds_config import (
@@ -73,9 +73,12 @@ def build_split(recipe: Recipe, task: Task, split: str, views: bool) -> Any:
     kw = {"temporal_views": e.temporal_views, "spatial_views": e.spatial_views} if views else {}
     try:
         ds = build_dataset(recipe.data, split, seed=recipe.seed, **kw)
+    except KeyedInputError as err:  # names its own key (e.g. data.val_relevancy)
+        raise ConfigError(str(err)) from None
     except (ValueError, FileNotFoundError, DataError) as err:
         raise ConfigError(f"data.{split}_csv: {err}") from None
     ds.defer_errors = True  # bad samples reported through the loop (named once, fatal on every rank)
+    pf.check_chunk_sample(ds, ds.root_key)
     task.prepare_datasets(recipe, ds)
     return ds
 
@@ -105,6 +108,7 @@ def prepare_training(recipe: Recipe, deepspeed_config: dict | str | Path) -> Run
     steps = optimizer_steps_per_epoch(len(train_set) // world // plan.micro_batch, len(train_set), recipe, plan)
     ds_config = build_ds_config(user_ds, recipe, world, steps_per_epoch=steps)  # every conflict surfaces now
     validate_with_deepspeed(ds_config)
+    pf.check_schedule(recipe, ds_config)
     pf.check_runtime(recipe, precision_of(ds_config), accelerator_name())
     return RunSetup(recipe, task, summary, world, plan, user_ds, ds_config, steps, train_set, val_set)
 

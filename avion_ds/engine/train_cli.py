@@ -72,6 +72,8 @@ def preflight(args: argparse.Namespace) -> RunSetup:
             f"{gflops_text(sm.gflops)} GFLOPs/clip, token grid {sm.grid} | world {setup.world} | "
             f"{setup.steps_per_epoch} steps/epoch"
         )
+        for ds in (setup.train_set, setup.val_set):
+            print(f"# data {ds.startup_line()}")
         print("# resolved recipe")
         print(yaml.safe_dump(recipe.to_dict(), sort_keys=False), end="")
         print("# DeepSpeed config")

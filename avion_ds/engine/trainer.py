@@ -255,6 +255,8 @@ class Trainer:
         if log_now:
             self._interval.weight_decay = decayed_weight_decay(self.engine.optimizer)
         applied = step_window(self.engine, bad)
+        if applied:
+            self.task.after_step(self.engine)
         if applied and self.ema is not None:
             self.ema.update()
         if log_now and not bad and self.stage > 0:

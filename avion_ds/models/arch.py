@@ -22,6 +22,16 @@ POS_EMBEDS = ("sincos", "learned", "clip")
 # classifier init: VideoMAE's fine-tuning (trunc-normal 0.02 scaled by head_init_scale) or AVION's
 # VideoClassifier (``fc_cls``: normal(0, 0.01) weights, zero bias; avion/models/model_clip.py)
 HEAD_INITS = ("videomae", "avion")
+# per-block stochastic depth: timm / VideoMAE's linear rise, or AVION's one rate for every block
+# (avion/models/transformer.py: Transformer hands its drop_path to each ResidualAttentionBlock)
+DROP_PATH_SCHEDULES = ("linear", "uniform")
+
+
+def drop_path_rates(rate: float, depth: int, schedule: str) -> list[float]:
+    """The drop-path rate of each of ``depth`` blocks under ``schedule`` (``DROP_PATH_SCHEDULES``)."""
+    if schedule == "uniform":
+        return [rate] * depth
+    return [rate * i / max(depth - 1, 1) for i in range(depth)]
 
 
 @dataclass
@@ -42,7 +52,9 @@ class ViTArch:
     layer_scale: float | None = None  # init value of per-block LayerScale (None: no LayerScale)
     num_classes: int = 400  # single head; 0 = no head (forward returns pooled features)
     heads: dict[str, int] | None = None  # multi-head, e.g. {"verb": 97, "noun": 300}
-    drop_path_rate: float = 0.0  # stochastic depth, increasing linearly from 0 to this over depth
+    drop_path_rate: float = 0.0  # stochastic depth rate (see drop_path_schedule)
+    # linear: 0 -> drop_path_rate over depth (timm / VideoMAE) | uniform: drop_path_rate in every block (AVION)
+    drop_path_schedule: str = "linear"
     head_drop_rate: float = 0.0
     attn_backend: str = "auto"  # auto | flash | sdpa | eager
     patch_embed: str = "linear"  # linear | conv
@@ -138,6 +150,11 @@ class ViTArch:
             raise ValueError(f"{self.name}: pos_embed='clip' expected pool='cls' (its table has a class entry)")
         if self.proj_dim is not None and int(self.proj_dim) <= 0:
             raise ValueError(f"{self.name}: proj_dim expected a positive integer or None, got {self.proj_dim!r}")
+        if self.drop_path_schedule not in DROP_PATH_SCHEDULES:
+            raise ValueError(
+                f"{self.name}: drop_path_schedule expected one of {', '.join(DROP_PATH_SCHEDULES)}, "
+                f"got {self.drop_path_schedule!r}"
+            )
         for key in ("drop_path_rate", "head_drop_rate", "patch_dropout"):
             if not 0.0 <= float(getattr(self, key)) < 1.0:
                 raise ValueError(f"{self.name}: {key} expected in [0, 1), got {getattr(self, key)!r}")

@@ -2,9 +2,11 @@
 video tower, CLIP's causal text transformer, and a learned temperature.
 
 ``forward(frames, tokens)`` returns L2-normalised float32 video and text embeddings and the logit scale
-``exp(clamp(t, 0, ln 100))`` of the temperature parameter ``t`` (init ln(1 / 0.07)). The clamp
-acts in the forward, on whatever copy of ``t`` the forward sees, so it holds under ZeRO-3 and
-bf16 where clamping a module attribute after the step would miss the fp32 master weight.
+``exp(t)`` of the temperature parameter ``t`` (init ln(1 / 0.07)). As AVION (``main_lavila_pretrain.py``:
+``logit_scale.data.clamp_(0, 4.6052)`` after each step), ``t`` itself is clamped to [0, ln 100] after
+every optimizer step (``ContrastiveTask.after_step``, on the fp32 master weight too:
+``engine.master_weights``), never in the forward: a ``t`` the step pushed past ln 100 keeps its gradient
+and comes back by the clamp, instead of sitting at a flat clamp that no gradient leaves.
 
 Registered sizes use AVION's training choices: exact-erf GELU in both towers (AVION's
 ``use_quick_gelu`` never reaches its towers), LayerNorm eps 1e-6 (video) / 1e-5 (text), a 256-wide
@@ -32,7 +34,7 @@ from avion_ds.models.weights import tower_formats  # noqa: F401 - the dual-encod
 from avion_ds.models.weights.formats import LoadReport
 
 LOGIT_SCALE_INIT = math.log(1 / 0.07)
-LOGIT_SCALE_MAX = math.log(100.0)
+LOGIT_SCALE_MAX = 4.6052  # AVION's clamp bound (main_lavila_pretrain.py): ln 100 = 4.60517 rounded up
 PROJECTION_MODES = ("auto", "fresh")
 
 
@@ -146,8 +148,9 @@ class VideoTextDualEncoder(nn.Module):
         return self.textual(tokens)
 
     def scale(self) -> torch.Tensor:
-        """``exp`` of the temperature clamped to [0, ln 100] (the multiplier of the cosine logits)."""
-        return self.logit_scale.float().clamp(0.0, LOGIT_SCALE_MAX).exp().squeeze(0)
+        """``exp`` of the temperature (the multiplier of the cosine logits); the parameter is kept in
+        [0, ln 100] by the clamp after each optimizer step (module doc)."""
+        return self.logit_scale.float().exp().squeeze(0)
 
     def forward(self, frames: torch.Tensor, tokens: torch.Tensor) -> DualEncoderOutput:
         # normalised in float32: bf16 unit vectors would quantise every similarity built from them
@@ -201,6 +204,7 @@ def _clip(name: str, vision: dict[str, Any], text: dict[str, Any], proj_dim: int
         "patch_embed_bias": False,
         "ln_pre": True,
         "proj_dim": proj_dim,
+        "drop_path_schedule": "uniform",  # AVION: every block of the video tower drops at drop_path_rate
     }
     v = ViTArch(name=name, **(fields | vision))
     register_arch(name, ClipArch(name=name, vision=v, text=TextArch(name=f"{name}.text", proj_dim=proj_dim, **text)))

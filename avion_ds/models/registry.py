@@ -95,7 +95,7 @@ def create_model_from_config(model_cfg: Any, num_frames: int, img_size: int, **o
         "attn_backend": model_cfg.attn_backend,
         "patch_embed": model_cfg.patch_embed,
     }
-    for key in ("pool", "pos_embed"):  # unset (None): the registered model's own
+    for key in ("pool", "pos_embed", "drop_path_schedule"):  # unset (None): the registered model's own
         if getattr(model_cfg, key, None) is not None:
             options[key] = getattr(model_cfg, key)
     options.update(overrides)

@@ -17,7 +17,7 @@ import torch
 from timm.layers import DropPath, LayerScale, trunc_normal_
 from torch import nn
 
-from avion_ds.models.arch import ViTArch
+from avion_ds.models.arch import ViTArch, drop_path_rates
 from avion_ds.models.attention import Attention
 from avion_ds.models.mlp import Mlp
 from avion_ds.models.partition import full_ndim, gathered, param_count
@@ -106,7 +106,7 @@ class VideoViT(nn.Module):
         else:
             self.register_buffer("pos_embed", sincos_table(n, arch.embed_dim), persistent=False)
         self.ln_pre = nn.LayerNorm(arch.embed_dim, eps=arch.norm_eps) if arch.ln_pre else nn.Identity()
-        rates = [arch.drop_path_rate * i / max(arch.depth - 1, 1) for i in range(arch.depth)]
+        rates = drop_path_rates(arch.drop_path_rate, arch.depth, arch.drop_path_schedule)
         self.blocks = nn.ModuleList([Block(arch, r) for r in rates])
         # VideoMAE: final norm on tokens for cls pooling; norm after mean pooling (fc_norm) otherwise.
         self.norm = nn.LayerNorm(arch.embed_dim, eps=arch.norm_eps) if arch.pool == "cls" else nn.Identity()

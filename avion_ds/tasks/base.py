@@ -95,6 +95,9 @@ class Task(ABC):
         """Forward ``x`` (float32 frames after augmentation) through ``model`` to the loss and the named
         values logged beside it (e.g. ``loss_verb``, ``clip_acc``); nothing read on the host."""
 
+    def after_step(self, engine: Any) -> None:
+        """Called on every rank after each applied optimizer step (e.g. AVION's temperature clamp); none by default."""
+
     # the metric whose best value keeps its checkpoint (higher is better); None: none kept
     best_metric: ClassVar[str | None] = None
 

@@ -59,13 +59,14 @@ CONTRASTIVE_DEFAULTS: dict[str, dict[str, Any]] = {
         "no_decay": "avion",
         "clip_grad": 0.0,  # --grad-clip-norm None
     },
-    "schedule": {"epochs": 5, "warmup_epochs": 1.0},
+    "schedule": {"epochs": 5, "warmup_epochs": 1.0, "warmup_start_lr": 1e-6},  # --lr-start 1e-6 (start_warmup_value)
 }
 
 
 def _encoder_kwargs(recipe: Recipe) -> dict[str, Any]:
     m, d = recipe.model, recipe.data
-    return {
+    own = {} if m.drop_path_schedule is None else {"drop_path_schedule": m.drop_path_schedule}
+    return own | {
         "num_frames": d.num_frames,
         "img_size": d.size,
         "drop_path_rate": m.drop_path_rate,
@@ -110,8 +111,11 @@ class ContrastiveTask(Task):
                 f"eval.temporal_views={e.temporal_views}, eval.spatial_views={e.spatial_views}: zero-shot "
                 "retrieval embeds one view per clip (set both to 1)"
             )
-        if c.freeze_visual and c.freeze_text and c.freeze_temperature:
-            raise ConfigError("contrastive: freeze_visual, freeze_text and freeze_temperature leave nothing to train")
+        if c.freeze_visual and c.freeze_text:
+            raise ConfigError(
+                "contrastive.freeze_visual=true and contrastive.freeze_text=true: both towers frozen leave at most "
+                "the temperature to train; unfreeze one tower"
+            )
         if d.mixup or d.cutmix:
             raise ConfigError(f"data.mixup={d.mixup}, data.cutmix={d.cutmix}: mixing clips breaks video-text pairs")
 
@@ -150,6 +154,15 @@ class ContrastiveTask(Task):
         if frozen and dist.is_main():
             print(f"frozen towers: {', '.join(frozen)}", flush=True)
         return model
+
+    def after_step(self, engine: Any) -> None:
+        """AVION's ``logit_scale.data.clamp_(0, 4.6052)`` after every step, master weight included."""
+        from avion_ds.engine.master_weights import clamp_parameter_
+        from avion_ds.models.clip import LOGIT_SCALE_MAX
+
+        scale = getattr(engine.module, "logit_scale", None)
+        if scale is not None and scale.requires_grad:
+            clamp_parameter_(engine.optimizer, scale, 0.0, LOGIT_SCALE_MAX)
 
     def label_classes(self, recipe: Recipe) -> int:
         return 0  # targets are narration tokens, passed through the augmentation untouched

@@ -46,7 +46,8 @@ def model_kwargs(recipe: Recipe) -> dict[str, Any]:
         "attn_backend": m.attn_backend,
         "patch_embed": m.patch_embed,
     }
-    for key in ("pool", "pos_embed"):  # unset: the registered model's own (VideoMAE mean / sincos, CLIP cls / clip)
+    for key in ("pool", "pos_embed", "drop_path_schedule"):  # unset: the registered model's own (VideoMAE mean /
+        # sincos / linear, CLIP layout cls / clip / uniform)
         if getattr(m, key) is not None:
             kw[key] = getattr(m, key)
     if m.tubelet_size is not None:

@@ -59,8 +59,9 @@ def model_options(recipe: Recipe) -> dict[str, Any]:
         "mean": mean,
         "std": std,
     }
-    if m.pos_embed is not None:  # unset: the registered encoder's own (sincos)
-        kw["pos_embed"] = m.pos_embed
+    for key in ("pos_embed", "drop_path_schedule"):  # unset: the registered encoder's own (sincos, linear)
+        if getattr(m, key) is not None:
+            kw[key] = getattr(m, key)
     if m.tubelet_size is not None:
         kw["tubelet_size"] = m.tubelet_size
     return kw

@@ -195,6 +195,8 @@ def test_aux_files_are_appended_to_train_only(ego_cfg, tmp_path) -> None:
     "rows, message",
     [
         ([("idx", 3.0, 2.0, "x")], ":1 (idx): end_sec 2 is before start_sec 3"),
+        ([("idx", -2.0, -1.0, "x")], ":1 (idx): start_sec/end_sec -2/-1: a time before the video's start"),
+        ([("idx", -0.5, 2.0, "x")], ":1 (idx): start_sec/end_sec -0.5/2: a time before the video's start"),
         ([("idx", "soon", 2.0, "x")], ":1 (idx): start_sec/end_sec 'soon'/2.0 are not numbers"),
         ([("idx", 1.0, 2.0, "  ")], ":1 (idx): empty narration"),
         ([("idx", 1.0, 2.0, [])], ":1 (idx): narration must be a non-empty string or list of strings"),
@@ -228,6 +230,8 @@ def test_bad_row_values_are_bad_samples_named_in_one_line(ego_cfg, tmp_path, row
             ":2: not a JSON object",
         ),
         ("cols.csv", b"video_uid,start_sec,narration\nidx,0,x\n", ": missing column(s) end_sec"),
+        ("latin.csv", b"video_uid,start_sec,end_sec,narration\nidx,0,1,caf\xe9\n", ": not UTF-8 text (byte 0xe9"),
+        ("latin.jsonl", b'{"video_uid": "idx", "start_sec": 0, "end_sec": 1, "narration": "caf\xe9"}\n', ": not UTF-8"),
         ("empty.csv", b"video_uid,start_sec,end_sec,narration\n", ": no narration rows"),
         ("cut.pkl", pickle.dumps(ROWS[:2])[:-9], ": not a readable pickle"),
         ("code.pkl", b"cos\nsystem\n(S'true'\ntR.", ": refused to unpickle global os.system"),
@@ -239,7 +243,9 @@ def test_malformed_files_fail_at_construction_in_one_line(ego_cfg, tmp_path, nam
     with pytest.raises(ValueError) as err:
         build_dataset(replace(ego_cfg, train_csv=str(path)), "train")
     assert "\n" not in str(err.value) and str(err.value).startswith(str(path)) and message in str(err.value)
-    with pytest.raises(ValueError, match="no narration rows|:2|missing column|not a readable|refused|expected a list"):
+    with pytest.raises(
+        ValueError, match="no narration rows|:2|missing column|not a readable|refused|expected a list|not UTF-8"
+    ):
         read_annotations(replace(ego_cfg, train_csv=str(path)), "train")
 
 

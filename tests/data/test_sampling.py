@@ -27,6 +27,8 @@ def test_parse_timestamp() -> None:
     assert parse_timestamp("12.5") == 12.5
     with pytest.raises(ValueError, match="bad timestamp 'xx:yy'"):
         parse_timestamp("xx:yy")
+    with pytest.raises(ValueError, match="bad timestamp '-3.5'.*not before the video's start"):
+        parse_timestamp("-3.5")  # an EPIC / MIR row before the video's start: a bad sample (epic_seconds)
 
 
 def test_seconds_to_frames_is_at_least_one_frame() -> None:

@@ -83,6 +83,7 @@ def test_contrastive_defaults_are_avions() -> None:
         1e-8,
         0.01,
     )
+    assert r.schedule.warmup_start_lr == 1e-6  # --lr-start: cosine_scheduler's start_warmup_value
     assert (r.optim.no_decay, r.optim.clip_grad, r.schedule.epochs, r.data.mean_std, r.data.fps) == (
         "avion",
         0.0,

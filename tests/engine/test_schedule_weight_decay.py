@@ -108,3 +108,18 @@ def test_recipe_bounds_scale_with_the_batch(one_rank: None, tmp_path: Path) -> N
     assert sched.warmup_start == pytest.approx(1e-6 * factor) and sched.min_lr == pytest.approx(1e-5 * factor)
     assert sched.base_lr == pytest.approx(3e-3 * factor) and sched.warmup_steps == 2
     assert trainer.engine.optimizer.param_groups[0]["lr"] == pytest.approx(1e-6 * factor)  # the first step's lr
+
+
+def test_a_rising_weight_decay_schedule_is_allowed_and_rises() -> None:
+    """optim.weight_decay_end above optim.weight_decay is accepted (DINO-style recipes raise weight decay;
+    docs/training.md says so): the same cosine formula, from the start value up to the end value."""
+    import itertools
+
+    from avion_ds.engine.schedule import cosine_wd
+    from avion_ds.tasks import load_recipe
+
+    r = load_recipe(None, ["data.dataset=kinetics", "optim.weight_decay=0.04", "optim.weight_decay_end=0.4"])
+    assert (r.optim.weight_decay, r.optim.weight_decay_end) == (0.04, 0.4)
+    values = [cosine_wd(s, 0.04, 0.4, 100) for s in range(101)]
+    assert values[0] == pytest.approx(0.04) and values[-1] == pytest.approx(0.4)
+    assert all(a <= b for a, b in itertools.pairwise(values))

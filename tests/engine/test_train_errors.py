@@ -16,7 +16,8 @@ REPO = Path(__file__).resolve().parents[2]
 
 @pytest.fixture()
 def setup(tmp_path: Path) -> dict:
-    (tmp_path / "chunks").mkdir()
+    (tmp_path / "chunks" / "v0").mkdir(parents=True)
+    (tmp_path / "chunks" / "v0" / "0.mp4").write_bytes(b"")  # start-up stats a sample of chunk files
     (tmp_path / "chunks" / "manifest.jsonl").write_text(  # checks never open the video itself
         '{"video_id": "v0", "path": "v0/0.mp4", "start_frame": 0, "frames": 300, "fps": 30, "width": 64, '
         '"height": 48, "job": 1}\n'

@@ -270,11 +270,17 @@ class ClipDataset(Dataset):
         Path(path).write_text("".join(f"{x}\n" for x in self.missing + self.quarantined))
         return Path(path)
 
+    # (rows whose chunk files are not as listed, rows looked at, first problem): set by start-up's sample check
+    chunk_problems: tuple[int, int, str] = (0, 0, "")
+
     def startup_line(self) -> str:
-        """One start-up log line: usable rows, and rows dropped up front (missing videos, quarantined)."""
+        """One start-up log line: usable rows, rows dropped up front (missing videos, quarantined), and the
+        sampled rows whose chunk files are absent or changed (skipped when drawn)."""
+        bad, seen, first = self.chunk_problems
         return (
             f"{self.split}: {len(self)} samples; skipped up front: {len(self.missing)} rows with missing videos, "
             f"{len(self.quarantined)} quarantined rows"
+            + (f"; {bad} of {seen} sampled rows read chunk files not as listed (first: {first})" if bad else "")
         )
 
     # -- up-front row filtering -----------------------------------------------------------------
@@ -478,15 +484,25 @@ def open_csv(path: str | Path, required: tuple[str, ...]) -> tuple[Path, list[tu
     path = Path(path)
     if not str(path) or not path.is_file():
         raise FileNotFoundError(f"annotation file not found: {path}")
-    with path.open(newline="") as f:
+    with path.open(newline="", encoding="utf-8") as f:
         reader = csv.DictReader(f)
-        header = [h.strip() for h in (reader.fieldnames or [])]
-        missing = [c for c in required if c not in header]
-        if missing:
-            raise ValueError(f"{path}: missing column(s) {', '.join(missing)} (header: {', '.join(header) or 'empty'})")
-        reader.fieldnames = header
-        rows = [(reader.line_num, {k: (v or "").strip() for k, v in row.items() if k}) for row in reader]
+        try:
+            header = [h.strip() for h in (reader.fieldnames or [])]
+            missing = [c for c in required if c not in header]
+            if missing:
+                raise ValueError(
+                    f"{path}: missing column(s) {', '.join(missing)} (header: {', '.join(header) or 'empty'})"
+                )
+            reader.fieldnames = header
+            rows = [(reader.line_num, {k: (v or "").strip() for k, v in row.items() if k}) for row in reader]
+        except UnicodeDecodeError as e:
+            raise not_utf8(path, e) from None
     return path, rows
+
+
+def not_utf8(path: str | Path, e: UnicodeDecodeError) -> ValueError:
+    """The one-line error of a text file that is not UTF-8: the file and the first bad byte."""
+    return ValueError(f"{path}: not UTF-8 text (byte {e.object[e.start]:#04x} at offset {e.start})")
 
 
 def parse_int(text: str) -> int | None:

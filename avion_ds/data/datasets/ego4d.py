@@ -15,7 +15,7 @@ sample from the clip generator keyed by (seed, epoch, index), so every epoch can
 phrasing; validation draws with epoch 0. A row is named ``file:N`` (N = 1-based row of a pickle,
 the line of a CSV / JSONL file). A file that is not such a list, a row without the four fields, a
 JSONL line that is not JSON fail at construction (one line naming file:N); a row whose times are
-not numbers, whose end is before its start, or whose narration is empty is a bad sample
+not numbers, that are negative, whose end is before its start, or whose narration is empty is a bad sample
 (:class:`DataError`: skipped or raised under ``data.on_error``, quarantined by ``avion-ds check``).
 
 Videos resolve by ``video_uid`` as EPIC's ``video_id`` does (:meth:`VideoIndex.by_id`: the chunk
@@ -40,7 +40,7 @@ import numpy as np
 
 from avion_ds.config import DataConfig
 from avion_ds.data.crop import clip_rng
-from avion_ds.data.datasets.clip import ClipDataset, VideoIndex, open_csv
+from avion_ds.data.datasets.clip import ClipDataset, VideoIndex, not_utf8, open_csv
 from avion_ds.data.datasets.flat_index import load_narration_index, narration_columns
 from avion_ds.data.datasets.flat_index import short_repr as _short
 from avion_ds.data.datasets.text import check_tokenizer, empty_tokens, text_tokens
@@ -109,22 +109,25 @@ def _csv_records(path: Path) -> list[tuple[int, Any, Any, Any, Any]]:
 
 def _jsonl_records(path: Path) -> list[tuple[int, Any, Any, Any, Any]]:
     out = []
-    with path.open() as f:
-        for n, text in enumerate(f, 1):
-            if not text.strip():
-                continue
-            try:
-                obj = json.loads(text)
-            except json.JSONDecodeError as e:
-                raise ValueError(f"{path}:{n}: not a JSON object ({e.msg})") from None
-            if not isinstance(obj, dict):
-                keys = ", ".join(NARRATION_KEYS)
-                raise ValueError(f"{path}:{n}: expected a JSON object with keys {keys}")  # noqa: TRY004 - bad file
-            missing = [k for k in NARRATION_KEYS if k not in obj]
-            if missing:
-                raise ValueError(f"{path}:{n}: missing key(s) {', '.join(missing)}")
-            text_value = obj["narration"]
-            out.append((n, obj["video_uid"], obj["start_sec"], obj["end_sec"], text_value))
+    with path.open(encoding="utf-8") as f:
+        try:
+            for n, text in enumerate(f, 1):
+                if not text.strip():
+                    continue
+                try:
+                    obj = json.loads(text)
+                except json.JSONDecodeError as e:
+                    raise ValueError(f"{path}:{n}: not a JSON object ({e.msg})") from None
+                if not isinstance(obj, dict):
+                    keys = ", ".join(NARRATION_KEYS)
+                    raise ValueError(f"{path}:{n}: expected a JSON object with keys {keys}")  # noqa: TRY004 - bad file
+                missing = [k for k in NARRATION_KEYS if k not in obj]
+                if missing:
+                    raise ValueError(f"{path}:{n}: missing key(s) {', '.join(missing)}")
+                text_value = obj["narration"]
+                out.append((n, obj["video_uid"], obj["start_sec"], obj["end_sec"], text_value))
+        except UnicodeDecodeError as e:
+            raise not_utf8(path, e) from None
     return out
 
 
@@ -271,6 +274,8 @@ class Ego4dDataset(ClipDataset):
         if k in t.bad_times:
             s, e = t.bad_times[k]
             raise DataError(f"{where}: start_sec/end_sec {_short(s)}/{_short(e)} are not numbers")
+        if start_s < 0 or end_s < 0:
+            raise DataError(f"{where}: start_sec/end_sec {start_s:g}/{end_s:g}: a time before the video's start")
         if end_s < start_s:
             raise DataError(f"{where}: end_sec {end_s:g} is before start_sec {start_s:g}")
         rng = clip_rng(self.seed, self.epoch if self.train else 0, i, TEXT_STREAM)

@@ -20,6 +20,8 @@ MIR fine-tuning does: uniformly among the sentences whose relevancy to the row i
 from __future__ import annotations
 
 import csv
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -28,9 +30,9 @@ import numpy as np
 
 from avion_ds.config import DataConfig
 from avion_ds.data.crop import clip_rng
-from avion_ds.data.datasets.clip import ClipDataset, VideoIndex, epic_seconds, epic_video, open_csv
+from avion_ds.data.datasets.clip import ClipDataset, VideoIndex, epic_seconds, epic_video, not_utf8, open_csv
 from avion_ds.data.datasets.text import check_tokenizer, empty_tokens, text_tokens
-from avion_ds.data.errors import DataError
+from avion_ds.data.errors import DataError, KeyedInputError
 from avion_ds.data.prep.manifest import VideoEntry
 from avion_ds.data.safe_pickle import load_pickle
 from avion_ds.data.sampling import jittered_midpoints, segment_indices, segment_span
@@ -57,18 +59,32 @@ def first_columns(path: str | Path, columns: int = 1) -> list[list[str]]:
     p = Path(path)
     if not str(path) or not p.is_file():
         raise FileNotFoundError(f"file not found: {p}")
-    with p.open(newline="") as f:
+    with p.open(newline="", encoding="utf-8") as f:
         reader = csv.reader(f)
-        if next(reader, None) is None:
-            raise ValueError(f"{p}: empty file (expected a header and rows)")
-        out = []
-        for fields in reader:
-            if not fields:
-                continue
-            if len(fields) < columns:
-                raise ValueError(f"{p}:{reader.line_num}: expected at least {columns} columns, got {len(fields)}")
-            out.append([x.strip() for x in fields[:columns]])
+        try:
+            if next(reader, None) is None:
+                raise ValueError(f"{p}: empty file (expected a header and rows)")
+            out = []
+            for fields in reader:
+                if not fields:
+                    continue
+                if len(fields) < columns:
+                    raise ValueError(f"{p}:{reader.line_num}: expected at least {columns} columns, got {len(fields)}")
+                out.append([x.strip() for x in fields[:columns]])
+        except UnicodeDecodeError as e:
+            raise not_utf8(p, e) from None
     return out
+
+
+@contextmanager
+def _named(key: str | None) -> Iterator[None]:
+    """Errors of the file behind recipe key ``key`` re-raised as :class:`KeyedInputError` starting with it."""
+    try:
+        yield
+    except (ValueError, FileNotFoundError) as e:
+        if key is None or isinstance(e, KeyedInputError):
+            raise
+        raise KeyedInputError(f"{key}: {e}") from None
 
 
 def _relevancy_matrix(path: str | Path) -> np.ndarray:
@@ -104,30 +120,39 @@ def check_exact_matches(rel: np.ndarray, path: str | Path) -> None:
 
 
 def load_mir_targets(
-    csv_path: str | Path, sentence_csv: str | Path, relevancy_pkl: str | Path, evaluation: bool = False
+    csv_path: str | Path,
+    sentence_csv: str | Path,
+    relevancy_pkl: str | Path,
+    keys: tuple[str, str, str] | None = None,
+    evaluation: bool = False,
 ) -> MirTargets:
     """AVION's MIR targets: the CSV row of each sentence (first-column match, first occurrence) and the
     relevancy matrix (rows of ``csv_path`` x sentences of ``sentence_csv``), shapes and values checked
-    (one line; ``evaluation``: every row and column has an exact match, :func:`check_exact_matches`)."""
-    row_ids = [r[0] for r in first_columns(csv_path)]
-    sentence_rows = first_columns(sentence_csv, 2)
-    first: dict[str, int] = {}
-    for n, rid in enumerate(row_ids):
-        first.setdefault(rid, n)
-    columns = []
-    for n, (sid, _) in enumerate(sentence_rows):
-        if sid not in first:
-            raise ValueError(f"{sentence_csv}: sentence row {n + 1} ({sid}) names no row of {csv_path}")
-        columns.append(first[sid])
-    rel = _relevancy_matrix(relevancy_pkl)
-    want = (len(row_ids), len(sentence_rows))
-    if rel.shape != want:
-        raise ValueError(
-            f"{relevancy_pkl}: relevancy matrix of shape {rel.shape} does not match {csv_path} ({want[0]} rows) "
-            f"x {sentence_csv} ({want[1]} sentences), expected {want}"
-        )
-    if evaluation:
-        check_exact_matches(rel, relevancy_pkl)
+    (one line; ``evaluation``: every row and column has an exact match, :func:`check_exact_matches`).
+    ``keys``: the recipe keys of the three files; an error then starts with the key of the file at fault."""
+    csv_key, sentence_key, relevancy_key = keys or (None, None, None)
+    with _named(csv_key):
+        row_ids = [r[0] for r in first_columns(csv_path)]
+    with _named(sentence_key):
+        sentence_rows = first_columns(sentence_csv, 2)
+        first: dict[str, int] = {}
+        for n, rid in enumerate(row_ids):
+            first.setdefault(rid, n)
+        columns = []
+        for n, (sid, _) in enumerate(sentence_rows):
+            if sid not in first:
+                raise ValueError(f"{sentence_csv}: sentence row {n + 1} ({sid}) names no row of {csv_path}")
+            columns.append(first[sid])
+    with _named(relevancy_key):
+        rel = _relevancy_matrix(relevancy_pkl)
+        want = (len(row_ids), len(sentence_rows))
+        if rel.shape != want:
+            raise ValueError(
+                f"{relevancy_pkl}: relevancy matrix of shape {rel.shape} does not match {csv_path} ({want[0]} rows) "
+                f"x {sentence_csv} ({want[1]} sentences), expected {want}"
+            )
+        if evaluation:
+            check_exact_matches(rel, relevancy_pkl)
     return MirTargets(
         np.asarray(columns, np.int64), rel, [s for s, _ in sentence_rows], [t for _, t in sentence_rows], row_ids
     )
@@ -166,7 +191,8 @@ class EpicMirDataset(ClipDataset):
             if not (sentences and relevancy):
                 missing = f"data.{split_key}_relevancy" if sentences else f"data.{split_key}_sentences"
                 raise ValueError(f"{missing} is empty: the MIR files come as a pair (sentences and relevancy)")
-            loaded = load_mir_targets(self.csv, sentences, relevancy, evaluation=not self.train)
+            keys = (f"data.{split_key}_csv", f"data.{split_key}_sentences", f"data.{split_key}_relevancy")
+            loaded = load_mir_targets(self.csv, sentences, relevancy, keys, evaluation=not self.train)
             if self.train:
                 self.targets = loaded
             else:

@@ -167,18 +167,20 @@ PROBE_CANDIDATES = 4  # files tried in turn when a probe file decodes with no ba
 
 def _probe_videos(cfg: DataConfig) -> list[tuple[str, int, int, int]]:
     """(path, frames, height, width) of the first few chunks (or whole videos) of the dataset."""
-    from avion_ds.data.prep.manifest import find_videos, load_manifest, probe_video
+    from avion_ds.data.prep.manifest import check_chunk_file, find_videos, load_manifest, probe_video
 
     out: list[tuple[str, int, int, int]] = []
     if cfg.chunked:
         videos = load_manifest(cfg.root)
-        for vid in sorted(videos):
-            c = videos[vid].chunks[0]
+        for vid in sorted(videos):  # each video's first chunk that is on disk as its manifest row says
+            c = next((c for c in videos[vid].chunks if check_chunk_file(c) is None), None)
+            if c is None:
+                continue
             out.append((c.path, c.frames, c.height, c.width))
             if len(out) == PROBE_CANDIDATES:
                 break
         if not out:
-            raise ValueError(f"data.decoder=auto: no chunks under {cfg.root} to probe")
+            raise ValueError(f"data.decoder=auto: no chunk listed under {cfg.root} is on disk to probe")
         return out
     for p in find_videos(cfg.root):
         try:

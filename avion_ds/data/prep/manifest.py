@@ -20,6 +20,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import stat
 from bisect import bisect_right
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -51,14 +52,18 @@ def check_chunk_file(chunk: Chunk) -> str | None:
     """Why ``chunk``'s file no longer matches its manifest row (replaced, truncated, rewritten), else None.
 
     A re-chunk with other settings killed midway could otherwise leave rows describing files
-    that were already replaced: the reader would take frames from the wrong times. A missing file
-    is left to the decoder (which names it).
+    that were already replaced: the reader would take frames from the wrong times. A missing or
+    unreadable file is named here, the same under every decoder (a bad sample, never a decoder's crash).
     """
-    if chunk.bytes < 0:
-        return None
     try:
         st = os.stat(chunk.path)
     except FileNotFoundError:
+        return f"{chunk.path}: file not found (listed in its manifest.jsonl)"
+    except OSError as e:
+        return f"{chunk.path}: cannot be read ({e.strerror or type(e).__name__})"
+    if not stat.S_ISREG(st.st_mode) or not os.access(chunk.path, os.R_OK):
+        return f"{chunk.path}: cannot be read ({'not a regular file' if not stat.S_ISREG(st.st_mode) else 'permission denied'})"
+    if chunk.bytes < 0:
         return None
     if st.st_size == 0 and chunk.bytes:
         return f"{chunk.path}: zero-byte file (its manifest row says {chunk.bytes} bytes)"

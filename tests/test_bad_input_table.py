@@ -1,0 +1,397 @@
+"""Malformed invocations on the video-text surfaces (contrastive pretraining, MIR fine-tuning, CLS like AVION,
+Lion, EMA, the weight-decay schedule, Ego4D / MIR files, ``chunk --index-only``, ``eval --tag best``), table-
+driven: each ends in ONE stderr line naming the key or file, exit code 2, no traceback, before any process
+group exists (creating one trips a wire). Every command runs in-process through its ``main``; no video is
+opened (the chunk files are empty placeholders the start-up checks only stat)."""
+
+from __future__ import annotations
+
+import json
+import pickle
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+import yaml
+
+REPO = Path(__file__).resolve().parents[1]
+ZERO2 = REPO / "ds_configs" / "zero2.json"
+MIR_HEADER = "narration_id,participant_id,video_id,narration_timestamp,start_timestamp,stop_timestamp,narration\n"
+
+
+def no_process_group(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Creating a process group fails the test (the libraries' entry points are patched, not ours)."""
+    import deepspeed
+    import torch.distributed as tdist
+
+    def tripwire(*args: object, **kwargs: object) -> None:
+        raise AssertionError("a process group was about to be created: start-up let the bad input through")
+
+    monkeypatch.setattr(tdist, "is_initialized", lambda: False)
+    monkeypatch.setattr(deepspeed, "init_distributed", tripwire)
+    monkeypatch.setattr(tdist, "init_process_group", tripwire)
+
+
+def _mir_files(tmp: Path, split: str, rows: int) -> dict[str, Path]:
+    csv = tmp / f"mir_{split}.csv"
+    csv.write_text(
+        MIR_HEADER
+        + "".join(f"m{split}_{i},P01,v0,00:00:0{i}.00,00:00:0{i}.00,00:00:0{i}.50,cut onion {i}\n" for i in range(rows))
+    )
+    sentences = tmp / f"mir_{split}_sentence.csv"
+    sentences.write_text("id,narration\n" + "".join(f"m{split}_{i},cut onion {i}\n" for i in range(rows)))
+    relevancy = tmp / f"mir_{split}_relevancy.pkl"
+    relevancy.write_bytes(pickle.dumps([[1.0 if i == j else 0.0 for j in range(rows)] for i in range(rows)]))
+    return {"csv": csv, "sentences": sentences, "relevancy": relevancy}
+
+
+@pytest.fixture()
+def files(tmp_path: Path) -> dict:
+    """A chunk root (one video, two 5 s chunks, empty placeholder files), Ego4D narrations, EPIC MIR files,
+    EPIC action CSVs, and one recipe per surface."""
+    root = tmp_path / "chunks"
+    (root / "v0").mkdir(parents=True)
+    rows = []
+    for k in range(2):
+        (root / "v0" / f"{k * 5}.mp4").write_bytes(b"")
+        rows.append(
+            {"video_id": "v0", "path": f"v0/{k * 5}.mp4", "start_frame": 150 * k, "frames": 150, "fps": 30}
+            | {"width": 64, "height": 48, "job": 1}
+        )
+    (root / "manifest.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    ego = tmp_path / "ego4d_train.pkl"
+    ego.write_bytes(pickle.dumps([("v0", 0.5 * i, 0.5 * i + 1.0, f"#C C cuts onion {i}") for i in range(16)]))
+    val, train = _mir_files(tmp_path, "test", 8), _mir_files(tmp_path, "train", 8)
+    epic_rows = "".join(f"v0_{i},v0,00:00:0{i}.00,00:00:0{i}.50,{i % 4},{i % 3}\n" for i in range(8))
+    for name in ("epic_train.csv", "epic_val.csv"):
+        (tmp_path / name).write_text(
+            "narration_id,video_id,start_timestamp,stop_timestamp,verb_class,noun_class\n" + epic_rows
+        )
+    common = {
+        "batch": {"global_batch": 8, "micro_batch": 4},
+        "precision": "fp32",
+        "output_dir": str(tmp_path / "run"),
+    }
+    video_text = {"num_frames": 2, "size": 32, "fps": 0.0, "decoder": "auto", "root": str(root)}
+    contrastive = {
+        "task": "contrastive",
+        "model": {"name": "clip_vit_test_tiny"},
+        "data": video_text
+        | {
+            "train_csv": str(ego),
+            "val_csv": str(val["csv"]),
+            "val_sentences": str(val["sentences"]),
+            "val_relevancy": str(val["relevancy"]),
+        },
+        **common,
+    }
+    mir = {
+        "task": "mir",
+        "model": {"name": "clip_vit_test_tiny"},
+        "data": video_text
+        | {
+            "train_csv": str(train["csv"]),
+            "train_sentences": str(train["sentences"]),
+            "train_relevancy": str(train["relevancy"]),
+            "val_csv": str(val["csv"]),
+            "val_sentences": str(val["sentences"]),
+            "val_relevancy": str(val["relevancy"]),
+        },
+        **common,
+    }
+    cls = {  # launch/recipes/lavila_vit_b_epic_cls.yaml in small
+        "model": {"name": "vit_clip_test_tiny", "heads": {"action": 8}, "head_init": "avion", "drop_path_rate": 0.1},
+        "data": {
+            "dataset": "epic",
+            "epic_label": "action",
+            "root": str(root),
+            "train_csv": str(tmp_path / "epic_train.csv"),
+            "val_csv": str(tmp_path / "epic_val.csv"),
+            "num_frames": 4,
+            "size": 32,
+            "mean_std": "openai",
+            "mixup": 0.8,
+            "cutmix": 1.0,
+        },
+        "optim": {"name": "sgd", "lr": 3e-3, "base_batch": 8, "scale_lr_bounds": True, "min_lr": 1e-5},
+        "optim_extra": None,
+        "schedule": {"epochs": 2, "warmup_epochs": 1, "warmup_start_lr": 1e-6},
+        **common,
+    }
+    cls.pop("optim_extra")
+    recipes = {}
+    for name, data in (("contrastive", contrastive), ("mir", mir), ("cls", cls)):
+        recipes[name] = tmp_path / f"{name}.yaml"
+        recipes[name].write_text(yaml.safe_dump(data))
+    return {"tmp": tmp_path, "root": root, "ego": ego, "val": val, "train": train, "recipes": recipes}
+
+
+# ---------------------------------------------------------------- file preparations (one per case that needs it)
+def _drop_chunks(f: dict) -> None:
+    for p in (f["root"] / "v0").glob("*.mp4"):
+        p.unlink()
+
+
+def _chunk_dir(f: dict) -> None:
+    for p in (f["root"] / "v0").glob("*.mp4"):
+        p.unlink()
+        p.mkdir()
+
+
+def _drop_one_chunk(f: dict) -> None:
+    (f["root"] / "v0" / "5.mp4").unlink()
+
+
+def _bad_train_relevancy(f: dict) -> None:
+    f["train"]["relevancy"].write_bytes(pickle.dumps([[1.0, 0.0]] * 2))
+
+
+def _bad_relevancy_shape(f: dict) -> None:
+    f["val"]["relevancy"].write_bytes(pickle.dumps([[1.0, 0.0]] * 3))
+
+
+def _relevancy_payload(f: dict) -> None:
+    f["val"]["relevancy"].write_bytes(b"cos\nsystem\n(S'touch marker'\ntR.")
+
+
+def _sentences_latin1(f: dict) -> None:
+    f["val"]["sentences"].write_bytes("id,narration\nmtest_0,caf\xe9 au lait\n".encode("latin-1"))
+
+
+def _sentence_unknown_row(f: dict) -> None:
+    f["val"]["sentences"].write_text("id,narration\nnope_0,cut onion\n")
+
+
+def _train_sentences_latin1(f: dict) -> None:
+    f["train"]["sentences"].write_bytes("id,narration\nmtrain_0,\xe9\n".encode("latin-1"))
+
+
+def _ego_not_a_list(f: dict) -> None:
+    f["ego"].write_bytes(pickle.dumps({"v0": (0.0, 1.0)}))
+
+
+def _ego_short_row(f: dict) -> None:
+    f["ego"].write_bytes(pickle.dumps([("v0", 0.0, 1.0)]))
+
+
+def _mir_csv_latin1(f: dict) -> None:
+    f["val"]["csv"].write_bytes((MIR_HEADER + "mtest_0,P01,v0,0,0,1,caf\xe9\n").encode("latin-1"))
+
+
+# (id, command, recipe, --set overrides, preparation, extra argv, substrings the line must hold)
+Case = tuple[str, str, str, list[str], Callable[[dict], None] | None, list[str], list[str]]
+CASES: list[Case] = [
+    # contrastive pretraining
+    (
+        "freeze_both_towers",
+        "train",
+        "contrastive",
+        ["contrastive.freeze_visual=true", "contrastive.freeze_text=true"],
+        None,
+        [],
+        ["contrastive.freeze_visual=true", "contrastive.freeze_text=true"],
+    ),
+    ("contrastive_mixup", "train", "contrastive", ["data.mixup=0.8"], None, [], ["data.mixup=0.8"]),
+    ("contrastive_views", "train", "contrastive", ["eval.temporal_views=2"], None, [], ["eval.temporal_views=2"]),
+    ("contrastive_classifier", "train", "contrastive", ["model.name=vit_test_tiny"], None, [], ["model.name"]),
+    ("contrastive_dataset", "train", "contrastive", ["data.dataset=kinetics"], None, [], ["data.dataset='kinetics'"]),
+    ("contrastive_size", "train", "contrastive", ["data.size=33"], None, [], ["data.size=33"]),
+    ("eval_batch_zero", "train", "contrastive", ["eval.batch_size=0"], None, [], ["eval.batch_size=0", "positive"]),
+    ("eval_batch_negative", "train", "contrastive", ["eval.batch_size=-4"], None, [], ["eval.batch_size=-4"]),
+    ("crop_scale_above_1", "train", "contrastive", ["data.crop_scale=[0.5,1.5]"], None, [], ["data.crop_scale="]),
+    ("crop_ratio_reversed", "train", "contrastive", ["data.crop_ratio=[2,1]"], None, [], ["data.crop_ratio="]),
+    (
+        "warmup_start_above_lr",
+        "train",
+        "contrastive",
+        ["schedule.warmup_start_lr=1e-3"],
+        None,
+        [],
+        ["schedule.warmup_start_lr=0.001", "peak lr 3e-05"],
+    ),
+    ("min_lr_above_lr", "train", "contrastive", ["optim.min_lr=1e-3"], None, [], ["optim.min_lr=0.001", "peak lr"]),
+    # Ego4D narration files and the chunk root
+    ("chunks_missing", "train", "contrastive", [], _drop_chunks, [], ["data.root=", "0.mp4: file not found"]),
+    ("chunks_are_dirs", "train", "contrastive", [], _chunk_dir, [], ["data.root=", "not a regular file"]),
+    (
+        "chunk_missing_dry_run",
+        "train",
+        "contrastive",
+        [],
+        _drop_chunks,
+        ["--dry-run"],
+        ["16 of 16 sampled train rows", "file not found"],
+    ),
+    (
+        "one_chunk_missing_on_error_raise",
+        "train",
+        "contrastive",
+        ["data.on_error=raise"],
+        _drop_one_chunk,
+        [],
+        ["data.root=", "of 16 sampled train rows", "5.mp4: file not found"],
+    ),
+    ("narration_not_a_list", "train", "contrastive", [], _ego_not_a_list, [], ["data.train_csv", "ego4d_train.pkl"]),
+    ("narration_short_row", "train", "contrastive", [], _ego_short_row, [], ["ego4d_train.pkl:1", "tuple"]),
+    ("aux_missing", "train", "contrastive", ["data.aux_train=[/nope/aux.pkl]"], None, [], ["data.aux_train[0]"]),
+    # EPIC MIR files
+    (
+        "relevancy_shape",
+        "train",
+        "contrastive",
+        [],
+        _bad_relevancy_shape,
+        [],
+        ["data.val_relevancy:", "mir_test_relevancy.pkl", "(3, 2)"],
+    ),
+    ("relevancy_payload", "train", "contrastive", [], _relevancy_payload, [], ["data.val_relevancy:", "os.system"]),
+    (
+        "sentences_not_utf8",
+        "train",
+        "contrastive",
+        [],
+        _sentences_latin1,
+        [],
+        ["data.val_sentences:", "mir_test_sentence.csv", "not UTF-8"],
+    ),
+    ("sentence_names_no_row", "train", "contrastive", [], _sentence_unknown_row, [], ["data.val_sentences:", "nope_0"]),
+    ("relevancy_without_sentences", "train", "contrastive", ["data.val_sentences="], None, [], ["data.val_sentences"]),
+    ("mir_csv_not_utf8", "train", "contrastive", [], _mir_csv_latin1, [], ["data.val_csv", "mir_test.csv", "UTF-8"]),
+    # MIR fine-tuning
+    (
+        "mir_train_sentences_not_utf8",
+        "train",
+        "mir",
+        [],
+        _train_sentences_latin1,
+        [],
+        ["data.train_sentences:", "mir_train_sentence.csv", "not UTF-8"],
+    ),
+    ("mir_train_relevancy_shape", "train", "mir", [], _bad_train_relevancy, [], ["data.train_relevancy:", "(2, 2)"]),
+    ("mir_crop_scale_zero", "train", "mir", ["data.crop_scale=[0,1]"], None, [], ["data.crop_scale=[0.0, 1.0]"]),
+    ("mir_temperature", "train", "mir", ["contrastive.freeze_temperature=false"], None, [], ["freeze_temperature"]),
+    # CLS like AVION (SGD, action head, mixup / cutmix on clips)
+    ("cls_betas_one", "train", "cls", ["optim.betas=[0.9]"], None, [], ["optim.betas=[0.9]", "two numbers"]),
+    ("cls_head_size", "train", "cls", ["model.heads={action: 12}"], None, [], ["model.heads.action=12"]),
+    ("cls_warmup_above_lr", "train", "cls", ["schedule.warmup_start_lr=1"], None, [], ["schedule.warmup_start_lr=1"]),
+    # Lion
+    (
+        "lion_betas_three",
+        "train",
+        "contrastive",
+        ["optim.name=lion", "optim.betas=[0.9,0.99,0.5]"],
+        None,
+        [],
+        ["optim.betas"],
+    ),
+    (
+        "lion_beta_1",
+        "train",
+        "contrastive",
+        ["optim.name=lion", "optim.betas=[1.0,0.99]"],
+        None,
+        [],
+        ["optim.betas[0]=1.0"],
+    ),
+    # EMA
+    ("ema_decay_negative", "train", "contrastive", ["ema.decay=-0.5"], None, [], ["ema.decay=-0.5"]),
+    ("ema_weights", "train", "contrastive", ["ema.weights=best"], None, [], ["ema.weights='best'"]),
+    # weight-decay schedule
+    ("wd_end_negative", "train", "cls", ["optim.weight_decay_end=-1"], None, [], ["optim.weight_decay_end=-1"]),
+    (
+        "wd_end_without_wd",
+        "train",
+        "cls",
+        ["optim.weight_decay=0", "optim.weight_decay_end=0.1"],
+        None,
+        [],
+        ["optim.weight_decay > 0"],
+    ),
+    # chunk --index-only
+    ("index_only_missing_src", "chunk", "", [], None, ["--index-only", "/nope/tree"], ["/nope/tree"]),
+    ("index_only_file_src", "chunk", "", [], None, ["--index-only", "@file"], ["not a directory"]),
+    # eval --tag best
+    ("eval_tag_best_without_best_json", "eval", "contrastive", [], None, ["--tag", "best"], ["best", "best.json"]),
+]
+
+
+def _argv(case: Case, f: dict) -> list[str]:
+    _, command, recipe, sets, _, extra, _ = case
+    extra = [str(f["recipes"]["contrastive"]) if x == "@file" else x for x in extra]
+    if command == "chunk":
+        return extra
+    argv = [*extra]
+    if command == "train":
+        argv = ["--config", str(f["recipes"][recipe]), "--deepspeed_config", str(ZERO2), *extra]
+    else:  # eval of a run directory with one complete checkpoint and no best.json
+        from avion_ds.rundir import MARKER, checkpoint_dir
+
+        run = f["tmp"] / "run"
+        (checkpoint_dir(run) / "step_00000002").mkdir(parents=True)
+        (checkpoint_dir(run) / "step_00000002" / MARKER).write_text("{}")
+        (run / "recipe.yaml").write_text(f["recipes"][recipe].read_text())
+        argv = ["--checkpoint", str(run), *extra]
+    for s in sets:
+        argv += ["--set", s]
+    return argv
+
+
+def _main(command: str) -> Callable[[list[str]], int]:
+    import importlib
+
+    from avion_ds.cli import COMMANDS
+
+    return importlib.import_module(COMMANDS[command][0]).main
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
+def test_malformed_invocation_is_one_line_exit_2(
+    case: Case, files: dict, capsys: pytest.CaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    name, command, _, _, prep, _, expect = case
+    no_process_group(monkeypatch)
+    if prep is not None:
+        prep(files)
+    code = _main(command)(_argv(case, files))
+    out, err = capsys.readouterr()
+    err = err.strip()
+    assert code == 2, (name, out[-2000:], err)
+    assert len(err.splitlines()) == 1 and "Traceback" not in err, err
+    assert err.startswith(f"avion-ds {command}: error: ") or command == "chunk", err
+    for part in expect:
+        assert part in err, (part, err)
+    assert not (files["tmp"] / "run").exists() or command == "eval"
+
+
+def test_table_keeps_every_malformed_invocation() -> None:
+    """The table keeps all its cases (none dropped by an edit)."""
+    assert len(CASES) >= 40, len(CASES)
+
+
+def test_the_tables_recipes_pass_as_they_are(files: dict, capsys: pytest.CaptureFixture, monkeypatch) -> None:
+    """Each base recipe passes every start-up check (so each case fails for its own reason)."""
+    no_process_group(monkeypatch)
+    from avion_ds.engine import train_cli
+
+    for name in ("contrastive", "mir", "cls"):
+        code = train_cli.main(["--config", str(files["recipes"][name]), "--deepspeed_config", str(ZERO2), "--dry-run"])
+        assert code == 0, (name, capsys.readouterr().err)
+        capsys.readouterr()
+
+
+def test_some_chunks_missing_under_skip_are_counted_in_the_start_up_summary(
+    files: dict, capsys: pytest.CaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Under data.on_error: skip a root where only some sampled rows hit a missing chunk still starts; the
+    dry run's summary counts them and names the first file (training skips them, named once, counted)."""
+    no_process_group(monkeypatch)
+    from avion_ds.engine import train_cli
+
+    _drop_one_chunk(files)
+    code = train_cli.main(
+        ["--config", str(files["recipes"]["contrastive"]), "--deepspeed_config", str(ZERO2), "--dry-run"]
+    )
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    line = next(x for x in out.splitlines() if x.startswith("# data train:"))
+    assert "of 16 sampled rows read chunk files not as listed" in line and "5.mp4: file not found" in line
