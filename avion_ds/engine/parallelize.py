@@ -2,7 +2,7 @@
 
 ZeRO stage, offload and precision come from the built DeepSpeed config; activation checkpointing
 from the recipe (``model.activation_checkpointing``, ``checkpoint_every``, ``checkpoint_first_n``,
-``checkpoint_impl``). With ``checkpoint_impl: deepspeed`` the JSON's ``activation_checkpointing``
+``checkpoint_impl``, ``checkpoint_policy``), then ``model.compile`` (each block compiled). With ``checkpoint_impl: deepspeed`` the JSON's ``activation_checkpointing``
 section (e.g. ``cpu_checkpointing``) is handed to ``deepspeed.checkpointing.configure``.
 """
 
@@ -21,10 +21,19 @@ from avion_ds.engine.schedule import WarmupCosine
 
 
 def apply_memory_features(model: nn.Module, recipe: Recipe, ds_config: dict[str, Any]) -> nn.Module:
-    """Wrap blocks for activation checkpointing as the recipe asks (no-op otherwise)."""
+    """Wrap blocks for activation checkpointing, then compile them, as the recipe asks (no-op otherwise)."""
+    from avion_ds.models.activation_checkpointing import compile_blocks
+
     m = recipe.model
-    if not m.activation_checkpointing:
-        return model
+    if m.activation_checkpointing:
+        _checkpoint(model, recipe, ds_config)
+    if m.compile:
+        compile_blocks(model)
+    return model
+
+
+def _checkpoint(model: nn.Module, recipe: Recipe, ds_config: dict[str, Any]) -> None:
+    m = recipe.model
     from avion_ds.models import apply_activation_checkpointing
 
     if m.checkpoint_impl == "deepspeed":
@@ -40,8 +49,12 @@ def apply_memory_features(model: nn.Module, recipe: Recipe, ds_config: dict[str,
             synchronize=bool(ac.get("synchronize_checkpoint_boundary", False)),
             profile=bool(ac.get("profile", False)),
         )
-    return apply_activation_checkpointing(
-        model, every=m.checkpoint_every, first_n=m.checkpoint_first_n, impl=m.checkpoint_impl
+    apply_activation_checkpointing(
+        model,
+        every=m.checkpoint_every,
+        first_n=m.checkpoint_first_n,
+        impl=m.checkpoint_impl,
+        policy=m.checkpoint_policy,
     )
 
 

@@ -118,6 +118,28 @@ def _select(num_blocks: int, every: int, first_n: int | None) -> list[int]:
     return [i for i in range(limit) if i % every == 0]
 
 
+def block_groups(model: nn.Module, what: str) -> list[nn.ModuleList]:
+    """The transformer blocks of ``model`` (or of the model inside a DeepSpeed engine / DDP wrapper):
+    ``[model.blocks]``, or each tower's blocks for a model with ``block_lists()``."""
+    target = model if getattr(model, "blocks", None) is not None else getattr(model, "module", None)
+    blocks = getattr(target, "blocks", None)
+    if not isinstance(blocks, nn.ModuleList):
+        raise TypeError(f"{what}: expected a model with .blocks (nn.ModuleList), got {type(model).__name__}")
+    return target.block_lists() if callable(getattr(target, "block_lists", None)) else [blocks]
+
+
+def compile_blocks(model: nn.Module) -> int:
+    """``torch.compile`` each transformer block in place (regional compilation, as torchtitan does);
+    returns how many. Apply after activation checkpointing: the compiled call wraps the checkpointed
+    forward, and parameter names / state dicts are unchanged (``nn.Module.compile``)."""
+    n = 0
+    for group in block_groups(model, "model.compile"):
+        for block in group:
+            block.compile()
+            n += 1
+    return n
+
+
 def _set_fold(block: nn.Module, fold: bool) -> None:
     for m in block.modules():
         if isinstance(m, GeluLinear):
@@ -139,13 +161,7 @@ def apply_activation_checkpointing(
         raise ValueError(f"activation checkpointing: policy expected one of {', '.join(POLICIES)}, got {policy!r}")
     if policy == "selective" and impl != "torch":
         raise ValueError(f"activation checkpointing: policy 'selective' needs impl 'torch', got {impl!r}")
-    target = model if getattr(model, "blocks", None) is not None else getattr(model, "module", None)
-    blocks = getattr(target, "blocks", None)  # else a DeepSpeed engine / DDP wrapper around the model
-    if not isinstance(blocks, nn.ModuleList):
-        raise TypeError(
-            f"activation checkpointing: expected a model with .blocks (nn.ModuleList), got {type(model).__name__}"
-        )
-    lists = target.block_lists() if callable(getattr(target, "block_lists", None)) else [blocks]
+    lists = block_groups(model, "activation checkpointing")
     remove_activation_checkpointing(model)
     run = _deepspeed_ckpt if impl == "deepspeed" else _torch_selective_ckpt if policy == "selective" else _torch_ckpt
     if impl == "deepspeed":

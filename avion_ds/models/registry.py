@@ -106,6 +106,7 @@ def create_model_from_config(model_cfg: Any, num_frames: int, img_size: int, **o
             every=model_cfg.checkpoint_every,
             first_n=model_cfg.checkpoint_first_n,
             impl=model_cfg.checkpoint_impl,
+            policy=model_cfg.checkpoint_policy,
         )
     return model
 
