@@ -36,7 +36,7 @@ def apply_memory_features(model: nn.Module, recipe: Recipe, ds_config: dict[str,
 
 def _checkpoint(model: nn.Module, recipe: Recipe, ds_config: dict[str, Any]) -> None:
     m = recipe.model
-    from avion_ds.models import apply_activation_checkpointing
+    from avion_ds.models.activation_checkpointing import apply_configured
 
     if m.checkpoint_impl == "deepspeed":
         import deepspeed
@@ -51,13 +51,7 @@ def _checkpoint(model: nn.Module, recipe: Recipe, ds_config: dict[str, Any]) -> 
             synchronize=bool(ac.get("synchronize_checkpoint_boundary", False)),
             profile=bool(ac.get("profile", False)),
         )
-    apply_activation_checkpointing(
-        model,
-        every=m.checkpoint_every,
-        first_n=m.checkpoint_first_n,
-        impl=m.checkpoint_impl,
-        policy=m.checkpoint_policy,
-    )
+    apply_configured(model, m)
 
 
 @dataclass(frozen=True)

@@ -175,6 +175,14 @@ def apply_activation_checkpointing(
     return model
 
 
+def apply_configured(model: nn.Module, cfg: Any) -> nn.Module:
+    """``apply_activation_checkpointing`` with a recipe's ``model`` section (``checkpoint_every``,
+    ``checkpoint_first_n``, ``checkpoint_impl``, ``checkpoint_policy``)."""
+    return apply_activation_checkpointing(
+        model, cfg.checkpoint_every, cfg.checkpoint_first_n, cfg.checkpoint_impl, cfg.checkpoint_policy
+    )
+
+
 def remove_activation_checkpointing(model: nn.Module) -> nn.Module:
     """Undo ``apply_activation_checkpointing`` (restore the class forward on every block)."""
     blocks = getattr(model, "blocks", None) or getattr(getattr(model, "module", None), "blocks", [])
