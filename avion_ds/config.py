@@ -51,6 +51,8 @@ class ModelConfig:
     checkpoint_every: int = 1  # checkpoint every k-th block
     checkpoint_first_n: int | None = None  # only the first n blocks (None = all)
     checkpoint_impl: str = "torch"  # torch | deepspeed
+    checkpoint_policy: str = "full"  # full: a checkpointed block keeps its input | selective: + attention, q/k/v
+    compile: bool = False  # torch.compile each transformer block (regional); ZeRO 0-2
     head_label_map: str = (
         "auto"  # auto: a 710-row (Kinetics-710) head -> Kinetics-400/600/700 rows by VideoMAE V2's map | none
     )
@@ -413,6 +415,7 @@ _CHOICES: dict[str, tuple[str | None, ...]] = {
     "model.pos_embed": (None, "sincos", "learned", "clip"),
     "model.drop_path_schedule": (None, "linear", "uniform"),
     "model.checkpoint_impl": ("torch", "deepspeed"),
+    "model.checkpoint_policy": ("full", "selective"),
     "optim.no_decay": ("model", "avion"),
     "optim.name": ("adamw", "lion", "sgd"),
     "model.head_init": ("videomae", "avion"),
@@ -532,6 +535,8 @@ def validate(recipe: Recipe) -> None:
     for key, value in positive.items():
         if value <= 0:
             raise ConfigError(f"{key}={value} must be positive")
+    if recipe.model.checkpoint_policy == "selective" and recipe.model.checkpoint_impl != "torch":
+        raise ConfigError("model.checkpoint_policy='selective' needs model.checkpoint_impl='torch'")
     if recipe.eval.spatial_views not in (1, 3):
         raise ConfigError(f"eval.spatial_views={recipe.eval.spatial_views} must be 1 or 3")
     for key, value in (

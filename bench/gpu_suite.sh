@@ -11,6 +11,9 @@
 #      stage3_max_live_parameters values, ViT-L 16x224 (model built partitioned)       (bench/memory.py resident)
 #   8. ViT-B/16 video-text dual encoder, 4 frames, bf16, AVION's 256 clips/GPU with checkpointing:
 #      clips/s and peak memory, flash-attn vs SDPA                                     (bench/clip.py)
+#  10. checkpoint policies off / full / selective and compiled blocks, flash-attn, bf16: ours vs HF VideoMAE
+#      fine-tune and pretrain, ours alone (ViT-B 16x224), and ours vs AVION's model code when
+#      AVION_SRC=DIR (a clone of github.com/zhaoyue-zephyrus/AVION) is set      (bench/checkpoint_pairs.py)
 #   9. (LOADER=1 only, ~90 s) decode paths incl. torchcodec-cuda (NVDEC + GPU crop) vs the AVION-style
 #      reference, one process, one decoder thread                                        (bench/loader.py)
 # then bench/report.py merges the JSON files into suite.json and draws suite.png.
@@ -71,6 +74,10 @@ run resident 60 python bench/memory.py --device cuda --parts resident --offload-
     --frames 16 --size 224 --offload-live 10000000,50000000,200000000 --json "$OUT/resident.json"
 run clip 80 python bench/clip.py --device cuda --dtype bf16 --batch 256 --backends flash sdpa --ckpt-only \
     --warmup 1 --iters 3
+PAIRS=finetune,pretrain,self
+[ -n "${AVION_SRC:-}" ] && PAIRS=avion,$PAIRS
+run policies 150 python bench/checkpoint_pairs.py --device cuda --dtype bf16 --attn flash --pairs "$PAIRS" \
+    --batch 8 --compile --warmup 2 --repeats 3 ${AVION_SRC:+--avion-src "$AVION_SRC"}
 if [ -n "${LOADER:-}" ]; then
     run loader 90 python bench/loader.py --seconds 20 --fps 30 --clips 10 --repeats 2 --parts paths \
         --workdir "$OUT/loader_work"

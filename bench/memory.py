@@ -18,7 +18,10 @@ Parts (``--parts``, comma separated):
   export      CPU, 2 ranks: ZeRO-3 checkpoint (--export-optimizers adamw:1 / sgd:0) of --export-models, then
               the streamed `avion-ds export` peak RSS (fresh process) vs fp32 bytes and the output verified
   resident    ZeRO-3 param offload: peak parameter elements resident during forward per --offload-live
-  (rss / optimizer / export / resident live in bench/memory_large.py)
+  train       CPU, 2 ranks: the training command's ZeRO-3 construction (ds_configs/zero3.json, JSON AdamW) of
+              --optimizer-model in fp32 and bf16: per-rank peak RSS of build and of parallelize (up to and
+              through deepspeed.initialize) vs fp32 bytes
+  (rss / optimizer / export / resident / train live in bench/memory_large.py)
 
 Examples:
   python bench/memory.py --parts ratio,activations --dtype fp32 --depth 2 --json out/memory_cpu.json
@@ -417,7 +420,7 @@ def main(argv: list[str] | None = None) -> int:
             results["giant"] = part_giant(args)
         elif part == "offload":
             results["offload"] = part_offload(args, dtype)
-        elif part in ("rss", "optimizer", "export", "resident"):
+        elif part in ("rss", "optimizer", "export", "resident", "train"):
             import memory_large
 
             results[part] = getattr(memory_large, f"part_{part}")(args)

@@ -50,6 +50,7 @@ def _rss_run(
     save: Path | None = None,
     sgd: bool = False,
     steps: int = 1,
+    extra: tuple[str, ...] = (),
 ) -> dict[str, Any]:
     env = dict(
         os.environ,
@@ -84,6 +85,7 @@ def _rss_run(
         cmd += ["--optimizer", "--steps", str(steps)] + (["--sgd"] if sgd else [])
     if save is not None:
         cmd += ["--save", str(save)]
+    cmd += list(extra)
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, check=False)
     if proc.returncode != 0 or not out.is_file():
         return {"model": model, "mode": mode, "error": proc.stderr[-1500:]}
@@ -103,6 +105,20 @@ def _print_rss(r: dict[str, Any]) -> None:
         print(
             f"[rss] {r['model']} ({r['params'] / 1e6:.0f}M, fp32 {format_bytes(fp)}) {r['mode']:6s} rank {rank['rank']}: {cells}"
         )
+
+
+def part_train(args: argparse.Namespace) -> list[dict[str, Any]]:
+    """The training command's ZeRO-3 construction of --optimizer-model in fp32 and bf16 (bench.rss
+    --train-path): per-rank peaks of build and of parallelize (deepspeed.initialize included)."""
+    work = Path(args.work_dir)
+    work.mkdir(parents=True, exist_ok=True)
+    rows = []
+    for precision in ("fp32", "bf16"):
+        out = work / f"rss_train_{precision}.json"
+        r = _rss_run(args.optimizer_model, "after", None, out, args, extra=("--train-path", precision))
+        _print_rss(r)
+        rows.append(r)
+    return rows
 
 
 def part_rss(args: argparse.Namespace) -> list[dict[str, Any]]:

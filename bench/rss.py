@@ -8,7 +8,10 @@ training step, so fp32 master, grads and moments exist; ``--sgd``: a client ``to
 without momentum, which keeps no state, and ``--steps 0``: save right after initialize, so a
 checkpoint of a model whose Adam run does not fit here can still be written). ``--mode before`` builds every rank's
 full model and loads with ``load_pretrained`` (what the code did before partitioned construction);
-``--mode after`` uses ``zero.Init`` and the module-by-module loader.
+``--mode after`` uses ``zero.Init`` and the module-by-module loader. ``--train-path fp32|bf16``: the
+training command's own construction instead (recipe -> ``build_ds_config(ds_configs/zero3.json)`` ->
+``task.build_model`` -> ``parallelize``, with its optimizer groups and DeepSpeed's JSON optimizer), stages
+``build`` and ``init``.
 
 Peaks are per stage: anonymous and file-backed RSS sampled from /proc/self/status every 2 ms
 (``RssAnon`` / ``RssFile``) and the kernel's exact total peak (``VmHWM``, reset per stage
@@ -170,6 +173,51 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     return _gather_result(args, world, rank, params, stages, sampler)
 
 
+def run_train_path(args: argparse.Namespace) -> dict[str, Any]:
+    """The training command's construction (see the module docstring), measured per stage."""
+    import torch.distributed as dist
+
+    from avion_ds.engine import dist as ds_dist
+    from avion_ds.engine.ds_config import build_ds_config
+    from avion_ds.engine.parallelize import parallelize
+    from avion_ds.models.partition import param_count
+    from avion_ds.tasks import load_recipe, task_of
+
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    recipe = load_recipe(
+        None,
+        [
+            f"model.name={args.model}",
+            "data.dataset=kinetics",
+            f"data.num_frames={args.frames}",
+            f"data.size={args.size}",
+            "batch.micro_batch=1",
+            f"batch.global_batch={world}",
+            f"precision={args.train_path}",
+            "schedule.epochs=1",
+        ],
+    )
+    # as the training command: the config is built before the process group exists
+    cfg = build_ds_config(Path(__file__).parents[1] / "ds_configs" / "zero3.json", recipe, world, steps_per_epoch=10)
+    ds_dist.init()
+    rank = dist.get_rank()
+    task = task_of(recipe)
+    task.build_model(load_recipe(None, ["model.name=vit_test_tiny", "data.dataset=kinetics"]), ds_config=cfg)  # warm-up
+    torch.manual_seed(0)
+    dist.barrier()
+    sampler = RssSampler()
+    stages: dict[str, Any] = {}
+    model = task.build_model(recipe, ds_config=cfg)
+    stages["build"] = sampler.stage()
+    params = param_count(model)
+    dist.barrier()
+    parallel = parallelize(model, recipe, cfg, steps_per_epoch=10)
+    stages["init"] = sampler.stage()
+    del parallel
+    args.mode = f"train-path {args.train_path}"
+    return _gather_result(args, world, rank, params, stages, sampler)
+
+
 def _gather_result(
     args: argparse.Namespace, world: int, rank: int, params: int, stages: dict[str, Any], sampler: RssSampler
 ) -> dict[str, Any]:
@@ -209,11 +257,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--size", type=int, default=224)
     p.add_argument("--save", default=None, help="with --optimizer: save a checkpoint into this run dir")
     p.add_argument("--no-init", action="store_true", help="stop after build (+ load): no deepspeed.initialize")
+    p.add_argument("--train-path", choices=("fp32", "bf16"), default=None, help="the training construction")
     p.add_argument("--out", required=True)
     args = p.parse_args(argv)
     if args.no_init and args.optimizer:
         p.error("--no-init and --optimizer exclude each other")
-    result = run(args)
+    result = run_train_path(args) if args.train_path else run(args)
     import torch.distributed as dist
 
     if dist.get_rank() == 0:

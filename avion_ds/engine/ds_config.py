@@ -565,6 +565,11 @@ def build_ds_config(
             "weights); use ZeRO-0/1/2 (with offload_optimizer for memory) or set ema.decay=0"
         )
 
+    if recipe.model.compile and zero_stage(cfg) == 3:
+        raise ConfigError(
+            "model.compile=true is not supported with ZeRO-3 (its parameter hooks break the compiled blocks); use ZeRO-0/1/2"
+        )
+
     # ---- stage-3 values DeepSpeed's HF integration calls "auto" --------------------------------
     zo = cfg.get("zero_optimization", {})
     for key in [k for k, v in zo.items() if v == AUTO]:

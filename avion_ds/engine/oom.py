@@ -59,6 +59,7 @@ def explain(recipe: Recipe, ds_config: dict[str, Any], world: int, error: BaseEx
             checkpointing=m.checkpoint_every if m.activation_checkpointing else False,
             world_size=world,
             first_n=m.checkpoint_first_n,
+            checkpoint_policy=m.checkpoint_policy,
         )
         predicted = f"planner predicts {format_bytes(e.total)} per GPU for this config"
     except Exception as exc:  # noqa: BLE001 - the message must not fail: say why there is no prediction

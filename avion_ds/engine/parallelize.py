@@ -2,12 +2,14 @@
 
 ZeRO stage, offload and precision come from the built DeepSpeed config; activation checkpointing
 from the recipe (``model.activation_checkpointing``, ``checkpoint_every``, ``checkpoint_first_n``,
-``checkpoint_impl``). With ``checkpoint_impl: deepspeed`` the JSON's ``activation_checkpointing``
+``checkpoint_impl``, ``checkpoint_policy``), then ``model.compile`` (each block compiled). With ``checkpoint_impl: deepspeed`` the JSON's ``activation_checkpointing``
 section (e.g. ``cpu_checkpointing``) is handed to ``deepspeed.checkpointing.configure``.
 """
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -22,11 +24,20 @@ from avion_ds.engine.schedule import WarmupCosine
 
 
 def apply_memory_features(model: nn.Module, recipe: Recipe, ds_config: dict[str, Any]) -> nn.Module:
-    """Wrap blocks for activation checkpointing as the recipe asks (no-op otherwise)."""
+    """Wrap blocks for activation checkpointing, then compile them, as the recipe asks (no-op otherwise)."""
+    from avion_ds.models.activation_checkpointing import compile_blocks
+
     m = recipe.model
-    if not m.activation_checkpointing:
-        return model
-    from avion_ds.models import apply_activation_checkpointing
+    if m.activation_checkpointing:
+        _checkpoint(model, recipe, ds_config)
+    if m.compile:
+        compile_blocks(model)
+    return model
+
+
+def _checkpoint(model: nn.Module, recipe: Recipe, ds_config: dict[str, Any]) -> None:
+    m = recipe.model
+    from avion_ds.models.activation_checkpointing import apply_configured
 
     if m.checkpoint_impl == "deepspeed":
         import deepspeed
@@ -41,9 +52,7 @@ def apply_memory_features(model: nn.Module, recipe: Recipe, ds_config: dict[str,
             synchronize=bool(ac.get("synchronize_checkpoint_boundary", False)),
             profile=bool(ac.get("profile", False)),
         )
-    return apply_activation_checkpointing(
-        model, every=m.checkpoint_every, first_n=m.checkpoint_first_n, impl=m.checkpoint_impl
-    )
+    apply_configured(model, m)
 
 
 @dataclass(frozen=True)
@@ -122,17 +131,54 @@ def parallelize(
             return WarmupCosine(opt, lr, min_lr, warmup, total, weight_decay=wd, warmup_start=start)
 
     config, own_clip = trim_engine(config)
-    engine, _, _, _ = deepspeed.initialize(
-        model=model,
-        model_parameters=groups if optimizer is None else None,
-        optimizer=optimizer,
-        lr_scheduler=lr_scheduler,
-        config=config,
-    )
+    with fp32_master_shared(config):
+        engine, _, _, _ = deepspeed.initialize(
+            model=model,
+            model_parameters=groups if optimizer is None else None,
+            optimizer=optimizer,
+            lr_scheduler=lr_scheduler,
+            config=config,
+        )
     trim_zero0(engine, ds_config)
     if is_deepspeed_lion(engine.basic_optimizer):  # sign(0) = 0 as AVION's Lion (client or JSON-built)
         guard_zero_direction(engine.basic_optimizer)
     return Parallelized(engine, own_clip)
+
+
+@contextlib.contextmanager
+def fp32_master_shared(ds_config: dict[str, Any]) -> Iterator[None]:
+    """fp32 ZeRO-3 without optimizer offload: the optimizer's fp32 "master" partition IS the parameter
+    partition, not a second copy of it.
+
+    DeepSpeed 0.19.8's ``DeepSpeedZeroOptimizer_Stage3._create_fp32_partitions`` shares the partition
+    when its dtype and device already match (its own branch for fp32 weights), but compares
+    ``tensor.device`` (a ``torch.device``) with ``self.device``, the accelerator's device NAME (a str),
+    which is never equal: every rank cloned its whole fp32 partition (+0.5x the fp32 model per rank
+    on 2 ranks, measured in bench/memory_large.py ``train``). During that call ``self.device`` is the
+    same device as a ``torch.device``, so the comparison holds; nothing else changes.
+    """
+    zo = ds_config.get("zero_optimization", {})
+    offload = (zo.get("offload_optimizer") or {}).get("device", "none") not in (None, "none")
+    if zero_stage(ds_config) != 3 or precision_of(ds_config) != "fp32" or offload:
+        yield
+        return
+    from deepspeed.runtime.zero.stage3 import DeepSpeedZeroOptimizer_Stage3 as Stage3
+
+    original = Stage3._create_fp32_partitions
+
+    def create(self: Any) -> None:
+        name = self.device
+        self.device = torch.device(name) if isinstance(name, str) else name
+        try:
+            original(self)
+        finally:
+            self.device = name
+
+    Stage3._create_fp32_partitions = create
+    try:
+        yield
+    finally:
+        Stage3._create_fp32_partitions = original
 
 
 def trim_zero0(engine: Any, ds_config: dict[str, Any]) -> None:

@@ -165,6 +165,8 @@ class Trainer:
         self._pending_rng: dict[str, Any] | None = None  # restored once the resumed epoch's loader started
         self._params = list(engine.module.parameters())  # walking the module tree costs ~1 ms a step
         self.ema = ema.build(engine, recipe)  # None unless ema.decay > 0
+        self._first_t0: float | None = None  # model.compile: the first step's time goes into the log
+        self._log_first = bool(recipe.model.compile)
 
     # ------------------------------------------------------------------ one optimizer step
     def train_step(self, batches: Iterator[dict[str, Any]]) -> bool:
@@ -200,6 +202,8 @@ class Trainer:
     def _on_device(self, batch: dict[str, Any]) -> tuple[torch.Tensor, Any]:
         """A micro-batch on the device through the training augmentation (its time counts as data time)."""
         t0 = time.perf_counter()
+        if self._log_first and self._first_t0 is None:
+            self._first_t0 = t0
         frames = batch["frames"].to(self.device, non_blocking=True)
         labels = to_device(batch["label"], self.device)
         out = self.augment(frames, labels) if self.augment is not None else (frames, labels)
@@ -270,6 +274,11 @@ class Trainer:
         self.log.advance()
         if log_now:
             self._log_interval(lr, None if bad else norm)
+        if self._log_first and self._first_t0 is not None:
+            self._log_first = False
+            self.log.info(
+                f"first step {time.perf_counter() - self._first_t0:.1f} s (model.compile: compiles each block)"
+            )
 
     def _grads_params(self) -> list[torch.nn.Parameter]:
         return [p for p in self._params if p.grad is not None]

@@ -5,7 +5,8 @@ Every tensor that autograd saves for backward goes through the pack hook of
 slices of one qkv projection share a storage and count once) and skip parameters and buffers
 (they are model state, not activations). With non-reentrant activation checkpointing the
 checkpoint installs its own, inner hook for the checkpointed region, so only what really stays
-alive (each checkpointed segment's input) reaches ours. The count is device independent: it works
+alive (each checkpointed segment's input) reaches ours; what a selective checkpoint caches
+(``policy="selective"``) reaches ours too (``respect_saved_tensors_hooks``). The count is device independent: it works
 on CPU in tests and gives the same number a GPU would keep (for the same attention kernel family).
 """
 
@@ -102,6 +103,7 @@ def measure_activation_bytes(
     checkpointing: bool | int = False,
     first_n: int | None = None,
     impl: str = "torch",
+    policy: str = "full",
     train: bool = True,
     forward: Callable[[nn.Module, torch.Tensor], Any] | None = None,
     return_stats: bool = False,
@@ -111,7 +113,8 @@ def measure_activation_bytes(
     ``inputs``: a (B, C, T, H, W) tensor, or ``(frames, size, batch)`` to build a random one in the
     model's dtype/device, or None for one clip at the model's default frames/size.
     ``checkpointing``: False, True (every block) or k (every k-th block), applied to a deep copy
-    through ``avion_ds.models.apply_activation_checkpointing`` (the caller's model is unchanged).
+    through ``avion_ds.models.apply_activation_checkpointing`` with ``impl`` and ``policy`` (``full`` |
+    ``selective``; the caller's model is unchanged).
     ``forward``: custom call (e.g. for a Hugging Face model); default ``model(x)``, and for a
     video-text dual encoder ``model(x, tokens)`` with one full-context caption per clip.
     Returns the byte count, or the full :class:`SavedTensorStats` with ``return_stats``.
@@ -130,7 +133,9 @@ def measure_activation_bytes(
         from avion_ds.models import apply_activation_checkpointing
 
         every = 1 if checkpointing is True else int(checkpointing)
-        net = apply_activation_checkpointing(copy.deepcopy(model), every=every, first_n=first_n, impl=impl)
+        net = apply_activation_checkpointing(
+            copy.deepcopy(model), every=every, first_n=first_n, impl=impl, policy=policy
+        )
     was_training = net.training
     net.train(train)
     try:

@@ -193,6 +193,22 @@ def block_activation_bytes(info: ArchInfo | TextInfo, tokens: int, dtype_bytes: 
     return n * per_token + 4 * h * n  # + fp32 log-sum-exp of the fused kernel
 
 
+def checkpointed_block_bytes(
+    info: ArchInfo | TextInfo, tokens: int, dtype_bytes: int, attn_backend: str = "sdpa", policy: str = "full"
+) -> int:
+    """Saved bytes of ONE checkpointed block for one clip: ``full`` keeps its input (N D s);
+    ``selective`` (models/activation_checkpointing.py) also keeps the q/k/v projection (3 N D s) and
+    the attention output (N D s) with the fused kernel's fp32 log-sum-exp (4 H N), or with eager
+    attention both batched matmuls' outputs (H N^2 s + N D s)."""
+    n, d, s = tokens, info.embed_dim, dtype_bytes
+    if policy == "full":
+        return n * d * s
+    if policy != "selective":
+        raise ValueError(f"checkpoint policy={policy!r}: expected full or selective")
+    attn = info.num_heads * n * n * s if attn_backend == "eager" else 4 * info.num_heads * n
+    return 5 * n * d * s + attn
+
+
 def activation_bytes_per_clip(
     info: ArchInfo,
     frames: int,
@@ -201,6 +217,7 @@ def activation_bytes_per_clip(
     checkpointing: bool | int = False,
     first_n: int | None = None,
     attn_backend: str | None = None,
+    policy: str = "full",
 ) -> int:
     """Bytes autograd keeps after the forward of one clip (what item-1 measurement counts).
 
@@ -212,7 +229,8 @@ def activation_bytes_per_clip(
                  eager attention instead of 4 N H: + N D s + H N^2 (4 + s [s != 4])
         where 8 D = LN1 in + qkv in + q,k,v (3) + attention out (= proj in) + LN2 in + fc1 in,
               F = GELU in (its output, fc2's input, is recomputed: models/mlp.py), 4 = LayerNorm mean/rstd (2 norms), 4 H = fp32 log-sum-exp.
-        total  = (L - c) * block + c * N D s            (a checkpointed block keeps its input)
+        total  = (L - c) * block + c * ckpt             (ckpt: ``checkpointed_block_bytes``; N D s, its
+                                                         input, for the ``full`` policy)
                  + 3 T H W s                            (tubelet-embedding input patches)
                  + tail                                 (pool: mean -> 2 D s + 2 s; cls -> (N+1) D s + 2 D s)
 
@@ -232,7 +250,8 @@ def activation_bytes_per_clip(
     c = checkpointed_blocks(info.depth, checkpointing, first_n)
     block = block_activation_bytes(info, tokens, s, backend)
     d = info.embed_dim
-    body = (info.depth - c) * block + c * tokens * d * s + info.in_chans * frames * size * size * s
+    ckpt = checkpointed_block_bytes(info, tokens, s, backend, policy)
+    body = (info.depth - c) * block + c * ckpt + info.in_chans * frames * size * size * s
     if info.layout != "clip":
         tail = (tokens * d * s + 2 * d * s) if info.pool == "cls" else (2 * d * s + 2 * s)
         return body + tail
@@ -244,12 +263,17 @@ def activation_bytes_per_clip(
         kept = set(range(1, info.depth)) - selected_blocks(info.depth, checkpointing, first_n)
         extra += 2 * s * len(kept)
     if info.text is not None:
-        extra += text_activation_bytes(info.text, s, checkpointing, first_n, backend)
+        extra += text_activation_bytes(info.text, s, checkpointing, first_n, backend, policy)
     return body + extra
 
 
 def text_activation_bytes(
-    text: TextInfo, s: int, checkpointing: bool | int = False, first_n: int | None = None, backend: str = "sdpa"
+    text: TextInfo,
+    s: int,
+    checkpointing: bool | int = False,
+    first_n: int | None = None,
+    backend: str = "sdpa",
+    policy: str = "full",
 ) -> int:
     """Saved bytes of a dual encoder's text tower for one caption, plus the dual encoder's own forward.
 
@@ -261,7 +285,8 @@ def text_activation_bytes(
     """
     n, d = text.context, text.embed_dim
     c = checkpointed_blocks(text.depth, checkpointing, first_n)
-    blocks = (text.depth - c) * block_activation_bytes(text, n, s, backend) + c * n * d * s
+    blocks = (text.depth - c) * block_activation_bytes(text, n, s, backend)
+    blocks += c * checkpointed_block_bytes(text, n, s, backend, policy)
     pooled = 8 * n + 2 * 8 + d * s + 2 * s + (d * s if text.proj_dim else 0)
     e = text.proj_dim or d
     f = max(s, 4)  # 16-bit embeddings are normalised in float32 (models/clip.py)
@@ -380,10 +405,12 @@ def estimate(
     reduce_bucket_size: int = 50_000_000,
     prefetch_bucket_size: int = 50_000_000,
     max_live_parameters: int = 100_000_000,
+    checkpoint_policy: str = "full",
 ) -> MemoryEstimate:
     """Predict the per-GPU peak of one training step (forward + backward + optimizer step).
 
-    ``model``: a VideoViT or a registered name. ``checkpointing``: False, True or every-k.
+    ``model``: a VideoViT or a registered name. ``checkpointing``: False, True or every-k;
+    ``checkpoint_policy``: what a checkpointed block keeps (``full`` | ``selective``).
     ``offload_param`` needs ZeRO-3; ``offload_optimizer`` ZeRO >= 1. Bucket sizes are elements
     (what the planner writes into the DeepSpeed config).
     """
@@ -413,7 +440,9 @@ def estimate(
         max_live_parameters + prefetch_bucket_size,
     )
     backend = "eager" if (attn_backend or info.attn_backend) == "eager" else "sdpa"
-    act = micro_batch * activation_bytes_per_clip(info, frames, size, dt, checkpointing, first_n, backend)
+    act = micro_batch * activation_bytes_per_clip(
+        info, frames, size, dt, checkpointing, first_n, backend, checkpoint_policy
+    )
     tokens = (frames // info.tubelet_size) * (size // info.patch_size) ** 2
     recompute = micro_batch * block_activation_bytes(info, tokens, s, backend) if checkpointing else 0
     # backward temporaries: gradients of the widest intermediates of the block being differentiated
@@ -438,6 +467,7 @@ def estimate(
         "offload_optimizer": offload_optimizer,
         "offload_param": offload_param,
         "checkpointing": int(checkpointing),
+        "checkpoint_policy": checkpoint_policy if checkpointing else "none",
         "world_size": world_size,
         "params_count": info.params,
     }

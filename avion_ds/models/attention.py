@@ -69,6 +69,7 @@ def resolve_cached(requested: str, device: torch.device, dtype: torch.dtype, hea
     return chosen
 
 
+@torch.compiler.assume_constant_result  # compiled blocks: decided once at trace time, not traced
 def resolve_backend(requested: str, device: torch.device | str, dtype: torch.dtype, head_dim: int) -> str:
     """Map a requested backend to the one that runs for these inputs ("flash" | "sdpa" | "eager").
 

@@ -12,6 +12,10 @@ gathers its weights through its usual module hooks.
 The activation is ``gelu`` (exact erf GELU: VideoMAE, AVION's own towers) or ``quick_gelu``
 (``x * sigmoid(1.702 x)``: what OpenAI / OpenCLIP weights were trained with); both are recomputed
 the same way, so the saved-tensor count (and the memory planner's formula) does not depend on it.
+
+Inside an activation-checkpointed block the fold is switched off (``GeluLinear.fold = False``, set by
+``models/activation_checkpointing.py``): the checkpoint already re-runs the whole block in backward,
+and folding would run the activation a third time for no memory saved.
 """
 
 from __future__ import annotations
@@ -73,9 +77,10 @@ class GeluLinear(nn.Linear):
             raise ValueError(f"mlp activation: expected one of {', '.join(ACTIVATIONS)}, got {act!r}")
         super().__init__(in_features, out_features, bias)
         self.act = act
+        self.fold = True  # False: plain act -> linear (a checkpointed block recomputes act already)
 
     def forward(self, h: torch.Tensor) -> torch.Tensor:
-        if not torch.is_grad_enabled() or not (h.requires_grad or self.weight.requires_grad):
+        if not self.fold or not torch.is_grad_enabled() or not (h.requires_grad or self.weight.requires_grad):
             return F.linear(activate(h, self.act), self.weight, self.bias)
         return _GeluLinearFn.apply(h, self.weight, self.bias, self.act)
 

@@ -18,7 +18,7 @@ from typing import Any, Protocol, Self
 
 from torch import nn
 
-from avion_ds.models.activation_checkpointing import apply_activation_checkpointing
+from avion_ds.models.activation_checkpointing import apply_configured
 from avion_ds.models.arch import ViTArch
 from avion_ds.models.vit import VideoViT
 
@@ -101,12 +101,7 @@ def create_model_from_config(model_cfg: Any, num_frames: int, img_size: int, **o
     options.update(overrides)
     model = create_model(model_cfg.name, pretrained=model_cfg.pretrained or None, **options)
     if model_cfg.activation_checkpointing:
-        apply_activation_checkpointing(
-            model,
-            every=model_cfg.checkpoint_every,
-            first_n=model_cfg.checkpoint_first_n,
-            impl=model_cfg.checkpoint_impl,
-        )
+        apply_configured(model, model_cfg)
     return model
 
 

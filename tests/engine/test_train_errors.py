@@ -423,6 +423,16 @@ CASES: list[tuple[str, list[str], Callable | None, Callable | None, list[str], l
         ["optimizer.params.eps=1e-08", "Lion has no eps"],
     ),
     ("ema_with_zero3", ["ema.decay=0.9999"], _stage(3), None, [], ["ema.decay=0.9999", "ZeRO-3"]),
+    ("compile_with_zero3", ["model.compile=true"], _stage(3), None, [], ["model.compile=true", "ZeRO-3"]),
+    (
+        "selective_with_deepspeed_impl",
+        ["model.checkpoint_policy=selective", "model.checkpoint_impl=deepspeed"],
+        None,
+        None,
+        [],
+        ["model.checkpoint_policy='selective'", "model.checkpoint_impl='torch'"],
+    ),
+    ("unknown_checkpoint_policy", ["model.checkpoint_policy=some"], None, None, [], ["model.checkpoint_policy='some'"]),
 ]
 
 

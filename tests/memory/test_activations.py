@@ -77,3 +77,25 @@ def test_formula_bf16_and_eager_and_every_k():
     measured = measure_activation_bytes(eager, (4, 32, 1))
     predicted = activation_bytes_per_clip(arch_info(eager), 4, 32, torch.float32, False)
     assert abs(predicted / measured - 1) <= 0.10, (measured, predicted)
+
+
+@pytest.mark.parametrize("backend", ["sdpa", "eager"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_formula_exact_per_checkpoint_policy(backend: str, dtype: torch.dtype) -> None:
+    """Each policy's estimate equals the exact count with every block checkpointed (selective: what
+    torch's selective checkpoint caches reaches the tracker's hooks); for every k-th / the first n
+    blocks the policy's share (selective minus full) is exact too."""
+    model = _fast_model("vit_test_tiny", 4, depth=3, attn_backend=backend, layer_scale=0.1).to(dtype)
+    info = arch_info(model)
+
+    def both(ckpt: bool | int, first_n: int | None, policy: str) -> tuple[int, int]:
+        measured = measure_activation_bytes(model, (4, 32, 2), checkpointing=ckpt, first_n=first_n, policy=policy)
+        return measured, 2 * activation_bytes_per_clip(info, 4, 32, dtype, ckpt, first_n, backend, policy)
+
+    for policy in ("full", "selective"):
+        assert both(True, None, policy)[0] == both(True, None, policy)[1], policy
+    for ckpt, first_n in ((2, None), (1, 2)):
+        (m_sel, p_sel), (m_full, p_full) = both(ckpt, first_n, "selective"), both(ckpt, first_n, "full")
+        assert m_sel - m_full == p_sel - p_full > 0, (ckpt, first_n, m_sel, m_full, p_sel, p_full)
+    none = measure_activation_bytes(model, (4, 32, 2))
+    assert both(True, None, "full")[0] < both(True, None, "selective")[0] < none

@@ -30,11 +30,14 @@ def test_dual_encoder_formula_is_exact(dtype: torch.dtype, kw: dict) -> None:
     info = arch_info(model)
     frames = model.num_frames
     once = 4 if dtype == torch.float32 else 8  # the logit scale's exp (+ its fp32 copy): once per batch
-    for ckpt, first_n in ((False, None), (True, None), (2, None), (1, 1)):
+    cases = ((False, None, "full"), (True, None, "full"), (2, None, "full"), (1, 1, "full"), (True, None, "selective"))
+    for ckpt, first_n, policy in cases + ((2, None, "selective"),):
         for batch in (1, 2):
-            measured = measure_activation_bytes(model, (frames, 32, batch), checkpointing=ckpt, first_n=first_n)
-            predicted = batch * activation_bytes_per_clip(info, frames, 32, dtype, ckpt, first_n)
-            assert measured == predicted - (batch - 1) * once, (ckpt, first_n, batch, measured, predicted)
+            measured = measure_activation_bytes(
+                model, (frames, 32, batch), checkpointing=ckpt, first_n=first_n, policy=policy
+            )
+            predicted = batch * activation_bytes_per_clip(info, frames, 32, dtype, ckpt, first_n, policy=policy)
+            assert measured == predicted - (batch - 1) * once, (ckpt, first_n, policy, batch, measured, predicted)
 
 
 @pytest.mark.parametrize("name", [n for n in list_models() if n.startswith("clip_")])
@@ -44,9 +47,10 @@ def test_every_registered_dual_encoder_width_exact(name: str) -> None:
     size = 4 * arch.patch_size
     model = _fast(name, depth=2, text_depth=2, num_frames=2, img_size=size)
     info = arch_info(model)
-    for ckpt in (False, 1):
-        measured = measure_activation_bytes(model, (2, size, 1), checkpointing=ckpt)
-        assert measured == activation_bytes_per_clip(info, 2, size, torch.float32, ckpt), (name, ckpt)
+    for ckpt, policy in ((False, "full"), (1, "full"), (1, "selective")):
+        measured = measure_activation_bytes(model, (2, size, 1), checkpointing=ckpt, policy=policy)
+        predicted = activation_bytes_per_clip(info, 2, size, torch.float32, ckpt, policy=policy)
+        assert measured == predicted, (name, ckpt, policy)
 
 
 def test_estimate_by_name_counts_both_towers() -> None:

@@ -1,4 +1,5 @@
-"""Activation checkpointing (both impls) under ZeRO-3: same training trajectory as without."""
+"""Activation checkpointing (both impls, the selective policy) under ZeRO-3, the selective policy
+under ZeRO 0-2: same training trajectory as without."""
 
 from __future__ import annotations
 
@@ -23,5 +24,5 @@ def test_zero3_checkpointing_matches_plain():
     result = json.loads(line[len("RESULT ") :])
     plain = result["None"]
     assert plain[0] > 1e-3 and plain[0] != plain[-1]  # a real, changing loss
-    for impl in ("torch", "deepspeed"):
+    for impl in ("torch", "deepspeed", "selective", "selective@0", "selective@1", "selective@2"):
         assert result[impl] == pytest.approx(plain, rel=1e-6, abs=1e-9), impl

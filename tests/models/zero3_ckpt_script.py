@@ -1,5 +1,6 @@
 """Run by test_checkpointing_zero3.py in a subprocess: one-rank ZeRO-3 training steps without and
-with activation checkpointing (torch and deepspeed impls); prints the loss trajectories as JSON."""
+with activation checkpointing (torch and deepspeed impls, the selective policy), and the selective
+policy under ZeRO 0-2; prints the loss trajectories as JSON."""
 
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ from ds_steps import checkpointed_losses  # next to this script (run as a subpro
 from avion_ds.models import apply_activation_checkpointing, create_model
 
 
-def losses(impl: str | None) -> list[float]:
+def losses(impl: str | None, stage: int = 3) -> list[float]:
     torch.manual_seed(0)
     model = create_model(
         "vit_test_tiny",
@@ -30,13 +31,15 @@ def losses(impl: str | None) -> list[float]:
         drop_path_rate=0.2,
         heads={"verb": 3, "noun": 2},
     )
-    if impl:
+    if impl == "selective":
+        apply_activation_checkpointing(model, policy="selective")
+    elif impl:
         apply_activation_checkpointing(model, impl=impl)
     cfg = {
         "train_micro_batch_size_per_gpu": 2,
         "gradient_accumulation_steps": 1,
         "gradient_clipping": 0.0,
-        "zero_optimization": {"stage": 3},
+        "zero_optimization": {"stage": stage},
         "optimizer": {"type": "SGD", "params": {"lr": 0.05}},
         "zero_allow_untested_optimizer": True,
         "activation_checkpointing": {"partition_activations": False, "cpu_checkpointing": False},
@@ -47,7 +50,8 @@ def losses(impl: str | None) -> list[float]:
 
 if __name__ == "__main__":
     deepspeed.init_distributed(dist_backend="gloo")
-    result = {str(impl): losses(impl) for impl in (None, "torch", "deepspeed")}
+    result = {str(impl): losses(impl) for impl in (None, "torch", "deepspeed", "selective")}
+    result |= {f"selective@{stage}": losses("selective", stage) for stage in (0, 1, 2)}
     print("RESULT " + json.dumps(result), flush=True)
     torch.distributed.destroy_process_group()
     os._exit(0)

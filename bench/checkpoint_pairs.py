@@ -1,0 +1,288 @@
+"""Activation-checkpoint policies side by side with the reference stacks, in ONE process.
+
+Pairs (``--pairs``, comma separated):
+
+* ``avion``    the dual encoder: ours (``clip_vit_base_patch16_224``) vs AVION's own model code, imported
+               from ``--avion-src DIR`` (a clone of github.com/zhaoyue-zephyrus/AVION; nothing of it is
+               copied here), AVION's weights loaded into ours (our AVION-format loader); CLIP's symmetric
+               loss over the batch; 4 x 224 frames + 77-token captions.
+* ``finetune`` ours (``vit_base_patch16_224``, 400 classes) vs Hugging Face ``VideoMAEForVideoClassification``
+               (bench/peer.py's pair), cross-entropy.
+* ``pretrain`` ours (``pretrain_videomae_base_patch16_224``) vs ``VideoMAEForPreTraining`` (bench/pretrain.py's
+               setting: HF's weights loaded into ours, one 0.9 tube mask per clip).
+* ``self``     ours alone on ``--self-model`` (ViT-B 16 x 224 fine-tuning): the checkpoint policies against
+               no checkpointing.
+
+Variants per pair: ours with checkpointing ``off`` / ``full`` / ``selective`` (``model.checkpoint_policy``),
+the reference ``off`` / ``full`` (what it offers), and with ``--compile`` ours with compiled blocks.
+A step = forward + loss + backward (the optimizer step is the same code on both sides). Timing:
+``--warmup`` rounds, then ``--repeats`` rounds, every round running each variant once in turn (A/B
+alternating); the median per variant. Saved bytes: the exact saved-tensor count of one forward
+(``SavedTensorTracker``). Ratios: ours / reference at the same checkpointing (``selective`` against the
+reference's ``full``, the recipe it replaces), and ours-selective / ours-off.
+
+    python bench/checkpoint_pairs.py --pairs avion --avion-src /tmp/AVION --batch 4     # CPU: minutes
+    python bench/checkpoint_pairs.py --pairs finetune,pretrain,self --frames 16 --batch 1
+    python bench/checkpoint_pairs.py --device cuda --dtype bf16 --pairs avion,finetune,pretrain --compile
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import copy
+import platform
+import statistics
+import sys
+import time
+import types
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+REPO = Path(__file__).resolve().parents[1]
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+from avion_ds.engine.ds_config import PRECISIONS, torch_dtype
+from avion_ds.memory.activations import SavedTensorTracker
+from avion_ds.memory.units import format_bytes
+from avion_ds.models import apply_activation_checkpointing, create_model, remove_activation_checkpointing
+from avion_ds.models.activation_checkpointing import compile_blocks
+
+Step = Callable[[], torch.Tensor]  # forward + loss; the loop runs backward
+
+
+class Variant:
+    """One row: a model, its loss closure, and how to switch its checkpointing on before it runs."""
+
+    def __init__(self, name: str, model: torch.nn.Module, loss: Step, setup: Callable[[], None]) -> None:
+        self.name, self.model, self.loss, self.setup = name, model, loss, setup
+        self.times: list[float] = []
+        self.saved = 0
+
+
+def _ours_setup(model: torch.nn.Module, policy: str | None) -> Callable[[], None]:
+    def setup() -> None:
+        if policy is None:
+            remove_activation_checkpointing(model)
+        else:
+            apply_activation_checkpointing(model, policy=policy)
+
+    return setup
+
+
+def _ours_variants(tag: str, model: torch.nn.Module, loss_of: Callable[[torch.nn.Module], Step], compiled: bool):
+    rows = [
+        Variant(f"{tag} {p or 'off'}", model, loss_of(model), _ours_setup(model, p))
+        for p in (None, "full", "selective")
+    ]
+    if compiled:
+        for policy in (None, "selective"):
+            twin = copy.deepcopy(model)
+            if policy:
+                apply_activation_checkpointing(twin, policy=policy)
+            compile_blocks(twin)
+            rows.append(Variant(f"{tag} {policy or 'off'} compiled", twin, loss_of(twin), lambda: None))
+    return rows
+
+
+# ---------------------------------------------------------------------------------------------- pairs
+def _import_avion(src: str) -> types.ModuleType:
+    """AVION's ``avion.models.model_clip`` from a clone; flash-attn and OpenAI's ``clip`` package (imported
+    at module level there, unused without ``use_flash_attn`` / OpenAI weights) are stubbed when missing."""
+    sys.path.insert(0, str(Path(src).resolve()))
+    for name in ("flash_attn", "flash_attn.modules", "flash_attn.modules.mha", "flash_attn.modules.mlp", "clip"):
+        try:
+            __import__(name)
+        except ImportError:
+            stub = types.ModuleType(name)
+            stub.MHA = stub.Mlp = None  # type: ignore[attr-defined]
+            sys.modules[name] = stub
+    from avion.models import model_clip  # type: ignore[import-not-found]
+
+    return model_clip
+
+
+def _clip_loss(video: torch.Tensor, text: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    logits = scale * video @ text.t()
+    target = torch.arange(video.shape[0], device=video.device)
+    return (F.cross_entropy(logits, target) + F.cross_entropy(logits.t(), target)) / 2
+
+
+def pair_avion(args: argparse.Namespace, device: str, dtype: torch.dtype) -> list[Variant]:
+    if not args.avion_src:
+        raise SystemExit("--pairs avion needs --avion-src DIR (a clone of github.com/zhaoyue-zephyrus/AVION)")
+    mc = _import_avion(args.avion_src)
+    from avion.models.transformer import TextTransformer, VisionTransformer  # type: ignore[import-not-found]
+
+    torch.manual_seed(0)
+    vision = VisionTransformer(224, 16, 768, 12, 12, 4, output_dim=256, num_frames=args.frames)
+    text = TextTransformer(context_length=77, vocab_size=49408, width=512, heads=8, layers=12, output_dim=256)
+    avion = mc.CLIP(embed_dim=256, vision_model=vision, text_model=text)
+    ours = create_model("clip_vit_base_patch16_224", num_frames=args.frames, attn_backend=args.attn)
+    from avion_ds.models import load_pretrained
+
+    report = load_pretrained(ours, {"state_dict": avion.state_dict()})
+    print(f"[avion] weights: {report.summary()}")
+    avion, ours = avion.to(device, dtype), ours.to(device, dtype)
+    x = torch.randn(args.batch, 3, args.frames, 224, 224, device=device, dtype=dtype)
+    tokens = torch.randint(1, 49406, (args.batch, 77), device=device)
+    tokens[:, -1] = 49407  # end of text: the row's largest id
+    rows = _ours_variants("ours", ours, lambda m: lambda: _clip_loss(*m(x, tokens)), args.compile)
+    for ck in (False, True):
+
+        def setup(ck: bool = ck) -> None:
+            avion.visual.set_grad_checkpointing(ck)
+            avion.textual.set_grad_checkpointing(ck)
+
+        rows.append(Variant(f"AVION {'full' if ck else 'off'}", avion, lambda: _clip_loss(*avion(x, tokens)), setup))
+    return rows
+
+
+def pair_finetune(args: argparse.Namespace, device: str, dtype: torch.dtype) -> list[Variant]:
+    from bench.peer import build_pair, hf_forward
+
+    torch.manual_seed(0)
+    ours, hf = build_pair("vit_base_patch16_224", args.frames, args.size, args.attn, device, dtype)
+    x = torch.randn(args.batch, 3, args.frames, args.size, args.size, device=device, dtype=dtype)
+    y = torch.randint(0, 400, (args.batch,), device=device)
+    rows = _ours_variants("ours", ours, lambda m: lambda: F.cross_entropy(m(x).float(), y), args.compile)
+    return rows + _hf_variants(hf, lambda: F.cross_entropy(hf_forward(hf, x).float(), y))
+
+
+def _hf_variants(hf: torch.nn.Module, loss: Step) -> list[Variant]:
+    def setup(ck: bool) -> Callable[[], None]:
+        return lambda: hf.gradient_checkpointing_enable() if ck else hf.gradient_checkpointing_disable()
+
+    return [Variant(f"HF {'full' if ck else 'off'}", hf, loss, setup(ck)) for ck in (False, True)]
+
+
+def pair_pretrain(args: argparse.Namespace, device: str, dtype: torch.dtype) -> list[Variant]:
+    import transformers
+
+    from avion_ds.models.mae import load_pretrained_mae
+    from bench.pretrain import _tube
+
+    torch.manual_seed(0)
+    cfg = transformers.VideoMAEConfig(
+        norm_pix_loss=True, use_mean_pooling=False, layer_norm_eps=1e-6, attn_implementation="sdpa",
+        num_frames=args.frames, image_size=args.size,
+    )  # fmt: skip
+    hf = transformers.VideoMAEForPreTraining(cfg)
+    ours = create_model(
+        "pretrain_videomae_base_patch16_224", attn_backend="sdpa", decoder_norm_eps=1e-5,
+        num_frames=args.frames, img_size=args.size,
+    )  # fmt: skip
+    load_pretrained_mae(ours, hf.state_dict(), strict=True)
+    ours, hf = ours.to(device, dtype), hf.to(device, dtype)
+    x = torch.randn(args.batch, 3, args.frames, args.size, args.size, device=device, dtype=dtype)
+    xt = x.transpose(1, 2).contiguous()
+    mask = _tube(args.batch, ours.encoder.patch_embed.grid, 1).to(device)
+    rows = _ours_variants("ours", ours, lambda m: lambda: m(x, mask).loss, args.compile)
+    return rows + _hf_variants(hf, lambda: hf(xt, bool_masked_pos=mask).loss)
+
+
+def pair_self(args: argparse.Namespace, device: str, dtype: torch.dtype) -> list[Variant]:
+    torch.manual_seed(0)
+    ours = create_model(args.self_model, num_frames=args.frames, img_size=args.size, drop_path_rate=0.1)
+    ours = ours.to(device, dtype)
+    x = torch.randn(args.batch, 3, args.frames, args.size, args.size, device=device, dtype=dtype)
+    y = torch.randint(0, 400, (args.batch,), device=device)
+    return _ours_variants("ours", ours, lambda m: lambda: F.cross_entropy(m(x).float(), y), args.compile)
+
+
+PAIRS = {"avion": pair_avion, "finetune": pair_finetune, "pretrain": pair_pretrain, "self": pair_self}
+
+
+# ---------------------------------------------------------------------------------------------- loop
+def _sync(device: str) -> None:
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+
+
+def run_rows(rows: list[Variant], warmup: int, repeats: int, device: str) -> None:
+    """Saved bytes once per variant, then warm-up + timed rounds, each round every variant in turn."""
+    for row in rows:
+        row.setup()
+        row.model.train()
+        with torch.enable_grad(), SavedTensorTracker(exclude=row.model) as tracker:
+            out = row.loss()
+        out.backward()
+        row.model.zero_grad(set_to_none=True)
+        row.saved = tracker.stats.bytes
+    for i in range(warmup + repeats):
+        for row in rows:
+            row.setup()
+            _sync(device)
+            t0 = time.perf_counter()
+            row.loss().backward()
+            _sync(device)
+            if i >= warmup:
+                row.times.append(time.perf_counter() - t0)
+            row.model.zero_grad(set_to_none=True)
+
+
+def report(pair: str, rows: list[Variant]) -> dict[str, Any]:
+    by = {r.name: r for r in rows}
+    med = {r.name: statistics.median(r.times) for r in rows}
+    print(f"[{pair}] median step (s) and saved bytes per variant:")
+    for r in rows:
+        print(
+            f"  {r.name:24s} {med[r.name]:8.3f} s  {format_bytes(r.saved):>10s}  steps {[round(t, 3) for t in r.times]}"
+        )
+    ref = next((n.split()[0] for n in by if not n.startswith("ours")), None)
+    ratios: dict[str, Any] = {}
+    for ours, theirs in (("off", "off"), ("full", "full"), ("selective", "full"), ("selective compiled", "full")):
+        a, b = f"ours {ours}", f"{ref} {theirs}"
+        if ref and a in by and b in by:
+            ratios[f"{a} / {b}"] = (med[a] / med[b], by[a].saved / by[b].saved)
+    for ours in ("full", "selective", "off compiled", "selective compiled"):
+        a = f"ours {ours}"
+        if a in by:
+            ratios[f"{a} / ours off"] = (med[a] / med["ours off"], by[a].saved / by["ours off"].saved)
+    for k, (t, m) in ratios.items():
+        print(f"  {k:40s} time {t:.3f}x  saved bytes {m:.3f}x")
+    return {"median_s": med, "saved_bytes": {r.name: r.saved for r in rows}, "ratios": ratios}
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--pairs", default="avion,finetune,pretrain,self")
+    p.add_argument("--avion-src", default=None, help="a clone of github.com/zhaoyue-zephyrus/AVION")
+    p.add_argument("--frames", type=int, default=None, help="default: 4 for avion, 16 otherwise")
+    p.add_argument("--size", type=int, default=224)
+    p.add_argument("--batch", type=int, default=None, help="default: 4 for avion, 1 otherwise")
+    p.add_argument("--self-model", default="vit_base_patch16_224")
+    p.add_argument("--attn", default="sdpa", choices=("sdpa", "eager", "flash"))
+    p.add_argument("--warmup", type=int, default=2)
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--compile", action="store_true", help="also ours with compiled blocks (torch.compile)")
+    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--dtype", default=None, choices=PRECISIONS, help="default: bf16 on CUDA, fp32 on CPU")
+    args = p.parse_args(argv)
+    if args.warmup < 2:
+        p.error("--warmup: at least 2 (one warm-up step is not enough on CPU)")
+    dtype = torch_dtype(args.dtype or ("bf16" if args.device.startswith("cuda") else "fp32"))
+    machine = (
+        torch.cuda.get_device_name() if args.device.startswith("cuda") else platform.processor() or platform.machine()
+    )
+    print(f"torch {torch.__version__}, {machine}, {str(dtype)[6:]}, warm-up {args.warmup}, repeats {args.repeats}")
+    for pair in args.pairs.split(","):
+        a = copy.copy(args)
+        a.frames = args.frames or (4 if pair == "avion" else 16)
+        a.batch = args.batch or (4 if pair == "avion" else 1)
+        print(f"== {pair}: {a.frames} x {a.size}, batch {a.batch}")
+        with contextlib.ExitStack():
+            rows = PAIRS[pair](a, args.device, dtype)
+            run_rows(rows, args.warmup, args.repeats, args.device)
+            report(pair, rows)
+        del rows
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
