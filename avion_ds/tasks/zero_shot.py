@@ -227,5 +227,5 @@ class ZeroShotTask(ContrastiveTask):
         report["chance_top1"] = {h: 100.0 / max(1, c.shape[0]) for h, c in classifiers.items()}
         return EvalOutcome(metrics, report, gather_failed(failed, ds), num_samples=int(index.numel()))
 
-    def eval_line(self, metrics: dict[str, float]) -> str:
+    def eval_line(self, metrics: dict[str, float], report: dict[str, Any] | None = None) -> str:
         return " ".join(f"{k}={v:.2f}" for k, v in metrics.items())
