@@ -346,7 +346,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from avion_ds.config import DataConfig
     from avion_ds.data.prep.chunking import chunk_videos
-    from avion_ds.data.prep.manifest import load_manifest
+    from avion_ds.data.prep.manifest_index import load_manifest
     from avion_ds.malloc import tune_malloc
 
     torch.set_num_threads(1)

@@ -22,7 +22,7 @@ _LAZY = {
     "aggregate_views": "avion_ds.data.datasets.views",
     "get_decoder": "avion_ds.data.decode.select",
     "chunk_videos": "avion_ds.data.prep.chunking",
-    "load_manifest": "avion_ds.data.prep.manifest",
+    "load_manifest": "avion_ds.data.prep.manifest_index",
     "make_synthetic_epic": "avion_ds.data.prep.synthetic",
     "write_video": "avion_ds.data.prep.synthetic",
 }

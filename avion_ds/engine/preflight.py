@@ -79,7 +79,8 @@ def _check_extra_paths(recipe: Recipe, need_train: bool) -> None:
 
 def _check_manifest(key: str, root: str) -> dict:
     """The chunk manifest under ``root`` (data.chunked), as ``load_manifest`` reads it; ConfigError naming ``key``."""
-    from avion_ds.data.prep.manifest import MANIFEST_NAME, load_manifest
+    from avion_ds.data.prep.manifest import MANIFEST_NAME
+    from avion_ds.data.prep.manifest_index import load_manifest
 
     if not (Path(root) / MANIFEST_NAME).is_file():
         raise ConfigError(

@@ -73,6 +73,7 @@ class ArchInfo:
     proj_dim: int = 0
     patch_dropout: float = 0.0
     drop_path_rate: float = 0.0
+    drop_path_schedule: str = "linear"  # linear: rate 0 in block 0; uniform: every block drops
     text: TextInfo | None = None  # the text tower of a dual encoder
 
 
@@ -156,6 +157,7 @@ def arch_info(model: nn.Module | str, frames: int | None = None, size: int | Non
         proj_dim=int(getattr(arch, "proj_dim", None) or 0),
         patch_dropout=float(getattr(arch, "patch_dropout", 0.0)),
         drop_path_rate=float(getattr(arch, "drop_path_rate", 0.0)),
+        drop_path_schedule=str(getattr(arch, "drop_path_schedule", "linear")),
     )
 
 
@@ -259,8 +261,9 @@ def activation_bytes_per_clip(
     extra += tokens * d * s + 2 * s  # the class-token norm (ln_post): the last block's output, its statistics
     extra += d * s if info.proj_dim else 0  # the projection's input
     extra += 8 * (patches + 1) if info.patch_dropout > 0 else 0  # patch dropout's int64 indices (kept, row)
-    if info.drop_path_rate > 0:  # stochastic depth (rate 0 in block 0): a mask per branch of un-checkpointed blocks
-        kept = set(range(1, info.depth)) - selected_blocks(info.depth, checkpointing, first_n)
+    if info.drop_path_rate > 0:  # stochastic depth: a mask per branch of un-checkpointed blocks that drop
+        first = 0 if info.drop_path_schedule == "uniform" else 1  # the linear ramp's block 0 has rate 0
+        kept = set(range(first, info.depth)) - selected_blocks(info.depth, checkpointing, first_n)
         extra += 2 * s * len(kept)
     if info.text is not None:
         extra += text_activation_bytes(info.text, s, checkpointing, first_n, backend, policy)
@@ -281,7 +284,7 @@ def text_activation_bytes(
     ids (int64) the embedding keeps, the two int64 indices that pick the end-of-text token, its
     norm's input and statistics, the projection's input; then the forward's L2 normalisation of
     both embeddings in float32 (each: the embedding, its norm, the clamped norm) and the fp32 logit scale
-    (4 or 8 bytes once per batch, counted in every clip's share).
+    (4 bytes once per batch, counted in every clip's share).
     """
     n, d = text.context, text.embed_dim
     c = checkpointed_blocks(text.depth, checkpointing, first_n)
@@ -290,7 +293,7 @@ def text_activation_bytes(
     pooled = 8 * n + 2 * 8 + d * s + 2 * s + (d * s if text.proj_dim else 0)
     e = text.proj_dim or d
     f = max(s, 4)  # 16-bit embeddings are normalised in float32 (models/clip.py)
-    return blocks + pooled + 2 * (e * f + 2 * f) + 4 + (4 if s != 4 else 0)  # exp (+ the fp32 copy it clamps)
+    return blocks + pooled + 2 * (e * f + 2 * f) + 4  # exp of the fp32 temperature (clamped after the step)
 
 
 # ----------------------------------------------------------------------------------------------

@@ -14,7 +14,8 @@ from avion_ds.config import DataConfig
 from avion_ds.data import build_dataset
 from avion_ds.data.errors import DataError
 from avion_ds.data.prep.chunking import chunk_videos
-from avion_ds.data.prep.manifest import check_chunk_file, load_manifest
+from avion_ds.data.prep.manifest import check_chunk_file
+from avion_ds.data.prep.manifest_index import load_manifest
 from avion_ds.data.prep.synthetic import read_frame_index, write_video
 
 REPO = Path(__file__).resolve().parents[2]

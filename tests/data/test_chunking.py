@@ -8,7 +8,8 @@ import shutil
 
 from avion_ds.data.prep import chunking
 from avion_ds.data.prep.chunking import FAILURES_NAME, chunk_videos, output_size
-from avion_ds.data.prep.manifest import load_manifest, read_manifest_records
+from avion_ds.data.prep.manifest import read_manifest_records
+from avion_ds.data.prep.manifest_index import load_manifest
 from avion_ds.data.prep.synthetic import read_frame_index, write_video
 
 

@@ -15,7 +15,7 @@ from avion_ds.data import build_dataset
 from avion_ds.data.crop import clip_rng, crop_resize, random_resized_crop
 from avion_ds.data.datasets.clip import EPIC_REQUIRED
 from avion_ds.data.errors import DataError
-from avion_ds.data.prep.manifest import load_manifest
+from avion_ds.data.prep.manifest_index import load_manifest
 from avion_ds.data.prep.synthetic import read_frame_index
 from avion_ds.data.sampling import map_to_chunks, stride_indices
 

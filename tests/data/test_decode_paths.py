@@ -22,7 +22,7 @@ from avion_ds.data.crop import CropBox, CropSpec, clip_rng, random_resized_crop
 from avion_ds.data.decode.helper import SLOTS
 from avion_ds.data.decode.select import available_backends, get_decoder
 from avion_ds.data.prep.chunking import chunk_videos
-from avion_ds.data.prep.manifest import load_manifest
+from avion_ds.data.prep.manifest_index import load_manifest
 from avion_ds.data.prep.synthetic import read_frame_index, write_video
 
 BACKENDS = available_backends()

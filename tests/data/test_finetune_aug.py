@@ -14,7 +14,7 @@ from avion_ds.config import DataConfig
 from avion_ds.data import build_dataset
 from avion_ds.data.augment import DeviceAugment
 from avion_ds.data.crop import clip_rng, crop_resize, random_resized_crop
-from avion_ds.data.prep.manifest import load_manifest
+from avion_ds.data.prep.manifest_index import load_manifest
 from avion_ds.data.randaug import ClipRandAugment, parse_rand_aug
 from avion_ds.data.sampling import map_to_chunks, stride_indices
 

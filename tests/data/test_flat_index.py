@@ -19,8 +19,7 @@ from avion_ds.data import index_cache as ic
 from avion_ds.data.crop import clip_rng
 from avion_ds.data.datasets import ego4d
 from avion_ds.data.errors import DataError
-from avion_ds.data.prep.manifest import load_manifest
-from avion_ds.data.prep.manifest_index import join_path
+from avion_ds.data.prep.manifest_index import join_path, load_manifest
 from avion_ds.data.sampling import map_to_chunks
 from tests.data.test_ego4d import ROWS, write_rows
 from tests.helpers.index_oracle import object_dataset, object_manifest, object_narrations, write_scale_inputs

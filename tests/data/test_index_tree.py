@@ -16,7 +16,8 @@ from avion_ds.data.datasets.clip import VideoIndex
 from avion_ds.data.errors import DataError
 from avion_ds.data.prep import chunking
 from avion_ds.data.prep.index_tree import index_tree, probe_chunk
-from avion_ds.data.prep.manifest import load_manifest, read_manifest_records
+from avion_ds.data.prep.manifest import read_manifest_records
+from avion_ds.data.prep.manifest_index import load_manifest
 from avion_ds.data.prep.synthetic import EPIC_COLUMNS, format_timestamp, read_frame_index, write_video
 
 FPS, CHUNK_S, W, H = 10, 2, 32, 32

@@ -11,7 +11,7 @@ import pytest
 from avion_ds.data import build_dataset
 from avion_ds.data.decode.select import available_backends, pick_decoder
 from avion_ds.data.errors import DataError
-from avion_ds.data.prep.manifest import load_manifest
+from avion_ds.data.prep.manifest_index import load_manifest
 
 
 def _first_chunk_rows(ds) -> tuple[Path, list[int]]:

@@ -252,7 +252,7 @@ CASES: list[tuple[str, list[str], Callable | None, Callable | None, list[str], l
     ),
     ("empty_recipe", [], None, _empty_recipe, [], ["r.yaml is empty"]),
     # one line from the start
-    ("recipe_key_typo", ["optim.learning_rate=1e-3"], None, None, [], ["optim.learning_rate", "known: lr"]),
+    ("recipe_key_typo", ["optim.learning_rate=1e-3"], None, None, [], ["optim.learning_rate", "did you mean lr?"]),
     ("section_typo", ["optm.lr=1"], None, None, [], ["unknown recipe key 'optm'"]),
     ("bad_int", ["batch.micro_batch=eight"], None, None, [], ["batch.micro_batch", "'eight'"]),
     ("bad_bool", ["checkpoint.resume=maybe"], None, None, [], ["checkpoint.resume", "'maybe'"]),

@@ -318,7 +318,7 @@ def test_checkpoint_that_would_run_code_is_refused_without_running_it(tmp_path):
     with pytest.raises(
         UntrustedCheckpoint,
         match=r"evil.pth pickles Python objects .*\(posix.system\).*"
-        r"model.trust_checkpoint: true",
+        r"pass --trust-checkpoint on the command line only if you trust the file",
     ) as info:
         load_pretrained(_fresh(), tmp_path / "evil.pth")
     assert "\n" not in str(info.value)

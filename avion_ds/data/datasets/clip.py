@@ -52,13 +52,8 @@ from avion_ds.data.datasets.quarantine import quarantine_path, read_quarantine, 
 from avion_ds.data.decode.base import REGISTRY, load_plugins
 from avion_ds.data.decode.select import get_decoder, pick_decoder
 from avion_ds.data.errors import DataError
-from avion_ds.data.prep.manifest import (
-    VideoEntry,
-    check_chunk_file,
-    find_videos,
-    load_manifest,
-    probe_video,
-)
+from avion_ds.data.prep.manifest import VideoEntry, check_chunk_file, find_videos, probe_video
+from avion_ds.data.prep.manifest_index import load_manifest
 from avion_ds.data.sampling import (
     eval_indices,
     map_to_chunks,

@@ -176,7 +176,8 @@ def check_rows(cfg: DataConfig, report: CheckReport) -> list:
 
 def run_check(target: str, overrides: list[str], full: bool, workers: int, out: str | None) -> CheckReport:
     """Check a recipe's dataset (annotations + files) or a chunk directory (files); write the outputs."""
-    from avion_ds.data.prep.manifest import MANIFEST_NAME, load_manifest
+    from avion_ds.data.prep.manifest import MANIFEST_NAME
+    from avion_ds.data.prep.manifest_index import load_manifest
 
     t0 = time.perf_counter()
     path = Path(target)

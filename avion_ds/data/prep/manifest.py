@@ -22,7 +22,7 @@ import logging
 import os
 import stat
 from bisect import bisect_right
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -195,23 +195,6 @@ def dedupe_records(records: Iterable[dict]) -> list[dict]:
         if int(r.get("job", 0)) == newest[r["video_id"]]:
             last[(r["video_id"], int(r["start_frame"]))] = r
     return list(last.values())
-
-
-def load_manifest(root: str | Path) -> Mapping[str, VideoEntry]:
-    """``{video_id: VideoEntry}`` of ``root/manifest.jsonl``; chunk paths absolute (under the manifest's
-    directory). Kept as a flat, memory-mapped index cached beside the manifest
-    (:mod:`avion_ds.data.prep.manifest_index`): each video's newest job, the last record per
-    (video_id, start_frame), chunks with frames > 0, sorted by start_frame; ValueError naming a bad record."""
-    from avion_ds.data.prep.manifest_index import load_manifest_index
-
-    root = Path(root)
-    mpath = root / MANIFEST_NAME if root.is_dir() or not root.suffix else root
-    if not mpath.is_file():
-        raise FileNotFoundError(
-            f"no chunk manifest at {mpath} (run `avion-ds chunk SRC DST` first, "
-            f"or set data.chunked=false for whole videos)"
-        )
-    return load_manifest_index(mpath)
 
 
 def probe_video(path: str | Path, video_id: str | None = None) -> VideoEntry:

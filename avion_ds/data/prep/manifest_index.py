@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 
 from avion_ds.data.index_cache import MappedIndex, Strings, cached_index, pack_strings
-from avion_ds.data.prep.manifest import Chunk, VideoEntry, dedupe_records, read_manifest_records
+from avion_ds.data.prep.manifest import MANIFEST_NAME, Chunk, VideoEntry, dedupe_records, read_manifest_records
 
 log = logging.getLogger(__name__)
 LAYOUT = 2  # version of the arrays below: a cache of another layout is rebuilt
@@ -193,3 +193,18 @@ def load_manifest_index(mpath: Path) -> FlatManifest:
     for message in index.meta.get("warnings", []):
         log.warning("%s", message)
     return FlatManifest(index, mpath.parent)
+
+
+def load_manifest(root: str | Path) -> Mapping[str, VideoEntry]:
+    """``{video_id: VideoEntry}`` of ``root/manifest.jsonl``; chunk paths absolute (under the manifest's
+    directory). Kept as a flat, memory-mapped index cached beside the manifest
+    (:mod:`avion_ds.data.prep.manifest_index`): each video's newest job, the last record per
+    (video_id, start_frame), chunks with frames > 0, sorted by start_frame; ValueError naming a bad record."""
+    root = Path(root)
+    mpath = root / MANIFEST_NAME if root.is_dir() or not root.suffix else root
+    if not mpath.is_file():
+        raise FileNotFoundError(
+            f"no chunk manifest at {mpath} (run `avion-ds chunk SRC DST` first, "
+            f"or set data.chunked=false for whole videos)"
+        )
+    return load_manifest_index(mpath)
