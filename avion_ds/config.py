@@ -1,7 +1,7 @@
 """Recipe = typed dataclasses loaded from YAML, validated once, with dotted command-line overrides.
 
 A recipe is the whole description of a run except the DeepSpeed JSON (which the user passes
-separately and `avion_ds.engine.ds_config.build_ds_config` merges with the recipe). Unknown or
+separately and `avion_ds.distributed.ds_config.build_ds_config` merges with the recipe). Unknown or
 mistyped keys fail at load time naming the key; values are coerced to the annotated type.
 """
 

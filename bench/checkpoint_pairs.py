@@ -47,7 +47,7 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from avion_ds.engine.ds_config import PRECISIONS, torch_dtype
+from avion_ds.distributed.ds_config import PRECISIONS, torch_dtype
 from avion_ds.memory.activations import SavedTensorTracker
 from avion_ds.memory.units import format_bytes
 from avion_ds.models import apply_activation_checkpointing, create_model, remove_activation_checkpointing

@@ -25,10 +25,11 @@ import time
 import torch
 import torch.nn.functional as F
 
-from avion_ds.engine.ds_config import PRECISIONS, torch_dtype
+from avion_ds.data.tokenizer import tokenize
+from avion_ds.distributed.ds_config import PRECISIONS, torch_dtype
 from avion_ds.memory.activations import measure_activation_bytes
 from avion_ds.memory.estimate import activation_bytes_per_clip, arch_info
-from avion_ds.models import apply_activation_checkpointing, create_model, model_flops, tokenize
+from avion_ds.models import apply_activation_checkpointing, create_model, model_flops
 
 CAPTIONS = ["#C C cuts the onion on the chopping board", "#C C opens the fridge door with the left hand"]
 

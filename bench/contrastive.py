@@ -28,7 +28,7 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 def build(args: argparse.Namespace, accum: int) -> tuple[Trainer, int]:
-    from avion_ds.engine.ds_config import build_ds_config
+    from avion_ds.distributed.ds_config import build_ds_config
     from avion_ds.engine.parallelize import parallelize
     from avion_ds.engine.trainer import Trainer
     from avion_ds.tasks import load_recipe, task_of
@@ -57,7 +57,7 @@ def build(args: argparse.Namespace, accum: int) -> tuple[Trainer, int]:
 
 
 def batches(args: argparse.Namespace, micro: int, accum: int) -> list[dict]:
-    from avion_ds.models import tokenize
+    from avion_ds.data.tokenizer import tokenize
 
     g = torch.Generator().manual_seed(0)
     frames = torch.randn(args.batch, 3, args.frames, args.size, args.size, generator=g)
@@ -80,7 +80,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--warmup", type=int, default=1)
     p.add_argument("--iters", type=int, default=3)
     args = p.parse_args(argv)
-    from avion_ds.engine import dist
+    from avion_ds.distributed import dist
 
     for k, v in {"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1"}.items():
         os.environ.setdefault(k, v)

@@ -27,8 +27,8 @@ import torch
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from avion_ds.engine import dist
-from avion_ds.engine.ds_config import build_ds_config, scaled_lr
+from avion_ds.distributed import dist
+from avion_ds.distributed.ds_config import build_ds_config, scaled_lr
 from avion_ds.engine.losses import total_loss
 from avion_ds.engine.optim import client_adamw, optimizer_groups
 from avion_ds.engine.schedule import WarmupCosine

@@ -347,7 +347,7 @@ def main(argv: list[str] | None = None) -> int:
     from avion_ds.config import DataConfig
     from avion_ds.data.prep.chunking import chunk_videos
     from avion_ds.data.prep.manifest_index import load_manifest
-    from avion_ds.malloc import tune_malloc
+    from avion_ds.distributed.malloc import tune_malloc
 
     torch.set_num_threads(1)
     # in-process paths stand for a DataLoader worker, which tunes its malloc (the helper does too)

@@ -25,7 +25,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from avion_ds.engine.dist import free_port
+from avion_ds.distributed.dist import free_port
 from avion_ds.memory.units import format_bytes
 
 REPO = Path(__file__).resolve().parents[1]

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 import torch
 
-from avion_ds.engine.ds_config import PRECISIONS, torch_dtype
+from avion_ds.distributed.ds_config import PRECISIONS, torch_dtype
 from avion_ds.memory.activations import measure_activation_bytes
 from avion_ds.models import apply_activation_checkpointing, create_model, model_flops
 from avion_ds.models.attention import flash_available

@@ -28,7 +28,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from avion_ds.engine.ds_config import PRECISIONS, torch_dtype
+from avion_ds.distributed.ds_config import PRECISIONS, torch_dtype
 from avion_ds.memory.activations import measure_activation_bytes
 from avion_ds.memory.units import format_bytes
 from avion_ds.models import create_model

@@ -114,7 +114,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     import deepspeed
     import torch.distributed as dist
 
-    from avion_ds.engine.dist import unlink_shm_buffer
+    from avion_ds.distributed.dist import unlink_shm_buffer
     from avion_ds.models import create_model, load_pretrained
     from avion_ds.models.partition import param_count, partitioned_construction
     from avion_ds.models.weights.sharded import load_pretrained_sharded
@@ -177,8 +177,8 @@ def run_train_path(args: argparse.Namespace) -> dict[str, Any]:
     """The training command's construction (see the module docstring), measured per stage."""
     import torch.distributed as dist
 
-    from avion_ds.engine import dist as ds_dist
-    from avion_ds.engine.ds_config import build_ds_config
+    from avion_ds.distributed import dist as ds_dist
+    from avion_ds.distributed.ds_config import build_ds_config
     from avion_ds.engine.parallelize import parallelize
     from avion_ds.models.partition import param_count
     from avion_ds.tasks import load_recipe, task_of

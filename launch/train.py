@@ -1,12 +1,12 @@
 """Thin entry for `deepspeed launch/train.py ...`, `torchrun launch/train.py ...` or plain python.
 
-All logic lives in avion_ds.engine.train_cli; this file only forwards argv (the deepspeed launcher
+All logic lives in avion_ds.cli.train; this file only forwards argv (the deepspeed launcher
 appends --local_rank=N, which the package's parser accepts).
 """
 
 import sys
 
-from avion_ds.engine.train_cli import main
+from avion_ds.cli.train import main
 
 if __name__ == "__main__":
     sys.exit(main(sys.argv[1:]))

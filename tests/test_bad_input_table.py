@@ -371,7 +371,7 @@ def test_table_keeps_every_malformed_invocation() -> None:
 def test_the_tables_recipes_pass_as_they_are(files: dict, capsys: pytest.CaptureFixture, monkeypatch) -> None:
     """Each base recipe passes every start-up check (so each case fails for its own reason)."""
     no_process_group(monkeypatch)
-    from avion_ds.engine import train_cli
+    from avion_ds.cli import train as train_cli
 
     for name in ("contrastive", "mir", "cls"):
         code = train_cli.main(["--config", str(files["recipes"][name]), "--deepspeed_config", str(ZERO2), "--dry-run"])
@@ -385,7 +385,7 @@ def test_some_chunks_missing_under_skip_are_counted_in_the_start_up_summary(
     """Under data.on_error: skip a root where only some sampled rows hit a missing chunk still starts; the
     dry run's summary counts them and names the first file (training skips them, named once, counted)."""
     no_process_group(monkeypatch)
-    from avion_ds.engine import train_cli
+    from avion_ds.cli import train as train_cli
 
     _drop_one_chunk(files)
     code = train_cli.main(

@@ -98,7 +98,7 @@ def test_progress_bar_only_on_a_terminal(monkeypatch: pytest.MonkeyPatch) -> Non
     """Eval/export bars: shown on rank 0 when stderr is a terminal, silent in logs and CI."""
     import sys
 
-    from avion_ds.engine.run_log import progress
+    from avion_ds.distributed.run_log import progress
 
     monkeypatch.setattr(sys.stderr, "isatty", lambda: False, raising=False)
     assert progress(range(3), "eval").disable

@@ -18,8 +18,8 @@ from pathlib import Path
 import pytest
 
 from avion_ds import cli
-from avion_ds.cli_args import respell
-from avion_ds.cli_parsers import eval_args, train_args
+from avion_ds.cli.args import respell
+from avion_ds.cli.parsers import eval_args, train_args
 from tests.helpers import launch
 
 
@@ -109,7 +109,7 @@ def test_models_gflops_of_test_sizes_are_not_zero(capsys: pytest.CaptureFixture)
 
 
 def test_eval_offload_says_where_the_parameters_went() -> None:
-    from avion_ds.engine.eval_cli import offload_line
+    from avion_ds.cli.eval import offload_line
 
     cpu = offload_line(eval_args(["--checkpoint", "r", "--offload", "cpu", "--max-live-params", "1e5"]))
     assert "parameters offloaded to CPU memory" in cpu and "at most 100,000 live parameters" in cpu

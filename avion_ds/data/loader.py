@@ -14,7 +14,7 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
-from avion_ds.malloc import tune_malloc
+from avion_ds.distributed.malloc import tune_malloc
 
 
 def _seed_worker(worker_id: int) -> None:

@@ -25,8 +25,8 @@ from typing import Any
 import torch
 
 from avion_ds.config import ConfigError, Recipe
-from avion_ds.engine import dist
-from avion_ds.engine.rng import rng_state
+from avion_ds.distributed import dist
+from avion_ds.distributed.rng import rng_state
 from avion_ds.models.weights.safe_load import load_checkpoint_file
 from avion_ds.rundir import (
     BEST,

@@ -35,8 +35,8 @@ import numpy as np
 import torch
 
 from avion_ds import rundir
-from avion_ds.engine import dist
-from avion_ds.engine.rng import rng_state, set_rng_state
+from avion_ds.distributed import dist
+from avion_ds.distributed.rng import rng_state, set_rng_state
 from avion_ds.models.weights.safe_load import load_checkpoint_file
 
 UNIVERSAL = "universal"

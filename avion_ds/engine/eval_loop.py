@@ -13,7 +13,8 @@ from typing import Any
 
 import torch
 
-from avion_ds.engine.bad_input import BadInputLog, batch_messages
+from avion_ds.data.bad_input import BadInputLog, batch_messages
+from avion_ds.distributed.run_log import progress
 from avion_ds.engine.metrics import (
     PredictionStore,
     aggregate_outputs,
@@ -21,7 +22,6 @@ from avion_ds.engine.metrics import (
     failed_in_batch,
     gather_failed,
 )
-from avion_ds.engine.run_log import progress
 
 
 def augmented_batch(batch: dict[str, Any], augment: Callable, device: torch.device) -> tuple[torch.Tensor, Any]:

@@ -17,10 +17,10 @@ from pathlib import Path
 import torch
 import yaml
 
-from avion_ds.cli_args import Parser, add_positional_alias, alias_positional
-from avion_ds.cli_parsers import add_weights_option
+from avion_ds.cli.args import Parser, add_positional_alias, alias_positional
+from avion_ds.cli.parsers import add_weights_option
 from avion_ds.config import ConfigError
-from avion_ds.engine.run_log import progress
+from avion_ds.distributed.run_log import progress
 from avion_ds.rundir import (
     MARKER,
     checkpoint_dir,

@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from avion_ds.config import Recipe
-from avion_ds.engine.ds_config import (
+from avion_ds.distributed.ds_config import (
     offload_device,
     precision_of,
     resolve_batch,

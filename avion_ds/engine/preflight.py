@@ -185,7 +185,7 @@ def _check_labels(recipe: Recipe, key: str, classes: int | dict[str, int]) -> No
 def check_runtime(recipe: Recipe, precision: str, accelerator: str) -> None:
     """Attention backend and precision the recipe asks for must be able to run on this machine."""
     if recipe.model.attn_backend == "flash":
-        from avion_ds.engine.ds_config import torch_dtype
+        from avion_ds.distributed.ds_config import torch_dtype
         from avion_ds.models import get_arch, resolve_backend
 
         dtype = torch_dtype(precision)

@@ -20,9 +20,8 @@ import torch
 
 from avion_ds.config import ConfigError, Recipe
 from avion_ds.data.errors import DataError, KeyedInputError
-from avion_ds.engine import dist
-from avion_ds.engine import preflight as pf
-from avion_ds.engine.ds_config import (
+from avion_ds.distributed import dist
+from avion_ds.distributed.ds_config import (
     BatchPlan,
     accelerator_name,
     build_ds_config,
@@ -31,6 +30,7 @@ from avion_ds.engine.ds_config import (
     resolve_batch,
     validate_with_deepspeed,
 )
+from avion_ds.engine import preflight as pf
 from avion_ds.engine.weights_fit import check_weights_fit
 from avion_ds.tasks import ModelSummary, Task, task_of
 

@@ -28,15 +28,16 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from avion_ds.config import Recipe
+from avion_ds.data.bad_input import BadInputLog, batch_messages
+from avion_ds.distributed import dist
+from avion_ds.distributed.ds_config import torch_dtype
+from avion_ds.distributed.rng import set_rng_state
+from avion_ds.distributed.run_log import RunLogger, peak_memory_gib
 from avion_ds.engine import checkpoint as ckpt
-from avion_ds.engine import dist, ema
+from avion_ds.engine import ema
 from avion_ds.engine.accum import poison_nonfinite, step_window
-from avion_ds.engine.bad_input import BadInputLog, batch_messages
-from avion_ds.engine.ds_config import torch_dtype
 from avion_ds.engine.parallelize import Parallelized
 from avion_ds.engine.resume_loader import loader_skipping
-from avion_ds.engine.rng import set_rng_state
-from avion_ds.engine.run_log import RunLogger, peak_memory_gib
 from avion_ds.engine.schedule import decayed_weight_decay
 
 if TYPE_CHECKING:

@@ -45,7 +45,7 @@ def _fill_config(cfg: dict[str, Any], micro: int, accum: int, world: int, dtype:
     """The candidate's JSON through the one builder, for a probe: batch shape and precision from the
     arguments, the recipe's default optimizer values; torch AdamW unless the optimizer is offloaded
     (no FusedAdam JIT build, which needs nvcc)."""
-    from avion_ds.engine.ds_config import (
+    from avion_ds.distributed.ds_config import (
         build_ds_config,
         fixed_batch_recipe,
         offloads_optimizer,
@@ -117,8 +117,8 @@ def train_step_probe(
 
     from deepspeed.accelerator import get_accelerator
 
-    from avion_ds.engine import dist
-    from avion_ds.engine.ds_config import zero_stage
+    from avion_ds.distributed import dist
+    from avion_ds.distributed.ds_config import zero_stage
     from avion_ds.engine.parallelize import parallelize, unwrap
     from avion_ds.engine.trainer import Trainer
     from avion_ds.models import model_flops

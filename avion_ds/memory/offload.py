@@ -22,7 +22,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from avion_ds.engine import dist
+from avion_ds.distributed import dist
 from avion_ds.models.partition import is_partitioned_model
 
 OFFLOAD_DEVICES = ("cpu", "nvme")
@@ -50,7 +50,7 @@ def inference_ds_config(
     ``build_ds_config`` from ``ds_configs/zero3_offload.json`` (``zero3_nvme.json`` for NVMe) with
     only :data:`INFERENCE_KNOBS` changed and the optimizer sections removed; micro-batch 1.
     ``train_batch_size`` is left to DeepSpeed (1 x its world size)."""
-    from avion_ds.engine.ds_config import (
+    from avion_ds.distributed.ds_config import (
         build_ds_config,
         fixed_batch_recipe,
         reference_config,

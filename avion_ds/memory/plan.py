@@ -19,7 +19,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from avion_ds.cli_args import Parser
+from avion_ds.cli.args import Parser
 from avion_ds.memory.units import format_bytes, parse_bytes
 
 CHECKPOINT_CHOICES = (0, 1, 2, 4)  # 0 = none, k = every k-th block
@@ -261,7 +261,7 @@ def plan_overrides(c: Candidate, nvme_path: str | None = None) -> dict[str, Any]
 def ds_config_for(c: Candidate, nvme_path: str | None = None) -> dict[str, Any]:
     """The DeepSpeed JSON a plan writes: its reference ``ds_configs/*.json`` with :func:`plan_overrides`
     merged in ("auto" kept where ``build_ds_config`` fills from the recipe at launch)."""
-    from avion_ds.engine.ds_config import merge_overrides, reference_config
+    from avion_ds.distributed.ds_config import merge_overrides, reference_config
 
     return merge_overrides(reference_config(reference_name(c)), plan_overrides(c, nvme_path))
 

@@ -1,6 +1,6 @@
 """Video ViT model family: registry, VideoMAE-style blocks, attention backends, activation
 checkpointing, pretrained loading and FLOPs; the CLIP-style video-text dual encoders and their
-tokenizer."""
+tokenizer (in avion_ds.data.tokenizer)."""
 
 from avion_ds.models.activation_checkpointing import (
     apply_activation_checkpointing,
@@ -19,7 +19,6 @@ from avion_ds.models.registry import (
     register_model,
 )
 from avion_ds.models.text import TextArch, TextTransformer
-from avion_ds.models.tokenizer import tokenize
 from avion_ds.models.vit import VideoViT, count_params
 from avion_ds.models.weights.formats import LoadReport, load_pretrained
 from avion_ds.models.weights.mae_formats import load_pretrained_mae
@@ -47,5 +46,4 @@ __all__ = [
     "register_model",
     "remove_activation_checkpointing",
     "resolve_backend",
-    "tokenize",
 ]

@@ -5,7 +5,7 @@ video tower, CLIP's causal text transformer, and a learned temperature.
 ``exp(t)`` of the temperature parameter ``t`` (init ln(1 / 0.07)). As AVION (``main_lavila_pretrain.py``:
 ``logit_scale.data.clamp_(0, 4.6052)`` after each step), ``t`` itself is clamped to [0, ln 100] after
 every optimizer step (``ContrastiveTask.after_step``, on the fp32 master weight too:
-``engine.master_weights``), never in the forward: a ``t`` the step pushed past ln 100 keeps its gradient
+``distributed.master_weights``), never in the forward: a ``t`` the step pushed past ln 100 keeps its gradient
 and comes back by the clamp, instead of sitting at a flat clamp that no gradient leaves.
 
 Registered sizes use AVION's training choices: exact-erf GELU in both towers (AVION's
@@ -144,7 +144,7 @@ class VideoTextDualEncoder(nn.Module):
         return self.visual(frames)
 
     def encode_text(self, tokens: torch.Tensor) -> torch.Tensor:
-        """(B, 77) token ids (``avion_ds.models.tokenize``) -> (B, E) text embeddings (not normalised)."""
+        """(B, 77) token ids (``avion_ds.data.tokenizer.tokenize``) -> (B, E) text embeddings (not normalised)."""
         return self.textual(tokens)
 
     def scale(self) -> torch.Tensor:

@@ -82,7 +82,7 @@ def gflops_text(gflops: float) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point for `avion-ds models`."""
-    from avion_ds.cli_parsers import models_args
+    from avion_ds.cli.parsers import models_args
 
     args = models_args(argv)
     from avion_ds.models.registry import list_models  # after parsing: --help answers without torch

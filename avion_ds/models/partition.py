@@ -23,7 +23,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from avion_ds.malloc import pin_mmap_threshold
+from avion_ds.distributed.malloc import pin_mmap_threshold
 
 
 def is_partitioned(p: torch.Tensor) -> bool:
@@ -77,7 +77,7 @@ def zero_init(ds_config: dict[str, Any]) -> Any:
     """
     import deepspeed
 
-    from avion_ds.engine.ds_config import offload_device, precision_of, torch_dtype
+    from avion_ds.distributed.ds_config import offload_device, precision_of, torch_dtype
 
     offload = ds_config["zero_optimization"].get("offload_param") or {}
     init = deepspeed.zero.Init(
@@ -99,7 +99,7 @@ def partitioned_construction(ds_config: dict[str, Any] | None) -> Iterator[bool]
     Wrap ANY model construction (``create_model``, pretraining models) in it; the model must then
     be handed to ``deepspeed.initialize`` with the same config. Needs a process group.
     """
-    from avion_ds.engine.ds_config import zero_stage
+    from avion_ds.distributed.ds_config import zero_stage
 
     if zero_stage(ds_config) != 3:
         yield False

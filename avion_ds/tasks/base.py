@@ -21,7 +21,7 @@ from torch import nn
 
 if TYPE_CHECKING:
     from avion_ds.config import Recipe
-    from avion_ds.engine.bad_input import BadInputLog
+    from avion_ds.data.bad_input import BadInputLog
 
 LossParts = tuple[torch.Tensor, dict[str, torch.Tensor]]
 
@@ -145,7 +145,7 @@ def build_with_weights(
     """``create_model(recipe.model.name, **kwargs)`` (partitioned under a ZeRO-3 ``ds_config``) with
     ``pretrained`` (default ``model.pretrained``; "" for none) loaded and reported; ``load``: extra
     arguments of ``load_and_report`` (e.g. ``kinetics_head``). What every task's ``build_model`` shares."""
-    from avion_ds.engine import dist
+    from avion_ds.distributed import dist
     from avion_ds.engine.weights_report import load_and_report
     from avion_ds.models import create_model
     from avion_ds.models.weights.sharded import build_partitioned

@@ -30,7 +30,7 @@ from avion_ds.tasks.registry import register_task
 
 if TYPE_CHECKING:
     from avion_ds.config import Recipe
-    from avion_ds.engine.bad_input import BadInputLog
+    from avion_ds.data.bad_input import BadInputLog
 
 # AVION scripts/main_lavila_pretrain.py defaults (get_args_parser); keys the recipe sets win
 CONTRASTIVE_DEFAULTS: dict[str, dict[str, Any]] = {
@@ -147,7 +147,7 @@ class ContrastiveTask(Task):
         run_dir: Path | None = None,
         ds_config: dict[str, Any] | None = None,
     ) -> nn.Module:
-        from avion_ds.engine import dist
+        from avion_ds.distributed import dist
 
         model = build_with_weights(recipe, _encoder_kwargs(recipe), pretrained, run_dir, ds_config)
         frozen = freeze_towers(model, recipe)
@@ -157,7 +157,7 @@ class ContrastiveTask(Task):
 
     def after_step(self, engine: Any) -> None:
         """AVION's ``logit_scale.data.clamp_(0, 4.6052)`` after every step, master weight included."""
-        from avion_ds.engine.master_weights import clamp_parameter_
+        from avion_ds.distributed.master_weights import clamp_parameter_
         from avion_ds.models.clip import LOGIT_SCALE_MAX
 
         scale = getattr(engine.module, "logit_scale", None)
@@ -168,7 +168,7 @@ class ContrastiveTask(Task):
         return 0  # targets are narration tokens, passed through the augmentation untouched
 
     def synthetic_batch(self, recipe: Recipe, batch_size: int, device: torch.device | str = "cpu") -> dict[str, Any]:
-        from avion_ds.models.tokenizer import tokenize
+        from avion_ds.data.tokenizer import tokenize
 
         d = recipe.data
         frames = torch.randn(batch_size, 3, d.num_frames, d.size, d.size, device=device)

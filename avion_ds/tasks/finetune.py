@@ -21,7 +21,7 @@ from avion_ds.tasks.registry import register_task
 
 if TYPE_CHECKING:
     from avion_ds.config import Recipe
-    from avion_ds.engine.bad_input import BadInputLog
+    from avion_ds.data.bad_input import BadInputLog
 
 # the labels each dataset yields: head names for multi-head datasets, None = one integer label
 DATASET_HEADS: dict[str, tuple[str, ...] | None] = {"epic": ("verb", "noun"), "kinetics": None, "ssv2": None}

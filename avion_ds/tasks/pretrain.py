@@ -24,8 +24,8 @@ from avion_ds.tasks.registry import register_task
 
 if TYPE_CHECKING:
     from avion_ds.config import Recipe
+    from avion_ds.data.bad_input import BadInputLog
     from avion_ds.data.masking import MaskSpec
-    from avion_ds.engine.bad_input import BadInputLog
 
 # this task's recipe defaults (VideoMAE pretraining); keys the recipe sets win
 PRETRAIN_DEFAULTS: dict[str, dict[str, Any]] = {
@@ -130,7 +130,7 @@ class PretrainTask(Task):
         run_dir: Path | None = None,
         ds_config: dict[str, Any] | None = None,
     ) -> nn.Module:
-        from avion_ds.engine.ds_config import zero_stage
+        from avion_ds.distributed.ds_config import zero_stage
         from avion_ds.models.weights.sharded import build_partitioned
 
         source = pretrained if pretrained is not None else recipe.model.pretrained

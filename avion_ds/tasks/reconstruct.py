@@ -19,9 +19,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from avion_ds.cli_args import Parser
+from avion_ds.cli.args import Parser
 from avion_ds.config import ConfigError, Recipe, add_override_option
-from avion_ds.engine import dist
+from avion_ds.distributed import dist
 from avion_ds.tasks.pretrain import PretrainTask, build_pretrain_model, mask_spec
 
 

@@ -19,11 +19,11 @@ from typing import Any
 import numpy as np
 import torch
 
-from avion_ds.engine import dist
-from avion_ds.engine.bad_input import BadInputLog, batch_messages
+from avion_ds.data.bad_input import BadInputLog, batch_messages
+from avion_ds.distributed import dist
+from avion_ds.distributed.run_log import progress
 from avion_ds.engine.eval_loop import augmented_batch
 from avion_ds.engine.metrics import PredictionStore, failed_in_batch, gather_failed, mir_metrics_matched
-from avion_ds.engine.run_log import progress
 from avion_ds.tasks.base import EvalOutcome
 
 MIR_PROTOCOL = (

@@ -36,7 +36,7 @@ from avion_ds.tasks.zero_shot_classes import (
 
 if TYPE_CHECKING:
     from avion_ds.config import Recipe
-    from avion_ds.engine.bad_input import BadInputLog
+    from avion_ds.data.bad_input import BadInputLog
     from avion_ds.models.weights.formats import LoadReport
 
 BENCHMARKS = ("epic", "egtea", "charades_ego")
@@ -153,7 +153,7 @@ class ZeroShotTask(ContrastiveTask):
         run_dir: Path | None = None,
         ds_config: dict[str, Any] | None = None,
     ) -> nn.Module:
-        from avion_ds.engine import dist
+        from avion_ds.distributed import dist
         from avion_ds.engine.weights_report import load_and_report
 
         source = pretrained if pretrained is not None else recipe.model.pretrained
@@ -184,10 +184,10 @@ class ZeroShotTask(ContrastiveTask):
         bad_log: BadInputLog | None = None,
     ) -> EvalOutcome:
         """Classifiers from the prompts, video embeddings of every clip (all ranks), the benchmark's metrics."""
-        from avion_ds.engine.bad_input import BadInputLog, batch_messages
+        from avion_ds.data.bad_input import BadInputLog, batch_messages
+        from avion_ds.distributed.run_log import progress
         from avion_ds.engine.eval_loop import augmented_batch
         from avion_ds.engine.metrics import PredictionStore, failed_in_batch, gather_failed
-        from avion_ds.engine.run_log import progress
         from avion_ds.models.clip import at_least_fp32
         from avion_ds.tasks.retrieval_eval import dataset_rows_report
 

@@ -133,7 +133,7 @@ def text_classifier(
 ) -> torch.Tensor:
     """(classes, E) float32: per class, the normalised mean of the normalised embeddings of every
     ``template.format(name)`` (LaViLa's order: templates outer, names inner)."""
-    from avion_ds.models.tokenizer import tokenize
+    from avion_ds.data.tokenizer import tokenize
 
     texts, owner = [], []
     for c, names in enumerate(classes.names):

@@ -20,8 +20,8 @@ from avion_ds.data.datasets.ego4d import TEXT_STREAM, Ego4dDataset
 from avion_ds.data.datasets.quarantine import row_key
 from avion_ds.data.errors import DataError
 from avion_ds.data.prep.synthetic import read_frame_index
+from avion_ds.data.tokenizer import tokenize
 from avion_ds.engine import preflight
-from avion_ds.models.tokenizer import tokenize
 
 # index_chunks: video "idx", 150 frames at 30 fps, 96x72, chunks of 1 s (30 frames) named by start second
 ROWS = [

@@ -19,7 +19,7 @@ from avion_ds.data.datasets.epic_mir import CAPTION_STREAM, EpicMirDataset, load
 from avion_ds.data.errors import DataError
 from avion_ds.data.prep.synthetic import read_frame_index
 from avion_ds.data.safe_pickle import UnsafePickle
-from avion_ds.models.tokenizer import tokenize
+from avion_ds.data.tokenizer import tokenize
 
 COLUMNS = (
     "narration_id,participant_id,video_id,narration_timestamp,start_timestamp,stop_timestamp,start_frame,"

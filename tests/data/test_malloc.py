@@ -10,14 +10,14 @@ import pytest
 
 from avion_ds.data import build_loader
 from avion_ds.data.decode.select import get_decoder
-from avion_ds.malloc import ENV_SWITCH
+from avion_ds.distributed.malloc import ENV_SWITCH
 
 # A decoder's pattern: each clip, a fresh thread (decord's own decode thread) allocates frame-sized buffers
 # (2-3 MB), copies them, frees them. Counts the minor page faults (fresh memory) per clip.
 _CLIPS = """
 import resource, sys, threading
 import numpy as np
-from avion_ds.malloc import tune_malloc
+from avion_ds.distributed.malloc import tune_malloc
 assert sys.argv[1] == "plain" or tune_malloc()
 def clip(k):
     a = np.ones((k, 320, 568, 3), np.uint8); b = a.copy(); del a, b

@@ -297,7 +297,7 @@ def test_embed_and_search_the_synthetic_videos(contrastive_run: dict) -> None:
     the share of such clips; `avion-ds search` prints the table."""
     import torch
 
-    from avion_ds.embed.embed_cli import embed_texts
+    from avion_ds.cli.embed import embed_texts
     from avion_ds.embed.index import read_clips, read_meta, top_k
     from avion_ds.embed.model import load_encoder
 

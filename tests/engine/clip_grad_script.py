@@ -21,7 +21,7 @@ MICRO = 2
 
 def global_batch(world: int, accum: int) -> tuple[torch.Tensor, torch.Tensor]:
     """The concatenated batch (frames, tokens) of every rank's micro-batches, in rank-major order."""
-    from avion_ds.models.tokenizer import tokenize
+    from avion_ds.data.tokenizer import tokenize
 
     n = world * accum * MICRO
     g = torch.Generator().manual_seed(123)
@@ -95,8 +95,8 @@ def setup(
     stage: int, accum: int, freeze: list[str], task: str = "contrastive", precision: str = "fp32", ckpt: bool = False
 ) -> tuple:
     """Recipe and DeepSpeed config, built before the process group as ``avion-ds train`` does."""
-    from avion_ds.engine import dist
-    from avion_ds.engine.ds_config import build_ds_config
+    from avion_ds.distributed import dist
+    from avion_ds.distributed.ds_config import build_ds_config
     from avion_ds.tasks import load_recipe
 
     world = dist.env_world_size()
@@ -126,7 +126,7 @@ def setup(
 
 
 def run_stage(stage: int, accum: int, recipe, cfg) -> dict:
-    from avion_ds.engine import dist
+    from avion_ds.distributed import dist
     from avion_ds.engine.parallelize import parallelize
     from avion_ds.engine.trainer import Trainer
     from avion_ds.tasks import task_of
@@ -183,7 +183,7 @@ def main() -> int:
     p.add_argument("--ckpt", action="store_true", help="activation checkpointing on both towers")
     p.add_argument("--task", default="contrastive", choices=sorted(TASK_SETS))
     args = p.parse_args()
-    from avion_ds.engine import dist
+    from avion_ds.distributed import dist
 
     freeze = [f for f in args.freeze.split(",") if f]
     stages = [int(s) for s in args.stages.split(",")]

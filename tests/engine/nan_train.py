@@ -8,7 +8,7 @@ task (fine-tuning with a poisoned loss), the extension point a user's own task w
 import os
 import sys
 
-import avion_ds.engine.train_cli as train
+from avion_ds.cli import train
 from avion_ds.tasks import register_task
 from avion_ds.tasks.finetune import FinetuneTask
 

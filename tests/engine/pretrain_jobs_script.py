@@ -1,7 +1,7 @@
 """Run several `avion-ds train` jobs in ONE launcher process (saves a launcher + op load per config).
 
 Usage (under the deepspeed launcher): ``pretrain_jobs_script.py JOBS.json``; JOBS.json is a list of
-argv lists for ``avion_ds.engine.train_cli``. Each job goes through the real ``train.run``; the first
+argv lists for ``avion_ds.cli.train``. Each job goes through the real ``train.run``; the first
 failing job's exit code is returned, and the process leaves through ``dist.shutdown``.
 """
 
@@ -11,9 +11,9 @@ import json
 import sys
 import time
 
+from avion_ds.cli.train import parse_args, preflight, run
 from avion_ds.config import ConfigError
-from avion_ds.engine import dist
-from avion_ds.engine.train_cli import parse_args, preflight, run
+from avion_ds.distributed import dist
 
 
 def _all(jobs: list[list[str]]) -> int:

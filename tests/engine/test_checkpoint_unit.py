@@ -93,7 +93,7 @@ def test_non_finite_weights_are_never_saved(tmp_path: Path, bad: float) -> None:
 
 def test_history_after_resume_has_no_replayed_rows(tmp_path: Path) -> None:
     """A run killed after logging steps 5-6 but checkpointed at 4 logs 5-6 again after resuming."""
-    from avion_ds.engine.run_log import RunLogger
+    from avion_ds.distributed.run_log import RunLogger
 
     log = RunLogger(tmp_path, True, tensorboard=False, progress=False)
     for step in range(1, 7):

@@ -28,7 +28,7 @@ import torch
 
 from avion_ds import rundir
 from avion_ds.config import ConfigError
-from avion_ds.engine import dist
+from avion_ds.distributed import dist
 from avion_ds.engine import export as export_mod
 from avion_ds.models.weights.safe_load import UntrustedCheckpoint
 from tests.engine.consolidate_script import CLIP_STAGES, FROZEN, HEADS, LIVE, WS2_RUNS, save_run
@@ -308,8 +308,8 @@ def test_resume_refuses_payload_before_deepspeed_opens_the_tag(victim: str, one_
 
 
 def test_elastic_resume_checks_the_tag_before_converting(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from avion_ds.distributed.rng import rng_state
     from avion_ds.engine import elastic
-    from avion_ds.engine.rng import rng_state
 
     marker = tmp_path / "pwned"
     tag_dir = rundir.checkpoint_dir(tmp_path) / "step_00000004"

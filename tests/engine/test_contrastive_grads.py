@@ -61,7 +61,7 @@ def _tiny_dual_encoder() -> torch.nn.Module:
 def test_feature_cache_equals_one_batch(frozen_scale: bool) -> None:
     """3 micro-batches of 2 through the cache give the gradient of one batch of 6 (float64: exact to
     rounding), the temperature's included once."""
-    from avion_ds.models.tokenizer import tokenize
+    from avion_ds.data.tokenizer import tokenize
 
     model = _tiny_dual_encoder()
     model.logit_scale.requires_grad_(not frozen_scale)
@@ -92,8 +92,8 @@ def test_feature_cache_equals_one_batch(frozen_scale: bool) -> None:
 
 def test_feature_cache_replays_dropout() -> None:
     """With drop path on, the recomputed micro-batch sees the same random draws as its cached copy."""
+    from avion_ds.data.tokenizer import tokenize
     from avion_ds.models import create_model
-    from avion_ds.models.tokenizer import tokenize
 
     torch.manual_seed(0)
     model = create_model("clip_vit_test_tiny", drop_path_rate=0.5).double().train()

@@ -8,7 +8,7 @@ import pytest
 import torch.distributed as tdist
 
 from avion_ds.config import ConfigError
-from avion_ds.engine import dist
+from avion_ds.distributed import dist
 from tests.helpers import run_process
 
 
@@ -27,7 +27,7 @@ def test_a_group_that_existed_before_the_entry_is_left_alone(one_rank: None) -> 
 @pytest.mark.multiprocess
 def test_a_group_the_entry_created_is_torn_down_with_its_code() -> None:
     code = (
-        "import sys; from avion_ds.engine import dist\n"
+        "import sys; from avion_ds.distributed import dist\n"
         "def body():\n    dist.init(); return 5\n"
         "dist.run_entry('t', body, {})\n"
         "print('not reached'); sys.exit(0)\n"

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from avion_ds.config import ConfigError
-from avion_ds.engine.ds_config import (
+from avion_ds.distributed.ds_config import (
     build_ds_config,
     precision_of,
     resolve_batch,

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from avion_ds.distributed.rng import rng_state
 from avion_ds.engine import elastic
-from avion_ds.engine.rng import rng_state
 
 
 def _fake_converter(monkeypatch: pytest.MonkeyPatch, returncode: int) -> list[list[str]]:

@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from avion_ds.embed import embed_cli, search_cli
+from avion_ds.cli import embed as embed_cli
+from avion_ds.cli import search as search_cli
 from avion_ds.embed.index import iter_shards, read_clips, read_meta, shard_path, top_k
 from tests.engine.test_zero_shot import save_tiny_weights
 
@@ -99,7 +100,7 @@ def test_search_top_k_table_and_bad_input(videos: dict, tmp_path: Path, capsys: 
     assert search_cli.main([query, "--index", str(out), "--top-k", "4"]) == 0
     table = capsys.readouterr().out.splitlines()
     # the streamed top-k over shards equals ranking every clip at once
-    from avion_ds.embed.embed_cli import embed_texts
+    from avion_ds.cli.embed import embed_texts
     from avion_ds.embed.model import load_encoder
 
     enc = load_encoder(str(videos["weights"]), model_name="clip_vit_test_tiny", overrides=MODEL[3::2])

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
+from avion_ds.cli import train
 from avion_ds.config import ConfigError
 from avion_ds.engine import checkpoint as ckpt
-from avion_ds.engine import train_cli as train
 from avion_ds.tasks import load_recipe
 from tests.engine.test_train_errors import REPO, no_process_group, setup  # noqa: F401 - the fixture
 

@@ -124,8 +124,8 @@ def test_max_margin_loss_refuses_a_batch_without_negatives() -> None:
 def test_feature_cache_max_margin_equals_one_batch(frozen_scale: bool) -> None:
     """3 micro-batches of 2 through the cache give AVION's loss and gradient on one batch of 6; the unused
     temperature gets no gradient, frozen or not, and nothing breaks either way."""
+    from avion_ds.data.tokenizer import tokenize
     from avion_ds.models import create_model
-    from avion_ds.models.tokenizer import tokenize
 
     torch.manual_seed(0)
     model = create_model("clip_vit_test_tiny", drop_path_rate=0.0).double().train()
@@ -154,8 +154,8 @@ def test_feature_cache_max_margin_equals_one_batch(frozen_scale: bool) -> None:
 
 def test_task_window_losses_are_max_margin() -> None:
     """The task's step goes through the max-margin loss (the contrastive task's through ClipLoss)."""
+    from avion_ds.data.tokenizer import tokenize
     from avion_ds.models import create_model
-    from avion_ds.models.tokenizer import tokenize
 
     torch.manual_seed(0)
     model = create_model("clip_vit_test_tiny", drop_path_rate=0.0).double()

@@ -13,7 +13,7 @@ from tests.helpers import REPO, engine_env, write_recipe
 
 INJECT = """
 import sys, torch
-import avion_ds.engine.train_cli as train
+import avion_ds.cli.train as train
 from avion_ds.tasks import register_task
 from avion_ds.tasks.finetune import FinetuneTask
 @register_task

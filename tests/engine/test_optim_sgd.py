@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from avion_ds.engine.ds_config import build_ds_config
+from avion_ds.distributed.ds_config import build_ds_config
 from avion_ds.engine.optim import avion_no_decay
 from avion_ds.engine.parallelize import unwrap
 from avion_ds.tasks import load_recipe

@@ -21,7 +21,7 @@ import pytest
 import torch
 import yaml
 
-from avion_ds.engine.dist import free_port
+from avion_ds.distributed.dist import free_port
 from tests.helpers import REPO, engine_env, losses
 
 pytestmark = pytest.mark.multiprocess
@@ -204,7 +204,7 @@ def test_repeated_samples_get_their_own_crops_and_masks(tiny_epic: dict, tmp_pat
 
 
 def test_v2_recipe_sets_num_sample_and_valid_batches() -> None:
-    from avion_ds.engine.ds_config import resolve_batch
+    from avion_ds.distributed.ds_config import resolve_batch
     from avion_ds.tasks import load_recipe
 
     r = load_recipe(REPO / "launch" / "recipes" / "pretrain_vit_g_v2.yaml")

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from avion_ds.engine.ds_config import build_ds_config
+from avion_ds.distributed.ds_config import build_ds_config
 from avion_ds.tasks import load_recipe
 
 REPO = Path(__file__).resolve().parents[2]

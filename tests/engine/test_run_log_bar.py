@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from avion_ds.engine.run_log import RunLogger
+from avion_ds.distributed.run_log import RunLogger
 
 
 def test_bar_counts_each_step_of_its_epoch(tmp_path: Path) -> None:

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from avion_ds.engine.run_log import RunLogger
+from avion_ds.distributed.run_log import RunLogger
 from avion_ds.engine.schedule import WarmupCosine
 from tests.engine.tiny_trainer import batches, tiny_trainer
 

@@ -15,7 +15,7 @@ pytestmark = pytest.mark.multiprocess
 SCRIPT = textwrap.dedent("""
     import os, sys
     import torch
-    from avion_ds.engine import dist
+    from avion_ds.distributed import dist
     rank, world, _ = dist.init()
     t = torch.ones(4) * (rank + 1)
     dist.all_reduce_sum(t)  # the collective still works after the names are gone

@@ -143,7 +143,7 @@ def test_unexpected_error_in_a_step_exits_1_with_traceback(tiny_epic: dict, tmp_
         checkpoint={"every_steps": 0},
     )
     script = (
-        "import sys\nimport avion_ds.engine.train_cli as train\nfrom avion_ds.tasks import register_task\n"
+        "import sys\nimport avion_ds.cli.train as train\nfrom avion_ds.tasks import register_task\n"
         "from avion_ds.tasks.finetune import FinetuneTask\ncalls = []\n"
         "@register_task\nclass Broken(FinetuneTask):\n    name = 'finetune_broken'\n"
         "    def loss(self, *a, **k):\n        calls.append(1)\n        if len(calls) == 2:\n"
@@ -184,7 +184,7 @@ def test_checkpoint_with_nonfinite_weights_is_never_written(tiny_epic: dict, tmp
         checkpoint={"every_steps": 1, "keep_last": 5},
     )
     script = (
-        "import sys, torch\nimport avion_ds.engine.train_cli as train\nfrom avion_ds.tasks import register_task\n"
+        "import sys, torch\nimport avion_ds.cli.train as train\nfrom avion_ds.tasks import register_task\n"
         "from avion_ds.tasks.finetune import FinetuneTask\n"
         "@register_task\nclass Poison(FinetuneTask):\n    name = 'finetune_poisoned_weight'\n"
         "    def __init__(self):\n        self.calls = 0\n"

@@ -70,7 +70,7 @@ def test_the_clamp_reaches_deepspeeds_master_weight(one_rank: None, stage: int, 
     import deepspeed
     from deepspeed.utils import safe_get_full_fp32_param
 
-    from avion_ds.engine import dist
+    from avion_ds.distributed import dist
 
     dist.init()
     torch.manual_seed(0)

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-import avion_ds.engine.train_cli as train
+from avion_ds.cli import train
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -17,9 +17,9 @@ import pytest
 import torch
 import yaml
 
-import avion_ds.engine.train_cli as train
+from avion_ds.cli import eval as eval_cli
+from avion_ds.cli import train
 from avion_ds.config import ConfigError, save_recipe
-from avion_ds.engine import eval_cli
 from avion_ds.engine import export as export_mod
 from avion_ds.models.weights.torchscript import read_torchscript_state_dict
 from avion_ds.tasks import load_recipe

@@ -10,7 +10,7 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from avion_ds.engine import train_cli as train
+from avion_ds.cli import train
 from avion_ds.engine import weights_fit
 from avion_ds.models import create_model
 from tests.engine import test_train_errors
@@ -81,7 +81,7 @@ def test_run_directory_shapes_are_checked(setup: dict, capsys: pytest.CaptureFix
 
     for key, value in one_rank_vars().items():
         monkeypatch.setenv(key, value)
-    from avion_ds.engine import dist
+    from avion_ds.distributed import dist
 
     dist.init()
     run = setup["tmp"] / "clip_run"

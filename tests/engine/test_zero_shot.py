@@ -90,7 +90,7 @@ def ref_egtea_ids(end_frame: int, clip_length: int, clip_stride: int, num_clips:
 
 
 def ref_classifier(encode_text, labels: list, templates: list[str]) -> torch.Tensor:
-    from avion_ds.models.tokenizer import tokenize
+    from avion_ds.data.tokenizer import tokenize
 
     text_features = []
     for label in labels:

@@ -9,8 +9,8 @@ from typing import Any
 
 import torch
 
-from avion_ds.engine import dist
-from avion_ds.engine.ds_config import build_ds_config
+from avion_ds.distributed import dist
+from avion_ds.distributed.ds_config import build_ds_config
 from avion_ds.engine.parallelize import parallelize
 from avion_ds.engine.trainer import Trainer
 from avion_ds.tasks import Task, load_recipe, task_of

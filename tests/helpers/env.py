@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from avion_ds.engine.dist import free_port
+from avion_ds.distributed.dist import free_port
 
 REPO = Path(__file__).resolve().parents[2]
 # one DeepSpeed op cache per checkout, the same one tests/run.sh exports (ops are cached by absolute path)

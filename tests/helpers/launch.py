@@ -7,7 +7,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from avion_ds.engine.dist import free_port
+from avion_ds.distributed.dist import free_port
 from tests.helpers.env import REPO, engine_env
 
 LAUNCHERS = ("deepspeed", "torchrun", "python")

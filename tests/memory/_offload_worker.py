@@ -46,7 +46,7 @@ def main(out_dir: str) -> None:
     del off
     dist.destroy_process_group()
     sys.stdout.flush()
-    os._exit(0)  # gloo threads can abort interpreter shutdown (see avion_ds/engine/dist.py)
+    os._exit(0)  # gloo threads can abort interpreter shutdown (see avion_ds/distributed/dist.py)
 
 
 if __name__ == "__main__":

@@ -53,7 +53,7 @@ def test_inference_config_is_the_reference_json_without_optimizer(offload, name)
     """Knobs at the JSON's own values: the inference config is the builder's output from
     ds_configs/<name>.json minus the optimizer sections (and train_batch_size, left to DeepSpeed)."""
     from avion_ds.config import BatchConfig, Recipe
-    from avion_ds.engine.ds_config import build_ds_config
+    from avion_ds.distributed.ds_config import build_ds_config
 
     path = Path(__file__).resolve().parents[2] / "ds_configs" / f"{name}.json"
     ref_zo = json.loads(path.read_text())["zero_optimization"]

@@ -47,7 +47,7 @@ def test_plan_writes_a_config_the_engine_builder_accepts(tmp_path, capsys):
     peak = parse_bytes(best_line.split("predicted peak ")[1].split("/GPU")[0])
     assert parse_bytes("1GiB") < peak <= parse_bytes("24GiB"), best_line
     # what launch/train.py does: recipe + --set overrides, then the one DeepSpeed-config builder
-    from avion_ds.engine.ds_config import build_ds_config
+    from avion_ds.distributed.ds_config import build_ds_config
 
     run_line = next(line for line in printed.splitlines() if line.startswith("run: deepspeed"))
     sets = [part.strip() for part in run_line.split("--set ")[1:]]
@@ -213,7 +213,7 @@ PLAN_KNOBS = {
 def test_planned_config_is_the_reference_json_plus_its_knobs(shape):
     """Built by the one builder, a planned config equals the matching hand-tuned JSON's build except for
     the knobs the plan sets (bucket sizes, prefetch, persistence, live parameters: all the JSON's)."""
-    from avion_ds.engine.ds_config import build_ds_config
+    from avion_ds.distributed.ds_config import build_ds_config
 
     name, knobs = PLAN_KNOBS[shape]
     rec = recipe_from_dict(

@@ -8,8 +8,9 @@ import pytest
 import torch
 
 from avion_ds.config import ConfigError
-from avion_ds.models import apply_activation_checkpointing, create_model, load_pretrained, tokenize
-from avion_ds.models import tokenizer as tokenizer_mod
+from avion_ds.data import tokenizer as tokenizer_mod
+from avion_ds.data.tokenizer import tokenize
+from avion_ds.models import apply_activation_checkpointing, create_model, load_pretrained
 from avion_ds.models.activation_checkpointing import checkpointed_blocks
 
 open_clip = pytest.importorskip("open_clip")

@@ -201,7 +201,7 @@ def test_avion_checkpoint_into_a_zero3_partitioned_dual_encoder(
     one_rank: None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Built under zero.Init and filled module by module: the same weights and report as a plain load."""
-    from avion_ds.engine import dist
+    from avion_ds.distributed import dist
 
     # zero.Init leaves torch.nn.functional.linear replaced by DeepSpeed's zero3_linear_wrap for the
     # rest of the process; put torch's back afterwards (later tests count FLOPs and saved tensors)

@@ -367,7 +367,7 @@ def test_public_loaders_dispatch_on_the_model() -> None:
 
 
 def test_sharded_load_into_a_partitioned_pretraining_model(one_rank: None) -> None:
-    from avion_ds.engine import dist
+    from avion_ds.distributed import dist
     from avion_ds.models.partition import gathered
     from avion_ds.models.weights.sharded import build_partitioned
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from avion_ds.engine import dist
+from avion_ds.distributed import dist
 from avion_ds.engine.optim import param_groups
 from avion_ds.models import ClipArch, create_model, get_arch, list_models
 from avion_ds.models.mae import get_mae_arch, list_mae_models

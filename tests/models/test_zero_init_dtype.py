@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from avion_ds.engine import dist
+from avion_ds.distributed import dist
 from avion_ds.models import create_model
 from avion_ds.models.partition import gathered, partitioned_construction
 

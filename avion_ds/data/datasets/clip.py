@@ -62,7 +62,7 @@ from avion_ds.data.sampling import (
     segment_span,
     stride_indices,
 )
-from avion_ds.engine.dist import is_main
+from avion_ds.distributed.dist import is_main
 
 log = logging.getLogger(__name__)
 EPIC_REQUIRED = ("narration_id", "video_id", "start_timestamp", "stop_timestamp", "verb_class", "noun_class")

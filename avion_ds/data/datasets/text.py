@@ -10,19 +10,19 @@ import torch
 
 from avion_ds.data.errors import DataError
 
-CONTEXT_LENGTH = 77  # CLIP's context (avion_ds.models.tokenizer.CONTEXT_LENGTH)
+CONTEXT_LENGTH = 77  # CLIP's context (avion_ds.data.tokenizer.CONTEXT_LENGTH)
 
 
 def check_tokenizer() -> None:
     """Load the tokenizer now: a missing ``avion_ds[clip]`` extra is a one-line ConfigError at construction."""
-    from avion_ds.models.tokenizer import tokenize
+    from avion_ds.data.tokenizer import tokenize
 
     tokenize("")
 
 
 def text_tokens(text: str, where: str) -> torch.Tensor:
     """CLIP token ids (77,) int64 of ``text``; DataError naming ``where`` when it cannot be tokenised."""
-    from avion_ds.models.tokenizer import tokenize
+    from avion_ds.data.tokenizer import tokenize
 
     try:
         return tokenize(text, CONTEXT_LENGTH)[0]

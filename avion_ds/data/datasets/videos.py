@@ -32,7 +32,7 @@ from avion_ds.data.datasets.kinetics import read_video_list
 from avion_ds.data.errors import DataError
 from avion_ds.data.masking import MaskSpec
 from avion_ds.data.prep.manifest import VideoEntry, find_videos
-from avion_ds.engine.dist import is_main
+from avion_ds.distributed.dist import is_main
 
 log = logging.getLogger(__name__)
 MASK_STREAM = 7919  # the clip generator's "view" slot reserved for mask draws

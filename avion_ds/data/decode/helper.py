@@ -45,7 +45,7 @@ import numpy as np
 from avion_ds.data.crop import CropSpec
 from avion_ds.data.decode.base import REGISTRY, finish, load_plugins, reason, validate
 from avion_ds.data.errors import DataError
-from avion_ds.malloc import tune_malloc
+from avion_ds.distributed.malloc import tune_malloc
 
 if TYPE_CHECKING:
     import torch

@@ -22,7 +22,7 @@ import time
 
 import torch
 
-from avion_ds.cli_args import Parser, add_positional_alias, alias_positional
+from avion_ds.cli.args import Parser, add_positional_alias, alias_positional
 from avion_ds.config import ConfigError, add_override_option
 from avion_ds.data.decode.select import pick_decoder
 from avion_ds.tasks import load_recipe

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field, replace
 from multiprocessing import get_context
 from pathlib import Path
 
-from avion_ds.cli_args import Parser, add_positional_alias, alias_positional
+from avion_ds.cli.args import Parser, add_positional_alias, alias_positional
 from avion_ds.config import ConfigError, DataConfig, add_override_option
 from avion_ds.data.datasets.quarantine import QUARANTINE_NAME, row_key, write_quarantine
 from avion_ds.tasks import load_recipe

@@ -46,7 +46,7 @@ from itertools import pairwise
 from multiprocessing import get_context
 from pathlib import Path
 
-from avion_ds.cli_args import Parser
+from avion_ds.cli.args import Parser
 from avion_ds.data.datasets.quarantine import QUARANTINE_NAME
 from avion_ds.data.prep.manifest import (
     FAILURES_NAME,

@@ -28,7 +28,7 @@ from pathlib import Path
 
 import numpy as np
 
-from avion_ds.cli_args import Parser
+from avion_ds.cli.args import Parser
 from avion_ds.data.prep.synthetic_labels import EPIC_COLUMNS, NOUN_NAMES, VERB_NAMES
 
 # barcode layout used by write_video(pattern="testsrc") / read_frame_index

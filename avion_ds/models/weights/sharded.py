@@ -21,7 +21,7 @@ import torch
 import torch.distributed as tdist
 from torch import nn
 
-from avion_ds.engine.dist import broadcast_object, rank
+from avion_ds.distributed.dist import broadcast_object, rank
 from avion_ds.models.partition import (
     full_shape,
     gathered,

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import argparse
 
-from avion_ds.cli_args import Parser
+from avion_ds.cli.args import Parser
 from avion_ds.config import add_override_option
 
 

@@ -15,10 +15,10 @@ from pathlib import Path
 
 import torch
 
-from avion_ds.cli_args import Parser
+from avion_ds.cli.args import Parser
+from avion_ds.cli.embed import add_model_options, embed_texts, model_overrides
 from avion_ds.config import ConfigError
 from avion_ds.data.errors import DataError
-from avion_ds.embed.embed_cli import add_model_options, embed_texts, model_overrides
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -93,7 +93,7 @@ def run(args: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point for `avion-ds search`."""
-    from avion_ds.engine import dist
+    from avion_ds.distributed import dist
 
     args = parse_args(argv)
     return dist.run_entry("avion-ds search", lambda: run(args), {ConfigError: 2, DataError: 2})

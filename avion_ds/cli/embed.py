@@ -21,7 +21,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from avion_ds.cli_args import Parser
+from avion_ds.cli.args import Parser
 from avion_ds.config import ConfigError, add_override_option
 from avion_ds.data.errors import DataError
 
@@ -94,7 +94,7 @@ def device_and_dtype() -> tuple[torch.device, torch.dtype]:
 @torch.no_grad()
 def embed_texts(model: torch.nn.Module, texts: list[str], device: torch.device) -> torch.Tensor:
     """(n, E) unit float32 text embeddings."""
-    from avion_ds.models.tokenizer import tokenize
+    from avion_ds.data.tokenizer import tokenize
 
     return F.normalize(model.encode_text(tokenize(texts).to(device)).float(), dim=-1).cpu()
 
@@ -160,11 +160,11 @@ def prepare_index(args: argparse.Namespace, enc, listed, rank: int):
 
 def run_videos(args: argparse.Namespace) -> int:
     from avion_ds.data import DeviceAugment
+    from avion_ds.distributed.dist import env_world_size
+    from avion_ds.distributed.run_log import progress
     from avion_ds.embed.clips import list_clips
     from avion_ds.embed.index import missing_shards, write_shard
     from avion_ds.embed.model import load_encoder
-    from avion_ds.engine.dist import env_world_size
-    from avion_ds.engine.run_log import progress
 
     rank, world = int(os.environ.get("RANK", "0")), env_world_size()
     if Path(args.out).exists() and not Path(args.out).is_dir():
@@ -225,7 +225,7 @@ def run(args: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point for `avion-ds embed`."""
-    from avion_ds.engine import dist
+    from avion_ds.distributed import dist
 
     args = parse_args(argv)
     return dist.run_entry("avion-ds embed", lambda: run(args), {ConfigError: 2, DataError: 2})

@@ -15,7 +15,7 @@ from collections.abc import Callable
 from typing import Any
 
 from avion_ds.data.errors import DataError
-from avion_ds.engine import dist
+from avion_ds.distributed import dist
 
 
 def source_of(message: str) -> str:

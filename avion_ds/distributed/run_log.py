@@ -29,7 +29,7 @@ def progress(iterable: Any = None, desc: str = "", total: int | None = None, uni
     """A tqdm bar on rank 0 when stderr is a terminal, a silent pass-through otherwise (logs, CI, other ranks)."""
     from tqdm import tqdm
 
-    from avion_ds.engine import dist
+    from avion_ds.distributed import dist
 
     return tqdm(
         iterable,

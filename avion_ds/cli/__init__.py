@@ -15,8 +15,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "chunk": ("avion_ds.data.prep.chunking", "re-encode long videos into short chunks + manifest.jsonl"),
     "check": ("avion_ds.data.prep.check", "integrity pass over a prepared dataset; writes quarantine.tsv"),
     "synth": ("avion_ds.data.prep.synthetic", "generate a small learnable EPIC-style synthetic dataset"),
-    "train": ("avion_ds.engine.train_cli", "train / fine-tune from a YAML recipe (also under deepspeed)"),
-    "eval": ("avion_ds.engine.eval_cli", "evaluate a checkpoint; writes metrics JSON"),
+    "train": ("avion_ds.cli.train", "train / fine-tune from a YAML recipe (also under deepspeed)"),
+    "eval": ("avion_ds.cli.eval", "evaluate a checkpoint; writes metrics JSON"),
     "export": ("avion_ds.engine.export", "consolidate ZeRO shards into one fp32 safetensors file"),
     "reconstruct": (
         "avion_ds.tasks.reconstruct",
@@ -25,15 +25,15 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "plan": ("avion_ds.memory.plan", "pick ZeRO stage / offload / checkpointing / micro-batch for a GPU budget"),
     "bench-loader": ("avion_ds.data.decode.loader_bench", "clips/s per DataLoader worker and workers needed per GPU"),
     "models": ("avion_ds.models.listing", "registered model sizes with parameters and GFLOPs per clip"),
-    "embed": ("avion_ds.embed.embed_cli", "video embeddings of fixed-length clips (an index), or text embeddings"),
-    "search": ("avion_ds.embed.search_cli", "top-k clips of an embedding index for a text query (table, --html)"),
+    "embed": ("avion_ds.cli.embed", "video embeddings of fixed-length clips (an index), or text embeddings"),
+    "search": ("avion_ds.cli.search", "top-k clips of an embedding index for a text query (table, --html)"),
 }
 # subcommand -> (light module, parse function): parsed before the command's module (torch, DeepSpeed,
 # models) is imported, so --help and usage errors answer at once
 PARSE_FIRST: dict[str, tuple[str, str]] = {
-    "train": ("avion_ds.cli_parsers", "train_args"),
-    "eval": ("avion_ds.cli_parsers", "eval_args"),
-    "models": ("avion_ds.cli_parsers", "models_args"),
+    "train": ("avion_ds.cli.parsers", "train_args"),
+    "eval": ("avion_ds.cli.parsers", "eval_args"),
+    "models": ("avion_ds.cli.parsers", "models_args"),
 }
 # distribution name -> how --version shows it (read from package metadata: nothing heavy is imported)
 _PACKAGES = {
@@ -104,7 +104,3 @@ def main(argv: list[str] | None = None) -> int:
         getattr(importlib.import_module(light), parse)(list(rest))  # --help / a usage error exits here
     module = importlib.import_module(COMMANDS[cmd][0])
     return int(module.main(rest) or 0)
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -17,14 +17,15 @@ from pathlib import Path
 import torch
 import yaml
 
-from avion_ds.cli_parsers import train_args as parse_args
+from avion_ds.cli.parsers import train_args as parse_args
 from avion_ds.config import ConfigError, save_recipe
 from avion_ds.data.errors import DataError
+from avion_ds.distributed import dist
+from avion_ds.distributed.ds_config import zero_stage
+from avion_ds.distributed.run_log import RunLogger
 from avion_ds.engine import checkpoint as ckpt
-from avion_ds.engine import dist, elastic
-from avion_ds.engine.ds_config import zero_stage
+from avion_ds.engine import elastic
 from avion_ds.engine.oom import OutOfMemory, explain
-from avion_ds.engine.run_log import RunLogger
 from avion_ds.engine.run_setup import (
     RunSetup,
     backends_line,
