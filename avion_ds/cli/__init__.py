@@ -12,9 +12,9 @@ import sys
 
 # subcommand -> (module, one-line help)
 COMMANDS: dict[str, tuple[str, str]] = {
-    "chunk": ("avion_ds.data.prep.chunking", "re-encode long videos into short chunks + manifest.jsonl"),
-    "check": ("avion_ds.data.prep.check", "integrity pass over a prepared dataset; writes quarantine.tsv"),
-    "synth": ("avion_ds.data.prep.synthetic", "generate a small learnable EPIC-style synthetic dataset"),
+    "chunk": ("avion_ds.cli.chunk", "re-encode long videos into short chunks + manifest.jsonl"),
+    "check": ("avion_ds.cli.check", "integrity pass over a prepared dataset; writes quarantine.tsv"),
+    "synth": ("avion_ds.cli.synth", "generate a small learnable EPIC-style synthetic dataset"),
     "train": ("avion_ds.cli.train", "train / fine-tune from a YAML recipe (also under deepspeed)"),
     "eval": ("avion_ds.cli.eval", "evaluate a checkpoint; writes metrics JSON"),
     "export": ("avion_ds.engine.export", "consolidate ZeRO shards into one fp32 safetensors file"),
@@ -23,8 +23,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "pretraining run: original / masked / reconstructed frames as one PNG",
     ),
     "plan": ("avion_ds.memory.plan", "pick ZeRO stage / offload / checkpointing / micro-batch for a GPU budget"),
-    "bench-loader": ("avion_ds.data.decode.loader_bench", "clips/s per DataLoader worker and workers needed per GPU"),
-    "models": ("avion_ds.models.listing", "registered model sizes with parameters and GFLOPs per clip"),
+    "bench-loader": ("avion_ds.cli.bench_loader", "clips/s per DataLoader worker and workers needed per GPU"),
+    "models": ("avion_ds.cli.models", "registered model sizes with parameters and GFLOPs per clip"),
     "embed": ("avion_ds.cli.embed", "video embeddings of fixed-length clips (an index), or text embeddings"),
     "search": ("avion_ds.cli.search", "top-k clips of an embedding index for a text query (table, --html)"),
 }

@@ -22,6 +22,7 @@ REPO = Path(__file__).resolve().parents[2]
 KILL_AFTER_3_CHUNKS = """
 import os, signal, sys
 import avion_ds.data.prep.chunking as chunking
+from avion_ds.cli import chunk as chunk_cli
 real, done = chunking._ChunkWriter.finish, []
 def finish(self):
     out = real(self)  # the new chunk has replaced the old file of the same name
@@ -30,7 +31,7 @@ def finish(self):
         os.kill(os.getpid(), signal.SIGKILL)
     return out
 chunking._ChunkWriter.finish = finish
-sys.exit(chunking.main(sys.argv[1:]))
+sys.exit(chunk_cli.main(sys.argv[1:]))
 """
 
 

@@ -6,7 +6,7 @@ import json
 import os
 import shutil
 
-from avion_ds.data.prep import chunking
+from avion_ds.cli import chunk as chunk_cli
 from avion_ds.data.prep.chunking import FAILURES_NAME, chunk_videos, output_size
 from avion_ds.data.prep.manifest import read_manifest_records
 from avion_ds.data.prep.manifest_index import load_manifest
@@ -134,14 +134,14 @@ def test_cli_exit_code(tmp_path, capsys) -> None:
     src = tmp_path / "src"
     src.mkdir()
     write_video(src / "ok.mp4", 10, 32, 32, fps=10)
-    assert chunking.main([str(src), str(tmp_path / "d1"), "--chunk-seconds", "1", "--no-progress"]) == 0
+    assert chunk_cli.main([str(src), str(tmp_path / "d1"), "--chunk-seconds", "1", "--no-progress"]) == 0
     (src / "bad.mp4").write_bytes(b"\x00" * 100)
     assert (
-        chunking.main([str(src), str(tmp_path / "d2"), "--chunk-seconds", "1", "--no-progress", "--workers", "1"]) == 1
+        chunk_cli.main([str(src), str(tmp_path / "d2"), "--chunk-seconds", "1", "--no-progress", "--workers", "1"]) == 1
     )
     captured = capsys.readouterr()
     assert "FAILED" in captured.out and str(src / "bad.mp4") in captured.out
-    assert chunking.main([str(tmp_path / "missing"), str(tmp_path / "d3")]) == 2
+    assert chunk_cli.main([str(tmp_path / "missing"), str(tmp_path / "d3")]) == 2
 
 
 def test_avion_ds_cli_dispatches_synth_and_chunk(tmp_path) -> None:

@@ -10,6 +10,7 @@ from pathlib import Path
 import av
 import pytest
 
+from avion_ds.cli import chunk as chunk_cli
 from avion_ds.config import DataConfig
 from avion_ds.data.datasets.build import build_dataset
 from avion_ds.data.datasets.clip import VideoIndex
@@ -115,7 +116,7 @@ def test_rerun_reuses_counts_and_cli(tree, tmp_path, capsys) -> None:
     layout, src = tree
     root = tmp_path / "copy"
     shutil.copytree(src, root)
-    assert chunking.main(["--index-only", str(root), "--no-progress"]) == 0
+    assert chunk_cli.main(["--index-only", str(root), "--no-progress"]) == 0
     first = {(r["path"], r["frames"], r["start_frame"]) for r in read_manifest_records(root)}
     s = index_tree(root, progress=False)
     assert s.reused == s.chunks == n_chunks(layout)  # nothing probed again
@@ -127,11 +128,11 @@ def test_rerun_reuses_counts_and_cli(tree, tmp_path, capsys) -> None:
     assert s.reused == s.chunks - 1
     assert {(r["path"], r["frames"], r["start_frame"]) for r in read_manifest_records(root)} == first
     # elsewhere (and in worker processes): paths relative to DST still resolve
-    assert chunking.main(["--index-only", str(root), str(tmp_path / "out"), "--no-progress", "--workers", "2"]) == 0
+    assert chunk_cli.main(["--index-only", str(root), str(tmp_path / "out"), "--no-progress", "--workers", "2"]) == 0
     assert sum(e.num_frames for e in load_manifest(tmp_path / "out").values()) == sum(LAYOUTS[layout].values())
     assert f"indexed {len(LAYOUTS[layout])} videos, {n_chunks(layout)} chunks" in capsys.readouterr().out
     # the chunk length in the names must match --chunk-seconds when given
-    assert chunking.main(["--index-only", str(root), "--chunk-seconds", "15", "--no-progress"]) == 1
+    assert chunk_cli.main(["--index-only", str(root), "--chunk-seconds", "15", "--no-progress"]) == 1
     assert "chunk starts are not every 15 s from 0: 0 is followed by 2" in capsys.readouterr().out
 
 
@@ -139,7 +140,7 @@ def test_corrupt_chunk_is_named_counted_and_left_out(tmp_path, capsys) -> None:
     root = make_tree(tmp_path / "chunks", "epic")
     bad = root / "P01/P01_01.MP4/2.MP4"
     bad.write_bytes(b"\x00" * 300)
-    assert chunking.main(["--index-only", str(root), "--no-progress"]) == 1
+    assert chunk_cli.main(["--index-only", str(root), "--no-progress"]) == 1
     out = capsys.readouterr()
     assert out.out.count(str(bad)) == 1 and f"UNREADABLE {bad}: cannot open as video" in out.out
     assert "unreadable chunks 1," in out.out
@@ -212,14 +213,14 @@ def test_gaps_and_empty_trees(tmp_path, capsys) -> None:
     assert "SHORT" in str(s) and not s.failed
     (tmp_path / "flat").mkdir()
     write_video(tmp_path / "flat" / "x.mp4", 4, W, H)
-    assert chunking.main(["--index-only", str(tmp_path / "flat"), "--no-progress"]) == 2
+    assert chunk_cli.main(["--index-only", str(tmp_path / "flat"), "--no-progress"]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "no chunk directories" in err and "1 whole video files" in err
-    assert chunking.main([str(tmp_path / "flat")]) == 2  # without --index-only, DST is required
+    assert chunk_cli.main([str(tmp_path / "flat")]) == 2  # without --index-only, DST is required
     capsys.readouterr()
     # a DST holding a re-encoding run's manifest is not overwritten
     (tmp_path / "enc").mkdir()
     (tmp_path / "enc" / "manifest.jsonl").write_text(json.dumps({"video_id": "v", "start_frame": 0}) + "\n")
-    assert chunking.main(["--index-only", str(root), str(tmp_path / "enc"), "--no-progress"]) == 2
+    assert chunk_cli.main(["--index-only", str(root), str(tmp_path / "enc"), "--no-progress"]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "written by a re-encoding `avion-ds chunk` run (video 'v')" in err

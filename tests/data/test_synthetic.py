@@ -6,6 +6,7 @@ import csv
 
 import pytest
 
+from avion_ds.cli import synth as synth_cli
 from avion_ds.data.prep import synthetic
 from avion_ds.data.prep.synthetic import read_frame_index
 from avion_ds.data.sampling import parse_timestamp
@@ -53,7 +54,7 @@ def test_shapes_move_as_their_verb_says() -> None:
 
 def test_synth_cli(tmp_path, capsys) -> None:
     assert (
-        synthetic.main(
+        synth_cli.main(
             [
                 str(tmp_path / "s"),
                 "--num-videos",
@@ -72,7 +73,7 @@ def test_synth_cli(tmp_path, capsys) -> None:
     )
     assert (tmp_path / "s" / "train.csv").is_file() and (tmp_path / "s" / "videos").is_dir()
     assert (
-        synthetic.main([str(tmp_path / "bad"), "--num-verbs", "99"]) == 2
+        synth_cli.main([str(tmp_path / "bad"), "--num-verbs", "99"]) == 2
     )  # bad input: exit 2 (one convention for every subcommand)
     assert "num_verbs" in capsys.readouterr().err
 
@@ -105,4 +106,4 @@ def test_smooth_background_is_a_linear_ramp(tmp_path, decode_all) -> None:
 
     assert planar_share("smooth") > 0.8  # the shape and its trail cover the rest
     assert planar_share("blocks") < 0.3
-    assert synthetic.main([str(tmp_path / "bad"), "--background", "stripes"]) == 2
+    assert synth_cli.main([str(tmp_path / "bad"), "--background", "stripes"]) == 2

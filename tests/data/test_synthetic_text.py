@@ -11,6 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from avion_ds.cli import synth as synth_cli
 from avion_ds.data.prep import synthetic
 from avion_ds.data.sampling import parse_timestamp
 
@@ -50,7 +51,7 @@ def _csv(path: Path) -> list[dict]:
 @pytest.fixture(scope="module")
 def synth(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("synth_text") / "s"
-    assert synthetic.main([str(out), *SMALL]) == 0
+    assert synth_cli.main([str(out), *SMALL]) == 0
     return out
 
 
