@@ -21,7 +21,6 @@ from avion_ds.distributed import dist
 from avion_ds.distributed.ds_config import torch_dtype
 from avion_ds.engine.ema import eval_weights
 from avion_ds.engine.export import consolidated
-from avion_ds.engine.metrics import failed_line
 from avion_ds.engine.run_setup import (
     EvalSetup,
     backends_line,
@@ -31,6 +30,7 @@ from avion_ds.engine.run_setup import (
 from avion_ds.engine.trust import command_trust
 from avion_ds.rundir import skipped_note
 from avion_ds.tasks import EvalOutcome, load_recipe
+from avion_ds.tasks.metrics import failed_line
 
 
 # ---------------------------------------------------------------------------------------------

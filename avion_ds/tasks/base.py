@@ -146,9 +146,9 @@ def build_with_weights(
     ``pretrained`` (default ``model.pretrained``; "" for none) loaded and reported; ``load``: extra
     arguments of ``load_and_report`` (e.g. ``kinetics_head``). What every task's ``build_model`` shares."""
     from avion_ds.distributed import dist
-    from avion_ds.engine.weights_report import load_and_report
     from avion_ds.models import create_model
     from avion_ds.models.weights.sharded import build_partitioned
+    from avion_ds.tasks.weights_report import load_and_report
 
     m = recipe.model
     source = pretrained if pretrained is not None else m.pretrained

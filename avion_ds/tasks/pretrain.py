@@ -194,8 +194,8 @@ def evaluate_pretrain(
     of the whole val set: per-clip sums are gathered by dataset index and the DistributedSampler's
     padding repeats dropped (as classification eval does), so ranks and batching do not change them.
     """
-    from avion_ds.engine.metrics import PredictionStore
     from avion_ds.models.mae import pixel_targets
+    from avion_ds.tasks.metrics import PredictionStore
 
     was_training = getattr(model, "training", False)
     if hasattr(model, "eval"):

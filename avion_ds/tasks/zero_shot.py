@@ -114,7 +114,7 @@ def zero_shot_metrics(name: str, scores: dict[str, torch.Tensor], labels: Any) -
     if name == "charades_ego":
         m_ap, _ = charades_map(scores[name].numpy(), labels.numpy())
         return {"map": m_ap}
-    from avion_ds.engine.action_metrics import mean_class_accuracy, overall_accuracy, topk_accuracy
+    from avion_ds.tasks.action_metrics import mean_class_accuracy, overall_accuracy, topk_accuracy
 
     targets = {name: labels.long()} if name == "egtea" else labels
     out: dict[str, float] = {}
@@ -154,7 +154,7 @@ class ZeroShotTask(ContrastiveTask):
         ds_config: dict[str, Any] | None = None,
     ) -> nn.Module:
         from avion_ds.distributed import dist
-        from avion_ds.engine.weights_report import load_and_report
+        from avion_ds.tasks.weights_report import load_and_report
 
         source = pretrained if pretrained is not None else recipe.model.pretrained
         model = build_with_weights(recipe, _encoder_kwargs(recipe), "", run_dir, ds_config)
@@ -186,9 +186,9 @@ class ZeroShotTask(ContrastiveTask):
         """Classifiers from the prompts, video embeddings of every clip (all ranks), the benchmark's metrics."""
         from avion_ds.data.bad_input import BadInputLog, batch_messages
         from avion_ds.distributed.run_log import progress
-        from avion_ds.engine.eval_loop import augmented_batch
-        from avion_ds.engine.metrics import PredictionStore, failed_in_batch, gather_failed
         from avion_ds.models.clip import at_least_fp32
+        from avion_ds.tasks.evaluation import augmented_batch
+        from avion_ds.tasks.metrics import PredictionStore, failed_in_batch, gather_failed
         from avion_ds.tasks.retrieval_eval import dataset_rows_report
 
         net = getattr(model, "module", model)

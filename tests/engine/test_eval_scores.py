@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from avion_ds.engine.eval_loop import evaluate_model
-from avion_ds.engine.metrics import action_topk_correct
+from avion_ds.tasks.evaluation import evaluate_model
+from avion_ds.tasks.metrics import action_topk_correct
 
 KV, KN = 5, 7
 

@@ -8,7 +8,7 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 
-from avion_ds.engine.metrics import (
+from avion_ds.tasks.metrics import (
     PredictionStore,
     action_topk_correct,
     aggregate_outputs,

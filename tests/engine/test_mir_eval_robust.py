@@ -16,7 +16,7 @@ import torch
 
 from avion_ds.data.bad_input import BadInputLog
 from avion_ds.data.datasets.epic_mir import MirTargets, load_mir_targets
-from avion_ds.engine.metrics import mir_metrics, mir_metrics_matched
+from avion_ds.tasks.metrics import mir_metrics, mir_metrics_matched
 from avion_ds.tasks.retrieval_eval import evaluate_retrieval
 from tests.engine.test_mir_metrics import calculate_mAP, calculate_nDCG
 

@@ -13,8 +13,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from avion_ds.config import ConfigError
-from avion_ds.engine.clip_loss import feature_cache_losses, max_margin_loss
 from avion_ds.tasks import load_recipe, task_of
+from avion_ds.tasks.contrastive_losses import feature_cache_losses, max_margin_loss
 from tests.helpers import launch
 
 REPO = Path(__file__).resolve().parents[2]

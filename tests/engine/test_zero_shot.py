@@ -23,7 +23,7 @@ from avion_ds.data.datasets.egocentric import (
     read_charades_classes,
     read_egtea_classes,
 )
-from avion_ds.engine.action_metrics import mean_class_accuracy, overall_accuracy
+from avion_ds.tasks.action_metrics import mean_class_accuracy, overall_accuracy
 from avion_ds.tasks.zero_shot_classes import (
     ClassSet,
     charades_map,

@@ -17,11 +17,11 @@ import torch.nn.functional as F
 from avion_ds.config import ConfigError, ModelConfig
 from avion_ds.engine.checkpoint import model_identity
 from avion_ds.engine.preflight import check_weights_source
-from avion_ds.engine.weights_report import REPORT_NAME, load_and_report
 from avion_ds.models import create_model, create_model_from_config, get_arch, load_pretrained
 from avion_ds.models.weights.formats import backbone_coverage
 from avion_ds.tasks import build_recipe
 from avion_ds.tasks.finetune import FinetuneTask, model_kwargs
+from avion_ds.tasks.weights_report import REPORT_NAME, load_and_report
 
 PAIRS = [
     ("vit_clip_test_tiny", "clip_vit_test_tiny"),

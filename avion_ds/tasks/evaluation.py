@@ -15,7 +15,7 @@ import torch
 
 from avion_ds.data.bad_input import BadInputLog, batch_messages
 from avion_ds.distributed.run_log import progress
-from avion_ds.engine.metrics import (
+from avion_ds.tasks.metrics import (
     PredictionStore,
     aggregate_outputs,
     compute_metrics,
