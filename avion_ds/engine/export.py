@@ -11,14 +11,11 @@ parameters; the default is the run recipe's ``ema.weights`` (``model`` when it k
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import torch
 import yaml
 
-from avion_ds.cli.args import Parser, add_positional_alias, alias_positional
-from avion_ds.cli.parsers import add_weights_option
 from avion_ds.config import ConfigError
 from avion_ds.distributed.run_log import progress
 from avion_ds.rundir import (
@@ -27,9 +24,7 @@ from avion_ds.rundir import (
     clean_key,
     consolidate,
     latest_complete,
-    resolve_tag,
     run_zero_stage,
-    skipped_note,
     zero_state_dict,
 )
 
@@ -154,71 +149,3 @@ def export_hf(
             raise ConfigError(str(e)) from None
         bar.update(1)
     return diff
-
-
-def main(argv: list[str] | None = None) -> int:
-    """Entry point for `avion-ds export`."""
-    p = Parser(
-        prog="avion-ds export",
-        description=__doc__.splitlines()[0],
-        epilog="exit codes: 0 done, 1 failure (traceback), 2 bad input (one line)",
-    )
-    p.add_argument("--checkpoint", dest="run_dir", default=None, help="training output_dir holding checkpoints/")
-    add_positional_alias(p, "--checkpoint", "run_dir")
-    p.add_argument(
-        "--out",
-        required=True,
-        help="output file (.safetensors recommended, or .pt), or the directory to create with --format hf",
-    )
-    p.add_argument(
-        "--tag", default=None, help="checkpoint tag, or best (the one best.json names); default: newest complete"
-    )
-    p.add_argument(
-        "--format",
-        default="safetensors",
-        choices=("safetensors", "hf"),
-        help="safetensors: one fp32 state dict for create_model(pretrained=...); hf: a Hugging Face "
-        "VideoMAEForVideoClassification directory (single-head models, or one --head)",
-    )
-    p.add_argument(
-        "--head",
-        default=None,
-        help="with --format hf and a multi-head model (EPIC verb + noun): the head to export as the classifier",
-    )
-    add_weights_option(p, "as avion-ds eval --weights")
-    p.add_argument(
-        "--trust-checkpoint",
-        action="store_true",
-        help="allow full unpickling of checkpoint files that pickle more than tensors and a few known "
-        "types (it can run code from them)",
-    )
-    args = p.parse_args(argv)
-    alias_positional(args, "--checkpoint", "run_dir", "avion-ds export")
-    try:
-        if not Path(args.run_dir).is_dir():
-            raise ConfigError(f"run dir not found: {args.run_dir}")
-        args.tag = resolve_tag(args.run_dir, args.tag)
-        tag = args.tag or latest_complete(args.run_dir)
-        note = skipped_note(args.run_dir, tag) if tag and not args.tag else None
-        if note:
-            print(note, flush=True)
-        weights = args.weights or run_weights(Path(args.run_dir))
-        which = ", ema weights" if weights == "ema" else ""  # the trained weights unless said
-        if args.format == "hf":
-            diff = export_hf(args.run_dir, args.out, tag, args.head, args.trust_checkpoint, weights)
-            print(
-                f"wrote {args.out} (Hugging Face VideoMAEForVideoClassification, checkpoint {tag}"
-                f"{', head ' + args.head if args.head else ''}{which}; reloaded with transformers: max |logit "
-                f"difference| {diff:.2e})"
-            )
-            return 0
-        out = export(args.run_dir, args.out, tag, args.trust_checkpoint, weights)
-    except ConfigError as e:
-        print(f"avion-ds export: error: {e}", file=sys.stderr)
-        return 2
-    print(f"wrote {out} (checkpoint {tag}{which})")
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -27,9 +27,9 @@ import pytest
 import torch
 
 from avion_ds import rundir
+from avion_ds.cli import export as export_cli
 from avion_ds.config import ConfigError
 from avion_ds.distributed import dist
-from avion_ds.engine import export as export_mod
 from avion_ds.models.weights.safe_load import UntrustedCheckpoint
 from tests.engine.consolidate_script import CLIP_STAGES, FROZEN, HEADS, LIVE, WS2_RUNS, save_run
 from tests.helpers import QUICK_DATA, launch, one_rank_vars, run_process, write_recipe
@@ -135,7 +135,7 @@ def test_consolidation_and_export_carry_every_live_tensor(
     run = (ws1 if world == 1 else ws2) / name
     live = torch.load(run / LIVE, map_location="cpu", weights_only=True)
     out = tmp_path / "m.safetensors"
-    assert export_mod.main(["--checkpoint", str(run), "--out", str(out)]) == 0
+    assert export_cli.main(["--checkpoint", str(run), "--out", str(out)]) == 0
     for got in (rundir.consolidate(run), load_file(str(out))):
         assert sorted(got) == sorted(live)  # every parameter and buffer (a frozen logit_scale too)
         for k, v in live.items():
@@ -150,7 +150,7 @@ def test_export_refuses_a_checkpoint_missing_a_tensor(ws2: Path, tmp_path: Path,
         del state["frozen_param_shapes"]["logit_scale"]
         torch.save(state, path)
     out = tmp_path / "m.safetensors"
-    assert export_mod.main(["--checkpoint", str(run), "--out", str(out)]) == 2
+    assert export_cli.main(["--checkpoint", str(run), "--out", str(out)]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "logit_scale" in err[0] and err[0].startswith("avion-ds export: error:"), err
     assert not out.exists()
@@ -177,7 +177,7 @@ def test_stream_export_holds_one_tensor_at_a_time(ws2: Path, tmp_path: Path, mon
     monkeypatch.setattr(rundir, "_joined", joined)
     monkeypatch.setattr(SafetensorsWriter, "write", write)
     out = tmp_path / "m.safetensors"
-    assert export_mod.main(["--checkpoint", str(ws2 / "z3_fp32"), "--out", str(out)]) == 0
+    assert export_cli.main(["--checkpoint", str(ws2 / "z3_fp32"), "--out", str(out)]) == 0
     assert peak[0] == 1  # the tensor being written: no other gathered tensor alive
     monkeypatch.setattr(rundir, "_joined", real_joined)
     got, want = load_file(str(out)), rundir.consolidate(ws2 / "z3_fp32")
@@ -194,7 +194,7 @@ def test_missing_shard_is_one_line_naming_it(
     (rundir.checkpoint_dir(run) / TAG / missing).unlink()
     with pytest.raises(ConfigError, match=f"checkpoint file missing: .*{TAG}/{missing}"):
         rundir.consolidate(run)
-    assert export_mod.main(["--checkpoint", str(run), "--out", str(tmp_path / "m.safetensors")]) == 2
+    assert export_cli.main(["--checkpoint", str(run), "--out", str(tmp_path / "m.safetensors")]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and missing in err[0] and err[0].startswith("avion-ds export: error:"), err
 
@@ -206,7 +206,7 @@ def test_export_says_it_passes_over_an_unfinished_newer_tag(
     newer = rundir.checkpoint_dir(run) / "step_00000004"
     shutil.copytree(rundir.checkpoint_dir(run) / TAG, newer)
     (newer / rundir.MARKER).unlink()  # killed mid-save
-    assert export_mod.main(["--checkpoint", str(run), "--out", str(tmp_path / "m.safetensors")]) == 0
+    assert export_cli.main(["--checkpoint", str(run), "--out", str(tmp_path / "m.safetensors")]) == 0
     notes = [line for line in capsys.readouterr().out.splitlines() if line.startswith("note:")]
     assert notes == [
         (f"note: {newer} has no {rundir.MARKER} (an unfinished save); using the newest complete checkpoint {TAG}")
@@ -245,12 +245,12 @@ def test_payload_in_run_dir_never_runs_without_trust(
             create_model("vit_test_tiny", heads=HEADS), str(run), strict=True, trust=False, run_dir=None, is_main=False
         )
     out = tmp_path / "m.safetensors"
-    assert export_mod.main(["--checkpoint", str(run), "--out", str(out)]) == 2
+    assert export_cli.main(["--checkpoint", str(run), "--out", str(out)]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and str(bad) in err[0] and "builtins.exec" in err[0] and "--trust-checkpoint" in err[0]
     assert not marker.exists() and not out.exists()
     assert (
-        export_mod.main(["--checkpoint", str(run), "--out", str(out), "--trust-checkpoint"]) == 0
+        export_cli.main(["--checkpoint", str(run), "--out", str(out), "--trust-checkpoint"]) == 0
     )  # the user trusts it
     assert marker.exists() and out.is_file()
 

@@ -20,6 +20,7 @@ def test_streamed_export_equals_live_weights(tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stderr[-4000:]
     from safetensors.torch import load_file
 
+    from avion_ds.cli import export as export_cli
     from avion_ds.engine import export
     from avion_ds.models import create_model
 
@@ -28,7 +29,7 @@ def test_streamed_export_equals_live_weights(tmp_path: Path) -> None:
     out = tmp_path / "model.safetensors"
     try:
         export.stream_export = lambda *a, **k: calls.append(1) or real(*a, **k)
-        assert export.main(["--checkpoint", str(run), "--out", str(out)]) == 0
+        assert export_cli.main(["--checkpoint", str(run), "--out", str(out)]) == 0
     finally:
         export.stream_export = real
     assert calls == [1]  # the ZeRO-3 run took the streaming path

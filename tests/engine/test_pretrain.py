@@ -158,7 +158,7 @@ def test_pretrain_to_finetune_handoff(runs: dict) -> None:
 def test_reconstruct_writes_the_grid(runs: dict, tiny_epic: dict, tmp_path: Path) -> None:
     from PIL import Image
 
-    from avion_ds.tasks.reconstruct import main
+    from avion_ds.cli.reconstruct import main
 
     video = next((Path(tiny_epic["train_csv"]).parent / "videos").glob("*.mp4"))
     out = tmp_path / "grid.png"

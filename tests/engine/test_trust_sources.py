@@ -18,9 +18,9 @@ import torch
 import yaml
 
 from avion_ds.cli import eval as eval_cli
+from avion_ds.cli import export as export_cli
 from avion_ds.cli import train
 from avion_ds.config import ConfigError, save_recipe
-from avion_ds.engine import export as export_mod
 from avion_ds.models.weights.torchscript import read_torchscript_state_dict
 from avion_ds.tasks import load_recipe
 from tests.engine.test_tag_layout import Payload
@@ -77,7 +77,7 @@ def test_eval_of_a_run_dir_whose_recipe_says_trust_refuses_its_payload(
 
 def test_export_trusts_only_its_flag(setup: dict, capsys: pytest.CaptureFixture) -> None:
     run, marker = _run_dir(setup)
-    err, _ = _one_error(capsys, export_mod.main([str(run), "--out", str(setup["tmp"] / "m.safetensors")]), "export")
+    err, _ = _one_error(capsys, export_cli.main([str(run), "--out", str(setup["tmp"] / "m.safetensors")]), "export")
     assert "pickles" in err and not marker.exists()
 
 

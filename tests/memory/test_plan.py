@@ -6,6 +6,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from avion_ds.cli import plan as plan_cli
 from avion_ds.config import Recipe, apply_overrides, recipe_from_dict
 from avion_ds.memory import plan as plan_mod
 from avion_ds.memory.units import parse_bytes
@@ -15,7 +16,7 @@ REPO = Path(__file__).resolve().parents[2]
 
 def test_plan_writes_a_config_the_engine_builder_accepts(tmp_path, capsys):
     out = tmp_path / "plan.json"
-    rc = plan_mod.main(
+    rc = plan_cli.main(
         [
             "--model",
             "vit_large_patch16_224",
@@ -62,10 +63,10 @@ def test_plan_writes_a_config_the_engine_builder_accepts(tmp_path, capsys):
 
 
 def test_every_fitting_candidate_is_under_budget_and_ranked():
-    args = plan_mod.parse_args(
+    args = plan_cli.parse_args(
         ["--model", "vit_base_patch16_224", "--gpu-mem", "16GiB", "--gpus", "2", "--global-batch", "64"]
     )
-    req = plan_mod.build_request(args)
+    req = plan_cli.build_request(args)
     cands, facts = plan_mod.plan(req)
     fitting = [c for c in cands if c.fits]
     assert fitting and facts["params"] > 80e6
@@ -82,7 +83,7 @@ def test_every_fitting_candidate_is_under_budget_and_ranked():
 
 
 def test_impossible_request_says_why_and_what_is_closest(tmp_path, capsys):
-    rc = plan_mod.main(
+    rc = plan_cli.main(
         ["--model", "vit_giant_patch14_224", "--gpu-mem", "1GiB", "--gpus", "1", "--out", str(tmp_path / "p.json")]
     )
     err = capsys.readouterr().err
@@ -92,7 +93,7 @@ def test_impossible_request_says_why_and_what_is_closest(tmp_path, capsys):
 
 
 def test_host_memory_limit_rules_out_offload(capsys, tmp_path):
-    rc = plan_mod.main(
+    rc = plan_cli.main(
         [
             "--model",
             "vit_giant_patch14_224",
@@ -130,7 +131,7 @@ def test_bad_input_one_line_error(argv, fragment, capsys):
     if "--measure" in argv and torch.cuda.is_available():
         pytest.skip("--measure is valid on a GPU machine")
     try:
-        rc = plan_mod.main(argv)
+        rc = plan_cli.main(argv)
     except SystemExit as e:  # argparse-level errors
         rc = e.code
     err = capsys.readouterr().err.strip()
@@ -139,8 +140,8 @@ def test_bad_input_one_line_error(argv, fragment, capsys):
 
 
 def test_nvme_candidates_only_with_a_path():
-    req = plan_mod.build_request(
-        plan_mod.parse_args(
+    req = plan_cli.build_request(
+        plan_cli.parse_args(
             [
                 "--model",
                 "vit_test_tiny",
@@ -168,8 +169,8 @@ def test_recipe_defaults_are_the_contract():
         {},
         plan_mod.recipe_overrides(
             plan_mod.Candidate(3, "all", "cpu", 2, 4, 8),
-            plan_mod.build_request(
-                plan_mod.parse_args(
+            plan_cli.build_request(
+                plan_cli.parse_args(
                     ["--model", "vit_base_patch16_224", "--gpu-mem", "8GiB", "--gpus", "2", "--global-batch", "64"]
                 )
             ),
@@ -231,8 +232,8 @@ def test_planned_config_is_the_reference_json_plus_its_knobs(shape):
 
 
 def test_every_planned_shape_has_a_reference():
-    req = plan_mod.build_request(
-        plan_mod.parse_args(
+    req = plan_cli.build_request(
+        plan_cli.parse_args(
             [
                 "--model",
                 "vit_test_tiny",

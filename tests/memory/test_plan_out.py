@@ -8,14 +8,14 @@ from pathlib import Path
 
 import pytest
 
-from avion_ds.memory import plan as plan_mod
+from avion_ds.cli import plan as plan_cli
 
 ARGS = ["--model", "vit_test_tiny", "--frames", "4", "--size", "32", "--gpu-mem", "8GiB"]
 
 
 def test_plan_without_out_writes_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys) -> None:
     monkeypatch.chdir(tmp_path)
-    assert plan_mod.main(ARGS) == 0
+    assert plan_cli.main(ARGS) == 0
     out = capsys.readouterr().out
     assert list(tmp_path.iterdir()) == []
     assert "nothing written (--out PLAN.json writes the config and the overrides)" in out
@@ -25,6 +25,6 @@ def test_plan_without_out_writes_nothing(tmp_path: Path, monkeypatch: pytest.Mon
 
 
 def test_plan_with_out_writes_both(tmp_path: Path, capsys) -> None:
-    assert plan_mod.main([*ARGS, "--out", str(tmp_path / "p.json")]) == 0
+    assert plan_cli.main([*ARGS, "--out", str(tmp_path / "p.json")]) == 0
     assert sorted(p.name for p in tmp_path.iterdir()) == ["p.json", "p.overrides.yaml"]
     assert f"wrote {tmp_path / 'p.json'}" in capsys.readouterr().out

@@ -1,0 +1,91 @@
+"""`avion-ds reconstruct --checkpoint RUN --video FILE --out grid.png`: look at a pretraining run
+(the grid: :mod:`avion_ds.tasks.reconstruct`)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from avion_ds.cli.args import Parser
+from avion_ds.config import ConfigError, Recipe, add_override_option
+from avion_ds.distributed import dist
+from avion_ds.tasks import load_recipe
+from avion_ds.tasks.pretrain import PretrainTask, build_pretrain_model, mask_spec
+from avion_ds.tasks.reconstruct import load_clip, reconstruct_grid
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = Parser(prog="avion-ds reconstruct", description=__doc__.splitlines()[0])
+    p.add_argument("--checkpoint", required=True, help="pretraining run directory, or a weights file (needs --config)")
+    p.add_argument("--video", required=True, help="a video file")
+    p.add_argument("--out", required=True, help="PNG to write")
+    p.add_argument("--config", default=None, help="recipe (default: RUN/recipe.yaml)")
+    add_override_option(p)
+    p.add_argument("--frames", type=int, default=4, help="frames (columns) to show")
+    p.add_argument("--seed", type=int, default=0, help="seed of the masks")
+    p.add_argument("--min-side", type=int, default=128, help="upscale (nearest) small frames to at least this")
+    return p.parse_args(argv)
+
+
+def _recipe(args: argparse.Namespace) -> Recipe:
+    ckpt = Path(args.checkpoint)
+    if not ckpt.exists():
+        raise ConfigError(f"--checkpoint not found: {ckpt}")
+    if not Path(args.video).is_file():
+        raise ConfigError(f"--video not found: {args.video}")
+    config = args.config or (ckpt / "recipe.yaml" if ckpt.is_dir() else None)
+    if config is None or not Path(config).is_file():
+        raise ConfigError("--config is required when --checkpoint is not a run directory with recipe.yaml")
+    recipe = load_recipe(config, args.overrides)
+    if recipe.task != PretrainTask.name:
+        raise ConfigError(f"{config}: task={recipe.task!r}; reconstruct needs a pretraining run (task: pretrain)")
+    if args.frames <= 0:
+        raise ConfigError(f"--frames={args.frames} must be positive")
+    return recipe
+
+
+def run(args: argparse.Namespace) -> int:
+    recipe = _recipe(args)
+    from PIL import Image
+
+    from avion_ds.data.augment import DeviceAugment
+    from avion_ds.models import load_pretrained_mae
+
+    model = build_pretrain_model(recipe, pretrained="")
+    report = load_pretrained_mae(model, args.checkpoint, strict=True)
+    print(f"loaded {args.checkpoint}: {report.summary()}", flush=True)
+    model.eval()
+    clip = load_clip(recipe, args.video)
+    x, _ = DeviceAugment(recipe.data, 0, train=False)(clip[None], {})
+    drawn = mask_spec(recipe).draw(np.random.default_rng(args.seed))
+    masks = {k: torch.from_numpy(v)[None] for k, v in drawn.items()}
+    with torch.no_grad():
+        loss = float(model(x, **masks).loss)
+    img = reconstruct_grid(model, x, masks, args.frames)
+    scale = max(1, -(-args.min_side // recipe.data.size))
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    pil = Image.fromarray(img)
+    if scale > 1:
+        pil = pil.resize((img.shape[1] * scale, img.shape[0] * scale), Image.NEAREST)
+    pil.save(out)
+    print(
+        f"wrote {out}: rows original / masked ({recipe.pretrain.mask_type} {recipe.pretrain.mask_ratio}) / "
+        f"reconstruction, {len(drawn)} mask(s), clip loss {loss:.4f}",
+        flush=True,
+    )
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point for `avion-ds reconstruct`."""
+    args = parse_args(argv)
+    return dist.run_entry("avion-ds reconstruct", lambda: run(args), {ConfigError: 2})
+
+
+if __name__ == "__main__":
+    sys.exit(main())
