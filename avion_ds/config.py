@@ -575,11 +575,6 @@ def validate(recipe: Recipe) -> None:
     if recipe.data.dataset == "epic" and recipe.model.heads is None:
         want = "{action: 3806}" if recipe.data.epic_label == "action" else "{verb: 97, noun: 300}"
         raise ConfigError(f"data.dataset='epic' needs model.heads (e.g. {want})")
-    from avion_ds.data.datasets.protocols import check_recipe
-
-    problem = check_recipe(recipe)
-    if problem:
-        raise ConfigError(problem)
 
 
 def add_override_option(parser: argparse.ArgumentParser, example: str = "data.root=PATH") -> None:

@@ -138,7 +138,7 @@ def part_activations(args: argparse.Namespace, dtype: torch.dtype) -> list[dict[
 
 
 def part_throughput(args: argparse.Namespace) -> list[dict[str, Any]]:
-    from avion_ds.memory.measure import train_step_probe
+    from avion_ds.engine.memory_probe import train_step_probe
     from avion_ds.models.attention import flash_available
 
     rows = []
@@ -171,7 +171,7 @@ def _probe_vs_estimate(
     stage: int = 0,
     off: bool = False,
 ) -> dict[str, Any]:
-    from avion_ds.memory.measure import train_step_probe
+    from avion_ds.engine.memory_probe import train_step_probe
 
     r = train_step_probe(
         name, args.frames, args.size, micro, ds, dtype="bf16", checkpoint_every=ckpt, warmup=1, steps=2

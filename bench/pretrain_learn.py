@@ -9,7 +9,7 @@
 3. Fine-tune ``vit_test_tiny`` (same encoder overrides, verb + noun heads) on 10% of the training
    rows, from the pretrained encoder and from scratch, with the same budget; report val top-1.
 
-Both phases use one-process loops over cached clips (``avion_ds.tasks.pretrain.fit_clips`` and the
+Both phases use one-process loops over cached clips (``fit_clips`` below and the
 plain loop below) so the whole bench takes a few minutes on 2 CPU cores.
 
     python bench/pretrain_learn.py --out /tmp/learn
@@ -32,9 +32,40 @@ from avion_ds.engine.optim import param_groups
 from avion_ds.models import create_model
 from avion_ds.models.mae import pixel_targets
 from avion_ds.tasks.finetune_losses import total_loss
-from avion_ds.tasks.pretrain import fit_clips
 
 ENCODER = {"num_frames": 8, "img_size": 32, "patch_size": 16, "embed_dim": 128}
+
+
+def fit_clips(
+    model: torch.nn.Module,
+    clips: torch.Tensor,
+    spec: MaskSpec,
+    steps: int,
+    lr: float,
+    batch_size: int,
+    seed: int = 0,
+    weight_decay: float = 0.05,
+) -> list[float]:
+    """A plain one-process AdamW loop (betas 0.9/0.95) over cached, normalised clips (B, C, T, H, W)
+    with fresh masks every step; for quick learning checks (tests, bench/pretrain_learn.py). Real
+    runs go through ``avion-ds train``. Returns the loss of every step."""
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    gen = torch.Generator().manual_seed(seed)
+    opt = torch.optim.AdamW(param_groups(model, weight_decay), lr=lr, betas=(0.9, 0.95))
+    model.train()
+    out = []
+    for _ in range(steps):
+        idx = torch.randint(len(clips), (batch_size,), generator=gen)
+        drawn = [spec.draw(rng) for _ in range(batch_size)]
+        masks = {k: torch.from_numpy(np.stack([d[k] for d in drawn])) for k in drawn[0]}
+        loss = model(clips[idx], **masks).loss
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        out.append(float(loss.detach()))
+    return out
 
 
 def make_data(out: Path, seed: int, background: str) -> dict:

@@ -276,7 +276,7 @@ def write_random_weights(name: str, path: str | Path, **overrides: Any) -> Path:
     """A safetensors file with random weights for ``name``, written tensor by tensor (the model is
     built on the meta device: nothing full is ever in memory)."""
     from avion_ds.models import create_model
-    from avion_ds.models.weights.safetensors_stream import SafetensorsWriter
+    from avion_ds.storage.safetensors_stream import SafetensorsWriter
 
     with torch.device("meta"):
         model = create_model(name, **overrides)
@@ -313,7 +313,7 @@ def verify_export(
     tensor equal to it, read one at a time; with ``load_back`` through ``create_model(model,
     pretrained=exported)`` (the full model in memory), compared with ``reference`` or the file."""
     from avion_ds.models import create_model
-    from avion_ds.models.weights.safetensors_stream import SafetensorsReader
+    from avion_ds.storage.safetensors_stream import SafetensorsReader
 
     out_file = SafetensorsReader(exported)
     with torch.device("meta"):

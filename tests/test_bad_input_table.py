@@ -324,7 +324,7 @@ def _argv(case: Case, f: dict) -> list[str]:
     if command == "train":
         argv = ["--config", str(f["recipes"][recipe]), "--deepspeed_config", str(ZERO2), *extra]
     else:  # eval of a run directory with one complete checkpoint and no best.json
-        from avion_ds.rundir import MARKER, checkpoint_dir
+        from avion_ds.storage.run_dir import MARKER, checkpoint_dir
 
         run = f["tmp"] / "run"
         (checkpoint_dir(run) / "step_00000002").mkdir(parents=True)

@@ -16,7 +16,21 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = "avion_ds"
 MAX_FUNCTION_LINES = 80
-LENGTH_SCOPE = ("engine",)  # subpackages whose functions must stay under MAX_FUNCTION_LINES
+# subpackages whose functions must stay under MAX_FUNCTION_LINES
+LENGTH_SCOPE = ("cli", "distributed", "embed", "engine", "models", "storage", "tasks")
+# the layers, lowest first: a module imports only from its own top-level package or a lower layer
+# (module AND function level); packages of one layer (models, data) do not import each other
+LAYERS: tuple[tuple[str, ...], ...] = (
+    ("config",),
+    ("distributed",),
+    ("storage",),
+    ("models", "data"),
+    ("memory",),
+    ("tasks",),
+    ("engine",),
+    ("embed",),
+    ("cli",),
+)
 
 
 def module_files(root: Path, package: str = PACKAGE) -> dict[str, Path]:
@@ -168,6 +182,25 @@ def import_cycles(root: Path = ROOT, package: str = PACKAGE) -> list[str]:
     return [f"{{{', '.join(c)}}}: {describe_cycle(graph, c)}" for c in strongly_connected(graph)]
 
 
+def layer_violations(
+    root: Path = ROOT, package: str = PACKAGE, layers: tuple[tuple[str, ...], ...] = LAYERS
+) -> list[str]:
+    """``a -> b`` for every import (module or function level) from a layer to its own or a higher one,
+    and ``a: not in any layer`` for a top-level package or module the layer table does not name."""
+    rank = {name: i for i, group in enumerate(layers) for name in group}
+    out = []
+    for module, deps in sorted(import_graph(root, package).items()):
+        top = module.split(".")[1] if "." in module else ""
+        if top and top not in rank:
+            out.append(f"{module}: not in any layer")
+            continue
+        for dep in sorted(deps):
+            other = dep.split(".")[1] if "." in dep else ""
+            if top and other and other != top and rank.get(other, len(layers)) >= rank[top]:
+                out.append(f"{module} -> {dep}")
+    return out
+
+
 def long_functions(
     root: Path = ROOT, package: str = PACKAGE, scope: tuple[str, ...] = LENGTH_SCOPE, limit: int = MAX_FUNCTION_LINES
 ) -> list[str]:
@@ -188,7 +221,13 @@ def test_no_import_cycles() -> None:
     assert not cycles, "import cycles between modules:\n" + "\n".join(cycles)
 
 
-def test_engine_functions_are_short() -> None:
+def test_layers_import_only_downward() -> None:
+    bad = layer_violations()
+    assert not bad, "imports against the layers (config < distributed < storage < models, data < memory < tasks < "
+    "engine < embed < cli):\n" + "\n".join(bad)
+
+
+def test_functions_are_short() -> None:
     long = long_functions()
     assert not long, f"functions over {MAX_FUNCTION_LINES} lines:\n" + "\n".join(long)
 
@@ -269,6 +308,25 @@ def test_cycle_check_accepts_a_dag(tmp_path: Path) -> None:
         },
     )
     assert import_cycles(tmp_path, "pkg") == []
+
+
+def test_layer_check_finds_upward_sibling_and_unknown(tmp_path: Path) -> None:
+    _write(
+        tmp_path,
+        {
+            "pkg/__init__.py": "",
+            "pkg/low/__init__.py": "",
+            "pkg/low/a.py": "def f():\n    from pkg.high import b\n",  # function level counts
+            "pkg/low/c.py": "import pkg.low.a\n",  # own package: fine
+            "pkg/left.py": "from pkg import right\n",  # same layer
+            "pkg/right.py": "",
+            "pkg/high/__init__.py": "",
+            "pkg/high/b.py": "from pkg.low import c\n",  # downward: fine
+            "pkg/stray.py": "",
+        },
+    )
+    found = layer_violations(tmp_path, "pkg", (("low",), ("left", "right"), ("high",)))
+    assert found == ["pkg.left -> pkg.right", "pkg.low.a -> pkg.high.b", "pkg.stray: not in any layer"], found
 
 
 def test_length_check_counts_def_to_last_line(tmp_path: Path) -> None:

@@ -11,8 +11,8 @@ from avion_ds.cli.args import Parser
 from avion_ds.data.prep.chunking import FAILURES_NAME, chunk_videos
 
 
-def main(argv: list[str] | None = None) -> int:
-    """``avion-ds chunk SRC DST [...]``; exit 1 when any source failed (listed in DST/chunk_failures.tsv)."""
+def _parser() -> Parser:
+    """The options of `avion-ds chunk`."""
     p = Parser(
         prog="avion-ds chunk",
         description="Re-encode videos under SRC into short "
@@ -62,7 +62,12 @@ def main(argv: list[str] | None = None) -> int:
         help="parallel processes (default: half the CPUs)",
     )
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
-    a = p.parse_args(argv)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``avion-ds chunk SRC DST [...]``; exit 1 when any source failed (listed in DST/chunk_failures.tsv)."""
+    a = _parser().parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     if a.index_only:
         from avion_ds.data.prep.index_tree import run_index

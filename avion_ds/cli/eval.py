@@ -28,7 +28,7 @@ from avion_ds.engine.run_setup import (
     seed_everything,
 )
 from avion_ds.engine.trust import command_trust
-from avion_ds.rundir import skipped_note
+from avion_ds.storage.run_dir import skipped_note
 from avion_ds.tasks import EvalOutcome, load_recipe
 from avion_ds.tasks.metrics import failed_line
 
@@ -62,7 +62,7 @@ def _resolve_tag(args: argparse.Namespace, run_dir: Path | None) -> str | None:
             )
         return None
     from avion_ds.engine.checkpoint import check_tag, latest_complete
-    from avion_ds.rundir import resolve_tag
+    from avion_ds.storage.run_dir import resolve_tag
 
     tag = resolve_tag(run_dir, args.tag) or latest_complete(run_dir)
     if tag is None:

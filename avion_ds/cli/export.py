@@ -10,7 +10,7 @@ from avion_ds.cli.args import Parser, add_positional_alias, alias_positional
 from avion_ds.cli.parsers import add_weights_option
 from avion_ds.config import ConfigError
 from avion_ds.engine.export import export, export_hf, run_weights
-from avion_ds.rundir import latest_complete, resolve_tag, skipped_note
+from avion_ds.storage.run_dir import latest_complete, resolve_tag, skipped_note
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 from avion_ds.cli.args import Parser
+from avion_ds.engine.memory_probe import measure_candidates
 from avion_ds.memory.plan import (
     HW_FIELDS,
     Candidate,
@@ -18,7 +19,6 @@ from avion_ds.memory.plan import (
     ds_config_for,
     explain_impossible,
     format_table,
-    measure_candidates,
     plan,
     recipe_overrides,
 )

@@ -13,9 +13,8 @@ import torch
 from avion_ds.cli.args import Parser
 from avion_ds.config import ConfigError, Recipe, add_override_option
 from avion_ds.distributed import dist
-from avion_ds.tasks import load_recipe
-from avion_ds.tasks.pretrain import PretrainTask, build_pretrain_model, mask_spec
-from avion_ds.tasks.reconstruct import load_clip, reconstruct_grid
+from avion_ds.tasks.pretrain import build_pretrain_model, mask_spec
+from avion_ds.tasks.reconstruct import load_clip, pretraining_recipe, reconstruct_grid
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -40,9 +39,7 @@ def _recipe(args: argparse.Namespace) -> Recipe:
     config = args.config or (ckpt / "recipe.yaml" if ckpt.is_dir() else None)
     if config is None or not Path(config).is_file():
         raise ConfigError("--config is required when --checkpoint is not a run directory with recipe.yaml")
-    recipe = load_recipe(config, args.overrides)
-    if recipe.task != PretrainTask.name:
-        raise ConfigError(f"{config}: task={recipe.task!r}; reconstruct needs a pretraining run (task: pretrain)")
+    recipe = pretraining_recipe(config, args.overrides)
     if args.frames <= 0:
         raise ConfigError(f"--frames={args.frames} must be positive")
     return recipe

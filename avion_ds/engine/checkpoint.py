@@ -1,6 +1,6 @@
 """DeepSpeed checkpoints with completeness markers, keep-last-K pruning, auto-resume and run identity.
 
-Layout of a run directory (``avion_ds.rundir``)::
+Layout of a run directory (``avion_ds.storage.run_dir``)::
 
     run.json                       model identity (resume into a different model is refused)
     checkpoints/step_00000120/     DeepSpeed shards (all ranks) + client_rank<r>.pt (per-rank state)
@@ -27,8 +27,7 @@ import torch
 from avion_ds.config import ConfigError, Recipe
 from avion_ds.distributed import dist
 from avion_ds.distributed.rng import rng_state
-from avion_ds.models.weights.safe_load import load_checkpoint_file
-from avion_ds.rundir import (
+from avion_ds.storage.run_dir import (
     BEST,
     CKPT_SUBDIR,
     MARKER,
@@ -40,6 +39,7 @@ from avion_ds.rundir import (
     tag_for,
     tag_step,
 )
+from avion_ds.storage.safe_load import load_checkpoint_file
 
 
 # ---------------------------------------------------------------------------------------------
@@ -255,7 +255,7 @@ def record_best(
     better); True when it did. The record survives resume (it is read back from the run directory).
     ``keep_last``: prune again, so the checkpoint kept only as the former best goes now, not at the next save
     (else ``keep_last: 1`` ends a run with two checkpoints)."""
-    from avion_ds.rundir import read_best
+    from avion_ds.storage.run_dir import read_best
 
     old = read_best(run_dir)
     if old is not None and old.get("metric") == metric and float(old.get("value", float("-inf"))) >= value:

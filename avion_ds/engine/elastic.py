@@ -16,7 +16,7 @@ the engine is built with ``checkpoint.load_universal``. What bites in deepspeed 
   from (global step, r), so no two ranks share a stream.
 
 ``ds_to_universal`` and DeepSpeed's loading unpickle the files in full: every ``*.pt`` of the tag is
-checked with the safe loader before the conversion (``rundir.check_tag_files``), and the client
+checked with the safe loader before the conversion (``run_dir.check_tag_files``), and the client
 files are read through it (``trust``: ``--trust-checkpoint``).
 """
 
@@ -34,10 +34,10 @@ from typing import Any
 import numpy as np
 import torch
 
-from avion_ds import rundir
 from avion_ds.distributed import dist
 from avion_ds.distributed.rng import rng_state, set_rng_state
-from avion_ds.models.weights.safe_load import load_checkpoint_file
+from avion_ds.storage import run_dir as rundir
+from avion_ds.storage.safe_load import load_checkpoint_file
 
 UNIVERSAL = "universal"
 GROUP_SETTINGS = ("weight_decay", "lr_scale")  # per-group choices of this run, not checkpoint state

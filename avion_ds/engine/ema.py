@@ -39,8 +39,8 @@ import torch
 
 from avion_ds.config import ConfigError, Recipe
 from avion_ds.distributed import dist
-from avion_ds.models.weights.safe_load import load_checkpoint_file
-from avion_ds.rundir import clean_key
+from avion_ds.storage.run_dir import clean_key
+from avion_ds.storage.safe_load import load_checkpoint_file
 
 FILE = "ema"  # checkpoint files <FILE>_rank<r>.pt
 FILE_PREFIX = f"{FILE}_rank"

@@ -1,6 +1,6 @@
 """`avion-ds export --checkpoint RUN_DIR --out model.safetensors`: ZeRO shards -> one fp32 safetensors state dict.
 
-ZeRO 1/2/3: the fp32 master weights rebuilt from the optimizer shards (``rundir.zero_state_dict``,
+ZeRO 1/2/3: the fp32 master weights rebuilt from the optimizer shards (``run_dir.zero_state_dict``,
 the layout of DeepSpeed's ``zero_to_fp32`` without its full unpickling); ZeRO-0: the module state.
 Every file is read with ``weights_only`` + allowlist (``--trust-checkpoint`` opts out). The file
 loads with ``create_model(name, pretrained=file)``; its metadata names the model and architecture.
@@ -18,7 +18,7 @@ import yaml
 
 from avion_ds.config import ConfigError
 from avion_ds.distributed.run_log import progress
-from avion_ds.rundir import (
+from avion_ds.storage.run_dir import (
     MARKER,
     checkpoint_dir,
     clean_key,
@@ -37,7 +37,7 @@ def stream_export(
     (file-backed) plus one tensor, not the full copy of ``consolidate``; ``weights="ema"``: the EMA's
     tensors (assembled one at a time from its memory-mapped files) in place of the trained parameters."""
     from avion_ds.engine.ema import EmaFiles
-    from avion_ds.models.weights.safetensors_stream import SafetensorsWriter
+    from avion_ds.storage.safetensors_stream import SafetensorsWriter
 
     tag_dir = checkpoint_dir(run_dir) / tag
     lazy = zero_state_dict(tag_dir, trust)

@@ -231,7 +231,7 @@ def check_weights_source(source: str, trust: bool, key: str = "model.pretrained"
     """The weights a run will read (a file, a Hugging Face directory, or a run directory's checkpoint
     ``tag``, default its newest complete one) exist and would be accepted by the safe loader: refused
     here, before anything is written or started, instead of after the process group exists."""
-    from avion_ds.rundir import checkpoint_dir, latest_complete
+    from avion_ds.storage.run_dir import checkpoint_dir, latest_complete
 
     path = Path(source)
     if not path.exists():
@@ -253,9 +253,9 @@ def check_weights_source(source: str, trust: bool, key: str = "model.pretrained"
 
 
 def check_checkpoint_tag(tag_dir: Path, trust: bool, key: str) -> None:
-    """Every file of a checkpoint tag (``rundir.tag_files``: symlinks resolved, its universal folder
+    """Every file of a checkpoint tag (``run_dir.tag_files``: symlinks resolved, its universal folder
     included) passes the safe loader's type check; nothing is unpickled. ConfigError naming ``key``."""
-    from avion_ds.rundir import tag_files
+    from avion_ds.storage.run_dir import tag_files
 
     if trust:
         return
@@ -267,8 +267,8 @@ def check_checkpoint_tag(tag_dir: Path, trust: bool, key: str) -> None:
 
 
 def _check_files(files: list[Path], trust: bool, key: str) -> None:
-    from avion_ds.models.weights.safe_load import check_checkpoint_file
-    from avion_ds.models.weights.torchscript import check_torchscript, torchscript_root
+    from avion_ds.storage.safe_load import check_checkpoint_file
+    from avion_ds.storage.torchscript import check_torchscript, torchscript_root
 
     for f in files:
         try:

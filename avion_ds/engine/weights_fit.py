@@ -33,10 +33,10 @@ def _meta(obj: Any) -> Any:
 def shape_only(source: str | Path, trust: bool) -> dict[str, Any] | None:
     """What ``read_checkpoint(source)`` would return, with shape-only tensors; None where shapes alone
     cannot be had cheaply (TorchScript releases: the real load checks them)."""
-    from avion_ds.models.weights.safe_load import load_checkpoint_file
-    from avion_ds.models.weights.safetensors_stream import SafetensorsReader
-    from avion_ds.models.weights.torchscript import torchscript_root
-    from avion_ds.rundir import checkpoint_dir, clean_key, lazy_state_dict
+    from avion_ds.storage.run_dir import checkpoint_dir, clean_key, lazy_state_dict
+    from avion_ds.storage.safe_load import load_checkpoint_file
+    from avion_ds.storage.safetensors_stream import SafetensorsReader
+    from avion_ds.storage.torchscript import torchscript_root
 
     path = Path(source)
     if path.is_dir() and checkpoint_dir(path).is_dir() and not (path / "model.safetensors").is_file():

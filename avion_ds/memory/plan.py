@@ -387,26 +387,3 @@ def explain_impossible(req: Request, cands: list[Candidate]) -> str:
         need.append(f"--cpu-mem {math.ceil(host / 2**30)}GiB")
     msg.append("or give at least " + " and ".join(need))
     return "\n".join(msg)
-
-
-def measure_candidates(cands: list[Candidate], req: Request, steps: int = 3) -> None:
-    """Probe each planner candidate (one GPU: per-GPU memory and speed; gradient accumulation 1)
-    and store measured clips/s (scaled to ``req.gpus``, communication not included) and peak."""
-    from avion_ds.memory.measure import train_step_probe
-
-    for c in cands:
-        res = train_step_probe(
-            req.model,
-            req.frames,
-            req.size,
-            c.micro_batch,
-            ds_config_for(c, req.nvme_path),
-            dtype=req.dtype,
-            checkpoint_every=c.checkpoint_every,
-            steps=steps,
-        )
-        if res.get("oom") or "clips_per_s" not in res:
-            c.measured_clips_per_s, c.measured_peak = 0.0, None
-            continue
-        c.measured_clips_per_s = res["clips_per_s"] * req.gpus / res["world_size"]
-        c.measured_peak = res["peak_allocated"]

@@ -226,37 +226,3 @@ def evaluate_pretrain(
     weight = max(weight, 1.0)
     loss, zero = loss_sum / weight, zero_sum / weight
     return {"recon_loss": loss, "zero_baseline": zero, "recon_vs_zero": loss / max(zero, 1e-12)}
-
-
-def fit_clips(
-    model: torch.nn.Module,
-    clips: torch.Tensor,
-    spec: MaskSpec,
-    steps: int,
-    lr: float,
-    batch_size: int,
-    seed: int = 0,
-    weight_decay: float = 0.05,
-) -> list[float]:
-    """A plain one-process AdamW loop (betas 0.9/0.95) over cached, normalised clips (B, C, T, H, W)
-    with fresh masks every step; for quick learning checks (tests, bench/pretrain_learn.py). Real
-    runs go through ``avion-ds train``. Returns the loss of every step."""
-    import numpy as np
-
-    from avion_ds.engine.optim import param_groups
-
-    rng = np.random.default_rng(seed)
-    gen = torch.Generator().manual_seed(seed)
-    opt = torch.optim.AdamW(param_groups(model, weight_decay), lr=lr, betas=(0.9, 0.95))
-    model.train()
-    out = []
-    for _ in range(steps):
-        idx = torch.randint(len(clips), (batch_size,), generator=gen)
-        drawn = [spec.draw(rng) for _ in range(batch_size)]
-        masks = {k: torch.from_numpy(np.stack([d[k] for d in drawn])) for k in drawn[0]}
-        loss = model(clips[idx], **masks).loss
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        opt.step()
-        out.append(float(loss.detach()))
-    return out

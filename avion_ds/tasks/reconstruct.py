@@ -12,11 +12,23 @@ the reconstruction row; hidden tokens are grey in the masked row.
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
 
 import numpy as np
 import torch
 
-from avion_ds.config import Recipe
+from avion_ds.config import ConfigError, Recipe
+from avion_ds.tasks.pretrain import PretrainTask
+
+
+def pretraining_recipe(config: str | Path, overrides: list[str]) -> Recipe:
+    """The recipe of a pretraining run (``config``: its recipe.yaml); any other task is refused in one line."""
+    from avion_ds.tasks import load_recipe  # the package's loader: tasks/__init__ imports the task modules
+
+    recipe = load_recipe(config, overrides)
+    if recipe.task != PretrainTask.name:
+        raise ConfigError(f"{config}: task={recipe.task!r}; reconstruct needs a pretraining run (task: pretrain)")
+    return recipe
 
 
 def load_clip(recipe: Recipe, video: str) -> torch.Tensor:

@@ -222,7 +222,7 @@ def _mir_recipe(path: Path, synth: Path, chunks: Path, start: Path, run: Path) -
 def test_mir_finetuning_from_the_run(contrastive_run: dict) -> None:
     """`task: mir` from the contrastive run directory (its newest checkpoint): captions drawn by relevancy,
     max-margin loss, temperature frozen, evaluation every 5 epochs, best checkpoint by avg mAP."""
-    from avion_ds.rundir import consolidate
+    from avion_ds.storage.run_dir import consolidate
 
     tmp, synth, chunks, start = (contrastive_run[k] for k in ("tmp", "synth", "chunks", "run"))
     run = tmp / "mir"

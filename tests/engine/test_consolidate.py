@@ -26,11 +26,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from avion_ds import rundir
 from avion_ds.cli import export as export_cli
 from avion_ds.config import ConfigError
 from avion_ds.distributed import dist
-from avion_ds.models.weights.safe_load import UntrustedCheckpoint
+from avion_ds.storage import run_dir as rundir
+from avion_ds.storage.safe_load import UntrustedCheckpoint
 from tests.engine.consolidate_script import CLIP_STAGES, FROZEN, HEADS, LIVE, WS2_RUNS, save_run
 from tests.helpers import QUICK_DATA, launch, one_rank_vars, run_process, write_recipe
 
@@ -159,7 +159,7 @@ def test_export_refuses_a_checkpoint_missing_a_tensor(ws2: Path, tmp_path: Path,
 def test_stream_export_holds_one_tensor_at_a_time(ws2: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from safetensors.torch import load_file
 
-    from avion_ds.models.weights.safetensors_stream import SafetensorsWriter
+    from avion_ds.storage.safetensors_stream import SafetensorsWriter
 
     alive: list[weakref.ref] = []
     peak = [0]

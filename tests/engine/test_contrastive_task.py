@@ -117,7 +117,7 @@ def test_check_model_refuses_a_video_classifier() -> None:
 
 def test_best_record_keeps_the_highest_and_survives_pruning(tmp_path: Path) -> None:
     from avion_ds.engine.checkpoint import prune, record_best
-    from avion_ds.rundir import MARKER, best_tag, checkpoint_dir
+    from avion_ds.storage.run_dir import MARKER, best_tag, checkpoint_dir
 
     for step in (1, 2, 3, 4):
         d = checkpoint_dir(tmp_path) / f"step_{step:08d}"
@@ -135,7 +135,7 @@ def test_best_record_keeps_the_highest_and_survives_pruning(tmp_path: Path) -> N
 
 def test_tag_best_resolves_through_best_json_or_refuses_in_one_line(tmp_path: Path) -> None:
     from avion_ds.engine.checkpoint import record_best
-    from avion_ds.rundir import MARKER, checkpoint_dir, resolve_tag
+    from avion_ds.storage.run_dir import MARKER, checkpoint_dir, resolve_tag
 
     with pytest.raises(ConfigError, match="no best checkpoint"):
         resolve_tag(tmp_path, "best")

@@ -38,7 +38,7 @@ def _train(data: dict, run: Path, tmp: Path) -> None:
 
 @pytest.mark.timeout(600)
 def test_two_runs_on_one_machine_are_identical(tiny_epic_quick: dict, tmp_path: Path) -> None:
-    from avion_ds.rundir import consolidate
+    from avion_ds.storage.run_dir import consolidate
 
     runs = [tmp_path / "a", tmp_path / "b"]
     for run in runs:

@@ -18,7 +18,7 @@ import torch
 import yaml
 
 from avion_ds.engine.ema import EmaFiles
-from avion_ds.rundir import consolidate, latest_complete
+from avion_ds.storage.run_dir import consolidate, latest_complete
 from tests.helpers import QUICK_DATA, REPO, launch, losses, write_recipe
 
 pytestmark = pytest.mark.multiprocess

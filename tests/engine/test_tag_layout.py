@@ -13,12 +13,12 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from avion_ds import rundir
 from avion_ds.distributed.rng import rng_state
 from avion_ds.engine import checkpoint as ckpt
 from avion_ds.engine import elastic
 from avion_ds.engine.preflight import check_weights_source
-from avion_ds.models.weights.safe_load import UntrustedCheckpoint
+from avion_ds.storage import run_dir as rundir
+from avion_ds.storage.safe_load import UntrustedCheckpoint
 from avion_ds.tasks import load_recipe
 
 TAG = "step_00000004"

@@ -21,7 +21,7 @@ from avion_ds.cli import eval as eval_cli
 from avion_ds.cli import export as export_cli
 from avion_ds.cli import train
 from avion_ds.config import ConfigError, save_recipe
-from avion_ds.models.weights.torchscript import read_torchscript_state_dict
+from avion_ds.storage.torchscript import read_torchscript_state_dict
 from avion_ds.tasks import load_recipe
 from tests.engine.test_tag_layout import Payload
 from tests.engine.test_train_errors import REPO, no_process_group, setup  # noqa: F401 - the fixture

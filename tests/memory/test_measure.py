@@ -7,8 +7,9 @@ from typing import Any
 
 import pytest
 
+from avion_ds.engine.memory_probe import measure_candidates
 from avion_ds.engine.trainer import Trainer
-from avion_ds.memory.plan import Candidate, measure_candidates
+from avion_ds.memory.plan import Candidate
 
 
 @pytest.mark.multiprocess  # trains a DeepSpeed engine in this process

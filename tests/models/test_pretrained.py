@@ -309,7 +309,7 @@ class _Harmless:
 
 
 def test_checkpoint_that_would_run_code_is_refused_without_running_it(tmp_path):
-    from avion_ds.models.weights.safe_load import UntrustedCheckpoint
+    from avion_ds.storage.safe_load import UntrustedCheckpoint
 
     marker = tmp_path / "pwned"
     ckpt = to_videomae(_src())
@@ -327,7 +327,7 @@ def test_checkpoint_that_would_run_code_is_refused_without_running_it(tmp_path):
 
 @torch.no_grad()
 def test_untrusted_custom_object_needs_explicit_trust(tmp_path):
-    from avion_ds.models.weights.safe_load import UntrustedCheckpoint
+    from avion_ds.storage.safe_load import UntrustedCheckpoint
 
     src = _src()
     ckpt = to_videomae(src)

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from avion_ds.config import ConfigError
-from avion_ds.models.weights.safe_load import UntrustedCheckpoint, load_checkpoint_file
+from avion_ds.storage.safe_load import UntrustedCheckpoint, load_checkpoint_file
 
 
 class Payload:

@@ -34,7 +34,7 @@ import torch.nn.functional as F
 
 from avion_ds.models.partition import state_shapes
 from avion_ds.models.weights.formats import LoadReport, read_checkpoint, unwrap
-from avion_ds.models.weights.torchscript import read_torchscript_state_dict, torchscript_root
+from avion_ds.storage.torchscript import read_torchscript_state_dict, torchscript_root
 
 if TYPE_CHECKING:
     from avion_ds.models.clip import VideoTextDualEncoder

@@ -38,8 +38,8 @@ import torch.nn.functional as F
 from avion_ds.models.partition import full_numel, state_shapes
 from avion_ds.models.vit import VideoViT
 from avion_ds.models.weights.kinetics710 import remap_k710
-from avion_ds.models.weights.safe_load import UntrustedCheckpoint, load_checkpoint_file
-from avion_ds.models.weights.torchscript import read_torchscript_state_dict, torchscript_root
+from avion_ds.storage.safe_load import UntrustedCheckpoint, load_checkpoint_file
+from avion_ds.storage.torchscript import read_torchscript_state_dict, torchscript_root
 
 logger = logging.getLogger(__name__)
 
@@ -89,7 +89,7 @@ def read_checkpoint(source: str | Path | dict, trust: bool = False) -> dict[str,
         return source
     path = Path(source)
     if path.is_dir() and (path / "checkpoints").is_dir() and not (path / "model.safetensors").is_file():
-        from avion_ds.rundir import (
+        from avion_ds.storage.run_dir import (
             consolidate,  # a training run directory: its latest checkpoint
         )
 

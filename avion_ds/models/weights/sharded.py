@@ -34,7 +34,7 @@ from avion_ds.models.weights.formats import (
     load_pretrained,
     prepare_state_dict,
 )
-from avion_ds.models.weights.safetensors_stream import SafetensorsReader
+from avion_ds.storage.safetensors_stream import SafetensorsReader
 
 logger = logging.getLogger(__name__)
 

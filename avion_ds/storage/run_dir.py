@@ -29,7 +29,7 @@ from typing import Any
 import torch
 
 from avion_ds.config import ConfigError
-from avion_ds.models.weights.safe_load import load_checkpoint_file
+from avion_ds.storage.safe_load import load_checkpoint_file
 
 MARKER = "COMPLETE.json"
 CKPT_SUBDIR = "checkpoints"
@@ -143,7 +143,7 @@ UNIVERSAL_TMP = "universal.tmp"  # an elastic conversion in progress (or killed)
 
 
 def _layout_refusal(tag_dir: Path, path: Path, why: str) -> ConfigError:
-    from avion_ds.models.weights.safe_load import UntrustedCheckpoint
+    from avion_ds.storage.safe_load import UntrustedCheckpoint
 
     return UntrustedCheckpoint(f"checkpoint {tag_dir}: {path} {why}; refused (nothing of the tag was read)")
 

@@ -23,7 +23,7 @@ from typing import Any
 import torch
 
 from avion_ds.config import ConfigError
-from avion_ds.models.weights.safe_load import UntrustedCheckpoint
+from avion_ds.storage.safe_load import UntrustedCheckpoint
 
 _STORAGE_DTYPES = {
     "FloatStorage": torch.float32,

@@ -11,10 +11,19 @@ Probes run in the calling process with its world size (one GPU unless started by
 from __future__ import annotations
 
 import gc
+import itertools
 import time
 from typing import Any
 
 import torch
+
+from avion_ds.distributed import dist
+from avion_ds.distributed.ds_config import zero_stage
+from avion_ds.engine.parallelize import parallelize, unwrap
+from avion_ds.engine.trainer import Trainer
+from avion_ds.memory.plan import Candidate, Request, ds_config_for
+from avion_ds.models import model_flops
+from avion_ds.tasks import task_of
 
 # dense 16-bit tensor-core peaks (TFLOPS) for MFU; unknown GPUs fall back to --peak-tflops
 PEAK_TFLOPS = {
@@ -94,6 +103,19 @@ def probe_recipe(
     )
 
 
+def _median_step_s(trainer: Trainer, batches: Any, accel: Any, warmup: int, steps: int) -> float:
+    """Median wall time of ``steps`` training steps after ``warmup`` untimed ones."""
+    times = []
+    for i in range(warmup + steps):
+        accel.synchronize()
+        t0 = time.perf_counter()
+        trainer.train_step(batches)
+        accel.synchronize()
+        if i >= warmup:
+            times.append(time.perf_counter() - t0)
+    return sorted(times)[len(times) // 2]
+
+
 def train_step_probe(
     model_name: str,
     frames: int,
@@ -113,31 +135,14 @@ def train_step_probe(
     built as ``avion-ds train`` builds it: ``Task.build_model`` + ``parallelize``) on random clips; returns
     clips/s, step time, peak memory, MFU, or ``{"oom": True}`` when the step does not fit. Meant for a
     CUDA GPU (``plan --measure`` refuses without one); runs on any DeepSpeed accelerator."""
-    import itertools
-
-    from deepspeed.accelerator import get_accelerator
-
-    from avion_ds.distributed import dist
-    from avion_ds.distributed.ds_config import zero_stage
-    from avion_ds.engine.parallelize import parallelize, unwrap
-    from avion_ds.engine.trainer import Trainer
-    from avion_ds.models import model_flops
-    from avion_ds.tasks import task_of
+    from deepspeed.accelerator import get_accelerator  # deepspeed: heavy, imported when a probe runs
 
     dist.init()
     world = dist.world_size()
     cfg = _fill_config(ds_config or {"zero_optimization": {"stage": 0}}, micro_batch, grad_accum, world, dtype)
-    result: dict[str, Any] = {
-        "model": model_name,
-        "frames": frames,
-        "size": size,
-        "micro_batch": micro_batch,
-        "dtype": dtype,
-        "zero_stage": zero_stage(cfg),
-        "checkpoint_every": checkpoint_every,
-        "attn_backend": attn_backend,
-        "world_size": world,
-    }
+    result: dict[str, Any] = {"model": model_name, "frames": frames, "size": size, "micro_batch": micro_batch}
+    result.update(dtype=dtype, zero_stage=zero_stage(cfg), checkpoint_every=checkpoint_every)
+    result.update(attn_backend=attn_backend, world_size=world)
     recipe = probe_recipe(
         model_name, frames, size, micro_batch, grad_accum, world, dtype, checkpoint_every, attn_backend
     )
@@ -153,15 +158,7 @@ def train_step_probe(
         accel.reset_peak_memory_stats()  # the peak of the steps, not of fp32 construction
         trainer = Trainer(parallel, recipe, task)
         batches = itertools.repeat(task.synthetic_batch(recipe, micro_batch, engine.device))
-        times = []
-        for i in range(warmup + steps):
-            accel.synchronize()
-            t0 = time.perf_counter()
-            trainer.train_step(batches)
-            accel.synchronize()
-            if i >= warmup:
-                times.append(time.perf_counter() - t0)
-        step_s = sorted(times)[len(times) // 2]
+        step_s = _median_step_s(trainer, batches, accel, warmup, steps)
         clips = micro_batch * grad_accum / step_s
         depth = unwrap(engine).depth
         r = len(range(0, depth, checkpoint_every)) / depth if checkpoint_every else 0.0
@@ -190,3 +187,24 @@ def train_step_probe(
         gc.collect()
         accel.empty_cache()
     return result
+
+
+def measure_candidates(cands: list[Candidate], req: Request, steps: int = 3) -> None:
+    """Probe each planner candidate (one GPU: per-GPU memory and speed; gradient accumulation 1)
+    and store measured clips/s (scaled to ``req.gpus``, communication not included) and peak."""
+    for c in cands:
+        res = train_step_probe(
+            req.model,
+            req.frames,
+            req.size,
+            c.micro_batch,
+            ds_config_for(c, req.nvme_path),
+            dtype=req.dtype,
+            checkpoint_every=c.checkpoint_every,
+            steps=steps,
+        )
+        if res.get("oom") or "clips_per_s" not in res:
+            c.measured_clips_per_s, c.measured_peak = 0.0, None
+            continue
+        c.measured_clips_per_s = res["clips_per_s"] * req.gpus / res["world_size"]
+        c.measured_peak = res["peak_allocated"]
