@@ -127,7 +127,7 @@ def measure(path: str, root: Path, pkl: Path, epoch: bool, span_rows: int) -> di
     import numpy as np
 
     import avion_ds.data.datasets.ego4d  # noqa: F401 - imports (torch, numpy, tokenizer) before the baseline
-    from avion_ds.data.datasets.text import check_tokenizer
+    from avion_ds.data.datasets.narration_tokens import check_tokenizer
 
     check_tokenizer()
     before = _status()

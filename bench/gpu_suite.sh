@@ -10,7 +10,7 @@
 #   7. ZeRO-3 offload inference: peak parameters resident on the GPU during forward for three
 #      stage3_max_live_parameters values, ViT-L 16x224 (model built partitioned)       (bench/memory.py resident)
 #   8. ViT-B/16 video-text dual encoder, 4 frames, bf16, AVION's 256 clips/GPU with checkpointing:
-#      clips/s and peak memory, flash-attn vs SDPA                                     (bench/clip.py)
+#      clips/s and peak memory, flash-attn vs SDPA                                     (bench/dual_encoder.py)
 #  10. checkpoint policies off / full / selective and compiled blocks, flash-attn, bf16: ours vs HF VideoMAE
 #      fine-tune and pretrain, ours alone (ViT-B 16x224), and ours vs AVION's model code when
 #      AVION_SRC=DIR (a clone of github.com/zhaoyue-zephyrus/AVION) is set      (bench/checkpoint_pairs.py)
@@ -72,7 +72,7 @@ else
 fi
 run resident 60 python bench/memory.py --device cuda --parts resident --offload-model vit_large_patch16_224 \
     --frames 16 --size 224 --offload-live 10000000,50000000,200000000 --json "$OUT/resident.json"
-run clip 80 python bench/clip.py --device cuda --dtype bf16 --batch 256 --backends flash sdpa --ckpt-only \
+run clip 80 python bench/dual_encoder.py --device cuda --dtype bf16 --batch 256 --backends flash sdpa --ckpt-only \
     --warmup 1 --iters 3
 PAIRS=finetune,pretrain,self
 [ -n "${AVION_SRC:-}" ] && PAIRS=avion,$PAIRS

@@ -164,7 +164,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         if args.steps:
             stages["step"] = sampler.stage()
         if args.save:  # a ZeRO-3 checkpoint for the export measurement
-            from avion_ds.engine import checkpoint as ckpt
+            from avion_ds.engine import run_checkpoints as ckpt
 
             if rank == 0:
                 Path(args.save).mkdir(parents=True, exist_ok=True)

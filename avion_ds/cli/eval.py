@@ -61,7 +61,7 @@ def _resolve_tag(args: argparse.Namespace, run_dir: Path | None) -> str | None:
                 f"--tag {args.tag}: --checkpoint {args.checkpoint} is a weights file, not a run directory"
             )
         return None
-    from avion_ds.engine.checkpoint import check_tag, latest_complete
+    from avion_ds.engine.run_checkpoints import check_tag, latest_complete
     from avion_ds.storage.run_dir import resolve_tag
 
     tag = resolve_tag(run_dir, args.tag) or latest_complete(run_dir)

@@ -23,8 +23,8 @@ from avion_ds.data.errors import DataError
 from avion_ds.distributed import dist
 from avion_ds.distributed.ds_config import zero_stage
 from avion_ds.distributed.run_log import RunLogger
-from avion_ds.engine import checkpoint as ckpt
 from avion_ds.engine import elastic
+from avion_ds.engine import run_checkpoints as ckpt
 from avion_ds.engine.oom import OutOfMemory, explain
 from avion_ds.engine.run_setup import (
     RunSetup,

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from avion_ds.config import ConfigError, DataConfig
-from avion_ds.data.datasets.clip import ClipDataset, VideoIndex, open_csv
+from avion_ds.data.datasets.video_clips import VideoClipDataset, VideoIndex, open_csv
 from avion_ds.data.errors import DataError
 from avion_ds.data.prep.manifest import MANIFEST_NAME, VideoEntry, find_videos
 from avion_ds.data.sampling import parse_timestamp, seconds_to_frames
@@ -104,7 +104,7 @@ def lookup(index: VideoIndex, key: str, chunked: bool) -> VideoEntry:
     return index.by_id(key) if chunked or "/" not in key and index.exists(key) else index.by_path(key)
 
 
-class WindowDataset(ClipDataset):
+class WindowDataset(VideoClipDataset):
     """The clips of an index, as evaluation clips (label ``{"row": i}``)."""
 
     def __init__(self, cfg: DataConfig, root: Path, chunked: bool, clips: list[Clip]) -> None:

@@ -59,7 +59,7 @@ def resolve_encoder(
         )
     ZeroShotTask().check_model(recipe)  # a dual encoder, geometry right
     if run_dir is not None:
-        from avion_ds.engine.checkpoint import check_tag
+        from avion_ds.engine.run_checkpoints import check_tag
         from avion_ds.storage.run_dir import latest_complete, resolve_tag
 
         tag = resolve_tag(run_dir, tag) or latest_complete(run_dir)

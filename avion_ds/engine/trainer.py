@@ -33,8 +33,8 @@ from avion_ds.distributed import dist
 from avion_ds.distributed.ds_config import torch_dtype
 from avion_ds.distributed.rng import set_rng_state
 from avion_ds.distributed.run_log import RunLogger, peak_memory_gib
-from avion_ds.engine import checkpoint as ckpt
 from avion_ds.engine import ema
+from avion_ds.engine import run_checkpoints as ckpt
 from avion_ds.engine.accum import poison_nonfinite, step_window
 from avion_ds.engine.parallelize import Parallelized
 from avion_ds.engine.resume_loader import loader_skipping

@@ -18,7 +18,7 @@ from avion_ds.models.registry import (
     list_models,
     register_model,
 )
-from avion_ds.models.text import TextArch, TextTransformer
+from avion_ds.models.text_tower import TextArch, TextTransformer
 from avion_ds.models.vit import VideoViT, count_params
 from avion_ds.models.weights.formats import LoadReport, load_pretrained
 from avion_ds.models.weights.mae_formats import load_pretrained_mae

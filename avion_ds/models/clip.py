@@ -28,7 +28,7 @@ from torch import nn
 
 from avion_ds.models.arch import ViTArch
 from avion_ds.models.registry import register_arch, register_model
-from avion_ds.models.text import TextArch, TextTransformer
+from avion_ds.models.text_tower import TextArch, TextTransformer
 from avion_ds.models.vit import VideoViT
 from avion_ds.models.weights import tower_formats  # noqa: F401 - the dual-encoder source of load_pretrained
 from avion_ds.models.weights.formats import LoadReport

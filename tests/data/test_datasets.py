@@ -13,7 +13,7 @@ import torch
 from avion_ds.config import DataConfig
 from avion_ds.data import build_dataset
 from avion_ds.data.crop import clip_rng, crop_resize, random_resized_crop
-from avion_ds.data.datasets.clip import EPIC_REQUIRED
+from avion_ds.data.datasets.video_clips import EPIC_REQUIRED
 from avion_ds.data.errors import DataError
 from avion_ds.data.prep.manifest_index import load_manifest
 from avion_ds.data.prep.synthetic import read_frame_index
@@ -227,7 +227,7 @@ def test_bad_input_is_skipped_with_one_log_line(case, epic_copy, epic_raw, tmp_p
     _write_rows(csv_path, [row, good])
     cfg = replace(cfg, train_csv=str(csv_path), val_csv="")
     ds = build_dataset(cfg, "train")
-    with caplog.at_level(logging.WARNING, logger="avion_ds.data.datasets.clip"):
+    with caplog.at_level(logging.WARNING, logger="avion_ds.data.datasets.video_clips"):
         item = ds[0]
     assert item["index"] == 1 and item["skipped"] >= 1 and ds.errors == item["skipped"]
     lines = [r.getMessage() for r in caplog.records]
@@ -243,7 +243,7 @@ def test_unknown_videos_are_dropped_listed_and_counted_at_start(epic_copy, epic_
     good, bad = _good_row(epic_raw), dict(_good_row(epic_raw), video_id="P99_999", narration_id="P99_999_0")
     csv_path = tmp_path / "rows.csv"
     _write_rows(csv_path, [bad, good, dict(bad, narration_id="P99_999_1")])
-    with caplog.at_level(logging.WARNING, logger="avion_ds.data.datasets.clip"):
+    with caplog.at_level(logging.WARNING, logger="avion_ds.data.datasets.video_clips"):
         ds = build_dataset(replace(cfg, train_csv=str(csv_path), val_csv="", on_error="raise"), "train")
     assert len(ds) == 1 and ds.row_name(0) == good["narration_id"] and ds[0]["skipped"] == 0
     assert len(ds.missing) == 2 and all("video 'P99_999' not found" in m for m in ds.missing)
@@ -271,7 +271,7 @@ def test_split_summary_is_logged_on_rank_0_only(epic_copy, epic_raw, tmp_path, c
         monkeypatch.setattr(tdist, "is_initialized", lambda: rank is not None)
         monkeypatch.setattr(tdist, "get_rank", lambda group=None: rank)
         caplog.clear()
-        with caplog.at_level(logging.WARNING, logger="avion_ds.data.datasets.clip"):
+        with caplog.at_level(logging.WARNING, logger="avion_ds.data.datasets.video_clips"):
             assert len(build_dataset(cfg, "train").missing) == 1  # every rank still drops the row
         return [r.getMessage() for r in caplog.records if "annotation rows usable" in r.getMessage()]
 
@@ -296,7 +296,7 @@ def test_timeout_skips_a_hung_sample(epic_cfg, tmp_path, monkeypatch, caplog) ->
     ds = build_dataset(replace(epic_cfg, decoder="slow", decode_timeout_s=1.0), "train")
     first = ds.sample_span(0)[0].chunks[0].path
     bad = [i for i in range(len(ds)) if ds.sample_span(i)[1] < 45 and ds.sample_span(i)[0].chunks[0].path == first]
-    with caplog.at_level(logging.WARNING, logger="avion_ds.data.datasets.clip"):
+    with caplog.at_level(logging.WARNING, logger="avion_ds.data.datasets.video_clips"):
         item = ds[bad[0]]
     assert item["skipped"] >= 1 and "timed out after 1s" in caplog.text
     ds.decoder.close()
@@ -334,7 +334,7 @@ def test_deferred_errors_travel_in_the_item(epic_copy, epic_raw, tmp_path, caplo
     cfg = replace(cfg, train_csv=str(csv_path), val_csv="")
     ds = build_dataset(cfg, "train")
     ds.defer_errors = True
-    with caplog.at_level(logging.WARNING, logger="avion_ds.data.datasets.clip"):
+    with caplog.at_level(logging.WARNING, logger="avion_ds.data.datasets.video_clips"):
         item = ds[0]
     assert not caplog.records and item["fatal"] == "" and item["skipped"] >= 1
     assert reason in item["bad"] and len(item["bad"].splitlines()) == item["skipped"]

@@ -138,14 +138,14 @@ def _avion_epic_test(
 
 
 def _eval_clip(protocol: str, start: int, end: int, view: int) -> list[int]:
-    """The frames a dataset built for ``protocol`` evaluates: ClipDataset.clip_indices itself."""
+    """The frames a dataset built for ``protocol`` evaluates: VideoClipDataset.clip_indices itself."""
     from avion_ds.config import DataConfig
-    from avion_ds.data.datasets.clip import ClipDataset
+    from avion_ds.data.datasets.video_clips import VideoClipDataset
 
     p = PROTOCOLS[protocol]
     cfg = DataConfig(dataset=p.dataset, sampling=p.sampling, num_frames=p.num_frames, stride=p.stride or 4)
     ds = SimpleNamespace(cfg=cfg, train=False, temporal_views=p.temporal_views)
-    return ClipDataset.clip_indices(ds, start, end, None, view)
+    return VideoClipDataset.clip_indices(ds, start, end, None, view)
 
 
 def test_every_locked_protocol_has_a_reference_test() -> None:
@@ -171,7 +171,7 @@ def test_ssv2_views_are_videomae_ssv2_test_clips() -> None:
 
 def test_epic_view_is_avion_get_frame_ids_on_chunks() -> None:
     """EPIC: AVION's chunked loader (15 s chunks at 30 fps; the middle chunk decodes 449 of 450 frames)."""
-    from avion_ds.data.datasets.clip import EpicDataset
+    from avion_ds.data.datasets.video_clips import EpicDataset
     from avion_ds.data.prep.manifest import Chunk, VideoEntry
 
     p = PROTOCOLS["epic"]

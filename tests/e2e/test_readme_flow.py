@@ -95,7 +95,7 @@ def test_synth_chunk_train_eval_export(tmp_path: Path) -> None:
 
     # standalone evaluation from the run dir (one process): same metrics as the gathered 2-rank eval
     out = tmp_path / "eval.json"
-    from avion_ds.engine.checkpoint import complete_tags
+    from avion_ds.engine.run_checkpoints import complete_tags
 
     tags = complete_tags(run)
     printed = _run(cli + ["eval", "--checkpoint", str(run), "--out", str(out)])

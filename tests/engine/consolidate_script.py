@@ -2,7 +2,7 @@
 
 ``save_run`` trains vit_test_tiny (two param groups; two params frozen, one of them with an odd element
 count so ZeRO-3 pads it) or the tiny dual encoder (``model="clip"``: its ``logit_scale`` frozen, as MIR
-fine-tuning) for 2 AdamW steps under one ZeRO stage and saves it with ``engine.checkpoint.save`` (shards,
+fine-tuning) for 2 AdamW steps under one ZeRO stage and saves it with ``engine.run_checkpoints.save`` (shards,
 client files, COMPLETE.json, ds_config.json), and the live model's full state dict as ``live.pt``. Run
 under torchrun (2 CPU ranks), ``main`` saves the ZeRO 0, 1, 2, 3 (fp32), ZeRO-2 (bf16) and dual-encoder
 ZeRO 0-3 runs of that world size in ONE launch: ROOT/z1_fp32, ..., ROOT/clip_z0, ...
@@ -19,7 +19,7 @@ import deepspeed
 import torch
 import torch.distributed as dist
 
-from avion_ds.engine import checkpoint as ckpt
+from avion_ds.engine import run_checkpoints as ckpt
 from avion_ds.models import create_model
 from avion_ds.models.partition import partitioned_construction
 

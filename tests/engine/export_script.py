@@ -12,7 +12,7 @@ import deepspeed
 import torch
 import torch.distributed as dist
 
-from avion_ds.engine import checkpoint as ckpt
+from avion_ds.engine import run_checkpoints as ckpt
 from avion_ds.models import create_model
 from avion_ds.models.partition import gathered, partitioned_construction
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from avion_ds.config import ConfigError
-from avion_ds.engine import checkpoint as ckpt
+from avion_ds.engine import run_checkpoints as ckpt
 from avion_ds.tasks import load_recipe
 
 

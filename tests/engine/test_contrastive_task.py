@@ -116,7 +116,7 @@ def test_check_model_refuses_a_video_classifier() -> None:
 
 
 def test_best_record_keeps_the_highest_and_survives_pruning(tmp_path: Path) -> None:
-    from avion_ds.engine.checkpoint import prune, record_best
+    from avion_ds.engine.run_checkpoints import prune, record_best
     from avion_ds.storage.run_dir import MARKER, best_tag, checkpoint_dir
 
     for step in (1, 2, 3, 4):
@@ -134,7 +134,7 @@ def test_best_record_keeps_the_highest_and_survives_pruning(tmp_path: Path) -> N
 
 
 def test_tag_best_resolves_through_best_json_or_refuses_in_one_line(tmp_path: Path) -> None:
-    from avion_ds.engine.checkpoint import record_best
+    from avion_ds.engine.run_checkpoints import record_best
     from avion_ds.storage.run_dir import MARKER, checkpoint_dir, resolve_tag
 
     with pytest.raises(ConfigError, match="no best checkpoint"):

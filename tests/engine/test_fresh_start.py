@@ -11,7 +11,7 @@ import pytest
 
 from avion_ds.cli import train
 from avion_ds.config import ConfigError
-from avion_ds.engine import checkpoint as ckpt
+from avion_ds.engine import run_checkpoints as ckpt
 from avion_ds.tasks import load_recipe
 from tests.engine.test_train_errors import REPO, no_process_group, setup  # noqa: F401 - the fixture
 

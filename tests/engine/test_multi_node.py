@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from avion_ds.engine.checkpoint import complete_tags
+from avion_ds.engine.run_checkpoints import complete_tags
 from tests.helpers import QUICK_DATA, REPO, engine_env, free_port, losses, write_recipe
 
 pytestmark = pytest.mark.multiprocess

@@ -57,7 +57,7 @@ def test_zero0_run_logs_checkpoints_and_evaluates(reference: dict, tiny_epic_qui
     assert (run / "recipe.yaml").is_file() and (run / "ds_config.json").is_file()
     assert json.loads((run / "ds_config.json").read_text())["gradient_clipping"] == 1.0
     assert list((run / "tb").glob("events.out.tfevents.*"))
-    from avion_ds.engine.checkpoint import complete_tags
+    from avion_ds.engine.run_checkpoints import complete_tags
 
     last = 2 * spe  # every 2 steps + epoch end, keep the last 2
     assert complete_tags(run) == [f"step_{last - 2:08d}", f"step_{last:08d}"]

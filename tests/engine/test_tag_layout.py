@@ -14,8 +14,8 @@ import pytest
 import torch
 
 from avion_ds.distributed.rng import rng_state
-from avion_ds.engine import checkpoint as ckpt
 from avion_ds.engine import elastic
+from avion_ds.engine import run_checkpoints as ckpt
 from avion_ds.engine.preflight import check_weights_source
 from avion_ds.storage import run_dir as rundir
 from avion_ds.storage.safe_load import UntrustedCheckpoint

@@ -15,8 +15,8 @@ import torch
 import torch.nn.functional as F
 
 from avion_ds.config import ConfigError, ModelConfig
-from avion_ds.engine.checkpoint import model_identity
 from avion_ds.engine.preflight import check_weights_source
+from avion_ds.engine.run_checkpoints import model_identity
 from avion_ds.models import create_model, create_model_from_config, get_arch, load_pretrained
 from avion_ds.models.weights.formats import backbone_coverage
 from avion_ds.tasks import build_recipe

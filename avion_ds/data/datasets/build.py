@@ -1,6 +1,6 @@
 """Dataset factory: the dataset a ``DataConfig`` names, and its annotation summary for start-up checks.
 
-Sits above ``datasets`` (the shared :class:`ClipDataset` base and EPIC-Kitchens) and the per-dataset
+Sits above ``datasets`` (the shared :class:`VideoClipDataset` base and EPIC-Kitchens) and the per-dataset
 modules (``kinetics``, ``ssv2``, ``videos``, ``ego4d``, ``epic_mir``) that subclass it, so none of them imports another's factory.
 """
 
@@ -9,14 +9,6 @@ from __future__ import annotations
 from dataclasses import replace
 
 from avion_ds.config import DataConfig
-from avion_ds.data.datasets.clip import (
-    EPIC_REQUIRED,
-    ClipDataset,
-    EpicDataset,
-    epic_action_map,
-    open_csv,
-    parse_int,
-)
 from avion_ds.data.datasets.ego4d import Ego4dDataset, narration_summary
 from avion_ds.data.datasets.egocentric import CharadesEgoDataset, EgteaDataset, egocentric_summary
 from avion_ds.data.datasets.epic_actions import map_files
@@ -24,6 +16,14 @@ from avion_ds.data.datasets.epic_mir import EpicMirDataset, mir_summary
 from avion_ds.data.datasets.kinetics import KineticsDataset, split_summary
 from avion_ds.data.datasets.ssv2 import SSv2Dataset
 from avion_ds.data.datasets.ssv2 import split_summary as ssv2_summary
+from avion_ds.data.datasets.video_clips import (
+    EPIC_REQUIRED,
+    EpicDataset,
+    VideoClipDataset,
+    epic_action_map,
+    open_csv,
+    parse_int,
+)
 from avion_ds.data.datasets.videos import VideosDataset
 
 
@@ -59,7 +59,7 @@ def read_annotations(cfg: DataConfig, split: str) -> tuple[int, int | dict[str, 
 
 def build_dataset(
     cfg: DataConfig, split: str, temporal_views: int = 1, spatial_views: int = 1, seed: int = 0
-) -> ClipDataset:
+) -> VideoClipDataset:
     """The dataset named by ``cfg.dataset`` (epic | kinetics | ssv2 | videos | ego4d | epic_mir) for ``split``
     (train | val); the val split is a ``cfg.val_dataset`` one when that is set."""
     cfg = split_config(cfg, split)

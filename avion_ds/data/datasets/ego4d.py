@@ -40,10 +40,10 @@ import numpy as np
 
 from avion_ds.config import DataConfig
 from avion_ds.data.crop import clip_rng
-from avion_ds.data.datasets.clip import ClipDataset, VideoIndex, not_utf8, open_csv
 from avion_ds.data.datasets.flat_index import load_narration_index, narration_columns
 from avion_ds.data.datasets.flat_index import short_repr as _short
-from avion_ds.data.datasets.text import check_tokenizer, empty_tokens, text_tokens
+from avion_ds.data.datasets.narration_tokens import check_tokenizer, empty_tokens, text_tokens
+from avion_ds.data.datasets.video_clips import VideoClipDataset, VideoIndex, not_utf8, open_csv
 from avion_ds.data.errors import DataError
 from avion_ds.data.index_cache import MappedIndex
 from avion_ds.data.prep.manifest import VideoEntry
@@ -197,7 +197,7 @@ def draw_narration(value: Any, rng: np.random.Generator, where: str) -> str:
     raise DataError(f"{where}: narration must be a non-empty string or list of strings, got {_short(value)}")
 
 
-class Ego4dDataset(ClipDataset):
+class Ego4dDataset(VideoClipDataset):
     """Ego4D narration clips (see module doc); label = ``{"tokens": LongTensor (77,)}``."""
 
     def __init__(
@@ -232,7 +232,7 @@ class Ego4dDataset(ClipDataset):
         return f"{uid} {self.table.start[k]:g}-{self.table.end[k]:g}s"
 
     def _prune(self) -> None:
-        """:meth:`ClipDataset._prune` by column: videos looked up once per uid, quarantine per named row."""
+        """:meth:`VideoClipDataset._prune` by column: videos looked up once per uid, quarantine per named row."""
         t = self.table
         present = np.array([self.index.exists(u) for u in t.uids], bool)
         keep = present[t.vid] if len(t.uids) else np.zeros(len(t), bool)

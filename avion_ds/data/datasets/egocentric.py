@@ -26,7 +26,7 @@ import torch
 
 from avion_ds.config import DataConfig
 from avion_ds.data.crop import CropBox
-from avion_ds.data.datasets.clip import ClipDataset, VideoIndex, open_csv
+from avion_ds.data.datasets.video_clips import VideoClipDataset, VideoIndex, open_csv
 from avion_ds.data.errors import DataError
 from avion_ds.data.prep.manifest import VideoEntry
 
@@ -109,7 +109,7 @@ def read_charades_classes(path: str | Path) -> tuple[list[str], dict[str, int]]:
     return names, codes
 
 
-class _PaddedClips(ClipDataset):
+class _PaddedClips(VideoClipDataset):
     """Decoding that fills :data:`PAD` indices (at the end of a clip) with zero frames, as LaViLa."""
 
     def read_clip(self, entry: VideoEntry, indices: list[int], box: CropBox | None, resize: bool = True):
@@ -182,7 +182,7 @@ def read_egtea_split(path: Path, number_to_class: dict[int, int]) -> list[tuple[
     return rows
 
 
-class CharadesEgoDataset(ClipDataset):
+class CharadesEgoDataset(VideoClipDataset):
     """Charades-Ego untrimmed test videos (see module doc); label = multi-hot float (classes,)."""
 
     def __init__(

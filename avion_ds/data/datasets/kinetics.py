@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from avion_ds.config import DataConfig
-from avion_ds.data.datasets.clip import ClipDataset, VideoIndex, open_csv, parse_int
+from avion_ds.data.datasets.video_clips import VideoClipDataset, VideoIndex, open_csv, parse_int
 from avion_ds.data.errors import DataError
 from avion_ds.data.prep.manifest import VideoEntry
 
@@ -102,7 +102,7 @@ def _raw_rows(path: str | Path) -> tuple[Path, list[tuple[int, list[str], bool, 
     return p, [(n, [rel], True, lab) for n, rel, lab in rows]
 
 
-class KineticsDataset(ClipDataset):
+class KineticsDataset(VideoClipDataset):
     """Kinetics-style classification (see module doc); label = int class index."""
 
     def __init__(

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from avion_ds.config import DataConfig
-from avion_ds.data.datasets.clip import ClipDataset, VideoIndex
+from avion_ds.data.datasets.video_clips import VideoClipDataset, VideoIndex
 from avion_ds.data.prep.manifest import VideoEntry
 
 LABELS_NAME = "labels.json"
@@ -64,7 +64,7 @@ def read_split(path: str | Path, labels: dict[str, int]) -> tuple[Path, list[tup
     return p, rows
 
 
-class SSv2Dataset(ClipDataset):
+class SSv2Dataset(VideoClipDataset):
     """Something-Something V2 classification; label = int (174 classes)."""
 
     def __init__(

@@ -7,7 +7,7 @@ stride 4 on K400, 2 on SSv2) and, in training, VideoMAE's multi-scale crop (``da
 default 1 / .875 / .75 / .66, fixed offsets) with no flip; validation takes ``clips_per_video`` clips
 at evenly spaced positions of each video, the centre crop and the same masks every epoch (a
 comparable loss curve). Bad inputs are skipped and counted as in the
-labelled datasets (:class:`~avion_ds.data.datasets.clip.ClipDataset`).
+labelled datasets (:class:`~avion_ds.data.datasets.video_clips.VideoClipDataset`).
 
 Items: ``{"frames": uint8 (T, H, W, C), "label": {"mask": bool (N,)[, "decode_mask": bool (N,)]},
 "index", "skipped"}``; the masks are drawn per clip from the seeded clip generator (same mask in any
@@ -27,8 +27,8 @@ import torch
 
 from avion_ds.config import DataConfig
 from avion_ds.data.crop import CropBox, clip_rng, multi_scale_crop
-from avion_ds.data.datasets.clip import ClipDataset, VideoIndex
 from avion_ds.data.datasets.kinetics import read_video_list
+from avion_ds.data.datasets.video_clips import VideoClipDataset, VideoIndex
 from avion_ds.data.errors import DataError
 from avion_ds.data.masking import MaskSpec
 from avion_ds.data.prep.manifest import VideoEntry, find_videos
@@ -38,7 +38,7 @@ log = logging.getLogger(__name__)
 MASK_STREAM = 7919  # the clip generator's "view" slot reserved for mask draws
 
 
-class VideosDataset(ClipDataset):
+class VideosDataset(VideoClipDataset):
     """Unlabelled clips from every listed video (see module docstring)."""
 
     def __init__(

@@ -137,7 +137,7 @@ def _shared_zeros(n: int) -> torch.Tensor:
     return torch.zeros(n, dtype=torch.int64).share_memory_()
 
 
-class ClipDataset(Dataset):
+class VideoClipDataset(Dataset):
     """Shared machinery: sampling, crops, views, decoding across chunks, skip/raise on bad input."""
 
     def __init__(
@@ -538,7 +538,7 @@ def epic_video(index: VideoIndex, r: dict, where: str) -> VideoEntry:
         raise DataError(f"{where}: {e}") from None
 
 
-class EpicDataset(ClipDataset):
+class EpicDataset(VideoClipDataset):
     """EPIC-Kitchens-100 action segments (official CSV columns); label = {"verb", "noun"}, or with
     ``data.epic_label: action`` {"action"}: the id of (verb, noun) in AVION's map (``self.action_map``)."""
 

@@ -12,8 +12,8 @@ GPU: ``--device cuda --dtype bf16 --batch 256 --backends flash sdpa`` (AVION's 2
 checkpointing: add ``--ckpt-only``) adds peak CUDA memory.
 
 Examples:
-    python bench/clip.py                              # CPU, ~2-3 min on 2 cores
-    python bench/clip.py --device cuda --dtype bf16 --batch 256 --backends flash sdpa --ckpt-only
+    python bench/dual_encoder.py                              # CPU, ~2-3 min on 2 cores
+    python bench/dual_encoder.py --device cuda --dtype bf16 --batch 256 --backends flash sdpa --ckpt-only
 """
 
 from __future__ import annotations
