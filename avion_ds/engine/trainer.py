@@ -119,12 +119,6 @@ def zero0_grad_norm_tensor(engine: Any, loss_scale: float | None = None) -> torc
     return norm / loss_scale if loss_scale else norm
 
 
-def zero0_grad_norm(engine: Any, loss_scale: float | None = None) -> float | None:
-    """Pre-clipping grad norm for ZeRO-0 (grads are all-reduced); under fp16 pass the loss scale."""
-    norm = zero0_grad_norm_tensor(engine, loss_scale)
-    return None if norm is None else float(norm)
-
-
 def _float(x: Any) -> float | None:
     if x is None:
         return None

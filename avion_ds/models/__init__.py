@@ -13,7 +13,6 @@ from avion_ds.models.flops import model_flops
 from avion_ds.models.mae import MAEArch, VideoMAEPretrain, get_mae_arch
 from avion_ds.models.registry import (
     create_model,
-    create_model_from_config,
     get_arch,
     list_models,
     register_model,
@@ -36,7 +35,6 @@ __all__ = [
     "apply_activation_checkpointing",
     "count_params",
     "create_model",
-    "create_model_from_config",
     "get_arch",
     "get_mae_arch",
     "list_models",

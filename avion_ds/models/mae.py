@@ -301,10 +301,6 @@ def get_mae_arch(name: str, **overrides: Any) -> MAEArch:
     return dataclasses.replace(base, encoder=base.encoder.replace(**overrides), **mae)
 
 
-def list_mae_models() -> list[str]:
-    return sorted(_MAE_ARCHS)
-
-
 def _build(name: str, pretrained: Any, overrides: dict[str, Any]) -> VideoMAEPretrain:
     """Build ``name``; with ``pretrained``, the decoder's width and depth are the file's (VideoMAE V1
     and V2 differ: ViT-H 640 vs 512 wide) unless given in ``overrides``, and the file is read once."""

@@ -18,7 +18,6 @@ from typing import Any, Protocol, Self
 
 from torch import nn
 
-from avion_ds.models.activation_checkpointing import apply_configured
 from avion_ds.models.arch import ViTArch
 from avion_ds.models.vit import VideoViT
 
@@ -80,29 +79,6 @@ def create_model(name: str, pretrained: str | Path | dict | None = None, **overr
     if name not in _MODELS:
         raise _unknown(name)
     return _MODELS[name](pretrained=pretrained, **overrides)
-
-
-def create_model_from_config(model_cfg: Any, num_frames: int, img_size: int, **overrides: Any) -> nn.Module:
-    """Build the model a recipe's ``ModelConfig`` describes (input size from the data section),
-    load its pretrained weights and apply its activation checkpointing settings."""
-    options = {
-        "num_frames": num_frames,
-        "img_size": img_size,
-        "num_classes": model_cfg.num_classes,
-        "heads": model_cfg.heads,
-        "drop_path_rate": model_cfg.drop_path_rate,
-        "head_drop_rate": model_cfg.head_drop_rate,
-        "attn_backend": model_cfg.attn_backend,
-        "patch_embed": model_cfg.patch_embed,
-    }
-    for key in ("pool", "pos_embed", "drop_path_schedule"):  # unset (None): the registered model's own
-        if getattr(model_cfg, key, None) is not None:
-            options[key] = getattr(model_cfg, key)
-    options.update(overrides)
-    model = create_model(model_cfg.name, pretrained=model_cfg.pretrained or None, **options)
-    if model_cfg.activation_checkpointing:
-        apply_configured(model, model_cfg)
-    return model
 
 
 def build_registered(

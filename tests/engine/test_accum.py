@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from avion_ds.engine.accum import poison, step_window
-from avion_ds.engine.trainer import zero0_grad_norm
+from tests.helpers.models import zero0_grad_norm
 
 
 class _Engine:

@@ -109,7 +109,7 @@ def test_wrapper_with_module_attribute_is_accepted():
 
 def test_create_model_from_config_applies_recipe():
     from avion_ds.config import ModelConfig
-    from avion_ds.models import create_model_from_config
+    from tests.helpers.models import create_model_from_config
 
     cfg = ModelConfig(
         name="vit_test_tiny",

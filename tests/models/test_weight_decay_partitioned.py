@@ -13,8 +13,9 @@ import torch
 from avion_ds.distributed import dist
 from avion_ds.engine.optim import param_groups
 from avion_ds.models import ClipArch, create_model, get_arch, list_models
-from avion_ds.models.mae import get_mae_arch, list_mae_models
+from avion_ds.models.mae import get_mae_arch
 from avion_ds.models.partition import is_partitioned, partitioned_construction
+from tests.helpers.models import list_mae_models
 
 ZERO3 = {"train_micro_batch_size_per_gpu": 1, "zero_optimization": {"stage": 3}}
 
