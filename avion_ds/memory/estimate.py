@@ -23,6 +23,7 @@ from torch import nn
 
 from avion_ds.distributed.ds_config import PRECISIONS, torch_dtype
 from avion_ds.memory.units import format_bytes
+from avion_ds.models.clip import ClipArch
 from avion_ds.models.partition import full_shape
 
 GiB = 2**30
@@ -129,7 +130,7 @@ def arch_info(model: nn.Module | str, frames: int | None = None, size: int | Non
             rows = [a.grid[0] if a.grid[0] > 1 else 0 for a in (arch, new)]
             return dataclasses.replace(base, params=base.params + (rows[1] - rows[0]) * arch.embed_dim)
         return base
-    if hasattr(model, "visual") and hasattr(model, "textual"):  # video-text dual encoder
+    if isinstance(getattr(model, "arch", None), ClipArch):  # the architecture says: video-text dual encoder
         t = model.textual.arch
         text = TextInfo(
             t.embed_dim, t.depth, t.num_heads, t.mlp_hidden, t.context_length, t.proj_dim or 0, t.attn_backend
