@@ -72,8 +72,9 @@ def _runtime_nodes(tree: ast.AST) -> list[ast.AST]:
     return out
 
 
-def imports_of(module: str, path: Path, modules: set[str]) -> set[str]:
-    """Modules of ``modules`` that ``module`` imports anywhere in its file (module or function level)."""
+def imports_of(module: str, path: Path, modules: set[str], annotations: bool = False) -> set[str]:
+    """Modules of ``modules`` that ``module`` imports anywhere in its file (module or function level);
+    with ``annotations``, also those under ``if TYPE_CHECKING:``."""
     tree = ast.parse(path.read_text(), filename=str(path))
     is_package = path.name == "__init__.py"
     found: set[str] = set()
@@ -88,7 +89,7 @@ def imports_of(module: str, path: Path, modules: set[str]) -> set[str]:
                 found.add(prefix)
                 return
 
-    for node in _runtime_nodes(tree):
+    for node in ast.walk(tree) if annotations else _runtime_nodes(tree):
         if isinstance(node, ast.Import):
             for alias in node.names:
                 add(alias.name)
@@ -101,10 +102,10 @@ def imports_of(module: str, path: Path, modules: set[str]) -> set[str]:
     return found
 
 
-def import_graph(root: Path = ROOT, package: str = PACKAGE) -> dict[str, set[str]]:
+def import_graph(root: Path = ROOT, package: str = PACKAGE, annotations: bool = False) -> dict[str, set[str]]:
     files = module_files(root, package)
     names = set(files)
-    return {m: imports_of(m, p, names) for m, p in files.items()}
+    return {m: imports_of(m, p, names, annotations) for m, p in files.items()}
 
 
 def strongly_connected(graph: dict[str, set[str]]) -> list[list[str]]:
@@ -221,6 +222,15 @@ def test_no_import_cycles() -> None:
     assert not cycles, "import cycles between modules:\n" + "\n".join(cycles)
 
 
+def test_no_model_cycles_even_through_annotations() -> None:
+    """A model and its weight adapter do not import each other, not even under TYPE_CHECKING."""
+    graph = import_graph(annotations=True)
+    cycles = [c for c in strongly_connected(graph) if any(m.startswith(f"{PACKAGE}.models") for m in c)]
+    assert not cycles, "import cycles through avion_ds.models (annotations counted):\n" + "\n".join(
+        describe_cycle(graph, c) for c in cycles
+    )
+
+
 def test_layers_import_only_downward() -> None:
     bad = layer_violations()
     assert not bad, "imports against the layers (config < distributed < storage < models, data < memory < tasks < "
@@ -294,6 +304,19 @@ def test_cycle_check_detects(tmp_path: Path, files: dict[str, str], cycle: list[
     found = strongly_connected(import_graph(tmp_path, "pkg"))
     assert found == [cycle], found
     assert import_cycles(tmp_path, "pkg")[0].startswith("{" + ", ".join(cycle) + "}")
+
+
+def test_annotation_imports_count_when_asked(tmp_path: Path) -> None:
+    _write(
+        tmp_path,
+        {
+            "pkg/__init__.py": "",
+            "pkg/a.py": "import pkg.b\n",
+            "pkg/b.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from pkg.a import X\n",
+        },
+    )
+    assert strongly_connected(import_graph(tmp_path, "pkg")) == []
+    assert strongly_connected(import_graph(tmp_path, "pkg", annotations=True)) == [["pkg.a", "pkg.b"]]
 
 
 def test_cycle_check_accepts_a_dag(tmp_path: Path) -> None:

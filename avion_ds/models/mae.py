@@ -19,7 +19,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import Any, NamedTuple
 
 import torch
 from timm.layers import trunc_normal_
@@ -29,9 +29,7 @@ from avion_ds.models.arch import ViTArch
 from avion_ds.models.partition import full_ndim
 from avion_ds.models.registry import register_model
 from avion_ds.models.vit import Block, VideoViT, sincos_table
-
-if TYPE_CHECKING:
-    from avion_ds.models.weights.formats import LoadReport
+from avion_ds.models.weights.report import LoadReport
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)

@@ -27,17 +27,15 @@ from __future__ import annotations
 import logging
 import re
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 import torch.nn.functional as F
+from torch import nn
 
 from avion_ds.models.partition import state_shapes
 from avion_ds.models.weights.formats import LoadReport, read_checkpoint, unwrap
 from avion_ds.storage.torchscript import read_torchscript_state_dict, torchscript_root
-
-if TYPE_CHECKING:
-    from avion_ds.models.clip import VideoTextDualEncoder
 
 logger = logging.getLogger(__name__)
 
@@ -148,7 +146,7 @@ def resize_spatial(pos: torch.Tensor, side: int) -> torch.Tensor:
     return torch.cat([pos[:1], grid.permute(0, 2, 3, 1).reshape(side * side, -1).to(pos.dtype)])
 
 
-def _fit(key: str, v: torch.Tensor, want: torch.Size, model: VideoTextDualEncoder, report: LoadReport) -> torch.Tensor:
+def _fit(key: str, v: torch.Tensor, want: torch.Size, model: nn.Module, report: LoadReport) -> torch.Tensor:
     """``v`` in the model's shape ``want``: reshaped, or resized (reported), or ValueError naming the key."""
     if v.numel() == want.numel():
         return v.reshape(want)
@@ -190,7 +188,7 @@ def read_clip_source(source: str | Path | dict, trust: bool = False) -> tuple[St
     return unwrap(ckpt), args, False
 
 
-def _check_args(args: Any, model: VideoTextDualEncoder, report: LoadReport) -> None:
+def _check_args(args: Any, model: nn.Module, report: LoadReport) -> None:
     """AVION's run ``args``: the model it trained and its projection size, checked and noted."""
     name = getattr(args, "model", None)
     ours = AVION_MODELS.get(str(name))
@@ -201,7 +199,7 @@ def _check_args(args: Any, model: VideoTextDualEncoder, report: LoadReport) -> N
 
 
 def prepare_clip_state_dict(
-    model: VideoTextDualEncoder, source: str | Path | dict, trust: bool = False
+    model: nn.Module, source: str | Path | dict, trust: bool = False
 ) -> tuple[StateDict, LoadReport]:
     """Read ``source`` and map / resize it to ``model``'s names and shapes; nothing is loaded yet."""
     sd, args, scripted = read_clip_source(source, trust)

@@ -28,7 +28,6 @@ import logging
 import math
 import re
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +37,7 @@ import torch.nn.functional as F
 from avion_ds.models.partition import full_numel, state_shapes
 from avion_ds.models.vit import VideoViT
 from avion_ds.models.weights.kinetics710 import remap_k710
+from avion_ds.models.weights.report import LoadReport
 from avion_ds.storage.safe_load import UntrustedCheckpoint, load_checkpoint_file
 from avion_ds.storage.torchscript import read_torchscript_state_dict, torchscript_root
 
@@ -48,32 +48,6 @@ StateDict = dict[str, torch.Tensor]
 _WRAPPERS = ("model", "module", "state_dict", "model_state", "model_state_dict", "model_ema")
 _PREFIXES = ("module.", "_orig_mod.", "model.", "backbone.")
 DUAL_ENCODER = "dual_encoder"
-
-
-@dataclass
-class LoadReport:
-    """What ``load_pretrained`` did: keys the model lacked / the checkpoint lacked / resized."""
-
-    format: str
-    missing: list[str] = field(default_factory=list)  # model keys not found in the checkpoint
-    unexpected: list[str] = field(default_factory=list)  # checkpoint keys the model has no use for
-    resized: list[str] = field(default_factory=list)  # loaded after interpolation / inflation
-    dropped: list[str] = field(default_factory=list)  # shape mismatch we cannot resize (e.g. head)
-    skipped: list[str] = field(default_factory=list)  # checkpoint keys left out on purpose (fresh projection)
-    remapped: list[str] = field(default_factory=list)  # head rows picked by a label map (Kinetics-710 -> 400/...)
-    fresh: list[str] = field(default_factory=list)  # model keys initialised anew on purpose (not "missing")
-    notes: list[str] = field(default_factory=list)  # decisions the load took, in words
-
-    def summary(self) -> str:
-        def short(keys: list[str]) -> str:
-            return ", ".join(keys[:6]) + (f", ... (+{len(keys) - 6})" if len(keys) > 6 else "")
-
-        parts = [f"format={self.format}"]
-        for name in ("missing", "unexpected", "resized", "dropped", "skipped", "fresh", "remapped"):
-            keys = getattr(self, name)
-            if keys:
-                parts.append(f"{name}={len(keys)} [{short(keys)}]")
-        return " ".join(parts + [f"({n})" for n in self.notes])
 
 
 # ----------------------------------------------------------------------------------------------

@@ -10,12 +10,10 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import torch
 
-if TYPE_CHECKING:
-    from avion_ds.models.weights.formats import LoadReport
+from avion_ds.models.weights.report import LoadReport
 
 K710 = 710  # classes of Kinetics-710 (VideoMAE V2's supervised post-pretraining)
 LABEL_MAPS = Path(__file__).with_name("label_maps")  # label_710to{400,600,700}.json, from VideoMAE V2

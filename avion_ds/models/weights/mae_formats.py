@@ -21,12 +21,9 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import torch
-
-if TYPE_CHECKING:  # annotations only: pretrain.py imports this module to load weights
-    from avion_ds.models.mae import VideoMAEPretrain
+from torch import nn
 
 from avion_ds.models.partition import state_shapes
 from avion_ds.models.weights.formats import (
@@ -69,7 +66,7 @@ def _encoder_norm(out: StateDict) -> StateDict:
     return out
 
 
-def from_official(sd: StateDict, model: VideoMAEPretrain, report: LoadReport) -> StateDict:
+def from_official(sd: StateDict, model: nn.Module, report: LoadReport) -> StateDict:
     """Official VideoMAE / V2 pretraining keys -> ours."""
     enc = {k: v for k, v in sd.items() if k.startswith("encoder.")}
     out = {f"encoder.{k}": v for k, v in FILTERS["videomae"](enc, model.encoder, report).items()}
@@ -78,7 +75,7 @@ def from_official(sd: StateDict, model: VideoMAEPretrain, report: LoadReport) ->
     return _encoder_norm(out)
 
 
-def from_hf(sd: StateDict, model: VideoMAEPretrain, report: LoadReport) -> StateDict:
+def from_hf(sd: StateDict, model: nn.Module, report: LoadReport) -> StateDict:
     """Hugging Face ``VideoMAEForPreTraining`` keys -> ours (decoder layers through the same block map)."""
     enc = {k: v for k, v in sd.items() if k.startswith("videomae.")}
     out = {f"encoder.{k}": v for k, v in FILTERS["hf"](enc, model.encoder, report).items()}
@@ -110,7 +107,7 @@ def decoder_dims(sd: StateDict) -> dict[str, int]:
 
 
 def prepare_mae_state_dict(
-    model: VideoMAEPretrain, source: str | Path | dict, trust: bool = False
+    model: nn.Module, source: str | Path | dict, trust: bool = False
 ) -> tuple[StateDict, LoadReport]:
     """Read ``source`` and map it to ``model``'s names; shapes are checked against the model's
     logical shapes (also under ZeRO-3), one-line ValueError naming the key. Nothing is loaded."""
@@ -128,7 +125,7 @@ def prepare_mae_state_dict(
     return sd, report
 
 
-def _decoder_hint(sd: StateDict, model: VideoMAEPretrain) -> str:
+def _decoder_hint(sd: StateDict, model: nn.Module) -> str:
     dims = decoder_dims(sd)
     want = {"decoder_dim": model.arch.decoder_dim, "decoder_depth": model.arch.decoder_depth}
     diff = {k: v for k, v in dims.items() if v != want[k]}
@@ -141,7 +138,7 @@ def _decoder_hint(sd: StateDict, model: VideoMAEPretrain) -> str:
 
 
 def load_pretrained_mae(
-    model: VideoMAEPretrain, source: str | Path | dict, strict: bool = False, trust: bool = False
+    model: nn.Module, source: str | Path | dict, strict: bool = False, trust: bool = False
 ) -> LoadReport:
     """Load a pretraining checkpoint (file, HF directory, run directory or state dict) into ``model``.
 
