@@ -391,6 +391,28 @@ def _model_states(
     return params, grads, opt, host, "formula (16-bit Adam)"
 
 
+def _check_setup(zero_stage: int, offload_optimizer: bool, offload_param: bool, micro_batch: int, world: int) -> None:
+    """ValueError for a ZeRO stage / offload / batch combination DeepSpeed would refuse."""
+    if zero_stage not in (0, 1, 2, 3):
+        raise ValueError(f"zero_stage={zero_stage} is not one of 0, 1, 2, 3")
+    if offload_param and zero_stage != 3:
+        raise ValueError(f"offload_param needs zero_stage=3, got zero_stage={zero_stage}")
+    if offload_optimizer and zero_stage == 0:
+        raise ValueError("offload_optimizer needs zero_stage >= 1, got zero_stage=0")
+    if micro_batch <= 0 or world <= 0:
+        raise ValueError(f"micro_batch={micro_batch} and world_size={world} must be positive")
+
+
+def _bucket_bytes(zero_stage: int, reduce_bucket_size: int, params: int, elem_bytes: int) -> int:
+    """Gradient reduce buckets: two in flight under ZeRO-1/2, one under ZeRO-3 (its prefetch is inside
+    the live-parameter window counted with the parameters), none under ZeRO-0."""
+    if zero_stage in (1, 2):
+        return 2 * min(reduce_bucket_size, params) * elem_bytes
+    if zero_stage == 3:
+        return min(reduce_bucket_size, params) * elem_bytes
+    return 0
+
+
 def estimate(
     model: nn.Module | str,
     frames: int,
@@ -418,14 +440,7 @@ def estimate(
     ``offload_param`` needs ZeRO-3; ``offload_optimizer`` ZeRO >= 1. Bucket sizes are elements
     (what the planner writes into the DeepSpeed config).
     """
-    if zero_stage not in (0, 1, 2, 3):
-        raise ValueError(f"zero_stage={zero_stage} is not one of 0, 1, 2, 3")
-    if offload_param and zero_stage != 3:
-        raise ValueError(f"offload_param needs zero_stage=3, got zero_stage={zero_stage}")
-    if offload_optimizer and zero_stage == 0:
-        raise ValueError("offload_optimizer needs zero_stage >= 1, got zero_stage=0")
-    if micro_batch <= 0 or world_size <= 0:
-        raise ValueError(f"micro_batch={micro_batch} and world_size={world_size} must be positive")
+    _check_setup(zero_stage, offload_optimizer, offload_param, micro_batch, world_size)
     dt = as_dtype(dtype)
     s = DTYPE_BYTES[dt]
     info = arch_info(model, frames, size) if isinstance(model, str) else arch_info(model)
@@ -451,30 +466,15 @@ def estimate(
     recompute = micro_batch * block_activation_bytes(info, tokens, s, backend) if checkpointing else 0
     # backward temporaries: gradients of the widest intermediates of the block being differentiated
     temps = micro_batch * tokens * s * (2 * info.mlp_hidden + 4 * info.embed_dim)
-    if zero_stage in (1, 2):
-        buckets = 2 * min(reduce_bucket_size, info.params) * s
-    elif zero_stage == 3:  # prefetch is inside the live-parameter window counted with params
-        buckets = min(reduce_bucket_size, info.params) * s
-    else:
-        buckets = 0
-    workspace = temps + buckets
+    workspace = temps + _bucket_bytes(zero_stage, reduce_bucket_size, info.params, s)
     allocated = params + grads + opt + act + recompute + workspace
     frag = int(FRAGMENTATION * allocated)
     context = CUDA_CONTEXT_BYTES + (COMM_BUFFER_BYTES if world_size > 1 else 0)
-    inputs = {
-        "model": info.name,
-        "frames": frames,
-        "size": size,
-        "micro_batch": micro_batch,
-        "dtype": str(dt).replace("torch.", ""),
-        "zero_stage": zero_stage,
-        "offload_optimizer": offload_optimizer,
-        "offload_param": offload_param,
-        "checkpointing": int(checkpointing),
-        "checkpoint_policy": checkpoint_policy if checkpointing else "none",
-        "world_size": world_size,
-        "params_count": info.params,
-    }
+    inputs = {"model": info.name, "frames": frames, "size": size, "micro_batch": micro_batch}
+    inputs.update(dtype=str(dt).replace("torch.", ""), zero_stage=zero_stage, offload_optimizer=offload_optimizer)
+    inputs.update(offload_param=offload_param, checkpointing=int(checkpointing))
+    inputs.update(checkpoint_policy=checkpoint_policy if checkpointing else "none")
+    inputs.update(world_size=world_size, params_count=info.params)
     return MemoryEstimate(
         params=int(params),
         grads=int(grads),
