@@ -144,7 +144,7 @@ def _write_results(args: argparse.Namespace, setup: EvalSetup, views: int, out: 
     print(f"wrote {path} ({out.num_samples} samples evaluated; {where}checkpoint {tag or args.checkpoint})", flush=True)
 
 
-def preflight(args: argparse.Namespace) -> EvalSetup:
+def setup_eval(args: argparse.Namespace) -> EvalSetup:
     """Every check before the process group: recipe, checkpoint tag, weights, data, model geometry."""
     recipe, run_dir = _resolve_recipe(args)
     tag = _resolve_tag(args, run_dir)
@@ -152,7 +152,7 @@ def preflight(args: argparse.Namespace) -> EvalSetup:
 
 
 def run(args: argparse.Namespace) -> int:
-    setup = preflight(args)
+    setup = setup_eval(args)
     recipe, run_dir, tag = setup.recipe, setup.run_dir, setup.tag
     _, world, _ = dist.init()
     seed_everything(recipe.seed)

@@ -1,6 +1,6 @@
 """`avion-ds train` / `launch/train.py`: train a video model with DeepSpeed from a YAML recipe.
 
-Only wiring. Order of work: :func:`preflight` (``engine.run_setup``: every check that can fail cheaply,
+Only wiring. Order of work: :func:`setup_run` (``engine.run_setup``: every check that can fail cheaply,
 and the ONE computation of batch plan, steps per epoch and DeepSpeed config) BEFORE the process group,
 data workers or model exist; then loaders, model (the task builds it), engine; resume;
 ``Trainer.fit`` (checkpoint every N steps and at epoch end, evaluate every k epochs); exit through
@@ -49,7 +49,7 @@ def _recipe_overrides(args: argparse.Namespace) -> list[str]:
     return [*args.overrides, *extra]
 
 
-def preflight(args: argparse.Namespace) -> RunSetup:
+def setup_run(args: argparse.Namespace) -> RunSetup:
     """Every check that can fail cheaply, and the run's resolved setup; no process group, worker or model."""
     if args.exit_after_steps is not None and args.exit_after_steps < 1:
         raise ConfigError(f"--exit-after-steps {args.exit_after_steps}: must be >= 1 (optimizer steps)")
@@ -193,7 +193,7 @@ def main(argv: list[str] | None = None) -> int:
 def _run_explaining_oom(args: argparse.Namespace) -> int:
     """Preflight, then ``run``, with an out-of-memory error turned (once) into the one-line ``OutOfMemory``
     that describes THIS run (its setup, overrides included)."""
-    setup = preflight(args)
+    setup = setup_run(args)
     if args.dry_run:
         return 0
     try:

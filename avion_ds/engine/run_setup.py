@@ -83,7 +83,7 @@ def build_split(recipe: Recipe, task: Task, split: str, views: bool) -> Any:
     return ds
 
 
-def check_inputs(recipe: Recipe, task: Task, need_train: bool) -> ModelSummary:
+def check_run_inputs(recipe: Recipe, task: Task, need_train: bool) -> ModelSummary:
     """Data paths, labels, model geometry: what training and evaluation both check."""
     pf.check_data_paths(recipe, need_train)
     pf.check_model_name(recipe)
@@ -98,7 +98,7 @@ def prepare_training(recipe: Recipe, deepspeed_config: dict | str | Path) -> Run
     pf.check_output_dir(recipe)
     if recipe.model.pretrained:
         pf.check_weights_source(recipe.model.pretrained, recipe.model.trust_checkpoint)
-    summary = check_inputs(recipe, task, need_train=True)
+    summary = check_run_inputs(recipe, task, need_train=True)
     check_weights_fit(recipe, task)  # the checkpoint's shapes against the model's, before any process
     user_ds = load_user_config(deepspeed_config)
     world = dist.env_world_size()
@@ -130,7 +130,7 @@ def prepare_eval(
 ) -> EvalSetup:
     """The checked setup of an evaluation (the same checks as training's, for ``split`` only)."""
     task = task_of(recipe)
-    check_inputs(recipe, task, need_train=split == "train")
+    check_run_inputs(recipe, task, need_train=split == "train")
     pf.check_weights_source(str(checkpoint), recipe.model.trust_checkpoint, "--checkpoint", tag)
     dataset = build_split(recipe, task, split, views=True)
     return EvalSetup(recipe, task, run_dir, tag, dataset)

@@ -11,7 +11,7 @@ import json
 import sys
 import time
 
-from avion_ds.cli.train import parse_args, preflight, run
+from avion_ds.cli.train import parse_args, run, setup_run
 from avion_ds.config import ConfigError
 from avion_ds.distributed import dist
 
@@ -20,7 +20,7 @@ def _all(jobs: list[list[str]]) -> int:
     for argv in jobs:
         t0 = time.perf_counter()
         args = parse_args(argv)
-        code = run(preflight(args), args)
+        code = run(setup_run(args), args)
         dist.barrier()
         if code:
             return code

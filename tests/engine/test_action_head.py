@@ -16,7 +16,7 @@ import torch
 from avion_ds.config import ConfigError
 from avion_ds.data import DeviceAugment, build_loader
 from avion_ds.data.datasets.video_clips import epic_action_map
-from avion_ds.engine.run_setup import build_split, check_inputs
+from avion_ds.engine.run_setup import build_split, check_run_inputs
 from avion_ds.models import create_model
 from avion_ds.tasks import load_recipe, task_of
 from avion_ds.tasks.action_metrics import AVION_KEYS
@@ -139,5 +139,5 @@ def test_avion_cls_checkpoint_loads_and_evaluates(tiny_epic: dict, tmp_path: Pat
 def test_recipe_checks_name_the_culprit(tiny_epic: dict, tmp_path: Path, extra: list[str], message: str) -> None:
     recipe = action_recipe(tiny_epic, tmp_path, *extra)
     with pytest.raises(ConfigError, match=re.escape(message)) as err:
-        check_inputs(recipe, task_of(recipe), need_train=True)
+        check_run_inputs(recipe, task_of(recipe), need_train=True)
     assert "\n" not in str(err.value)

@@ -64,12 +64,12 @@ def test_eval_of_a_run_dir_whose_recipe_says_trust_refuses_its_payload(
     err, _ = _one_error(capsys, eval_cli.main(["--checkpoint", str(run), "--config", str(run / "recipe.yaml")]), "eval")
     assert "pickles" in err and not marker.exists()
     # this command's flag, or the user's own recipe file, does grant it
-    assert eval_cli.preflight(
+    assert eval_cli.setup_eval(
         eval_cli.parse_args(["--checkpoint", str(run), "--trust-checkpoint"])
     ).recipe.model.trust_checkpoint
     own = setup["tmp"] / "mine.yaml"
     own.write_text((run / "recipe.yaml").read_text())
-    assert eval_cli.preflight(
+    assert eval_cli.setup_eval(
         eval_cli.parse_args(["--checkpoint", str(run), "--config", str(own)])
     ).recipe.model.trust_checkpoint
     assert not marker.exists()
