@@ -46,9 +46,12 @@ def test_error_counter_sums_over_workers(epic_copy) -> None:
     assert skipped > 0 and ds.errors == skipped
 
 
-def test_distributed_needs_an_initialised_process_group(epic_cfg) -> None:
+def test_distributed_needs_an_initialised_process_group(epic_cfg, monkeypatch) -> None:
     import pytest
+    import torch.distributed
 
+    # a process group an earlier in-process test left behind must not decide this test
+    monkeypatch.setattr(torch.distributed, "is_initialized", lambda: False)
     ds = build_dataset(epic_cfg, "val")
     with pytest.raises(RuntimeError, match="torch.distributed to be initialised"):
         build_loader(ds, 2, 0, False, 0, False, distributed=True)
