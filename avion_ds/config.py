@@ -60,9 +60,7 @@ class ModelConfig:
 
 @dataclass
 class DataConfig:
-    dataset: str = (
-        "epic"  # epic | kinetics | ssv2 | videos (unlabelled clips) | ego4d (narrations) | epic_mir (retrieval)
-    )
+    dataset: str = "epic"  # a registered dataset (avion_ds/data/datasets/registry.py; checked by tasks.build_recipe)
     root: str = ""  # chunk root (holds manifest.jsonl) or root of whole videos
     train_csv: str = ""  # annotations (ego4d: narration pickle / CSV / JSONL)
     val_csv: str = ""
@@ -422,8 +420,6 @@ _CHOICES: dict[str, tuple[str | None, ...]] = {
     "data.epic_label": ("verb_noun", "action"),
     "ema.weights": ("ema", "model"),
     "model.head_label_map": ("auto", "none"),
-    "data.dataset": ("epic", "kinetics", "ssv2", "videos", "ego4d", "epic_mir", "egtea", "charades_ego"),
-    "data.val_dataset": ("", "epic", "kinetics", "ssv2", "videos", "ego4d", "epic_mir", "egtea", "charades_ego"),
     "pretrain.mask_type": ("tube", "random"),
     "pretrain.decoder_mask_type": ("none", "running_cell"),
     "data.sampling": ("segment", "stride"),

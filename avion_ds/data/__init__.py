@@ -12,7 +12,7 @@ from typing import Any
 
 _LAZY = {
     "build_dataset": "avion_ds.data.datasets.build",
-    "EpicDataset": "avion_ds.data.datasets.video_clips",
+    "EpicDataset": "avion_ds.data.datasets.epic",
     "KineticsDataset": "avion_ds.data.datasets.kinetics",
     "SSv2Dataset": "avion_ds.data.datasets.ssv2",
     "DataError": "avion_ds.data.errors",

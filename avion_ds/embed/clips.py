@@ -16,7 +16,9 @@ from pathlib import Path
 from typing import Any
 
 from avion_ds.config import ConfigError, DataConfig
-from avion_ds.data.datasets.video_clips import VideoClipDataset, VideoIndex, open_csv
+from avion_ds.data.datasets.csv_rows import open_csv
+from avion_ds.data.datasets.video_clips import VideoClipDataset
+from avion_ds.data.datasets.video_index import VideoIndex
 from avion_ds.data.errors import DataError
 from avion_ds.data.prep.manifest import MANIFEST_NAME, VideoEntry, find_videos
 from avion_ds.data.sampling import parse_timestamp, seconds_to_frames

@@ -8,12 +8,23 @@ unexpected exception keeps its traceback.
 
 from __future__ import annotations
 
+import difflib
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from avion_ds.config import ConfigError, Recipe
+from avion_ds.config import ConfigError, DataConfig, Recipe
+from avion_ds.data.datasets.build import dataset_spec, read_annotations, split_config
+from avion_ds.data.errors import DataError
+from avion_ds.data.prep.manifest import MANIFEST_NAME, check_chunk_file
+from avion_ds.data.prep.manifest_index import load_manifest
+from avion_ds.distributed.ds_config import torch_dtype
+from avion_ds.engine.parallelize import schedule_bounds
+from avion_ds.models import get_arch, list_models, resolve_backend
+from avion_ds.storage.run_dir import checkpoint_dir, latest_complete, tag_files
+from avion_ds.storage.safe_load import check_checkpoint_file
+from avion_ds.storage.torchscript import check_torchscript, torchscript_root
 
 
 def check_output_dir(recipe: Recipe) -> None:
@@ -35,8 +46,8 @@ def check_data_paths(recipe: Recipe, need_train: bool = True) -> None:
     if need_train:
         keys.insert(1, ("data.train_csv", d.train_csv, "file"))
     for key, value, kind in keys:
-        if not value and d.dataset == "videos" and kind == "file":
-            continue  # unlabelled clips: without a list, every video under data.root
+        if not value and kind == "file" and _split_file_optional(d, key):
+            continue  # e.g. unlabelled clips: without a list, every video under data.root
         if not value:
             raise ConfigError(f"{key} is empty; set it in the recipe or with --set {key}=PATH")
         path = Path(value)
@@ -48,15 +59,15 @@ def check_data_paths(recipe: Recipe, need_train: bool = True) -> None:
         raise ConfigError(f"data.class_list: file not found: {d.class_list}")
     if d.quarantine not in ("", "auto", "none") and not Path(d.quarantine).is_file():
         raise ConfigError(f"data.quarantine: file not found: {d.quarantine} (auto | none | a quarantine.tsv)")
-    if (
-        d.dataset == "ssv2"
-        and not d.class_list
-        and not (Path(d.train_csv or d.val_csv).parent / "labels.json").is_file()
-    ):
-        raise ConfigError(
-            f"data.class_list is empty and there is no labels.json next to {d.train_csv or d.val_csv}: "
-            f"set data.class_list to SSv2's labels.json"
-        )
+    for split in ("train", "val") if need_train else ("val",):
+        spec = dataset_spec(d, split)
+        if spec.check_paths is not None:  # the dataset's own files (SSv2: its labels.json)
+            spec.check_paths(split_config(d, split), split)
+
+
+def _split_file_optional(d: DataConfig, key: str) -> bool:
+    """Whether the dataset of ``key``'s split (data.train_csv / data.val_csv) may leave that file empty."""
+    return dataset_spec(d, "train" if key == "data.train_csv" else "val").split_file_optional
 
 
 def _check_extra_paths(recipe: Recipe, need_train: bool) -> None:
@@ -79,9 +90,6 @@ def _check_extra_paths(recipe: Recipe, need_train: bool) -> None:
 
 def _check_manifest(key: str, root: str) -> dict:
     """The chunk manifest under ``root`` (data.chunked), as ``load_manifest`` reads it; ConfigError naming ``key``."""
-    from avion_ds.data.prep.manifest import MANIFEST_NAME
-    from avion_ds.data.prep.manifest_index import load_manifest
-
     if not (Path(root) / MANIFEST_NAME).is_file():
         raise ConfigError(
             f"{key}={root!r} has no {MANIFEST_NAME} (data.chunked=true): run "
@@ -98,37 +106,20 @@ def _check_manifest(key: str, root: str) -> dict:
 
 def check_data_layout(recipe: Recipe, need_train: bool = True) -> dict[str, int]:
     """Chunk manifest present, annotation headers right, labels within the heads; returns rows per split."""
-    from avion_ds.data.datasets.build import read_annotations
-
     d = recipe.data
     if d.chunked:
-        videos = _check_manifest("data.root", d.root)
+        _check_manifest("data.root", d.root)
         if d.val_root:
             _check_manifest("data.val_root", d.val_root)
     rows: dict[str, int] = {}
-    if d.dataset == "videos":  # unlabelled clips: an optional list of videos per split, no labels
-        for split in ("train", "val") if need_train else ("val",):
-            value = getattr(d, f"{split}_csv")
-            if value and not Path(value).is_file():
-                raise ConfigError(f"data.{split}_csv: video list not found: {value}")
-            if value:
-                n = sum(1 for line in Path(value).read_text().splitlines() if line.strip())
-            elif d.chunked:
-                n = len(videos)
-            else:
-                from avion_ds.data.prep.manifest import find_videos
-
-                n = len(find_videos(d.root))
-            rows[split] = n * d.clips_per_video  # clips per epoch
-        return rows
     for split in ("train", "val") if need_train else ("val",):
         key = f"data.{split}_csv"
-        try:
+        try:  # the dataset's annotation summary (unlabelled videos: clips per epoch, no labels)
             n, classes = read_annotations(d, split)
         except (ValueError, FileNotFoundError) as e:
             raise ConfigError(f"{key}: {e}") from None
         rows[split] = n
-        _check_labels(recipe, key, classes)
+        _check_labels(recipe, split, classes)
     return rows
 
 
@@ -140,9 +131,6 @@ def check_chunk_sample(ds: Any, key: str, rows: int = CHUNK_SAMPLE_ROWS) -> None
     each, nothing decoded). Refused in one line naming ``key`` when every sampled row is hit (a wrong or
     half-copied root) or under ``data.on_error: raise``; otherwise the count and the first file go into
     ``ds.chunk_problems`` and the start-up summary, and training skips those samples (named once, counted)."""
-    from avion_ds.data.errors import DataError
-    from avion_ds.data.prep.manifest import check_chunk_file
-
     if not ds.cfg.chunked or not len(ds):
         return
     picks = sorted({i * len(ds) // min(rows, len(ds)) for i in range(min(rows, len(ds)))})
@@ -165,17 +153,15 @@ def check_chunk_sample(ds: Any, key: str, rows: int = CHUNK_SAMPLE_ROWS) -> None
         )
 
 
-def _check_labels(recipe: Recipe, key: str, classes: int | dict[str, int]) -> None:
-    heads = recipe.model.heads
+def _check_labels(recipe: Recipe, split: str, classes: int | dict[str, int]) -> None:
+    """The classes ``split``'s annotations hold fit the model's heads (and the dataset's own label check)."""
+    key, heads = f"data.{split}_csv", recipe.model.heads
     have = classes if isinstance(classes, dict) else {"num_classes": classes}
     want = dict(heads) if heads is not None else {"num_classes": recipe.model.num_classes}
-    if recipe.data.dataset == "epic" and recipe.data.epic_label == "action" and "action" in want:
-        n = have.get("action", 0)
-        if n != want["action"]:  # ids beyond the map would never be a target; fewer rows cannot hold them
-            raise ConfigError(
-                f"model.heads.action={want['action']} but data.train_csv + data.val_csv make {n} actions "
-                f"(AVION's verb:noun map); set model.heads.action={n}"
-            )
+    spec = dataset_spec(recipe.data, split)
+    problem = spec.check_labels(split_config(recipe.data, split), have, want) if spec.check_labels else None
+    if problem:  # e.g. EPIC's action head: exactly the map's actions
+        raise ConfigError(problem)
     for head, n in have.items():
         if head in want and n > want[head]:
             where = f"model.heads.{head}" if heads is not None else "model.num_classes"
@@ -185,9 +171,6 @@ def _check_labels(recipe: Recipe, key: str, classes: int | dict[str, int]) -> No
 def check_runtime(recipe: Recipe, precision: str, accelerator: str) -> None:
     """Attention backend and precision the recipe asks for must be able to run on this machine."""
     if recipe.model.attn_backend == "flash":
-        from avion_ds.distributed.ds_config import torch_dtype
-        from avion_ds.models import get_arch, resolve_backend
-
         dtype = torch_dtype(precision)
         device = torch.device("cuda" if accelerator == "cuda" else accelerator)
         try:
@@ -198,7 +181,9 @@ def check_runtime(recipe: Recipe, precision: str, accelerator: str) -> None:
                 "allowed here: auto, sdpa, eager"
             ) from None
     if precision in ("fp16", "bf16"):  # DeepSpeed's own sanity check, asked before initialize instead of inside it
-        from deepspeed.accelerator import get_accelerator
+        from deepspeed.accelerator import (
+            get_accelerator,
+        )  # lazy: deepspeed is heavy to import, needed for fp16/bf16 only
 
         acc = get_accelerator()
         supported = {"fp32": True, "bf16": acc.is_bf16_supported(), "fp16": acc.is_fp16_supported()}
@@ -213,8 +198,6 @@ def check_runtime(recipe: Recipe, precision: str, accelerator: str) -> None:
 def check_schedule(recipe: Recipe, ds_config: dict) -> None:
     """The built-in schedule warms UP to the peak lr and decays DOWN to ``optim.min_lr``: a warmup start or
     an end above the peak (after the batch scaling) would run it backwards; refused naming the keys."""
-    from avion_ds.engine.parallelize import schedule_bounds
-
     if "scheduler" in ds_config or recipe.schedule.fix_lr:
         return
     lr, min_lr, start = schedule_bounds(recipe, ds_config)
@@ -231,8 +214,6 @@ def check_weights_source(source: str, trust: bool, key: str = "model.pretrained"
     """The weights a run will read (a file, a Hugging Face directory, or a run directory's checkpoint
     ``tag``, default its newest complete one) exist and would be accepted by the safe loader: refused
     here, before anything is written or started, instead of after the process group exists."""
-    from avion_ds.storage.run_dir import checkpoint_dir, latest_complete
-
     path = Path(source)
     if not path.exists():
         raise ConfigError(f"{key}={source}: file or directory not found")
@@ -255,8 +236,6 @@ def check_weights_source(source: str, trust: bool, key: str = "model.pretrained"
 def check_checkpoint_tag(tag_dir: Path, trust: bool, key: str) -> None:
     """Every file of a checkpoint tag (``run_dir.tag_files``: symlinks resolved, its universal folder
     included) passes the safe loader's type check; nothing is unpickled. ConfigError naming ``key``."""
-    from avion_ds.storage.run_dir import tag_files
-
     if trust:
         return
     try:
@@ -267,9 +246,6 @@ def check_checkpoint_tag(tag_dir: Path, trust: bool, key: str) -> None:
 
 
 def _check_files(files: list[Path], trust: bool, key: str) -> None:
-    from avion_ds.storage.safe_load import check_checkpoint_file
-    from avion_ds.storage.torchscript import check_torchscript, torchscript_root
-
     for f in files:
         try:
             if torchscript_root(f) is not None:  # OpenAI's CLIP releases: read by a restricted unpickler,
@@ -282,12 +258,8 @@ def _check_files(files: list[Path], trust: bool, key: str) -> None:
 
 def check_model_name(recipe: Recipe) -> None:
     """``model.name`` must be registered; the error suggests the closest names."""
-    from avion_ds.models import list_models
-
     name = recipe.model.name
     if name not in list_models():
-        import difflib
-
         close = difflib.get_close_matches(name, list_models(), n=3, cutoff=0.5)
         hint = f"did you mean {', '.join(close)}?" if close else f"known: {', '.join(list_models())}"
         raise ConfigError(f"model.name={name!r} is not a registered model; {hint} (avion-ds models lists them)")

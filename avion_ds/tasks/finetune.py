@@ -16,6 +16,7 @@ import torch
 from torch import nn
 
 from avion_ds.config import ConfigError
+from avion_ds.data.datasets.build import dataset_spec
 from avion_ds.tasks.base import EvalOutcome, LossParts, ModelSummary, Task, build_with_weights
 from avion_ds.tasks.registry import register_task
 
@@ -23,15 +24,10 @@ if TYPE_CHECKING:
     from avion_ds.config import Recipe
     from avion_ds.data.bad_input import BadInputLog
 
-# the labels each dataset yields: head names for multi-head datasets, None = one integer label
-DATASET_HEADS: dict[str, tuple[str, ...] | None] = {"epic": ("verb", "noun"), "kinetics": None, "ssv2": None}
-
 
 def dataset_heads(recipe: Recipe) -> tuple[str, ...] | None:
-    """The label heads ``data.dataset`` yields (EPIC: verb + noun, or the action under ``data.epic_label``)."""
-    if recipe.data.dataset == "epic" and recipe.data.epic_label == "action":
-        return ("action",)
-    return DATASET_HEADS.get(recipe.data.dataset)
+    """The label heads ``data.dataset`` declares in the dataset registry (None = one integer label)."""
+    return dataset_spec(recipe.data).label_heads(recipe.data)
 
 
 def model_kwargs(recipe: Recipe) -> dict[str, Any]:

@@ -28,7 +28,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from avion_ds.data.datasets.video_clips import EPIC_REQUIRED, open_csv, parse_int
+from avion_ds.data.datasets.csv_rows import open_csv, parse_int
+from avion_ds.data.datasets.epic import EPIC_REQUIRED
 
 TEMPLATE_SETS: dict[str, tuple[str, ...]] = {
     "lavila": ("#C C {}", "#C {}"),  # eval_zeroshot.py with --cls-use-template

@@ -10,8 +10,8 @@ import yaml
 
 from avion_ds.cli.check import main as check
 from avion_ds.data import build_dataset
+from avion_ds.data.datasets.epic import EPIC_REQUIRED
 from avion_ds.data.datasets.quarantine import read_quarantine, row_key
-from avion_ds.data.datasets.video_clips import EPIC_REQUIRED
 from avion_ds.data.errors import DataError
 
 

@@ -13,7 +13,7 @@ import torch
 from avion_ds.config import DataConfig
 from avion_ds.data import build_dataset
 from avion_ds.data.crop import clip_rng, crop_resize, random_resized_crop
-from avion_ds.data.datasets.video_clips import EPIC_REQUIRED
+from avion_ds.data.datasets.epic import EPIC_REQUIRED
 from avion_ds.data.errors import DataError
 from avion_ds.data.prep.manifest_index import load_manifest
 from avion_ds.data.prep.synthetic import read_frame_index

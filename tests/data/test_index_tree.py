@@ -13,7 +13,7 @@ import pytest
 from avion_ds.cli import chunk as chunk_cli
 from avion_ds.config import DataConfig
 from avion_ds.data.datasets.build import build_dataset
-from avion_ds.data.datasets.video_clips import VideoIndex
+from avion_ds.data.datasets.video_index import VideoIndex
 from avion_ds.data.errors import DataError
 from avion_ds.data.prep import chunking
 from avion_ds.data.prep.index_tree import index_tree, probe_chunk

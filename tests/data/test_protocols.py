@@ -171,7 +171,7 @@ def test_ssv2_views_are_videomae_ssv2_test_clips() -> None:
 
 def test_epic_view_is_avion_get_frame_ids_on_chunks() -> None:
     """EPIC: AVION's chunked loader (15 s chunks at 30 fps; the middle chunk decodes 449 of 450 frames)."""
-    from avion_ds.data.datasets.video_clips import EpicDataset
+    from avion_ds.data.datasets.epic import EpicDataset
     from avion_ds.data.prep.manifest import Chunk, VideoEntry
 
     p = PROTOCOLS["epic"]

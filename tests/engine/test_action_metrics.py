@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 import torch
 
-from avion_ds.data.datasets.video_clips import epic_action_map
+from avion_ds.data.datasets.epic import epic_action_map
 from avion_ds.tasks.action_metrics import AVION_KEYS, action_head_metrics, avion_metrics
 
 EPIC_HEADER = "narration_id participant_id video_id narration_timestamp start_timestamp stop_timestamp"

@@ -40,10 +40,13 @@ import numpy as np
 
 from avion_ds.config import DataConfig
 from avion_ds.data.crop import clip_rng
+from avion_ds.data.datasets.csv_rows import not_utf8, open_csv
 from avion_ds.data.datasets.flat_index import load_narration_index, narration_columns
 from avion_ds.data.datasets.flat_index import short_repr as _short
 from avion_ds.data.datasets.narration_tokens import check_tokenizer, empty_tokens, text_tokens
-from avion_ds.data.datasets.video_clips import VideoClipDataset, VideoIndex, not_utf8, open_csv
+from avion_ds.data.datasets.registry import register_dataset
+from avion_ds.data.datasets.video_clips import VideoClipDataset
+from avion_ds.data.datasets.video_index import VideoIndex
 from avion_ds.data.errors import DataError
 from avion_ds.data.index_cache import MappedIndex
 from avion_ds.data.prep.manifest import VideoEntry
@@ -197,8 +200,16 @@ def draw_narration(value: Any, rng: np.random.Generator, where: str) -> str:
     raise DataError(f"{where}: narration must be a non-empty string or list of strings, got {_short(value)}")
 
 
+@register_dataset
 class Ego4dDataset(VideoClipDataset):
     """Ego4D narration clips (see module doc); label = ``{"tokens": LongTensor (77,)}``."""
+
+    dataset_name = "ego4d"
+
+    @staticmethod
+    def annotation_summary(cfg: DataConfig, split: str) -> tuple[int, dict[str, int]]:
+        """(rows, no classes) of ``split``'s narration files without opening a video."""
+        return narration_summary(cfg, split)
 
     def __init__(
         self,

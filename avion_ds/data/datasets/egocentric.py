@@ -26,7 +26,10 @@ import torch
 
 from avion_ds.config import DataConfig
 from avion_ds.data.crop import CropBox
-from avion_ds.data.datasets.video_clips import VideoClipDataset, VideoIndex, open_csv
+from avion_ds.data.datasets.csv_rows import open_csv
+from avion_ds.data.datasets.registry import register_dataset
+from avion_ds.data.datasets.video_clips import VideoClipDataset
+from avion_ds.data.datasets.video_index import VideoIndex
 from avion_ds.data.errors import DataError
 from avion_ds.data.prep.manifest import VideoEntry
 
@@ -121,8 +124,17 @@ class _PaddedClips(VideoClipDataset):
         return torch.cat([frames, pad])
 
 
+@register_dataset
 class EgteaDataset(_PaddedClips):
     """EGTEA Gaze+ test clips (see module doc); label = the class index."""
+
+    dataset_name = "egtea"
+
+    @staticmethod
+    def annotation_summary(cfg: DataConfig, split: str) -> tuple[int, dict[str, int]]:
+        """(rows, no class check) of the val split (data.val_csv) without opening a video."""
+        _, numbers = read_egtea_classes(class_file(cfg, EGTEA_CLASSES))
+        return len(read_egtea_split(Path(cfg.val_csv), numbers)), {}
 
     def __init__(
         self,
@@ -182,8 +194,20 @@ def read_egtea_split(path: Path, number_to_class: dict[int, int]) -> list[tuple[
     return rows
 
 
+@register_dataset
 class CharadesEgoDataset(VideoClipDataset):
     """Charades-Ego untrimmed test videos (see module doc); label = multi-hot float (classes,)."""
+
+    dataset_name = "charades_ego"
+
+    @staticmethod
+    def annotation_summary(cfg: DataConfig, split: str) -> tuple[int, dict[str, int]]:
+        """(rows, no class check) of the val split (data.val_csv) without opening a video."""
+        read_charades_classes(class_file(cfg, CHARADES_CLASSES))
+        _, rows = open_csv(cfg.val_csv, CHARADES_REQUIRED)
+        if not rows:
+            raise ValueError(f"{cfg.val_csv}: no annotation rows")
+        return len(rows), {}
 
     def __init__(
         self,
@@ -247,15 +271,3 @@ class CharadesEgoDataset(VideoClipDataset):
         item = super()._placeholder(i, message)
         item["label"] = torch.zeros(self.num_classes)
         return item
-
-
-def egocentric_summary(cfg: DataConfig) -> tuple[int, dict[str, int]]:
-    """(rows, no class check) of an EGTEA / Charades-Ego val split without opening a video."""
-    if cfg.dataset == "egtea":
-        _, numbers = read_egtea_classes(class_file(cfg, EGTEA_CLASSES))
-        return len(read_egtea_split(Path(cfg.val_csv), numbers)), {}
-    read_charades_classes(class_file(cfg, CHARADES_CLASSES))
-    _, rows = open_csv(cfg.val_csv, CHARADES_REQUIRED)
-    if not rows:
-        raise ValueError(f"{cfg.val_csv}: no annotation rows")
-    return len(rows), {}

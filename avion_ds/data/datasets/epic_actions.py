@@ -40,7 +40,7 @@ class ActionMap:
 def action_map_from_pairs(pairs: Iterable[tuple[int | None, int | None]]) -> ActionMap:
     """The map of (verb, noun) ``pairs`` (repeats allowed; a pair with a class that is None or negative, i.e.
     did not parse, is left out): AVION's string sort of ``"verb:noun"``. The CSVs are read by
-    :func:`avion_ds.data.datasets.video_clips.epic_action_map`."""
+    :func:`avion_ds.data.datasets.epic.epic_action_map`."""
     keys = tuple(sorted({f"{v}:{n}" for v, n in pairs if v is not None and n is not None and v >= 0 and n >= 0}))
     split = [k.split(":") for k in keys]
     return ActionMap(keys, tuple(int(v) for v, _ in split), tuple(int(n) for _, n in split))

@@ -2,7 +2,7 @@
 
 Rows are those of ``EPIC_100_retrieval_{train,test}.csv`` as released (AVION's reader uses
 ``video_id``, ``start_timestamp``, ``stop_timestamp`` and ``narration``; ``narration_id`` names the
-row). Frames as :class:`~avion_ds.data.datasets.video_clips.EpicDataset` spans them (the video's own frame
+row). Frames as :class:`~avion_ds.data.datasets.epic.EpicDataset` spans them (the video's own frame
 rate, AVION's cap at the last frame of the chunk holding the stop time), sampled by AVION's
 ``get_frame_ids``: segment midpoints at eval, plus a uniform jitter of +- half a segment in training.
 
@@ -30,15 +30,12 @@ import numpy as np
 
 from avion_ds.config import DataConfig
 from avion_ds.data.crop import clip_rng
+from avion_ds.data.datasets.csv_rows import not_utf8, open_csv, split_csv
+from avion_ds.data.datasets.epic import epic_seconds, epic_video
 from avion_ds.data.datasets.narration_tokens import check_tokenizer, empty_tokens, text_tokens
-from avion_ds.data.datasets.video_clips import (
-    VideoClipDataset,
-    VideoIndex,
-    epic_seconds,
-    epic_video,
-    not_utf8,
-    open_csv,
-)
+from avion_ds.data.datasets.registry import register_dataset
+from avion_ds.data.datasets.video_clips import VideoClipDataset
+from avion_ds.data.datasets.video_index import VideoIndex
 from avion_ds.data.errors import DataError, KeyedInputError
 from avion_ds.data.prep.manifest import VideoEntry
 from avion_ds.data.safe_pickle import load_pickle
@@ -165,8 +162,16 @@ def load_mir_targets(
     )
 
 
+@register_dataset
 class EpicMirDataset(VideoClipDataset):
     """EPIC-100 MIR clips (see module doc); label = ``{"tokens", "row", "relevancy"}``."""
+
+    dataset_name = "epic_mir"
+
+    @staticmethod
+    def annotation_summary(cfg: DataConfig, split: str) -> tuple[int, dict[str, int]]:
+        """(rows, no classes) of ``split``'s MIR CSV without opening a video."""
+        return mir_summary(split_csv(cfg, split))
 
     def __init__(
         self,

@@ -21,7 +21,10 @@ from pathlib import Path
 from typing import Any
 
 from avion_ds.config import DataConfig
-from avion_ds.data.datasets.video_clips import VideoClipDataset, VideoIndex, open_csv, parse_int
+from avion_ds.data.datasets.csv_rows import open_csv, parse_int, split_csv
+from avion_ds.data.datasets.registry import register_dataset
+from avion_ds.data.datasets.video_clips import VideoClipDataset
+from avion_ds.data.datasets.video_index import VideoIndex
 from avion_ds.data.errors import DataError
 from avion_ds.data.prep.manifest import VideoEntry
 
@@ -102,8 +105,16 @@ def _raw_rows(path: str | Path) -> tuple[Path, list[tuple[int, list[str], bool, 
     return p, [(n, [rel], True, lab) for n, rel, lab in rows]
 
 
+@register_dataset
 class KineticsDataset(VideoClipDataset):
     """Kinetics-style classification (see module doc); label = int class index."""
+
+    dataset_name = "kinetics"
+
+    @staticmethod
+    def annotation_summary(cfg: DataConfig, split: str) -> tuple[int, int]:
+        """(rows, classes) of ``split``'s list without touching a video."""
+        return split_summary(cfg, split_csv(cfg, split))
 
     def __init__(
         self,

@@ -15,8 +15,11 @@ import json
 from pathlib import Path
 from typing import Any
 
-from avion_ds.config import DataConfig
-from avion_ds.data.datasets.video_clips import VideoClipDataset, VideoIndex
+from avion_ds.config import ConfigError, DataConfig
+from avion_ds.data.datasets.csv_rows import split_csv
+from avion_ds.data.datasets.registry import register_dataset
+from avion_ds.data.datasets.video_clips import VideoClipDataset
+from avion_ds.data.datasets.video_index import VideoIndex
 from avion_ds.data.prep.manifest import VideoEntry
 
 LABELS_NAME = "labels.json"
@@ -64,8 +67,21 @@ def read_split(path: str | Path, labels: dict[str, int]) -> tuple[Path, list[tup
     return p, rows
 
 
+@register_dataset
 class SSv2Dataset(VideoClipDataset):
     """Something-Something V2 classification; label = int (174 classes)."""
+
+    dataset_name = "ssv2"
+
+    @staticmethod
+    def annotation_summary(cfg: DataConfig, split: str) -> tuple[int, int]:
+        """(rows, classes) of ``split``'s file without touching a video."""
+        return split_summary(cfg, split_csv(cfg, split))
+
+    @staticmethod
+    def check_paths(cfg: DataConfig, split: str) -> None:
+        """The class list: ``data.class_list`` or a labels.json next to the split files."""
+        check_labels_file(cfg)
 
     def __init__(
         self,
@@ -107,3 +123,12 @@ def split_summary(cfg: DataConfig, path: str | Path) -> tuple[int, int]:
     labels = load_labels(cfg.class_list or str(Path(cfg.train_csv or path).parent / LABELS_NAME))
     _, rows = read_split(path, labels)
     return len(rows), len(labels)
+
+
+def check_labels_file(cfg: DataConfig) -> None:
+    """ConfigError naming ``data.class_list`` when it is empty and no labels.json lies next to the split files."""
+    if not cfg.class_list and not (Path(cfg.train_csv or cfg.val_csv).parent / LABELS_NAME).is_file():
+        raise ConfigError(
+            f"data.class_list is empty and there is no labels.json next to {cfg.train_csv or cfg.val_csv}: "
+            f"set data.class_list to SSv2's labels.json"
+        )

@@ -1,6 +1,8 @@
-"""Clip datasets over chunked (or whole) videos: the shared machinery and EPIC-Kitchens-100.
+"""The clip dataset base every dataset subclasses: sampling, crops, views, decoding across chunks, bad input.
 
-Kinetics lives in :mod:`avion_ds.data.datasets.kinetics`, Something-Something V2 in :mod:`avion_ds.data.datasets.ssv2`.
+EPIC-Kitchens-100 lives in :mod:`avion_ds.data.datasets.epic`, Kinetics in :mod:`avion_ds.data.datasets.kinetics`,
+Something-Something V2 in :mod:`avion_ds.data.datasets.ssv2`; where videos are found in
+:mod:`avion_ds.data.datasets.video_index`.
 At construction, rows whose video is absent (``dataset.missing``) or that ``quarantine.tsv`` names
 (``dataset.quarantined``; written by ``avion-ds check``) are dropped, counted and logged once.
 
@@ -28,7 +30,6 @@ construction naming the missing column.
 
 from __future__ import annotations
 
-import csv
 import logging
 import os
 from pathlib import Path
@@ -47,90 +48,19 @@ from avion_ds.data.crop import (
     random_resized_crop,
     three_crops,
 )
-from avion_ds.data.datasets.epic_actions import ActionMap, action_map_from_pairs, map_files
 from avion_ds.data.datasets.quarantine import quarantine_path, read_quarantine, row_key
+from avion_ds.data.datasets.video_index import VideoIndex
 from avion_ds.data.decode.base import REGISTRY, load_plugins
 from avion_ds.data.decode.select import get_decoder, pick_decoder
 from avion_ds.data.errors import DataError
-from avion_ds.data.prep.manifest import VideoEntry, check_chunk_file, find_videos, probe_video
-from avion_ds.data.prep.manifest_index import load_manifest
-from avion_ds.data.sampling import (
-    eval_indices,
-    map_to_chunks,
-    parse_timestamp,
-    segment_indices,
-    segment_span,
-    stride_indices,
-)
+from avion_ds.data.prep.manifest import VideoEntry, check_chunk_file
+from avion_ds.data.randaug import ClipRandAugment
+from avion_ds.data.sampling import eval_indices, map_to_chunks, segment_indices, stride_indices
 from avion_ds.distributed.dist import is_main
 
 log = logging.getLogger(__name__)
-EPIC_REQUIRED = ("narration_id", "video_id", "start_timestamp", "stop_timestamp", "verb_class", "noun_class")
 MAX_CONSECUTIVE_SKIPS = 50
 _ERROR_SLOTS = 1024  # one counter per DataLoader worker id (+1 for the main process)
-
-
-class VideoIndex:
-    """``video key -> VideoEntry`` from ``root/manifest.jsonl`` (chunked) or by probing whole videos."""
-
-    def __init__(self, root: str | Path, chunked: bool) -> None:
-        self.root, self.chunked = Path(root), chunked
-        self._probed: dict[str, VideoEntry | DataError] = {}
-        self._by_stem: dict[str, Path] | None = None
-        if chunked:
-            self.videos = load_manifest(self.root)
-            if not self.videos:
-                raise ValueError(f"chunk manifest under {self.root} lists no decodable chunks")
-
-    def _whole(self, path: Path, key: str) -> VideoEntry:
-        if key not in self._probed:
-            try:
-                self._probed[key] = probe_video(path, key)
-            except (OSError, ValueError) as e:
-                self._probed[key] = DataError(str(e))
-        found = self._probed[key]
-        if isinstance(found, DataError):
-            raise found
-        return found
-
-    def by_id(self, video_id: str) -> VideoEntry:
-        """EPIC lookup by video id (a chunk-manifest id, or the stem of a file under root)."""
-        if self.chunked:
-            if video_id not in self.videos:
-                raise DataError(f"unknown video_id {video_id!r} (not in {self.root / 'manifest.jsonl'})")
-            return self.videos[video_id]
-        if video_id not in self._stems():
-            raise DataError(f"unknown video_id {video_id!r} (no video file with that name under {self.root})")
-        return self._whole(self._by_stem[video_id], video_id)
-
-    def _stems(self) -> dict[str, Path]:
-        if self._by_stem is None:
-            self._by_stem = {p.stem: p for p in find_videos(self.root)} if self.root.is_dir() else {}
-        return self._by_stem
-
-    def _file(self, rel: str) -> Path:
-        return Path(rel) if os.path.isabs(rel) else self.root / rel
-
-    def exists(self, ref: str, by_path: bool = False) -> bool:
-        """Cheap presence check, no probing: a manifest id, a file stem under root, or a file path."""
-        if self.chunked:
-            return (Path(ref).stem if by_path else ref) in self.videos
-        return self._file(ref).is_file() if by_path else ref in self._stems()
-
-    def relative_files(self, ref: str, by_path: bool = False) -> list[str]:
-        """The files (relative to root) that video ``ref`` reads: its chunks, or the whole video."""
-        if self.chunked:
-            entry = self.videos[Path(ref).stem if by_path else ref]
-            return [os.path.relpath(c.path, self.root) for c in entry.chunks]
-        path = self._file(ref) if by_path else self._stems()[ref]
-        return [os.path.relpath(path, self.root)]
-
-    def by_path(self, rel: str) -> VideoEntry:
-        """Kinetics lookup: chunked -> manifest id = file stem; whole -> the file under root."""
-        if self.chunked:
-            return self.by_id(Path(rel).stem)
-        path = self._file(rel)
-        return self._whole(path, str(path))
 
 
 def _shared_zeros(n: int) -> torch.Tensor:
@@ -176,8 +106,6 @@ class VideoClipDataset(Dataset):
         self._quarantine = read_quarantine(quarantine_path(self.video_root, cfg.quarantine))
         self.randaug = None
         if self.train and cfg.rand_aug:
-            from avion_ds.data.randaug import ClipRandAugment
-
             self.randaug = ClipRandAugment(cfg.rand_aug, cfg.size, cfg.interpolation)
 
     def _split_file(self) -> str:
@@ -472,129 +400,3 @@ class VideoClipDataset(Dataset):
                         return self._placeholder(i, str(err))
                     raise err from e
                 j = int(clip_rng(self.seed, self.epoch, i, 1000 + skipped).integers(len(self)))
-
-
-def open_csv(path: str | Path, required: tuple[str, ...]) -> tuple[Path, list[tuple[int, dict]]]:
-    """DictReader rows [(line, row)] with stripped keys/values; ValueError naming missing columns."""
-    path = Path(path)
-    if not str(path) or not path.is_file():
-        raise FileNotFoundError(f"annotation file not found: {path}")
-    with path.open(newline="", encoding="utf-8") as f:
-        reader = csv.DictReader(f)
-        try:
-            header = [h.strip() for h in (reader.fieldnames or [])]
-            missing = [c for c in required if c not in header]
-            if missing:
-                raise ValueError(
-                    f"{path}: missing column(s) {', '.join(missing)} (header: {', '.join(header) or 'empty'})"
-                )
-            reader.fieldnames = header
-            rows = [(reader.line_num, {k: (v or "").strip() for k, v in row.items() if k}) for row in reader]
-        except UnicodeDecodeError as e:
-            raise not_utf8(path, e) from None
-    return path, rows
-
-
-def not_utf8(path: str | Path, e: UnicodeDecodeError) -> ValueError:
-    """The one-line error of a text file that is not UTF-8: the file and the first bad byte."""
-    return ValueError(f"{path}: not UTF-8 text (byte {e.object[e.start]:#04x} at offset {e.start})")
-
-
-def parse_int(text: str) -> int | None:
-    """int(float(text)), or None when it is not a number."""
-    try:
-        return int(float(text))
-    except (TypeError, ValueError):
-        return None
-
-
-def epic_action_map(csv_paths: list[str | Path]) -> ActionMap:
-    """AVION's action ids over the EPIC CSVs ``csv_paths`` (train + validation), see
-    :mod:`~avion_ds.data.datasets.epic_actions`; FileNotFoundError / ValueError naming a bad file."""
-    pairs = []
-    for path in csv_paths:
-        pairs += [(parse_int(r["verb_class"]), parse_int(r["noun_class"])) for _, r in open_csv(path, EPIC_REQUIRED)[1]]
-    return action_map_from_pairs(pairs)
-
-
-def epic_seconds(r: dict, where: str) -> tuple[float, float]:
-    """(start, stop) seconds of an EPIC-100 CSV row (action or retrieval file); DataError naming ``where``."""
-    try:
-        start_s, stop_s = parse_timestamp(r["start_timestamp"]), parse_timestamp(r["stop_timestamp"])
-    except ValueError as e:
-        raise DataError(f"{where}: {e}") from None
-    if stop_s < start_s:
-        raise DataError(
-            f"{where}: stop_timestamp {r['stop_timestamp']} is before start_timestamp {r['start_timestamp']}"
-        )
-    return start_s, stop_s
-
-
-def epic_video(index: VideoIndex, r: dict, where: str) -> VideoEntry:
-    """The manifest entry of an EPIC-100 CSV row's ``video_id``; DataError naming ``where``."""
-    try:
-        return index.by_id(r["video_id"])
-    except DataError as e:
-        raise DataError(f"{where}: {e}") from None
-
-
-class EpicDataset(VideoClipDataset):
-    """EPIC-Kitchens-100 action segments (official CSV columns); label = {"verb", "noun"}, or with
-    ``data.epic_label: action`` {"action"}: the id of (verb, noun) in AVION's map (``self.action_map``)."""
-
-    label_heads = ("verb", "noun")
-    action_map: ActionMap | None = None  # under data.epic_label: action
-
-    def __init__(
-        self,
-        cfg: DataConfig,
-        split: str,
-        temporal_views: int = 1,
-        spatial_views: int = 1,
-        seed: int = 0,
-        index: VideoIndex | None = None,
-    ) -> None:
-        super().__init__(cfg, split, temporal_views, spatial_views, seed, index)
-        self.csv, self.rows = open_csv(self._split_file(), EPIC_REQUIRED)
-        if not self.rows:
-            raise ValueError(f"{self.csv}: no annotation rows")
-        verbs, nouns = [], []
-        for p in {cfg.train_csv, cfg.val_csv} - {""}:
-            if Path(p).is_file():
-                for _, r in open_csv(p, EPIC_REQUIRED)[1]:
-                    verbs.append(parse_int(r["verb_class"]))
-                    nouns.append(parse_int(r["noun_class"]))
-        self.num_classes = {
-            "verb": max((v for v in verbs if v is not None), default=-1) + 1,
-            "noun": max((n for n in nouns if n is not None), default=-1) + 1,
-        }
-        if cfg.epic_label == "action":
-            self.action_map = epic_action_map(map_files(cfg.train_csv, cfg.val_csv))
-            self.label_heads = ("action",)
-            self.num_classes = {"action": len(self.action_map)}
-        self._prune()
-
-    def __len__(self) -> int:
-        return len(self.rows)
-
-    def row_ref(self, i: int) -> tuple[str, bool]:
-        return self.rows[i][1]["video_id"], False
-
-    def row_where(self, i: int) -> tuple[Path, int]:
-        return self.csv, self.rows[i][0]
-
-    def row_name(self, i: int) -> str:
-        return self.rows[i][1]["narration_id"]
-
-    def sample_span(self, i: int) -> tuple[VideoEntry, int, int, Any]:
-        line, r = self.rows[i]
-        where = f"{self.csv}:{line} ({r['narration_id']})"
-        start_s, stop_s = epic_seconds(r, where)
-        verb, noun = parse_int(r["verb_class"]), parse_int(r["noun_class"])
-        if verb is None or noun is None or verb < 0 or noun < 0:
-            raise DataError(f"{where}: bad verb_class/noun_class {r['verb_class']!r}/{r['noun_class']!r}")
-        entry = epic_video(self.index, r, where)
-        start, end = segment_span(start_s, stop_s, entry)  # AVION's cap at its chunk's last frame
-        if self.action_map is not None:
-            return entry, start, end, {"action": self.action_map.id_of(verb, noun)}
-        return entry, start, end, {"verb": verb, "noun": noun}

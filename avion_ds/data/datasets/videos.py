@@ -20,6 +20,7 @@ and decoder masks: frames (S, T, H, W, C), masks (S, N); the device side flatten
 from __future__ import annotations
 
 import logging
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -27,19 +28,43 @@ import torch
 
 from avion_ds.config import DataConfig
 from avion_ds.data.crop import CropBox, clip_rng, multi_scale_crop
+from avion_ds.data.datasets.csv_rows import split_csv
 from avion_ds.data.datasets.kinetics import read_video_list
-from avion_ds.data.datasets.video_clips import VideoClipDataset, VideoIndex
+from avion_ds.data.datasets.registry import register_dataset
+from avion_ds.data.datasets.video_clips import VideoClipDataset
+from avion_ds.data.datasets.video_index import VideoIndex
 from avion_ds.data.errors import DataError
 from avion_ds.data.masking import MaskSpec
 from avion_ds.data.prep.manifest import VideoEntry, find_videos
+from avion_ds.data.prep.manifest_index import load_manifest
 from avion_ds.distributed.dist import is_main
 
 log = logging.getLogger(__name__)
 MASK_STREAM = 7919  # the clip generator's "view" slot reserved for mask draws
 
 
+def videos_summary(cfg: DataConfig, split: str) -> tuple[int, dict[str, int]]:
+    """(clips per epoch, no labels) of ``split``: the listed videos (non-empty lines of its list), else
+    every video of the chunk manifest or under ``data.root``, times ``data.clips_per_video``."""
+    listed = split_csv(cfg, split)
+    if listed and not Path(listed).is_file():
+        raise FileNotFoundError(f"video list not found: {listed}")
+    if listed:
+        n = sum(1 for line in Path(listed).read_text().splitlines() if line.strip())
+    elif cfg.chunked:
+        n = len(load_manifest(cfg.root))
+    else:
+        n = len(find_videos(cfg.root))
+    return n * cfg.clips_per_video, {}
+
+
+@register_dataset
 class VideosDataset(VideoClipDataset):
     """Unlabelled clips from every listed video (see module docstring)."""
+
+    dataset_name = "videos"
+    annotation_summary = staticmethod(videos_summary)
+    split_file_optional = True  # without a list, every video under data.root
 
     def __init__(
         self,

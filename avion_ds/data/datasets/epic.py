@@ -1,0 +1,149 @@
+"""EPIC-Kitchens-100 action segments: the official CSV columns, verb + noun labels or AVION's action ids."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from avion_ds.config import DataConfig
+from avion_ds.data.datasets.csv_rows import open_csv, parse_int
+from avion_ds.data.datasets.epic_actions import ActionMap, action_map_from_pairs, map_files
+from avion_ds.data.datasets.registry import register_dataset
+from avion_ds.data.datasets.video_clips import VideoClipDataset
+from avion_ds.data.datasets.video_index import VideoIndex
+from avion_ds.data.errors import DataError
+from avion_ds.data.prep.manifest import VideoEntry
+from avion_ds.data.sampling import parse_timestamp, segment_span
+
+EPIC_REQUIRED = ("narration_id", "video_id", "start_timestamp", "stop_timestamp", "verb_class", "noun_class")
+
+
+def epic_action_map(csv_paths: list[str | Path]) -> ActionMap:
+    """AVION's action ids over the EPIC CSVs ``csv_paths`` (train + validation), see
+    :mod:`~avion_ds.data.datasets.epic_actions`; FileNotFoundError / ValueError naming a bad file."""
+    pairs = []
+    for path in csv_paths:
+        pairs += [(parse_int(r["verb_class"]), parse_int(r["noun_class"])) for _, r in open_csv(path, EPIC_REQUIRED)[1]]
+    return action_map_from_pairs(pairs)
+
+
+def epic_seconds(r: dict, where: str) -> tuple[float, float]:
+    """(start, stop) seconds of an EPIC-100 CSV row (action or retrieval file); DataError naming ``where``."""
+    try:
+        start_s, stop_s = parse_timestamp(r["start_timestamp"]), parse_timestamp(r["stop_timestamp"])
+    except ValueError as e:
+        raise DataError(f"{where}: {e}") from None
+    if stop_s < start_s:
+        raise DataError(
+            f"{where}: stop_timestamp {r['stop_timestamp']} is before start_timestamp {r['start_timestamp']}"
+        )
+    return start_s, stop_s
+
+
+def epic_video(index: VideoIndex, r: dict, where: str) -> VideoEntry:
+    """The manifest entry of an EPIC-100 CSV row's ``video_id``; DataError naming ``where``."""
+    try:
+        return index.by_id(r["video_id"])
+    except DataError as e:
+        raise DataError(f"{where}: {e}") from None
+
+
+def epic_heads(cfg: DataConfig) -> tuple[str, ...]:
+    """EPIC's label heads: verb + noun, or AVION's one action head under ``data.epic_label: action``."""
+    return ("action",) if cfg.epic_label == "action" else ("verb", "noun")
+
+
+def epic_summary(cfg: DataConfig, split: str) -> tuple[int, dict[str, int]]:
+    """(rows, classes per head) of ``split``'s EPIC CSV without opening a video (start-up checks)."""
+    path = cfg.train_csv if split == "train" else cfg.val_csv
+    _, rows = open_csv(path, EPIC_REQUIRED)
+    if not rows:
+        raise ValueError(f"{path}: no annotation rows")
+    if cfg.epic_label == "action":
+        return len(rows), {"action": len(epic_action_map(map_files(cfg.train_csv, cfg.val_csv)))}
+    top = {
+        h: max((v for _, r in rows if (v := parse_int(r[f"{h}_class"])) is not None), default=-1) + 1
+        for h in ("verb", "noun")
+    }
+    return len(rows), top
+
+
+def check_action_count(cfg: DataConfig, have: dict[str, int], want: dict[str, int]) -> str | None:
+    """Under ``data.epic_label: action`` the action head holds exactly the map's actions: ids beyond the
+    map would never be a target, fewer rows cannot hold them."""
+    if cfg.epic_label != "action" or "action" not in want:
+        return None
+    n = have.get("action", 0)
+    if n == want["action"]:
+        return None
+    return (
+        f"model.heads.action={want['action']} but data.train_csv + data.val_csv make {n} actions "
+        f"(AVION's verb:noun map); set model.heads.action={n}"
+    )
+
+
+@register_dataset
+class EpicDataset(VideoClipDataset):
+    """EPIC-Kitchens-100 action segments (official CSV columns); label = {"verb", "noun"}, or with
+    ``data.epic_label: action`` {"action"}: the id of (verb, noun) in AVION's map (``self.action_map``)."""
+
+    dataset_name = "epic"
+    dataset_heads = staticmethod(epic_heads)
+    annotation_summary = staticmethod(epic_summary)
+    check_labels = staticmethod(check_action_count)
+    label_heads = ("verb", "noun")
+    action_map: ActionMap | None = None  # under data.epic_label: action
+
+    def __init__(
+        self,
+        cfg: DataConfig,
+        split: str,
+        temporal_views: int = 1,
+        spatial_views: int = 1,
+        seed: int = 0,
+        index: VideoIndex | None = None,
+    ) -> None:
+        super().__init__(cfg, split, temporal_views, spatial_views, seed, index)
+        self.csv, self.rows = open_csv(self._split_file(), EPIC_REQUIRED)
+        if not self.rows:
+            raise ValueError(f"{self.csv}: no annotation rows")
+        verbs, nouns = [], []
+        for p in {cfg.train_csv, cfg.val_csv} - {""}:
+            if Path(p).is_file():
+                for _, r in open_csv(p, EPIC_REQUIRED)[1]:
+                    verbs.append(parse_int(r["verb_class"]))
+                    nouns.append(parse_int(r["noun_class"]))
+        self.num_classes = {
+            "verb": max((v for v in verbs if v is not None), default=-1) + 1,
+            "noun": max((n for n in nouns if n is not None), default=-1) + 1,
+        }
+        if cfg.epic_label == "action":
+            self.action_map = epic_action_map(map_files(cfg.train_csv, cfg.val_csv))
+            self.label_heads = ("action",)
+            self.num_classes = {"action": len(self.action_map)}
+        self._prune()
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def row_ref(self, i: int) -> tuple[str, bool]:
+        return self.rows[i][1]["video_id"], False
+
+    def row_where(self, i: int) -> tuple[Path, int]:
+        return self.csv, self.rows[i][0]
+
+    def row_name(self, i: int) -> str:
+        return self.rows[i][1]["narration_id"]
+
+    def sample_span(self, i: int) -> tuple[VideoEntry, int, int, Any]:
+        line, r = self.rows[i]
+        where = f"{self.csv}:{line} ({r['narration_id']})"
+        start_s, stop_s = epic_seconds(r, where)
+        verb, noun = parse_int(r["verb_class"]), parse_int(r["noun_class"])
+        if verb is None or noun is None or verb < 0 or noun < 0:
+            raise DataError(f"{where}: bad verb_class/noun_class {r['verb_class']!r}/{r['noun_class']!r}")
+        entry = epic_video(self.index, r, where)
+        start, end = segment_span(start_s, stop_s, entry)  # AVION's cap at its chunk's last frame
+        if self.action_map is not None:
+            return entry, start, end, {"action": self.action_map.id_of(verb, noun)}
+        return entry, start, end, {"verb": verb, "noun": noun}

@@ -1,0 +1,116 @@
+"""The dataset registry: what each ``data.dataset`` name declares, asked by the factory, start-up and the tasks.
+
+A dataset declares its name, its label heads, its annotation summary (rows and classes of a split,
+read without opening a video), its extra path checks, its extra label check, and how it is built
+for a split. Register a :class:`DatasetSpec`, or a dataset class carrying the same declarations as
+class attributes (``dataset_name``, ``annotation_summary``, optional ``dataset_heads``,
+``check_paths``, ``check_labels``, ``split_file_optional``; the class itself is the builder)::
+
+    @register_dataset
+    class ToyDataset(VideoClipDataset):
+        dataset_name = "toy"
+        dataset_heads = None  # one integer label; ("verb", "noun") for several heads
+
+        @staticmethod
+        def annotation_summary(cfg, split):  # (rows, classes): int, or {head: classes}
+            ...
+
+The built-in datasets register on import of :mod:`avion_ds.data.datasets.build` (one import line
+each); a dataset defined elsewhere registers the same way, by importing this module.
+"""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+from avion_ds.config import DataConfig
+
+# (cfg, split, temporal_views, spatial_views, seed) -> the dataset of that split
+Builder = Callable[[DataConfig, str, int, int, int], Any]
+# (cfg, split) -> (rows, classes: int | {head: classes}); ValueError / FileNotFoundError naming the file
+Summary = Callable[[DataConfig, str], "tuple[int, int | dict[str, int]]"]
+Heads = tuple[str, ...] | None
+# (cfg, split) -> None; ConfigError naming the key and the path
+PathCheck = Callable[[DataConfig, str], None]
+# (cfg, classes seen, classes the model's heads hold) -> one-line problem or None
+LabelCheck = Callable[[DataConfig, dict[str, int], dict[str, int]], "str | None"]
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class DatasetSpec:
+    """What a dataset declares. ``heads``: the label heads it yields (None = one integer label), or a
+    function of the data config (EPIC: verb + noun, or the action under ``data.epic_label``)."""
+
+    name: str
+    build: Builder
+    summary: Summary
+    heads: Heads | Callable[[DataConfig], Heads] = None
+    check_paths: PathCheck | None = None
+    check_labels: LabelCheck | None = None
+    split_file_optional: bool = False  # data.train_csv / data.val_csv may be empty (unlabelled videos)
+
+    def label_heads(self, cfg: DataConfig) -> Heads:
+        """The label heads this dataset yields under ``cfg``."""
+        return self.heads(cfg) if callable(self.heads) else self.heads
+
+
+_SPECS: dict[str, DatasetSpec] = {}
+
+
+def spec_of_class(cls: type) -> DatasetSpec:
+    """The :class:`DatasetSpec` a dataset class declares by its class attributes (the class builds it)."""
+    name = getattr(cls, "dataset_name", "")
+    if not isinstance(name, str) or not name:
+        raise TypeError(f"{cls.__name__}: a registered dataset class needs a dataset_name string")
+    if not callable(getattr(cls, "annotation_summary", None)):
+        raise TypeError(f"{cls.__name__}: a registered dataset class needs annotation_summary(cfg, split)")
+    return DatasetSpec(
+        name=name,
+        build=cls,
+        summary=cls.annotation_summary,
+        heads=getattr(cls, "dataset_heads", None),
+        check_paths=getattr(cls, "check_paths", None),
+        check_labels=getattr(cls, "check_labels", None),
+        split_file_optional=bool(getattr(cls, "split_file_optional", False)),
+    )
+
+
+def register_dataset(obj: T) -> T:
+    """Register a :class:`DatasetSpec` or a dataset class (decorator); returns ``obj`` unchanged.
+    ValueError when the name is taken by another dataset."""
+    spec = obj if isinstance(obj, DatasetSpec) else spec_of_class(obj)  # type: ignore[arg-type]
+    old = _SPECS.get(spec.name)
+    if old is not None and old.build is not spec.build:
+        raise ValueError(f"dataset {spec.name!r} is already registered ({getattr(old.build, '__name__', old.build)})")
+    _SPECS[spec.name] = spec
+    return obj
+
+
+def unregister_dataset(name: str) -> None:
+    """Remove ``name`` from the registry (a test's or a script's own dataset); no error when absent."""
+    _SPECS.pop(name, None)
+
+
+def registered_names() -> tuple[str, ...]:
+    """The names registered so far, in registration order (import :mod:`.build` first for the built-ins)."""
+    return tuple(_SPECS)
+
+
+def unknown_dataset(key: str, value: Any) -> str:
+    """The one-line error of a ``key`` (data.dataset / data.val_dataset) naming no registered dataset."""
+    names = registered_names()
+    close = difflib.get_close_matches(str(value), names, n=3, cutoff=0.6)
+    hint = f" (did you mean {', '.join(close)}?)" if close else ""
+    return f"{key}={value!r} is not one of {', '.join(names)}{hint}"
+
+
+def lookup(name: str, key: str = "data.dataset") -> DatasetSpec:
+    """The spec registered as ``name``; ValueError (one line naming ``key``, the value and the names) if none."""
+    if name not in _SPECS:
+        raise ValueError(unknown_dataset(key, name))
+    return _SPECS[name]
