@@ -23,6 +23,7 @@ import torch
 import torch.nn.functional as F
 
 from avion_ds.config import DataConfig
+from avion_ds.data.erasing import ClipErasing
 
 # On 0-1 pixels. ``openai`` is AVION's ``--norm-style openai`` (its scripts' numbers on 0-255 pixels):
 # OpenAI CLIP's std and green / blue means, but a red mean of 108.33 where CLIP's ``clip`` has 122.77;
@@ -50,7 +51,7 @@ class DeviceAugment:
         self._std = torch.tensor(std).mul(255).view(1, 3, 1, 1, 1)
         self.mixup = None
         if train and (cfg.mixup > 0 or cfg.cutmix > 0):
-            from timm.data import Mixup
+            from timm.data import Mixup  # lazy: timm is heavy to import, needed only with mixup / cutmix
 
             # num_classes is only used by Mixup.__call__; dict heads use mixup_target per head
             k = num_classes if isinstance(num_classes, int) else max(num_classes.values())
@@ -63,8 +64,6 @@ class DeviceAugment:
             )
         self.erase = None
         if train and cfg.reprob > 0:
-            from avion_ds.data.erasing import ClipErasing
-
             self.erase = ClipErasing(probability=cfg.reprob, mode="pixel", max_count=1)
 
     @property
@@ -104,7 +103,7 @@ class DeviceAugment:
 
     def _mix(self, x: torch.Tensor, labels: Labels) -> Labels:
         """Mix the largest even prefix of the batch in place (timm needs pairs); one lambda for all heads."""
-        from timm.data.mixup import mixup_target
+        from timm.data.mixup import mixup_target  # lazy: timm is heavy to import, needed only with mixup / cutmix
 
         n = x.shape[0] - x.shape[0] % 2
         smoothing = self.cfg.label_smoothing

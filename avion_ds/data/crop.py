@@ -113,7 +113,7 @@ def crop_resize(
     ``out``: a contiguous (T, h, w, C) tensor to write the result into (the timeout helper passes one
     over its shared mapping, so the frames are written once, in place); else a new tensor.
     """
-    import torch
+    import torch  # lazy: torch is heavy; the decoders and crops load without it (`avion-ds chunk`/`check` workers, probing)
 
     if box is not None:
         frames = frames[:, box.top : box.top + box.height, box.left : box.left + box.width]
@@ -121,7 +121,7 @@ def crop_resize(
         return frames.contiguous() if out is None else out.copy_(frames)
     x = frames.permute(0, 3, 1, 2)  # a channels-last view: torch's fast uint8 antialias kernel, no copy
     if frames.dtype != torch.uint8 or frames.device.type != "cpu":  # e.g. NVDEC frames: torchvision's own path
-        from torchvision.transforms.v2 import functional as F
+        from torchvision.transforms.v2 import functional as F  # lazy: torchvision is heavy, for non-CPU frames only
 
         mode = F.InterpolationMode.BICUBIC if interpolation == "bicubic" else F.InterpolationMode.BILINEAR
         y = F.resize(x, list(size), interpolation=mode, antialias=True).permute(0, 2, 3, 1)

@@ -12,6 +12,7 @@ import random
 
 import numpy as np
 import torch
+import torch.distributed as dist
 from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
 from avion_ds.distributed.malloc import tune_malloc
@@ -35,8 +36,6 @@ def build_loader(
 ) -> DataLoader:
     """A DataLoader over ``dataset`` (see module doc); ``distributed`` shards by torch.distributed rank."""
     if distributed:
-        import torch.distributed as dist
-
         if not (dist.is_available() and dist.is_initialized()):
             raise RuntimeError("build_loader(distributed=True) needs torch.distributed to be initialised first")
         sampler = DistributedSampler(dataset, shuffle=shuffle, seed=seed, drop_last=drop_last)

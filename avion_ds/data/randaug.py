@@ -19,8 +19,8 @@ import torch
 
 def parse_rand_aug(spec: str, size: int, interpolation: str = "bicubic") -> Any:
     """timm RandAugment for ``spec`` (e.g. ``rand-m7-n4-mstd0.5-inc1``); ValueError if it is not one."""
-    from timm.data.auto_augment import rand_augment_transform
-    from timm.data.transforms import str_to_pil_interp
+    from timm.data.auto_augment import rand_augment_transform  # lazy: timm is heavy, for data.rand_aug only
+    from timm.data.transforms import str_to_pil_interp  # lazy: timm is heavy, for data.rand_aug only
 
     if not spec.startswith("rand-") and spec != "rand":
         raise ValueError("not a RandAugment spec (expected e.g. rand-m7-n4-mstd0.5-inc1)")
@@ -39,7 +39,7 @@ class ClipRandAugment:
         self.transform = parse_rand_aug(spec, size, interpolation)
 
     def __call__(self, frames: torch.Tensor, seed: int) -> torch.Tensor:
-        from PIL import Image
+        from PIL import Image  # lazy: Pillow, needed only when RandAugment runs
 
         saved = random.getstate(), np.random.get_state()
         try:

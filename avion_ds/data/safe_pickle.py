@@ -12,6 +12,7 @@ global; a truncated file or one that is not a pickle raises :class:`UnreadablePi
 
 from __future__ import annotations
 
+import builtins
 import codecs
 import collections
 import pickle
@@ -36,9 +37,9 @@ class UnreadablePickle(ValueError):
 def _numpy_core() -> tuple[Any, Any]:
     """numpy's ``multiarray`` and ``numeric`` modules (``numpy._core`` in 2.x, ``numpy.core`` in 1.x)."""
     try:
-        from numpy._core import multiarray, numeric
+        from numpy._core import multiarray, numeric  # lazy: numpy 2.x's name; which one exists depends on the numpy
     except ImportError:  # numpy 1.x
-        from numpy.core import multiarray, numeric
+        from numpy.core import multiarray, numeric  # lazy: numpy 1.x's name
     return multiarray, numeric
 
 
@@ -51,8 +52,6 @@ def _latin1_encode(text: str, encoding: str = "utf-8", errors: str = "strict") -
 
 def _allowed() -> dict[tuple[str, str], Any]:
     """(module, name) -> object, for every global :func:`load_pickle` resolves."""
-    import builtins
-
     multiarray, numeric = _numpy_core()
     out: dict[tuple[str, str], Any] = {}
     for module in ("builtins", "__builtin__"):  # protocol < 3 writes Python 2's module name

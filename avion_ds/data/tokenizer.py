@@ -23,7 +23,7 @@ EXTRA_HINT = "pip install 'avion_ds[clip]'"
 @functools.cache
 def _tokenizer() -> Any:
     try:
-        from open_clip.tokenizer import SimpleTokenizer
+        from open_clip.tokenizer import SimpleTokenizer  # lazy: open_clip is the optional avion_ds[clip] extra
     except ImportError as e:
         raise ConfigError(f"tokenize needs open-clip-torch and ftfy ({EXTRA_HINT}): {e}") from None
     return SimpleTokenizer(context_length=CONTEXT_LENGTH)

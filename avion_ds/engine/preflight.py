@@ -181,9 +181,7 @@ def check_runtime(recipe: Recipe, precision: str, accelerator: str) -> None:
                 "allowed here: auto, sdpa, eager"
             ) from None
     if precision in ("fp16", "bf16"):  # DeepSpeed's own sanity check, asked before initialize instead of inside it
-        from deepspeed.accelerator import (
-            get_accelerator,
-        )  # lazy: deepspeed is heavy to import, needed for fp16/bf16 only
+        from deepspeed.accelerator import get_accelerator  # lazy: deepspeed is heavy, for fp16/bf16 only
 
         acc = get_accelerator()
         supported = {"fp32": True, "bf16": acc.is_bf16_supported(), "fp16": acc.is_fp16_supported()}

@@ -21,16 +21,16 @@ from avion_ds.data.prep.synthetic import read_frame_index, write_video
 REPO = Path(__file__).resolve().parents[2]
 KILL_AFTER_3_CHUNKS = """
 import os, signal, sys
-import avion_ds.data.prep.chunking as chunking
+import avion_ds.data.prep.chunk_source as chunk_source
 from avion_ds.cli import chunk as chunk_cli
-real, done = chunking._ChunkWriter.finish, []
+real, done = chunk_source._ChunkWriter.finish, []
 def finish(self):
     out = real(self)  # the new chunk has replaced the old file of the same name
     done.append(1)
     if len(done) == 3:
         os.kill(os.getpid(), signal.SIGKILL)
     return out
-chunking._ChunkWriter.finish = finish
+chunk_source._ChunkWriter.finish = finish
 sys.exit(chunk_cli.main(sys.argv[1:]))
 """
 

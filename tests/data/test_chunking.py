@@ -7,7 +7,8 @@ import os
 import shutil
 
 from avion_ds.cli import chunk as chunk_cli
-from avion_ds.data.prep.chunking import FAILURES_NAME, chunk_videos, output_size
+from avion_ds.data.prep.chunk_source import output_size
+from avion_ds.data.prep.chunking import FAILURES_NAME, chunk_videos
 from avion_ds.data.prep.manifest import read_manifest_records
 from avion_ds.data.prep.manifest_index import load_manifest
 from avion_ds.data.prep.synthetic import read_frame_index, write_video

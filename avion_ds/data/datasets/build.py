@@ -44,7 +44,7 @@ def dataset_problem(cfg: DataConfig) -> str | None:
     if cfg.dataset not in names:
         return unknown_dataset("data.dataset", cfg.dataset)
     if cfg.val_dataset and cfg.val_dataset not in names:
-        return unknown_dataset("data.val_dataset", cfg.val_dataset) + " (or empty: data.dataset)"
+        return unknown_dataset("data.val_dataset", cfg.val_dataset, also=", or empty (= data.dataset)")
     return None
 
 

@@ -22,6 +22,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from avion_ds.data.randaug import parse_rand_aug
+
 
 @dataclass(frozen=True)
 class Protocol:
@@ -106,8 +108,6 @@ def check_recipe(recipe: Any) -> str | None:
     if d.num_sample < 1:
         return f"data.num_sample={d.num_sample} must be >= 1"
     if d.rand_aug:
-        from avion_ds.data.randaug import parse_rand_aug
-
         try:
             parse_rand_aug(d.rand_aug, d.size, d.interpolation)
         except ValueError as e:

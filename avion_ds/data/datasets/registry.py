@@ -101,12 +101,13 @@ def registered_names() -> tuple[str, ...]:
     return tuple(_SPECS)
 
 
-def unknown_dataset(key: str, value: Any) -> str:
-    """The one-line error of a ``key`` (data.dataset / data.val_dataset) naming no registered dataset."""
+def unknown_dataset(key: str, value: Any, also: str = "") -> str:
+    """The one-line error of a ``key`` (data.dataset / data.val_dataset) naming no registered dataset;
+    ``also``: what else the key accepts, listed after the names."""
     names = registered_names()
     close = difflib.get_close_matches(str(value), names, n=3, cutoff=0.6)
     hint = f" (did you mean {', '.join(close)}?)" if close else ""
-    return f"{key}={value!r} is not one of {', '.join(names)}{hint}"
+    return f"{key}={value!r} is not one of {', '.join(names)}{also}{hint}"
 
 
 def lookup(name: str, key: str = "data.dataset") -> DatasetSpec:

@@ -24,8 +24,8 @@ class DecordDecoder(Decoder):
         require("decord", "decord", "pip install decord")
 
     def _decode(self, path: str, indices: list[int], crop: CropSpec | None):
-        import decord
-        import torch
+        import decord  # lazy: an optional decoder backend, imported when it decodes
+        import torch  # lazy: torch is heavy; the decoders and crops load without it (`avion-ds chunk`/`check` workers, probing)
 
         vr = decord.VideoReader(path, ctx=decord.cpu(0), num_threads=self.threads)
         n = len(vr)

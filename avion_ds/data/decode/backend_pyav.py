@@ -33,7 +33,7 @@ class PyAVDecoder(Decoder):
 
         Returns (graph, box relative to the graph's output, output size).
         """
-        import av.filter
+        import av.filter  # lazy: PyAV is heavy to import, loaded when a video is decoded or written
 
         h, w = stream.codec_context.height, stream.codec_context.width
         outer, rel = even_superset(crop.for_frame(h, w), h, w)
@@ -49,7 +49,7 @@ class PyAVDecoder(Decoder):
         return g, rel, crop.out_size(h, w)
 
     def _decode(self, path: str, indices: list[int], crop: CropSpec | None):
-        import av
+        import av  # lazy: PyAV is heavy to import, loaded when a video is decoded or written
 
         want = set(indices)
         out: dict[int, np.ndarray] = {}
@@ -89,12 +89,12 @@ class PyAVDecoder(Decoder):
         frames = np.stack([out[i] for i in indices])
         if graph is None:
             return frames, crop is None
-        import torch
+        import torch  # lazy: torch is heavy; the decoders and crops load without it (`avion-ds chunk`/`check` workers, probing)
 
         return self._crop_resize(torch.from_numpy(frames), None, size), True
 
     def _decode_counting(self, path: str, indices: list[int], crop: CropSpec | None):
-        import av
+        import av  # lazy: PyAV is heavy to import, loaded when a video is decoded or written
 
         want, out = set(indices), {}
         with av.open(path) as c:

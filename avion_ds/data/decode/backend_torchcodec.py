@@ -38,7 +38,7 @@ class CropHook:
     """torchcodec decoder transform: crop at a chosen (top, left) via the private spec hook."""
 
     def __new__(cls, box: CropBox):  # built lazily so the module imports without torchcodec
-        from torchcodec.transforms import DecoderTransform
+        from torchcodec.transforms import DecoderTransform  # lazy: torchcodec is an optional decoder backend
 
         class CropAt(DecoderTransform):
             def __init__(self, b: CropBox) -> None:
@@ -70,7 +70,7 @@ class TorchCodecDecoder(Decoder):
         require(cls.name, "torchcodec.decoders", _INSTALL)
 
     def _open(self, path: str, transforms: list | None, exact: bool):
-        from torchcodec.decoders import VideoDecoder
+        from torchcodec.decoders import VideoDecoder  # lazy: torchcodec is an optional decoder backend
 
         return VideoDecoder(
             path,
@@ -149,7 +149,7 @@ class TorchCodecCudaDecoder(TorchCodecDecoder):
     @classmethod
     def check_available(cls) -> None:
         require(cls.name, "torchcodec.decoders", _INSTALL)
-        import torch
+        import torch  # lazy: torch is heavy; the decoders and crops load without it (`avion-ds chunk`/`check` workers, probing)
 
         if not torch.cuda.is_available():
             raise DecoderUnavailable(

@@ -21,7 +21,7 @@ from avion_ds.data.crop import CropBox, CropSpec, crop_resize
 from avion_ds.data.errors import DataError
 
 if TYPE_CHECKING:
-    import torch
+    import torch  # lazy: torch is heavy; the decoders and crops load without it (`avion-ds chunk`/`check` workers, probing)
 
 PLUGINS_ENV = "AVION_DS_DECODER_PLUGINS"  # comma-separated modules that call register_backend()
 
@@ -75,7 +75,7 @@ def validate(path: str | Path, indices: Sequence[int]) -> tuple[str, list[int], 
 
 def finish(frames, done: bool, crop: CropSpec | None, uniq: list[int], idx: list[int]) -> torch.Tensor:
     """To torch, apply the crop if the backend could not, and expand to the requested order."""
-    import torch
+    import torch  # lazy: torch is heavy; the decoders and crops load without it (`avion-ds chunk`/`check` workers, probing)
 
     frames = torch.from_numpy(frames) if isinstance(frames, np.ndarray) else frames
     if crop is not None and not done:

@@ -230,7 +230,7 @@ class SubprocessDecoder:
 
     def decode(self, path: str | Path, indices: Sequence[int], crop: CropSpec | None = None) -> torch.Tensor:
         """Like :meth:`Decoder.decode`, bounded by ``timeout_s``."""
-        import torch
+        import torch  # lazy: torch is heavy; the decoders and crops load without it (`avion-ds chunk`/`check` workers, probing)
 
         path, idx, uniq = validate(path, indices)
         proc = self._ensure()
@@ -299,8 +299,9 @@ def serve(name: str, threads: int, fuse: bool, exact: bool, fds: list[int]) -> i
     in_fd = sys.stdin.fileno()
     load_plugins()
     dec = REGISTRY[name](threads, fuse, exact)
-    import torch  # backends crop + resize with torchvision: import it before "ready", outside the decode clock
-    from torchvision.transforms.v2 import functional  # noqa: F401
+    # backends crop + resize with torchvision: import it before "ready", outside the decode clock
+    import torch  # lazy: heavy, imported here once the helper's backend is chosen
+    from torchvision.transforms.v2 import functional  # noqa: F401  # lazy: as torch
 
     torch.set_num_threads(1)
     bufs = [SharedBuffer(fd) for fd in fds]

@@ -32,7 +32,7 @@ def clips_per_s_main(dataset, clips: int, warmup: int = 2, offset: int = 0) -> f
 
 def clips_per_s_loader(dataset, workers: int, batch_size: int, batches: int, seed: int = 0) -> float:
     """Clips/s through ``build_loader`` with ``workers`` workers (after two warm-up batches)."""
-    from avion_ds.data.loader import build_loader
+    from avion_ds.data.loader import build_loader  # lazy: loads torch; `avion-ds` command help imports this module
 
     loader = build_loader(dataset, batch_size, workers, shuffle=True, seed=seed, drop_last=True, distributed=False)
     it = iter(loader)

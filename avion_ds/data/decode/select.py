@@ -44,6 +44,8 @@ from avion_ds.data.decode.registry import (
     TorchCodecDecoder,
 )
 from avion_ds.data.errors import DataError
+from avion_ds.data.prep.manifest import check_chunk_file, find_videos, probe_video
+from avion_ds.data.prep.manifest_index import load_manifest
 
 if TYPE_CHECKING:
     from avion_ds.config import DataConfig
@@ -167,9 +169,6 @@ PROBE_CANDIDATES = 4  # files tried in turn when a probe file decodes with no ba
 
 def _probe_videos(cfg: DataConfig) -> list[tuple[str, int, int, int]]:
     """(path, frames, height, width) of the first few chunks (or whole videos) of the dataset."""
-    from avion_ds.data.prep.manifest import check_chunk_file, find_videos, probe_video
-    from avion_ds.data.prep.manifest_index import load_manifest
-
     out: list[tuple[str, int, int, int]] = []
     if cfg.chunked:
         videos = load_manifest(cfg.root)

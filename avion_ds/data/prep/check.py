@@ -27,6 +27,10 @@ from pathlib import Path
 
 from avion_ds.config import DataConfig
 from avion_ds.data.datasets.quarantine import row_key
+from avion_ds.data.decode.select import get_decoder
+from avion_ds.data.errors import DataError
+from avion_ds.data.prep.chunk_source import count_frames
+from avion_ds.data.prep.manifest import Chunk, check_chunk_file
 
 log = logging.getLogger(__name__)
 SUMMARY_NAME = "check_summary.json"
@@ -94,9 +98,6 @@ def _check_file(job: tuple[str, int, int, int, bool, str, float]) -> str | None:
     """Why one chunk/video file is bad, or None. ``job`` = (path, frames, bytes, mtime_ns, full, decoder, timeout)."""
     global _DECODER
     path, frames, size, mtime_ns, full, decoder, timeout = job
-    from avion_ds.data.errors import DataError
-    from avion_ds.data.prep.manifest import Chunk, check_chunk_file
-
     if not os.path.isfile(path):
         return "file not found"
     problem = check_chunk_file(Chunk(path, 0, frames, 0.0, 0, 0, size, mtime_ns))
@@ -105,16 +106,12 @@ def _check_file(job: tuple[str, int, int, int, bool, str, float]) -> str | None:
     if os.path.getsize(path) == 0:
         return "zero-byte file"
     if full:
-        from avion_ds.data.prep.chunking import count_frames
-
         try:
             n = count_frames(path)
         except Exception as e:  # noqa: BLE001 - any library error is the file's problem
             return f"does not decode ({type(e).__name__}: {e})"
         return None if n >= frames else f"decoded {n} frames, manifest says {frames}"
     if _DECODER is None:
-        from avion_ds.data.decode.select import get_decoder
-
         _DECODER = get_decoder(decoder, 1, timeout)
     try:
         _DECODER.decode(path, sorted({0, frames // 2, frames - 1}))
@@ -148,7 +145,7 @@ def check_files(cfg: DataConfig, entries, full: bool, workers: int, report: Chec
 
 def check_rows(cfg: DataConfig, report: CheckReport) -> list:
     """Every annotation row of train/val: resolves, parses, span inside the video. Returns the videos used."""
-    from avion_ds.data.datasets.build import build_dataset
+    from avion_ds.data.datasets.build import build_dataset  # lazy: loads torch; file-check workers import check
 
     used = {}
     plain = replace(cfg, quarantine="none", on_error="raise", rand_aug="", num_sample=1)

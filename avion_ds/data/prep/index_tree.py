@@ -33,11 +33,14 @@ import logging
 import math
 import os
 import re
+import sys
 import time
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from dataclasses import dataclass, field
 from multiprocessing import get_context
 from pathlib import Path
+
+from tqdm import tqdm
 
 from avion_ds.data.datasets.quarantine import QUARANTINE_NAME
 from avion_ds.data.prep.manifest import (
@@ -130,7 +133,7 @@ def _why(e: Exception) -> str:
 
 def count_decoded(path: str | Path) -> int:
     """Frames that decode, counted; ValueError naming the frame where decoding failed."""
-    import av
+    import av  # lazy: PyAV is heavy to import, loaded when a video is decoded or written
 
     n = 0
     try:
@@ -146,7 +149,7 @@ def count_decoded(path: str | Path) -> int:
 
 def _header_frames(container, stream, fps) -> int | None:
     """The MP4/MOV sample table's frame count when the last packets' timestamps agree with it, else None."""
-    import av
+    import av  # lazy: PyAV is heavy to import, loaded when a video is decoded or written
 
     n = int(stream.frames or 0)
     if n <= 0 or "mp4" not in container.format.name.split(",") or not stream.time_base:
@@ -166,7 +169,7 @@ def _header_frames(container, stream, fps) -> int | None:
 
 def probe_chunk(path: str | Path, decode: bool = False) -> ChunkProbe:
     """Frame count, rate and size of one chunk file (see the module doc); ValueError with the reason."""
-    import av
+    import av  # lazy: PyAV is heavy to import, loaded when a video is decoded or written
 
     path = Path(path)
     if path.stat().st_size == 0:
@@ -408,8 +411,6 @@ def index_tree(
     listing = {d: [start for start, _ in chunk_files(d)] for d, _ in jobs}
     summary.chunk_seconds = chunk_seconds or tree_chunk_length(list(listing.values()))
     kept: dict[str, list[dict]] = {}
-    from tqdm import tqdm
-
     bar = tqdm(total=len(jobs), desc="index", unit="video", disable=not progress)
     with mpath.open("a") as journal:  # appended as videos finish: an interrupted run keeps its work
 
@@ -455,8 +456,6 @@ def run_index(
     src: str, dst: str | None, chunk_seconds: float | None, decode_count: bool, workers: int, progress: bool
 ) -> int:
     """``avion-ds chunk --index-only`` body: 0 done, 1 something left out (listed), 2 bad input (one line)."""
-    import sys
-
     try:
         s = index_tree(src, dst, chunk_seconds, decode_count, workers, progress)
     except (OSError, ValueError) as e:

@@ -202,7 +202,7 @@ def probe_video(path: str | Path, video_id: str | None = None) -> VideoEntry:
 
     Raises ``OSError``/``ValueError`` naming the file when it cannot be opened or has no video.
     """
-    import av
+    import av  # lazy: PyAV is heavy to import, loaded when a video is decoded or written
 
     path = Path(path)
     if not path.is_file():

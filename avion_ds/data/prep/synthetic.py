@@ -28,6 +28,7 @@ from pathlib import Path
 import numpy as np
 
 from avion_ds.data.prep.synthetic_labels import EPIC_COLUMNS, NOUN_NAMES, VERB_NAMES
+from avion_ds.data.prep.synthetic_text import write_text_annotations
 
 # barcode layout used by write_video(pattern="testsrc") / read_frame_index
 _BITS_PER_ROW = 8
@@ -60,7 +61,7 @@ class VideoWriter:
         preset: str = "veryfast",
         bframes: int = 0,
     ) -> None:
-        import av
+        import av  # lazy: PyAV is heavy to import, loaded when a video is decoded or written
 
         if width % 2 or height % 2:
             raise ValueError(f"{path}: width and height must be even for yuv420p, got {width}x{height}")
@@ -268,6 +269,99 @@ def format_timestamp(seconds: float) -> str:
     return f"{h:02d}:{m:02d}:{s:02d}.{ff:02d}"
 
 
+def _segment_row(video_id: str, s: int, seg_frames: int, fps: float, verb: int, noun: int) -> dict:
+    """The EPIC-100 CSV row of segment ``s`` of ``video_id``: 0.1 s inside the segment on both ends."""
+    start = s * seg_frames / fps
+    stop = (s + 1) * seg_frames / fps
+    return {
+        "narration_id": f"{video_id}_{s}",
+        "participant_id": video_id[:3],
+        "video_id": video_id,
+        "narration_timestamp": format_timestamp(start),
+        "start_timestamp": format_timestamp(start + 0.1),
+        "stop_timestamp": format_timestamp(stop - 0.1),
+        "start_frame": int(start * fps) + 1,
+        "stop_frame": int(stop * fps),
+        "narration": f"{VERB_NAMES[verb]} {NOUN_NAMES[noun]}",
+        "verb": VERB_NAMES[verb],
+        "verb_class": verb,
+        "noun": NOUN_NAMES[noun],
+        "noun_class": noun,
+    }
+
+
+def _write_segment(
+    writer: VideoWriter,
+    canvas: np.ndarray,
+    verb: int,
+    noun: int,
+    pos: tuple[float, float],
+    origin: tuple[float, float],
+    seg_frames: int,
+    grid: tuple[np.ndarray, np.ndarray],
+) -> None:
+    """The ``seg_frames`` frames of one segment: the verb's scene motion, the noun's shape on its track
+    with a fading trail (motion blur) of earlier positions."""
+    yy, xx = grid
+    height, width = yy.shape
+    colour = np.array(_NOUN_COLOURS[noun], np.float32)
+    for f in range(seg_frames):
+        t = f / (seg_frames - 1)
+        frame = _scene(canvas, verb, t, yy, xx, origin)
+        for lag, fade in _TRAIL:
+            cy, cx, r = segment_track(verb, max(0.0, t - lag), width, height, pos)
+            frame[shape_mask(noun, yy, xx, cy, cx, r)] = (colour * fade).astype(np.uint8)
+        cy, cx, r = segment_track(verb, t, width, height, pos)
+        frame[shape_mask(noun, yy, xx, cy, cx, r)] = _NOUN_COLOURS[noun]
+        writer.write(frame)
+
+
+def _write_synthetic_video(
+    path: Path, video_id: str, spec: dict, rng: np.random.Generator, grid: tuple[np.ndarray, np.ndarray]
+) -> list[dict]:
+    """One video of ``spec["segments"]`` back-to-back segments, each a random (verb, noun); its CSV rows."""
+    height, width = grid[0].shape
+    fps, seg_frames, background = spec["fps"], spec["seg_frames"], spec["background"]
+    rows = []
+    canvas = _canvas(background, height, width, rng)  # larger than the frame; moves with the verb
+    with VideoWriter(path, width, height, fps=fps, gop=int(fps)) as writer:
+        for s in range(spec["segments"]):
+            verb, noun = int(rng.integers(spec["num_verbs"])), int(rng.integers(spec["num_nouns"]))
+            pos = (float(rng.uniform(-1, 1)), float(rng.uniform(-1, 1)))
+            if background != "blocks":  # a new scene per segment
+                canvas = _canvas(background, height, width, rng)
+            if background == "blocks":
+                origin = (float(rng.uniform(0, canvas.shape[0])), float(rng.uniform(0, canvas.shape[1])))
+            else:  # near the centre: the panned / zoomed window never wraps around the canvas edge
+                origin = (height * float(rng.uniform(0.85, 1.15)), width * float(rng.uniform(0.85, 1.15)))
+            _write_segment(writer, canvas, verb, noun, pos, origin, seg_frames, grid)
+            rows.append(_segment_row(video_id, s, seg_frames, fps, verb, noun))
+    return rows
+
+
+def _split_rows(rows: list[dict], rng: np.random.Generator, val_fraction: float) -> tuple[list[dict], list[dict]]:
+    """(train, val) rows: ``val_fraction`` of them, drawn by a permutation, go to val."""
+    order = rng.permutation(len(rows))
+    n_val = int(round(len(rows) * val_fraction)) if val_fraction > 0 else 0
+    val_ids = set(order[:n_val].tolist())
+    train_rows = [r for i, r in enumerate(rows) if i not in val_ids]
+    val_rows = [r for i, r in enumerate(rows) if i in val_ids]
+    return train_rows, val_rows
+
+
+def _write_epic_csvs(out: Path, train_rows: list[dict], val_rows: list[dict]) -> dict[str, Path]:
+    """``out/train.csv`` and ``out/val.csv`` with EPIC-100's columns."""
+    paths = {}
+    for name, subset in (("train", train_rows), ("val", val_rows)):
+        p = out / f"{name}.csv"
+        with p.open("w", newline="") as f:
+            w = csv.DictWriter(f, fieldnames=list(EPIC_COLUMNS))
+            w.writeheader()
+            w.writerows(subset)
+        paths[name] = p
+    return paths
+
+
 def make_synthetic_epic(
     out_dir: str | Path,
     num_videos: int = 4,
@@ -302,65 +396,21 @@ def make_synthetic_epic(
     videos = out / "videos"
     videos.mkdir(parents=True, exist_ok=True)
     rng = np.random.default_rng(seed)
-    seg_frames = max(2, int(round(segment_seconds * fps)))
-    yy, xx = np.mgrid[0:height, 0:width].astype(np.float32)
+    spec = {
+        "fps": fps,
+        "seg_frames": max(2, int(round(segment_seconds * fps))),
+        "segments": segments_per_video,
+        "num_verbs": num_verbs,
+        "num_nouns": num_nouns,
+        "background": background,
+    }
+    grid = tuple(np.mgrid[0:height, 0:width].astype(np.float32))
     rows: list[dict] = []
     for v in range(num_videos):
         video_id = f"P{v + 1:02d}_{v + 101:03d}"
-        canvas = _canvas(background, height, width, rng)  # larger than the frame; moves with the verb
-        with VideoWriter(videos / f"{video_id}.mp4", width, height, fps=fps, gop=int(fps)) as writer:
-            for s in range(segments_per_video):
-                verb, noun = int(rng.integers(num_verbs)), int(rng.integers(num_nouns))
-                pos = (float(rng.uniform(-1, 1)), float(rng.uniform(-1, 1)))
-                if background != "blocks":  # a new scene per segment
-                    canvas = _canvas(background, height, width, rng)
-                if background == "blocks":
-                    origin = (float(rng.uniform(0, canvas.shape[0])), float(rng.uniform(0, canvas.shape[1])))
-                else:  # near the centre: the panned / zoomed window never wraps around the canvas edge
-                    origin = (height * float(rng.uniform(0.85, 1.15)), width * float(rng.uniform(0.85, 1.15)))
-                colour = np.array(_NOUN_COLOURS[noun], np.float32)
-                for f in range(seg_frames):
-                    t = f / (seg_frames - 1)
-                    frame = _scene(canvas, verb, t, yy, xx, origin)
-                    # a fading trail (motion blur) of earlier positions, then the shape on top
-                    for lag, fade in _TRAIL:
-                        cy, cx, r = segment_track(verb, max(0.0, t - lag), width, height, pos)
-                        frame[shape_mask(noun, yy, xx, cy, cx, r)] = (colour * fade).astype(np.uint8)
-                    cy, cx, r = segment_track(verb, t, width, height, pos)
-                    frame[shape_mask(noun, yy, xx, cy, cx, r)] = _NOUN_COLOURS[noun]
-                    writer.write(frame)
-                start = s * seg_frames / fps
-                stop = (s + 1) * seg_frames / fps
-                rows.append(
-                    {
-                        "narration_id": f"{video_id}_{s}",
-                        "participant_id": video_id[:3],
-                        "video_id": video_id,
-                        "narration_timestamp": format_timestamp(start),
-                        "start_timestamp": format_timestamp(start + 0.1),
-                        "stop_timestamp": format_timestamp(stop - 0.1),
-                        "start_frame": int(start * fps) + 1,
-                        "stop_frame": int(stop * fps),
-                        "narration": f"{VERB_NAMES[verb]} {NOUN_NAMES[noun]}",
-                        "verb": VERB_NAMES[verb],
-                        "verb_class": verb,
-                        "noun": NOUN_NAMES[noun],
-                        "noun_class": noun,
-                    }
-                )
-    order = rng.permutation(len(rows))
-    n_val = int(round(len(rows) * val_fraction)) if val_fraction > 0 else 0
-    val_ids = set(order[:n_val].tolist())
-    train_rows = [r for i, r in enumerate(rows) if i not in val_ids]
-    val_rows = [r for i, r in enumerate(rows) if i in val_ids]
-    paths = {}
-    for name, subset in (("train", train_rows), ("val", val_rows)):
-        p = out / f"{name}.csv"
-        with p.open("w", newline="") as f:
-            w = csv.DictWriter(f, fieldnames=list(EPIC_COLUMNS))
-            w.writeheader()
-            w.writerows(subset)
-        paths[name] = p
+        rows += _write_synthetic_video(videos / f"{video_id}.mp4", video_id, spec, rng, grid)
+    train_rows, val_rows = _split_rows(rows, rng, val_fraction)
+    paths = _write_epic_csvs(out, train_rows, val_rows)
     paths.update(write_class_files(out, rows, num_verbs, num_nouns))
     info = {
         "videos": videos,
@@ -376,8 +426,6 @@ def make_synthetic_epic(
         "num_train": len(train_rows),
         "num_val": len(val_rows),
     }
-    from avion_ds.data.prep.synthetic_text import write_text_annotations
-
     info.update(write_text_annotations(out, train_rows, val_rows))
     (out / "synthetic.json").write_text(
         json.dumps({k: str(v) if isinstance(v, Path) else v for k, v in info.items()}, indent=1)
