@@ -186,12 +186,12 @@ def check_runtime(recipe: Recipe, precision: str, accelerator: str) -> None:
     """Attention backend and precision the recipe asks for must be able to run on this machine."""
     if recipe.model.attn_backend == "flash":
         from avion_ds.distributed.ds_config import torch_dtype
-        from avion_ds.models import get_arch, resolve_backend
+        from avion_ds.models import registered_arch, resolve_backend
 
         dtype = torch_dtype(precision)
         device = torch.device("cuda" if accelerator == "cuda" else accelerator)
         try:
-            resolve_backend("flash", device, dtype, get_arch(recipe.model.name).head_dim)
+            resolve_backend("flash", device, dtype, registered_arch(recipe.model.name).head_dim)
         except RuntimeError as e:  # resolve_backend's "cannot run" signal
             raise ConfigError(
                 f"model.attn_backend='flash' cannot run here ({str(e).split(': ', 1)[-1]}); "

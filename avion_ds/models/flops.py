@@ -14,6 +14,7 @@ from typing import Any
 from torch import nn
 
 from avion_ds.models.arch import ViTArch
+from avion_ds.models.registry import registered_arch
 
 
 def block_flops(n: int, d: int, hidden: int) -> int:
@@ -56,9 +57,7 @@ def model_flops(
     ``num_frames`` / ``img_size`` override the model's own input size (e.g. 16 vs 8 frames).
     """
     if isinstance(name_or_model, str):
-        from avion_ds.models.registry import get_arch
-
-        arch = get_arch(name_or_model)
+        arch = registered_arch(name_or_model)
     elif isinstance(name_or_model, ViTArch) or hasattr(name_or_model, "vision"):
         arch = name_or_model
     else:

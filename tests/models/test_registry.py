@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from avion_ds.models import VideoViT, count_params, create_model, get_arch, list_models
+from avion_ds.models import VideoViT, count_params, create_model, list_models, registered_arch
 
 
 def test_list_models_has_all_sizes():
@@ -40,7 +40,7 @@ def test_param_counts_match_published(name, expected_m):
 
 
 def test_giant_architecture():
-    arch = get_arch("vit_giant_patch14_224")
+    arch = registered_arch("vit_giant_patch14_224")
     assert (arch.embed_dim, arch.depth, arch.num_heads, arch.patch_size, arch.mlp_hidden) == (1408, 40, 16, 14, 6144)
     assert arch.grid == (8, 16, 16)
 
