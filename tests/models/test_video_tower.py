@@ -181,7 +181,7 @@ def test_avion_and_openai_layouts_give_the_towers_features(layout: str) -> None:
 def test_temporal_and_spatial_tables_resize_as_for_the_dual_encoder(frames: int, size: int) -> None:
     """AVION's 2-frame file into 4 frames (linear in time) / 1 frame (first frame) / 48 px (bicubic
     spatial table): the classifier's features equal the dual encoder's built at that size from the
-    same file (clip_formats' resizing)."""
+    same file (clip.weights' resizing)."""
     src = reference_layout(dual_encoder().state_dict(), "avion")
     de = create_model("clip_vit_test_tiny", num_frames=frames, img_size=size).eval()
     load_pretrained(de, src)
