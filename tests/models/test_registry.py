@@ -5,7 +5,18 @@ from __future__ import annotations
 import pytest
 import torch
 
-from avion_ds.models import VideoViT, count_params, create_model, list_models, registered_arch
+from avion_ds.models import (
+    ClipArch,
+    MAEArch,
+    VideoViT,
+    ViTArch,
+    count_params,
+    create_model,
+    list_models,
+    pretrain_arch,
+    registered_arch,
+)
+from avion_ds.models.listing import video_transformer_arch
 
 
 def test_list_models_has_all_sizes():
@@ -150,3 +161,19 @@ def test_integer_input_rejected():
     model = create_model("vit_test_tiny")
     with pytest.raises(ValueError, match="float"):
         model(torch.zeros(1, 3, 4, 32, 32, dtype=torch.uint8))
+
+
+def test_arch_lookups_name_what_they_return():
+    """registered_arch: ViTArch / ClipArch; pretrain_arch: MAEArch; video_transformer_arch: the ViTArch any name runs."""
+    assert isinstance(registered_arch("vit_test_tiny"), ViTArch)
+    assert isinstance(registered_arch("vit_clip_test_tiny"), ViTArch)
+    assert isinstance(registered_arch("clip_vit_test_tiny"), ClipArch)
+    assert isinstance(pretrain_arch("pretrain_videomae_test_tiny"), MAEArch)
+    with pytest.raises(ValueError, match=r"a pretraining model; its architecture \(MAEArch\) is .*pretrain_arch"):
+        registered_arch("pretrain_videomae_test_tiny")
+    with pytest.raises(ValueError, match="unknown pretraining model"):
+        pretrain_arch("vit_test_tiny")
+    assert video_transformer_arch("vit_test_tiny") == registered_arch("vit_test_tiny")
+    assert video_transformer_arch("clip_vit_test_tiny") == registered_arch("clip_vit_test_tiny").vision
+    assert video_transformer_arch("pretrain_videomae_test_tiny") == pretrain_arch("pretrain_videomae_test_tiny").encoder
+    assert video_transformer_arch("vit_tset_tiny") is None

@@ -107,8 +107,9 @@ def load_pretrained(
 ) -> LoadReport:
     """Load ``source`` (path, HF directory, or a (wrapped) state dict) into ``model`` in place.
 
-    ``model``: a fine-tuning ``VideoViT`` (any format; a pretraining checkpoint gives its encoder)
-    or a ``VideoMAEPretrain`` (the pretraining layouts). Returns a ``LoadReport``; ``strict=True``
+    ``model``: a fine-tuning ``VideoViT`` (any format; a pretraining checkpoint gives its encoder),
+    a ``VideoMAEPretrain`` (the pretraining layouts) or a ``VideoTextDualEncoder`` (CLIP / OpenCLIP /
+    AVION), each through its own ``prepare_checkpoint``. Returns a ``LoadReport``; ``strict=True``
     raises listing missing / unexpected / dropped keys; a load that leaves more than
     ``1 - MIN_BACKBONE_MATCH`` of the backbone's parameters out is an error whatever ``strict``
     (raised under ``strict``, logged at ERROR level otherwise; ``coverage_check=False`` leaves that
