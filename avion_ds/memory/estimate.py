@@ -131,7 +131,7 @@ def arch_info(model: nn.Module | str, frames: int | None = None, size: int | Non
             return dataclasses.replace(base, params=base.params + (rows[1] - rows[0]) * arch.embed_dim)
         return base
     if isinstance(getattr(model, "arch", None), ClipArch):  # the architecture says: video-text dual encoder
-        t = model.textual.arch
+        t = model.arch.text
         text = TextInfo(
             t.embed_dim, t.depth, t.num_heads, t.mlp_hidden, t.context_length, t.proj_dim or 0, t.attn_backend
         )
