@@ -29,6 +29,7 @@ from torch import nn
 from avion_ds.models.arch import ViTArch
 from avion_ds.models.clip.text_tower import TextArch, TextTransformer
 from avion_ds.models.clip.weights import prepare_clip_state_dict
+from avion_ds.models.flops import arch_flops, block_flops
 from avion_ds.models.vit.model import VideoViT
 from avion_ds.models.weights.report import LoadReport
 
@@ -80,6 +81,12 @@ class ClipArch:
     @property
     def proj_dim(self) -> int | None:
         return self.vision.proj_dim
+
+    def forward_flops(self) -> int:
+        """Forward FLOPs of one clip and one caption of the full context: both towers and projections."""
+        t = self.text
+        text = t.depth * block_flops(t.context_length, t.embed_dim, t.mlp_hidden) + 2 * t.embed_dim * (t.proj_dim or 0)
+        return arch_flops(self.vision) + text
 
     def validate(self) -> ClipArch:
         self.vision.validate()
