@@ -164,7 +164,7 @@ def _hf_variants(hf: torch.nn.Module, loss: Step) -> list[Variant]:
 def pair_pretrain(args: argparse.Namespace, device: str, dtype: torch.dtype) -> list[Variant]:
     import transformers
 
-    from avion_ds.models.mae import load_pretrained_mae
+    from avion_ds.models.mae.weights import load_pretrained_mae
     from bench.pretrain import _tube
 
     torch.manual_seed(0)

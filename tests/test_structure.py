@@ -231,6 +231,54 @@ def test_no_model_cycles_even_through_annotations() -> None:
     )
 
 
+# model families (folders under avion_ds/models) and the families each may import; the shared modules
+# of avion_ds/models import no family, except the package __init__ and the listing, which sit on top
+MODEL_FAMILIES: dict[str, tuple[str, ...]] = {"vit": (), "mae": ("vit",), "clip": ("vit",)}
+MODELS_ON_TOP = (f"{PACKAGE}.models", f"{PACKAGE}.models.listing")
+
+
+def model_family_violations(graph: dict[str, set[str]], package: str = PACKAGE) -> list[str]:
+    """``a -> b`` for every import of a model family folder that ``MODEL_FAMILIES`` does not allow."""
+    prefix = f"{package}.models."
+
+    def family(module: str) -> str | None:
+        rest = module.removeprefix(prefix) if module.startswith(prefix) else None
+        return rest.split(".")[0] if rest and rest.split(".")[0] in MODEL_FAMILIES else None
+
+    out = []
+    for module, deps in sorted(graph.items()):
+        if not module.startswith(prefix) or module in MODELS_ON_TOP:
+            continue
+        own = family(module)
+        allowed = {own, *MODEL_FAMILIES.get(own, ())} if own else set()
+        out += [f"{module} -> {d}" for d in sorted(deps) if family(d) and family(d) not in allowed]
+    return out
+
+
+def test_model_cycle_check_covers_every_family_folder() -> None:
+    """Every family folder is in the annotation-counted graph, and families import only what they may."""
+    graph = import_graph(annotations=True)
+    folders = sorted(p.name for p in (ROOT / PACKAGE / "models").iterdir() if (p / "__init__.py").is_file())
+    assert sorted([*MODEL_FAMILIES, "weights"]) == folders, f"model folders {folders}: name each in MODEL_FAMILIES"
+    for fam in MODEL_FAMILIES:
+        assert {f"{PACKAGE}.models.{fam}", f"{PACKAGE}.models.{fam}.model"} <= set(graph), fam
+    bad = model_family_violations(graph)
+    assert not bad, "imports between model families (or from shared model code into one):\n" + "\n".join(bad)
+
+
+def test_model_family_check_finds_a_wrong_import() -> None:
+    graph = {
+        f"{PACKAGE}.models.vit.model": {f"{PACKAGE}.models.clip.model"},  # base family importing another
+        f"{PACKAGE}.models.registry": {f"{PACKAGE}.models.vit.sizes"},  # shared code importing a family
+        f"{PACKAGE}.models.clip.model": {f"{PACKAGE}.models.vit.model", f"{PACKAGE}.models.arch"},  # allowed
+        f"{PACKAGE}.models.listing": {f"{PACKAGE}.models.mae.sizes"},  # on top: allowed
+    }
+    assert model_family_violations(graph) == [
+        f"{PACKAGE}.models.registry -> {PACKAGE}.models.vit.sizes",
+        f"{PACKAGE}.models.vit.model -> {PACKAGE}.models.clip.model",
+    ]
+
+
 def test_layers_import_only_downward() -> None:
     bad = layer_violations()
     assert not bad, "imports against the layers (config < distributed < storage < models, data < memory < tasks < "

@@ -101,9 +101,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def build_request(args: argparse.Namespace) -> Request:
     """Validate the command line into a Request; ValueError (one line, naming the value) otherwise."""
-    from avion_ds.models import get_arch
+    from avion_ds.models import registered_arch
 
-    arch = get_arch(args.model)  # unknown model -> ValueError with close matches
+    arch = registered_arch(args.model)  # unknown model -> ValueError with close matches
     if args.frames % arch.tubelet_size:
         raise ValueError(
             f"--frames {args.frames} is not divisible by the tubelet size {arch.tubelet_size} of {args.model}"

@@ -125,10 +125,10 @@ def export_hf(
     """Write ``run_dir``'s checkpoint as a Hugging Face ``VideoMAEForVideoClassification`` directory.
 
     Needs the run's ``recipe.yaml`` (the architecture); returns the max |logit difference| between
-    our model and the directory loaded back by transformers (see ``avion_ds.models.hf``).
+    our model and the directory loaded back by transformers (see ``avion_ds.models.vit.hf``).
     """
     from avion_ds.models import load_pretrained
-    from avion_ds.models.hf import check_exportable, save_hf
+    from avion_ds.models.vit.hf import check_exportable, save_hf
     from avion_ds.tasks import load_recipe, task_of
 
     run_dir = Path(run_dir)

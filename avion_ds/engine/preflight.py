@@ -21,7 +21,7 @@ from avion_ds.data.prep.manifest import MANIFEST_NAME, check_chunk_file
 from avion_ds.data.prep.manifest_index import load_manifest
 from avion_ds.distributed.ds_config import torch_dtype
 from avion_ds.engine.parallelize import schedule_bounds
-from avion_ds.models import get_arch, list_models, resolve_backend
+from avion_ds.models import list_models, registered_arch, resolve_backend
 from avion_ds.storage.run_dir import checkpoint_dir, latest_complete, tag_files
 from avion_ds.storage.safe_load import check_checkpoint_file
 from avion_ds.storage.torchscript import check_torchscript, torchscript_root
@@ -174,7 +174,7 @@ def check_runtime(recipe: Recipe, precision: str, accelerator: str) -> None:
         dtype = torch_dtype(precision)
         device = torch.device("cuda" if accelerator == "cuda" else accelerator)
         try:
-            resolve_backend("flash", device, dtype, get_arch(recipe.model.name).head_dim)
+            resolve_backend("flash", device, dtype, registered_arch(recipe.model.name).head_dim)
         except RuntimeError as e:  # resolve_backend's "cannot run" signal
             raise ConfigError(
                 f"model.attn_backend='flash' cannot run here ({str(e).split(': ', 1)[-1]}); "

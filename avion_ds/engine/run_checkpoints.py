@@ -49,10 +49,10 @@ def model_identity(recipe: Recipe) -> dict[str, Any]:
     """What must match for a checkpoint to be resumable by this recipe's model; an unset ``pool`` /
     ``pos_embed`` is the registered model's own (what the run built, so leaving a key unset never
     changes the identity)."""
-    from avion_ds.models.listing import video_arch
+    from avion_ds.models.listing import video_transformer_arch
 
     m = recipe.model
-    arch = video_arch(m.name)
+    arch = video_transformer_arch(m.name)
     return {
         "name": m.name,
         "heads": m.heads if m.heads is not None else {"logits": m.num_classes},

@@ -20,6 +20,8 @@ from typing import Any, Self
 import torch
 from torch import nn
 
+from avion_ds.models.clip.model import ClipArch
+
 
 def _storage_key(t: torch.Tensor) -> tuple[str, int]:
     s = t.untyped_storage()
@@ -87,11 +89,12 @@ def _model_input(model: nn.Module, frames: int | None, size: int | None, batch: 
 
 
 def _default_inputs(model: nn.Module, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
-    """``(x,)``, or ``(x, tokens)`` for a model with a text tower (captions of its full context)."""
-    text = getattr(model, "textual", None)
-    if text is None:
+    """``(x,)``, or ``(x, tokens)`` for a video-text dual encoder (its architecture says so; captions of
+    its text tower's full context)."""
+    arch = getattr(model, "arch", None)
+    if not isinstance(arch, ClipArch):
         return (x,)
-    tokens = torch.ones(x.shape[0], text.context_length, dtype=torch.int64, device=x.device)
+    tokens = torch.ones(x.shape[0], arch.text.context_length, dtype=torch.int64, device=x.device)
     tokens[:, -1] = 2  # the end-of-text token: the row's largest id
     return (x, tokens)
 

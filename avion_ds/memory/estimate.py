@@ -23,7 +23,7 @@ from torch import nn
 
 from avion_ds.distributed.ds_config import PRECISIONS, torch_dtype
 from avion_ds.memory.units import format_bytes
-from avion_ds.models.clip import ClipArch
+from avion_ds.models.clip.model import ClipArch
 from avion_ds.models.partition import full_shape
 
 GiB = 2**30
@@ -113,11 +113,11 @@ def arch_info(model: nn.Module | str, frames: int | None = None, size: int | Non
     """ArchInfo of a VideoViT instance or of a registered name (built once on the meta device;
     other frames/size only change a learned position embedding's parameter count)."""
     if isinstance(model, str):
-        from avion_ds.models import get_arch
+        from avion_ds.models import registered_arch
 
         base = _arch_info_by_name(model)
-        arch = get_arch(model)
-        arch = getattr(arch, "vision", arch)  # dual encoder: frames / size are the video tower's
+        arch = registered_arch(model)
+        arch = arch.video_transformer  # dual encoder: frames / size are the video tower's
         new = arch.replace(num_frames=frames or arch.num_frames, img_size=size or arch.img_size)  # validates
         if arch.pos_embed == "learned":
             delta = (new.num_patches - arch.num_patches) * arch.embed_dim
@@ -131,7 +131,7 @@ def arch_info(model: nn.Module | str, frames: int | None = None, size: int | Non
             return dataclasses.replace(base, params=base.params + (rows[1] - rows[0]) * arch.embed_dim)
         return base
     if isinstance(getattr(model, "arch", None), ClipArch):  # the architecture says: video-text dual encoder
-        t = model.textual.arch
+        t = model.arch.text
         text = TextInfo(
             t.embed_dim, t.depth, t.num_heads, t.mlp_hidden, t.context_length, t.proj_dim or 0, t.attn_backend
         )
@@ -247,7 +247,7 @@ def activation_bytes_per_clip(
     if size % info.patch_size:
         raise ValueError(f"size={size} is not divisible by the patch size {info.patch_size}")
     patches = (frames // info.tubelet_size) * (size // info.patch_size) ** 2
-    if info.patch_dropout > 0:  # training keeps this many patch tokens (models/vit.py drop_patches)
+    if info.patch_dropout > 0:  # training keeps this many patch tokens (models/vit/model.py drop_patches)
         patches = max(1, int(patches * (1 - info.patch_dropout)))
     tokens = patches + (1 if info.pool == "cls" else 0)
     c = checkpointed_blocks(info.depth, checkpointing, first_n)
@@ -293,7 +293,7 @@ def text_activation_bytes(
     blocks += c * checkpointed_block_bytes(text, n, s, backend, policy)
     pooled = 8 * n + 2 * 8 + d * s + 2 * s + (d * s if text.proj_dim else 0)
     e = text.proj_dim or d
-    f = max(s, 4)  # 16-bit embeddings are normalised in float32 (models/clip.py)
+    f = max(s, 4)  # 16-bit embeddings are normalised in float32 (models/clip/model.py)
     return blocks + pooled + 2 * (e * f + 2 * f) + 4  # exp of the fp32 temperature (clamped after the step)
 
 

@@ -313,7 +313,7 @@ def explain_impossible(req: Request, cands: list[Candidate]) -> str:
     """Why nothing fits, and what comes closest: the binding limit (GPU or host) with the smallest
     configuration's breakdown, shorter clips or a smaller registered model that fit, or the memory needed."""
     from avion_ds.memory.estimate import estimate
-    from avion_ds.models import get_arch, list_models
+    from avion_ds.models import list_models, registered_arch
 
     low = min(cands, key=lambda c: c.peak)
     e = low.estimate
@@ -357,25 +357,25 @@ def explain_impossible(req: Request, cands: list[Candidate]) -> str:
                 return True
         return False
 
-    tub = get_arch(req.model).tubelet_size
+    tub = registered_arch(req.model).tubelet_size
     frames = [f for f in range(req.frames - tub, 0, -tub) if _fits(req.model, f)]
     if frames:
         msg.append(f"closest: {req.model} fits with --frames {frames[0]} (micro-batch 1, checkpoint every block)")
-    kind = type(get_arch(req.model))  # classifiers for a classifier, dual encoders for a dual encoder
+    kind = type(registered_arch(req.model))  # classifiers for a classifier, dual encoders for a dual encoder
     smaller = [
         m
         for m in list_models()
         if m.startswith(("vit_", "clip_"))
         and "_test_" not in m
         and m != req.model
-        and type(get_arch(m)) is kind
-        and req.size % get_arch(m).patch_size == 0
-        and req.frames % get_arch(m).tubelet_size == 0
+        and type(registered_arch(m)) is kind
+        and req.size % registered_arch(m).patch_size == 0
+        and req.frames % registered_arch(m).tubelet_size == 0
         and _fits(m, req.frames)
     ]
 
     def width_depth(m: str) -> int:
-        a = getattr(get_arch(m), "vision", get_arch(m))
+        a = registered_arch(m).video_transformer
         return a.embed_dim * a.depth
 
     if smaller:

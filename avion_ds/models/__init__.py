@@ -1,6 +1,9 @@
-"""Video ViT model family: registry, VideoMAE-style blocks, attention backends, activation
-checkpointing, pretrained loading and FLOPs; the CLIP-style video-text dual encoders and their
-tokenizer (in avion_ds.data.tokenizer)."""
+"""Video model families, one folder each (architecture, registered sizes, weight adapter): ``vit`` (the
+VideoMAE-style video ViT classifiers), ``mae`` (masked-autoencoder pretraining), ``clip`` (CLIP-style
+video-text dual encoders and classifiers on their video tower). Shared here: the registry, the
+architecture dataclass, attention backends, blocks' parts, activation checkpointing, ZeRO-3
+construction, FLOPs, the listing and generic weight loading (``weights/``). The CLIP tokenizer is in
+avion_ds.data.tokenizer."""
 
 from avion_ds.models.activation_checkpointing import (
     apply_activation_checkpointing,
@@ -8,19 +11,18 @@ from avion_ds.models.activation_checkpointing import (
 )
 from avion_ds.models.arch import ViTArch
 from avion_ds.models.attention import resolve_backend
-from avion_ds.models.clip import ClipArch, VideoTextDualEncoder
+from avion_ds.models.clip import ClipArch, TextArch, TextTransformer, VideoTextDualEncoder
 from avion_ds.models.flops import model_flops
-from avion_ds.models.mae import MAEArch, VideoMAEPretrain, get_mae_arch
+from avion_ds.models.mae import MAEArch, VideoMAEPretrain, load_pretrained_mae, pretrain_arch
 from avion_ds.models.registry import (
     create_model,
-    get_arch,
     list_models,
     register_model,
+    registered_arch,
 )
-from avion_ds.models.text_tower import TextArch, TextTransformer
 from avion_ds.models.vit import VideoViT, count_params
-from avion_ds.models.weights.formats import LoadReport, load_pretrained
-from avion_ds.models.weights.mae_formats import load_pretrained_mae
+from avion_ds.models.weights.loading import load_pretrained
+from avion_ds.models.weights.report import LoadReport
 
 __all__ = [
     "ClipArch",
@@ -35,13 +37,13 @@ __all__ = [
     "apply_activation_checkpointing",
     "count_params",
     "create_model",
-    "get_arch",
-    "get_mae_arch",
     "list_models",
     "load_pretrained",
     "load_pretrained_mae",
     "model_flops",
+    "pretrain_arch",
     "register_model",
+    "registered_arch",
     "remove_activation_checkpointing",
     "resolve_backend",
 ]

@@ -98,7 +98,7 @@ def _torch_selective_ckpt(fn: Callable[..., Any], *args: Any) -> Any:
 
 
 def _deepspeed_ckpt(fn: Callable[..., Any], *args: Any) -> Any:
-    import deepspeed
+    import deepspeed  # lazy: heavy, only impl='deepspeed' needs it
 
     return deepspeed.checkpointing.checkpoint(fn, *args)
 
@@ -165,7 +165,7 @@ def apply_activation_checkpointing(
     remove_activation_checkpointing(model)
     run = _deepspeed_ckpt if impl == "deepspeed" else _torch_selective_ckpt if policy == "selective" else _torch_ckpt
     if impl == "deepspeed":
-        import deepspeed  # noqa: F401  (fail now, not in the first forward, when it is missing)
+        import deepspeed  # noqa: F401  # lazy: heavy; imported now to fail here, not in the first forward, when missing
     for group in lists:
         for i in _select(len(group), every, first_n):
             block = group[i]

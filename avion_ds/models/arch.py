@@ -1,7 +1,7 @@
 """The architecture description of a video ViT: one dataclass, validated once.
 
-Kept apart from weights: a registered size is just a ``ViTArch``; pretrained loading lives in
-``pretrained.py`` and never changes the architecture.
+Kept apart from weights: a registered size is just a ``ViTArch``; pretrained loading (each family's
+``weights`` module) never changes the architecture.
 """
 
 from __future__ import annotations
@@ -78,6 +78,12 @@ class ViTArch:
     @property
     def mlp_hidden(self) -> int:
         return int(self.embed_dim * self.mlp_ratio)
+
+    @property
+    def video_transformer(self) -> ViTArch:
+        """The video transformer this architecture runs: itself (a dual encoder answers with its video
+        tower, a pretraining model with its encoder)."""
+        return self
 
     @property
     def grid(self) -> tuple[int, int, int]:

@@ -25,7 +25,7 @@ _FLASH_DTYPES = (torch.float16, torch.bfloat16)
 def _flash_fn():
     """Return flash-attn's qkv-packed function, or None when the package is not importable."""
     try:
-        from flash_attn import flash_attn_qkvpacked_func  # type: ignore[import-not-found]
+        from flash_attn import flash_attn_qkvpacked_func  # type: ignore[import-not-found]  # lazy: optional
     except (ImportError, OSError, RuntimeError):  # not installed, or a CUDA build that fails to load
         return None
     return flash_attn_qkvpacked_func

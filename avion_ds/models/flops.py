@@ -14,6 +14,7 @@ from typing import Any
 from torch import nn
 
 from avion_ds.models.arch import ViTArch
+from avion_ds.models.registry import registered_arch
 
 
 def block_flops(n: int, d: int, hidden: int) -> int:
@@ -28,15 +29,11 @@ def block_flops(n: int, d: int, hidden: int) -> int:
 
 
 def arch_flops(arch: Any) -> int:
-    """Forward FLOPs for one clip of ``arch`` (a ``ViTArch``, or a ``ClipArch``: both towers)."""
-    if hasattr(arch, "vision") and hasattr(arch, "text"):
-        text = arch.text
-        proj = 2 * text.embed_dim * (text.proj_dim or 0)
-        return (
-            arch_flops(arch.vision)
-            + text.depth * block_flops(text.context_length, text.embed_dim, text.mlp_hidden)
-            + proj
-        )
+    """Forward FLOPs for one clip of ``arch``: a ``ViTArch``, or an architecture that counts its own
+    (``forward_flops()``, e.g. a ``ClipArch``: both towers)."""
+    own = getattr(arch, "forward_flops", None)
+    if callable(own):
+        return int(own())
     t, h, w = arch.grid
     n_patch = t * h * w
     n = n_patch + (1 if arch.pool == "cls" else 0)
@@ -48,6 +45,11 @@ def arch_flops(arch: Any) -> int:
     return int(embed + arch.depth * block_flops(n, d, arch.mlp_hidden) + proj + 2 * arch.feature_dim * classes)
 
 
+def _is_arch(obj: Any) -> bool:
+    """A ``ViTArch`` or an architecture that counts its own FLOPs."""
+    return isinstance(obj, ViTArch) or callable(getattr(obj, "forward_flops", None))
+
+
 def model_flops(
     name_or_model: str | nn.Module | ViTArch, num_frames: int | None = None, img_size: int | None = None
 ) -> int:
@@ -56,16 +58,14 @@ def model_flops(
     ``num_frames`` / ``img_size`` override the model's own input size (e.g. 16 vs 8 frames).
     """
     if isinstance(name_or_model, str):
-        from avion_ds.models.registry import get_arch
-
-        arch = get_arch(name_or_model)
-    elif isinstance(name_or_model, ViTArch) or hasattr(name_or_model, "vision"):
+        arch = registered_arch(name_or_model)
+    elif _is_arch(name_or_model):
         arch = name_or_model
     else:
         arch = getattr(name_or_model, "arch", None)
         if arch is None:
             arch = getattr(getattr(name_or_model, "module", None), "arch", None)  # DeepSpeed engine / DDP
-        if not isinstance(arch, ViTArch) and not hasattr(arch, "vision"):
+        if not _is_arch(arch):
             raise TypeError(
                 f"model_flops: expected a model name, VideoViT, dual encoder or their arch, "
                 f"got {type(name_or_model).__name__}"

@@ -6,69 +6,60 @@ ViT-g lists instantly); FLOPs come from :func:`avion_ds.models.model_flops`.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Any
 
-if TYPE_CHECKING:
-    from avion_ds.models.arch import ViTArch
+import torch
+
+from avion_ds.models.arch import ViTArch
+from avion_ds.models.flops import model_flops
+from avion_ds.models.mae.sizes import pretrain_arch, pretrain_names
+from avion_ds.models.registry import create_model, registered_arch
+from avion_ds.models.vit.model import count_params
 
 
-def video_arch(name: str) -> ViTArch | None:
-    """The video transformer a registered ``name`` builds with no overrides (a classifier's own arch, a
-    dual encoder's video tower, a pretraining model's encoder); None for an unknown name."""
-    from avion_ds.models.mae import get_mae_arch
-    from avion_ds.models.registry import get_arch
+def _any_arch(name: str, **overrides: Any) -> Any:
+    """The architecture object of any registered name: ``ViTArch``, ``ClipArch`` or ``MAEArch``."""
+    return pretrain_arch(name, **overrides) if name in pretrain_names() else registered_arch(name, **overrides)
 
-    if name.startswith("pretrain_"):
-        try:
-            return get_mae_arch(name).encoder
-        except ValueError:
-            return None
+
+def video_transformer_arch(name: str) -> ViTArch | None:
+    """The ``ViTArch`` of the video transformer a registered ``name`` runs with no overrides (a
+    classifier's own arch, a dual encoder's video tower, a pretraining model's encoder); None for an
+    unknown name."""
     try:
-        arch = get_arch(name)
+        return _any_arch(name).video_transformer
     except ValueError:
         return None
-    return getattr(arch, "vision", arch)
 
 
 def describe(
     name: str, num_frames: int | None = None, img_size: int | None = None, num_classes: int | None = None
 ) -> dict[str, object]:
     """One row: name, width/depth/heads, input, parameters (meta build) and forward GFLOPs per clip."""
-    import torch
-
-    from avion_ds.models.flops import model_flops
-    from avion_ds.models.mae import get_mae_arch
-    from avion_ds.models.registry import create_model, get_arch
-    from avion_ds.models.vit import count_params
-
     over: dict[str, int] = {}
     if num_frames is not None:
         over["num_frames"] = num_frames
     if img_size is not None:
         over["img_size"] = img_size
-    if num_classes is not None:
+    pretrain = name in pretrain_names()
+    arch = _any_arch(name, **over)
+    classifier = isinstance(arch, ViTArch)  # a dual encoder and a pretraining model have no classifier
+    if classifier and num_classes is not None:
         over["num_classes"] = num_classes
-    pretrain = name.startswith("pretrain_")
-    if not pretrain and hasattr(get_arch(name), "vision"):  # a dual encoder has no classifier
-        over.pop("num_classes", None)
-    if pretrain:  # masked-autoencoder sizes: encoder geometry; FLOPs depend on the mask ratio (not listed)
-        over.pop("num_classes", None)
-        arch = get_mae_arch(name, **over).encoder
-    else:
-        arch = get_arch(name, **over)
+        arch = arch.replace(num_classes=num_classes)
     with torch.device("meta"):
         params = count_params(create_model(name, attn_backend="eager", **over))
+    # a pretraining model's FLOPs depend on the mask ratio (not listed); a dual encoder's count both towers
     flops = None if pretrain else model_flops(arch) / 1e9
-    if hasattr(arch, "vision"):  # dual encoder: the video tower's geometry, FLOPs of both towers
-        arch = arch.vision
+    video = arch.video_transformer
     return {
         "name": name,
-        "width": arch.embed_dim,
-        "depth": arch.depth,
-        "heads": arch.num_heads,
-        "input": f"{arch.num_frames}x{arch.img_size}",
-        "patch": f"{arch.tubelet_size}x{arch.patch_size}",
-        "classes": "-" if pretrain or not arch.num_classes else arch.num_classes,
+        "width": video.embed_dim,
+        "depth": video.depth,
+        "heads": video.num_heads,
+        "input": f"{video.num_frames}x{video.img_size}",
+        "patch": f"{video.tubelet_size}x{video.patch_size}",
+        "classes": video.num_classes if classifier and video.num_classes else "-",
         "params_m": params / 1e6,
         "gflops": flops,
     }

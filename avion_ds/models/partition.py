@@ -23,6 +23,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from avion_ds.distributed.ds_config import offload_device, precision_of, torch_dtype, zero_stage
 from avion_ds.distributed.malloc import pin_mmap_threshold
 
 
@@ -61,7 +62,7 @@ def gathered(params: Iterable[torch.Tensor], modifier_rank: int | None = 0) -> c
     params = [p for p in params if p is not None]
     if not any(is_partitioned(p) for p in params):
         return contextlib.nullcontext()
-    import deepspeed
+    import deepspeed  # lazy: heavy, only partitioned (ZeRO-3) parameters need it
 
     return deepspeed.zero.GatheredParameters(params, modifier_rank=modifier_rank)
 
@@ -75,9 +76,7 @@ def zero_init(ds_config: dict[str, Any]) -> Any:
     fp16, e.g. AMD EPYC) and builds the parameters in bf16 under an fp32 config. The resolved dtype
     is then checked before anything is built.
     """
-    import deepspeed
-
-    from avion_ds.distributed.ds_config import offload_device, precision_of, torch_dtype
+    import deepspeed  # lazy: heavy, only ZeRO-3 construction needs it
 
     offload = ds_config["zero_optimization"].get("offload_param") or {}
     init = deepspeed.zero.Init(
@@ -99,8 +98,6 @@ def partitioned_construction(ds_config: dict[str, Any] | None) -> Iterator[bool]
     Wrap ANY model construction (``create_model``, pretraining models) in it; the model must then
     be handed to ``deepspeed.initialize`` with the same config. Needs a process group.
     """
-    from avion_ds.distributed.ds_config import zero_stage
-
     if zero_stage(ds_config) != 3:
         yield False
         return

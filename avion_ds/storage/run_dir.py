@@ -6,7 +6,7 @@
     checkpoints/step_00000120/     DeepSpeed shards (all ranks) + client_rank<r>.pt (per-rank state)
     checkpoints/step_00000120/COMPLETE.json   written by rank 0 after EVERY rank finished saving
 
-``engine.run_checkpoints`` writes this layout; ``engine.export`` and ``models.weights.formats`` (a run directory
+``engine.run_checkpoints`` writes this layout; ``engine.export`` and ``models.weights.loading`` (a run directory
 passed as ``pretrained=``) read it through :func:`consolidate`, so neither needs the other.
 
 Every file is read through ``models.weights.safe_load`` (``weights_only`` + allowlist; ``trust`` opts out).

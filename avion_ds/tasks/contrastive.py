@@ -120,11 +120,11 @@ class ContrastiveTask(Task):
             raise ConfigError(f"data.mixup={d.mixup}, data.cutmix={d.cutmix}: mixing clips breaks video-text pairs")
 
     def check_model(self, recipe: Recipe) -> ModelSummary:
-        from avion_ds.models import ClipArch, create_model, get_arch, model_flops
-        from avion_ds.models.vit import count_params
+        from avion_ds.models import ClipArch, create_model, model_flops, registered_arch
+        from avion_ds.models.vit.model import count_params
 
         name = recipe.model.name
-        base = get_arch(name)
+        base = registered_arch(name)
         if not isinstance(base, ClipArch):
             raise ConfigError(f"model.name={name!r} is not a video-text dual encoder (e.g. clip_vit_base_patch16_224)")
         if recipe.data.size % base.patch_size:
@@ -133,7 +133,7 @@ class ContrastiveTask(Task):
             )
         kw = _encoder_kwargs(recipe)
         try:
-            arch = get_arch(name, **kw)
+            arch = registered_arch(name, **kw)
         except ValueError as e:
             raise ConfigError(f"model: {e}") from None
         with torch.device("meta"):
@@ -158,7 +158,7 @@ class ContrastiveTask(Task):
     def after_step(self, engine: Any) -> None:
         """AVION's ``logit_scale.data.clamp_(0, 4.6052)`` after every step, master weight included."""
         from avion_ds.distributed.master_weights import clamp_parameter_
-        from avion_ds.models.clip import LOGIT_SCALE_MAX
+        from avion_ds.models.clip.model import LOGIT_SCALE_MAX
 
         scale = getattr(engine.module, "logit_scale", None)
         if scale is not None and scale.requires_grad:

@@ -39,7 +39,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from avion_ds.models.clip import at_least_fp32
+from avion_ds.models.clip.model import at_least_fp32
 
 LossParts = tuple[Tensor, dict[str, Tensor]]
 # micro-batch i -> (video embeddings (b, E), text embeddings (b, E), logit scale (0-d)); normalised

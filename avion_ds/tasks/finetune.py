@@ -94,12 +94,12 @@ class FinetuneTask(Task):
             )
 
     def check_model(self, recipe: Recipe) -> ModelSummary:
-        from avion_ds.models import create_model, get_arch, model_flops
-        from avion_ds.models.vit import count_params
+        from avion_ds.models import create_model, model_flops, registered_arch
+        from avion_ds.models.vit.model import count_params
 
         check_heads(recipe)
         name = recipe.model.name
-        base = get_arch(name)
+        base = registered_arch(name)
         tubelet = recipe.model.tubelet_size or base.tubelet_size
         if recipe.data.size % base.patch_size:
             raise ConfigError(
@@ -113,7 +113,7 @@ class FinetuneTask(Task):
             )
         kw = model_kwargs(recipe)
         try:
-            arch = get_arch(name, **kw)
+            arch = registered_arch(name, **kw)
         except ValueError as e:  # ViTArch.validate: one line naming the field
             raise ConfigError(f"model: {e}") from None
         with torch.device("meta"):  # parameters only: the backend (checked in check_runtime) changes none

@@ -78,9 +78,9 @@ def build_pretrain_model(recipe: Recipe, pretrained: str | None = None) -> nn.Mo
 def mask_spec(recipe: Recipe) -> MaskSpec:
     """The per-clip masks the recipe asks for, on the model's token grid (nothing is built)."""
     from avion_ds.data.masking import MaskSpec
-    from avion_ds.models import get_mae_arch
+    from avion_ds.models import pretrain_arch
 
-    grid = get_mae_arch(recipe.model.name, **model_options(recipe)).encoder.grid
+    grid = pretrain_arch(recipe.model.name, **model_options(recipe)).encoder.grid
     p = recipe.pretrain
     return MaskSpec(grid, p.mask_type, p.mask_ratio, p.decoder_mask_type, p.decoder_mask_ratio).validate()
 
@@ -111,12 +111,12 @@ class PretrainTask(Task):
             raise ConfigError(f"data.multi_scale={d.multi_scale} must be a non-empty list in (0, 1]")
 
     def check_model(self, recipe: Recipe) -> ModelSummary:
-        from avion_ds.models import create_model, get_mae_arch, model_flops
-        from avion_ds.models.vit import count_params
+        from avion_ds.models import create_model, model_flops, pretrain_arch
+        from avion_ds.models.vit.model import count_params
 
         name = recipe.model.name
         try:
-            enc = get_mae_arch(name, **model_options(recipe)).encoder
+            enc = pretrain_arch(name, **model_options(recipe)).encoder
         except (ValueError, TypeError) as e:
             raise ConfigError(f"model: {e}") from None
         with torch.device("meta"):  # FLOPs: the encoder over the whole clip (the masked share is less)
@@ -194,7 +194,7 @@ def evaluate_pretrain(
     of the whole val set: per-clip sums are gathered by dataset index and the DistributedSampler's
     padding repeats dropped (as classification eval does), so ranks and batching do not change them.
     """
-    from avion_ds.models.mae import pixel_targets
+    from avion_ds.models.mae.model import pixel_targets
     from avion_ds.tasks.metrics import PredictionStore
 
     was_training = getattr(model, "training", False)

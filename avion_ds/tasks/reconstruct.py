@@ -58,7 +58,7 @@ def reconstruct_grid(
     model: torch.nn.Module, x: torch.Tensor, masks: dict[str, torch.Tensor], frames: int
 ) -> np.ndarray:
     """uint8 (3*H, F*W, 3) image: original / masked / reconstruction rows for ``frames`` frames."""
-    from avion_ds.models.mae import pixel_targets
+    from avion_ds.models.mae.model import pixel_targets
 
     arch = model.arch
     e = arch.encoder

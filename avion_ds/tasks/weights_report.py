@@ -20,7 +20,7 @@ from torch import nn
 from avion_ds.config import ConfigError, Recipe
 from avion_ds.models import LoadReport
 from avion_ds.models.partition import full_numel
-from avion_ds.models.weights.formats import MIN_BACKBONE_MATCH
+from avion_ds.models.weights.loading import MIN_BACKBONE_MATCH
 from avion_ds.models.weights.sharded import load_pretrained_sharded
 
 REPORT_NAME = "pretrained_report.json"

@@ -37,7 +37,7 @@ from avion_ds.tasks.zero_shot_classes import (
 if TYPE_CHECKING:
     from avion_ds.config import Recipe
     from avion_ds.data.bad_input import BadInputLog
-    from avion_ds.models.weights.formats import LoadReport
+    from avion_ds.models.weights.report import LoadReport
 
 BENCHMARKS = ("epic", "egtea", "charades_ego")
 PROTOCOL = (
@@ -186,7 +186,7 @@ class ZeroShotTask(ContrastiveTask):
         """Classifiers from the prompts, video embeddings of every clip (all ranks), the benchmark's metrics."""
         from avion_ds.data.bad_input import BadInputLog, batch_messages
         from avion_ds.distributed.run_log import progress
-        from avion_ds.models.clip import at_least_fp32
+        from avion_ds.models.clip.model import at_least_fp32
         from avion_ds.tasks.evaluation import augmented_batch
         from avion_ds.tasks.metrics import PredictionStore, failed_in_batch, gather_failed
         from avion_ds.tasks.retrieval_eval import dataset_rows_report

@@ -59,7 +59,7 @@ def avion_exempt(n: str, ndim: int) -> bool:
 def test_avion_no_decay_rule_matches_avions_on_its_names() -> None:
     from avion_ds.engine.optim import param_groups
     from avion_ds.models import create_model
-    from avion_ds.models.weights.clip_formats import map_clip_key
+    from avion_ds.models.clip.weights import map_clip_key
 
     model = create_model("clip_vit_test_tiny")
     ours = {n: g["weight_decay"] == 0.0 for g in param_groups(model, 0.01, 1.0, "avion") for n in g["names"]}

@@ -12,7 +12,7 @@ import torch
 from avion_ds import cli
 from avion_ds.config import recipe_from_dict, save_recipe
 from avion_ds.models import create_model
-from avion_ds.models.hf import save_hf
+from avion_ds.models.vit.hf import save_hf
 
 transformers = pytest.importorskip("transformers")
 X = torch.randn(2, 3, 4, 32, 32, generator=torch.Generator().manual_seed(3))

@@ -11,7 +11,7 @@ import torch
 from torch import nn
 
 from avion_ds.models import create_model
-from avion_ds.models.clip import LOGIT_SCALE_MAX
+from avion_ds.models.clip.model import LOGIT_SCALE_MAX
 from avion_ds.tasks.contrastive import ContrastiveTask
 from avion_ds.tasks.contrastive_losses import clip_loss
 

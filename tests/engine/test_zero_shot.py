@@ -286,16 +286,16 @@ def test_openai_sizes_are_openai_geometry_and_towers_check() -> None:
     """clip_openai_* = the AVION sizes with OpenAI's own choices (what ViT-B-16.pt loads into with its
     projections); a missing text tensor is refused, a fresh temporal embedding (image CLIP) is not."""
     from avion_ds.config import ConfigError
-    from avion_ds.models import get_arch
-    from avion_ds.models.weights.formats import LoadReport
+    from avion_ds.models import registered_arch
+    from avion_ds.models.weights.report import LoadReport
     from avion_ds.tasks.zero_shot import check_towers
 
     for ours, base in (
         ("clip_openai_vit_base_patch16_224", "clip_vit_base_patch16_224"),
         ("clip_openai_vit_large_patch14_224", "clip_vit_large_patch14_224"),
     ):
-        want = get_arch(base, act="quick_gelu", norm_eps=1e-5, proj_dim=512 if "base" in base else 768)
-        got = get_arch(ours)
+        want = registered_arch(base, act="quick_gelu", norm_eps=1e-5, proj_dim=512 if "base" in base else 768)
+        got = registered_arch(ours)
         assert (got.vision.replace(name="x"), got.text.replace(name="x")) == (
             want.vision.replace(name="x"),
             want.text.replace(name="x"),

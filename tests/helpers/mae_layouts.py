@@ -1,5 +1,5 @@
 """Our masked-autoencoder weights written in the reference layouts (official VideoMAE / V2, Hugging Face
-``VideoMAEForPreTraining``): the inverse of ``avion_ds.models.weights.mae_formats``, for round-trip tests."""
+``VideoMAEForPreTraining``): the inverse of ``avion_ds.models.mae.weights``, for round-trip tests."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ from typing import Any
 
 import torch
 
-from avion_ds.models.mae import VideoMAEPretrain
-from avion_ds.models.weights.formats import HF_BLOCK_KEYS
-from avion_ds.models.weights.mae_formats import _SHARED
+from avion_ds.models.mae.model import VideoMAEPretrain
+from avion_ds.models.mae.weights import _SHARED
+from avion_ds.models.vit.weights import HF_BLOCK_KEYS
 
 StateDict = dict[str, torch.Tensor]
 

@@ -9,7 +9,7 @@ from torch import nn
 
 from avion_ds.engine.trainer import zero0_grad_norm_tensor
 from avion_ds.models.activation_checkpointing import apply_configured
-from avion_ds.models.mae import _MAE_ARCHS
+from avion_ds.models.mae.sizes import pretrain_names
 from avion_ds.models.registry import create_model
 
 
@@ -38,7 +38,7 @@ def create_model_from_config(model_cfg: Any, num_frames: int, img_size: int, **o
 
 def list_mae_models() -> list[str]:
     """The registered masked-autoencoder (pretraining) model names."""
-    return sorted(_MAE_ARCHS)
+    return pretrain_names()
 
 
 def zero0_grad_norm(engine: Any, loss_scale: float | None = None) -> float | None:

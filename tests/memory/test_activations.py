@@ -7,7 +7,7 @@ from torch import nn
 import avion_ds.models.activation_checkpointing as checkpointing
 from avion_ds.memory.activations import SavedTensorTracker, measure_activation_bytes
 from avion_ds.memory.estimate import activation_bytes_per_clip, arch_info
-from avion_ds.models import create_model, get_arch, list_models
+from avion_ds.models import create_model, list_models, registered_arch
 
 
 def _fast_model(name: str, frames: int, depth: int = 2, **kw) -> nn.Module:
@@ -54,7 +54,7 @@ def test_activation_bytes_scale_with_batch():
 def test_formula_within_10_percent_every_size_two_frame_counts(name):
     """Activations are linear in depth, so depth-2 copies with each size's width/heads/patch check the
     per-block formula; the full-depth estimate is that formula with the real depth."""
-    arch = get_arch(name)
+    arch = registered_arch(name)
     size = arch.img_size if arch.img_size <= 64 else 112  # keeps 2-core CPU cost low; tokens still vary
     size -= size % arch.patch_size
     for frames in (2 * arch.tubelet_size, 4 * arch.tubelet_size):

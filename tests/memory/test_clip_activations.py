@@ -9,7 +9,7 @@ from torch import nn
 
 from avion_ds.memory.activations import measure_activation_bytes
 from avion_ds.memory.estimate import activation_bytes_per_clip, arch_info, estimate
-from avion_ds.models import count_params, create_model, get_arch, list_models
+from avion_ds.models import count_params, create_model, list_models, registered_arch
 
 
 def _fast(name: str, **kw) -> nn.Module:
@@ -43,7 +43,7 @@ def test_dual_encoder_formula_is_exact(dtype: torch.dtype, kw: dict) -> None:
 @pytest.mark.parametrize("name", [n for n in list_models() if n.startswith("clip_")])
 def test_every_registered_dual_encoder_width_exact(name: str) -> None:
     """Depth-2 copies at each size's widths, heads and patch size (activations are linear in depth)."""
-    arch = get_arch(name)
+    arch = registered_arch(name)
     size = 4 * arch.patch_size
     model = _fast(name, depth=2, text_depth=2, num_frames=2, img_size=size)
     info = arch_info(model)

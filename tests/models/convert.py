@@ -42,6 +42,6 @@ def to_videomae_pretrain(model: VideoViT) -> dict:
 
 def to_hf(model: VideoViT) -> dict[str, torch.Tensor]:
     """transformers VideoMAEForVideoClassification state dict (the package's export conversion)."""
-    from avion_ds.models.hf import to_hf_state_dict
+    from avion_ds.models.vit.hf import to_hf_state_dict
 
     return to_hf_state_dict(model)

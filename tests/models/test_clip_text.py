@@ -129,12 +129,12 @@ def test_checkpointing_covers_both_towers_with_equal_gradients() -> None:
 
 
 def test_registered_sizes_and_overrides() -> None:
-    from avion_ds.models import count_params, get_arch
+    from avion_ds.models import count_params, registered_arch
 
-    b16 = get_arch("clip_vit_base_patch16_224")
+    b16 = registered_arch("clip_vit_base_patch16_224")
     assert (b16.vision.embed_dim, b16.text.embed_dim, b16.text.num_heads, b16.proj_dim) == (768, 512, 8, 256)
     assert (b16.vision.act, b16.vision.norm_eps, b16.text.norm_eps) == ("gelu", 1e-6, 1e-5)  # AVION's towers
-    l14 = get_arch("clip_vit_large_patch14_336", text_depth=6, proj_dim=768)
+    l14 = registered_arch("clip_vit_large_patch14_336", text_depth=6, proj_dim=768)
     assert (l14.img_size, l14.patch_size, l14.text.embed_dim, l14.text.depth, l14.text.proj_dim) == (
         336,
         14,
@@ -146,6 +146,6 @@ def test_registered_sizes_and_overrides() -> None:
         n = count_params(create_model("clip_vit_base_patch16_224", **OPENAI_B16))
     assert n == 149_620_737  # OpenAI CLIP ViT-B/16 (logit scale stored as (1,))
     with pytest.raises(ValueError, match="no classifier"):
-        get_arch("clip_vit_test_tiny", num_classes=3)
+        registered_arch("clip_vit_test_tiny", num_classes=3)
     with pytest.raises(TypeError, match="unknown text option"):
-        get_arch("clip_vit_test_tiny", text_widht=3)
+        registered_arch("clip_vit_test_tiny", text_widht=3)

@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from avion_ds.models import apply_activation_checkpointing, get_arch
-from avion_ds.models.vit import VideoViT
-from avion_ds.models.weights.clip_formats import map_clip_key
+from avion_ds.models import apply_activation_checkpointing, registered_arch
+from avion_ds.models.clip.weights import map_clip_key
+from avion_ds.models.vit.model import VideoViT
 
 open_clip = pytest.importorskip("open_clip")
 
@@ -34,7 +34,7 @@ def test_vit_b16_one_frame_equals_open_clip_encode_image() -> None:
         for name, p in ref.visual.named_parameters():
             if name.startswith(("ln_", "transformer.resblocks.0.ln_")) or name.endswith("bias"):
                 p.add_(0.1 * torch.randn_like(p))
-    ours = VideoViT(get_arch("clip_vit_base_patch16_224").vision.replace(num_frames=1, **OPENAI)).eval()
+    ours = VideoViT(registered_arch("clip_vit_base_patch16_224").vision.replace(num_frames=1, **OPENAI)).eval()
     assert ours.temporal_embed is None  # absent at T = 1
     result = ours.load_state_dict(_visual_state(ref.state_dict(), ours), strict=True)
     assert not result.missing_keys and not result.unexpected_keys
@@ -47,7 +47,7 @@ def test_vit_b16_one_frame_equals_open_clip_encode_image() -> None:
 
 
 def _tiny(**kw) -> VideoViT:
-    arch = get_arch("clip_vit_test_tiny").vision.replace(**kw)
+    arch = registered_arch("clip_vit_test_tiny").vision.replace(**kw)
     return VideoViT(arch)
 
 

@@ -13,8 +13,8 @@ import torch
 import torch.nn.functional as F
 
 from avion_ds.models import create_model, load_pretrained
+from avion_ds.models.clip.weights import prepare_clip_state_dict
 from avion_ds.models.partition import state_shapes
-from avion_ds.models.weights.clip_formats import prepare_clip_state_dict
 from avion_ds.storage.safe_load import UntrustedCheckpoint
 
 open_clip = pytest.importorskip("open_clip")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from avion_ds.models import create_model, get_arch, model_flops
+from avion_ds.models import create_model, model_flops, registered_arch
 
 
 @pytest.mark.parametrize("backend,embed,pool", [("eager", "linear", "mean"), ("sdpa", "conv", "cls")])
@@ -27,7 +27,7 @@ def test_model_flops_by_name_and_size_override():
     base = model_flops("vit_base_patch16_224")
     assert 3.4e11 < base < 3.8e11  # VideoMAE ViT-B 16x224: ~180 GMACs
     assert model_flops("vit_base_patch16_224", num_frames=8) < base / 2 + 1e10
-    assert model_flops(get_arch("vit_base_patch16_224")) == base
+    assert model_flops(registered_arch("vit_base_patch16_224")) == base
     assert model_flops(create_model("vit_test_tiny"), num_frames=8, img_size=64) == model_flops("vit_test_tiny", 8, 64)
 
 

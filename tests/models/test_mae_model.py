@@ -16,7 +16,7 @@ from avion_ds.models import (
     load_pretrained,
     load_pretrained_mae,
 )
-from avion_ds.models.weights.mae_formats import decoder_dims, detect_mae_format
+from avion_ds.models.mae.weights import decoder_dims, detect_mae_format
 from avion_ds.models.weights.sharded import load_pretrained_sharded
 from tests.helpers.mae_layouts import to_hf, to_official
 

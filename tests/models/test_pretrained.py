@@ -7,7 +7,7 @@ import torch
 from safetensors.torch import save_file
 
 from avion_ds.models import create_model, load_pretrained
-from avion_ds.models.weights.formats import resize_patch_weight, resize_pos_embed
+from avion_ds.models.vit.weights import resize_patch_weight, resize_pos_embed
 from tests.models.convert import to_hf, to_videomae, to_videomae_pretrain
 
 X = torch.randn(2, 3, 4, 32, 32)
@@ -364,7 +364,7 @@ def test_resize_pos_embed_reads_the_source_grid_by_the_target_ratios(src, target
     resample the pattern bilinearly (a wrong grid guess such as 2x28x28 for 1568 tokens mixes them)."""
     import torch.nn.functional as F
 
-    from avion_ds.models.weights.formats import guess_grid
+    from avion_ds.models.vit.weights import guess_grid
 
     t0, h0, w0 = src
     assert guess_grid(t0 * h0 * w0, target) == src
@@ -400,7 +400,7 @@ def test_below_threshold_load_is_an_error_whatever_strict(caplog):
     naming the source and the matched fraction without ``strict``, a one-line ValueError with it."""
     src = _src()
     sliver = {k: v for k, v in src.state_dict().items() if k.startswith(("patch_embed.", "blocks.0.attn.qkv"))}
-    with caplog.at_level("ERROR", logger="avion_ds.models.weights.formats"):
+    with caplog.at_level("ERROR", logger="avion_ds.models.weights.loading"):
         report = load_pretrained(_fresh(), sliver)
     assert report.format == "avion_ds" and len(report.missing) > 20
     errors = [r.getMessage() for r in caplog.records if r.levelname == "ERROR"]
@@ -411,7 +411,7 @@ def test_below_threshold_load_is_an_error_whatever_strict(caplog):
         load_pretrained(_fresh(), sliver, strict=True)
     caplog.clear()
     with caplog.at_level(
-        "ERROR", logger="avion_ds.models.weights.formats"
+        "ERROR", logger="avion_ds.models.weights.loading"
     ):  # a pretraining encoder: fc_norm / head fresh
         load_pretrained(_fresh(num_classes=5), to_videomae_pretrain(src))
         load_pretrained(_fresh(), src.state_dict(), strict=True)

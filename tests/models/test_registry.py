@@ -5,7 +5,18 @@ from __future__ import annotations
 import pytest
 import torch
 
-from avion_ds.models import VideoViT, count_params, create_model, get_arch, list_models
+from avion_ds.models import (
+    ClipArch,
+    MAEArch,
+    VideoViT,
+    ViTArch,
+    count_params,
+    create_model,
+    list_models,
+    pretrain_arch,
+    registered_arch,
+)
+from avion_ds.models.listing import video_transformer_arch
 
 
 def test_list_models_has_all_sizes():
@@ -40,7 +51,7 @@ def test_param_counts_match_published(name, expected_m):
 
 
 def test_giant_architecture():
-    arch = get_arch("vit_giant_patch14_224")
+    arch = registered_arch("vit_giant_patch14_224")
     assert (arch.embed_dim, arch.depth, arch.num_heads, arch.patch_size, arch.mlp_hidden) == (1408, 40, 16, 14, 6144)
     assert arch.grid == (8, 16, 16)
 
@@ -150,3 +161,19 @@ def test_integer_input_rejected():
     model = create_model("vit_test_tiny")
     with pytest.raises(ValueError, match="float"):
         model(torch.zeros(1, 3, 4, 32, 32, dtype=torch.uint8))
+
+
+def test_arch_lookups_name_what_they_return():
+    """registered_arch: ViTArch / ClipArch; pretrain_arch: MAEArch; video_transformer_arch: the ViTArch any name runs."""
+    assert isinstance(registered_arch("vit_test_tiny"), ViTArch)
+    assert isinstance(registered_arch("vit_clip_test_tiny"), ViTArch)
+    assert isinstance(registered_arch("clip_vit_test_tiny"), ClipArch)
+    assert isinstance(pretrain_arch("pretrain_videomae_test_tiny"), MAEArch)
+    with pytest.raises(ValueError, match=r"a pretraining model; its architecture \(MAEArch\) is .*pretrain_arch"):
+        registered_arch("pretrain_videomae_test_tiny")
+    with pytest.raises(ValueError, match="unknown pretraining model"):
+        pretrain_arch("vit_test_tiny")
+    assert video_transformer_arch("vit_test_tiny") == registered_arch("vit_test_tiny")
+    assert video_transformer_arch("clip_vit_test_tiny") == registered_arch("clip_vit_test_tiny").vision
+    assert video_transformer_arch("pretrain_videomae_test_tiny") == pretrain_arch("pretrain_videomae_test_tiny").encoder
+    assert video_transformer_arch("vit_tset_tiny") is None

@@ -17,8 +17,8 @@ import torch.nn.functional as F
 from avion_ds.config import ConfigError, ModelConfig
 from avion_ds.engine.preflight import check_weights_source
 from avion_ds.engine.run_checkpoints import model_identity
-from avion_ds.models import create_model, get_arch, load_pretrained
-from avion_ds.models.weights.formats import backbone_coverage
+from avion_ds.models import create_model, load_pretrained, registered_arch
+from avion_ds.models.weights.loading import backbone_coverage
 from avion_ds.tasks import build_recipe
 from avion_ds.tasks.finetune import FinetuneTask, model_kwargs
 from avion_ds.tasks.weights_report import REPORT_NAME, load_and_report
@@ -105,7 +105,7 @@ def clip(frames: int = 2, size: int = 32, seed: int = 3) -> torch.Tensor:
 
 @pytest.mark.parametrize(("name", "tower"), PAIRS)
 def test_classifiers_are_the_dual_encoders_video_towers(name: str, tower: str) -> None:
-    arch, vision = get_arch(name), get_arch(tower).vision
+    arch, vision = registered_arch(name), registered_arch(tower).vision
     same = {f.name for f in dataclasses.fields(arch)} - {"name", "proj_dim", "num_classes"}
     assert {k: getattr(arch, k) for k in same} == {k: getattr(vision, k) for k in same}
     assert (arch.proj_dim, arch.pool, arch.pos_embed, arch.tubelet_size) == (None, "cls", "clip", 1)
@@ -181,7 +181,7 @@ def test_avion_and_openai_layouts_give_the_towers_features(layout: str) -> None:
 def test_temporal_and_spatial_tables_resize_as_for_the_dual_encoder(frames: int, size: int) -> None:
     """AVION's 2-frame file into 4 frames (linear in time) / 1 frame (first frame) / 48 px (bicubic
     spatial table): the classifier's features equal the dual encoder's built at that size from the
-    same file (clip_formats' resizing)."""
+    same file (clip.weights' resizing)."""
     src = reference_layout(dual_encoder().state_dict(), "avion")
     de = create_model("clip_vit_test_tiny", num_frames=frames, img_size=size).eval()
     load_pretrained(de, src)
@@ -221,7 +221,7 @@ def test_unset_pool_and_pos_embed_keep_each_models_own_layout() -> None:
     assert (base.model.name, base.model.pool, base.model.pos_embed) == ("vit_base_patch16_224", None, None)
     kw = model_kwargs(base)
     assert "pool" not in kw and "pos_embed" not in kw
-    arch = get_arch(base.model.name, **kw)
+    arch = registered_arch(base.model.name, **kw)
     assert (arch.pool, arch.pos_embed) == ("mean", "sincos")
     with torch.device("meta"):
         vit = create_model(base.model.name, **kw)

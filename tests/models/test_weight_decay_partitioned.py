@@ -12,8 +12,8 @@ import torch
 
 from avion_ds.distributed import dist
 from avion_ds.engine.optim import param_groups
-from avion_ds.models import ClipArch, create_model, get_arch, list_models
-from avion_ds.models.mae import get_mae_arch
+from avion_ds.models import ClipArch, create_model, list_models, registered_arch
+from avion_ds.models.mae.sizes import pretrain_arch
 from avion_ds.models.partition import is_partitioned, partitioned_construction
 from tests.helpers.models import list_mae_models
 
@@ -23,11 +23,11 @@ ZERO3 = {"train_micro_batch_size_per_gpu": 1, "zero_optimization": {"stage": 3}}
 def tiny_overrides(name: str) -> dict:
     """The registered model's own flags (patch size, MLP ratio, ...) at a size a CPU builds instantly."""
     pretrain = name in list_mae_models()
-    patch = (get_mae_arch(name).encoder if pretrain else get_arch(name)).patch_size
+    patch = (pretrain_arch(name).encoder if pretrain else registered_arch(name)).patch_size
     kw = {"embed_dim": 32, "depth": 2, "num_heads": 2, "num_frames": 2, "img_size": 2 * patch}
     if pretrain:
         kw.update(decoder_dim=16, decoder_depth=1, decoder_heads=2)
-    elif isinstance(get_arch(name), ClipArch):  # dual encoder: a small text tower, no classifier
+    elif isinstance(registered_arch(name), ClipArch):  # dual encoder: a small text tower, no classifier
         kw.update(text_embed_dim=16, text_depth=2, text_num_heads=2, text_vocab_size=64, text_context_length=8)
     else:
         kw["num_classes"] = 3

@@ -33,7 +33,7 @@ from avion_ds.models.partition import (
     is_partitioned,
     partitioned_construction,
 )
-from avion_ds.models.vit import sincos_table
+from avion_ds.models.vit.model import sincos_table
 from avion_ds.models.weights.sharded import build_partitioned, load_pretrained_sharded
 
 WORLD = int(os.environ["WORLD_SIZE"])

@@ -1,6 +1,6 @@
 """Pretrained weights into a ZeRO-3 partitioned model, one submodule at a time.
 
-Rank 0 reads the checkpoint and maps / resizes it with ``pretrained.prepare_state_dict`` (same
+Rank 0 reads the checkpoint and maps / resizes it with ``loading.prepare_state_dict`` (same
 formats, key mapping, position-embedding resizing and ``LoadReport`` as ``load_pretrained``). A
 .safetensors file that needs no conversion (our exports, same-size models) is mapped on its
 header alone and read one tensor at a time, so rank 0 never holds the whole checkpoint either.
@@ -28,12 +28,8 @@ from avion_ds.models.partition import (
     is_partitioned_model,
     partitioned_construction,
 )
-from avion_ds.models.weights.formats import (
-    LoadReport,
-    finish_report,
-    load_pretrained,
-    prepare_state_dict,
-)
+from avion_ds.models.weights.loading import finish_report, load_pretrained, prepare_state_dict
+from avion_ds.models.weights.report import LoadReport
 from avion_ds.storage.safetensors_stream import SafetensorsReader
 
 logger = logging.getLogger(__name__)

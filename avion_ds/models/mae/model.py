@@ -16,9 +16,8 @@ Returns :class:`MAEOutput` with the scalar ``loss``.
 
 from __future__ import annotations
 
-import dataclasses
-import difflib
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, NamedTuple
 
 import torch
@@ -26,9 +25,9 @@ from timm.layers import trunc_normal_
 from torch import nn
 
 from avion_ds.models.arch import ViTArch
+from avion_ds.models.mae.weights import prepare_mae_state_dict
 from avion_ds.models.partition import full_ndim
-from avion_ds.models.registry import register_model
-from avion_ds.models.vit import Block, VideoViT, sincos_table
+from avion_ds.models.vit.model import Block, VideoViT, sincos_table
 from avion_ds.models.weights.report import LoadReport
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
@@ -47,6 +46,11 @@ class MAEArch:
     norm_pix_loss: bool = True
     mean: tuple[float, float, float] = IMAGENET_MEAN  # to un-normalise frames for the targets
     std: tuple[float, float, float] = IMAGENET_STD
+
+    @property
+    def video_transformer(self) -> ViTArch:
+        """The video transformer this architecture runs on the clips: the encoder."""
+        return self.encoder
 
     @property
     def decoder_arch(self) -> ViTArch:
@@ -159,7 +163,7 @@ class VideoMAEPretrain(nn.Module):
         (rank 0 initialises, then re-partitions)."""
         params = list(self.parameters())
         if any(hasattr(p, "ds_id") for p in params):
-            import deepspeed
+            import deepspeed  # lazy: heavy, and only a ZeRO-3 partitioned construction needs it
 
             with deepspeed.zero.GatheredParameters(params, modifier_rank=0):
                 self._init_full()
@@ -182,11 +186,12 @@ class VideoMAEPretrain(nn.Module):
         if isinstance(self.encoder.pos_embed, nn.Parameter):
             trunc_normal_(self.encoder.pos_embed, std=std, a=-std, b=std)
 
-    def prepare_checkpoint(self, source: Any, trust: bool = False) -> tuple[dict[str, torch.Tensor], LoadReport]:
+    def prepare_checkpoint(
+        self, source: str | Path | dict[str, Any], trust: bool = False, *, kinetics_head: bool = False
+    ) -> tuple[dict[str, torch.Tensor], LoadReport]:
         """``source`` mapped to this model's names and a ``LoadReport``, from the pretraining layouts;
-        ``load_pretrained`` and the ZeRO-3 loader take this model's weights through it."""
-        from avion_ds.models.weights.mae_formats import prepare_mae_state_dict
-
+        ``load_pretrained`` and the ZeRO-3 loader take this model's weights through it (``kinetics_head``
+        is a classifier's option: a pretraining model has none, so it is not used)."""
         return prepare_mae_state_dict(self, source, trust)
 
     # -- blocks / optimizer hooks used by activation checkpointing and param groups -------------
@@ -266,156 +271,3 @@ class VideoMAEPretrain(nn.Module):
             f"encoder={a.encoder.name}, decoder dim={a.decoder_dim} depth={a.decoder_depth} "
             f"heads={a.decoder_heads}, norm_pix_loss={a.norm_pix_loss}"
         )
-
-
-# ----------------------------------------------------------------------------------------------
-# registry
-# ----------------------------------------------------------------------------------------------
-_MAE_ARCHS: dict[str, MAEArch] = {}
-_MAE_FIELDS = ("decoder_dim", "decoder_depth", "decoder_heads", "decoder_norm_eps", "norm_pix_loss", "mean", "std")
-
-
-def _mae(name: str, encoder: dict[str, Any], **decoder: Any) -> None:
-    enc = ViTArch(name=name, num_classes=0, drop_path_rate=0.0, **encoder).validate()
-    _MAE_ARCHS[name] = MAEArch(encoder=enc, **decoder)
-
-
-def get_mae_arch(name: str, **overrides: Any) -> MAEArch:
-    """The ``MAEArch`` a registered pretraining name builds, with overrides applied: decoder /
-    target fields by name, every other key a ``ViTArch`` field of the encoder."""
-    if name not in _MAE_ARCHS:
-        close = difflib.get_close_matches(name, list(_MAE_ARCHS), n=3, cutoff=0.5)
-        raise ValueError(f"unknown pretraining model {name!r}; known: {', '.join(close or sorted(_MAE_ARCHS))}")
-    base = _MAE_ARCHS[name]
-    for key in ("num_classes", "heads"):
-        value = overrides.pop(key, None)
-        if value not in (None, 0):
-            raise ValueError(f"{name}: a pretraining model has no classifier; got {key}={value!r}")
-    mae = {k: overrides.pop(k) for k in list(overrides) if k in _MAE_FIELDS}
-    if overrides.get("pool", "mean") != "mean":
-        raise ValueError(
-            f"{name}: pool expected 'mean' (the encoder's final norm is fc_norm), got {overrides['pool']!r}"
-        )
-    return dataclasses.replace(base, encoder=base.encoder.replace(**overrides), **mae)
-
-
-def _build(name: str, pretrained: Any, overrides: dict[str, Any]) -> VideoMAEPretrain:
-    """Build ``name``; with ``pretrained``, the decoder's width and depth are the file's (VideoMAE V1
-    and V2 differ: ViT-H 640 vs 512 wide) unless given in ``overrides``, and the file is read once."""
-    if pretrained is None or pretrained == "":
-        return VideoMAEPretrain(get_mae_arch(name, **overrides))
-    import logging
-
-    from avion_ds.models.weights.formats import read_checkpoint, unwrap
-    from avion_ds.models.weights.mae_formats import decoder_dims, load_pretrained_mae
-
-    sd = unwrap(read_checkpoint(pretrained))
-    base = get_mae_arch(name, **overrides)
-    inferred = {k: v for k, v in decoder_dims(sd).items() if k not in overrides and v != getattr(base, k)}
-    if "decoder_dim" in inferred and "decoder_heads" not in overrides and inferred["decoder_dim"] % base.decoder_heads:
-        raise ValueError(
-            f"{name}: {_source_name(pretrained)} has a {inferred['decoder_dim']} wide decoder, not divisible "
-            f"by {base.decoder_heads} heads; pass decoder_heads="
-        )
-    log = logging.getLogger(__name__)
-    if inferred:
-        log.info(
-            "%s: decoder %s from %s (registered: dim %d, depth %d)",
-            name,
-            ", ".join(f"{k}={v}" for k, v in inferred.items()),
-            _source_name(pretrained),
-            base.decoder_dim,
-            base.decoder_depth,
-        )
-    model = VideoMAEPretrain(get_mae_arch(name, **overrides, **inferred))
-    report = load_pretrained_mae(model, sd)
-    log.info("%s: loaded %s from %s", name, report.summary(), _source_name(pretrained))
-    return model
-
-
-def _source_name(source: Any) -> str:
-    return "a state dict" if isinstance(source, dict) else str(source)
-
-
-# VideoMAE V2 modeling_pretrain sizes: decoder depth 4; S 192 wide / 3 heads, B 384 / 6, L H g 512 / 8.
-_mae(
-    "pretrain_videomae_test_tiny",
-    {"embed_dim": 64, "depth": 2, "num_heads": 2, "num_frames": 4, "img_size": 32},
-    decoder_dim=32,
-    decoder_depth=1,
-    decoder_heads=2,
-)
-_mae(
-    "pretrain_videomae_small_patch16_224",
-    {"embed_dim": 384, "depth": 12, "num_heads": 6},
-    decoder_dim=192,
-    decoder_heads=3,
-)
-_mae("pretrain_videomae_base_patch16_224", {"embed_dim": 768, "depth": 12, "num_heads": 12})
-_mae(
-    "pretrain_videomae_large_patch16_224",
-    {"embed_dim": 1024, "depth": 24, "num_heads": 16},
-    decoder_dim=512,
-    decoder_heads=8,
-)
-_mae(
-    "pretrain_videomae_huge_patch16_224",
-    {"embed_dim": 1280, "depth": 32, "num_heads": 16},
-    decoder_dim=512,
-    decoder_heads=8,
-)
-# VideoMAE (V1) modeling_pretrain: the same sizes, except ViT-H's decoder (640 wide, 8 heads).
-_mae(
-    "pretrain_videomae_v1_huge_patch16_224",
-    {"embed_dim": 1280, "depth": 32, "num_heads": 16},
-    decoder_dim=640,
-    decoder_heads=8,
-)
-_mae(
-    "pretrain_videomae_giant_patch14_224",
-    {"embed_dim": 1408, "depth": 40, "num_heads": 16, "mlp_ratio": 48 / 11, "patch_size": 14},
-    decoder_dim=512,
-    decoder_heads=8,
-)
-
-
-@register_model
-def pretrain_videomae_test_tiny(pretrained: Any = None, **overrides: Any) -> VideoMAEPretrain:
-    """Test size: encoder vit_test_tiny (64 wide, 2 deep, 4 frames x 32 px), decoder 32 wide, 1 deep."""
-    return _build("pretrain_videomae_test_tiny", pretrained, overrides)
-
-
-@register_model
-def pretrain_videomae_small_patch16_224(pretrained: Any = None, **overrides: Any) -> VideoMAEPretrain:
-    """VideoMAE ViT-S/16 pretraining: decoder 4 x 192 wide, 3 heads."""
-    return _build("pretrain_videomae_small_patch16_224", pretrained, overrides)
-
-
-@register_model
-def pretrain_videomae_base_patch16_224(pretrained: Any = None, **overrides: Any) -> VideoMAEPretrain:
-    """VideoMAE ViT-B/16 pretraining: decoder 4 x 384 wide, 6 heads."""
-    return _build("pretrain_videomae_base_patch16_224", pretrained, overrides)
-
-
-@register_model
-def pretrain_videomae_large_patch16_224(pretrained: Any = None, **overrides: Any) -> VideoMAEPretrain:
-    """VideoMAE ViT-L/16 pretraining: decoder 4 x 512 wide, 8 heads."""
-    return _build("pretrain_videomae_large_patch16_224", pretrained, overrides)
-
-
-@register_model
-def pretrain_videomae_huge_patch16_224(pretrained: Any = None, **overrides: Any) -> VideoMAEPretrain:
-    """VideoMAE ViT-H/16 pretraining: decoder 4 x 512 wide, 8 heads."""
-    return _build("pretrain_videomae_huge_patch16_224", pretrained, overrides)
-
-
-@register_model
-def pretrain_videomae_v1_huge_patch16_224(pretrained: Any = None, **overrides: Any) -> VideoMAEPretrain:
-    """VideoMAE (V1) ViT-H/16 pretraining: decoder 4 x 640 wide, 8 heads (V2's ViT-H: 512)."""
-    return _build("pretrain_videomae_v1_huge_patch16_224", pretrained, overrides)
-
-
-@register_model
-def pretrain_videomae_giant_patch14_224(pretrained: Any = None, **overrides: Any) -> VideoMAEPretrain:
-    """VideoMAE V2 ViT-g/14 pretraining: decoder 4 x 512 wide, 8 heads, mlp_ratio 48/11."""
-    return _build("pretrain_videomae_giant_patch14_224", pretrained, overrides)

@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from avion_ds.models.vit import VideoViT
+from avion_ds.models.vit.model import VideoViT
 
 _BLOCK = {
     "attn.q_bias": "attention.attention.query.bias",  # transformers 5 names (4.x: q_bias / v_bias)
@@ -119,7 +119,7 @@ def save_hf(model: VideoViT, out_dir: str | Path, head: str | None = None) -> fl
     random clip, so the caller can show that the export is faithful.
     """
     try:
-        import transformers
+        import transformers  # lazy: optional and heavy (pip install 'transformers>=5,<6')
     except ImportError as e:
         raise ValueError("--format hf needs transformers (pip install 'transformers>=5,<6')") from e
     sd = to_hf_state_dict(model, head)

@@ -1,5 +1,5 @@
 """Pretraining checkpoints both ways: official VideoMAE / V2, Hugging Face ``VideoMAEForPreTraining``
-and our own layout, into (and out of) a :class:`~avion_ds.models.mae.VideoMAEPretrain`.
+and our own layout, into (and out of) a :class:`~avion_ds.models.mae.model.VideoMAEPretrain`.
 
 Layouts (detected from the keys):
 
@@ -10,7 +10,7 @@ Layouts (detected from the keys):
 * ``hf``        ``videomae.*`` encoder (``layernorm`` = token norm), ``decoder.decoder_layers.N.*``,
   ``decoder.{norm,head}``, ``encoder_to_decoder.weight``, ``mask_token``.
 
-The encoder half reuses the fine-tuning filters of :mod:`avion_ds.models.weights.formats` (one place per
+The encoder half reuses the fine-tuning filters of :mod:`avion_ds.models.vit.weights` (one place per
 key map); the decoder blocks go through the same maps. ``load_pretrained`` (and the ZeRO-3 loader)
 send a pretraining model here; fine-tuning models take the encoder of any of these through
 ``load_pretrained`` / ``create_model(..., pretrained=...)``. The decoder's width and depth differ
@@ -26,13 +26,9 @@ import torch
 from torch import nn
 
 from avion_ds.models.partition import state_shapes
-from avion_ds.models.weights.formats import (
-    FILTERS,
-    LoadReport,
-    load_pretrained,
-    read_checkpoint,
-    unwrap,
-)
+from avion_ds.models.vit.weights import FILTERS
+from avion_ds.models.weights.loading import load_pretrained, read_checkpoint, unwrap
+from avion_ds.models.weights.report import LoadReport
 
 StateDict = dict[str, torch.Tensor]
 _SHARED = ("encoder_to_decoder.weight", "mask_token")

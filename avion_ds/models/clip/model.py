@@ -27,11 +27,11 @@ import torch.nn.functional as F
 from torch import nn
 
 from avion_ds.models.arch import ViTArch
-from avion_ds.models.registry import register_arch, register_model
-from avion_ds.models.text_tower import TextArch, TextTransformer
-from avion_ds.models.vit import VideoViT
-from avion_ds.models.weights import tower_formats  # noqa: F401 - the dual-encoder source of load_pretrained
-from avion_ds.models.weights.formats import LoadReport
+from avion_ds.models.clip.text_tower import TextArch, TextTransformer
+from avion_ds.models.clip.weights import prepare_clip_state_dict
+from avion_ds.models.flops import arch_flops, block_flops
+from avion_ds.models.vit.model import VideoViT
+from avion_ds.models.weights.report import LoadReport
 
 LOGIT_SCALE_INIT = math.log(1 / 0.07)
 LOGIT_SCALE_MAX = 4.6052  # AVION's clamp bound (main_lavila_pretrain.py): ln 100 = 4.60517 rounded up
@@ -51,6 +51,11 @@ class ClipArch:
     text: TextArch
     freeze_logit_scale: bool = False
     logit_scale_init: float = LOGIT_SCALE_INIT
+
+    @property
+    def video_transformer(self) -> ViTArch:
+        """The video transformer this architecture runs: the video tower."""
+        return self.vision
 
     # what generic code (planner, preflight, listing) reads of a registered arch: the video tower's
     @property
@@ -76,6 +81,12 @@ class ClipArch:
     @property
     def proj_dim(self) -> int | None:
         return self.vision.proj_dim
+
+    def forward_flops(self) -> int:
+        """Forward FLOPs of one clip and one caption of the full context: both towers and projections."""
+        t = self.text
+        text = t.depth * block_flops(t.context_length, t.embed_dim, t.mlp_hidden) + 2 * t.embed_dim * (t.proj_dim or 0)
+        return arch_flops(self.vision) + text
 
     def validate(self) -> ClipArch:
         self.vision.validate()
@@ -128,7 +139,7 @@ class VideoTextDualEncoder(nn.Module):
                 f"{arch.name}: projection expected one of {', '.join(PROJECTION_MODES)}, got {projection!r}"
             )
         self.arch = arch
-        self.projection = projection  # how pretrained projections load (see weights.clip_formats)
+        self.projection = projection  # how pretrained projections load (see clip.weights)
         self.visual = VideoViT(arch.vision)
         self.textual = TextTransformer(arch.text)
         # shape (1,), not CLIP's 0-d: ZeRO-3 cannot partition a 0-d parameter (loading reshapes)
@@ -180,150 +191,12 @@ class VideoTextDualEncoder(nn.Module):
             return self.textual.layer_id(name.removeprefix("textual."))
         return self.depth + 1
 
-    def prepare_checkpoint(self, source: Any, trust: bool = False) -> tuple[dict[str, torch.Tensor], LoadReport]:
-        """``source`` (OpenAI CLIP, OpenCLIP, AVION / LaViLa, ours) mapped to this model's names."""
-        from avion_ds.models.weights.clip_formats import prepare_clip_state_dict
-
+    def prepare_checkpoint(
+        self, source: str | Path | dict[str, Any], trust: bool = False, *, kinetics_head: bool = False
+    ) -> tuple[dict[str, torch.Tensor], LoadReport]:
+        """``source`` (OpenAI CLIP, OpenCLIP, AVION / LaViLa, ours) mapped to this model's names
+        (``kinetics_head`` is a classifier's option: a dual encoder has none, so it is not used)."""
         return prepare_clip_state_dict(self, source, trust)
 
     def extra_repr(self) -> str:
         return f"name={self.arch.name}, projection={self.projection}, freeze_logit_scale={self.arch.freeze_logit_scale}"
-
-
-# ----------------------------------------------------------------------------------------------
-# registered sizes
-# ----------------------------------------------------------------------------------------------
-def _clip(name: str, vision: dict[str, Any], text: dict[str, Any], proj_dim: int = 256) -> None:
-    fields: dict[str, Any] = {
-        "tubelet_size": 1,
-        "num_frames": 4,
-        "num_classes": 0,
-        "pool": "cls",
-        "pos_embed": "clip",
-        "k_bias": True,
-        "patch_embed_bias": False,
-        "ln_pre": True,
-        "proj_dim": proj_dim,
-        "drop_path_schedule": "uniform",  # AVION: every block of the video tower drops at drop_path_rate
-    }
-    v = ViTArch(name=name, **(fields | vision))
-    register_arch(name, ClipArch(name=name, vision=v, text=TextArch(name=f"{name}.text", proj_dim=proj_dim, **text)))
-
-
-def _build(name: str, pretrained: str | Path | dict | None, overrides: dict[str, Any]) -> VideoTextDualEncoder:
-    from avion_ds.models.registry import build_registered
-
-    projection = overrides.pop("projection", "auto")
-    return build_registered(name, pretrained, overrides, lambda arch: VideoTextDualEncoder(arch, projection))
-
-
-_clip(
-    "clip_vit_test_tiny",
-    {"embed_dim": 64, "depth": 2, "num_heads": 2, "patch_size": 8, "num_frames": 2, "img_size": 32},
-    {"embed_dim": 32, "depth": 2, "num_heads": 2},
-    proj_dim=16,
-)
-_clip("clip_vit_base_patch16_224", {"embed_dim": 768, "depth": 12, "num_heads": 12}, {"embed_dim": 512, "num_heads": 8})
-_clip(
-    "clip_vit_large_patch14_224",
-    {"embed_dim": 1024, "depth": 24, "num_heads": 16, "patch_size": 14},
-    {"embed_dim": 768, "num_heads": 12},
-)
-_clip(
-    "clip_vit_large_patch14_336",
-    {"embed_dim": 1024, "depth": 24, "num_heads": 16, "patch_size": 14, "img_size": 336},
-    {"embed_dim": 768, "num_heads": 12},
-)
-
-# OpenAI's CLIP geometry exactly (QuickGELU, eps 1e-5, its projection width): its released weights, zero-shot
-_OPENAI = {"act": "quick_gelu", "norm_eps": 1e-5}
-_clip(
-    "clip_openai_vit_base_patch16_224",
-    {"embed_dim": 768, "depth": 12, "num_heads": 12, **_OPENAI},
-    {"embed_dim": 512, "num_heads": 8, **_OPENAI},
-    proj_dim=512,
-)
-_clip(
-    "clip_openai_vit_large_patch14_224",
-    {"embed_dim": 1024, "depth": 24, "num_heads": 16, "patch_size": 14, **_OPENAI},
-    {"embed_dim": 768, "num_heads": 12, **_OPENAI},
-    proj_dim=768,
-)
-
-
-@register_model
-def clip_vit_test_tiny(pretrained: Any = None, **overrides: Any) -> VideoTextDualEncoder:
-    """Test size: video 64 wide, 2 deep, 8 px patches, 2 frames x 32 px; text 32 wide, 2 deep; 16-d space."""
-    return _build("clip_vit_test_tiny", pretrained, overrides)
-
-
-@register_model
-def clip_vit_base_patch16_224(pretrained: Any = None, **overrides: Any) -> VideoTextDualEncoder:
-    """CLIP ViT-B/16 dual encoder (AVION): video 768/12/12, text 512/8 x 12, 256-d space, 4 frames."""
-    return _build("clip_vit_base_patch16_224", pretrained, overrides)
-
-
-@register_model
-def clip_vit_large_patch14_224(pretrained: Any = None, **overrides: Any) -> VideoTextDualEncoder:
-    """CLIP ViT-L/14 dual encoder (AVION): video 1024/24/16, text 768/12 x 12, 256-d space, 4 frames."""
-    return _build("clip_vit_large_patch14_224", pretrained, overrides)
-
-
-@register_model
-def clip_vit_large_patch14_336(pretrained: Any = None, **overrides: Any) -> VideoTextDualEncoder:
-    """CLIP ViT-L/14 at 336 px dual encoder: as clip_vit_large_patch14_224 on 336 px frames."""
-    return _build("clip_vit_large_patch14_336", pretrained, overrides)
-
-
-@register_model
-def clip_openai_vit_base_patch16_224(pretrained: Any = None, **overrides: Any) -> VideoTextDualEncoder:
-    """OpenAI CLIP ViT-B/16 exactly (QuickGELU, eps 1e-5, 512-d space) over 4 frames: ViT-B-16.pt as released."""
-    return _build("clip_openai_vit_base_patch16_224", pretrained, overrides)
-
-
-@register_model
-def clip_openai_vit_large_patch14_224(pretrained: Any = None, **overrides: Any) -> VideoTextDualEncoder:
-    """OpenAI CLIP ViT-L/14 exactly (QuickGELU, eps 1e-5, 768-d space) over 4 frames: ViT-L-14.pt as released."""
-    return _build("clip_openai_vit_large_patch14_224", pretrained, overrides)
-
-
-# ----------------------------------------------------------------------------------------------
-# classifiers on a dual encoder's video tower (fine-tuning from contrastive / CLIP / AVION weights)
-# ----------------------------------------------------------------------------------------------
-def _tower_classifier(name: str, dual_encoder: str, num_classes: int) -> None:
-    """Register ``name`` as the video tower of the registered ``dual_encoder`` (its ``ViTArch``: CLIP
-    layout, exact-erf GELU, eps 1e-6) with a classifier on the class token after ``norm`` (CLIP's
-    ``ln_post``) in place of the projection, as AVION's ``VideoClassifier``."""
-    from avion_ds.models.registry import get_arch
-
-    tower = get_arch(dual_encoder).vision
-    register_arch(name, tower.replace(name=name, proj_dim=None, num_classes=num_classes))
-
-
-def _build_classifier(name: str, pretrained: str | Path | dict | None, overrides: dict[str, Any]) -> VideoViT:
-    from avion_ds.models.registry import build_registered
-
-    return build_registered(name, pretrained, overrides, VideoViT)  # type: ignore[return-value]
-
-
-_tower_classifier("vit_clip_test_tiny", "clip_vit_test_tiny", num_classes=10)
-_tower_classifier("vit_clip_base_patch16_224", "clip_vit_base_patch16_224", num_classes=400)
-_tower_classifier("vit_clip_large_patch14_224", "clip_vit_large_patch14_224", num_classes=400)
-
-
-@register_model
-def vit_clip_test_tiny(pretrained: Any = None, **overrides: Any) -> VideoViT:
-    """Test size: clip_vit_test_tiny's video tower (64 wide, 2 deep, 8 px patches, 2 frames x 32 px), 10 classes."""
-    return _build_classifier("vit_clip_test_tiny", pretrained, overrides)
-
-
-@register_model
-def vit_clip_base_patch16_224(pretrained: Any = None, **overrides: Any) -> VideoViT:
-    """clip_vit_base_patch16_224's video tower (768/12/12, per-frame 16 px patches, 4 frames) + classifier."""
-    return _build_classifier("vit_clip_base_patch16_224", pretrained, overrides)
-
-
-@register_model
-def vit_clip_large_patch14_224(pretrained: Any = None, **overrides: Any) -> VideoViT:
-    """clip_vit_large_patch14_224's video tower (1024/24/16, per-frame 14 px patches, 4 frames) + classifier."""
-    return _build_classifier("vit_clip_large_patch14_224", pretrained, overrides)

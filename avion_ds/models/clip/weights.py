@@ -34,7 +34,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from avion_ds.models.partition import state_shapes
-from avion_ds.models.weights.formats import LoadReport, read_checkpoint, unwrap
+from avion_ds.models.weights.loading import read_checkpoint, unwrap
+from avion_ds.models.weights.report import LoadReport
 from avion_ds.storage.torchscript import read_torchscript_state_dict, torchscript_root
 
 logger = logging.getLogger(__name__)

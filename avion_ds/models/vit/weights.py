@@ -13,99 +13,36 @@ Formats (detected from the keys):
   tiled in time, qkv bias split into q / v bias; the k bias is softmax-invariant and dropped);
 * ``dual_encoder``  the video tower of a video-text dual encoder (ours, AVION / LaViLa, OpenAI CLIP /
   OpenCLIP, also OpenAI's TorchScript archives) into a CLIP-layout classifier (``vit_clip_*``); its
-  filter is registered by :mod:`~avion_ds.models.weights.tower_formats`.
+  filter is registered by :mod:`~avion_ds.models.clip.tower_weights`.
 
 Each filter maps keys to our names; ``_adapt`` then resizes what differs from the model (patch
 weight layout / tubelet depth / patch size, learned position embedding in time and space) and
 drops classifier weights whose class count differs, except a Kinetics-710 head loaded for Kinetics-400 /
 600 / 700 (``kinetics_head``): its rows are picked by VideoMAE V2's label maps (``label_maps/``). The
-result is a ``LoadReport``.
+result is a ``LoadReport``. Reading files and the final load are generic
+(:mod:`avion_ds.models.weights.loading`); this module never imports the model class, so the model can
+import it (``VideoViT.prepare_checkpoint``).
 """
 
 from __future__ import annotations
 
-import logging
 import math
 import re
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import torch
 import torch.nn.functional as F
+from timm.layers import resample_patch_embed
+from torch import nn
 
-from avion_ds.models.partition import full_numel, state_shapes
-from avion_ds.models.vit import VideoViT
-from avion_ds.models.weights.kinetics710 import remap_k710
+from avion_ds.models.partition import state_shapes
+from avion_ds.models.vit.kinetics710 import remap_k710
+from avion_ds.models.weights.loading import StateDict, read_checkpoint, unwrap
 from avion_ds.models.weights.report import LoadReport
-from avion_ds.storage.safe_load import UntrustedCheckpoint, load_checkpoint_file
 from avion_ds.storage.torchscript import read_torchscript_state_dict, torchscript_root
 
-logger = logging.getLogger(__name__)
-
-StateDict = dict[str, torch.Tensor]
-
-_WRAPPERS = ("model", "module", "state_dict", "model_state", "model_state_dict", "model_ema")
-_PREFIXES = ("module.", "_orig_mod.", "model.", "backbone.")
 DUAL_ENCODER = "dual_encoder"
-
-
-# ----------------------------------------------------------------------------------------------
-# reading
-# ----------------------------------------------------------------------------------------------
-def read_checkpoint(source: str | Path | dict, trust: bool = False) -> dict[str, Any]:
-    """Read a checkpoint file (.safetensors, torch pickle) or HF directory into a dict.
-
-    Pickles are unpickled with tensors and a small allowlist only (see ``safe_load``); other pickled
-    objects raise ``UntrustedCheckpoint`` naming them unless ``trust``.
-    """
-    if isinstance(source, dict):
-        return source
-    path = Path(source)
-    if path.is_dir() and (path / "checkpoints").is_dir() and not (path / "model.safetensors").is_file():
-        from avion_ds.storage.run_dir import (
-            consolidate,  # a training run directory: its latest checkpoint
-        )
-
-        logger.info("%s is a run directory: loading its latest complete checkpoint", path)
-        return consolidate(path, trust=trust)
-    if path.is_dir():
-        for name in ("model.safetensors", "pytorch_model.bin", "mp_rank_00_model_states.pt"):
-            if (path / name).is_file():
-                return read_checkpoint(path / name, trust)
-        raise FileNotFoundError(f"checkpoint directory {path} holds no model.safetensors / pytorch_model.bin")
-    if not path.is_file():
-        raise FileNotFoundError(f"checkpoint not found: {path}")
-    try:
-        if path.suffix == ".safetensors":
-            from safetensors.torch import load_file
-
-            return load_file(str(path), device="cpu")
-        return load_checkpoint_file(path, trust)
-    except UntrustedCheckpoint:
-        raise
-    except Exception as e:  # corrupt / truncated / not a checkpoint
-        msg = (str(e).strip().splitlines() or [type(e).__name__])[0]
-        raise ValueError(f"cannot read checkpoint {path}: {msg}") from e
-
-
-def unwrap(ckpt: dict[str, Any]) -> StateDict:
-    """Strip training wrappers (``model`` / ``module`` / ``state_dict`` dicts, DDP / compile
-    prefixes) down to a flat name -> tensor dict."""
-    sd: Any = ckpt
-    for _ in range(3):
-        if isinstance(sd, dict) and not any(isinstance(v, torch.Tensor) for v in sd.values()):
-            inner = next((sd[k] for k in _WRAPPERS if isinstance(sd.get(k), dict)), None)
-            if inner is None:
-                break
-            sd = inner
-    if not isinstance(sd, dict):
-        raise TypeError(f"checkpoint: expected a dict of tensors, got {type(sd).__name__}")
-    sd = {k: v for k, v in sd.items() if isinstance(v, torch.Tensor)}
-    for prefix in _PREFIXES:
-        if sd and all(k.startswith(prefix) for k in sd):
-            sd = {k[len(prefix) :]: v for k, v in sd.items()}
-    return sd
 
 
 # ----------------------------------------------------------------------------------------------
@@ -139,7 +76,7 @@ def detect_format(sd: StateDict) -> str:
     )
 
 
-def _filter_avion(sd: StateDict, model: VideoViT, report: LoadReport) -> StateDict:
+def _filter_avion(sd: StateDict, model: nn.Module, report: LoadReport) -> StateDict:
     """Our layout as is; of our pretraining model the encoder, whose final token norm (run as the
     encoder ViT's ``fc_norm``) becomes ``norm``, as in the VideoMAE and HF layouts: a mean-pooling
     model leaves it unused and its ``fc_norm`` starts fresh (see _filter_videomae)."""
@@ -152,7 +89,7 @@ def _filter_avion(sd: StateDict, model: VideoViT, report: LoadReport) -> StateDi
     return out
 
 
-def _filter_videomae(sd: StateDict, model: VideoViT, report: LoadReport) -> StateDict:
+def _filter_videomae(sd: StateDict, model: nn.Module, report: LoadReport) -> StateDict:
     """Official VideoMAE / VideoMAEv2: keep the encoder (drop the pre-training decoder)."""
     if any(k.startswith("encoder.") for k in sd):  # pre-training: encoder.*, decoder.* (unexpected)
         sd = {k.removeprefix("encoder."): v for k, v in sd.items()}
@@ -196,7 +133,7 @@ _HF_TOP = {
 }
 
 
-def _filter_hf(sd: StateDict, model: VideoViT, report: LoadReport) -> StateDict:
+def _filter_hf(sd: StateDict, model: nn.Module, report: LoadReport) -> StateDict:
     """transformers VideoMAE(ForVideoClassification / ForPreTraining / Model) -> our names."""
     out: StateDict = {}
     qkv: dict[int, dict[str, torch.Tensor]] = {}
@@ -223,7 +160,7 @@ def _filter_hf(sd: StateDict, model: VideoViT, report: LoadReport) -> StateDict:
     return out  # ``norm`` never becomes ``fc_norm`` (see _filter_videomae)
 
 
-def _filter_timm(sd: StateDict, model: VideoViT, report: LoadReport) -> StateDict:
+def _filter_timm(sd: StateDict, model: nn.Module, report: LoadReport) -> StateDict:
     """timm image ViT -> our names: split qkv bias, inflate patch weight, tile pos embed in time."""
     out: StateDict = {}
     d = model.embed_dim
@@ -262,8 +199,8 @@ def _filter_timm(sd: StateDict, model: VideoViT, report: LoadReport) -> StateDic
     return out  # ``norm`` never becomes ``fc_norm`` (see _filter_videomae)
 
 
-# DUAL_ENCODER is added by avion_ds.models.weights.tower_formats (imported with avion_ds.models)
-FILTERS: dict[str, Callable[[StateDict, VideoViT, LoadReport], StateDict]] = {
+# DUAL_ENCODER is added by avion_ds.models.clip.tower_weights (imported with avion_ds.models)
+FILTERS: dict[str, Callable[[StateDict, nn.Module, LoadReport], StateDict]] = {
     "avion_ds": _filter_avion,
     "videomae": _filter_videomae,
     "hf": _filter_hf,
@@ -279,8 +216,6 @@ def resize_patch_weight(w: torch.Tensor, shape: tuple[int, int, int, int, int]) 
     constant-in-time clip gives the same response; space via timm's pseudo-inverse resampling."""
     D, C, t, p, _ = shape
     if w.shape[3:] != (p, p):
-        from timm.layers import resample_patch_embed
-
         w = torch.stack([resample_patch_embed(w[:, :, i], [p, p]) for i in range(w.shape[2])], dim=2)
     t0 = w.shape[2]
     if t0 != t:
@@ -333,7 +268,7 @@ def _as_conv_weight(key: str, w: torch.Tensor, conv_shape: tuple[int, int, int, 
     return w.reshape(D, C, t0, p, p)
 
 
-def _adapt(sd: StateDict, model: VideoViT, report: LoadReport, kinetics_head: bool = False) -> StateDict:
+def _adapt(sd: StateDict, model: nn.Module, report: LoadReport, kinetics_head: bool = False) -> StateDict:
     target = state_shapes(model)  # logical shapes, also of ZeRO-3 partitioned parameters
     out: StateDict = {}
     for k, v in sd.items():
@@ -365,22 +300,12 @@ def _adapt(sd: StateDict, model: VideoViT, report: LoadReport, kinetics_head: bo
     return out
 
 
-def prepare_state_dict(
-    model: VideoViT, source: str | Path | dict, trust: bool = False, *, kinetics_head: bool = False
+def prepare_vit_state_dict(
+    model: nn.Module, source: str | Path | dict, trust: bool = False, *, kinetics_head: bool = False
 ) -> tuple[StateDict, LoadReport]:
-    """Read ``source`` and map / resize it to ``model``'s names and shapes; nothing is loaded yet
-    (shared by ``load_pretrained`` and the ZeRO-3 loader in ``sharded_load``). A model with its own
-    ``prepare_checkpoint`` (the pretraining model: :mod:`~avion_ds.models.weights.mae_formats` layouts) maps
-    through it; anything else but a ``VideoViT`` is refused in one line. ``kinetics_head``: the model is
-    trained on Kinetics, so a 710-row head becomes its 400 / 600 / 700 rows by the label map (VideoMAE V2)."""
-    own = getattr(model, "prepare_checkpoint", None)
-    if callable(own):
-        return own(source, trust)
-    if not isinstance(model, VideoViT):
-        raise TypeError(
-            f"pretrained weights load into a VideoViT or a VideoMAEPretrain, got {type(model).__name__} "
-            "(load before deepspeed.initialize, into the bare model)"
-        )
+    """Read ``source`` (any format above; a pretraining checkpoint gives its encoder) and map / resize it
+    to the video ViT ``model``'s names and shapes; nothing is loaded yet (``VideoViT.prepare_checkpoint``).
+    ``kinetics_head``: a 710-row head becomes the model's Kinetics-400 / 600 / 700 rows by the label map."""
     if not isinstance(source, dict) and Path(source).is_file() and torchscript_root(source) is not None:
         sd = read_torchscript_state_dict(source)  # OpenAI's CLIP releases: tensors read, nothing run
     else:
@@ -388,90 +313,3 @@ def prepare_state_dict(
     fmt = detect_format(sd)
     report = LoadReport(format=fmt)
     return _adapt(FILTERS[fmt](sd, model, report), model, report, kinetics_head), report
-
-
-def load_pretrained(
-    model: VideoViT,
-    source: str | Path | dict,
-    strict: bool = False,
-    trust: bool = False,
-    *,
-    coverage_check: bool = True,
-    kinetics_head: bool = False,
-) -> LoadReport:
-    """Load ``source`` (path, HF directory, or a (wrapped) state dict) into ``model`` in place.
-
-    ``model``: a fine-tuning ``VideoViT`` (any format; a pretraining checkpoint gives its encoder)
-    or a ``VideoMAEPretrain`` (the pretraining layouts). Returns a ``LoadReport``; ``strict=True``
-    raises listing missing / unexpected / dropped keys; a load that leaves more than
-    ``1 - MIN_BACKBONE_MATCH`` of the backbone's parameters out is an error whatever ``strict``
-    (raised under ``strict``, logged at ERROR level otherwise; ``coverage_check=False`` leaves that
-    check to a caller that reports coverage itself, e.g. the training entry's ``load_and_report``).
-    ``trust`` allows full unpickling of a file that pickles more than weights (see ``read_checkpoint``);
-    ``kinetics_head``: see ``prepare_state_dict``. Call before ``deepspeed.initialize`` (ZeRO-3 partitions
-    parameters after that).
-    """
-    sd, report = prepare_state_dict(model, source, trust, kinetics_head=kinetics_head)
-    result = model.load_state_dict(sd, strict=False)
-    return finish_report(
-        report, model, source, strict, result.missing_keys, result.unexpected_keys, coverage_check=coverage_check
-    )
-
-
-def finish_report(
-    report: LoadReport,
-    model: VideoViT,
-    source: Any,
-    strict: bool,
-    missing: list[str],
-    unexpected: list[str],
-    coverage_check: bool = True,
-) -> LoadReport:
-    """Record what the load left out, warn about a dropped timm table, raise under ``strict``."""
-    fmt = report.format
-    report.missing = sorted(set(missing) - set(report.fresh))
-    report.unexpected = sorted(unexpected)
-    report.resized.sort()
-    report.dropped.sort()
-    report.remapped.sort()
-    if fmt == "timm" and getattr(model.arch, "pos_embed", None) == "sincos" and "pos_embed" in report.unexpected:
-        logger.warning(
-            "timm checkpoint has a learned pos_embed but the model uses fixed sin-cos; "
-            "create the model with pos_embed='learned' to keep it"
-        )
-    if strict and (report.missing or report.unexpected or report.dropped):
-        raise ValueError(f"load_pretrained(strict=True) from {_name(source)}: {report.summary()}")
-    matched, total = backbone_coverage(model, report.missing + report.fresh)
-    if coverage_check and matched < MIN_BACKBONE_MATCH * total:
-        logger.error(
-            "pretrained %s matched %.1f%% of %s's backbone parameters (%d of %d; below %.0f%%): %s",
-            _name(source),
-            100 * matched / total,
-            type(model).__name__,
-            matched,
-            total,
-            100 * MIN_BACKBONE_MATCH,
-            report.summary(),
-        )
-    return report
-
-
-MIN_BACKBONE_MATCH = 0.9  # a load below this fraction of the backbone's parameters is an error
-_HEADS = ("head.", "heads.")
-
-
-def backbone_coverage(model: torch.nn.Module, missing: list[str]) -> tuple[int, int]:
-    """(loaded, total) parameter elements of ``model`` outside its classifier heads (logical sizes,
-    also under ZeRO-3), given the parameter names the load left ``missing``."""
-    absent = set(missing)
-    matched = total = 0
-    for name, p in model.named_parameters():
-        if name.startswith(_HEADS):
-            continue
-        total += full_numel(p)
-        matched += 0 if name in absent else full_numel(p)
-    return matched, total
-
-
-def _name(source: Any) -> str:
-    return "a state dict" if isinstance(source, dict) else str(source)

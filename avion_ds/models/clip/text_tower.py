@@ -20,7 +20,7 @@ from torch import nn
 from avion_ds.models.attention import BACKENDS
 from avion_ds.models.mlp import ACTIVATIONS
 from avion_ds.models.partition import full_ndim, gathered
-from avion_ds.models.vit import Block
+from avion_ds.models.vit.model import Block
 
 
 @dataclass

@@ -13,6 +13,9 @@ patch dropout (after the position embedding, before ``ln_pre``, class token kept
 
 from __future__ import annotations
 
+from pathlib import Path
+from typing import Any
+
 import torch
 from timm.layers import DropPath, LayerScale, trunc_normal_
 from torch import nn
@@ -22,6 +25,8 @@ from avion_ds.models.attention import Attention
 from avion_ds.models.mlp import Mlp
 from avion_ds.models.partition import full_ndim, gathered, param_count
 from avion_ds.models.patch_embed import PatchEmbed
+from avion_ds.models.vit.weights import prepare_vit_state_dict
+from avion_ds.models.weights.report import LoadReport
 
 
 def sincos_table(num_positions: int, dim: int, device: torch.device | str | None = None) -> torch.Tensor:
@@ -235,6 +240,13 @@ class VideoViT(nn.Module):
         return self.forward_head(self.forward_features(x))
 
     # ------------------------------------------------------------------------------------------
+    def prepare_checkpoint(
+        self, source: str | Path | dict[str, Any], trust: bool = False, *, kinetics_head: bool = False
+    ) -> tuple[dict[str, torch.Tensor], LoadReport]:
+        """``source`` (our layout, VideoMAE, Hugging Face, timm, a dual encoder's video tower) mapped to
+        this model's names and shapes, and a ``LoadReport``: the family's adapter (``vit.weights``)."""
+        return prepare_vit_state_dict(self, source, trust, kinetics_head=kinetics_head)
+
     def no_weight_decay(self) -> set[str]:
         """Names of parameters to exclude from weight decay: biases, norms, q/v bias, LayerScale,
         position embedding and class token (every parameter with fewer than 2 dims, plus tokens)."""

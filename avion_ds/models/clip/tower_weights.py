@@ -1,11 +1,11 @@
 """A dual encoder's video tower into a ``VideoViT`` classifier (fine-tuning from contrastive weights).
 
-Source ``dual_encoder`` of :mod:`~avion_ds.models.weights.formats` (registered in its ``FILTERS`` on
+Source ``dual_encoder`` of :mod:`~avion_ds.models.vit.weights` (registered in its ``FILTERS`` on
 import): our ``VideoTextDualEncoder`` (``visual.*``, ``textual.*``, ``logit_scale``; a plain state dict,
 DeepSpeed ``module.``, a run directory or an ``avion-ds export`` file), AVION / LaViLa
 (``module.visual.transformer.resblocks...``, ``module.textual...``) and OpenAI CLIP / OpenCLIP
 (``visual.transformer...``, the text tower at the top level), keys mapped by
-:func:`~avion_ds.models.weights.clip_formats.map_clip_key`.
+:func:`~avion_ds.models.clip.weights.map_clip_key`.
 
 ``visual.<name>`` loads as ``<name>`` (a ``vit_clip_*`` classifier has the tower's names). The text
 tower, ``logit_scale`` and ``visual.proj`` (a classifier has no projection) are reported ``dropped``,
@@ -23,16 +23,17 @@ from __future__ import annotations
 
 import torch
 
-from avion_ds.models.partition import state_shapes
-from avion_ds.models.vit import VideoViT
-from avion_ds.models.weights.clip_formats import (
+from avion_ds.models.clip.weights import (
     PROJECTIONS,
     detect_clip_format,
     map_clip_key,
     resize_spatial,
     resize_temporal,
 )
-from avion_ds.models.weights.formats import DUAL_ENCODER, FILTERS, LoadReport
+from avion_ds.models.partition import state_shapes
+from avion_ds.models.vit.model import VideoViT
+from avion_ds.models.vit.weights import DUAL_ENCODER, FILTERS
+from avion_ds.models.weights.report import LoadReport
 
 StateDict = dict[str, torch.Tensor]
 LAYOUTS = {"avion_ds": "ours", "avion": "AVION / LaViLa", "clip": "OpenAI CLIP / OpenCLIP"}
@@ -42,8 +43,8 @@ _HEADS = ("head.", "heads.")
 def _fit(key: str, v: torch.Tensor, want: torch.Size, model: VideoViT, report: LoadReport) -> torch.Tensor:
     """``v`` (a video-tower tensor named ``key`` in the model) in the model's shape where it can be:
     reshaped (CLIP's 0-d / 2-d tables, 4-D conv1), temporal / spatial tables resized (reported); a
-    patch weight of another size goes on as 5-D for ``formats``' resizing, anything else unchanged
-    (``formats`` names a shape it cannot fit)."""
+    patch weight of another size goes on as 5-D for ``vit.weights``' resizing, anything else unchanged
+    (``vit.weights`` names a shape it cannot fit)."""
     if v.shape == want:
         return v
     dim = want[-1]
