@@ -30,7 +30,7 @@ from avion_ds.engine.run_setup import (
 from avion_ds.engine.trust import command_trust
 from avion_ds.storage.run_dir import skipped_note
 from avion_ds.tasks import EvalOutcome, load_recipe
-from avion_ds.tasks.metrics import failed_line
+from avion_ds.tasks.common.predictions import failed_line
 
 
 # ---------------------------------------------------------------------------------------------

@@ -148,7 +148,7 @@ def build_with_weights(
     from avion_ds.distributed import dist
     from avion_ds.models import create_model
     from avion_ds.models.weights.sharded import build_partitioned
-    from avion_ds.tasks.weights_report import load_and_report
+    from avion_ds.tasks.common.weights_report import load_and_report
 
     m = recipe.model
     source = pretrained if pretrained is not None else m.pretrained

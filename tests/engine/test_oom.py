@@ -15,7 +15,7 @@ INJECT = """
 import sys, torch
 import avion_ds.cli.train as train
 from avion_ds.tasks import register_task
-from avion_ds.tasks.finetune import FinetuneTask
+from avion_ds.tasks.finetune.task import FinetuneTask
 @register_task
 class OomTask(FinetuneTask):
     name = "finetune_oom_injected"

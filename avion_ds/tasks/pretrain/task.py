@@ -195,7 +195,7 @@ def evaluate_pretrain(
     padding repeats dropped (as classification eval does), so ranks and batching do not change them.
     """
     from avion_ds.models.mae import pixel_targets
-    from avion_ds.tasks.metrics import PredictionStore
+    from avion_ds.tasks.common.predictions import PredictionStore
 
     was_training = getattr(model, "training", False)
     if hasattr(model, "eval"):

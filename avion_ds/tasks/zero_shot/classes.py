@@ -162,7 +162,7 @@ def view_logits(video: torch.Tensor, classifier: torch.Tensor, views: int) -> to
 
 
 # ---------------------------------------------------------------------------------------------
-# Charades-Ego mAP (LaViLa's lavila/utils/evaluation_charades.py; the accuracies: tasks.action_metrics)
+# Charades-Ego mAP (LaViLa's lavila/utils/evaluation_charades.py; the accuracies: tasks.common.action_head_metrics)
 # ---------------------------------------------------------------------------------------------
 def charades_map(scores: np.ndarray, targets: np.ndarray) -> tuple[float, int]:
     """(mAP in percent, classes without positives) as LaViLa's ``charades_map``: rows without any

@@ -2,7 +2,7 @@
 EPIC-Kitchens-100 Multi-Instance Retrieval.
 
 The model is a registered dual encoder (``clip_vit_*``); batches carry the narration tokens
-(``batch["label"]["tokens"]``). The loss is AVION's ``ClipLoss`` (``tasks/contrastive_losses.py``), and a
+(``batch["label"]["tokens"]``). The loss is AVION's ``ClipLoss`` (``tasks/contrastive/losses.py``), and a
 gradient-accumulation window is ONE contrastive batch of micro x accum x world clips (feature cache:
 ``whole_window``). ``contrastive.freeze_temperature`` / ``freeze_visual`` / ``freeze_text`` freeze the
 temperature or a tower; ``schedule.fix_lr`` keeps the lr constant (AVION ``--fix-lr``).
@@ -10,7 +10,7 @@ temperature or a tower; ``schedule.fix_lr`` keeps the lr constant (AVION ``--fix
 Evaluation (every ``eval.every_epochs``): on an ``epic_mir`` validation set, the zero-shot MIR protocol
 of AVION's ``validate_mir``: every row's video and narration embedded, gathered from all ranks and put
 back in CSV row order (the sampler's padding dropped), similarity ``(V T^T + 1) / 2`` in float32 with
-the columns the sentence file lists, then mAP / nDCG both ways (``tasks.metrics.mir_metrics``); the
+the columns the sentence file lists, then mAP / nDCG both ways (``tasks.common.retrieval_metrics.mir_metrics``); the
 best checkpoint is kept by ``avg_map``. Any other validation set gives the contrastive accuracies over
 the whole set. Recipe defaults are AVION's ``main_lavila_pretrain.py`` defaults (:data:`CONTRASTIVE_DEFAULTS`).
 """
@@ -184,7 +184,7 @@ class ContrastiveTask(Task):
     def window_losses(
         self, model: Callable[..., Any], xs: list[torch.Tensor], targets: list[Any], dtype: torch.dtype, recipe: Recipe
     ) -> Iterator[LossParts]:
-        from avion_ds.tasks.contrastive_losses import feature_cache_losses
+        from avion_ds.tasks.contrastive.losses import feature_cache_losses
 
         def encode(i: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
             out = model(xs[i].to(dtype), targets[i]["tokens"])
@@ -194,7 +194,7 @@ class ContrastiveTask(Task):
 
     def pair_loss(self) -> Callable[[torch.Tensor, torch.Tensor, torch.Tensor], LossParts]:
         """The loss of a batch of (video, text, logit scale) over all ranks: AVION's ClipLoss here."""
-        from avion_ds.tasks.contrastive_losses import clip_loss
+        from avion_ds.tasks.contrastive.losses import clip_loss
 
         return clip_loss
 
@@ -210,7 +210,7 @@ class ContrastiveTask(Task):
         recipe: Recipe,
         bad_log: BadInputLog | None = None,
     ) -> EvalOutcome:
-        from avion_ds.tasks.retrieval_eval import evaluate_retrieval
+        from avion_ds.tasks.common.retrieval_eval import evaluate_retrieval
 
         return evaluate_retrieval(model, loader, augment, device, dtype, bad_log)
 

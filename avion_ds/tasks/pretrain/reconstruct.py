@@ -18,7 +18,7 @@ import numpy as np
 import torch
 
 from avion_ds.config import ConfigError, Recipe
-from avion_ds.tasks.pretrain import PretrainTask
+from avion_ds.tasks.pretrain.task import PretrainTask
 
 
 def pretraining_recipe(config: str | Path, overrides: list[str]) -> Recipe:
