@@ -42,7 +42,7 @@ def gather_with_grad(x: Tensor) -> Tensor:
     """Rows of ``x`` from every rank, concatenated in rank order, differentiable (one rank: ``x``)."""
     if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
         return x
-    import torch.distributed.nn.functional as dist_nn  # lazy: needs a distributed build; one rank never does
+    import torch.distributed.nn.functional as dist_nn  # lazy: optional (a build without distributed)
 
     with warnings.catch_warnings():  # its suggested replacement has no gradient to the other ranks' rows
         warnings.filterwarnings("ignore", message=".*all_gather is deprecated", category=FutureWarning)
@@ -63,7 +63,7 @@ def clip_loss(video: Tensor, text: Tensor, logit_scale: Tensor) -> LossParts:
 
 
 def _rng_state() -> dict[str, Any]:
-    from deepspeed.accelerator import get_accelerator  # lazy: deepspeed is heavy; recipe loading imports this module
+    from deepspeed.accelerator import get_accelerator  # lazy: heavy (deepspeed)
 
     acc = get_accelerator()
     state: dict[str, Any] = {"cpu": torch.get_rng_state()}
@@ -73,7 +73,7 @@ def _rng_state() -> dict[str, Any]:
 
 
 def _set_rng_state(state: dict[str, Any]) -> None:
-    from deepspeed.accelerator import get_accelerator  # lazy: deepspeed is heavy; recipe loading imports this module
+    from deepspeed.accelerator import get_accelerator  # lazy: heavy (deepspeed)
 
     torch.set_rng_state(state["cpu"])
     if "device" in state:

@@ -86,6 +86,6 @@ class MirFinetuneTask(ContrastiveTask):
 
     def pair_loss(self) -> Callable[[torch.Tensor, torch.Tensor, torch.Tensor], LossParts]:
         """AVION's MaxMarginRankingLoss (margin 0.2) over all ranks' rows."""
-        from avion_ds.tasks.mir.losses import max_margin_loss
+        from avion_ds.tasks.mir.losses import max_margin_loss  # lazy: imports avion_ds.models
 
         return max_margin_loss

@@ -29,6 +29,7 @@ import torch
 import torch.nn.functional as F
 
 from avion_ds.data.datasets.video_clips import EPIC_REQUIRED, open_csv, parse_int
+from avion_ds.data.tokenizer import tokenize
 
 TEMPLATE_SETS: dict[str, tuple[str, ...]] = {
     "lavila": ("#C C {}", "#C {}"),  # eval_zeroshot.py with --cls-use-template
@@ -133,7 +134,6 @@ def text_classifier(
 ) -> torch.Tensor:
     """(classes, E) float32: per class, the normalised mean of the normalised embeddings of every
     ``template.format(name)`` (LaViLa's order: templates outer, names inner)."""
-    from avion_ds.data.tokenizer import tokenize
 
     texts, owner = [], []
     for c, names in enumerate(classes.names):

@@ -19,7 +19,14 @@ import torch.nn.functional as F
 from torch import nn
 
 from avion_ds.config import ConfigError
+from avion_ds.data.bad_input import BadInputLog, batch_messages
+from avion_ds.distributed import dist
+from avion_ds.distributed.run_log import progress
 from avion_ds.tasks.base import EvalOutcome, build_with_weights
+from avion_ds.tasks.common.action_head_metrics import mean_class_accuracy, overall_accuracy, topk_accuracy
+from avion_ds.tasks.common.evaluation import augmented_batch
+from avion_ds.tasks.common.predictions import PredictionStore, failed_in_batch, gather_failed
+from avion_ds.tasks.common.retrieval_eval import dataset_rows_report
 from avion_ds.tasks.contrastive.task import CONTRASTIVE_DEFAULTS, ContrastiveTask, _encoder_kwargs
 from avion_ds.tasks.registry import register_task
 from avion_ds.tasks.zero_shot.classes import (
@@ -36,7 +43,6 @@ from avion_ds.tasks.zero_shot.classes import (
 
 if TYPE_CHECKING:
     from avion_ds.config import Recipe
-    from avion_ds.data.bad_input import BadInputLog
     from avion_ds.models.weights.formats import LoadReport
 
 BENCHMARKS = ("epic", "egtea", "charades_ego")
@@ -114,7 +120,6 @@ def zero_shot_metrics(name: str, scores: dict[str, torch.Tensor], labels: Any) -
     if name == "charades_ego":
         m_ap, _ = charades_map(scores[name].numpy(), labels.numpy())
         return {"map": m_ap}
-    from avion_ds.tasks.common.action_head_metrics import mean_class_accuracy, overall_accuracy, topk_accuracy
 
     targets = {name: labels.long()} if name == "egtea" else labels
     out: dict[str, float] = {}
@@ -153,8 +158,7 @@ class ZeroShotTask(ContrastiveTask):
         run_dir: Path | None = None,
         ds_config: dict[str, Any] | None = None,
     ) -> nn.Module:
-        from avion_ds.distributed import dist
-        from avion_ds.tasks.common.weights_report import load_and_report
+        from avion_ds.tasks.common.weights_report import load_and_report  # lazy: imports avion_ds.models
 
         source = pretrained if pretrained is not None else recipe.model.pretrained
         model = build_with_weights(recipe, _encoder_kwargs(recipe), "", run_dir, ds_config)
@@ -184,12 +188,7 @@ class ZeroShotTask(ContrastiveTask):
         bad_log: BadInputLog | None = None,
     ) -> EvalOutcome:
         """Classifiers from the prompts, video embeddings of every clip (all ranks), the benchmark's metrics."""
-        from avion_ds.data.bad_input import BadInputLog, batch_messages
-        from avion_ds.distributed.run_log import progress
-        from avion_ds.models.clip import at_least_fp32
-        from avion_ds.tasks.common.evaluation import augmented_batch
-        from avion_ds.tasks.common.predictions import PredictionStore, failed_in_batch, gather_failed
-        from avion_ds.tasks.common.retrieval_eval import dataset_rows_report
+        from avion_ds.models.clip import at_least_fp32  # lazy: heavy (timm, torchvision)
 
         net = getattr(model, "module", model)
         was_training = net.training
