@@ -124,7 +124,7 @@ def build_data(setup: RunSetup, run_dir: Path) -> tuple[TrainData, str]:
 def start_lines(setup: RunSetup, trainer: Trainer) -> list[str]:
     """What the run is: task, model, world, ZeRO stage, precision, batch arithmetic, backends."""
     recipe, plan, world = setup.recipe, setup.plan, setup.world
-    ac = recipe.model.checkpoint_impl if recipe.model.activation_checkpointing else "off"
+    ac = recipe.model.activation_checkpoint_impl if recipe.model.activation_checkpointing else "off"
     return [
         (
             f"avion-ds train: {setup.task.name} {recipe.model.name} | world {world} | ZeRO-{zero_stage(setup.ds_config)} | "

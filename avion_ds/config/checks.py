@@ -17,8 +17,8 @@ _CHOICES: dict[str, tuple[str | None, ...]] = {
     "model.pool": (None, "mean", "cls"),
     "model.pos_embed": (None, "sincos", "learned", "clip"),
     "model.drop_path_schedule": (None, "linear", "uniform"),
-    "model.checkpoint_impl": ("torch", "deepspeed"),
-    "model.checkpoint_policy": ("full", "selective"),
+    "model.activation_checkpoint_impl": ("torch", "deepspeed"),
+    "model.activation_checkpoint_policy": ("full", "selective"),
     "optim.no_decay": ("model", "avion"),
     "optim.name": ("adamw", "lion", "sgd"),
     "model.head_init": ("videomae", "avion"),
@@ -142,14 +142,16 @@ def validate(recipe: Recipe) -> None:
         "batch.micro_batch": recipe.batch.micro_batch,
         "schedule.epochs": recipe.schedule.epochs,
         "eval.temporal_views": recipe.eval.temporal_views,
-        "model.checkpoint_every": recipe.model.checkpoint_every,
+        "model.activation_checkpoint_every": recipe.model.activation_checkpoint_every,
         "optim.base_batch": recipe.optim.base_batch,
     }
     for key, value in positive.items():
         if value <= 0:
             raise ConfigError(f"{key}={value} must be positive")
-    if recipe.model.checkpoint_policy == "selective" and recipe.model.checkpoint_impl != "torch":
-        raise ConfigError("model.checkpoint_policy='selective' needs model.checkpoint_impl='torch'")
+    if recipe.model.activation_checkpoint_policy == "selective" and recipe.model.activation_checkpoint_impl != "torch":
+        raise ConfigError(
+            "model.activation_checkpoint_policy='selective' needs model.activation_checkpoint_impl='torch'"
+        )
     if recipe.eval.spatial_views not in (1, 3):
         raise ConfigError(f"eval.spatial_views={recipe.eval.spatial_views} must be 1 or 3")
     for key, value in (

@@ -140,7 +140,14 @@ def register_section(
 # ----------------------------------------------------------------------------------------------
 # renamed keys: the old spelling keeps working for one release
 # ----------------------------------------------------------------------------------------------
-_RENAMED: dict[str, str] = {}  # old dotted key -> new dotted key
+# old dotted key -> new dotted key; an entry stays one release, then goes (the old key is then unknown)
+_RENAMED: dict[str, str] = {
+    # activation checkpointing (recompute in backward), not checkpoint.* (saving the run)
+    "model.checkpoint_every": "model.activation_checkpoint_every",
+    "model.checkpoint_first_n": "model.activation_checkpoint_first_n",
+    "model.checkpoint_impl": "model.activation_checkpoint_impl",
+    "model.checkpoint_policy": "model.activation_checkpoint_policy",
+}
 _NOTED: set[str] = set()
 
 

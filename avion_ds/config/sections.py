@@ -30,10 +30,10 @@ class ModelConfig:
     pool: str | None = None  # None | mean (+fc_norm) | cls
     pos_embed: str | None = None  # None | sincos | learned | clip
     activation_checkpointing: bool = False
-    checkpoint_every: int = 1  # checkpoint every k-th block
-    checkpoint_first_n: int | None = None  # only the first n blocks (None = all)
-    checkpoint_impl: str = "torch"  # torch | deepspeed
-    checkpoint_policy: str = "full"  # full: a checkpointed block keeps its input | selective: + attention, q/k/v
+    activation_checkpoint_every: int = 1  # checkpoint every k-th block
+    activation_checkpoint_first_n: int | None = None  # only the first n blocks (None = all)
+    activation_checkpoint_impl: str = "torch"  # torch | deepspeed
+    activation_checkpoint_policy: str = "full"  # full: keeps a block's input | selective: + attention, q/k/v
     compile: bool = False  # torch.compile each transformer block (regional); ZeRO 0-2
     head_label_map: str = (
         "auto"  # auto: a 710-row (Kinetics-710) head -> Kinetics-400/600/700 rows by VideoMAE V2's map | none
