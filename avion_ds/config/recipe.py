@@ -161,23 +161,18 @@ def renamed_keys() -> dict[str, str]:
     return dict(_RENAMED)
 
 
-def _pop(data: dict[str, Any], dotted: str) -> tuple[bool, Any]:
-    """(found, value) of ``dotted`` in the nested mapping, removed from it."""
+def _parent(data: dict[str, Any], dotted: str) -> tuple[dict[str, Any] | None, str]:
+    """The mapping that holds ``dotted``'s last part (None when a section on the way is missing) and that part."""
     *path, last = dotted.split(".")
     node: Any = data
     for part in path:
         node = node.get(part) if isinstance(node, dict) else None
-    if isinstance(node, dict) and last in node:
-        return True, node.pop(last)
-    return False, None
+    return (node if isinstance(node, dict) else None), last
 
 
 def _has(data: dict[str, Any], dotted: str) -> bool:
-    *path, last = dotted.split(".")
-    node: Any = data
-    for part in path:
-        node = node.get(part) if isinstance(node, dict) else None
-    return isinstance(node, dict) and last in node
+    node, last = _parent(data, dotted)
+    return node is not None and last in node
 
 
 def resolve_renamed(data: dict[str, Any]) -> dict[str, Any]:
@@ -185,15 +180,18 @@ def resolve_renamed(data: dict[str, Any]) -> dict[str, Any]:
     stderr once per process (rank 0 under a launcher); ConfigError when both spellings are given."""
     out = copy.deepcopy(data) if any(_has(data, old) for old in _RENAMED) else data
     for old, new in _RENAMED.items():
-        found, value = _pop(out, old)
-        if not found:
+        node, last = _parent(out, old)
+        if node is None or last not in node:
             continue
+        value = node.pop(last)
         if _has(out, new):
             raise ConfigError(f"{old} and {new} are the same recipe key ({old} is its old name): give only {new}")
         *path, last = new.split(".")
         node = out
         for part in path:
             node = node.setdefault(part, {})
+            if not isinstance(node, dict):
+                raise ConfigError(f"{part}: expected a mapping, got {node!r}")
         node[last] = value
         if old not in _NOTED and os.environ.get("RANK", "0") == "0":
             print(f"deprecated: recipe key {old} is now {new} (the old name goes in the next release)", file=sys.stderr)
