@@ -13,7 +13,7 @@ Pairs (``--pairs``, comma separated):
 * ``self``     ours alone on ``--self-model`` (ViT-B 16 x 224 fine-tuning): the checkpoint policies against
                no checkpointing.
 
-Variants per pair: ours with checkpointing ``off`` / ``full`` / ``selective`` (``model.checkpoint_policy``),
+Variants per pair: ours with checkpointing ``off`` / ``full`` / ``selective`` (``model.activation_checkpoint_policy``),
 the reference ``off`` / ``full`` (what it offers), and with ``--compile`` ours with compiled blocks.
 A step = forward + loss + backward (the optimizer step is the same code on both sides). Timing:
 ``--warmup`` rounds, then ``--repeats`` rounds, every round running each variant once in turn (A/B

@@ -32,7 +32,7 @@ from avion_ds.distributed.ds_config import build_ds_config, scaled_lr
 from avion_ds.engine.optim import client_adamw, optimizer_groups
 from avion_ds.engine.schedule import WarmupCosine
 from avion_ds.tasks import load_recipe
-from avion_ds.tasks.finetune_losses import total_loss
+from avion_ds.tasks.finetune.losses import total_loss
 
 
 def recipe_for(args: argparse.Namespace, data: dict | None = None, workers: int = 0):

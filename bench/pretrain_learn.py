@@ -31,7 +31,7 @@ from avion_ds.data.masking import MaskSpec
 from avion_ds.engine.optim import param_groups
 from avion_ds.models import create_model
 from avion_ds.models.mae.model import pixel_targets
-from avion_ds.tasks.finetune_losses import total_loss
+from avion_ds.tasks.finetune.losses import total_loss
 
 ENCODER = {"num_frames": 8, "img_size": 32, "patch_size": 16, "embed_dim": 128}
 

@@ -15,6 +15,7 @@ from typing import Any
 import torch
 
 from avion_ds.cli.parsers import eval_args as parse_args
+from avion_ds.cli.plugins import import_plugins
 from avion_ds.config import ConfigError, Recipe
 from avion_ds.data.errors import DataError
 from avion_ds.distributed import dist
@@ -30,7 +31,7 @@ from avion_ds.engine.run_setup import (
 from avion_ds.engine.trust import command_trust
 from avion_ds.storage.run_dir import skipped_note
 from avion_ds.tasks import EvalOutcome, load_recipe
-from avion_ds.tasks.metrics import failed_line
+from avion_ds.tasks.common.predictions import failed_line
 
 
 # ---------------------------------------------------------------------------------------------
@@ -145,7 +146,9 @@ def _write_results(args: argparse.Namespace, setup: EvalSetup, views: int, out: 
 
 
 def setup_eval(args: argparse.Namespace) -> EvalSetup:
-    """Every check before the process group: recipe, checkpoint tag, weights, data, model geometry."""
+    """Every check before the process group: ``--plugin`` imports, recipe, checkpoint tag, weights, data,
+    model geometry."""
+    import_plugins(args.plugins)
     recipe, run_dir = _resolve_recipe(args)
     tag = _resolve_tag(args, run_dir)
     return prepare_eval(recipe, args.checkpoint, run_dir, tag, args.split)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 
 from avion_ds.cli.args import Parser
+from avion_ds.cli.plugins import add_plugin_option
 from avion_ds.config import add_override_option
 
 
@@ -33,6 +34,7 @@ def train_args(argv: list[str] | None) -> argparse.Namespace:
         metavar="KEY=VALUE",
         help="dotted recipe override, repeatable (e.g. --set optim.lr=1e-3)",
     )
+    add_plugin_option(p)
     p.add_argument(
         "--trust-checkpoint",
         action="store_true",
@@ -91,6 +93,7 @@ def eval_args(argv: list[str] | None) -> argparse.Namespace:
     )
     p.add_argument("--out", default=None, help="metrics JSON (default: <run dir or file dir>/eval_metrics.json)")
     add_override_option(p, "eval.temporal_views=2")
+    add_plugin_option(p)
     p.add_argument("--split", default="val", choices=("val", "train"), help="annotation file to evaluate on")
     p.add_argument("--no-per-sample", action="store_true", help="omit per-sample scores from the JSON")
     p.add_argument(

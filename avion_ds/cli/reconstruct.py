@@ -1,5 +1,5 @@
 """`avion-ds reconstruct --checkpoint RUN --video FILE --out grid.png`: look at a pretraining run
-(the grid: :mod:`avion_ds.tasks.reconstruct`)."""
+(the grid: :mod:`avion_ds.tasks.pretrain.reconstruct`)."""
 
 from __future__ import annotations
 
@@ -13,8 +13,8 @@ import torch
 from avion_ds.cli.args import Parser
 from avion_ds.config import ConfigError, Recipe, add_override_option
 from avion_ds.distributed import dist
-from avion_ds.tasks.pretrain import build_pretrain_model, mask_spec
-from avion_ds.tasks.reconstruct import load_clip, pretraining_recipe, reconstruct_grid
+from avion_ds.tasks.pretrain.reconstruct import load_clip, pretraining_recipe, reconstruct_grid
+from avion_ds.tasks.pretrain.task import build_pretrain_model, mask_spec
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:

@@ -18,6 +18,7 @@ import torch
 import yaml
 
 from avion_ds.cli.parsers import train_args as parse_args
+from avion_ds.cli.plugins import import_plugins
 from avion_ds.config import ConfigError, save_recipe
 from avion_ds.data.errors import DataError
 from avion_ds.distributed import dist
@@ -50,7 +51,9 @@ def _recipe_overrides(args: argparse.Namespace) -> list[str]:
 
 
 def setup_run(args: argparse.Namespace) -> RunSetup:
-    """Every check that can fail cheaply, and the run's resolved setup; no process group, worker or model."""
+    """Every check that can fail cheaply, and the run's resolved setup; no process group, worker or model.
+    The ``--plugin`` modules are imported first (their tasks and sections exist before the recipe is read)."""
+    import_plugins(args.plugins)
     if args.exit_after_steps is not None and args.exit_after_steps < 1:
         raise ConfigError(f"--exit-after-steps {args.exit_after_steps}: must be >= 1 (optimizer steps)")
     overrides = _recipe_overrides(args)
@@ -121,7 +124,7 @@ def build_data(setup: RunSetup, run_dir: Path) -> tuple[TrainData, str]:
 def start_lines(setup: RunSetup, trainer: Trainer) -> list[str]:
     """What the run is: task, model, world, ZeRO stage, precision, batch arithmetic, backends."""
     recipe, plan, world = setup.recipe, setup.plan, setup.world
-    ac = recipe.model.checkpoint_impl if recipe.model.activation_checkpointing else "off"
+    ac = recipe.model.activation_checkpoint_impl if recipe.model.activation_checkpointing else "off"
     return [
         (
             f"avion-ds train: {setup.task.name} {recipe.model.name} | world {world} | ZeRO-{zero_stage(setup.ds_config)} | "

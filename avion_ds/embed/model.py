@@ -41,7 +41,7 @@ def resolve_encoder(
     """(recipe, run directory or None, checkpoint tag) with every check done; ConfigError otherwise."""
     from avion_ds.engine import preflight as pf
     from avion_ds.tasks import load_recipe
-    from avion_ds.tasks.zero_shot import ZeroShotTask
+    from avion_ds.tasks.zero_shot.task import ZeroShotTask
 
     path = Path(checkpoint)
     if not path.exists():
@@ -80,7 +80,7 @@ def load_encoder(
     overrides: list[str] | None = None,
 ) -> LoadedEncoder:
     """The checked, loaded dual encoder (see module doc)."""
-    from avion_ds.tasks.zero_shot import ZeroShotTask
+    from avion_ds.tasks.zero_shot.task import ZeroShotTask
 
     recipe, run_dir, tag = resolve_encoder(checkpoint, tag, config, model_name, list(overrides or []))
     task = ZeroShotTask()

@@ -89,7 +89,7 @@ def probe_recipe(
             "model.drop_path_rate=0.0",
             f"model.attn_backend={attn_backend}",
             f"model.activation_checkpointing={str(bool(checkpoint_every)).lower()}",
-            f"model.checkpoint_every={max(1, checkpoint_every)}",
+            f"model.activation_checkpoint_every={max(1, checkpoint_every)}",
             f"data.num_frames={frames}",
             f"data.size={size}",
             f"batch.micro_batch={micro_batch}",

@@ -21,10 +21,14 @@ class OutOfMemory(RuntimeError):
 def next_knob(recipe: Recipe, ds_config: dict[str, Any], micro_batch: int) -> str:
     """The cheapest change that lowers peak memory, in the order that costs the least speed."""
     m = recipe.model
-    if not m.activation_checkpointing or m.checkpoint_every > 1 or m.checkpoint_first_n is not None:
+    if (
+        not m.activation_checkpointing
+        or m.activation_checkpoint_every > 1
+        or m.activation_checkpoint_first_n is not None
+    ):
         return (
-            "checkpoint every block (--set model.activation_checkpointing=true --set model.checkpoint_every=1 "
-            "--set model.checkpoint_first_n=null)"
+            "checkpoint every block (--set model.activation_checkpointing=true --set model.activation_checkpoint_every=1 "
+            "--set model.activation_checkpoint_first_n=null)"
         )
     if micro_batch > 1:
         return (
@@ -56,10 +60,10 @@ def explain(recipe: Recipe, ds_config: dict[str, Any], world: int, error: BaseEx
             zero_stage(ds_config),
             offload_optimizer=offload_device(ds_config, "optimizer") is not None,
             offload_param=offload_device(ds_config, "param") is not None,
-            checkpointing=m.checkpoint_every if m.activation_checkpointing else False,
+            checkpointing=m.activation_checkpoint_every if m.activation_checkpointing else False,
             world_size=world,
-            first_n=m.checkpoint_first_n,
-            checkpoint_policy=m.checkpoint_policy,
+            first_n=m.activation_checkpoint_first_n,
+            checkpoint_policy=m.activation_checkpoint_policy,
         )
         predicted = f"planner predicts {format_bytes(e.total)} per GPU for this config"
     except Exception as exc:  # noqa: BLE001 - the message must not fail: say why there is no prediction

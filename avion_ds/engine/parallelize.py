@@ -1,8 +1,8 @@
 """The ONE place memory features are applied: activation checkpointing, then ``deepspeed.initialize``.
 
 ZeRO stage, offload and precision come from the built DeepSpeed config; activation checkpointing
-from the recipe (``model.activation_checkpointing``, ``checkpoint_every``, ``checkpoint_first_n``,
-``checkpoint_impl``, ``checkpoint_policy``), then ``model.compile`` (each block compiled). With ``checkpoint_impl: deepspeed`` the JSON's ``activation_checkpointing``
+from the recipe (``model.activation_checkpointing``, ``activation_checkpoint_every``, ``activation_checkpoint_first_n``,
+``activation_checkpoint_impl``, ``activation_checkpoint_policy``), then ``model.compile`` (each block compiled). With ``activation_checkpoint_impl: deepspeed`` the JSON's ``activation_checkpointing``
 section (e.g. ``cpu_checkpointing``) is handed to ``deepspeed.checkpointing.configure``.
 """
 
@@ -39,7 +39,7 @@ def _checkpoint(model: nn.Module, recipe: Recipe, ds_config: dict[str, Any]) -> 
     m = recipe.model
     from avion_ds.models.activation_checkpointing import apply_configured
 
-    if m.checkpoint_impl == "deepspeed":
+    if m.activation_checkpoint_impl == "deepspeed":
         import deepspeed
 
         ac = dict(ds_config.get("activation_checkpointing", {}))

@@ -423,7 +423,7 @@ class Trainer:
 
     def evaluate(self, data: TrainData) -> dict[str, float]:
         """Validation metrics (all ranks, the task's), logged and written to ``metrics.json`` on rank 0."""
-        from avion_ds.tasks.metrics import failed_line
+        from avion_ds.tasks.common.predictions import failed_line
 
         r, st = self.recipe, self.state
         views = r.eval.temporal_views * r.eval.spatial_views

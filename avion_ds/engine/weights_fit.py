@@ -54,7 +54,7 @@ def shape_only(source: str | Path, trust: bool) -> dict[str, Any] | None:
 def check_weights_fit(recipe: Recipe, task: Any) -> None:
     """Refuse (one line) a ``model.pretrained`` whose tensors do not fit the recipe's model."""
     from avion_ds.models.weights.loading import prepare_state_dict
-    from avion_ds.tasks.weights_report import maps_kinetics710_head
+    from avion_ds.tasks.common.weights_report import maps_kinetics710_head
 
     source, m = recipe.model.pretrained, recipe.model
     if not source:

@@ -271,7 +271,7 @@ def recipe_overrides(c: Candidate, req: Request) -> list[str]:
         f"batch.global_batch={req.global_batch if req.global_batch is not None else c.micro_batch * req.gpus}",
         "batch.grad_accum=null",
         f"model.activation_checkpointing={'true' if c.checkpoint_every else 'false'}",
-        f"model.checkpoint_every={max(1, c.checkpoint_every)}",
+        f"model.activation_checkpoint_every={max(1, c.checkpoint_every)}",
         f"precision={req.dtype}",
     ]
     return sets

@@ -176,10 +176,14 @@ def apply_activation_checkpointing(
 
 
 def apply_configured(model: nn.Module, cfg: Any) -> nn.Module:
-    """``apply_activation_checkpointing`` with a recipe's ``model`` section (``checkpoint_every``,
-    ``checkpoint_first_n``, ``checkpoint_impl``, ``checkpoint_policy``)."""
+    """``apply_activation_checkpointing`` with a recipe's ``model`` section (``activation_checkpoint_every``,
+    ``activation_checkpoint_first_n``, ``activation_checkpoint_impl``, ``activation_checkpoint_policy``)."""
     return apply_activation_checkpointing(
-        model, cfg.checkpoint_every, cfg.checkpoint_first_n, cfg.checkpoint_impl, cfg.checkpoint_policy
+        model,
+        cfg.activation_checkpoint_every,
+        cfg.activation_checkpoint_first_n,
+        cfg.activation_checkpoint_impl,
+        cfg.activation_checkpoint_policy,
     )
 
 

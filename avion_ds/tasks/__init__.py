@@ -1,8 +1,10 @@
 """Tasks: what differs between kinds of training, as objects the engine asks (see ``base``).
 
 ``recipe.task`` names a registered :class:`~avion_ds.tasks.base.Task` (``registry``); reading a recipe
-goes through :func:`load_recipe` here, which applies the task's defaults and checks. A new task is one
-module with a ``@register_task`` class plus its import line below.
+goes through :func:`load_recipe` here, which applies the task's defaults and checks. A task is one
+package (``task`` with the ``@register_task`` class, ``section`` with its registered recipe section) plus
+its import line below; a task of another package is imported by ``--plugin MODULE`` (``cli.plugins``).
+Code more than one task uses lives in ``common``.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 from avion_ds.config import ConfigError, load_recipe_data, recipe_from_dict
 from avion_ds.data.datasets.build import dataset_problem
 from avion_ds.data.datasets.protocols import check_recipe as check_protocol
-from avion_ds.tasks import contrastive, finetune, mir_finetune, pretrain, zero_shot  # noqa: F401 - registration: one line per task
+from avion_ds.tasks import contrastive, finetune, mir, pretrain, zero_shot  # noqa: F401 - registration: one line per task
 from avion_ds.tasks.base import EvalOutcome, ModelSummary, Task
 from avion_ds.tasks.registry import get_task, register_task, task_names
 

@@ -4,8 +4,9 @@ and the memory probes (torchtitan's model spec, timm's training task).
 A task builds its model and prepares its datasets, turns a batch into a loss and the step's logged
 values, evaluates and names its metrics, sets its recipe defaults and checks its own recipe keys. The
 engine never branches on which task runs: it calls these methods. A task may build any ``nn.Module``
-(a ``VideoViT``, a masked autoencoder, a dual encoder). Adding a task = one module in this package with a
-``@register_task`` class + one import line in ``avion_ds/tasks/__init__.py`` (docs/design.md shows it).
+(a ``VideoViT``, a masked autoencoder, a dual encoder). Adding a task = one package in ``avion_ds/tasks``
+with a ``@register_task`` class (and its recipe section, ``avion_ds.config.register_section``) + one import
+line in ``avion_ds/tasks/__init__.py``, or a module of another package named by ``--plugin`` (docs/design.md).
 """
 
 from __future__ import annotations
@@ -18,6 +19,8 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 from torch import nn
+
+from avion_ds.distributed import dist
 
 if TYPE_CHECKING:
     from avion_ds.config import Recipe
@@ -145,10 +148,9 @@ def build_with_weights(
     """``create_model(recipe.model.name, **kwargs)`` (partitioned under a ZeRO-3 ``ds_config``) with
     ``pretrained`` (default ``model.pretrained``; "" for none) loaded and reported; ``load``: extra
     arguments of ``load_and_report`` (e.g. ``kinetics_head``). What every task's ``build_model`` shares."""
-    from avion_ds.distributed import dist
-    from avion_ds.models import create_model
-    from avion_ds.models.weights.sharded import build_partitioned
-    from avion_ds.tasks.weights_report import load_and_report
+    from avion_ds.models import create_model  # lazy: heavy (timm, torchvision)
+    from avion_ds.models.weights.sharded import build_partitioned  # lazy: heavy (timm, torchvision)
+    from avion_ds.tasks.common.weights_report import load_and_report  # lazy: imports avion_ds.models
 
     m = recipe.model
     source = pretrained if pretrained is not None else m.pretrained

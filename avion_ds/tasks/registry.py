@@ -23,5 +23,8 @@ def get_task(name: str) -> Task:
     """The task registered as ``name`` ("" = the default, fine-tuning); one-line ConfigError otherwise."""
     cls = _TASKS.get(name or DEFAULT_TASK)
     if cls is None:
-        raise ConfigError(f"task={name!r} is not one of {', '.join(task_names())}")
+        raise ConfigError(
+            f"task={name!r} is not one of {', '.join(task_names())}; a task of another package is imported with "
+            "--plugin MODULE"
+        )
     return cls()

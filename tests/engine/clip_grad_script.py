@@ -73,7 +73,7 @@ def reference(weights: dict[str, torch.Tensor], frames: torch.Tensor, tokens: to
     """Loss and gradients of one process on the whole batch (a plain model, no DeepSpeed), with AVION's
     loss of the recipe's task on one process written out above."""
     from avion_ds.models import create_model
-    from avion_ds.tasks.contrastive import _encoder_kwargs
+    from avion_ds.tasks.contrastive.task import _encoder_kwargs
 
     model = create_model(recipe.model.name, **_encoder_kwargs(recipe))
     model.load_state_dict(weights, strict=True)

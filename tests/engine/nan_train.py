@@ -10,7 +10,7 @@ import sys
 
 from avion_ds.cli import train
 from avion_ds.tasks import register_task
-from avion_ds.tasks.finetune import FinetuneTask
+from avion_ds.tasks.finetune.task import FinetuneTask
 
 TARGETS = {tuple(int(v) for v in x.split(":")) for x in os.environ.get("AVION_TEST_NAN", "").split(",") if x}
 

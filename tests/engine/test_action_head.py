@@ -19,8 +19,8 @@ from avion_ds.data.datasets.epic import epic_action_map
 from avion_ds.engine.run_setup import build_split, check_run_inputs
 from avion_ds.models import create_model
 from avion_ds.tasks import load_recipe, task_of
-from avion_ds.tasks.action_metrics import AVION_KEYS
-from avion_ds.tasks.evaluation import evaluate_model
+from avion_ds.tasks.common.action_head_metrics import AVION_KEYS
+from avion_ds.tasks.common.evaluation import evaluate_model
 from tests.engine.test_action_metrics import avion_validate, generate_label_map
 from tests.models.test_video_tower import reference_layout
 

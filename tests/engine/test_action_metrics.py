@@ -19,7 +19,7 @@ import pytest
 import torch
 
 from avion_ds.data.datasets.epic import epic_action_map
-from avion_ds.tasks.action_metrics import AVION_KEYS, action_head_metrics, avion_metrics
+from avion_ds.tasks.common.action_head_metrics import AVION_KEYS, action_head_metrics, avion_metrics
 
 EPIC_HEADER = "narration_id participant_id video_id narration_timestamp start_timestamp stop_timestamp"
 EPIC_HEADER += " start_frame stop_frame narration verb verb_class noun noun_class all_nouns all_noun_classes"

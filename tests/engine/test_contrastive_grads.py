@@ -14,7 +14,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from avion_ds.tasks.contrastive_losses import clip_loss, feature_cache_losses
+from avion_ds.tasks.contrastive.losses import clip_loss, feature_cache_losses
 from tests.helpers import launch
 
 SCRIPT = Path(__file__).with_name("clip_grad_script.py")

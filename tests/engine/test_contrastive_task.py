@@ -149,7 +149,7 @@ def test_tag_best_resolves_through_best_json_or_refuses_in_one_line(tmp_path: Pa
 
 def test_eval_line_prints_the_text_to_video_headline() -> None:
     """The retrieval eval's headline (text -> video R-precision, in the JSON's report) is on the console line."""
-    from avion_ds.tasks.contrastive import ContrastiveTask
+    from avion_ds.tasks.contrastive.task import ContrastiveTask
 
     report = {"t2v_rprecision": 41.25, "t2v_rprecision_chance": 12.5, "protocol": "x"}
     line = ContrastiveTask().eval_line({"mAP_avg": 0.5}, report)

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from avion_ds.tasks.evaluation import evaluate_model
-from avion_ds.tasks.metrics import action_topk_correct
+from avion_ds.tasks.common.classification_metrics import action_topk_correct
+from avion_ds.tasks.common.evaluation import evaluate_model
 
 KV, KN = 5, 7
 

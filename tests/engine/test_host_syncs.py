@@ -102,7 +102,7 @@ def test_no_host_reads_outside_boundaries_and_logged_steps(config: str, one_rank
 def test_the_counter_sees_a_float_in_the_loop(one_rank: None, tmp_path: Path) -> None:
     """Control: a ``float(loss)`` put back into the step is counted on a non-boundary micro-step."""
 
-    from avion_ds.tasks.finetune import FinetuneTask
+    from avion_ds.tasks.finetune.task import FinetuneTask
 
     class SyncingTask(FinetuneTask):
         def loss(self, *args: Any, **kwargs: Any) -> Any:

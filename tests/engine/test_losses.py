@@ -6,7 +6,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from avion_ds.tasks.finetune_losses import classification_loss, total_loss
+from avion_ds.tasks.finetune.losses import classification_loss, total_loss
 
 
 def test_label_smoothing_matches_soft_targets() -> None:

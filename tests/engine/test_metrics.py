@@ -8,15 +8,8 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 
-from avion_ds.tasks.metrics import (
-    PredictionStore,
-    action_topk_correct,
-    aggregate_outputs,
-    compute_metrics,
-    dedupe,
-    mean_class_accuracy,
-    per_sample_records,
-)
+from avion_ds.tasks.common.classification_metrics import action_topk_correct, compute_metrics, mean_class_accuracy
+from avion_ds.tasks.common.predictions import PredictionStore, aggregate_outputs, dedupe, per_sample_records
 from tests.helpers import free_port
 
 

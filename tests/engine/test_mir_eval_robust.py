@@ -16,8 +16,8 @@ import torch
 
 from avion_ds.data.bad_input import BadInputLog
 from avion_ds.data.datasets.epic_mir import MirTargets, load_mir_targets
-from avion_ds.tasks.metrics import mir_metrics, mir_metrics_matched
-from avion_ds.tasks.retrieval_eval import evaluate_retrieval
+from avion_ds.tasks.common.retrieval_eval import evaluate_retrieval
+from avion_ds.tasks.common.retrieval_metrics import mir_metrics, mir_metrics_matched
 from tests.engine.test_mir_metrics import calculate_mAP, calculate_nDCG
 
 # rows 2 and 3 narrate "open tap": the sentence's text is row 2's (first occurrence, AVION's indexing),

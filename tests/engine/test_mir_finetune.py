@@ -14,7 +14,8 @@ from torch import nn
 
 from avion_ds.config import ConfigError
 from avion_ds.tasks import load_recipe, task_of
-from avion_ds.tasks.contrastive_losses import feature_cache_losses, max_margin_loss
+from avion_ds.tasks.contrastive.losses import feature_cache_losses
+from avion_ds.tasks.mir.losses import max_margin_loss
 from tests.helpers import launch
 
 REPO = Path(__file__).resolve().parents[2]

@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from avion_ds.tasks.metrics import mir_metrics
+from avion_ds.tasks.common.retrieval_metrics import mir_metrics
 
 
 # ---- the reference (AVION, MIT) ---------------------------------------------------------------------

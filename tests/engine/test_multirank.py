@@ -70,7 +70,7 @@ def test_resume_reproduces_uninterrupted_run(
     tiny_epic = tiny_epic_quick
     stop = steps_per_epoch(tiny_epic) + 1  # one step into the second epoch: resume mid-epoch
     # ZeRO-3 also switches activation checkpointing to deepspeed.checkpointing (the JSON's section)
-    impl = ["--set", "model.checkpoint_impl=deepspeed"] if stage == "zero3" else []
+    impl = ["--set", "model.activation_checkpoint_impl=deepspeed"] if stage == "zero3" else []
     # interrupted half through torchrun, resumed half through the deepspeed launcher
     run, _ = _train(tmp_path, tiny_epic, stage, stage, "--exit-after-steps", str(stop), *impl, launcher="torchrun")
     first = losses(run)

@@ -15,7 +15,7 @@ INJECT = """
 import sys, torch
 import avion_ds.cli.train as train
 from avion_ds.tasks import register_task
-from avion_ds.tasks.finetune import FinetuneTask
+from avion_ds.tasks.finetune.task import FinetuneTask
 @register_task
 class OomTask(FinetuneTask):
     name = "finetune_oom_injected"
@@ -32,7 +32,7 @@ def test_oom_in_step_is_one_line_exit_1(tiny_epic: dict, tmp_path: Path) -> None
         tmp_path / "r.yaml",
         tiny_epic,
         tmp_path / "run",
-        model={"activation_checkpointing": True, "checkpoint_every": 1},
+        model={"activation_checkpointing": True, "activation_checkpoint_every": 1},
     )
     proc = subprocess.run(
         [

@@ -181,7 +181,7 @@ def test_repeated_samples_get_their_own_crops_and_masks(tiny_epic: dict, tmp_pat
     """VideoMAE V2 --num_sample: one decode, num_sample clips, each with its own crop and masks; the
     device side flattens clips and masks alike, and the model takes the batch."""
     from avion_ds.data import DeviceAugment, build_dataset, build_loader
-    from avion_ds.tasks.pretrain import PretrainTask, build_pretrain_model
+    from avion_ds.tasks.pretrain.task import PretrainTask, build_pretrain_model
 
     recipe = _local_recipe(tmp_path, tiny_epic, "data.num_sample=4", "data.clips_per_video=1")
     ds = build_dataset(recipe.data, "train", seed=recipe.seed)
@@ -220,11 +220,7 @@ def test_pretrain_eval_ignores_sampler_padding(tiny_epic: dict, tmp_path: Path) 
     from torch.utils.data import DataLoader, DistributedSampler
 
     from avion_ds.data import DeviceAugment, build_dataset
-    from avion_ds.tasks.pretrain import (
-        PretrainTask,
-        build_pretrain_model,
-        evaluate_pretrain,
-    )
+    from avion_ds.tasks.pretrain.task import PretrainTask, build_pretrain_model, evaluate_pretrain
 
     recipe = _local_recipe(tmp_path, tiny_epic, "data.clips_per_video=5")
     ds = build_dataset(recipe.data, "val", seed=recipe.seed)

@@ -144,7 +144,7 @@ def test_unexpected_error_in_a_step_exits_1_with_traceback(tiny_epic: dict, tmp_
     )
     script = (
         "import sys\nimport avion_ds.cli.train as train\nfrom avion_ds.tasks import register_task\n"
-        "from avion_ds.tasks.finetune import FinetuneTask\ncalls = []\n"
+        "from avion_ds.tasks.finetune.task import FinetuneTask\ncalls = []\n"
         "@register_task\nclass Broken(FinetuneTask):\n    name = 'finetune_broken'\n"
         "    def loss(self, *a, **k):\n        calls.append(1)\n        if len(calls) == 2:\n"
         "            raise ValueError('injected bug in step 2')\n        return super().loss(*a, **k)\n"
@@ -185,7 +185,7 @@ def test_checkpoint_with_nonfinite_weights_is_never_written(tiny_epic: dict, tmp
     )
     script = (
         "import sys, torch\nimport avion_ds.cli.train as train\nfrom avion_ds.tasks import register_task\n"
-        "from avion_ds.tasks.finetune import FinetuneTask\n"
+        "from avion_ds.tasks.finetune.task import FinetuneTask\n"
         "@register_task\nclass Poison(FinetuneTask):\n    name = 'finetune_poisoned_weight'\n"
         "    def __init__(self):\n        self.calls = 0\n"
         "    def loss(self, model, *a, **k):\n        self.calls += 1\n        if self.calls == 2:\n"

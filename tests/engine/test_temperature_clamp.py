@@ -12,8 +12,8 @@ from torch import nn
 
 from avion_ds.models import create_model
 from avion_ds.models.clip.model import LOGIT_SCALE_MAX
-from avion_ds.tasks.contrastive import ContrastiveTask
-from avion_ds.tasks.contrastive_losses import clip_loss
+from avion_ds.tasks.contrastive.losses import clip_loss
+from avion_ds.tasks.contrastive.task import ContrastiveTask
 
 
 def avion_step(t: float, grad: float, lr: float) -> float:

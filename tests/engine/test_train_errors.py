@@ -426,13 +426,20 @@ CASES: list[tuple[str, list[str], Callable | None, Callable | None, list[str], l
     ("compile_with_zero3", ["model.compile=true"], _stage(3), None, [], ["model.compile=true", "ZeRO-3"]),
     (
         "selective_with_deepspeed_impl",
-        ["model.checkpoint_policy=selective", "model.checkpoint_impl=deepspeed"],
+        ["model.activation_checkpoint_policy=selective", "model.activation_checkpoint_impl=deepspeed"],
         None,
         None,
         [],
-        ["model.checkpoint_policy='selective'", "model.checkpoint_impl='torch'"],
+        ["model.activation_checkpoint_policy='selective'", "model.activation_checkpoint_impl='torch'"],
     ),
-    ("unknown_checkpoint_policy", ["model.checkpoint_policy=some"], None, None, [], ["model.checkpoint_policy='some'"]),
+    (
+        "unknown_checkpoint_policy",
+        ["model.activation_checkpoint_policy=some"],
+        None,
+        None,
+        [],
+        ["model.activation_checkpoint_policy='some'"],
+    ),
 ]
 
 

@@ -23,8 +23,8 @@ from avion_ds.data.datasets.egocentric import (
     read_charades_classes,
     read_egtea_classes,
 )
-from avion_ds.tasks.action_metrics import mean_class_accuracy, overall_accuracy
-from avion_ds.tasks.zero_shot_classes import (
+from avion_ds.tasks.common.action_head_metrics import mean_class_accuracy, overall_accuracy
+from avion_ds.tasks.zero_shot.classes import (
     ClassSet,
     charades_map,
     epic_action_classes,
@@ -288,7 +288,7 @@ def test_openai_sizes_are_openai_geometry_and_towers_check() -> None:
     from avion_ds.config import ConfigError
     from avion_ds.models import registered_arch
     from avion_ds.models.weights.report import LoadReport
-    from avion_ds.tasks.zero_shot import check_towers
+    from avion_ds.tasks.zero_shot.task import check_towers
 
     for ours, base in (
         ("clip_openai_vit_base_patch16_224", "clip_vit_base_patch16_224"),

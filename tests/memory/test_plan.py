@@ -178,7 +178,9 @@ def test_recipe_defaults_are_the_contract():
     )
     data["data"]["dataset"] = "kinetics"
     recipe = recipe_from_dict(data)
-    assert isinstance(recipe, Recipe) and recipe.model.checkpoint_every == 2 and recipe.batch.micro_batch == 4
+    assert (
+        isinstance(recipe, Recipe) and recipe.model.activation_checkpoint_every == 2 and recipe.batch.micro_batch == 4
+    )
 
 
 def _leaves(node, path=""):

@@ -115,7 +115,7 @@ def test_create_model_from_config_applies_recipe():
         name="vit_test_tiny",
         heads={"verb": 4, "noun": 3},
         activation_checkpointing=True,
-        checkpoint_every=2,
+        activation_checkpoint_every=2,
         attn_backend="eager",
         drop_path_rate=0.1,
     )

@@ -72,8 +72,8 @@ def test_the_schedule_is_an_option_for_any_model() -> None:
     ],
 )
 def test_recipe_key_reaches_the_model(overrides: list[str], kwargs_of: str) -> None:
-    from avion_ds.tasks.contrastive import _encoder_kwargs
-    from avion_ds.tasks.finetune import model_kwargs
+    from avion_ds.tasks.contrastive.task import _encoder_kwargs
+    from avion_ds.tasks.finetune.task import model_kwargs
 
     fn = _encoder_kwargs if kwargs_of == "contrastive" else model_kwargs
     assert "drop_path_schedule" not in fn(load_recipe(None, overrides))  # unset: the model's own

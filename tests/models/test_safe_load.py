@@ -75,7 +75,7 @@ def test_payload_is_refused_without_running_it(zip_format: bool, tmp_path: Path)
 
 def test_payload_pth_as_pretrained_is_refused(tmp_path: Path) -> None:
     from avion_ds.models import create_model, load_pretrained
-    from avion_ds.tasks.weights_report import load_and_report
+    from avion_ds.tasks.common.weights_report import load_and_report
 
     marker = tmp_path / "pwned"
     src = create_model("vit_test_tiny", num_classes=5)

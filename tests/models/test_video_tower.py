@@ -20,8 +20,8 @@ from avion_ds.engine.run_checkpoints import model_identity
 from avion_ds.models import create_model, load_pretrained, registered_arch
 from avion_ds.models.weights.loading import backbone_coverage
 from avion_ds.tasks import build_recipe
-from avion_ds.tasks.finetune import FinetuneTask, model_kwargs
-from avion_ds.tasks.weights_report import REPORT_NAME, load_and_report
+from avion_ds.tasks.common.weights_report import REPORT_NAME, load_and_report
+from avion_ds.tasks.finetune.task import FinetuneTask, model_kwargs
 from tests.helpers.models import create_model_from_config
 
 PAIRS = [

@@ -2,7 +2,7 @@
 EPIC-Kitchens-100 Multi-Instance Retrieval.
 
 The model is a registered dual encoder (``clip_vit_*``); batches carry the narration tokens
-(``batch["label"]["tokens"]``). The loss is AVION's ``ClipLoss`` (``tasks/contrastive_losses.py``), and a
+(``batch["label"]["tokens"]``). The loss is AVION's ``ClipLoss`` (``tasks/contrastive/losses.py``), and a
 gradient-accumulation window is ONE contrastive batch of micro x accum x world clips (feature cache:
 ``whole_window``). ``contrastive.freeze_temperature`` / ``freeze_visual`` / ``freeze_text`` freeze the
 temperature or a tower; ``schedule.fix_lr`` keeps the lr constant (AVION ``--fix-lr``).
@@ -10,7 +10,7 @@ temperature or a tower; ``schedule.fix_lr`` keeps the lr constant (AVION ``--fix
 Evaluation (every ``eval.every_epochs``): on an ``epic_mir`` validation set, the zero-shot MIR protocol
 of AVION's ``validate_mir``: every row's video and narration embedded, gathered from all ranks and put
 back in CSV row order (the sampler's padding dropped), similarity ``(V T^T + 1) / 2`` in float32 with
-the columns the sentence file lists, then mAP / nDCG both ways (``tasks.metrics.mir_metrics``); the
+the columns the sentence file lists, then mAP / nDCG both ways (``tasks.common.retrieval_metrics.mir_metrics``); the
 best checkpoint is kept by ``avg_map``. Any other validation set gives the contrastive accuracies over
 the whole set. Recipe defaults are AVION's ``main_lavila_pretrain.py`` defaults (:data:`CONTRASTIVE_DEFAULTS`).
 """
@@ -25,7 +25,11 @@ import torch
 from torch import nn
 
 from avion_ds.config import ConfigError
+from avion_ds.data.tokenizer import tokenize
+from avion_ds.distributed import dist
+from avion_ds.distributed.master_weights import clamp_parameter_
 from avion_ds.tasks.base import EvalOutcome, LossParts, ModelSummary, Task, build_with_weights
+from avion_ds.tasks.common.retrieval_eval import evaluate_retrieval
 from avion_ds.tasks.registry import register_task
 
 if TYPE_CHECKING:
@@ -120,8 +124,13 @@ class ContrastiveTask(Task):
             raise ConfigError(f"data.mixup={d.mixup}, data.cutmix={d.cutmix}: mixing clips breaks video-text pairs")
 
     def check_model(self, recipe: Recipe) -> ModelSummary:
-        from avion_ds.models import ClipArch, create_model, model_flops, registered_arch
-        from avion_ds.models.vit.model import count_params
+        from avion_ds.models import (
+            ClipArch,
+            create_model,
+            model_flops,
+            registered_arch,
+        )  # lazy: heavy (timm, torchvision)
+        from avion_ds.models.vit.model import count_params  # lazy: heavy (timm, torchvision)
 
         name = recipe.model.name
         base = registered_arch(name)
@@ -147,7 +156,6 @@ class ContrastiveTask(Task):
         run_dir: Path | None = None,
         ds_config: dict[str, Any] | None = None,
     ) -> nn.Module:
-        from avion_ds.distributed import dist
 
         model = build_with_weights(recipe, _encoder_kwargs(recipe), pretrained, run_dir, ds_config)
         frozen = freeze_towers(model, recipe)
@@ -157,8 +165,7 @@ class ContrastiveTask(Task):
 
     def after_step(self, engine: Any) -> None:
         """AVION's ``logit_scale.data.clamp_(0, 4.6052)`` after every step, master weight included."""
-        from avion_ds.distributed.master_weights import clamp_parameter_
-        from avion_ds.models.clip.model import LOGIT_SCALE_MAX
+        from avion_ds.models.clip.model import LOGIT_SCALE_MAX  # lazy: heavy (timm, torchvision)
 
         scale = getattr(engine.module, "logit_scale", None)
         if scale is not None and scale.requires_grad:
@@ -168,7 +175,6 @@ class ContrastiveTask(Task):
         return 0  # targets are narration tokens, passed through the augmentation untouched
 
     def synthetic_batch(self, recipe: Recipe, batch_size: int, device: torch.device | str = "cpu") -> dict[str, Any]:
-        from avion_ds.data.tokenizer import tokenize
 
         d = recipe.data
         frames = torch.randn(batch_size, 3, d.num_frames, d.size, d.size, device=device)
@@ -184,7 +190,7 @@ class ContrastiveTask(Task):
     def window_losses(
         self, model: Callable[..., Any], xs: list[torch.Tensor], targets: list[Any], dtype: torch.dtype, recipe: Recipe
     ) -> Iterator[LossParts]:
-        from avion_ds.tasks.contrastive_losses import feature_cache_losses
+        from avion_ds.tasks.contrastive.losses import feature_cache_losses  # lazy: imports avion_ds.models
 
         def encode(i: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
             out = model(xs[i].to(dtype), targets[i]["tokens"])
@@ -194,7 +200,7 @@ class ContrastiveTask(Task):
 
     def pair_loss(self) -> Callable[[torch.Tensor, torch.Tensor, torch.Tensor], LossParts]:
         """The loss of a batch of (video, text, logit scale) over all ranks: AVION's ClipLoss here."""
-        from avion_ds.tasks.contrastive_losses import clip_loss
+        from avion_ds.tasks.contrastive.losses import clip_loss  # lazy: imports avion_ds.models
 
         return clip_loss
 
@@ -210,7 +216,6 @@ class ContrastiveTask(Task):
         recipe: Recipe,
         bad_log: BadInputLog | None = None,
     ) -> EvalOutcome:
-        from avion_ds.tasks.retrieval_eval import evaluate_retrieval
 
         return evaluate_retrieval(model, loader, augment, device, dtype, bad_log)
 

@@ -15,7 +15,7 @@ prefixed ``avion_``:
 
 The evaluation's usual EPIC keys (``verb_top1/top5/mean_class``, ``noun_*``, ``action_top1/top5``) come
 from the same probabilities: actions directly, verbs and nouns from the marginal p(verb) = sum of p(action)
-over its actions (0 for a verb no action has), with :func:`~avion_ds.tasks.metrics.classification_metrics`.
+over its actions (0 for a verb no action has), with :func:`~avion_ds.tasks.common.classification_metrics.classification_metrics`.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from avion_ds.tasks.metrics import classification_metrics, topk_correct
+from avion_ds.tasks.common.classification_metrics import classification_metrics, topk_correct
 
 AVION_KEYS = (
     "avion_action_top1",

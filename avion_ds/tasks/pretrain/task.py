@@ -15,17 +15,21 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
 import torch
 from torch import nn
 
 from avion_ds.config import ConfigError
+from avion_ds.data.augment import MEAN_STD
+from avion_ds.data.masking import MaskSpec
+from avion_ds.distributed.ds_config import zero_stage
 from avion_ds.tasks.base import EvalOutcome, LossParts, ModelSummary, Task
+from avion_ds.tasks.common.predictions import PredictionStore
 from avion_ds.tasks.registry import register_task
 
 if TYPE_CHECKING:
     from avion_ds.config import Recipe
     from avion_ds.data.bad_input import BadInputLog
-    from avion_ds.data.masking import MaskSpec
 
 # this task's recipe defaults (VideoMAE pretraining); keys the recipe sets win
 PRETRAIN_DEFAULTS: dict[str, dict[str, Any]] = {
@@ -45,7 +49,6 @@ PRETRAIN_DEFAULTS: dict[str, dict[str, Any]] = {
 
 def model_options(recipe: Recipe) -> dict[str, Any]:
     """create_model keyword arguments of a pretraining recipe (input size follows the data section)."""
-    from avion_ds.data.augment import MEAN_STD
 
     m, d = recipe.model, recipe.data
     mean, std = MEAN_STD[d.mean_std]
@@ -69,7 +72,7 @@ def model_options(recipe: Recipe) -> dict[str, Any]:
 
 def build_pretrain_model(recipe: Recipe, pretrained: str | None = None) -> nn.Module:
     """The recipe's pretraining model (``model.pretrained`` / ``pretrained``: any pretraining format)."""
-    from avion_ds.models import create_model
+    from avion_ds.models import create_model  # lazy: heavy (timm, torchvision)
 
     source = pretrained if pretrained is not None else (recipe.model.pretrained or None)
     return create_model(recipe.model.name, pretrained=source or None, **model_options(recipe))
@@ -77,8 +80,7 @@ def build_pretrain_model(recipe: Recipe, pretrained: str | None = None) -> nn.Mo
 
 def mask_spec(recipe: Recipe) -> MaskSpec:
     """The per-clip masks the recipe asks for, on the model's token grid (nothing is built)."""
-    from avion_ds.data.masking import MaskSpec
-    from avion_ds.models import pretrain_arch
+    from avion_ds.models import pretrain_arch  # lazy: heavy (timm, torchvision)
 
     grid = pretrain_arch(recipe.model.name, **model_options(recipe)).encoder.grid
     p = recipe.pretrain
@@ -111,8 +113,8 @@ class PretrainTask(Task):
             raise ConfigError(f"data.multi_scale={d.multi_scale} must be a non-empty list in (0, 1]")
 
     def check_model(self, recipe: Recipe) -> ModelSummary:
-        from avion_ds.models import create_model, model_flops, pretrain_arch
-        from avion_ds.models.vit.model import count_params
+        from avion_ds.models import create_model, model_flops, pretrain_arch  # lazy: heavy (timm, torchvision)
+        from avion_ds.models.vit.model import count_params  # lazy: heavy (timm, torchvision)
 
         name = recipe.model.name
         try:
@@ -130,8 +132,7 @@ class PretrainTask(Task):
         run_dir: Path | None = None,
         ds_config: dict[str, Any] | None = None,
     ) -> nn.Module:
-        from avion_ds.distributed.ds_config import zero_stage
-        from avion_ds.models.weights.sharded import build_partitioned
+        from avion_ds.models.weights.sharded import build_partitioned  # lazy: heavy (timm, torchvision)
 
         source = pretrained if pretrained is not None else recipe.model.pretrained
         if source and zero_stage(ds_config) == 3:
@@ -152,7 +153,6 @@ class PretrainTask(Task):
         return 0
 
     def synthetic_batch(self, recipe: Recipe, batch_size: int, device: torch.device | str = "cpu") -> dict[str, Any]:
-        import numpy as np
 
         d, spec = recipe.data, mask_spec(recipe)
         drawn = [spec.draw(np.random.default_rng(i)) for i in range(batch_size)]
@@ -194,8 +194,7 @@ def evaluate_pretrain(
     of the whole val set: per-clip sums are gathered by dataset index and the DistributedSampler's
     padding repeats dropped (as classification eval does), so ranks and batching do not change them.
     """
-    from avion_ds.models.mae.model import pixel_targets
-    from avion_ds.tasks.metrics import PredictionStore
+    from avion_ds.models.mae.model import pixel_targets  # lazy: heavy (timm, torchvision)
 
     was_training = getattr(model, "training", False)
     if hasattr(model, "eval"):

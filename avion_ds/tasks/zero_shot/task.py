@@ -4,7 +4,7 @@ protocol of LaViLa's ``eval_zeroshot.py``: EPIC-100 (verb, noun and LaViLa's act
 
 Evaluation only: ``avion-ds eval --checkpoint RUN_OR_WEIGHTS --set task=zeroshot --set
 data.val_dataset=epic|egtea|charades_ego ...`` (docs/zero_shot.md). The classifiers are built from the
-class files (:mod:`avion_ds.tasks.zero_shot_classes`) on every rank, the clips embedded by the video tower
+class files (:mod:`avion_ds.tasks.zero_shot.classes`) on every rank, the clips embedded by the video tower
 on all ranks, the scores gathered and put in dataset order with the sampler's padding dropped.
 """
 
@@ -19,10 +19,17 @@ import torch.nn.functional as F
 from torch import nn
 
 from avion_ds.config import ConfigError
+from avion_ds.data.bad_input import BadInputLog, batch_messages
+from avion_ds.distributed import dist
+from avion_ds.distributed.run_log import progress
 from avion_ds.tasks.base import EvalOutcome, build_with_weights
-from avion_ds.tasks.contrastive import CONTRASTIVE_DEFAULTS, ContrastiveTask, _encoder_kwargs
+from avion_ds.tasks.common.action_head_metrics import mean_class_accuracy, overall_accuracy, topk_accuracy
+from avion_ds.tasks.common.evaluation import augmented_batch
+from avion_ds.tasks.common.predictions import PredictionStore, failed_in_batch, gather_failed
+from avion_ds.tasks.common.retrieval_eval import dataset_rows_report
+from avion_ds.tasks.contrastive.task import CONTRASTIVE_DEFAULTS, ContrastiveTask, _encoder_kwargs
 from avion_ds.tasks.registry import register_task
-from avion_ds.tasks.zero_shot_classes import (
+from avion_ds.tasks.zero_shot.classes import (
     ClassSet,
     charades_map,
     epic_action_classes,
@@ -36,7 +43,6 @@ from avion_ds.tasks.zero_shot_classes import (
 
 if TYPE_CHECKING:
     from avion_ds.config import Recipe
-    from avion_ds.data.bad_input import BadInputLog
     from avion_ds.models.weights.report import LoadReport
 
 BENCHMARKS = ("epic", "egtea", "charades_ego")
@@ -114,7 +120,6 @@ def zero_shot_metrics(name: str, scores: dict[str, torch.Tensor], labels: Any) -
     if name == "charades_ego":
         m_ap, _ = charades_map(scores[name].numpy(), labels.numpy())
         return {"map": m_ap}
-    from avion_ds.tasks.action_metrics import mean_class_accuracy, overall_accuracy, topk_accuracy
 
     targets = {name: labels.long()} if name == "egtea" else labels
     out: dict[str, float] = {}
@@ -153,8 +158,7 @@ class ZeroShotTask(ContrastiveTask):
         run_dir: Path | None = None,
         ds_config: dict[str, Any] | None = None,
     ) -> nn.Module:
-        from avion_ds.distributed import dist
-        from avion_ds.tasks.weights_report import load_and_report
+        from avion_ds.tasks.common.weights_report import load_and_report  # lazy: imports avion_ds.models
 
         source = pretrained if pretrained is not None else recipe.model.pretrained
         model = build_with_weights(recipe, _encoder_kwargs(recipe), "", run_dir, ds_config)
@@ -184,12 +188,7 @@ class ZeroShotTask(ContrastiveTask):
         bad_log: BadInputLog | None = None,
     ) -> EvalOutcome:
         """Classifiers from the prompts, video embeddings of every clip (all ranks), the benchmark's metrics."""
-        from avion_ds.data.bad_input import BadInputLog, batch_messages
-        from avion_ds.distributed.run_log import progress
-        from avion_ds.models.clip.model import at_least_fp32
-        from avion_ds.tasks.evaluation import augmented_batch
-        from avion_ds.tasks.metrics import PredictionStore, failed_in_batch, gather_failed
-        from avion_ds.tasks.retrieval_eval import dataset_rows_report
+        from avion_ds.models.clip.model import at_least_fp32  # lazy: heavy (timm, torchvision)
 
         net = getattr(model, "module", model)
         was_training = net.training

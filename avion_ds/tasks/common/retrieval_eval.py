@@ -5,7 +5,7 @@ Every row's clip and narration are embedded (one view), gathered from all ranks 
 row with the DistributedSampler's padding dropped, so 1 and N ranks see the same matrix. MIR: the
 similarity ``(V T^T + 1) / 2`` is computed in float32 from float32 unit embeddings (bf16 ones would
 leave ~128 distinct similarity levels and many false ties), its columns are the rows the sentence file
-lists, in its order, and the six numbers come from :func:`avion_ds.tasks.metrics.mir_metrics` (through
+lists, in its order, and the six numbers come from :func:`avion_ds.tasks.common.retrieval_metrics.mir_metrics` (through
 ``mir_metrics_matched``). Rows whose clip could not be decoded are named and left out with their columns
 (the report says how many); a video or sentence that then has no exact match is no query of its
 direction but stays a candidate of the other (named in one line and in the report).
@@ -23,8 +23,9 @@ from avion_ds.data.bad_input import BadInputLog, batch_messages
 from avion_ds.distributed import dist
 from avion_ds.distributed.run_log import progress
 from avion_ds.tasks.base import EvalOutcome
-from avion_ds.tasks.evaluation import augmented_batch
-from avion_ds.tasks.metrics import PredictionStore, failed_in_batch, gather_failed, mir_metrics_matched
+from avion_ds.tasks.common.evaluation import augmented_batch
+from avion_ds.tasks.common.predictions import PredictionStore, failed_in_batch, gather_failed
+from avion_ds.tasks.common.retrieval_metrics import mir_metrics_matched
 
 MIR_PROTOCOL = (
     "EPIC-100 MIR zero-shot (AVION validate_mir): similarity (V T^T + 1) / 2 in float32, rows in CSV order, "
@@ -87,7 +88,7 @@ def mir_from_embeddings(
     """MIR metrics of the embedded ``rows`` against the (rows x columns) ``relevancy``; ``columns[j]`` is
     the row whose narration is sentence j. Rows absent from ``rows`` drop out with their columns; a
     remaining video or sentence left without an exact match is no query of its direction
-    (:func:`~avion_ds.tasks.metrics.mir_metrics_matched`), named in the report by ``names`` (row ids,
+    (:func:`~avion_ds.tasks.common.retrieval_metrics.mir_metrics_matched`), named in the report by ``names`` (row ids,
     sentence ids)."""
     n_rows, n_cols = relevancy.shape
     position = {int(r): i for i, r in enumerate(rows.tolist())}

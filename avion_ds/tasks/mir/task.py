@@ -12,7 +12,7 @@ by ``avg_map``.
 Training rows are ``EPIC_100_retrieval_train.csv``; each clip's caption is drawn among the sentences of
 ``data.train_sentences`` whose relevancy (``data.train_relevancy``) to the row is above 0.1
 (:class:`~avion_ds.data.datasets.epic_mir.EpicMirDataset`, AVION's ``clip_dataset.py`` lines 207-212).
-The loss is AVION's ``MaxMarginRankingLoss`` (:func:`avion_ds.tasks.contrastive_losses.max_margin_loss`),
+The loss is AVION's ``MaxMarginRankingLoss`` (:func:`avion_ds.tasks.mir.losses.max_margin_loss`),
 unweighted by the relevancy as AVION's; the temperature is frozen (AVION lines 126 and 140), so
 ``contrastive.freeze_temperature`` must stay true. Defaults: :data:`MIR_DEFAULTS`.
 """
@@ -26,7 +26,7 @@ import torch
 
 from avion_ds.config import ConfigError
 from avion_ds.tasks.base import LossParts
-from avion_ds.tasks.contrastive import CONTRASTIVE_DEFAULTS, ContrastiveTask
+from avion_ds.tasks.contrastive.task import CONTRASTIVE_DEFAULTS, ContrastiveTask
 from avion_ds.tasks.registry import register_task
 
 if TYPE_CHECKING:
@@ -86,6 +86,6 @@ class MirFinetuneTask(ContrastiveTask):
 
     def pair_loss(self) -> Callable[[torch.Tensor, torch.Tensor, torch.Tensor], LossParts]:
         """AVION's MaxMarginRankingLoss (margin 0.2) over all ranks' rows."""
-        from avion_ds.tasks.contrastive_losses import max_margin_loss
+        from avion_ds.tasks.mir.losses import max_margin_loss  # lazy: imports avion_ds.models
 
         return max_margin_loss

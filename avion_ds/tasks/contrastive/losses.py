@@ -1,5 +1,5 @@
-"""AVION's contrastive loss (``ClipLoss``, default mode), its MIR fine-tuning loss
-(``MaxMarginRankingLoss``) and the feature cache that makes gradient accumulation a bigger batch.
+"""AVION's contrastive loss (``ClipLoss``, default mode) and the feature cache that makes gradient
+accumulation a bigger batch (the MIR fine-tuning loss is ``avion_ds.tasks.mir.losses``).
 
 :func:`clip_loss` is ``avion/losses/losses.py``'s ``ClipLoss`` with ``local_loss=False,
 gather_with_grad=True``: both embeddings are all-gathered WITH gradient (``torch.distributed.nn``),
@@ -9,15 +9,6 @@ loss; the gather's backward sums every rank's gradient into each rank's own rows
 gradient average turns that back into the gradient of the one global loss. Logged beside it:
 ``clip_acc`` (video->text top-1 in percent, AVION's definition), ``t2v_acc`` (text->video top-1)
 and ``logit_scale``. The logits and the loss are computed in float32 (or the embeddings' wider dtype).
-
-:func:`max_margin_loss` is ``MaxMarginRankingLoss(margin=0.2, fix_norm=True)`` as AVION's
-``scripts/main_lavila_finetune_mir.py`` builds it (lines 155-162, ``gather_with_grad=True``): the same
-gathered features, their cosine similarity ``s[i, j]`` of text i and video j (``sim_matrix``: each row
-divided by max(norm, 1e-8)), and the hinge ``relu(margin - s[i, i] + s[i, j])`` for every text's
-negative videos plus ``relu(margin - s[i, i] + s[j, i])`` for every video's negative texts, averaged
-over those 2n(n-1) off-diagonal terms. The temperature takes no part (AVION freezes it), and neither
-does the caption's relevancy: AVION passes it as ``weight`` and its ``forward`` never reads it; we
-do the same (unweighted). Logged: ``clip_acc`` and ``t2v_acc`` from ``s`` as above.
 
 :func:`feature_cache_losses` is the scheme AVION's accumulation branch intended (its code uses
 undefined names and never ran; GradCache, Gao et al. 2021): embed every micro-batch of the window
@@ -36,6 +27,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
+import torch.distributed as dist
 import torch.nn.functional as F
 from torch import Tensor
 
@@ -48,11 +40,9 @@ Encode = Callable[[int], tuple[Tensor, Tensor, Tensor]]
 
 def gather_with_grad(x: Tensor) -> Tensor:
     """Rows of ``x`` from every rank, concatenated in rank order, differentiable (one rank: ``x``)."""
-    import torch.distributed as dist
-
     if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
         return x
-    import torch.distributed.nn.functional as dist_nn
+    import torch.distributed.nn.functional as dist_nn  # lazy: optional (a build without distributed)
 
     with warnings.catch_warnings():  # its suggested replacement has no gradient to the other ranks' rows
         warnings.filterwarnings("ignore", message=".*all_gather is deprecated", category=FutureWarning)
@@ -72,34 +62,8 @@ def clip_loss(video: Tensor, text: Tensor, logit_scale: Tensor) -> LossParts:
     return loss, {"clip_acc": clip_acc, "t2v_acc": t2v_acc, "logit_scale": logit_scale.detach().float().reshape(())}
 
 
-MIR_MARGIN = 0.2  # AVION scripts/main_lavila_finetune_mir.py line 156
-
-
-def max_margin_loss(video: Tensor, text: Tensor, logit_scale: Tensor, margin: float = MIR_MARGIN) -> LossParts:
-    """AVION's MaxMarginRankingLoss over every rank's rows (see module doc); ``logit_scale`` is unused
-    (taken for :func:`feature_cache_losses`' signature). Needs at least 2 rows in all."""
-    all_video, all_text = gather_with_grad(at_least_fp32(video)), gather_with_grad(at_least_fp32(text))
-    sim = _unit(all_text) @ _unit(all_video).T  # (n, n): text i vs video j (AVION's sim_matrix(text, image))
-    n = sim.shape[0]
-    if n < 2:
-        raise ValueError(f"max-margin ranking loss: {n} clip(s) in the batch, it needs negatives (at least 2)")
-    positive = sim.diagonal().unsqueeze(1)  # s[i, i], against row i of sim and of sim.T
-    off = ~torch.eye(n, dtype=torch.bool, device=sim.device)
-    hinge = torch.cat([F.relu(margin - positive + sim)[off], F.relu(margin - positive + sim.T)[off]])
-    labels = torch.arange(n, device=sim.device)
-    with torch.no_grad():
-        clip_acc = 100.0 * (sim.argmax(dim=0) == labels).float().mean()  # video j -> its best text
-        t2v_acc = 100.0 * (sim.argmax(dim=1) == labels).float().mean()  # text i -> its best video
-    return hinge.mean(), {"clip_acc": clip_acc, "t2v_acc": t2v_acc}
-
-
-def _unit(x: Tensor, eps: float = 1e-8) -> Tensor:
-    """Rows of ``x`` divided by max(their norm, eps) (AVION's ``sim_matrix``)."""
-    return x / x.norm(dim=1, keepdim=True).clamp_min(eps)
-
-
 def _rng_state() -> dict[str, Any]:
-    from deepspeed.accelerator import get_accelerator
+    from deepspeed.accelerator import get_accelerator  # lazy: heavy (deepspeed)
 
     acc = get_accelerator()
     state: dict[str, Any] = {"cpu": torch.get_rng_state()}
@@ -109,7 +73,7 @@ def _rng_state() -> dict[str, Any]:
 
 
 def _set_rng_state(state: dict[str, Any]) -> None:
-    from deepspeed.accelerator import get_accelerator
+    from deepspeed.accelerator import get_accelerator  # lazy: heavy (deepspeed)
 
     torch.set_rng_state(state["cpu"])
     if "device" in state:

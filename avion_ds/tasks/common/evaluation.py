@@ -15,13 +15,8 @@ import torch
 
 from avion_ds.data.bad_input import BadInputLog, batch_messages
 from avion_ds.distributed.run_log import progress
-from avion_ds.tasks.metrics import (
-    PredictionStore,
-    aggregate_outputs,
-    compute_metrics,
-    failed_in_batch,
-    gather_failed,
-)
+from avion_ds.tasks.common.classification_metrics import compute_metrics
+from avion_ds.tasks.common.predictions import PredictionStore, aggregate_outputs, failed_in_batch, gather_failed
 
 
 def augmented_batch(batch: dict[str, Any], augment: Callable, device: torch.device) -> tuple[torch.Tensor, Any]:

@@ -30,6 +30,7 @@ import torch.nn.functional as F
 
 from avion_ds.data.datasets.csv_rows import open_csv, parse_int
 from avion_ds.data.datasets.epic import EPIC_REQUIRED
+from avion_ds.data.tokenizer import tokenize
 
 TEMPLATE_SETS: dict[str, tuple[str, ...]] = {
     "lavila": ("#C C {}", "#C {}"),  # eval_zeroshot.py with --cls-use-template
@@ -134,7 +135,6 @@ def text_classifier(
 ) -> torch.Tensor:
     """(classes, E) float32: per class, the normalised mean of the normalised embeddings of every
     ``template.format(name)`` (LaViLa's order: templates outer, names inner)."""
-    from avion_ds.data.tokenizer import tokenize
 
     texts, owner = [], []
     for c, names in enumerate(classes.names):
@@ -163,7 +163,7 @@ def view_logits(video: torch.Tensor, classifier: torch.Tensor, views: int) -> to
 
 
 # ---------------------------------------------------------------------------------------------
-# Charades-Ego mAP (LaViLa's lavila/utils/evaluation_charades.py; the accuracies: tasks.action_metrics)
+# Charades-Ego mAP (LaViLa's lavila/utils/evaluation_charades.py; the accuracies: tasks.common.action_head_metrics)
 # ---------------------------------------------------------------------------------------------
 def charades_map(scores: np.ndarray, targets: np.ndarray) -> tuple[float, int]:
     """(mAP in percent, classes without positives) as LaViLa's ``charades_map``: rows without any

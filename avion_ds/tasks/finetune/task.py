@@ -3,7 +3,7 @@ ONE action head as AVION trains it (``data.epic_label: action``, ``model.heads: 
 
 Loss: cross-entropy per head (label smoothing / mixup targets from the device augmentation), summed;
 evaluation: multi-view softmax averaged per clip, top-k / mean-class (EPIC: verb, noun, action; the action
-head adds AVION's metrics, :mod:`avion_ds.tasks.action_metrics`), the protocol report and per-sample scores.
+head adds AVION's metrics, :mod:`avion_ds.tasks.common.action_head_metrics`), the protocol report and per-sample scores.
 """
 
 from __future__ import annotations
@@ -17,7 +17,14 @@ from torch import nn
 
 from avion_ds.config import ConfigError
 from avion_ds.data.datasets.build import dataset_spec
+from avion_ds.data.datasets.epic_actions import MAP_ORDER
+from avion_ds.data.datasets.protocols import eval_report
 from avion_ds.tasks.base import EvalOutcome, LossParts, ModelSummary, Task, build_with_weights
+from avion_ds.tasks.common.action_head_metrics import action_head_metrics
+from avion_ds.tasks.common.classification_metrics import SCORES
+from avion_ds.tasks.common.evaluation import evaluate_model
+from avion_ds.tasks.common.predictions import per_sample_records
+from avion_ds.tasks.finetune.losses import total_loss
 from avion_ds.tasks.registry import register_task
 
 if TYPE_CHECKING:
@@ -94,8 +101,8 @@ class FinetuneTask(Task):
             )
 
     def check_model(self, recipe: Recipe) -> ModelSummary:
-        from avion_ds.models import create_model, model_flops, registered_arch
-        from avion_ds.models.vit.model import count_params
+        from avion_ds.models import create_model, model_flops, registered_arch  # lazy: heavy (timm, torchvision)
+        from avion_ds.models.vit.model import count_params  # lazy: heavy (timm, torchvision)
 
         check_heads(recipe)
         name = recipe.model.name
@@ -127,7 +134,7 @@ class FinetuneTask(Task):
         run_dir: Path | None = None,
         ds_config: dict[str, Any] | None = None,
     ) -> nn.Module:
-        from avion_ds.tasks.weights_report import maps_kinetics710_head
+        from avion_ds.tasks.common.weights_report import maps_kinetics710_head  # lazy: imports avion_ds.models
 
         kw = model_kwargs(recipe)
         return build_with_weights(
@@ -151,7 +158,6 @@ class FinetuneTask(Task):
     def loss(
         self, model: Callable[..., Any], x: torch.Tensor, targets: Any, dtype: torch.dtype, recipe: Recipe
     ) -> LossParts:
-        from avion_ds.tasks.finetune_losses import total_loss
 
         loss, heads = total_loss(model(x.to(dtype)), targets, recipe.data.label_smoothing)
         return loss, {f"loss_{h}": v for h, v in heads.items()}
@@ -167,9 +173,6 @@ class FinetuneTask(Task):
         recipe: Recipe,
         bad_log: BadInputLog | None = None,
     ) -> EvalOutcome:
-        from avion_ds.data.datasets.protocols import eval_report
-        from avion_ds.tasks.evaluation import evaluate_model
-        from avion_ds.tasks.metrics import SCORES, per_sample_records
 
         metrics, (index, scores, labels), failed = evaluate_model(
             model, loader, augment, views, device, dtype, bad_log=bad_log
@@ -177,9 +180,6 @@ class FinetuneTask(Task):
         report = {"scores": SCORES, **eval_report(recipe.eval.protocol, views, loader.dataset, index)}
         action_map = getattr(loader.dataset, "action_map", None)
         if action_map is not None:  # ONE action head: the usual EPIC keys from it, and AVION's
-            from avion_ds.data.datasets.epic_actions import MAP_ORDER
-            from avion_ds.tasks.action_metrics import action_head_metrics
-
             metrics = action_head_metrics(scores["action"], labels["action"], action_map)
             report["action_label_map"] = {"num_actions": len(action_map), "order": MAP_ORDER}
         return EvalOutcome(metrics, report, failed, per_sample_records(index, scores, labels), int(index.numel()))

@@ -18,12 +18,16 @@ import numpy as np
 import torch
 
 from avion_ds.config import ConfigError, Recipe
-from avion_ds.tasks.pretrain import PretrainTask
+from avion_ds.data.crop import CropSpec, center_crop
+from avion_ds.data.decode.select import get_decoder
+from avion_ds.data.prep.manifest import probe_video
+from avion_ds.data.sampling import map_to_chunks, stride_indices
+from avion_ds.tasks import load_recipe
+from avion_ds.tasks.pretrain.task import PretrainTask
 
 
 def pretraining_recipe(config: str | Path, overrides: list[str]) -> Recipe:
     """The recipe of a pretraining run (``config``: its recipe.yaml); any other task is refused in one line."""
-    from avion_ds.tasks import load_recipe  # the package's loader: tasks/__init__ imports the task modules
 
     recipe = load_recipe(config, overrides)
     if recipe.task != PretrainTask.name:
@@ -33,10 +37,6 @@ def pretraining_recipe(config: str | Path, overrides: list[str]) -> Recipe:
 
 def load_clip(recipe: Recipe, video: str) -> torch.Tensor:
     """uint8 (T, H, W, C): the centre clip of ``video`` as validation samples it."""
-    from avion_ds.data.crop import CropSpec, center_crop
-    from avion_ds.data.decode.select import get_decoder
-    from avion_ds.data.prep.manifest import probe_video
-    from avion_ds.data.sampling import map_to_chunks, stride_indices
 
     d = recipe.data
     entry = probe_video(video)
@@ -58,7 +58,7 @@ def reconstruct_grid(
     model: torch.nn.Module, x: torch.Tensor, masks: dict[str, torch.Tensor], frames: int
 ) -> np.ndarray:
     """uint8 (3*H, F*W, 3) image: original / masked / reconstruction rows for ``frames`` frames."""
-    from avion_ds.models.mae.model import pixel_targets
+    from avion_ds.models.mae.model import pixel_targets  # lazy: heavy (timm, torchvision)
 
     arch = model.arch
     e = arch.encoder

@@ -1,0 +1,152 @@
+"""The core recipe sections: model, data, optim, schedule, batch, eval, ema, checkpoint, logging.
+
+What a task alone reads lives in the task's own section, registered by the task
+(``avion_ds.config.register_section``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass
+class ModelConfig:
+    name: str = "vit_base_patch16_224"
+    pretrained: str | None = None  # path to a VideoMAE / HF / timm / avion_ds checkpoint
+    pretrained_strict: bool = True  # refuse to train when < 90% of the backbone parameters were loaded
+    trust_checkpoint: bool = (
+        False  # allow full unpickling of checkpoint files: model.pretrained, resumed and evaluated runs (can run code)
+    )
+    num_classes: int = 400  # single-head models
+    heads: dict[str, int] | None = None  # e.g. {"verb": 97, "noun": 300} (EPIC); overrides num_classes
+    tubelet_size: int | None = None  # frames per token; None = the registered size's (2)
+    drop_path_rate: float = 0.1
+    drop_path_schedule: str | None = None  # None: the model's own (clip_vit_* / vit_clip_*: uniform) | linear | uniform
+    head_drop_rate: float = 0.0
+    head_init: str = "videomae"  # videomae: trunc-normal(0.02) x 0.001 | avion: N(0, 0.01), zero bias (AVION's fc_cls)
+    attn_backend: str = "auto"  # auto | flash | sdpa | eager
+    patch_embed: str = "linear"  # linear | conv
+    # pool / pos_embed: None = the registered model's own (vit_*: mean, sincos; vit_clip_*: cls, clip)
+    pool: str | None = None  # None | mean (+fc_norm) | cls
+    pos_embed: str | None = None  # None | sincos | learned | clip
+    activation_checkpointing: bool = False
+    activation_checkpoint_every: int = 1  # checkpoint every k-th block
+    activation_checkpoint_first_n: int | None = None  # only the first n blocks (None = all)
+    activation_checkpoint_impl: str = "torch"  # torch | deepspeed
+    activation_checkpoint_policy: str = "full"  # full: keeps a block's input | selective: + attention, q/k/v
+    compile: bool = False  # torch.compile each transformer block (regional); ZeRO 0-2
+    head_label_map: str = (
+        "auto"  # auto: a 710-row (Kinetics-710) head -> Kinetics-400/600/700 rows by VideoMAE V2's map | none
+    )
+
+
+@dataclass
+class DataConfig:
+    dataset: str = "epic"  # a registered dataset (avion_ds/data/datasets/registry.py; checked by tasks.build_recipe)
+    root: str = ""  # chunk root (holds manifest.jsonl) or root of whole videos
+    train_csv: str = ""  # annotations (ego4d: narration pickle / CSV / JSONL)
+    val_csv: str = ""
+    val_dataset: str = ""  # "" = dataset; e.g. epic_mir to evaluate ego4d pretraining zero-shot on EPIC MIR
+    val_root: str = ""  # "" = root; videos of the validation split when they live elsewhere
+    epic_label: str = "verb_noun"  # epic: verb_noun (heads verb + noun) | action (ONE head over AVION's verb:noun ids)
+    aux_train: list[str] = field(default_factory=list)  # ego4d: extra narration files appended to train_csv's
+    fps: float = 0.0  # frame times at this rate (AVION reads Ego4D at 30); 0 = each video's own rate
+    train_sentences: str = ""  # epic_mir: EPIC_100_retrieval_train_sentence.csv
+    train_relevancy: str = ""  # epic_mir: caption_relevancy_EPIC_100_retrieval_train.pkl
+    val_sentences: str = ""  # epic_mir: EPIC_100_retrieval_test_sentence.csv
+    val_relevancy: str = ""  # epic_mir: caption_relevancy_EPIC_100_retrieval_test.pkl
+    chunked: bool = True
+    num_frames: int = 16
+    sampling: str = "segment"  # segment (TSN, EPIC/AVION) | stride (Kinetics/VideoMAE)
+    stride: int = 4
+    size: int = 224
+    decoder: str = "auto"  # auto (probe on the first chunk) | decord | torchcodec | pyav | torchcodec-cuda
+    decoder_threads: int = 1
+    workers: int = 4
+    crop_scale: list[float] = field(default_factory=lambda: [0.5, 1.0])
+    crop_ratio: list[float] = field(default_factory=lambda: [0.75, 1.3333333])
+    mean_std: str = "imagenet"  # imagenet (VideoMAE) | clip (OpenAI CLIP) | openai (AVION's --norm-style openai)
+    hflip: float = 0.5
+    mixup: float = 0.0
+    cutmix: float = 0.0
+    label_smoothing: float = 0.1
+    on_error: str = "skip"  # skip | raise
+    decode_timeout_s: float = 60.0
+    class_list: str = ""  # kinetics: class names (one a line; index = line); ssv2: labels.json ("" = next to train_csv)
+    quarantine: str = "auto"  # auto: <root>/quarantine.tsv if present (written by avion-ds check) | none | PATH
+    rand_aug: str = ""  # timm RandAugment spec, e.g. rand-m7-n4-mstd0.5-inc1 (same ops for every frame of a clip)
+    reprob: float = 0.0  # random erasing: probability per clip, one box on every frame (pixel mode; VideoMAE: 0.25)
+    num_sample: int = 1  # repeated augmentation: augmented views per loaded training clip (VideoMAE: 2)
+    interpolation: str = "bilinear"  # bilinear | bicubic: crop resize and RandAugment geometric ops
+    clips_per_video: int = 1  # dataset: videos — clips drawn from every video per epoch
+    multi_scale: list[float] = field(default_factory=lambda: [1.0, 0.875, 0.75, 0.66])  # videos: crop scales
+
+
+@dataclass
+class OptimConfig:
+    lr: float = 1.5e-3  # base lr for base_batch; scaled linearly by global_batch / base_batch
+    base_batch: int = 256
+    scale_lr: bool = True
+    scale_lr_bounds: bool = False  # also scale min_lr and schedule.warmup_start_lr by global/base batch (AVION CLS)
+    min_lr: float = 1e-6
+    layer_decay: float = 0.75  # 1.0 disables layer-wise lr decay
+    weight_decay: float = 0.05
+    betas: list[float] = field(default_factory=lambda: [0.9, 0.999])
+    eps: float = 1e-8
+    clip_grad: float = 0.0  # 0 disables clipping (always written explicitly to the DS config)
+    no_decay: str = "model"  # model: its no_weight_decay() + 1-d + biases | avion: AVION's rule (1-d, biases, norms)
+    name: str = (
+        "adamw"  # adamw | lion (DeepSpeed's Lion: sign update, decoupled decay) | sgd (momentum betas[0], AVION CLS)
+    )
+    weight_decay_end: float | None = (
+        None  # cosine weight_decay -> this over the run, decayed groups only; None: constant
+    )
+
+
+@dataclass
+class ScheduleConfig:
+    epochs: int = 30
+    warmup_epochs: float = 2.0
+    warmup_start_lr: float | None = None  # None: warmup (step+1)/W x lr; a value: AVION/BEiT's linspace(start, lr, W)
+    fix_lr: bool = False  # constant lr = the (scaled) base lr from the first step, no warmup or decay (AVION --fix-lr)
+    steps_per_epoch: int | None = None  # cap (for smoke runs); None = full epoch
+
+
+@dataclass
+class BatchConfig:
+    global_batch: int | None = 256  # None: micro * accum * world
+    micro_batch: int = 8
+    grad_accum: int | None = None  # None: derived from global / (micro * world)
+
+
+@dataclass
+class EvalConfig:
+    every_epochs: int = 1
+    temporal_views: int = 1
+    spatial_views: int = 1
+    batch_size: int | None = None  # None: micro_batch
+    protocol: str = (
+        "custom"  # k400 | ssv2 | epic | custom: locks the eval sampling and views (data/datasets/protocols.py)
+    )
+
+
+@dataclass
+class EmaConfig:
+    """Exponential moving average of the fp32 master weights (VideoMAE / AVION ``--model-ema``)."""
+
+    decay: float = 0.0  # 0: off; VideoMAE / AVION use 0.9999 (ema = decay * ema + (1 - decay) * weights, per update)
+    weights: str = "ema"  # ema | model: what validation, `avion-ds eval` of a run directory and `export` use
+
+
+@dataclass
+class CheckpointConfig:
+    every_steps: int = 0  # 0: only at epoch end
+    keep_last: int = 2
+    resume: bool = True  # auto-resume from the latest complete checkpoint in output_dir
+
+
+@dataclass
+class LoggingConfig:
+    tensorboard: bool = True
+    log_every: int = 10
+    progress: bool = True
