@@ -19,7 +19,7 @@ from avion_ds.data.datasets.build import (
 from avion_ds.data.datasets.registry import DatasetSpec, register_dataset, unregister_dataset
 from avion_ds.engine import preflight
 from avion_ds.tasks import load_recipe
-from avion_ds.tasks.finetune import check_heads, dataset_heads
+from avion_ds.tasks.finetune.task import check_heads, dataset_heads
 
 BUILT_INS = ("epic", "kinetics", "ssv2", "videos", "ego4d", "epic_mir", "egtea", "charades_ego")
 
