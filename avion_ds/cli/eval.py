@@ -18,7 +18,7 @@ from avion_ds.cli.parsers import eval_args as parse_args
 from avion_ds.config import ConfigError, Recipe
 from avion_ds.data.errors import DataError
 from avion_ds.distributed import dist
-from avion_ds.distributed.ds_config import torch_dtype
+from avion_ds.distributed.ds_fields import torch_dtype
 from avion_ds.engine.ema import eval_weights
 from avion_ds.engine.export import consolidated
 from avion_ds.engine.run_setup import (

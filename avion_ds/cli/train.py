@@ -21,7 +21,7 @@ from avion_ds.cli.parsers import train_args as parse_args
 from avion_ds.config import ConfigError, save_recipe
 from avion_ds.data.errors import DataError
 from avion_ds.distributed import dist
-from avion_ds.distributed.ds_config import zero_stage
+from avion_ds.distributed.ds_fields import zero_stage
 from avion_ds.distributed.run_log import RunLogger
 from avion_ds.engine import elastic
 from avion_ds.engine import run_checkpoints as ckpt
@@ -32,7 +32,8 @@ from avion_ds.engine.run_setup import (
     prepare_training,
     seed_everything,
 )
-from avion_ds.engine.trainer import NonFiniteLoss, TrainData, Trainer
+from avion_ds.engine.train_state import NonFiniteLoss, TrainData
+from avion_ds.engine.trainer import Trainer
 from avion_ds.engine.trust import command_trust
 from avion_ds.tasks import load_recipe
 

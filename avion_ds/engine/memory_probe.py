@@ -18,7 +18,7 @@ from typing import Any
 import torch
 
 from avion_ds.distributed import dist
-from avion_ds.distributed.ds_config import zero_stage
+from avion_ds.distributed.ds_fields import zero_stage
 from avion_ds.engine.parallelize import parallelize, unwrap
 from avion_ds.engine.trainer import Trainer
 from avion_ds.memory.plan import Candidate, Request, ds_config_for
@@ -54,11 +54,8 @@ def _fill_config(cfg: dict[str, Any], micro: int, accum: int, world: int, dtype:
     """The candidate's JSON through the one builder, for a probe: batch shape and precision from the
     arguments, the recipe's default optimizer values; torch AdamW unless the optimizer is offloaded
     (no FusedAdam JIT build, which needs nvcc)."""
-    from avion_ds.distributed.ds_config import (
-        build_ds_config,
-        fixed_batch_recipe,
-        offloads_optimizer,
-    )
+    from avion_ds.distributed.ds_config import build_ds_config, fixed_batch_recipe
+    from avion_ds.distributed.ds_fields import offloads_optimizer
 
     opt: dict[str, Any] = {} if "optimizer" in cfg else {"type": "AdamW"}
     if not offloads_optimizer(cfg):

@@ -6,12 +6,8 @@ from __future__ import annotations
 from typing import Any
 
 from avion_ds.config import Recipe
-from avion_ds.distributed.ds_config import (
-    offload_device,
-    precision_of,
-    resolve_batch,
-    zero_stage,
-)
+from avion_ds.distributed.ds_config import resolve_batch
+from avion_ds.distributed.ds_fields import offload_device, precision_of, zero_stage
 
 
 class OutOfMemory(RuntimeError):

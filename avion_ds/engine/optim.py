@@ -119,7 +119,8 @@ def client_optimizer(
     """(client optimizer or None, config for ``deepspeed.initialize``): None and the config as is when the
     JSON ``optimizer`` is DeepSpeed's to build; otherwise the recipe's optimizer (``optim.name``) over
     ``groups`` and the config without its ``optimizer`` section (DeepSpeed takes one or the other)."""
-    from avion_ds.distributed.ds_config import accelerator_name, lion_needs_client, offloads_optimizer
+    from avion_ds.distributed.ds_fields import accelerator_name, offloads_optimizer
+    from avion_ds.distributed.ds_optimizer import lion_needs_client
 
     section = ds_config.get("optimizer")
     if section is not None and not lion_needs_client(ds_config):

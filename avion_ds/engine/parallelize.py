@@ -17,7 +17,8 @@ import torch
 from torch import nn
 
 from avion_ds.config import Recipe
-from avion_ds.distributed.ds_config import precision_of, scaled_lr, zero_stage
+from avion_ds.distributed.ds_fields import precision_of, zero_stage
+from avion_ds.distributed.ds_optimizer import scaled_lr
 from avion_ds.engine.lion_guard import guard_zero_direction, is_deepspeed_lion
 from avion_ds.engine.optim import client_optimizer, optimizer_groups
 from avion_ds.engine.schedule import WarmupCosine

@@ -21,15 +21,9 @@ import torch
 from avion_ds.config import ConfigError, Recipe
 from avion_ds.data.errors import DataError, KeyedInputError
 from avion_ds.distributed import dist
-from avion_ds.distributed.ds_config import (
-    BatchPlan,
-    accelerator_name,
-    build_ds_config,
-    load_user_config,
-    precision_of,
-    resolve_batch,
-    validate_with_deepspeed,
-)
+from avion_ds.distributed.ds_check import validate_with_deepspeed
+from avion_ds.distributed.ds_config import BatchPlan, build_ds_config, load_user_config, resolve_batch
+from avion_ds.distributed.ds_fields import accelerator_name, precision_of
 from avion_ds.engine import preflight as pf
 from avion_ds.engine.weights_fit import check_weights_fit
 from avion_ds.tasks import ModelSummary, Task, task_of

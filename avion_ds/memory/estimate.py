@@ -21,7 +21,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from avion_ds.distributed.ds_config import PRECISIONS, torch_dtype
+from avion_ds.distributed.ds_fields import PRECISIONS, torch_dtype
 from avion_ds.memory.units import format_bytes
 from avion_ds.models.clip import ClipArch
 from avion_ds.models.partition import full_shape

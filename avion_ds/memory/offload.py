@@ -50,12 +50,8 @@ def inference_ds_config(
     ``build_ds_config`` from ``ds_configs/zero3_offload.json`` (``zero3_nvme.json`` for NVMe) with
     only :data:`INFERENCE_KNOBS` changed and the optimizer sections removed; micro-batch 1.
     ``train_batch_size`` is left to DeepSpeed (1 x its world size)."""
-    from avion_ds.distributed.ds_config import (
-        build_ds_config,
-        fixed_batch_recipe,
-        reference_config,
-        torch_dtype,
-    )
+    from avion_ds.distributed.ds_config import build_ds_config, fixed_batch_recipe, reference_config
+    from avion_ds.distributed.ds_fields import torch_dtype
 
     if offload not in OFFLOAD_DEVICES:
         raise ValueError(f"offload={offload!r} is not one of {', '.join(OFFLOAD_DEVICES)}")
