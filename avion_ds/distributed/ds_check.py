@@ -138,7 +138,7 @@ def validate_with_deepspeed(cfg: dict[str, Any]) -> None:
 
     Only DeepSpeed's config errors are turned into one line; anything else propagates.
     """
-    from deepspeed.runtime.config import (
+    from deepspeed.runtime.config import (  # lazy: deepspeed takes seconds to import
         DeepSpeedConfig,
         DeepSpeedConfigError,
     )  # lazy: deepspeed takes seconds to import

@@ -20,6 +20,8 @@ from typing import Any, Self
 import torch
 from torch import nn
 
+from avion_ds.models import apply_activation_checkpointing
+
 
 def _storage_key(t: torch.Tensor) -> tuple[str, int]:
     s = t.untyped_storage()
@@ -130,8 +132,6 @@ def measure_activation_bytes(
         x = _model_input(model, frames, size, batch)
     net = model
     if checkpointing:
-        from avion_ds.models import apply_activation_checkpointing
-
         every = 1 if checkpointing is True else int(checkpointing)
         net = apply_activation_checkpointing(
             copy.deepcopy(model), every=every, first_n=first_n, impl=impl, policy=policy
