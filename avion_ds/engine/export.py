@@ -30,7 +30,6 @@ from avion_ds.storage.run_dir import (
     zero_state_dict,
 )
 from avion_ds.storage.safetensors_stream import SafetensorsWriter
-from avion_ds.tasks import load_recipe, task_of
 
 
 def stream_export(
@@ -126,6 +125,7 @@ def export_hf(
     """
     from avion_ds.models import load_pretrained  # lazy: the models take seconds to import (export --help)
     from avion_ds.models.hf import check_exportable, save_hf  # lazy: models + transformers take seconds to import
+    from avion_ds.tasks import load_recipe, task_of  # lazy: the task registry (+ data, ~0.1 s) only for --format hf
 
     run_dir = Path(run_dir)
     if not (run_dir / "recipe.yaml").is_file():
