@@ -1,4 +1,5 @@
-"""Shape checks by AST walk of avion_ds/: no import cycles between modules, no long engine functions.
+"""Shape checks by AST walk of avion_ds/: no import cycles between modules, no long engine functions,
+a ``# lazy: <reason>`` on every function-level import.
 
 Every import counts, also those inside functions (a lazy import is still a dependency), and
 ``from pkg import name`` where ``name`` is a submodule counts as an import of that submodule.
@@ -22,7 +23,7 @@ LENGTH_SCOPE = ("cli", "distributed", "embed", "engine", "memory", "models", "st
 # packages (or ``name.py`` modules) where a function-level import needs a ``# lazy: <reason>`` comment on its
 # (first) line: kept only for optional or heavy dependencies (deepspeed, decoders, transformers, ...)
 LAZY_IMPORT_RULE_PACKAGES = ("cli", "distributed", "embed", "engine", "memory", "storage")
-# files inside those packages not yet under the rule
+# files of those packages whose function-level imports do not carry their reasons yet: not checked
 LAZY_IMPORT_RULE_SKIP: tuple[str, ...] = ("engine/preflight.py", "memory/plan.py")
 LAZY_MARK = re.compile(r"#\s*lazy:\s*\S")
 # the layers, lowest first: a module imports only from its own top-level package or a lower layer
