@@ -1,4 +1,5 @@
-"""Shape checks by AST walk of avion_ds/: no import cycles between modules, no long engine functions.
+"""Shape checks by AST walk of avion_ds/: no import cycles between modules, no long engine functions,
+a ``# lazy: <reason>`` on every function-level import.
 
 Every import counts, also those inside functions (a lazy import is still a dependency), and
 ``from pkg import name`` where ``name`` is a submodule counts as an import of that submodule.
@@ -9,6 +10,7 @@ A package's ``__init__`` is a module of its own (named like the package). Import
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
@@ -18,6 +20,23 @@ PACKAGE = "avion_ds"
 MAX_FUNCTION_LINES = 80
 # subpackages whose functions must stay under MAX_FUNCTION_LINES
 LENGTH_SCOPE = ("cli", "data", "distributed", "embed", "engine", "memory", "models", "storage", "tasks")
+# packages (or ``name.py`` modules) where a function-level import needs a ``# lazy: <reason>`` comment on its
+# (first) line: kept only for optional or heavy dependencies (deepspeed, decoders, transformers, ...)
+LAZY_IMPORT_RULE_PACKAGES = (
+    "cli",
+    "config",
+    "data",
+    "distributed",
+    "embed",
+    "engine",
+    "memory",
+    "models",
+    "storage",
+    "tasks",
+)
+# files of those packages whose function-level imports do not carry their reasons yet: not checked
+LAZY_IMPORT_RULE_SKIP: tuple[str, ...] = ("memory/plan.py",)
+LAZY_MARK = re.compile(r"#\s*lazy:\s*\S")
 # the layers, lowest first: a module imports only from its own top-level package or a lower layer
 # (module AND function level); packages of one layer (models, data) do not import each other
 LAYERS: tuple[tuple[str, ...], ...] = (
@@ -217,6 +236,32 @@ def long_functions(
     return out
 
 
+def unexplained_lazy_imports(
+    root: Path = ROOT,
+    package: str = PACKAGE,
+    scope: tuple[str, ...] = LAZY_IMPORT_RULE_PACKAGES,
+    skip: tuple[str, ...] = LAZY_IMPORT_RULE_SKIP,
+) -> list[str]:
+    """``path:line import`` for every import inside a function of ``scope`` (subpackages or ``name.py``
+    modules of ``package``) whose line (the first line of a multi-line import) has no ``# lazy: <reason>``."""
+    out: set[tuple[str, int, str]] = set()
+    for sub in scope:
+        base = root / package / sub
+        paths = sorted(base.rglob("*.py")) if base.is_dir() else [base]
+        for path in paths:
+            if path.relative_to(root / package).as_posix() in skip:
+                continue
+            text = path.read_text()
+            lines = text.splitlines()
+            for func in ast.walk(ast.parse(text, filename=str(path))):
+                if not isinstance(func, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                    continue
+                for node in ast.walk(func):
+                    if isinstance(node, (ast.Import, ast.ImportFrom)) and not LAZY_MARK.search(lines[node.lineno - 1]):
+                        out.add((str(path.relative_to(root)), node.lineno, lines[node.lineno - 1].strip()))
+    return [f"{where}:{line} {text}" for where, line, text in sorted(out)]
+
+
 def test_no_import_cycles() -> None:
     cycles = import_cycles()
     assert not cycles, "import cycles between modules:\n" + "\n".join(cycles)
@@ -288,6 +333,15 @@ def test_layers_import_only_downward() -> None:
 def test_functions_are_short() -> None:
     long = long_functions()
     assert not long, f"functions over {MAX_FUNCTION_LINES} lines:\n" + "\n".join(long)
+
+
+def test_function_level_imports_have_a_reason() -> None:
+    """A function-level import is kept only for an optional or heavy dependency, its reason on its line."""
+    bare = unexplained_lazy_imports()
+    assert not bare, (
+        "function-level imports without a '# lazy: <reason>' comment (hoist them to module level, or say why "
+        "they stay):\n" + "\n".join(bare)
+    )
 
 
 # ---- the checks themselves must fail on what they name ---------------------------------------------
@@ -405,6 +459,44 @@ def test_length_check_counts_def_to_last_line(tmp_path: Path) -> None:
     _write(tmp_path, {"pkg/engine/m.py": f"def ok():\n{body}\n\ndef long():\n{body}    return 1\n"})
     found = long_functions(tmp_path, "pkg", ("engine",))
     assert found == ["pkg/engine/m.py:83 long (81 lines)"], found
+
+
+def test_lazy_import_check_names_bare_imports(tmp_path: Path) -> None:
+    _write(
+        tmp_path,
+        {
+            "pkg/__init__.py": "",
+            "pkg/eng/__init__.py": "import json\n",  # module level: fine
+            "pkg/eng/a.py": (
+                "import os\n\n"
+                "def f():\n"
+                "    import json\n"  # bare: named
+                "    from pkg import other  # lazy: heavy\n"  # commented: fine
+                "    from pkg.other import (  # lazy: optional dependency\n"
+                "        x,\n"
+                "        y,\n"
+                "    )\n"
+                "    from pkg.other import (\n"  # the comment on a later line does not count
+                "        z,  # lazy: too late\n"
+                "    )\n\n"
+                "class C:\n"
+                "    def m(self):\n"
+                "        def inner():\n"
+                "            import torch  # lazy heavy\n"  # no colon: not the mark
+                "        return inner\n"
+            ),
+            "pkg/eng/skipped.py": "def g():\n    import json\n",
+            "pkg/cfg.py": "def h():\n    import json\n",
+            "pkg/other.py": "def k():\n    import json\n",  # outside the scope
+        },
+    )
+    found = unexplained_lazy_imports(tmp_path, "pkg", ("eng", "cfg.py"), ("eng/skipped.py",))
+    assert found == [
+        "pkg/cfg.py:2 import json",
+        "pkg/eng/a.py:4 import json",
+        "pkg/eng/a.py:10 from pkg.other import (",
+        "pkg/eng/a.py:17 import torch  # lazy heavy",
+    ], found
 
 
 # ---- tasks: no branch on which task runs outside avion_ds/tasks ------------------------------------

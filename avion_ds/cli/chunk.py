@@ -70,7 +70,7 @@ def main(argv: list[str] | None = None) -> int:
     a = _parser().parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     if a.index_only:
-        from avion_ds.data.prep.index_tree import run_index
+        from avion_ds.data.prep.index_tree import run_index  # lazy: numpy + the index tree (~170 ms) only for --index
 
         return run_index(a.src, a.dst, a.chunk_seconds, a.decode_count, a.workers, not a.no_progress)
     if a.dst is None:

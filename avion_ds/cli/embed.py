@@ -20,10 +20,18 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+from safetensors.torch import save_file
+from torch.utils.data import DataLoader, Subset
 
 from avion_ds.cli.args import Parser
 from avion_ds.config import ConfigError, add_override_option
+from avion_ds.data import DeviceAugment
 from avion_ds.data.errors import DataError
+from avion_ds.data.tokenizer import tokenize
+from avion_ds.distributed import dist
+from avion_ds.distributed.dist import env_world_size
+from avion_ds.distributed.run_log import progress
+from avion_ds.embed.index import IndexMeta, missing_shards, read_clips, read_meta, write_clips, write_meta, write_shard
 
 
 def add_model_options(p: argparse.ArgumentParser, required: bool = True) -> None:
@@ -94,15 +102,11 @@ def device_and_dtype() -> tuple[torch.device, torch.dtype]:
 @torch.no_grad()
 def embed_texts(model: torch.nn.Module, texts: list[str], device: torch.device) -> torch.Tensor:
     """(n, E) unit float32 text embeddings."""
-    from avion_ds.data.tokenizer import tokenize
-
     return F.normalize(model.encode_text(tokenize(texts).to(device)).float(), dim=-1).cpu()
 
 
 def run_text(args: argparse.Namespace) -> int:
-    from safetensors.torch import save_file
-
-    from avion_ds.embed.model import load_encoder
+    from avion_ds.embed.model import load_encoder  # lazy: the models take seconds to import (embed --help)
 
     enc = load_encoder(args.checkpoint, args.tag, args.config, args.model, model_overrides(args))
     emb = embed_texts(enc.model, args.text, torch.device("cpu"))
@@ -117,8 +121,7 @@ def run_text(args: argparse.Namespace) -> int:
 def prepare_index(args: argparse.Namespace, enc, listed, rank: int):
     """(index meta, dataset) for the ``listed`` (root, chunked, clips); the index files written by rank 0
     (a resumed index must match)."""
-    from avion_ds.embed.clips import WindowDataset
-    from avion_ds.embed.index import IndexMeta, read_clips, read_meta, write_clips, write_meta
+    from avion_ds.embed.clips import WindowDataset  # lazy: the decoder modules (~35 ms) load after parsing
 
     out = Path(args.out)
     root, chunked, clips = listed
@@ -159,12 +162,8 @@ def prepare_index(args: argparse.Namespace, enc, listed, rank: int):
 
 
 def run_videos(args: argparse.Namespace) -> int:
-    from avion_ds.data import DeviceAugment
-    from avion_ds.distributed.dist import env_world_size
-    from avion_ds.distributed.run_log import progress
-    from avion_ds.embed.clips import list_clips
-    from avion_ds.embed.index import missing_shards, write_shard
-    from avion_ds.embed.model import load_encoder
+    from avion_ds.embed.clips import list_clips  # lazy: the decoder modules (~35 ms) load after parsing
+    from avion_ds.embed.model import load_encoder  # lazy: the models take seconds to import (embed --help)
 
     rank, world = int(os.environ.get("RANK", "0")), env_world_size()
     if Path(args.out).exists() and not Path(args.out).is_dir():
@@ -199,8 +198,6 @@ def run_videos(args: argparse.Namespace) -> int:
 @torch.no_grad()
 def embed_shard(model, ds, augment, shard: int, meta, args, device, dtype, bar):
     """(rows, unit embeddings, failed {row: reason}) of one shard's clips."""
-    from torch.utils.data import DataLoader, Subset
-
     lo, hi = shard * meta.shard_size, min((shard + 1) * meta.shard_size, meta.num_clips)
     loader = DataLoader(Subset(ds, range(lo, hi)), batch_size=args.batch_size, num_workers=args.workers)
     rows, embs, failed = [], [], {}
@@ -225,8 +222,6 @@ def run(args: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point for `avion-ds embed`."""
-    from avion_ds.distributed import dist
-
     args = parse_args(argv)
     return dist.run_entry("avion-ds embed", lambda: run(args), {ConfigError: 2, DataError: 2})
 

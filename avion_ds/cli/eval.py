@@ -17,11 +17,13 @@ import torch
 from avion_ds.cli.parsers import eval_args as parse_args
 from avion_ds.cli.plugins import import_plugins
 from avion_ds.config import ConfigError, Recipe
+from avion_ds.data import DeviceAugment, build_loader
 from avion_ds.data.errors import DataError
 from avion_ds.distributed import dist
-from avion_ds.distributed.ds_config import torch_dtype
+from avion_ds.distributed.ds_fields import torch_dtype
 from avion_ds.engine.ema import eval_weights
 from avion_ds.engine.export import consolidated
+from avion_ds.engine.run_checkpoints import check_tag, latest_complete
 from avion_ds.engine.run_setup import (
     EvalSetup,
     backends_line,
@@ -29,7 +31,9 @@ from avion_ds.engine.run_setup import (
     seed_everything,
 )
 from avion_ds.engine.trust import command_trust
-from avion_ds.storage.run_dir import skipped_note
+from avion_ds.memory.offload import build_for_inference
+from avion_ds.models import load_pretrained
+from avion_ds.storage.run_dir import resolve_tag, skipped_note
 from avion_ds.tasks import EvalOutcome, load_recipe
 from avion_ds.tasks.common.predictions import failed_line
 
@@ -62,8 +66,6 @@ def _resolve_tag(args: argparse.Namespace, run_dir: Path | None) -> str | None:
                 f"--tag {args.tag}: --checkpoint {args.checkpoint} is a weights file, not a run directory"
             )
         return None
-    from avion_ds.engine.run_checkpoints import check_tag, latest_complete
-    from avion_ds.storage.run_dir import resolve_tag
 
     tag = resolve_tag(run_dir, args.tag) or latest_complete(run_dir)
     if tag is None:
@@ -77,7 +79,6 @@ def _eval_model(args: argparse.Namespace, setup: EvalSetup, dtype: torch.dtype) 
     recipe, task, run_dir, tag = setup.recipe, setup.task, setup.run_dir, setup.tag
     if args.offload != "none":
         # built partitioned under the inference ZeRO-3 config; rank 0 alone reads / consolidates weights
-        from avion_ds.memory.offload import build_for_inference
 
         source: Any = str(args.checkpoint)
         if run_dir is not None:
@@ -99,7 +100,6 @@ def _eval_model(args: argparse.Namespace, setup: EvalSetup, dtype: torch.dtype) 
     if run_dir is None:
         return task.build_model(recipe, pretrained=str(args.checkpoint))
     model = task.build_model(recipe, pretrained="")
-    from avion_ds.models import load_pretrained
 
     load_pretrained(model, consolidated(run_dir, tag, recipe.model.trust_checkpoint, eval_weights(recipe)), strict=True)
     return model
@@ -160,9 +160,7 @@ def run(args: argparse.Namespace) -> int:
     _, world, _ = dist.init()
     seed_everything(recipe.seed)
 
-    from deepspeed.accelerator import get_accelerator
-
-    from avion_ds.data import DeviceAugment, build_loader
+    from deepspeed.accelerator import get_accelerator  # lazy: deepspeed takes seconds to import
 
     device = torch.device(get_accelerator().current_device_name())
     precision = (

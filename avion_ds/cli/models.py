@@ -12,7 +12,7 @@ def main(argv: list[str] | None = None) -> int:
     """Entry point for `avion-ds models`."""
 
     args = models_args(argv)
-    from avion_ds.models.registry import list_models  # after parsing: --help answers without torch
+    from avion_ds.models.registry import list_models  # lazy: the registry pulls torch; models --help answers without it
 
     names = list_models(args.pattern)
     if not names:

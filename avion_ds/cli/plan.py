@@ -8,6 +8,9 @@ import json
 import sys
 from pathlib import Path
 
+import torch
+import torch.distributed as tdist
+
 from avion_ds.cli.args import Parser
 from avion_ds.engine.memory_probe import measure_candidates
 from avion_ds.memory.plan import (
@@ -23,6 +26,7 @@ from avion_ds.memory.plan import (
     recipe_overrides,
 )
 from avion_ds.memory.units import format_bytes, parse_bytes
+from avion_ds.models import registered_arch
 
 
 class _Parser(Parser):
@@ -101,8 +105,6 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def build_request(args: argparse.Namespace) -> Request:
     """Validate the command line into a Request; ValueError (one line, naming the value) otherwise."""
-    from avion_ds.models import registered_arch
-
     arch = registered_arch(args.model)  # unknown model -> ValueError with close matches
     if args.frames % arch.tubelet_size:
         raise ValueError(
@@ -156,13 +158,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     try:
         req = build_request(args)
-        if args.measure:
-            import torch
-
-            if not torch.cuda.is_available():
-                raise ValueError(
-                    "--measure needs a CUDA GPU and none is visible; drop --measure for the predicted plan"
-                )
+        if args.measure and not torch.cuda.is_available():
+            raise ValueError("--measure needs a CUDA GPU and none is visible; drop --measure for the predicted plan")
     except ValueError as e:
         print(f"avion-ds plan: error: {e}", file=sys.stderr)
         return 2
@@ -185,8 +182,6 @@ def main(argv: list[str] | None = None) -> int:
         print(explain_impossible(req, cands), file=sys.stderr)
         return 1
     if args.measure:
-        import torch.distributed as tdist
-
         measure_candidates(fitting[: args.measure_top], req, steps=args.measure_steps)
         world = tdist.get_world_size() if tdist.is_initialized() else 1
         print(

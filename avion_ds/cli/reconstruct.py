@@ -12,6 +12,7 @@ import torch
 
 from avion_ds.cli.args import Parser
 from avion_ds.config import ConfigError, Recipe, add_override_option
+from avion_ds.data.augment import DeviceAugment
 from avion_ds.distributed import dist
 from avion_ds.tasks.pretrain.reconstruct import load_clip, pretraining_recipe, reconstruct_grid
 from avion_ds.tasks.pretrain.task import build_pretrain_model, mask_spec
@@ -47,10 +48,9 @@ def _recipe(args: argparse.Namespace) -> Recipe:
 
 def run(args: argparse.Namespace) -> int:
     recipe = _recipe(args)
-    from PIL import Image
+    from PIL import Image  # lazy: Pillow is an optional dependency
 
-    from avion_ds.data.augment import DeviceAugment
-    from avion_ds.models import load_pretrained_mae
+    from avion_ds.models import load_pretrained_mae  # lazy: the models take seconds to import (reconstruct --help)
 
     model = build_pretrain_model(recipe, pretrained="")
     report = load_pretrained_mae(model, args.checkpoint, strict=True)

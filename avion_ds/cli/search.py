@@ -19,6 +19,8 @@ from avion_ds.cli.args import Parser
 from avion_ds.cli.embed import add_model_options, embed_texts, model_overrides
 from avion_ds.config import ConfigError
 from avion_ds.data.errors import DataError
+from avion_ds.distributed import dist
+from avion_ds.embed.index import check_complete, read_clips, read_meta, top_k
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -45,8 +47,7 @@ def format_table(hits: list[dict]) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    from avion_ds.embed.index import check_complete, read_clips, read_meta, top_k
-    from avion_ds.embed.model import load_encoder
+    from avion_ds.embed.model import load_encoder  # lazy: the models take seconds to import (search --help)
 
     if not args.query.strip():
         raise ConfigError("empty query: give the text to search for")
@@ -84,7 +85,7 @@ def run(args: argparse.Namespace) -> int:
     print(f"query {args.query!r}: top {len(hits)} of {meta.num_clips} clips ({meta.model})")
     print(format_table(hits))
     if args.html:
-        from avion_ds.embed.page import write_page
+        from avion_ds.embed.page import write_page  # lazy: Pillow (optional), only for --html
 
         path = write_page(Path(args.html), args.query, hits, enc.recipe.data, meta)
         print(f"wrote {path}")
@@ -93,8 +94,6 @@ def run(args: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point for `avion-ds search`."""
-    from avion_ds.distributed import dist
-
     args = parse_args(argv)
     return dist.run_entry("avion-ds search", lambda: run(args), {ConfigError: 2, DataError: 2})
 

@@ -20,21 +20,26 @@ import yaml
 from avion_ds.cli.parsers import train_args as parse_args
 from avion_ds.cli.plugins import import_plugins
 from avion_ds.config import ConfigError, save_recipe
+from avion_ds.data import DeviceAugment, build_loader
+from avion_ds.data.decode.select import pick_decoder
 from avion_ds.data.errors import DataError
 from avion_ds.distributed import dist
-from avion_ds.distributed.ds_config import zero_stage
+from avion_ds.distributed.ds_fields import zero_stage
 from avion_ds.distributed.run_log import RunLogger
 from avion_ds.engine import elastic
 from avion_ds.engine import run_checkpoints as ckpt
 from avion_ds.engine.oom import OutOfMemory, explain
+from avion_ds.engine.parallelize import parallelize
 from avion_ds.engine.run_setup import (
     RunSetup,
     backends_line,
     prepare_training,
     seed_everything,
 )
-from avion_ds.engine.trainer import NonFiniteLoss, TrainData, Trainer
+from avion_ds.engine.train_state import NonFiniteLoss, TrainData
+from avion_ds.engine.trainer import Trainer
 from avion_ds.engine.trust import command_trust
+from avion_ds.models.listing import gflops_text
 from avion_ds.tasks import load_recipe
 
 
@@ -68,8 +73,6 @@ def setup_run(args: argparse.Namespace) -> RunSetup:
         ckpt.check_tag(recipe.output_dir, tag)
     ckpt.check_resume_source(recipe, tag)
     if args.dry_run:
-        from avion_ds.models.listing import gflops_text
-
         sm = setup.summary
         print(
             f"# avion-ds train --dry-run: all checks passed | {sm.name} {sm.params / 1e6:.2f}M params, "
@@ -90,9 +93,6 @@ def setup_run(args: argparse.Namespace) -> RunSetup:
 # ---------------------------------------------------------------------------------------------
 def build_data(setup: RunSetup, run_dir: Path) -> tuple[TrainData, str]:
     """Loaders over the setup's datasets and the decoder note; all ranks (the process group exists)."""
-    from avion_ds.data import DeviceAugment, build_loader
-    from avion_ds.data.decode.select import pick_decoder
-
     recipe, plan = setup.recipe, setup.plan
     # data.decoder=auto: probed once on rank 0, recorded in the run dir so a resume keeps the choice
     picked = pick_decoder(recipe.data, run_dir, recipe.checkpoint.resume) if dist.is_main() else None
@@ -138,9 +138,6 @@ def start_lines(setup: RunSetup, trainer: Trainer) -> list[str]:
 
 def run(setup: RunSetup, args: argparse.Namespace) -> int:
     """Wire the run from its setup: process group, loaders, model, engine, ``Trainer.fit``."""
-    from avion_ds.data import DeviceAugment
-    from avion_ds.engine.parallelize import parallelize
-
     recipe, task = setup.recipe, setup.task
     rank, world, _ = dist.init()
     if world != setup.world:

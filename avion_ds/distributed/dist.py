@@ -9,12 +9,14 @@ flushing and ``os._exit`` -> 0/50. (Measured on the project VMs with deepspeed 0
 
 from __future__ import annotations
 
+import datetime
 import gc
 import logging
 import os
 import socket
 import sys
 import traceback
+import warnings
 from collections.abc import Callable
 
 import torch
@@ -52,11 +54,10 @@ def init() -> tuple[int, int, int]:
     """
     global _WE_INITIALISED
     _fill_single_process_env()
-    import warnings
 
-    import deepspeed
-    from deepspeed.accelerator import get_accelerator
-    from deepspeed.utils import logger as ds_logger
+    import deepspeed  # lazy: deepspeed takes seconds to import
+    from deepspeed.accelerator import get_accelerator  # lazy: deepspeed takes seconds to import
+    from deepspeed.utils import logger as ds_logger  # lazy: deepspeed takes seconds to import
 
     if not os.environ.get("AVION_DS_VERBOSE"):  # DeepSpeed's INFO lines drown the progress line
         ds_logger.setLevel(logging.WARNING)
@@ -67,8 +68,6 @@ def init() -> tuple[int, int, int]:
     if not tdist.is_initialized():
         kw = {}
         if os.environ.get("AVION_DS_PG_TIMEOUT_S"):  # a dead peer otherwise blocks survivors 30 min
-            import datetime
-
             kw["timeout"] = datetime.timedelta(seconds=float(os.environ["AVION_DS_PG_TIMEOUT_S"]))
         deepspeed.init_distributed(
             dist_backend=get_accelerator().communication_backend_name(), auto_mpi_discovery=False, verbose=False, **kw

@@ -34,7 +34,10 @@ def clamp_parameter_(optimizer: Any, param: torch.Tensor, low: float, high: floa
     (``engine.optimizer``: DeepSpeed's wrapper, or the plain optimizer of fp32 ZeRO-0)."""
     if hasattr(param, "ds_id"):  # ZeRO-3: this rank's fp32 partition and its low-precision copy (DeepSpeed's
         # local API; the full-parameter setter fails on a parameter smaller than the world, e.g. the 1-element t)
-        from deepspeed.utils import safe_get_local_fp32_param, safe_set_local_fp32_param
+        from deepspeed.utils import (  # lazy: deepspeed takes seconds to import
+            safe_get_local_fp32_param,
+            safe_set_local_fp32_param,
+        )
 
         safe_set_local_fp32_param(param, safe_get_local_fp32_param(param).clamp(low, high))
         param.ds_tensor.data.clamp_(low, high)

@@ -16,6 +16,9 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from tqdm import tqdm
+
+from avion_ds.distributed import dist
 
 
 def peak_memory_gib() -> float:
@@ -27,10 +30,6 @@ def peak_memory_gib() -> float:
 
 def progress(iterable: Any = None, desc: str = "", total: int | None = None, unit: str = "batch") -> Any:
     """A tqdm bar on rank 0 when stderr is a terminal, a silent pass-through otherwise (logs, CI, other ranks)."""
-    from tqdm import tqdm
-
-    from avion_ds.distributed import dist
-
     return tqdm(
         iterable,
         desc=desc,
@@ -78,7 +77,9 @@ class RunLogger:
         run_dir.mkdir(parents=True, exist_ok=True)
         self.history = open(run_dir / "history.jsonl", "a", buffering=1)  # noqa: SIM115 - open for the run's life, closed by close()
         if tensorboard:
-            from torch.utils.tensorboard import SummaryWriter
+            from torch.utils.tensorboard import (  # lazy: tensorboard (+ boto3, ~0.3 s), only with logging.tensorboard
+                SummaryWriter,
+            )
 
             self.writer = SummaryWriter(str(run_dir / "tb"))
 
@@ -106,7 +107,6 @@ class RunLogger:
     def start_epoch(self, epoch: int, total: int, initial: int = 0) -> None:
         if not self.progress:
             return
-        from tqdm import tqdm
 
         self.bar = tqdm(
             total=total,

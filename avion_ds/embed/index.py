@@ -20,6 +20,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
+from safetensors.torch import load_file, save_file
 
 from avion_ds.config import ConfigError
 
@@ -98,8 +99,6 @@ def read_meta(out: str | Path, flag: str = "--index") -> IndexMeta:
 
 def write_shard(out: Path, shard: int, rows: torch.Tensor, embeddings: torch.Tensor, failed: dict[int, str]) -> None:
     """Shard ``shard`` written whole or not at all (temporary name, then rename)."""
-    from safetensors.torch import save_file
-
     path = shard_path(out, shard)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")
@@ -114,8 +113,6 @@ def missing_shards(out: Path, meta: IndexMeta) -> list[int]:
 
 def iter_shards(out: Path, meta: IndexMeta) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
     """(rows, embeddings) of each shard in turn: one shard in memory at a time."""
-    from safetensors.torch import load_file
-
     for s in range(meta.num_shards):
         t = load_file(str(shard_path(out, s)))
         yield t["rows"], t["embeddings"]

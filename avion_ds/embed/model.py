@@ -12,6 +12,14 @@ import torch
 from torch import nn
 
 from avion_ds.config import ConfigError, Recipe
+from avion_ds.engine import preflight as pf
+from avion_ds.engine.ema import eval_weights
+from avion_ds.engine.export import consolidated
+from avion_ds.engine.run_checkpoints import check_tag
+from avion_ds.models import load_pretrained
+from avion_ds.storage.run_dir import latest_complete, resolve_tag
+from avion_ds.tasks import load_recipe
+from avion_ds.tasks.zero_shot.task import ZeroShotTask
 
 
 @dataclass
@@ -39,10 +47,6 @@ def resolve_encoder(
     checkpoint: str, tag: str | None, config: str | None, model_name: str | None, overrides: list[str]
 ) -> tuple[Recipe, Path | None, str | None]:
     """(recipe, run directory or None, checkpoint tag) with every check done; ConfigError otherwise."""
-    from avion_ds.engine import preflight as pf
-    from avion_ds.tasks import load_recipe
-    from avion_ds.tasks.zero_shot.task import ZeroShotTask
-
     path = Path(checkpoint)
     if not path.exists():
         raise ConfigError(f"--checkpoint not found: {path}")
@@ -59,9 +63,6 @@ def resolve_encoder(
         )
     ZeroShotTask().check_model(recipe)  # a dual encoder, geometry right
     if run_dir is not None:
-        from avion_ds.engine.run_checkpoints import check_tag
-        from avion_ds.storage.run_dir import latest_complete, resolve_tag
-
         tag = resolve_tag(run_dir, tag) or latest_complete(run_dir)
         if tag is None:
             raise ConfigError(f"--checkpoint {run_dir}: no complete checkpoint in {run_dir / 'checkpoints'}")
@@ -80,17 +81,11 @@ def load_encoder(
     overrides: list[str] | None = None,
 ) -> LoadedEncoder:
     """The checked, loaded dual encoder (see module doc)."""
-    from avion_ds.tasks.zero_shot.task import ZeroShotTask
-
     recipe, run_dir, tag = resolve_encoder(checkpoint, tag, config, model_name, list(overrides or []))
     task = ZeroShotTask()
     if run_dir is None:
         model = task.build_model(recipe, pretrained=str(checkpoint))  # refuses a checkpoint without both towers
     else:
-        from avion_ds.engine.ema import eval_weights
-        from avion_ds.engine.export import consolidated
-        from avion_ds.models import load_pretrained
-
         model = task.build_model(recipe, pretrained="")
         weights = consolidated(run_dir, tag, recipe.model.trust_checkpoint, eval_weights(recipe))
         load_pretrained(model, weights, strict=True)

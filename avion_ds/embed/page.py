@@ -18,7 +18,7 @@ THUMB_WIDTH = 320
 
 def thumbnail(ds: WindowDataset, row: int) -> str:
     """The middle frame of clip ``row`` as a JPEG data URL (whole frame, at most THUMB_WIDTH wide)."""
-    from PIL import Image
+    from PIL import Image  # lazy: Pillow is an optional dependency (only --html needs it)
 
     entry, start, end = ds.frame_span(row)
     frame = ds.read_clip(entry, [(start + end - 1) // 2], None)[0].numpy()

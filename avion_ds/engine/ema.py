@@ -171,7 +171,7 @@ class WeightEMA:
             return s.ema.view(s.shape).to(s.param.device)
         buf = torch.zeros(s.param.numel(), dtype=torch.float32, device=s.param.device)
         buf.narrow(0, s.start, s.ema.numel()).copy_(s.ema)
-        import deepspeed.comm as ds_comm
+        import deepspeed.comm as ds_comm  # lazy: deepspeed takes seconds to import
 
         ds_comm.all_reduce(buf, group=getattr(s.param, "_dp_group", None))
         return buf.view(s.shape)

@@ -15,9 +15,11 @@ from pathlib import Path
 
 import torch
 import yaml
+from safetensors.torch import save_file
 
 from avion_ds.config import ConfigError
 from avion_ds.distributed.run_log import progress
+from avion_ds.engine.ema import EmaFiles, with_ema
 from avion_ds.storage.run_dir import (
     MARKER,
     checkpoint_dir,
@@ -27,6 +29,7 @@ from avion_ds.storage.run_dir import (
     run_zero_stage,
     zero_state_dict,
 )
+from avion_ds.storage.safetensors_stream import SafetensorsWriter
 
 
 def stream_export(
@@ -36,9 +39,6 @@ def stream_export(
     memory-mapped) feeds ``SafetensorsWriter``, so the process holds the mapped fp32 partitions
     (file-backed) plus one tensor, not the full copy of ``consolidate``; ``weights="ema"``: the EMA's
     tensors (assembled one at a time from its memory-mapped files) in place of the trained parameters."""
-    from avion_ds.engine.ema import EmaFiles
-    from avion_ds.storage.safetensors_stream import SafetensorsWriter
-
     tag_dir = checkpoint_dir(run_dir) / tag
     lazy = zero_state_dict(tag_dir, trust)
     averaged = EmaFiles(tag_dir, trust) if weights == "ema" else None
@@ -63,8 +63,6 @@ def run_weights(run_dir: Path) -> str:
 
 def consolidated(run_dir: Path, tag: str | None, trust: bool, weights: str) -> dict[str, torch.Tensor]:
     """``consolidate`` of the tag, with the weight EMA in place of the trained parameters for ``weights="ema"``."""
-    from avion_ds.engine.ema import with_ema
-
     sd = consolidate(run_dir, tag, trust)
     return (
         with_ema(sd, checkpoint_dir(run_dir) / (tag or str(latest_complete(run_dir))), trust)
@@ -103,8 +101,6 @@ def export(
     sd = consolidated(run_dir, tag, trust, weights)
     bar.update(1)
     if out.suffix == ".safetensors":
-        from safetensors.torch import save_file
-
         # safetensors refuses shared storage: give every tensor its own contiguous copy
         save_file({k: v.detach().contiguous().clone() for k, v in sd.items()}, str(out), metadata=meta)
     else:
@@ -127,9 +123,9 @@ def export_hf(
     Needs the run's ``recipe.yaml`` (the architecture); returns the max |logit difference| between
     our model and the directory loaded back by transformers (see ``avion_ds.models.vit.hf``).
     """
-    from avion_ds.models import load_pretrained
-    from avion_ds.models.vit.hf import check_exportable, save_hf
-    from avion_ds.tasks import load_recipe, task_of
+    from avion_ds.models import load_pretrained  # lazy: the models take seconds to import (export --help)
+    from avion_ds.models.vit.hf import check_exportable, save_hf  # lazy: models + transformers take seconds to import
+    from avion_ds.tasks import load_recipe, task_of  # lazy: the task registry (+ data, ~0.1 s) only for --format hf
 
     run_dir = Path(run_dir)
     if not (run_dir / "recipe.yaml").is_file():

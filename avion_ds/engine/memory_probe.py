@@ -18,12 +18,13 @@ from typing import Any
 import torch
 
 from avion_ds.distributed import dist
-from avion_ds.distributed.ds_config import zero_stage
+from avion_ds.distributed.ds_config import build_ds_config, fixed_batch_recipe
+from avion_ds.distributed.ds_fields import offloads_optimizer, zero_stage
 from avion_ds.engine.parallelize import parallelize, unwrap
 from avion_ds.engine.trainer import Trainer
 from avion_ds.memory.plan import Candidate, Request, ds_config_for
 from avion_ds.models import model_flops
-from avion_ds.tasks import task_of
+from avion_ds.tasks import load_recipe, task_of
 
 # dense 16-bit tensor-core peaks (TFLOPS) for MFU; unknown GPUs fall back to --peak-tflops
 PEAK_TFLOPS = {
@@ -54,12 +55,6 @@ def _fill_config(cfg: dict[str, Any], micro: int, accum: int, world: int, dtype:
     """The candidate's JSON through the one builder, for a probe: batch shape and precision from the
     arguments, the recipe's default optimizer values; torch AdamW unless the optimizer is offloaded
     (no FusedAdam JIT build, which needs nvcc)."""
-    from avion_ds.distributed.ds_config import (
-        build_ds_config,
-        fixed_batch_recipe,
-        offloads_optimizer,
-    )
-
     opt: dict[str, Any] = {} if "optimizer" in cfg else {"type": "AdamW"}
     if not offloads_optimizer(cfg):
         opt["params"] = {"torch_adam": True}
@@ -78,8 +73,6 @@ def probe_recipe(
     attn_backend: str = "auto",
 ) -> Any:
     """The recipe a probe trains with: the candidate's model, clip shape, batch and checkpointing."""
-    from avion_ds.tasks import load_recipe
-
     return load_recipe(
         None,
         [
@@ -135,7 +128,7 @@ def train_step_probe(
     built as ``avion-ds train`` builds it: ``Task.build_model`` + ``parallelize``) on random clips; returns
     clips/s, step time, peak memory, MFU, or ``{"oom": True}`` when the step does not fit. Meant for a
     CUDA GPU (``plan --measure`` refuses without one); runs on any DeepSpeed accelerator."""
-    from deepspeed.accelerator import get_accelerator  # deepspeed: heavy, imported when a probe runs
+    from deepspeed.accelerator import get_accelerator  # lazy: deepspeed takes seconds to import
 
     dist.init()
     world = dist.world_size()

@@ -6,12 +6,10 @@ from __future__ import annotations
 from typing import Any
 
 from avion_ds.config import Recipe
-from avion_ds.distributed.ds_config import (
-    offload_device,
-    precision_of,
-    resolve_batch,
-    zero_stage,
-)
+from avion_ds.distributed.ds_config import resolve_batch
+from avion_ds.distributed.ds_fields import offload_device, precision_of, zero_stage
+from avion_ds.memory.estimate import estimate
+from avion_ds.memory.units import format_bytes
 
 
 class OutOfMemory(RuntimeError):
@@ -44,9 +42,6 @@ def next_knob(recipe: Recipe, ds_config: dict[str, Any], micro_batch: int) -> st
 
 def explain(recipe: Recipe, ds_config: dict[str, Any], world: int, error: BaseException) -> str:
     """The one-line message for an out-of-memory ``error`` under this recipe and config."""
-    from avion_ds.memory.estimate import estimate
-    from avion_ds.memory.units import format_bytes
-
     micro = resolve_batch(recipe, world).micro_batch
     clips = micro * recipe.data.num_sample  # repeated sampling: num_sample augmented clips per loaded item
     m = recipe.model

@@ -13,6 +13,8 @@ import torch
 from torch import nn
 
 from avion_ds.config import Recipe
+from avion_ds.distributed.ds_fields import accelerator_name, offloads_optimizer
+from avion_ds.distributed.ds_optimizer import lion_needs_client
 from avion_ds.models.partition import full_ndim
 
 
@@ -104,7 +106,7 @@ def client_lion(
     """DeepSpeed's own Lion over ``groups`` as a client optimizer: ``DeepSpeedCPULion`` when ``cpu`` (CPU
     accelerator or offloaded optimizer), else ``FusedLion``. ``params``: the filled JSON optimizer params
     (lr, betas, weight decay), if any; the recipe's otherwise."""
-    from deepspeed.ops.lion import DeepSpeedCPULion, FusedLion
+    from deepspeed.ops.lion import DeepSpeedCPULion, FusedLion  # lazy: deepspeed takes seconds to import
 
     lr = float(params.get("lr", lr))
     betas = tuple(params.get("betas", recipe.optim.betas))
@@ -119,8 +121,6 @@ def client_optimizer(
     """(client optimizer or None, config for ``deepspeed.initialize``): None and the config as is when the
     JSON ``optimizer`` is DeepSpeed's to build; otherwise the recipe's optimizer (``optim.name``) over
     ``groups`` and the config without its ``optimizer`` section (DeepSpeed takes one or the other)."""
-    from avion_ds.distributed.ds_config import accelerator_name, lion_needs_client, offloads_optimizer
-
     section = ds_config.get("optimizer")
     if section is not None and not lion_needs_client(ds_config):
         return None, ds_config

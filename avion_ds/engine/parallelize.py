@@ -17,16 +17,16 @@ import torch
 from torch import nn
 
 from avion_ds.config import Recipe
-from avion_ds.distributed.ds_config import precision_of, scaled_lr, zero_stage
+from avion_ds.distributed.ds_fields import precision_of, zero_stage
+from avion_ds.distributed.ds_optimizer import scaled_lr
 from avion_ds.engine.lion_guard import guard_zero_direction, is_deepspeed_lion
 from avion_ds.engine.optim import client_optimizer, optimizer_groups
 from avion_ds.engine.schedule import WarmupCosine
+from avion_ds.models.activation_checkpointing import apply_configured, compile_blocks
 
 
 def apply_memory_features(model: nn.Module, recipe: Recipe, ds_config: dict[str, Any]) -> nn.Module:
     """Wrap blocks for activation checkpointing, then compile them, as the recipe asks (no-op otherwise)."""
-    from avion_ds.models.activation_checkpointing import compile_blocks
-
     m = recipe.model
     if m.activation_checkpointing:
         _checkpoint(model, recipe, ds_config)
@@ -37,10 +37,9 @@ def apply_memory_features(model: nn.Module, recipe: Recipe, ds_config: dict[str,
 
 def _checkpoint(model: nn.Module, recipe: Recipe, ds_config: dict[str, Any]) -> None:
     m = recipe.model
-    from avion_ds.models.activation_checkpointing import apply_configured
 
     if m.activation_checkpoint_impl == "deepspeed":
-        import deepspeed
+        import deepspeed  # lazy: deepspeed takes seconds to import
 
         ac = dict(ds_config.get("activation_checkpointing", {}))
         deepspeed.checkpointing.configure(
@@ -109,7 +108,7 @@ def parallelize(
     group's ``lr_scale`` (layer-wise decay) and runs ``optim.weight_decay_end``'s weight-decay schedule. Step the engine with ``Trainer.train_step``: for fp32
     ZeRO-0 it does the gradient clipping (``trim_engine``).
     """
-    import deepspeed
+    import deepspeed  # lazy: deepspeed takes seconds to import
 
     model = apply_memory_features(model, recipe, ds_config)
     lr, min_lr, start = schedule_bounds(recipe, ds_config)
@@ -162,7 +161,9 @@ def fp32_master_shared(ds_config: dict[str, Any]) -> Iterator[None]:
     if zero_stage(ds_config) != 3 or precision_of(ds_config) != "fp32" or offload:
         yield
         return
-    from deepspeed.runtime.zero.stage3 import DeepSpeedZeroOptimizer_Stage3 as Stage3
+    from deepspeed.runtime.zero.stage3 import (  # lazy: deepspeed takes seconds to import
+        DeepSpeedZeroOptimizer_Stage3 as Stage3,
+    )
 
     original = Stage3._create_fp32_partitions
 

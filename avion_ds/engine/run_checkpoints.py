@@ -27,6 +27,9 @@ import torch
 from avion_ds.config import ConfigError, Recipe
 from avion_ds.distributed import dist
 from avion_ds.distributed.rng import rng_state
+from avion_ds.engine.elastic import load_universal
+from avion_ds.engine.preflight import check_checkpoint_tag
+from avion_ds.models.listing import video_transformer_arch
 from avion_ds.storage.run_dir import (
     BEST,
     CKPT_SUBDIR,
@@ -36,6 +39,7 @@ from avion_ds.storage.run_dir import (
     checkpoint_dir,
     complete_tags,
     latest_complete,
+    read_best,
     tag_for,
     tag_step,
 )
@@ -49,8 +53,6 @@ def model_identity(recipe: Recipe) -> dict[str, Any]:
     """What must match for a checkpoint to be resumable by this recipe's model; an unset ``pool`` /
     ``pos_embed`` is the registered model's own (what the run built, so leaving a key unset never
     changes the identity)."""
-    from avion_ds.models.listing import video_transformer_arch
-
     m = recipe.model
     arch = video_transformer_arch(m.name)
     return {
@@ -109,8 +111,6 @@ def check_resume_source(recipe: Recipe, tag: str | None) -> None:
     """Before any process group: the files of the checkpoint a resume will load (``tag``, default the newest
     complete one) pass the safe loader's checks (``preflight.check_checkpoint_tag``); a fresh start goes
     into a directory without another run (:func:`check_fresh_start`)."""
-    from avion_ds.engine.preflight import check_checkpoint_tag
-
     check_fresh_start(recipe)
     tag = tag or (latest_complete(recipe.output_dir) if recipe.checkpoint.resume else None)
     if tag is not None:
@@ -138,7 +138,7 @@ class NonFiniteWeights(RuntimeError):
 
 def weights_finite(engine: Any) -> bool:
     """True when every rank's parameters (its ZeRO-3 partition) are finite; a collective."""
-    from deepspeed.accelerator import get_accelerator
+    from deepspeed.accelerator import get_accelerator  # lazy: deepspeed takes seconds to import
 
     bad = 0.0
     for p in engine.module.parameters():
@@ -230,8 +230,6 @@ def load_latest(engine: Any, run_dir: str | Path, tag: str | None = None, trust:
     marker = json.loads((root / tag / MARKER).read_text())
     check_tag_files(root / tag, trust)  # before DeepSpeed unpickles any of them in full
     if marker.get("world_size") not in (None, dist.world_size()):  # converted by elastic.prepare_resume
-        from avion_ds.engine.elastic import load_universal
-
         return load_universal(engine, root / tag, int(marker["world_size"]), trust)
     path, _ = engine.load_checkpoint(str(root), tag=tag, load_optimizer_states=True, load_lr_scheduler_states=True)
     if path is None:
@@ -255,8 +253,6 @@ def record_best(
     better); True when it did. The record survives resume (it is read back from the run directory).
     ``keep_last``: prune again, so the checkpoint kept only as the former best goes now, not at the next save
     (else ``keep_last: 1`` ends a run with two checkpoints)."""
-    from avion_ds.storage.run_dir import read_best
-
     old = read_best(run_dir)
     if old is not None and old.get("metric") == metric and float(old.get("value", float("-inf"))) >= value:
         return False

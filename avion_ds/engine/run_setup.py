@@ -19,19 +19,15 @@ import numpy as np
 import torch
 
 from avion_ds.config import ConfigError, Recipe
+from avion_ds.data import build_dataset
 from avion_ds.data.errors import DataError, KeyedInputError
 from avion_ds.distributed import dist
-from avion_ds.distributed.ds_config import (
-    BatchPlan,
-    accelerator_name,
-    build_ds_config,
-    load_user_config,
-    precision_of,
-    resolve_batch,
-    validate_with_deepspeed,
-)
+from avion_ds.distributed.ds_check import validate_with_deepspeed
+from avion_ds.distributed.ds_config import BatchPlan, build_ds_config, load_user_config, resolve_batch
+from avion_ds.distributed.ds_fields import accelerator_name, precision_of
 from avion_ds.engine import preflight as pf
 from avion_ds.engine.weights_fit import check_weights_fit
+from avion_ds.models.attention import Attention, describe_backend
 from avion_ds.tasks import ModelSummary, Task, task_of
 
 
@@ -67,8 +63,6 @@ def optimizer_steps_per_epoch(micro_batches: int, clips: int, recipe: Recipe, pl
 def build_split(recipe: Recipe, task: Task, split: str, views: bool) -> Any:
     """The dataset of ``split`` (eval views when ``views``), given what the task draws loader-side; its
     annotation errors are one-line ConfigErrors (no process group exists yet)."""
-    from avion_ds.data import build_dataset
-
     e = recipe.eval
     kw = {"temporal_views": e.temporal_views, "spatial_views": e.spatial_views} if views else {}
     try:
@@ -144,8 +138,6 @@ def seed_everything(seed: int) -> None:
 
 def backends_line(model: torch.nn.Module, recipe: Recipe, device: torch.device, dtype: torch.dtype) -> str:
     """Which attention kernel and video decoder actually run (never a silent fallback)."""
-    from avion_ds.models.attention import Attention, describe_backend
-
     attn = next((m for m in model.modules() if isinstance(m, Attention)), None)
     a = describe_backend(attn.backend, device, dtype, attn.head_dim) if attn is not None else "none"
     d = recipe.data

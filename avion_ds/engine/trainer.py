@@ -1,7 +1,7 @@
 """The training loop as a small object, in torchtitan's shape.
 
-``TrainState`` is where training stands (what a checkpoint's client state restores); ``Trainer``
-holds the engine and runs ``train_step`` (one optimizer step = one gradient-accumulation window),
+``TrainState`` (engine/train_state.py, with the step's small helpers) is where training stands;
+``Trainer`` holds the engine and runs ``train_step`` (one optimizer step = one gradient-accumulation window),
 ``maybe_save``, ``evaluate`` and ``fit`` (epochs). ``avion-ds train`` only wires one up;
 ``avion-ds plan --measure`` and ``bench/engine.py`` time the same ``train_step``.
 
@@ -21,7 +21,6 @@ import json
 import math
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -30,7 +29,7 @@ import torch
 from avion_ds.config import Recipe
 from avion_ds.data.bad_input import BadInputLog, batch_messages
 from avion_ds.distributed import dist
-from avion_ds.distributed.ds_config import torch_dtype
+from avion_ds.distributed.ds_fields import torch_dtype
 from avion_ds.distributed.rng import set_rng_state
 from avion_ds.distributed.run_log import RunLogger, peak_memory_gib
 from avion_ds.engine import ema
@@ -39,93 +38,20 @@ from avion_ds.engine.accum import poison_nonfinite, step_window
 from avion_ds.engine.parallelize import Parallelized
 from avion_ds.engine.resume_loader import loader_skipping
 from avion_ds.engine.schedule import decayed_weight_decay
+from avion_ds.engine.train_state import (
+    LogInterval,
+    NonFiniteLoss,
+    StepWindow,
+    TrainData,
+    TrainState,
+    as_float,
+    to_device,
+    zero0_grad_norm_tensor,
+)
+from avion_ds.tasks.common.predictions import failed_line
 
 if TYPE_CHECKING:
     from avion_ds.tasks.base import Task
-
-
-class NonFiniteLoss(RuntimeError):
-    """Raised under ``nonfinite: stop`` or after ``nonfinite_max_consecutive``; exit 3, nothing saved."""
-
-
-@dataclass
-class TrainState:
-    """Where training stands; saved as (and restored from) the checkpoint's client state.
-
-    ``epoch`` / ``step_in_epoch``: the position a resume starts at; ``global_step``: windows consumed
-    (the data position, applied or not); ``skipped``: non-finite micro-batches; ``bad_samples``:
-    unreadable inputs the loader replaced; ``applied_steps`` / ``overflow_steps``: optimizer updates
-    applied / dropped by an fp16 loss-scale overflow.
-    """
-
-    epoch: int = 0
-    step_in_epoch: int = 0
-    global_step: int = 0
-    skipped: int = 0
-    bad_samples: int = 0
-    applied_steps: int = 0
-    overflow_steps: int = 0
-
-    def state_dict(self) -> dict[str, int]:
-        return asdict(self)
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        """From a client state (keys older checkpoints lack get their defaults)."""
-        self.epoch, self.step_in_epoch = int(state["epoch"]), int(state["step_in_epoch"])
-        self.global_step = int(state["global_step"])
-        self.skipped = int(state.get("skipped", 0))
-        self.bad_samples = int(state.get("bad_samples", 0))
-        self.applied_steps = int(state.get("applied_steps", self.global_step))
-        self.overflow_steps = int(state.get("overflow_steps", 0))
-
-
-@dataclass
-class _Window:
-    """One accumulation window, on the device until its boundary."""
-
-    losses: list[torch.Tensor] = field(default_factory=list)  # this rank's loss per micro-batch
-    heads: list[dict[str, torch.Tensor]] = field(default_factory=list)
-    bad_msgs: list[str] = field(default_factory=list)
-    fatal_msgs: list[str] = field(default_factory=list)
-    bad_count: int = 0
-
-
-@dataclass
-class _Interval:
-    """What the next logged row reports: the steps since the previous logged one."""
-
-    steps: int = 0
-    timed: int = 0  # steps since t0 (a restart drops the time of evaluation, saving, loader start-up)
-    loss: float = 0.0
-    n: int = 0
-    heads: dict[str, torch.Tensor] = field(default_factory=dict)
-    weight_decay: float | None = None  # of the decayed groups, used by the logged step
-    data_s: float = 0.0
-    t0: float = field(default_factory=time.perf_counter)
-
-
-def to_device(labels: Any, device: torch.device) -> Any:
-    if isinstance(labels, dict):
-        return {k: v.to(device, non_blocking=True) for k, v in labels.items()}
-    return labels.to(device, non_blocking=True)
-
-
-def zero0_grad_norm_tensor(engine: Any, loss_scale: float | None = None) -> torch.Tensor | None:
-    """Pre-clipping grad norm for ZeRO-0 as a device tensor (DeepSpeed records it only for ZeRO >= 1)."""
-    grads = [p.grad for p in engine.module.parameters() if p.grad is not None]
-    if not grads:
-        return None
-    norm = torch.nn.utils.get_total_norm([g.float() for g in grads])  # fused (foreach) norms
-    return norm / loss_scale if loss_scale else norm
-
-
-def _float(x: Any) -> float | None:
-    if x is None:
-        return None
-    try:
-        return float(x)
-    except (TypeError, ValueError):
-        return None
 
 
 class Trainer:
@@ -156,7 +82,7 @@ class Trainer:
         self.stage = int(engine.zero_optimization_stage())
         self.clip = parallel.clip_grad  # > 0: we clip (torch's clip_grad_norm_)
         self.consecutive = 0  # non-finite micro-batches in a row (not saved: a resume starts at 0)
-        self._window, self._interval = _Window(), _Interval()
+        self._window, self._interval = StepWindow(), LogInterval()
         self._pending_rng: dict[str, Any] | None = None  # restored once the resumed epoch's loader started
         self._params = list(engine.module.parameters())  # walking the module tree costs ~1 ms a step
         self.ema = ema.build(engine, recipe)  # None unless ema.decay > 0
@@ -280,13 +206,13 @@ class Trainer:
 
     def loss_scale(self) -> float | None:
         """fp16's current loss scale (None otherwise); a host read."""
-        return _float(self.engine._get_optimizer_loss_scale()) if self.precision == "fp16" else None
+        return as_float(self.engine._get_optimizer_loss_scale()) if self.precision == "fp16" else None
 
     def _account_window(self) -> bool:
         """All-reduce the window's losses and input counts, read them once; True: skip the window.
 
         A micro-batch is non-finite when its loss summed over ranks is (the verdict every rank shares)."""
-        w, self._window = self._window, _Window()
+        w, self._window = self._window, StepWindow()
         n = len(w.losses)
         local = torch.stack(w.losses)
         if self.world > 1:
@@ -335,12 +261,12 @@ class Trainer:
 
     def _log_interval(self, lr: float | None, norm: Any) -> None:
         """Read what a logged row needs (host syncs allowed here) and write it."""
-        from deepspeed.accelerator import get_accelerator
+        from deepspeed.accelerator import get_accelerator  # lazy: deepspeed takes seconds to import (CLI start-up)
 
-        iv, self._interval = self._interval, _Interval()
+        iv, self._interval = self._interval, LogInterval()
         st = self.state
         heads = {h: float(v) / max(1, iv.n) for h, v in iv.heads.items()}
-        grad_norm = _float(norm)
+        grad_norm = as_float(norm)
         get_accelerator().synchronize()  # the interval's wall time includes its device work
         now = time.perf_counter()
         self._interval.t0 = now
@@ -423,8 +349,6 @@ class Trainer:
 
     def evaluate(self, data: TrainData) -> dict[str, float]:
         """Validation metrics (all ranks, the task's), logged and written to ``metrics.json`` on rank 0."""
-        from avion_ds.tasks.common.predictions import failed_line
-
         r, st = self.recipe, self.state
         views = r.eval.temporal_views * r.eval.spatial_views
         with ema.evaluation_weights(self.ema, r, self.log.info) as weights:
@@ -511,15 +435,3 @@ class Trainer:
             f"samples skipped (named in the log above), run dir {r.output_dir}"
         )
         return st
-
-
-@dataclass
-class TrainData:
-    """What ``Trainer.fit`` iterates: loaders, their datasets (epoch seeding), eval augment, epoch length."""
-
-    train_loader: torch.utils.data.DataLoader
-    val_loader: torch.utils.data.DataLoader
-    train_set: Any
-    val_set: Any
-    eval_aug: Callable[[torch.Tensor, Any], tuple[torch.Tensor, Any]]
-    steps_per_epoch: int

@@ -17,6 +17,12 @@ from typing import Any
 import torch
 
 from avion_ds.config import ConfigError, Recipe
+from avion_ds.models.weights.loading import prepare_state_dict
+from avion_ds.storage.run_dir import checkpoint_dir, clean_key, lazy_state_dict
+from avion_ds.storage.safe_load import load_checkpoint_file
+from avion_ds.storage.safetensors_stream import SafetensorsReader
+from avion_ds.storage.torchscript import torchscript_root
+from avion_ds.tasks.common.weights_report import maps_kinetics710_head
 
 PICKED = ("model.safetensors", "pytorch_model.bin", "mp_rank_00_model_states.pt")  # read_checkpoint's order
 
@@ -33,11 +39,6 @@ def _meta(obj: Any) -> Any:
 def shape_only(source: str | Path, trust: bool) -> dict[str, Any] | None:
     """What ``read_checkpoint(source)`` would return, with shape-only tensors; None where shapes alone
     cannot be had cheaply (TorchScript releases: the real load checks them)."""
-    from avion_ds.storage.run_dir import checkpoint_dir, clean_key, lazy_state_dict
-    from avion_ds.storage.safe_load import load_checkpoint_file
-    from avion_ds.storage.safetensors_stream import SafetensorsReader
-    from avion_ds.storage.torchscript import torchscript_root
-
     path = Path(source)
     if path.is_dir() and checkpoint_dir(path).is_dir() and not (path / "model.safetensors").is_file():
         lazy = lazy_state_dict(path, None, trust)
@@ -53,9 +54,6 @@ def shape_only(source: str | Path, trust: bool) -> dict[str, Any] | None:
 
 def check_weights_fit(recipe: Recipe, task: Any) -> None:
     """Refuse (one line) a ``model.pretrained`` whose tensors do not fit the recipe's model."""
-    from avion_ds.models.weights.loading import prepare_state_dict
-    from avion_ds.tasks.common.weights_report import maps_kinetics710_head
-
     source, m = recipe.model.pretrained, recipe.model
     if not source:
         return

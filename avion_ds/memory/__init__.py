@@ -11,15 +11,8 @@ from avion_ds.memory.estimate import (
     arch_info,
     estimate,
 )
+from avion_ds.memory.offload import wrap_for_inference
 from avion_ds.memory.units import format_bytes, parse_bytes
-
-
-def wrap_for_inference(*args, **kwargs):  # type: ignore[no-untyped-def]
-    """ZeRO-3 parameter-offload inference wrapper (see :mod:`avion_ds.memory.offload`)."""
-    from avion_ds.memory.offload import wrap_for_inference as _wrap
-
-    return _wrap(*args, **kwargs)
-
 
 __all__ = [
     "MemoryEstimate",

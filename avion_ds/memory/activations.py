@@ -20,6 +20,7 @@ from typing import Any, Self
 import torch
 from torch import nn
 
+from avion_ds.models import apply_activation_checkpointing
 from avion_ds.models.clip.model import ClipArch
 
 
@@ -133,8 +134,6 @@ def measure_activation_bytes(
         x = _model_input(model, frames, size, batch)
     net = model
     if checkpointing:
-        from avion_ds.models import apply_activation_checkpointing
-
         every = 1 if checkpointing is True else int(checkpointing)
         net = apply_activation_checkpointing(
             copy.deepcopy(model), every=every, first_n=first_n, impl=impl, policy=policy

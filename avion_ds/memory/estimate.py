@@ -21,8 +21,9 @@ from typing import Any
 import torch
 from torch import nn
 
-from avion_ds.distributed.ds_config import PRECISIONS, torch_dtype
+from avion_ds.distributed.ds_fields import PRECISIONS, torch_dtype
 from avion_ds.memory.units import format_bytes
+from avion_ds.models import create_model, registered_arch
 from avion_ds.models.clip.model import ClipArch
 from avion_ds.models.partition import full_shape
 
@@ -102,8 +103,6 @@ def _count(model: nn.Module) -> tuple[int, int]:
 
 @functools.lru_cache(maxsize=64)
 def _arch_info_by_name(name: str) -> ArchInfo:
-    from avion_ds.models import create_model
-
     with torch.device("meta"):  # nothing is allocated, even for ViT-g
         model = create_model(name)
     return arch_info(model)
@@ -113,8 +112,6 @@ def arch_info(model: nn.Module | str, frames: int | None = None, size: int | Non
     """ArchInfo of a VideoViT instance or of a registered name (built once on the meta device;
     other frames/size only change a learned position embedding's parameter count)."""
     if isinstance(model, str):
-        from avion_ds.models import registered_arch
-
         base = _arch_info_by_name(model)
         arch = registered_arch(model)
         arch = arch.video_transformer  # dual encoder: frames / size are the video tower's
@@ -363,8 +360,10 @@ def _model_states(
         host = int(p * 16 * 1.5 / nodes) if (off_opt or off_param) else int(p * 4 * per_node * 1.5)
         return params, grads, opt, host, "formula (fp32 Adam)"
     if stage in (2, 3):
-        from deepspeed.runtime.zero.stage3 import estimate_zero3_model_states_mem_needs
-        from deepspeed.runtime.zero.stage_1_and_2 import (
+        from deepspeed.runtime.zero.stage3 import (  # lazy: deepspeed takes seconds to import
+            estimate_zero3_model_states_mem_needs,
+        )
+        from deepspeed.runtime.zero.stage_1_and_2 import (  # lazy: deepspeed takes seconds to import
             estimate_zero2_model_states_mem_needs,
         )
 

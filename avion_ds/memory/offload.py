@@ -23,7 +23,12 @@ import torch
 from torch import nn
 
 from avion_ds.distributed import dist
+from avion_ds.distributed.ds_config import build_ds_config, fixed_batch_recipe, reference_config
+from avion_ds.distributed.ds_fields import torch_dtype
+from avion_ds.memory.estimate import arch_info
+from avion_ds.models import create_model
 from avion_ds.models.partition import is_partitioned_model
+from avion_ds.models.weights.sharded import build_partitioned
 
 OFFLOAD_DEVICES = ("cpu", "nvme")
 
@@ -50,13 +55,6 @@ def inference_ds_config(
     ``build_ds_config`` from ``ds_configs/zero3_offload.json`` (``zero3_nvme.json`` for NVMe) with
     only :data:`INFERENCE_KNOBS` changed and the optimizer sections removed; micro-batch 1.
     ``train_batch_size`` is left to DeepSpeed (1 x its world size)."""
-    from avion_ds.distributed.ds_config import (
-        build_ds_config,
-        fixed_batch_recipe,
-        reference_config,
-        torch_dtype,
-    )
-
     if offload not in OFFLOAD_DEVICES:
         raise ValueError(f"offload={offload!r} is not one of {', '.join(OFFLOAD_DEVICES)}")
     for key, value in (("max_live_parameters", max_live_parameters), ("prefetch_bucket_size", prefetch_bucket_size)):
@@ -117,8 +115,8 @@ def wrap_for_inference(model: nn.Module, **knobs: Any) -> OffloadedInference:
     several ranks each holds 1/world of the weights and all ranks must call forward together (the
     same number of batches; a padded DistributedSampler guarantees it).
     """
-    import deepspeed
-    from deepspeed.accelerator import get_accelerator
+    import deepspeed  # lazy: deepspeed takes seconds to import
+    from deepspeed.accelerator import get_accelerator  # lazy: deepspeed takes seconds to import
 
     first = next(model.parameters(), None)
     if knobs.get("dtype") is None:
@@ -142,8 +140,6 @@ def build_for_inference(
     model is CONSTRUCTED partitioned (``zero.Init`` with the inference config) and ``pretrained`` is
     loaded module by module (rank 0 reads), so no rank ever holds the whole model. ``factory``
     builds the bare model (no weights loaded)."""
-    from avion_ds.models.weights.sharded import build_partitioned
-
     knobs["dtype"] = knobs.get("dtype") or torch.float32
     cfg = inference_ds_config(**knobs)
     dist.init()  # a plain single-process call gets the one-rank env a launcher would set
@@ -157,7 +153,9 @@ class ResidentParams:
     registered after ``deepspeed.initialize`` run after DeepSpeed's). ``peak`` is the largest sum."""
 
     def __init__(self, model: nn.Module) -> None:
-        from deepspeed.runtime.zero.partition_parameters import ZeroParamStatus
+        from deepspeed.runtime.zero.partition_parameters import (  # lazy: deepspeed takes seconds to import
+            ZeroParamStatus,
+        )
 
         self.available = ZeroParamStatus.AVAILABLE
         self.params = [p for p in model.parameters() if hasattr(p, "ds_status")]
@@ -178,10 +176,7 @@ def resident_peaks(model_name: str, frames: int, size: int, max_live: list[int])
     """For each ``stage3_max_live_parameters`` value (prefetch bucket = half of it): build the model
     partitioned for CPU-offloaded inference and count the peak resident parameter elements of the
     second forward (the first records DeepSpeed's trace). One process; needs no launcher."""
-    from deepspeed.accelerator import get_accelerator
-
-    from avion_ds.memory.estimate import arch_info
-    from avion_ds.models import create_model
+    from deepspeed.accelerator import get_accelerator  # lazy: deepspeed takes seconds to import
 
     dist.init()  # a plain single-process call gets the one-rank env a launcher would set
     x = torch.randn(1, 3, frames, size, size, device=get_accelerator().current_device_name())

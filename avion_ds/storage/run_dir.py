@@ -29,7 +29,8 @@ from typing import Any
 import torch
 
 from avion_ds.config import ConfigError
-from avion_ds.storage.safe_load import load_checkpoint_file
+from avion_ds.distributed.ds_fields import zero_stage
+from avion_ds.storage.safe_load import UntrustedCheckpoint, load_checkpoint_file
 
 MARKER = "COMPLETE.json"
 CKPT_SUBDIR = "checkpoints"
@@ -132,8 +133,6 @@ def run_zero_stage(run_dir: Path, tag_dir: Path) -> int:
     """ZeRO stage a run was saved with (its ds_config.json, else guessed from the shard files)."""
     cfg = run_dir / "ds_config.json"
     if cfg.is_file():
-        from avion_ds.distributed.ds_config import zero_stage
-
         return zero_stage(json.loads(cfg.read_text()))
     return 1 if any(tag_dir.glob("*zero_pp_rank_*_optim_states.pt")) else 0  # ZeRO-0 writes no optimizer shards
 
@@ -143,8 +142,6 @@ UNIVERSAL_TMP = "universal.tmp"  # an elastic conversion in progress (or killed)
 
 
 def _layout_refusal(tag_dir: Path, path: Path, why: str) -> ConfigError:
-    from avion_ds.storage.safe_load import UntrustedCheckpoint
-
     return UntrustedCheckpoint(f"checkpoint {tag_dir}: {path} {why}; refused (nothing of the tag was read)")
 
 

@@ -14,6 +14,8 @@ in (``--trust-checkpoint``: only from the command line, never from a run directo
 from __future__ import annotations
 
 import argparse
+import collections
+import importlib
 import logging
 import pickle
 import re
@@ -23,6 +25,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from safetensors import safe_open
 
 from avion_ds.config import ConfigError
 
@@ -48,8 +51,6 @@ def _qualname(obj: Any) -> str:
 
 def allowed_globals() -> list[Any]:
     """argparse.Namespace, collections.OrderedDict, numpy scalars / dtypes / arrays: data only."""
-    import collections
-
     multiarray = getattr(np, "_core", None) or np.core  # numpy 2 / numpy 1
     out: list[Any] = [
         argparse.Namespace,
@@ -65,8 +66,6 @@ def allowed_globals() -> list[Any]:
 
 def deepspeed_globals() -> list[Any]:
     """The DeepSpeed classes of ``DEEPSPEED_TYPES`` (imported only for files that pickle them)."""
-    import importlib
-
     out = []
     for name in DEEPSPEED_TYPES:
         module, _, attr = name.rpartition(".")
@@ -142,8 +141,6 @@ def check_checkpoint_file(path: str | Path, trust: bool = False) -> None:
     files are loaded once with the safe loader. Raises ``UntrustedCheckpoint`` / ``ConfigError``."""
     path = Path(path)
     if path.suffix == ".safetensors":
-        from safetensors import safe_open
-
         try:
             with safe_open(str(path), framework="pt") as f:
                 f.keys()

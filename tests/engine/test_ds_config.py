@@ -8,13 +8,9 @@ from pathlib import Path
 import pytest
 
 from avion_ds.config import ConfigError
-from avion_ds.distributed.ds_config import (
-    build_ds_config,
-    precision_of,
-    resolve_batch,
-    scaled_lr,
-    zero_stage,
-)
+from avion_ds.distributed.ds_config import build_ds_config, resolve_batch
+from avion_ds.distributed.ds_fields import precision_of, zero_stage
+from avion_ds.distributed.ds_optimizer import scaled_lr
 from avion_ds.tasks import load_recipe
 
 REPO = Path(__file__).resolve().parents[2]

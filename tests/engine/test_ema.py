@@ -14,7 +14,7 @@ from avion_ds.config import save_recipe
 from avion_ds.engine.ema import EmaFiles, _copy_overlap
 from avion_ds.engine.export import export, run_weights
 from avion_ds.engine.parallelize import unwrap
-from avion_ds.engine.trainer import TrainData
+from avion_ds.engine.train_state import TrainData
 from avion_ds.storage.run_dir import consolidate
 from avion_ds.tasks import EvalOutcome, load_recipe, task_of
 from tests.engine.tiny_trainer import batches, tiny_trainer

@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from avion_ds.distributed.ds_config import build_ds_config, lion_needs_client
+from avion_ds.distributed.ds_config import build_ds_config
+from avion_ds.distributed.ds_optimizer import lion_needs_client
 from avion_ds.engine.optim import param_groups
 from avion_ds.engine.parallelize import unwrap
 from avion_ds.tasks import load_recipe

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from avion_ds.engine.trainer import TrainState
+from avion_ds.engine.train_state import TrainState
 from tests.engine.tiny_trainer import batches, tiny_trainer
 
 pytestmark = pytest.mark.multiprocess  # trains a DeepSpeed engine in this process

@@ -7,7 +7,7 @@ from typing import Any
 
 from torch import nn
 
-from avion_ds.engine.trainer import zero0_grad_norm_tensor
+from avion_ds.engine.train_state import zero0_grad_norm_tensor
 from avion_ds.models.activation_checkpointing import apply_configured
 from avion_ds.models.mae.sizes import pretrain_names
 from avion_ds.models.registry import create_model

@@ -124,12 +124,7 @@ class ContrastiveTask(Task):
             raise ConfigError(f"data.mixup={d.mixup}, data.cutmix={d.cutmix}: mixing clips breaks video-text pairs")
 
     def check_model(self, recipe: Recipe) -> ModelSummary:
-        from avion_ds.models import (
-            ClipArch,
-            create_model,
-            model_flops,
-            registered_arch,
-        )  # lazy: heavy (timm, torchvision)
+        from avion_ds.models import ClipArch, create_model, model_flops, registered_arch  # lazy: timm, torchvision
         from avion_ds.models.vit.model import count_params  # lazy: heavy (timm, torchvision)
 
         name = recipe.model.name
