@@ -17,6 +17,7 @@ import torch
 
 from avion_ds.cli.args import Parser
 from avion_ds.cli.embed import add_model_options, embed_texts, model_overrides
+from avion_ds.cli.plugins import import_plugins
 from avion_ds.config import ConfigError
 from avion_ds.data.errors import DataError
 
@@ -48,6 +49,7 @@ def run(args: argparse.Namespace) -> int:
     from avion_ds.embed.index import check_complete, read_clips, read_meta, top_k
     from avion_ds.embed.model import load_encoder
 
+    import_plugins(args.plugins)
     if not args.query.strip():
         raise ConfigError("empty query: give the text to search for")
     if args.top_k < 1:

@@ -254,3 +254,26 @@ def test_without_the_plugin_its_run_is_one_line(toy_run: dict) -> None:
     err = proc.stderr.strip()
     assert proc.returncode == 2 and len(err.splitlines()) == 1, err
     assert "task='toy_brier_task' is not one of" in err and "--plugin MODULE" in err
+
+
+def _needs_plugin(proc: subprocess.CompletedProcess, prog: str) -> None:
+    """Without --plugin, the run's recipe names an unknown task: one line suggesting --plugin, exit 2."""
+    err = proc.stderr.strip()
+    assert proc.returncode == 2 and len(err.splitlines()) == 1, (proc.stdout[-2000:], err)
+    assert err.startswith(f"avion-ds {prog}: error: task='toy_brier_task' is not one of") and "--plugin" in err, err
+
+
+def test_export_and_check_of_a_plugin_run(toy_run: dict) -> None:
+    """`export --format hf` (reads the run's recipe) and `check` (builds the plugin's dataset) take --plugin."""
+    run, env, tmp = toy_run["run"], toy_run["env"], toy_run["tmp"]
+    export = [*CLI, "export", "--checkpoint", run, "--format", "hf", "--out", tmp / "hf"]
+    _needs_plugin(run_process(export, env=env), "export")
+    log = _ok(run_process([*export, "--plugin", "toy_pkg"], env=env))
+    assert "reloaded with transformers" in log and (tmp / "hf" / "config.json").is_file(), log[-2000:]
+
+    check = [*CLI, "check", "--config", run / "recipe.yaml", "--out", tmp / "check", "--workers", "1"]
+    _needs_plugin(run_process(check, env=env), "check")
+    log = _ok(run_process([*check, "--plugin", "toy_pkg"], env=env))
+    summary = json.loads((tmp / "check" / "check_summary.json").read_text())
+    assert summary["annotation_rows"] == {"train": 4, "val": 3} and summary["quarantined"] == 0, (summary, log)
+    assert summary["chunks_checked"] == 6  # every video the plugin dataset's rows name
