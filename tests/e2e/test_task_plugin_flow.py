@@ -277,3 +277,4 @@ def test_export_and_check_of_a_plugin_run(toy_run: dict) -> None:
     summary = json.loads((tmp / "check" / "check_summary.json").read_text())
     assert summary["annotation_rows"] == {"train": 4, "val": 3} and summary["quarantined"] == 0, (summary, log)
     assert summary["chunks_checked"] == 6  # every video the plugin dataset's rows name
+    assert tree_hash(REPO / "avion_ds") == toy_run["before"]
