@@ -1,6 +1,7 @@
 """``--plugin MODULE``: a task (with its own recipe section) of a package outside avion_ds, imported before
-the recipe is read by `avion-ds train`, `launch/train.py` and `avion-ds eval`; bad names, missing
-modules and unknown tasks are one line, exit 2; a recipe cannot name a plugin."""
+the recipe is read by `avion-ds train`, `launch/train.py`, `avion-ds eval` and every other command that
+reads a recipe; bad names, missing modules and unknown tasks are one line, exit 2; a recipe cannot name
+a plugin."""
 
 from __future__ import annotations
 
@@ -132,6 +133,39 @@ def test_bad_plugin_is_one_line_exit_2(
     assert message in _one_error(capsys, code, "train")
     code = eval_cli.main(["--config", str(plugin["recipe"]), "--checkpoint", str(plugin["weights"]), "--plugin", name])
     assert message in _one_error(capsys, code, "eval")
+
+
+@pytest.mark.parametrize(
+    "prog, argv",
+    [
+        ("export", ["--checkpoint", "{tmp}", "--format", "hf", "--out", "{tmp}/hf"]),
+        ("check", ["--config", "{recipe}"]),
+        ("bench-loader", ["--config", "{recipe}"]),
+        ("reconstruct", ["--checkpoint", "{tmp}", "--video", "{weights}", "--out", "{tmp}/g.png"]),
+        ("embed", ["--text", "cut", "--checkpoint", "{tmp}", "--out", "{tmp}/q.safetensors"]),
+        ("search", ["cut", "--index", "{tmp}"]),
+    ],
+)
+def test_every_command_reading_a_recipe_imports_plugins_first(
+    prog: str, argv: list[str], plugin: dict, capsys: pytest.CaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """--plugin on the other commands that read a recipe: imported before anything else is checked (a bad
+    one is the first error, one line, exit 2), a good one is imported (tests/e2e/test_task_plugin_flow.py
+    exports and checks a plugin task's run)."""
+    import importlib
+
+    no_process_group(monkeypatch)
+    main = importlib.import_module(f"avion_ds.cli.{prog.replace('-', '_')}").main
+    args = [a.format(**plugin) for a in argv]
+    code = main([*args, "--plugin", "no_such_plugin_module"])
+    assert "--plugin no_such_plugin_module: no module named" in _one_error(capsys, code, prog)
+    (plugin["tmp"] / "plugins" / "probe_plugin_mod.py").write_text("print('probe plugin imported')\n")
+    monkeypatch.syspath_prepend(str(plugin["tmp"] / "plugins"))
+    try:
+        main([*args, "--plugin", "probe_plugin_mod"])
+    finally:
+        sys.modules.pop("probe_plugin_mod", None)
+    assert "probe plugin imported" in capsys.readouterr().out
 
 
 def test_a_plugin_whose_import_lacks_a_module_is_one_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -9,6 +9,7 @@ import sys
 import torch
 
 from avion_ds.cli.args import Parser, add_positional_alias, alias_positional
+from avion_ds.cli.plugins import add_plugin_option, import_plugins
 from avion_ds.config import ConfigError, add_override_option
 from avion_ds.data.decode.loader_bench import clips_per_s_loader, clips_per_s_main, workers_needed
 from avion_ds.data.decode.select import pick_decoder
@@ -25,6 +26,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--batches", type=int, default=10, help="timed batches per worker count (default 10)")
     p.add_argument("--clips", type=int, default=20, help="timed clips in the main process (default 20)")
     p.add_argument("--target", type=float, default=None, help="clips/s one GPU consumes; prints workers needed")
+    add_plugin_option(p)
     a = p.parse_args(argv)
     alias_positional(a, "--config", "recipe", "avion-ds bench-loader")
     try:
@@ -37,6 +39,7 @@ def main(argv: list[str] | None = None) -> int:
         )
         return 2
     try:
+        import_plugins(a.plugins)
         recipe = load_recipe(a.recipe, a.overrides)
         for key in ("root", "train_csv"):
             if not getattr(recipe.data, key) or not os.path.exists(getattr(recipe.data, key)):

@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 from avion_ds.cli.args import Parser, add_positional_alias, alias_positional
+from avion_ds.cli.plugins import add_plugin_option, import_plugins
 from avion_ds.config import ConfigError, add_override_option
 from avion_ds.data.datasets.quarantine import QUARANTINE_NAME, write_quarantine
 from avion_ds.data.prep.check import SUMMARY_NAME, CheckReport, check_files, check_rows
@@ -63,10 +64,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--full", action="store_true", help="decode and count every frame (default: first/middle/last)")
     p.add_argument("--workers", type=int, default=max(1, (os.cpu_count() or 2) // 2), help="parallel processes")
     p.add_argument("--out", default=None, help="where quarantine.tsv and check_summary.json go (default: data root)")
+    add_plugin_option(p)
     a = p.parse_args(argv)
     alias_positional(a, "--config", "target", "avion-ds check", note=Path(a.target_positional or "").is_file())
     logging.basicConfig(level=logging.ERROR, format="%(levelname)s %(name)s: %(message)s")
     try:
+        import_plugins(a.plugins)
         report = run_check(a.target, a.overrides, a.full, a.workers, a.out)
     except (ConfigError, OSError, ValueError) as e:
         print(f"avion-ds check: error: {e}", file=sys.stderr)

@@ -24,6 +24,7 @@ from safetensors.torch import save_file
 from torch.utils.data import DataLoader, Subset
 
 from avion_ds.cli.args import Parser
+from avion_ds.cli.plugins import add_plugin_option, import_plugins
 from avion_ds.config import ConfigError, add_override_option
 from avion_ds.data import DeviceAugment
 from avion_ds.data.errors import DataError
@@ -46,6 +47,7 @@ def add_model_options(p: argparse.ArgumentParser, required: bool = True) -> None
         "--trust-checkpoint", action="store_true", help="allow full unpickling of the checkpoint (can run code)"
     )
     add_override_option(p, "data.num_frames=4")
+    add_plugin_option(p)
 
 
 def model_overrides(args: argparse.Namespace) -> list[str]:
@@ -216,6 +218,7 @@ def embed_shard(model, ds, augment, shard: int, meta, args, device, dtype, bar):
 
 
 def run(args: argparse.Namespace) -> int:
+    import_plugins(args.plugins)
     check_args(args)
     return run_text(args) if args.text else run_videos(args)
 

@@ -8,6 +8,7 @@ from pathlib import Path
 
 from avion_ds.cli.args import Parser, add_positional_alias, alias_positional
 from avion_ds.cli.parsers import add_weights_option
+from avion_ds.cli.plugins import add_plugin_option, import_plugins
 from avion_ds.config import ConfigError
 from avion_ds.engine.export import export, export_hf, run_weights
 from avion_ds.storage.run_dir import latest_complete, resolve_tag, skipped_note
@@ -49,9 +50,11 @@ def main(argv: list[str] | None = None) -> int:
         help="allow full unpickling of checkpoint files that pickle more than tensors and a few known "
         "types (it can run code from them)",
     )
+    add_plugin_option(p)
     args = p.parse_args(argv)
     alias_positional(args, "--checkpoint", "run_dir", "avion-ds export")
     try:
+        import_plugins(args.plugins)  # --format hf reads the run's recipe (its task)
         if not Path(args.run_dir).is_dir():
             raise ConfigError(f"run dir not found: {args.run_dir}")
         args.tag = resolve_tag(args.run_dir, args.tag)

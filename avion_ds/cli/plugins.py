@@ -2,8 +2,10 @@
 recipe sections (and datasets) it registers exist for the run, with no file of avion_ds edited.
 
 Only the command line names plugins: never a recipe, a run directory or an environment variable (a
-plugin is code, and a recipe or run directory may come from someone else). The entry points import
-them first thing, on every rank (``avion-ds train``, ``launch/train.py``, ``avion-ds eval``).
+plugin is code, and a recipe or run directory may come from someone else). Every command that reads a
+recipe imports them first thing, on every rank: ``avion-ds train``, ``launch/train.py``, ``avion-ds eval``,
+``export`` (``--format hf`` reads the run's recipe), ``check``, ``bench-loader``, ``reconstruct``, ``embed``
+and ``search``.
 """
 
 from __future__ import annotations

@@ -11,6 +11,7 @@ import numpy as np
 import torch
 
 from avion_ds.cli.args import Parser
+from avion_ds.cli.plugins import add_plugin_option, import_plugins
 from avion_ds.config import ConfigError, Recipe, add_override_option
 from avion_ds.data.augment import DeviceAugment
 from avion_ds.distributed import dist
@@ -25,6 +26,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--out", required=True, help="PNG to write")
     p.add_argument("--config", default=None, help="recipe (default: RUN/recipe.yaml)")
     add_override_option(p)
+    add_plugin_option(p)
     p.add_argument("--frames", type=int, default=4, help="frames (columns) to show")
     p.add_argument("--seed", type=int, default=0, help="seed of the masks")
     p.add_argument("--min-side", type=int, default=128, help="upscale (nearest) small frames to at least this")
@@ -32,6 +34,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 
 def _recipe(args: argparse.Namespace) -> Recipe:
+    import_plugins(args.plugins)
     ckpt = Path(args.checkpoint)
     if not ckpt.exists():
         raise ConfigError(f"--checkpoint not found: {ckpt}")

@@ -17,6 +17,7 @@ import torch
 
 from avion_ds.cli.args import Parser
 from avion_ds.cli.embed import add_model_options, embed_texts, model_overrides
+from avion_ds.cli.plugins import import_plugins
 from avion_ds.config import ConfigError
 from avion_ds.data.errors import DataError
 from avion_ds.distributed import dist
@@ -49,6 +50,7 @@ def format_table(hits: list[dict]) -> str:
 def run(args: argparse.Namespace) -> int:
     from avion_ds.embed.model import load_encoder  # lazy: the models take seconds to import (search --help)
 
+    import_plugins(args.plugins)
     if not args.query.strip():
         raise ConfigError("empty query: give the text to search for")
     if args.top_k < 1:

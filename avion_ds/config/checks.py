@@ -185,6 +185,3 @@ def validate(recipe: Recipe) -> None:
     tubelet = recipe.model.tubelet_size
     if tubelet is not None and (tubelet <= 0 or recipe.data.num_frames % tubelet):
         raise ConfigError(f"data.num_frames={recipe.data.num_frames} is not divisible by model.tubelet_size={tubelet}")
-    if recipe.data.dataset == "epic" and recipe.model.heads is None:
-        want = "{action: 3806}" if recipe.data.epic_label == "action" else "{verb: 97, noun: 300}"
-        raise ConfigError(f"data.dataset='epic' needs model.heads (e.g. {want})")

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
@@ -156,15 +156,23 @@ def ssv2_test_indices(start: int, end: int, num_frames: int, view: int = 0, num_
 
 
 def eval_indices(
-    dataset: str, sampling: str, start: int, end: int, num_frames: int, stride: int, view: int, num_views: int
+    segments: Callable[[int, int, int, int, int], list[int]] | None,
+    sampling: str,
+    start: int,
+    end: int,
+    num_frames: int,
+    stride: int,
+    view: int,
+    num_views: int,
 ) -> list[int]:
     """Frame indices of eval temporal view ``view`` of ``num_views`` over [start, end), as the
-    dataset's reference code picks them: stride sampling as VideoMAE's Kinetics test loader, SSv2
-    segments as VideoMAE's SSv2 test loader, other segments as AVION (one view) / TSN."""
+    dataset's reference code picks them: stride sampling as VideoMAE's Kinetics test loader; segments
+    by the dataset's declared ``segments(start, end, num_frames, view, num_views)`` (SSv2: VideoMAE's
+    SSv2 test loader, :func:`ssv2_test_indices`), else as AVION (one view) / TSN."""
     if sampling == "stride":
         return stride_indices(start, end, num_frames, stride, train=False, view=view, num_views=num_views)
-    if dataset == "ssv2":
-        return ssv2_test_indices(start, end, num_frames, view, num_views)
+    if segments is not None:
+        return segments(start, end, num_frames, view, num_views)
     return segment_indices(start, end, num_frames, train=False, view=view, num_views=num_views)
 
 

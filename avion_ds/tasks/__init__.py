@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from avion_ds.config import ConfigError, load_recipe_data, recipe_from_dict
-from avion_ds.data.datasets.build import dataset_problem
+from avion_ds.data.datasets.build import dataset_problem, heads_problem
 from avion_ds.data.datasets.protocols import check_recipe as check_protocol
 from avion_ds.tasks import contrastive, finetune, mir, pretrain, zero_shot  # noqa: F401 - registration: one line per task
 from avion_ds.tasks.base import EvalOutcome, ModelSummary, Task
@@ -30,7 +30,9 @@ def build_recipe(data: dict[str, Any]) -> Recipe:
         raise ConfigError(f"task={data.get('task')!r} is not one of {', '.join(task_names())}")
     task = get_task(data.get("task", ""))
     recipe = recipe_from_dict({**data, "task": task.name}, task.recipe_defaults)
-    problem = dataset_problem(recipe.data) or check_protocol(recipe)  # registered datasets, protocol (data layer)
+    problem = (  # registered datasets, heads they need, protocol (data layer)
+        dataset_problem(recipe.data) or heads_problem(recipe.data, recipe.model.heads) or check_protocol(recipe)
+    )
     if problem:
         raise ConfigError(problem)
     task.validate_recipe(recipe)

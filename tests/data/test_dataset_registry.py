@@ -140,3 +140,38 @@ def test_dataset_heads_of_the_built_ins() -> None:
     assert heads == {**dict.fromkeys(BUILT_INS), "epic": ("verb", "noun")}
     action = DataConfig(dataset="epic", epic_label="action")
     assert dataset_spec(action).label_heads(action) == ("action",)
+
+
+def test_what_the_tasks_ask_instead_of_a_name() -> None:
+    """Label kind, heads key, example heads, eval segments, Kinetics-710 mapping: declared by each built-in."""
+    specs = {name: dataset_spec(DataConfig(dataset=name)) for name in BUILT_INS}
+    kinds = {name: s.label_kind for name, s in specs.items()}
+    assert kinds == {
+        **dict.fromkeys(BUILT_INS, "class"),
+        "videos": "none",
+        "ego4d": "narration",
+        "epic_mir": "retrieval",
+    }
+    assert {n for n, s in specs.items() if s.heads_key} == {"epic"} and specs["epic"].heads_key == "epic_label"
+    assert {n for n, s in specs.items() if s.eval_segments} == {"ssv2"}
+    assert {n for n, s in specs.items() if s.maps_kinetics710_head} == {"kinetics"}
+    action = DataConfig(dataset="epic", epic_label="action")
+    assert specs["epic"].heads_text(action, ("action",)) == "{action: 3806}"
+    assert specs["epic"].heads_text(DataConfig(), ("verb", "noun")) == "{verb: 97, noun: 300}"
+
+
+def test_declarations_of_a_dataset_registered_outside(toy: list[str]) -> None:
+    """An unlabelled dataset registered outside is one pretraining reads and fine-tuning names as such; a
+    dataset with heads and no model.heads is one line naming its heads; a label kind is checked."""
+    with pytest.raises(ConfigError, match=r"^data.dataset='toy' needs model.heads \(e.g. \{colour: N, shape: N\}\)$"):
+        load_recipe(None, [x for x in toy if not x.startswith("model.heads")])
+    register_dataset(DatasetSpec("toy_frames", ToyClips, toy_summary, label_kind="none", split_file_optional=True))
+    try:
+        sets = [*toy[1:], "data.dataset=toy_frames", "model.heads=null"]
+        assert load_recipe(None, [*sets, "task=pretrain"]).data.dataset == "toy_frames"
+        with pytest.raises(ConfigError, match=r"fine-tuning needs a labelled dataset \(epic, kinetics, ssv2, .*toy\)"):
+            load_recipe(None, sets)
+    finally:
+        unregister_dataset("toy_frames")
+    with pytest.raises(ValueError, match="label_kind='text' is not one of"):
+        DatasetSpec("bad", ToyClips, toy_summary, label_kind="text")

@@ -48,6 +48,15 @@ def dataset_problem(cfg: DataConfig) -> str | None:
     return None
 
 
+def heads_problem(cfg: DataConfig, heads: dict[str, int] | None) -> str | None:
+    """One line when ``data.dataset`` yields several label heads (EPIC) and ``model.heads`` is unset, else None."""
+    spec = lookup(cfg.dataset)
+    want = spec.label_heads(cfg)
+    if want is None or heads is not None:
+        return None
+    return f"data.dataset={cfg.dataset!r} needs model.heads (e.g. {spec.heads_text(cfg, want)})"
+
+
 def read_annotations(cfg: DataConfig, split: str) -> tuple[int, int | dict[str, int]]:
     """(rows, classes seen) of ``split``'s annotation file without opening a video (start-up checks).
 

@@ -205,6 +205,7 @@ class Ego4dDataset(VideoClipDataset):
     """Ego4D narration clips (see module doc); label = ``{"tokens": LongTensor (77,)}``."""
 
     dataset_name = "ego4d"
+    label_kind = "narration"  # video-text pairs: contrastive pretraining
 
     @staticmethod
     def annotation_summary(cfg: DataConfig, split: str) -> tuple[int, dict[str, int]]:

@@ -53,6 +53,11 @@ def epic_heads(cfg: DataConfig) -> tuple[str, ...]:
     return ("action",) if cfg.epic_label == "action" else ("verb", "noun")
 
 
+def epic_heads_example(cfg: DataConfig) -> dict[str, int]:
+    """The ``model.heads`` of the full EPIC-100 (error messages' example): 3806 actions, or 97 verbs + 300 nouns."""
+    return {"action": 3806} if cfg.epic_label == "action" else {"verb": 97, "noun": 300}
+
+
 def epic_summary(cfg: DataConfig, split: str) -> tuple[int, dict[str, int]]:
     """(rows, classes per head) of ``split``'s EPIC CSV without opening a video (start-up checks)."""
     path = cfg.train_csv if split == "train" else cfg.val_csv
@@ -89,6 +94,8 @@ class EpicDataset(VideoClipDataset):
 
     dataset_name = "epic"
     dataset_heads = staticmethod(epic_heads)
+    heads_key = "epic_label"  # chooses the heads (verb + noun, or action)
+    heads_example = staticmethod(epic_heads_example)
     annotation_summary = staticmethod(epic_summary)
     check_labels = staticmethod(check_action_count)
     label_heads = ("verb", "noun")

@@ -167,6 +167,7 @@ class EpicMirDataset(VideoClipDataset):
     """EPIC-100 MIR clips (see module doc); label = ``{"tokens", "row", "relevancy"}``."""
 
     dataset_name = "epic_mir"
+    label_kind = "retrieval"  # video-text pairs with a caption relevancy matrix: MIR
 
     @staticmethod
     def annotation_summary(cfg: DataConfig, split: str) -> tuple[int, dict[str, int]]:

@@ -110,6 +110,7 @@ class KineticsDataset(VideoClipDataset):
     """Kinetics-style classification (see module doc); label = int class index."""
 
     dataset_name = "kinetics"
+    maps_kinetics710_head = True  # a Kinetics-710 head (VideoMAE V2) maps onto its 400 / 600 / 700 classes
 
     @staticmethod
     def annotation_summary(cfg: DataConfig, split: str) -> tuple[int, int]:

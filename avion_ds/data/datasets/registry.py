@@ -1,10 +1,13 @@
 """The dataset registry: what each ``data.dataset`` name declares, asked by the factory, start-up and the tasks.
 
 A dataset declares its name, its label heads, its annotation summary (rows and classes of a split,
-read without opening a video), its extra path checks, its extra label check, and how it is built
-for a split. Register a :class:`DatasetSpec`, or a dataset class carrying the same declarations as
+read without opening a video), its extra path checks, its extra label check, how it is built for a
+split, and what the tasks and checks ask instead of its name: the kind of its labels, the data key
+choosing its heads, an example ``model.heads``, its evaluation segments and whether a Kinetics-710 head
+maps onto it. Register a :class:`DatasetSpec`, or a dataset class carrying the same declarations as
 class attributes (``dataset_name``, ``annotation_summary``, optional ``dataset_heads``,
-``check_paths``, ``check_labels``, ``split_file_optional``; the class itself is the builder)::
+``check_paths``, ``check_labels``, ``split_file_optional``, ``label_kind``, ``heads_key``,
+``heads_example``, ``eval_segments``, ``maps_kinetics710_head``; the class itself is the builder)::
 
     @register_dataset
     class ToyDataset(VideoClipDataset):
@@ -37,6 +40,11 @@ Heads = tuple[str, ...] | None
 PathCheck = Callable[[DataConfig, str], None]
 # (cfg, classes seen, classes the model's heads hold) -> one-line problem or None
 LabelCheck = Callable[[DataConfig, dict[str, int], dict[str, int]], "str | None"]
+# (start, end, num_frames, view, num_views) -> frame indices of an eval view under segment sampling
+SegmentSampler = Callable[[int, int, int, int, int], list[int]]
+# class: class indices (one label, or one per head); none: unlabelled clips; narration: video-text pairs;
+# retrieval: video-text pairs with a caption relevancy matrix (EPIC-100 MIR)
+LABEL_KINDS = ("class", "none", "narration", "retrieval")
 
 T = TypeVar("T")
 
@@ -53,10 +61,24 @@ class DatasetSpec:
     check_paths: PathCheck | None = None
     check_labels: LabelCheck | None = None
     split_file_optional: bool = False  # data.train_csv / data.val_csv may be empty (unlabelled videos)
+    label_kind: str = "class"  # one of LABEL_KINDS: what the tasks check a dataset is for
+    heads_key: str | None = None  # the data key that chooses the heads (EPIC: epic_label), named in errors
+    heads_example: Callable[[DataConfig], dict[str, int]] | None = None  # model.heads of a full copy (errors)
+    eval_segments: SegmentSampler | None = None  # eval views under segment sampling (None: TSN midpoints)
+    maps_kinetics710_head: bool = False  # its classes are a Kinetics list: a Kinetics-710 head maps onto it
+
+    def __post_init__(self) -> None:
+        if self.label_kind not in LABEL_KINDS:
+            raise ValueError(f"dataset {self.name!r}: label_kind={self.label_kind!r} is not one of {LABEL_KINDS}")
 
     def label_heads(self, cfg: DataConfig) -> Heads:
         """The label heads this dataset yields under ``cfg``."""
         return self.heads(cfg) if callable(self.heads) else self.heads
+
+    def heads_text(self, cfg: DataConfig, heads: tuple[str, ...]) -> str:
+        """An example ``model.heads`` for error messages: the declared one, else ``{head: N, ...}``."""
+        example = self.heads_example(cfg) if self.heads_example is not None else dict.fromkeys(heads, "N")
+        return "{" + ", ".join(f"{h}: {n}" for h, n in example.items()) + "}"
 
 
 _SPECS: dict[str, DatasetSpec] = {}
@@ -77,6 +99,11 @@ def spec_of_class(cls: type) -> DatasetSpec:
         check_paths=getattr(cls, "check_paths", None),
         check_labels=getattr(cls, "check_labels", None),
         split_file_optional=bool(getattr(cls, "split_file_optional", False)),
+        label_kind=getattr(cls, "label_kind", "class"),
+        heads_key=getattr(cls, "heads_key", None),
+        heads_example=getattr(cls, "heads_example", None),
+        eval_segments=getattr(cls, "eval_segments", None),
+        maps_kinetics710_head=bool(getattr(cls, "maps_kinetics710_head", False)),
     )
 
 
@@ -99,6 +126,20 @@ def unregister_dataset(name: str) -> None:
 def registered_names() -> tuple[str, ...]:
     """The names registered so far, in registration order (import :mod:`.build` first for the built-ins)."""
     return tuple(_SPECS)
+
+
+def names_of_kind(*kinds: str) -> tuple[str, ...]:
+    """The registered names whose ``label_kind`` is one of ``kinds``, in registration order (error messages)."""
+    return tuple(name for name, spec in _SPECS.items() if spec.label_kind in kinds)
+
+
+def heads_keys() -> dict[str, tuple[str, ...]]:
+    """Each data key some dataset's heads depend on -> the datasets that read it (``epic_label``: epic)."""
+    out: dict[str, tuple[str, ...]] = {}
+    for name, spec in _SPECS.items():
+        if spec.heads_key:
+            out[spec.heads_key] = (*out.get(spec.heads_key, ()), name)
+    return out
 
 
 def unknown_dataset(key: str, value: Any, also: str = "") -> str:

@@ -21,6 +21,7 @@ from avion_ds.data.datasets.registry import register_dataset
 from avion_ds.data.datasets.video_clips import VideoClipDataset
 from avion_ds.data.datasets.video_index import VideoIndex
 from avion_ds.data.prep.manifest import VideoEntry
+from avion_ds.data.sampling import ssv2_test_indices
 
 LABELS_NAME = "labels.json"
 
@@ -72,6 +73,7 @@ class SSv2Dataset(VideoClipDataset):
     """Something-Something V2 classification; label = int (174 classes)."""
 
     dataset_name = "ssv2"
+    eval_segments = staticmethod(ssv2_test_indices)  # VideoMAE's SSv2 test views
 
     @staticmethod
     def annotation_summary(cfg: DataConfig, split: str) -> tuple[int, int]:

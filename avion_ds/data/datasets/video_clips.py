@@ -49,6 +49,7 @@ from avion_ds.data.crop import (
     three_crops,
 )
 from avion_ds.data.datasets.quarantine import quarantine_path, read_quarantine, row_key
+from avion_ds.data.datasets.registry import lookup
 from avion_ds.data.datasets.video_index import VideoIndex
 from avion_ds.data.decode.base import REGISTRY, load_plugins
 from avion_ds.data.decode.select import get_decoder, pick_decoder
@@ -270,7 +271,8 @@ class VideoClipDataset(Dataset):
         eval views as the dataset's reference code picks them: :func:`~.sampling.eval_indices`)."""
         c = self.cfg
         if not self.train:
-            return eval_indices(c.dataset, c.sampling, start, end, c.num_frames, c.stride, view, self.temporal_views)
+            segments = lookup(c.dataset).eval_segments  # the dataset's own eval segments (SSv2), if declared
+            return eval_indices(segments, c.sampling, start, end, c.num_frames, c.stride, view, self.temporal_views)
         if c.sampling == "stride":
             return stride_indices(
                 start, end, c.num_frames, c.stride, train=self.train, rng=rng, view=view, num_views=self.temporal_views

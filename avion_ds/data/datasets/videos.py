@@ -65,6 +65,7 @@ class VideosDataset(VideoClipDataset):
     dataset_name = "videos"
     annotation_summary = staticmethod(videos_summary)
     split_file_optional = True  # without a list, every video under data.root
+    label_kind = "none"  # unlabelled clips: masked pretraining's dataset
 
     def __init__(
         self,

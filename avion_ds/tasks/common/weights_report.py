@@ -18,6 +18,7 @@ from typing import Any
 from torch import nn
 
 from avion_ds.config import ConfigError, Recipe
+from avion_ds.data.datasets.build import dataset_spec
 from avion_ds.models import LoadReport
 from avion_ds.models.partition import full_numel
 from avion_ds.models.weights.loading import MIN_BACKBONE_MATCH
@@ -30,7 +31,7 @@ _HEADS = ("head.", "heads.")
 def maps_kinetics710_head(recipe: Recipe) -> bool:
     """Whether the recipe's ``model.pretrained`` load maps a Kinetics-710 head onto its Kinetics-400 / 600 /
     700 head (``model.head_label_map: auto`` and ``data.dataset: kinetics``, as VideoMAE V2's fine-tuning)."""
-    return recipe.model.head_label_map == "auto" and recipe.data.dataset == "kinetics"
+    return recipe.model.head_label_map == "auto" and dataset_spec(recipe.data).maps_kinetics710_head
 
 
 def backbone_coverage(model: nn.Module, report: LoadReport) -> tuple[int, int, list[str]]:

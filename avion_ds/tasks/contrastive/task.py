@@ -25,6 +25,8 @@ import torch
 from torch import nn
 
 from avion_ds.config import ConfigError
+from avion_ds.data.datasets.build import dataset_spec
+from avion_ds.data.datasets.registry import names_of_kind
 from avion_ds.data.tokenizer import tokenize
 from avion_ds.distributed import dist
 from avion_ds.distributed.master_weights import clamp_parameter_
@@ -37,6 +39,8 @@ if TYPE_CHECKING:
     from avion_ds.data.bad_input import BadInputLog
 
 # AVION scripts/main_lavila_pretrain.py defaults (get_args_parser); keys the recipe sets win
+# the datasets it reads: video-text pairs (dataset registry label_kind)
+PAIR_KINDS = ("narration", "retrieval")
 CONTRASTIVE_DEFAULTS: dict[str, dict[str, Any]] = {
     "model": {"name": "clip_vit_base_patch16_224", "drop_path_rate": 0.0, "num_classes": 0},
     "data": {
@@ -101,14 +105,15 @@ class ContrastiveTask(Task):
 
     def validate_recipe(self, recipe: Recipe) -> None:
         d, e, c = recipe.data, recipe.eval, recipe.contrastive
-        if d.dataset not in ("ego4d", "epic_mir"):
+        pairs = names_of_kind(*PAIR_KINDS)
+        if dataset_spec(d).label_kind not in PAIR_KINDS:
             raise ConfigError(
                 f"task={recipe.task!r} with data.dataset={d.dataset!r}: contrastive pretraining reads "
-                "video-narration pairs (ego4d, epic_mir)"
+                f"video-narration pairs ({', '.join(pairs)})"
             )
-        if (d.val_dataset or d.dataset) not in ("ego4d", "epic_mir"):
+        if dataset_spec(d, "val").label_kind not in PAIR_KINDS:
             raise ConfigError(
-                f"data.val_dataset={d.val_dataset!r}: the contrastive task evaluates on ego4d or epic_mir"
+                f"data.val_dataset={d.val_dataset!r}: the contrastive task evaluates on {' or '.join(pairs)}"
             )
         if e.temporal_views != 1 or e.spatial_views != 1:
             raise ConfigError(

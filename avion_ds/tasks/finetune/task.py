@@ -15,10 +15,11 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import nn
 
-from avion_ds.config import ConfigError
+from avion_ds.config import ConfigError, DataConfig
 from avion_ds.data.datasets.build import dataset_spec
 from avion_ds.data.datasets.epic_actions import MAP_ORDER
 from avion_ds.data.datasets.protocols import eval_report
+from avion_ds.data.datasets.registry import heads_keys, names_of_kind
 from avion_ds.tasks.base import EvalOutcome, LossParts, ModelSummary, Task, build_with_weights
 from avion_ds.tasks.common.action_head_metrics import action_head_metrics
 from avion_ds.tasks.common.classification_metrics import SCORES
@@ -74,11 +75,12 @@ def check_heads(recipe: Recipe) -> None:
             )
         return
     if heads is None or set(heads) != set(want):
-        label = f", data.epic_label={recipe.data.epic_label!r}" if recipe.data.dataset == "epic" else ""
-        example = "{action: 3806}" if want == ("action",) else "{verb: 97, noun: 300}"
+        spec = dataset_spec(recipe.data)
+        key = spec.heads_key
+        label = f", data.{key}={getattr(recipe.data, key)!r}" if key else ""
         raise ConfigError(
             f"model.heads={heads} does not match the labels of data.dataset={recipe.data.dataset!r}{label}: "
-            f"it needs exactly the heads {', '.join(want)} (e.g. {example})"
+            f"it needs exactly the heads {', '.join(want)} (e.g. {spec.heads_text(recipe.data, want)})"
         )
 
 
@@ -89,16 +91,20 @@ class FinetuneTask(Task):
     name = "finetune"
 
     def validate_recipe(self, recipe: Recipe) -> None:
-        if recipe.data.dataset == "videos":
+        d = recipe.data
+        spec = dataset_spec(d)
+        if spec.label_kind == "none":
             raise ConfigError(
-                f"task={recipe.task!r} with data.dataset='videos': fine-tuning needs a labelled "
-                "dataset (epic, kinetics, ssv2); unlabelled clips are for task: pretrain"
+                f"task={recipe.task!r} with data.dataset={d.dataset!r}: fine-tuning needs a labelled "
+                f"dataset ({', '.join(names_of_kind('class'))}); unlabelled clips are for task: pretrain"
             )
-        if recipe.data.epic_label != "verb_noun" and recipe.data.dataset != "epic":
-            raise ConfigError(
-                f"data.epic_label={recipe.data.epic_label!r} applies to data.dataset='epic' only "
-                f"(recipe has {recipe.data.dataset!r}); remove it"
-            )
+        for key, owners in heads_keys().items():  # a heads choice of another dataset (data.epic_label)
+            value = getattr(d, key)
+            if value != DataConfig.__dataclass_fields__[key].default and spec.heads_key != key:
+                raise ConfigError(
+                    f"data.{key}={value!r} applies to data.dataset={' / '.join(map(repr, owners))} only "
+                    f"(recipe has {d.dataset!r}); remove it"
+                )
 
     def check_model(self, recipe: Recipe) -> ModelSummary:
         from avion_ds.models import create_model, model_flops, registered_arch  # lazy: heavy (timm, torchvision)

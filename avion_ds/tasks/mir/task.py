@@ -25,6 +25,8 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from avion_ds.config import ConfigError
+from avion_ds.data.datasets.build import dataset_spec
+from avion_ds.data.datasets.registry import names_of_kind
 from avion_ds.tasks.base import LossParts
 from avion_ds.tasks.contrastive.task import CONTRASTIVE_DEFAULTS, ContrastiveTask
 from avion_ds.tasks.registry import register_task
@@ -63,10 +65,11 @@ class MirFinetuneTask(ContrastiveTask):
     def validate_recipe(self, recipe: Recipe) -> None:
         super().validate_recipe(recipe)
         d = recipe.data
-        for key, value in (("dataset", d.dataset), ("val_dataset", d.val_dataset or d.dataset)):
-            if value != "epic_mir":
+        for key, value, split in (("dataset", d.dataset, "train"), ("val_dataset", d.val_dataset or d.dataset, "val")):
+            if dataset_spec(d, split).label_kind != "retrieval":
                 raise ConfigError(
-                    f"data.{key}={value!r}: task=mir fine-tunes and evaluates on EPIC-100 retrieval (epic_mir)"
+                    f"data.{key}={value!r}: task=mir fine-tunes and evaluates on EPIC-100 retrieval "
+                    f"({', '.join(names_of_kind('retrieval'))})"
                 )
         for key in ("train_sentences", "train_relevancy"):
             if not getattr(d, key):

@@ -21,6 +21,8 @@ from torch import nn
 
 from avion_ds.config import ConfigError
 from avion_ds.data.augment import MEAN_STD
+from avion_ds.data.datasets.build import dataset_spec
+from avion_ds.data.datasets.registry import names_of_kind
 from avion_ds.data.masking import MaskSpec
 from avion_ds.distributed.ds_config import zero_stage
 from avion_ds.tasks.base import EvalOutcome, LossParts, ModelSummary, Task
@@ -96,10 +98,11 @@ class PretrainTask(Task):
 
     def validate_recipe(self, recipe: Recipe) -> None:
         d, p = recipe.data, recipe.pretrain
-        if d.dataset != "videos":
+        if dataset_spec(d).label_kind != "none":
             raise ConfigError(
                 f"task={recipe.task!r} with data.dataset={d.dataset!r}: pretraining uses "
-                "data.dataset 'videos' (unlabelled clips), fine-tuning a labelled dataset"
+                f"data.dataset {' / '.join(map(repr, names_of_kind('none')))} (unlabelled clips), fine-tuning a "
+                "labelled dataset"
             )
         for key, value in (
             ("pretrain.mask_ratio", p.mask_ratio),
