@@ -38,6 +38,7 @@ class TrainState:
     overflow_steps: int = 0
 
     def state_dict(self) -> dict[str, int]:
+        """The counters as a dict (the checkpoint's client state keys)."""
         return asdict(self)
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
