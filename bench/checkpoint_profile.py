@@ -128,27 +128,31 @@ def _mean_tables(
 
 
 def print_table(tables: dict[str, dict[tuple[str, str], tuple[float, float]]], top: int) -> None:
-    """Per (phase, op): ms/step and calls/step per policy, and each policy's difference to ``none``."""
+    """Per (phase, op): ms/step, calls/step and share of the policy's op time, per policy; and each
+    policy's share minus the first policy's (points), which a load that changes between steps does
+    not skew the way absolute ms do."""
     names = list(tables)
+    total = {n: sum(v[0] for v in t.values()) or 1.0 for n, t in tables.items()}
+
+    def share(n: str, k: tuple[str, str]) -> float:
+        return 100 * tables[n].get(k, (0.0, 0.0))[0] / total[n]
+
     keys = {k for t in tables.values() for k in t}
-    spread = {
-        k: max(abs(t.get(k, (0, 0))[0] - tables[names[0]].get(k, (0, 0))[0]) for t in tables.values()) for k in keys
-    }
-    rows = sorted(keys, key=lambda k: -(spread[k] + max(t.get(k, (0, 0))[0] for t in tables.values()) / 10))[:top]
-    head = (
-        f"{'phase':5} {'op':42}"
-        + "".join(f" {n[:18]:>18}" for n in names)
-        + "".join(f" {'d ' + n[:14]:>16}" for n in names[1:])
-    )
-    print(head + "\n" + "-" * len(head) + f"\n(ms/step x calls/step; d = ms/step minus {names[0]})")
+    rows = sorted(keys, key=lambda k: -max(share(n, k) for n in names))[:top]
+    head = f"{'phase':5} {'op':58}" + "".join(f" {n[:24]:>24}" for n in names)
+    head += "".join(f" {'d% ' + n[:14]:>17}" for n in names[1:])
+    print(f"{head}\n{'-' * len(head)}")
+    print(f"(ms/step x calls/step [% of the policy's op time]; d% = share minus {names[0]}'s share, points)")
     for k in rows:
-        cells = "".join(f" {t.get(k, (0, 0))[0]:9.1f}x{t.get(k, (0, 0))[1]:<8.0f}" for t in tables.values())
-        base = tables[names[0]].get(k, (0, 0))[0]
-        diffs = "".join(f" {t.get(k, (0, 0))[0] - base:+16.1f}" for n, t in tables.items() if n != names[0])
-        print(f"{k[0]:5} {k[1][:42]:42}{cells}{diffs}")
+        cells = "".join(
+            f" {tables[n].get(k, (0, 0))[0]:9.1f}x{tables[n].get(k, (0, 0))[1]:<5.0f}[{share(n, k):5.1f}%]"
+            for n in names
+        )
+        diffs = "".join(f" {share(n, k) - share(names[0], k):+17.1f}" for n in names[1:])
+        print(f"{k[0]:5} {k[1][:58]:58}{cells}{diffs}")
     for ph in ("fwd", "bwd"):
-        tot = "".join(f" {sum(v[0] for k, v in t.items() if k[0] == ph):18.1f}" for t in tables.values())
-        print(f"{ph:5} {'(all aten ops, ms/step)':42}{tot}")
+        tot = "".join(f" {sum(v[0] for k, v in tables[n].items() if k[0] == ph):24.1f}" for n in names)
+        print(f"{ph:5} {'(all aten ops, ms/step)':58}{tot}")
 
 
 def main(argv: list[str] | None = None) -> int:
