@@ -31,6 +31,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import copy
+import os
 import platform
 import statistics
 import sys
@@ -164,7 +165,7 @@ def _hf_variants(hf: torch.nn.Module, loss: Step) -> list[Variant]:
 def pair_pretrain(args: argparse.Namespace, device: str, dtype: torch.dtype) -> list[Variant]:
     import transformers
 
-    from avion_ds.models.mae.weights import load_pretrained_mae
+    from avion_ds.models import load_pretrained_mae
     from bench.pretrain import _tube
 
     torch.manual_seed(0)
@@ -229,24 +230,34 @@ def run_rows(rows: list[Variant], warmup: int, repeats: int, device: str) -> Non
 def report(pair: str, rows: list[Variant]) -> dict[str, Any]:
     by = {r.name: r for r in rows}
     med = {r.name: statistics.median(r.times) for r in rows}
-    print(f"[{pair}] median step (s) and saved bytes per variant:")
+    low = {r.name: min(r.times) for r in rows}
+    print(f"[{pair}] median and fastest step (s), saved bytes per variant:")
     for r in rows:
         print(
-            f"  {r.name:24s} {med[r.name]:8.3f} s  {format_bytes(r.saved):>10s}  steps {[round(t, 3) for t in r.times]}"
+            f"  {r.name:24s} {med[r.name]:8.3f} s {low[r.name]:8.3f} s  {format_bytes(r.saved):>10s}  "
+            f"steps {[round(t, 3) for t in r.times]}"
         )
     ref = next((n.split()[0] for n in by if not n.startswith("ours")), None)
     ratios: dict[str, Any] = {}
     for ours, theirs in (("off", "off"), ("full", "full"), ("selective", "full"), ("selective compiled", "full")):
         a, b = f"ours {ours}", f"{ref} {theirs}"
         if ref and a in by and b in by:
-            ratios[f"{a} / {b}"] = (med[a] / med[b], by[a].saved / by[b].saved)
+            ratios[f"{a} / {b}"] = (med[a] / med[b], by[a].saved / by[b].saved, low[a] / low[b])
     for ours in ("full", "selective", "off compiled", "selective compiled"):
         a = f"ours {ours}"
         if a in by:
-            ratios[f"{a} / ours off"] = (med[a] / med["ours off"], by[a].saved / by["ours off"].saved)
-    for k, (t, m) in ratios.items():
-        print(f"  {k:40s} time {t:.3f}x  saved bytes {m:.3f}x")
+            ratios[f"{a} / ours off"] = (
+                med[a] / med["ours off"],
+                by[a].saved / by["ours off"].saved,
+                low[a] / low["ours off"],
+            )
+    for k, (t, m, f) in ratios.items():
+        print(f"  {k:40s} time {t:.3f}x (fastest steps {f:.3f}x)  saved bytes {m:.3f}x")
     return {"median_s": med, "saved_bytes": {r.name: r.saved for r in rows}, "ratios": ratios}
+
+
+def _load() -> str:
+    return " ".join(f"{v:.2f}" for v in os.getloadavg())
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -275,11 +286,14 @@ def main(argv: list[str] | None = None) -> int:
         a = copy.copy(args)
         a.frames = args.frames or (4 if pair == "avion" else 16)
         a.batch = args.batch or (4 if pair == "avion" else 1)
-        print(f"== {pair}: {a.frames} x {a.size}, batch {a.batch}")
+        print(f"== {pair}: {a.frames} x {a.size}, batch {a.batch}; load average {_load()}")
         with contextlib.ExitStack():
             rows = PAIRS[pair](a, args.device, dtype)
             run_rows(rows, args.warmup, args.repeats, args.device)
             report(pair, rows)
+        print(
+            f"== {pair} done; load average {_load()} (other processes on the CPUs slow every variant alike: rounds alternate)"
+        )
         del rows
     return 0
 

@@ -71,6 +71,7 @@ def probe_recipe(
     dtype: str,
     checkpoint_every: int = 0,
     attn_backend: str = "auto",
+    checkpoint_policy: str = "full",
 ) -> Any:
     """The recipe a probe trains with: the candidate's model, clip shape, batch and checkpointing."""
     return load_recipe(
@@ -83,6 +84,7 @@ def probe_recipe(
             f"model.attn_backend={attn_backend}",
             f"model.activation_checkpointing={str(bool(checkpoint_every)).lower()}",
             f"model.activation_checkpoint_every={max(1, checkpoint_every)}",
+            f"model.activation_checkpoint_policy={checkpoint_policy}",
             f"data.num_frames={frames}",
             f"data.size={size}",
             f"batch.micro_batch={micro_batch}",
@@ -119,6 +121,7 @@ def train_step_probe(
     dtype: str = "bf16",
     checkpoint_every: int = 0,
     attn_backend: str = "auto",
+    checkpoint_policy: str = "full",
     grad_accum: int = 1,
     warmup: int = 1,
     steps: int = 3,
@@ -135,10 +138,9 @@ def train_step_probe(
     cfg = _fill_config(ds_config or {"zero_optimization": {"stage": 0}}, micro_batch, grad_accum, world, dtype)
     result: dict[str, Any] = {"model": model_name, "frames": frames, "size": size, "micro_batch": micro_batch}
     result.update(dtype=dtype, zero_stage=zero_stage(cfg), checkpoint_every=checkpoint_every)
-    result.update(attn_backend=attn_backend, world_size=world)
-    recipe = probe_recipe(
-        model_name, frames, size, micro_batch, grad_accum, world, dtype, checkpoint_every, attn_backend
-    )
+    result.update(attn_backend=attn_backend, world_size=world, checkpoint_policy=checkpoint_policy)
+    ckpt = (checkpoint_every, attn_backend, checkpoint_policy)
+    recipe = probe_recipe(model_name, frames, size, micro_batch, grad_accum, world, dtype, *ckpt)
     task = task_of(recipe)
     accel = get_accelerator()
     engine = parallel = None
@@ -194,6 +196,7 @@ def measure_candidates(cands: list[Candidate], req: Request, steps: int = 3) -> 
             ds_config_for(c, req.nvme_path),
             dtype=req.dtype,
             checkpoint_every=c.checkpoint_every,
+            checkpoint_policy=c.checkpoint_policy,
             steps=steps,
         )
         if res.get("oom") or "clips_per_s" not in res:

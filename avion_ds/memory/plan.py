@@ -2,10 +2,12 @@
 budget, and write them as a DeepSpeed config + recipe overrides that `launch/train.py` accepts.
 
 Every combination of ZeRO stage (0-3) x offload (none / optimizer / optimizer+params, CPU or
-NVMe) x checkpointing (none / every 1, 2, 4 blocks) x micro-batch (dividing the per-GPU batch) is
-estimated with :func:`avion_ds.memory.estimate.estimate`; what does not fit the GPU (or the host
-memory, when ``--cpu-mem`` is given) is discarded and the rest is ranked by the cost model of
-:func:`step_time` (documented there). ``--measure`` (CUDA only) then runs a few real steps of the
+NVMe) x checkpointing (none, or every 1, 2, 4 blocks with policy ``full`` or ``selective``) x
+micro-batch (dividing the per-GPU batch) is estimated with :func:`avion_ds.memory.estimate.estimate`
+(its activations exact per policy); what does not fit the GPU (or the host memory, when
+``--cpu-mem`` is given) is discarded and the rest is ranked by the cost model of :func:`step_time`
+(documented there): at equal memory fit, no checkpointing beats ``selective`` (recomputes part of
+a block), which beats ``full`` (recomputes all of it). ``--measure`` (CUDA only) then runs a few real steps of the
 top candidates and ranks those by measured clips/s.
 """
 
@@ -18,6 +20,7 @@ from typing import Any
 from avion_ds.memory.units import format_bytes
 
 CHECKPOINT_CHOICES = (0, 1, 2, 4)  # 0 = none, k = every k-th block
+CHECKPOINT_POLICIES = ("full", "selective")  # what a checkpointed block keeps (model.activation_checkpoint_policy)
 HW_FIELDS = (
     "gpu_tflops",
     "mfu",
@@ -54,6 +57,7 @@ class Candidate:
     checkpoint_every: int  # 0 = no checkpointing
     micro_batch: int
     grad_accum: int
+    checkpoint_policy: str = "full"  # full | selective (ignored when checkpoint_every == 0)
     peak: int = 0
     host: int = 0
     fits: bool = False
@@ -68,8 +72,15 @@ class Candidate:
     @property
     def label(self) -> str:
         off = "none" if self.offload == "none" else f"{self.offload}:{self.offload_device}"
-        ck = "none" if not self.checkpoint_every else f"every {self.checkpoint_every}"
-        return f"ZeRO-{self.zero_stage} offload={off} ckpt={ck} micro={self.micro_batch} accum={self.grad_accum}"
+        return f"ZeRO-{self.zero_stage} offload={off} ckpt={self.checkpoint} micro={self.micro_batch} accum={self.grad_accum}"
+
+    @property
+    def checkpoint(self) -> str:
+        """``none``, ``every k`` (full policy) or ``selective every k``."""
+        if not self.checkpoint_every:
+            return "none"
+        policy = "selective " if self.checkpoint_policy == "selective" else ""
+        return f"{policy}every {self.checkpoint_every}"
 
 
 # ----------------------------------------------------------------------------------------------
@@ -85,11 +96,14 @@ def step_time(
     gpus_per_node: int,
     dtype_bytes: int,
     hw: Hardware,
+    selective_share: float = 1.0,
 ) -> float:
     """Predicted seconds per optimizer step (global batch) on each GPU.
 
     compute  = clips_per_gpu * fwd_flops * (3 + r) / (peak * mfu * eff(micro))
-               r = checkpointed blocks / depth (recompute of their forward),
+               r = checkpointed blocks / depth x the share of a block's forward that backward re-runs
+                   (1 for ``full``; ``selective_share`` for ``selective``, from
+                   ``models.activation_checkpointing.selective_recompute_share``),
                eff(m) = m*tokens / (m*tokens + saturation_tokens)  (small micro-batches underuse the GPU)
     network  (world > 1, G = params * dtype bytes, ring factor (w-1)/w):
                ZeRO-0/1: 2G per step (all-reduce once per accumulation boundary);
@@ -101,6 +115,7 @@ def step_time(
     total    = compute * (1 + stage3_overhead [ZeRO-3]) + (1 - overlap) * (network + PCIe + NVMe) + CPU Adam.
     """
     r = (len(range(0, depth, c.checkpoint_every)) / depth) if c.checkpoint_every else 0.0
+    r *= selective_share if c.checkpoint_policy == "selective" else 1.0
     clips = c.micro_batch * c.grad_accum
     eff = (c.micro_batch * tokens) / (c.micro_batch * tokens + hw.saturation_tokens)
     compute = clips * fwd_flops * (3 + r) / (hw.gpu_tflops * 1e12 * hw.mfu * eff)
@@ -145,6 +160,11 @@ def _offload_options(stage: int, nvme: bool) -> list[tuple[str, str]]:
     return opts
 
 
+def _checkpoint_options() -> list[tuple[int, str]]:
+    """(every, policy): none, then each interval with each policy."""
+    return [(0, "full")] + [(k, p) for k in CHECKPOINT_CHOICES if k for p in CHECKPOINT_POLICIES]
+
+
 def _micro_batches(per_gpu: int | None, max_micro: int) -> list[tuple[int, int]]:
     """(micro, accum) pairs: divisors of the per-GPU batch, or powers of two without a global batch."""
     if per_gpu is None:
@@ -172,18 +192,20 @@ def plan(req: Request) -> tuple[list[Candidate], dict[str, Any]]:
     """Estimate every candidate; returns (candidates ranked: fitting by time, then the rest by peak), facts."""
     from avion_ds.memory.estimate import DTYPE_BYTES, arch_info, as_dtype, estimate
     from avion_ds.models import model_flops
+    from avion_ds.models.activation_checkpointing import selective_recompute_share
 
     info = arch_info(req.model, req.frames, req.size)
     flops = model_flops(req.model, num_frames=req.frames, img_size=req.size)
     tokens = (req.frames // info.tubelet_size) * (req.size // info.patch_size) ** 2
+    share = selective_recompute_share(info.embed_dim, info.mlp_hidden, tokens)
     s = DTYPE_BYTES[as_dtype(req.dtype)]
     per_gpu = None if req.global_batch is None else req.global_batch // req.gpus
     cands: list[Candidate] = []
     for stage in (0, 1, 2, 3):
         for offload, device in _offload_options(stage, req.nvme_path is not None):
-            for every in CHECKPOINT_CHOICES:
+            for every, policy in _checkpoint_options():
                 for micro, accum in _micro_batches(per_gpu, req.max_micro):
-                    c = Candidate(stage, offload, device, every, micro, accum)
+                    c = Candidate(stage, offload, device, every, micro, accum, policy)
                     e = estimate(
                         req.model,
                         req.frames,
@@ -196,6 +218,7 @@ def plan(req: Request) -> tuple[list[Candidate], dict[str, Any]]:
                         every,
                         req.gpus,
                         gpus_per_node=req.gpus_per_node,
+                        checkpoint_policy=policy,
                     )
                     c.peak, c.estimate = e.total, e.as_dict()
                     # NVMe holds the offloaded states: host keeps only pinned buffers (~1/4)
@@ -207,7 +230,7 @@ def plan(req: Request) -> tuple[list[Candidate], dict[str, Any]]:
                         why.append(f"host {format_bytes(c.host)} > {format_bytes(req.cpu_mem)}")
                     c.fits, c.why = not why, "; ".join(why)
                     c.step_s = step_time(
-                        c, info.params, flops, info.depth, tokens, req.gpus, req.gpus_per_node, s, req.hw
+                        c, info.params, flops, info.depth, tokens, req.gpus, req.gpus_per_node, s, req.hw, share
                     )
                     c.clips_per_s = micro * accum * req.gpus / c.step_s
                     cands.append(c)
@@ -222,6 +245,7 @@ def plan(req: Request) -> tuple[list[Candidate], dict[str, Any]]:
         "tokens": tokens,
         "fwd_flops": flops,
         "largest_layer": info.largest_layer_params,
+        "selective_share": share,
     }
     return fitting + rest, facts
 
@@ -262,7 +286,8 @@ def ds_config_for(c: Candidate, nvme_path: str | None = None) -> dict[str, Any]:
 
 
 def recipe_overrides(c: Candidate, req: Request) -> list[str]:
-    """Dotted ``--set`` overrides for the recipe (launch/train.py --set KEY=VALUE)."""
+    """Dotted ``--set`` overrides for the recipe (launch/train.py --set KEY=VALUE); the checkpoint
+    policy is always named (``selective`` also names ``checkpoint_impl=torch``, the one it runs on)."""
     sets = [
         f"model.name={req.model}",
         f"data.num_frames={req.frames}",
@@ -272,8 +297,11 @@ def recipe_overrides(c: Candidate, req: Request) -> list[str]:
         "batch.grad_accum=null",
         f"model.activation_checkpointing={'true' if c.checkpoint_every else 'false'}",
         f"model.activation_checkpoint_every={max(1, c.checkpoint_every)}",
+        f"model.activation_checkpoint_policy={c.checkpoint_policy}",
         f"precision={req.dtype}",
     ]
+    if c.checkpoint_every and c.checkpoint_policy == "selective":
+        sets.insert(-1, "model.activation_checkpoint_impl=torch")
     return sets
 
 
@@ -287,17 +315,17 @@ def _overrides_yaml(sets: list[str]) -> str:
 
 def format_table(cands: list[Candidate], limit: int) -> str:
     head = (
-        f"{'#':>3} {'fits':4} {'zero':4} {'offload':14} {'ckpt':7} {'micro':>5} {'accum':>5} "
+        f"{'#':>3} {'fits':4} {'zero':4} {'offload':14} {'ckpt':17} {'micro':>5} {'accum':>5} "
         f"{'peak/GPU':>11} {'host/node':>11} {'clips/s':>8} {'rel':>5}"
     )
     lines = [head, "-" * len(head)]
     for i, c in enumerate(cands[:limit], 1):
         off = "none" if c.offload == "none" else f"{c.offload}:{c.offload_device}"
-        ck = "none" if not c.checkpoint_every else f"every {c.checkpoint_every}"
+        ck = c.checkpoint
         rel = f"{c.relative_speed:.2f}" if c.fits else "-"
         clips = f"{c.clips_per_s:.1f}" if c.fits else "-"
         lines.append(
-            f"{i:>3} {'yes' if c.fits else 'no':4} {c.zero_stage:>4} {off:14} {ck:7} {c.micro_batch:>5} "
+            f"{i:>3} {'yes' if c.fits else 'no':4} {c.zero_stage:>4} {off:14} {ck:17} {c.micro_batch:>5} "
             f"{c.grad_accum:>5} {format_bytes(c.peak):>11} {format_bytes(c.host):>11} {clips:>8} {rel:>5}"
         )
         if c.measured_clips_per_s is not None:

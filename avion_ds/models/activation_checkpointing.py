@@ -78,6 +78,14 @@ def selective_policy(ctx: Any, op: Any, *args: Any, **kwargs: Any) -> Checkpoint
     return CheckpointPolicy.PREFER_RECOMPUTE
 
 
+def selective_recompute_share(embed_dim: int, mlp_hidden: int, tokens: int) -> float:
+    """Share of a block's forward multiply-adds that backward re-runs under the ``selective`` policy:
+    the output projection (D^2 per token) and fc1 (D F), out of q/k/v (3 D^2), attention (2 N D),
+    the projection, fc1 and fc2 (D F each). The planner's cost model uses it (``full`` re-runs 1)."""
+    d, f, n = embed_dim, mlp_hidden, tokens
+    return (d * d + d * f) / (4 * d * d + 2 * d * f + 2 * n * d)
+
+
 _SAVED_OPS = _attention_ops()
 _HOOKS_KW = "respect_saved_tensors_hooks" in inspect.signature(torch_checkpoint).parameters
 
