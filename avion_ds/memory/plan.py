@@ -17,7 +17,14 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
+import yaml
+
+from avion_ds.config import apply_overrides
+from avion_ds.distributed.ds_config import merge_overrides, reference_config
+from avion_ds.memory.estimate import DTYPE_BYTES, arch_info, as_dtype, estimate
 from avion_ds.memory.units import format_bytes
+from avion_ds.models import list_models, model_flops, registered_arch
+from avion_ds.models.activation_checkpointing import selective_recompute_share
 
 CHECKPOINT_CHOICES = (0, 1, 2, 4)  # 0 = none, k = every k-th block
 CHECKPOINT_POLICIES = ("full", "selective")  # what a checkpointed block keeps (model.activation_checkpoint_policy)
@@ -190,9 +197,6 @@ class Request:
 
 def plan(req: Request) -> tuple[list[Candidate], dict[str, Any]]:
     """Estimate every candidate; returns (candidates ranked: fitting by time, then the rest by peak), facts."""
-    from avion_ds.memory.estimate import DTYPE_BYTES, arch_info, as_dtype, estimate
-    from avion_ds.models import model_flops
-    from avion_ds.models.activation_checkpointing import selective_recompute_share
 
     info = arch_info(req.model, req.frames, req.size)
     flops = model_flops(req.model, num_frames=req.frames, img_size=req.size)
@@ -280,7 +284,6 @@ def plan_overrides(c: Candidate, nvme_path: str | None = None) -> dict[str, Any]
 def ds_config_for(c: Candidate, nvme_path: str | None = None) -> dict[str, Any]:
     """The DeepSpeed JSON a plan writes: its reference ``ds_configs/*.json`` with :func:`plan_overrides`
     merged in ("auto" kept where ``build_ds_config`` fills from the recipe at launch)."""
-    from avion_ds.distributed.ds_config import merge_overrides, reference_config
 
     return merge_overrides(reference_config(reference_name(c)), plan_overrides(c, nvme_path))
 
@@ -306,9 +309,6 @@ def recipe_overrides(c: Candidate, req: Request) -> list[str]:
 
 
 def _overrides_yaml(sets: list[str]) -> str:
-    import yaml
-
-    from avion_ds.config import apply_overrides
 
     return yaml.safe_dump(apply_overrides({}, sets), sort_keys=False)
 
@@ -340,8 +340,6 @@ _LEAN = ((3, True, True), (3, True, False), (2, True, False), (2, False, False),
 def explain_impossible(req: Request, cands: list[Candidate]) -> str:
     """Why nothing fits, and what comes closest: the binding limit (GPU or host) with the smallest
     configuration's breakdown, shorter clips or a smaller registered model that fit, or the memory needed."""
-    from avion_ds.memory.estimate import estimate
-    from avion_ds.models import list_models, registered_arch
 
     low = min(cands, key=lambda c: c.peak)
     e = low.estimate
