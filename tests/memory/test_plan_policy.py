@@ -61,8 +61,8 @@ def test_selective_is_chosen_where_it_is_the_fastest_fit(tmp_path: Path, capsys:
     assert fitting[0].clips_per_s > max(c.clips_per_s for c in fitting if c.checkpoint_policy == "full")
     # the emitted overrides name the policy, the run line too, and they build a valid recipe
     overrides = yaml.safe_load(out.with_suffix(".overrides.yaml").read_text())
-    assert overrides["model"]["checkpoint_policy"] == "selective"
-    assert overrides["model"]["checkpoint_impl"] == "torch" and overrides["model"]["activation_checkpointing"] is True
+    assert overrides["model"]["activation_checkpoint_policy"] == "selective"
+    assert overrides["model"]["activation_checkpoint_impl"] == "torch" and overrides["model"]["activation_checkpointing"] is True
     run = next(line for line in printed.splitlines() if line.startswith("run: deepspeed"))
     assert "--set model.activation_checkpoint_policy=selective" in run
     sets = [part.strip() for part in run.split("--set ")[1:]]
