@@ -21,9 +21,18 @@ alternating); the median per variant. Saved bytes: the exact saved-tensor count 
 (``SavedTensorTracker``). Ratios: ours / reference at the same checkpointing (``selective`` against the
 reference's ``full``, the recipe it replaces), and ours-selective / ours-off.
 
+``--profile``: instead of the timing, ``--warmup`` unprofiled rounds, then ``--repeats`` rounds with every
+step under ``torch.profiler`` (still alternating; ``--variants off,full`` keeps only those policies);
+per pair of ours / the reference at the same checkpointing, each op's self time per phase (``fwd``, or
+``bwd``: gradients plus what a checkpoint recomputes) as a share of its variant's op time side by side
+(``bench/checkpoint_profile.py``'s table), then the ops whose shares differ most, each also in units of
+its variant's matmul time (``mm`` + ``addmm`` + ``bmm``: the same multiply-adds on both sides, so that
+unit does not move with the load), and the step-time ratio those units imply.
+
     python bench/checkpoint_pairs.py --pairs avion --avion-src /tmp/AVION --batch 4     # CPU: minutes
     python bench/checkpoint_pairs.py --pairs finetune,pretrain,self --frames 16 --batch 1
     python bench/checkpoint_pairs.py --device cuda --dtype bf16 --pairs avion,finetune,pretrain --compile
+    python bench/checkpoint_pairs.py --pairs avion --avion-src /tmp/AVION --batch 2 --profile --variants off,full
 """
 
 from __future__ import annotations
@@ -43,6 +52,7 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
+from torch.profiler import ProfilerActivity, profile, record_function
 
 REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
@@ -53,6 +63,7 @@ from avion_ds.memory.activations import SavedTensorTracker
 from avion_ds.memory.units import format_bytes
 from avion_ds.models import apply_activation_checkpointing, create_model, remove_activation_checkpointing
 from avion_ds.models.activation_checkpointing import compile_blocks
+from bench.checkpoint_profile import by_op, mean_tables, print_table
 
 Step = Callable[[], torch.Tensor]  # forward + loss; the loop runs backward
 
@@ -205,6 +216,22 @@ def _sync(device: str) -> None:
         torch.cuda.synchronize()
 
 
+def _step(row: Variant, device: str, ranges: bool) -> float:
+    """One forward + loss + backward of ``row`` (its checkpointing set first); seconds."""
+    rec = record_function if ranges else (lambda _name: contextlib.nullcontext())
+    row.setup()
+    _sync(device)
+    t0 = time.perf_counter()
+    with rec("phase:fwd"):
+        loss = row.loss()
+    with rec("phase:bwd"):
+        loss.backward()
+    _sync(device)
+    dt = time.perf_counter() - t0
+    row.model.zero_grad(set_to_none=True)
+    return dt
+
+
 def run_rows(rows: list[Variant], warmup: int, repeats: int, device: str) -> None:
     """Saved bytes once per variant, then warm-up + timed rounds, each round every variant in turn."""
     for row in rows:
@@ -217,14 +244,60 @@ def run_rows(rows: list[Variant], warmup: int, repeats: int, device: str) -> Non
         row.saved = tracker.stats.bytes
     for i in range(warmup + repeats):
         for row in rows:
-            row.setup()
-            _sync(device)
-            t0 = time.perf_counter()
-            row.loss().backward()
-            _sync(device)
+            dt = _step(row, device, ranges=False)
             if i >= warmup:
-                row.times.append(time.perf_counter() - t0)
-            row.model.zero_grad(set_to_none=True)
+                row.times.append(dt)
+
+
+Table = dict[tuple[str, str], tuple[float, float]]  # (phase, op) -> (self ms per step, calls per step)
+_MATMUL = ("aten::mm", "aten::addmm", "aten::bmm")
+
+
+def profile_rows(rows: list[Variant], warmup: int, repeats: int, device: str) -> dict[str, Table]:
+    """Warm-up rounds, then ``repeats`` rounds of one profiled step per variant in turn; the mean
+    per-op table of each variant's profiled steps."""
+    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.startswith("cuda") else [])
+    tables: dict[str, list[Table]] = {r.name: [] for r in rows}
+    for row in rows:
+        row.model.train()
+    for i in range(warmup + repeats):
+        for row in rows:
+            if i < warmup:
+                _step(row, device, ranges=False)
+                continue
+            with profile(activities=acts) as prof:
+                row.times.append(_step(row, device, ranges=True))
+            tables[row.name].append(by_op(prof, 1))
+    return {n: mean_tables(t) for n, t in tables.items()}
+
+
+def compare_ops(a: str, b: str, tables: dict[str, Table], steps: dict[str, list[float]], top: int) -> None:
+    """``a`` vs ``b`` by op: the shares side by side, then the ops whose shares differ most, in units of
+    each variant's matmul time (``x mm``: op ms / the variant's mm + addmm + bmm ms)."""
+    ta, tb = statistics.median(steps[a]), statistics.median(steps[b])
+    rounds = f"rounds {[round(t, 2) for t in steps[a]]} vs {[round(t, 2) for t in steps[b]]}"
+    print(f"-- {a} vs {b}: median step {ta:.3f} s vs {tb:.3f} s ({ta / tb:.3f}x); {rounds}")
+    print_table({a: tables[a], b: tables[b]}, top)
+    total = {n: sum(v[0] for v in tables[n].values()) or 1.0 for n in (a, b)}
+    mm = {n: sum(v[0] for k, v in tables[n].items() if k[1] in _MATMUL) or 1.0 for n in (a, b)}
+
+    def cell(n: str, k: tuple[str, str]) -> tuple[float, float, float, float]:
+        ms, calls = tables[n].get(k, (0.0, 0.0))
+        return ms, calls, 100 * ms / total[n], ms / mm[n]
+
+    keys = set(tables[a]) | set(tables[b])
+    rows = sorted(keys, key=lambda k: -abs(cell(a, k)[3] - cell(b, k)[3]))[:top]
+    print(f"top differing ops (x mm = op time / the variant's matmul time; d = {a} minus {b}):")
+    print(f"{'phase':5} {'op':48} {a[:22]:>30} {b[:22]:>30} {'d x mm':>8}")
+    for k in rows:
+        ca, cb = cell(a, k), cell(b, k)
+        cells = "".join(f" {c[0]:8.1f}ms x{c[1]:<4.0f}{c[2]:5.1f}% {c[3]:5.3f}" for c in (ca, cb))
+        print(f"{k[0]:5} {k[1][:48]:48}{cells} {ca[3] - cb[3]:+8.3f}")
+    ratio = (total[a] / mm[a]) / (total[b] / mm[b])
+    print(
+        f"op time in matmul units: {a} {total[a] / mm[a]:.3f}, {b} {total[b] / mm[b]:.3f} -> implied step ratio "
+        f"{ratio:.3f}x (matmul ms: {mm[a]:.0f} vs {mm[b]:.0f}; all ops: {total[a]:.0f} vs {total[b]:.0f})"
+    )
 
 
 def report(pair: str, rows: list[Variant]) -> dict[str, Any]:
@@ -256,6 +329,16 @@ def report(pair: str, rows: list[Variant]) -> dict[str, Any]:
     return {"median_s": med, "saved_bytes": {r.name: r.saved for r in rows}, "ratios": ratios}
 
 
+def profile_report(rows: list[Variant], tables: dict[str, Table], top: int) -> None:
+    """Each of ours against the reference at the same checkpointing (selective against ``full``)."""
+    steps = {r.name: r.times for r in rows}
+    ref = next((n.split()[0] for n in steps if not n.startswith("ours")), None)
+    for ours, theirs in (("off", "off"), ("full", "full"), ("selective", "full")):
+        a, b = f"ours {ours}", f"{ref} {theirs}"
+        if a in tables and b in tables:
+            compare_ops(a, b, tables, steps, top)
+
+
 def _load() -> str:
     return " ".join(f"{v:.2f}" for v in os.getloadavg())
 
@@ -272,6 +355,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--compile", action="store_true", help="also ours with compiled blocks (torch.compile)")
+    p.add_argument("--profile", action="store_true", help="per-op profile of each variant instead of timing")
+    p.add_argument("--variants", default=None, help="only these checkpointing settings, e.g. off,full")
+    p.add_argument("--top", type=int, default=20, help="--profile: rows per table")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--dtype", default=None, choices=PRECISIONS, help="default: bf16 on CUDA, fp32 on CPU")
     args = p.parse_args(argv)
@@ -289,8 +375,13 @@ def main(argv: list[str] | None = None) -> int:
         print(f"== {pair}: {a.frames} x {a.size}, batch {a.batch}; load average {_load()}")
         with contextlib.ExitStack():
             rows = PAIRS[pair](a, args.device, dtype)
-            run_rows(rows, args.warmup, args.repeats, args.device)
-            report(pair, rows)
+            if args.variants:
+                rows = [r for r in rows if r.name.split(" ", 1)[1] in args.variants.split(",")]
+            if args.profile:
+                profile_report(rows, profile_rows(rows, args.warmup, args.repeats, args.device), args.top)
+            else:
+                run_rows(rows, args.warmup, args.repeats, args.device)
+                report(pair, rows)
         print(
             f"== {pair} done; load average {_load()} (other processes on the CPUs slow every variant alike: rounds alternate)"
         )

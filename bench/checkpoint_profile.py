@@ -120,7 +120,7 @@ def by_op(prof: Any, steps: int) -> dict[tuple[str, str], tuple[float, float]]:
     return {k: (v[0], v[1]) for k, v in out.items()}
 
 
-def _mean_tables(
+def mean_tables(
     tables: list[dict[tuple[str, str], tuple[float, float]]],
 ) -> dict[tuple[str, str], tuple[float, float]]:
     keys = {k for t in tables for k in t}
@@ -202,7 +202,7 @@ def main(argv: list[str] | None = None) -> int:
                     _sync(args.device)
                     times[n].append(time.perf_counter() - t0)
             events[n].append(by_op(prof, 1))
-    tables = {n: _mean_tables(events[n]) for n in names}
+    tables = {n: mean_tables(events[n]) for n in names}
     print_table(tables, args.top)
     med = {n: statistics.median(times[n]) for n in names}
     for n in names:

@@ -62,7 +62,10 @@ def test_selective_is_chosen_where_it_is_the_fastest_fit(tmp_path: Path, capsys:
     # the emitted overrides name the policy, the run line too, and they build a valid recipe
     overrides = yaml.safe_load(out.with_suffix(".overrides.yaml").read_text())
     assert overrides["model"]["activation_checkpoint_policy"] == "selective"
-    assert overrides["model"]["activation_checkpoint_impl"] == "torch" and overrides["model"]["activation_checkpointing"] is True
+    assert (
+        overrides["model"]["activation_checkpoint_impl"] == "torch"
+        and overrides["model"]["activation_checkpointing"] is True
+    )
     run = next(line for line in printed.splitlines() if line.startswith("run: deepspeed"))
     assert "--set model.activation_checkpoint_policy=selective" in run
     sets = [part.strip() for part in run.split("--set ")[1:]]
