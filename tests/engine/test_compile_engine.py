@@ -39,7 +39,9 @@ def _two_steps(stage: int, run: Path, compiled: bool) -> list[float]:
 
 
 @pytest.mark.parametrize("stage", sorted(CASES), ids=lambda s: f"zero{s}")
-def test_compiled_blocks_train_like_eager(stage: int, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+def test_compiled_blocks_train_like_eager(
+    stage: int, one_rank: None, tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
     torch._dynamo.reset()
     eager = _two_steps(stage, tmp_path / "eager", compiled=False)
     assert "first step" not in capsys.readouterr().out
