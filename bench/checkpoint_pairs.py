@@ -93,7 +93,7 @@ def _ours_variants(tag: str, model: torch.nn.Module, loss_of: Callable[[torch.nn
         for p in (None, "full", "selective")
     ]
     if compiled:
-        for policy in (None, "selective"):
+        for policy in (None, "full", "selective"):
             twin = copy.deepcopy(model)
             if policy:
                 apply_activation_checkpointing(twin, policy=policy)
@@ -314,11 +314,13 @@ def report(pair: str, rows: list[Variant]) -> dict[str, Any]:
         )
     ref = next((n.split()[0] for n in by if not n.startswith("ours")), None)
     ratios: dict[str, Any] = {}
-    for ours, theirs in (("off", "off"), ("full", "full"), ("selective", "full"), ("selective compiled", "full")):
+    pairs = [("off", "off"), ("full", "full"), ("selective", "full")]
+    pairs += [("off compiled", "off"), ("full compiled", "full"), ("selective compiled", "full")]
+    for ours, theirs in pairs:
         a, b = f"ours {ours}", f"{ref} {theirs}"
         if ref and a in by and b in by:
             ratios[f"{a} / {b}"] = (med[a] / med[b], by[a].saved / by[b].saved, low[a] / low[b])
-    for ours in ("full", "selective", "off compiled", "selective compiled"):
+    for ours in ("full", "selective", "off compiled", "full compiled", "selective compiled"):
         a = f"ours {ours}"
         if a in by:
             ratios[f"{a} / ours off"] = (

@@ -23,66 +23,50 @@ from avion_ds.data.bad_input import BadInputLog, batch_messages
 from avion_ds.distributed import dist
 from avion_ds.distributed.run_log import progress
 from avion_ds.tasks.base import EvalOutcome, build_with_weights
-from avion_ds.tasks.common.action_head_metrics import mean_class_accuracy, overall_accuracy, topk_accuracy
 from avion_ds.tasks.common.evaluation import augmented_batch
 from avion_ds.tasks.common.predictions import PredictionStore, failed_in_batch, gather_failed
 from avion_ds.tasks.common.retrieval_eval import dataset_rows_report
 from avion_ds.tasks.contrastive.task import CONTRASTIVE_DEFAULTS, ContrastiveTask, _encoder_kwargs
 from avion_ds.tasks.registry import register_task
-from avion_ds.tasks.zero_shot.classes import (
-    ClassSet,
-    charades_map,
-    epic_action_classes,
-    epic_class_files,
-    epic_narration_files,
-    read_epic_classes,
-    resolve_templates,
-    text_classifier,
-    view_logits,
-)
+from avion_ds.tasks.zero_shot.benchmarks import ZeroShotBenchmark, zero_shot_benchmark, zero_shot_benchmarks
+from avion_ds.tasks.zero_shot.classes import ClassSet, resolve_templates, text_classifier, view_logits
 
 if TYPE_CHECKING:
     from avion_ds.config import Recipe
     from avion_ds.models.weights.report import LoadReport
 
-BENCHMARKS = ("epic", "egtea", "charades_ego")
 PROTOCOL = (
     "zero-shot by text prompts (LaViLa eval_zeroshot.py): per class, the normalised mean of the normalised "
     "text embeddings of every template x name; scores = cosine to the video embedding (one view) or the "
     "softmax of the maximum cosine over the views"
 )
-METRICS = {
-    "epic": "top-1 / top-5 / mean class accuracy (sklearn confusion matrix without labels=) per head",
-    "egtea": "mean class accuracy and top-1 (LaViLa get_mean_accuracy), top-5",
-    "charades_ego": "mAP over classes with positives (LaViLa charades_map)",
-}
 ZEROSHOT_DEFAULTS: dict[str, dict[str, Any]] = {
     **CONTRASTIVE_DEFAULTS,
     "data": {**CONTRASTIVE_DEFAULTS["data"], "val_dataset": "epic", "fps": 0.0},
 }
 
 
-def benchmark(recipe: Recipe) -> str:
+def benchmark_name(recipe: Recipe) -> str:
+    """The evaluated set: ``data.val_dataset``, else ``data.dataset``."""
     return recipe.data.val_dataset or recipe.data.dataset
+
+
+def benchmark(recipe: Recipe) -> ZeroShotBenchmark:
+    """The evaluated set's zero-shot protocol; ConfigError (one line) for a set zero-shot does not classify."""
+    name = benchmark_name(recipe)
+    found = zero_shot_benchmark(name)
+    if found is None:
+        raise ConfigError(
+            f"data.val_dataset={name!r}: task=zeroshot classifies {', '.join(zero_shot_benchmarks())} clips"
+        )
+    return found
 
 
 def class_sets(recipe: Recipe, dataset: Any) -> tuple[list[ClassSet], dict[str, Any]]:
     """The zero-shot heads of the evaluated set and what the eval JSON says of them; ConfigError
     (one line, naming the file) for a class file of another layout."""
-    d, name = recipe.data, benchmark(recipe)
     try:
-        if name == "epic":
-            files = epic_class_files(d.class_list, d.val_csv)
-            sets = [
-                ClassSet(head, [[c] for c in read_epic_classes(files[head], head == "noun")], str(files[head]))
-                for head in ("verb", "noun")
-            ]
-            sources = epic_narration_files(d.train_csv, d.val_csv)
-            keys, narrations = epic_action_classes(sources)
-            sets.append(ClassSet("action", narrations, " + ".join(map(str, sources))))
-            dataset.zero_shot_action_ids = {k: i for i, k in enumerate(keys)}
-        else:
-            sets = [ClassSet(name, [[c] for c in dataset.class_names], "class file")]
+        sets = benchmark(recipe).class_sets(recipe, dataset)
     except (ValueError, FileNotFoundError) as e:
         raise ConfigError(f"zero-shot classes: {e}") from None
     for s in sets:
@@ -108,29 +92,6 @@ def check_towers(report: LoadReport, source: str) -> None:
         )
 
 
-def epic_targets(labels: dict[str, torch.Tensor], action_ids: dict[str, int]) -> dict[str, torch.Tensor]:
-    """Verb, noun and LaViLa action class of each row (-1: the pair is not in the action classes)."""
-    pairs = zip(labels["verb"].tolist(), labels["noun"].tolist())
-    action = torch.tensor([action_ids.get(f"{v}:{n}", -1) for v, n in pairs], dtype=torch.long)
-    return {"verb": labels["verb"].long(), "noun": labels["noun"].long(), "action": action}
-
-
-def zero_shot_metrics(name: str, scores: dict[str, torch.Tensor], labels: Any) -> dict[str, float]:
-    """The benchmark's numbers (percent) from gathered scores and labels."""
-    if name == "charades_ego":
-        m_ap, _ = charades_map(scores[name].numpy(), labels.numpy())
-        return {"map": m_ap}
-
-    targets = {name: labels.long()} if name == "egtea" else labels
-    out: dict[str, float] = {}
-    for head, s in scores.items():
-        t, pred, prefix = targets[head].numpy(), s.argmax(dim=1).numpy(), "" if name == "egtea" else f"{head}_"
-        out[f"{prefix}top1"] = overall_accuracy(t, pred)
-        out[f"{prefix}top5"] = topk_accuracy(t, s.numpy(), 5)
-        out[f"{prefix}mean_class"] = mean_class_accuracy(t, pred)  # LaViLa's get_mean_accuracy (sklearn's cm)
-    return out
-
-
 @register_task
 class ZeroShotTask(ContrastiveTask):
     """Zero-shot classification by text prompts (see module doc)."""
@@ -140,12 +101,7 @@ class ZeroShotTask(ContrastiveTask):
     best_metric = None
 
     def validate_recipe(self, recipe: Recipe) -> None:
-        if benchmark(recipe) not in BENCHMARKS:
-            raise ConfigError(
-                f"data.val_dataset={benchmark(recipe)!r}: task=zeroshot classifies {', '.join(BENCHMARKS)} clips"
-            )
-        if benchmark(recipe) == "epic" and not recipe.data.train_csv.endswith(".csv"):
-            recipe.data.train_csv = ""  # a pretraining run's narration file: the action classes come from CSVs
+        benchmark(recipe).adjust_recipe(recipe)
         try:
             resolve_templates(recipe.zeroshot.templates)
         except ValueError as e:
@@ -193,7 +149,7 @@ class ZeroShotTask(ContrastiveTask):
         net = getattr(model, "module", model)
         was_training = net.training
         net.eval()
-        ds, name = loader.dataset, benchmark(recipe)
+        ds, bench = loader.dataset, benchmark(recipe)
         templates = resolve_templates(recipe.zeroshot.templates)
         classifiers = {s.head: text_classifier(net.encode_text, s, templates, device) for s in ds.zero_shot_classes}
         store, failed, bad, fatal = PredictionStore(), {}, [], []
@@ -203,26 +159,22 @@ class ZeroShotTask(ContrastiveTask):
             x, targets = augmented_batch(batch, augment, device)
             video = F.normalize(at_least_fp32(net.encode_video(x.to(dtype))), dim=-1)
             scores = {h: view_logits(video, c, views) for h, c in classifiers.items()}
-            if name == "epic":
-                targets = epic_targets({k: v.cpu() for k, v in targets.items()}, ds.zero_shot_action_ids)
+            targets = bench.targets(targets, ds)
             store.add(batch["index"], scores, targets)
             failed.update(failed_in_batch(batch))
         net.train(was_training)
         (bad_log or BadInputLog(lambda msg: print(msg, flush=True))).exchange(bad, fatal)
         index, scores, labels = store.gather()
-        metrics = zero_shot_metrics(name, scores, labels)
+        metrics = bench.metrics(scores, labels)
         report: dict[str, Any] = {
-            "protocol": f"{PROTOCOL}; {name}: {METRICS[name]}",
-            "benchmark": name,
+            "protocol": f"{PROTOCOL}; {bench.name}: {bench.metrics_text}",
+            "benchmark": bench.name,
             "templates": list(templates),
             **ds.zero_shot_report,
             "rows": int(index.numel()),
             **dataset_rows_report(ds),
         }
-        if name == "charades_ego":
-            report["classes_without_positives"] = charades_map(scores[name].numpy(), labels.numpy())[1]
-        if name == "epic":
-            report["action_rows_outside_classes"] = int((labels["action"] < 0).sum())
+        report.update(bench.report(scores, labels))
         report["chance_top1"] = {h: 100.0 / max(1, c.shape[0]) for h, c in classifiers.items()}
         return EvalOutcome(metrics, report, gather_failed(failed, ds), num_samples=int(index.numel()))
 

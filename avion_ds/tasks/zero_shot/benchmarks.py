@@ -1,0 +1,153 @@
+"""Zero-shot benchmarks as objects the task asks: which heads it classifies, how a batch's labels become
+targets, its metrics and what its eval report adds (LaViLa's ``eval_zeroshot.py`` protocol per set).
+
+One registered :class:`ZeroShotBenchmark` per evaluated set (``data.val_dataset``, else ``data.dataset``):
+EPIC-100 (verb, noun and LaViLa's action head), EGTEA Gaze+ (mean class accuracy, top-1) and Charades-Ego
+(mAP). A plugin adds a set with ``@register_zero_shot_benchmark`` on a subclass; nothing in the task
+compares the set's name.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from avion_ds.tasks.common.action_head_metrics import mean_class_accuracy, overall_accuracy, topk_accuracy
+from avion_ds.tasks.zero_shot.classes import (
+    ClassSet,
+    charades_map,
+    epic_action_classes,
+    epic_class_files,
+    epic_narration_files,
+    read_epic_classes,
+)
+
+if TYPE_CHECKING:
+    from avion_ds.config import Recipe
+
+Scores = dict[str, torch.Tensor]  # head -> (rows, classes)
+
+
+class ZeroShotBenchmark:
+    """One evaluated set: its class heads, targets, metrics and report. The base class is a
+    single-label set whose class names come from the dataset (``dataset.class_names``)."""
+
+    name: str = ""
+    metrics_text: str = "top-1 / top-5 / mean class accuracy"
+
+    def adjust_recipe(self, recipe: Recipe) -> None:
+        """Recipe fixes this set needs before anything is built (none by default)."""
+
+    def class_sets(self, recipe: Recipe, dataset: Any) -> list[ClassSet]:
+        """The heads to classify; ValueError / FileNotFoundError with a reason for an unreadable file."""
+        return [ClassSet(self.name, [[c] for c in dataset.class_names], "class file")]
+
+    def targets(self, targets: Any, dataset: Any) -> Any:
+        """A batch's labels as the metrics read them (unchanged by default)."""
+        return targets
+
+    def metrics(self, scores: Scores, labels: Any) -> dict[str, float]:
+        """The set's numbers, in percent, from the gathered scores and labels."""
+        return head_accuracies({self.name: scores[self.name]}, {self.name: labels.long()}, prefix=False)
+
+    def report(self, scores: Scores, labels: Any) -> dict[str, Any]:
+        """What the eval JSON adds for this set (nothing by default)."""
+        return {}
+
+
+def head_accuracies(scores: Scores, targets: dict[str, torch.Tensor], prefix: bool) -> dict[str, float]:
+    """Top-1, top-5 and mean class accuracy (LaViLa's ``get_mean_accuracy``: sklearn's confusion
+    matrix) per head; keys ``{head}_top1`` with ``prefix``, else ``top1``."""
+    out: dict[str, float] = {}
+    for head, s in scores.items():
+        t, pred, p = targets[head].numpy(), s.argmax(dim=1).numpy(), f"{head}_" if prefix else ""
+        out[f"{p}top1"] = overall_accuracy(t, pred)
+        out[f"{p}top5"] = topk_accuracy(t, s.numpy(), 5)
+        out[f"{p}mean_class"] = mean_class_accuracy(t, pred)
+    return out
+
+
+_BENCHMARKS: dict[str, ZeroShotBenchmark] = {}
+
+
+def register_zero_shot_benchmark(cls: type[ZeroShotBenchmark]) -> type[ZeroShotBenchmark]:
+    """Class decorator: make ``cls`` the zero-shot protocol of the set named ``cls.name``."""
+    if not cls.name:
+        raise ValueError(f"{cls.__name__}: a zero-shot benchmark needs a name")
+    _BENCHMARKS[cls.name] = cls()
+    return cls
+
+
+def zero_shot_benchmark(name: str) -> ZeroShotBenchmark | None:
+    """The registered benchmark for a dataset name; None when zero-shot does not classify that set."""
+    return _BENCHMARKS.get(name)
+
+
+def zero_shot_benchmarks() -> tuple[str, ...]:
+    """Names of the sets zero-shot classifies, in registration order."""
+    return tuple(_BENCHMARKS)
+
+
+@register_zero_shot_benchmark
+class EpicBenchmark(ZeroShotBenchmark):
+    """EPIC-100: verb and noun heads from the class CSVs; LaViLa's action head (the string-sorted
+    ``verb:noun`` pairs of the train + validation CSVs, each prompted with its narrations)."""
+
+    name = "epic"
+    metrics_text = "top-1 / top-5 / mean class accuracy (sklearn confusion matrix without labels=) per head"
+
+    def adjust_recipe(self, recipe: Recipe) -> None:
+        if not recipe.data.train_csv.endswith(".csv"):
+            recipe.data.train_csv = ""  # a pretraining run's narration file: the action classes come from CSVs
+
+    def class_sets(self, recipe: Recipe, dataset: Any) -> list[ClassSet]:
+        d = recipe.data
+        files = epic_class_files(d.class_list, d.val_csv)
+        sets = [
+            ClassSet(head, [[c] for c in read_epic_classes(files[head], head == "noun")], str(files[head]))
+            for head in ("verb", "noun")
+        ]
+        sources = epic_narration_files(d.train_csv, d.val_csv)
+        keys, narrations = epic_action_classes(sources)
+        sets.append(ClassSet("action", narrations, " + ".join(map(str, sources))))
+        dataset.zero_shot_action_ids = {k: i for i, k in enumerate(keys)}
+        return sets
+
+    def targets(self, targets: Any, dataset: Any) -> dict[str, torch.Tensor]:
+        return epic_targets({k: v.cpu() for k, v in targets.items()}, dataset.zero_shot_action_ids)
+
+    def metrics(self, scores: Scores, labels: Any) -> dict[str, float]:
+        return head_accuracies(scores, labels, prefix=True)
+
+    def report(self, scores: Scores, labels: Any) -> dict[str, Any]:
+        return {"action_rows_outside_classes": int((labels["action"] < 0).sum())}
+
+
+def epic_targets(labels: dict[str, torch.Tensor], action_ids: dict[str, int]) -> dict[str, torch.Tensor]:
+    """Verb, noun and LaViLa action class of each row (-1: the pair is not in the action classes)."""
+    pairs = zip(labels["verb"].tolist(), labels["noun"].tolist())
+    action = torch.tensor([action_ids.get(f"{v}:{n}", -1) for v, n in pairs], dtype=torch.long)
+    return {"verb": labels["verb"].long(), "noun": labels["noun"].long(), "action": action}
+
+
+@register_zero_shot_benchmark
+class EgteaBenchmark(ZeroShotBenchmark):
+    """EGTEA Gaze+: one 106-way head, mean class accuracy and top-1 (LaViLa's ``get_mean_accuracy``)."""
+
+    name = "egtea"
+    metrics_text = "mean class accuracy and top-1 (LaViLa get_mean_accuracy), top-5"
+
+
+@register_zero_shot_benchmark
+class CharadesEgoBenchmark(ZeroShotBenchmark):
+    """Charades-Ego: multi-label, mAP over the classes with positives (LaViLa's ``charades_map``)."""
+
+    name = "charades_ego"
+    metrics_text = "mAP over classes with positives (LaViLa charades_map)"
+
+    def metrics(self, scores: Scores, labels: Any) -> dict[str, float]:
+        return {"map": charades_map(scores[self.name].numpy(), labels.numpy())[0]}
+
+    def report(self, scores: Scores, labels: Any) -> dict[str, Any]:
+        return {"classes_without_positives": charades_map(scores[self.name].numpy(), labels.numpy())[1]}
