@@ -13,6 +13,8 @@ from fractions import Fraction
 from itertools import pairwise
 from pathlib import Path
 
+from avion_ds.data.prep.x264 import x264_options
+
 log = logging.getLogger(__name__)
 TRUNCATED_FRACTION = 0.9  # a source decoding less than this share of its header's duration is reported
 _TMP_SUFFIX = ".part"
@@ -67,6 +69,7 @@ class _ChunkWriter:
             "sc_threshold": "0",
             "bf": "0",
             **({"tune": tune} if tune else {}),
+            **x264_options(),  # reproducible bytes: no AVX-512 code in x264 (see x264.py)
         }
         self.s.codec_context.time_base = 1 / fps
         self.n = 0

@@ -29,6 +29,7 @@ import numpy as np
 
 from avion_ds.data.prep.synthetic_labels import EPIC_COLUMNS, NOUN_NAMES, VERB_NAMES
 from avion_ds.data.prep.synthetic_text import write_text_annotations
+from avion_ds.data.prep.x264 import x264_options
 
 # barcode layout used by write_video(pattern="testsrc") / read_frame_index
 _BITS_PER_ROW = 8
@@ -71,7 +72,7 @@ class VideoWriter:
         rate = Fraction(fps).limit_denominator(1001)
         self._stream = self._container.add_stream("libx264", rate=rate)
         self._stream.width, self._stream.height, self._stream.pix_fmt = width, height, "yuv420p"
-        opts = {"crf": str(crf), "preset": preset, "bf": str(bframes)}
+        opts = {"crf": str(crf), "preset": preset, "bf": str(bframes), **x264_options()}
         if gop is not None:
             opts.update({"g": str(gop), "keyint_min": str(gop), "sc_threshold": "0"})
         self._stream.options = opts
