@@ -2,10 +2,11 @@
 
 x264's AVX-512 code paths make its output vary run to run on the same frames (measured on an AMD EPYC
 with AVX-512, PyAV 18 / libx264 as bundled: about one chunking run in six re-encoded some chunk with
-other bytes, one frame up to 23/255 apart; with x264's assembly limited to AVX2 and below, 80 of 80 runs
-gave identical bytes, the same bytes as the majority of the AVX-512 runs). On a CPU that has AVX-512
-the writers therefore name x264's instruction sets explicitly, AVX-512 left out; every CPU with AVX-512
-has all of the sets named. Elsewhere x264 detects the CPU itself.
+other bytes, one frame up to 23/255 apart, from byte-identical input frames; with x264's assembly limited
+to AVX2 and below, 80 of 80 runs gave identical bytes). On a CPU that has AVX-512 the writers therefore
+name x264's instruction sets explicitly, AVX-512 left out; every CPU with AVX-512 has all of the sets
+named. Elsewhere x264 detects the CPU itself. The price: x264 encodes 1.07-1.12x slower at 320 px
+(``bench/x264_asm.py``, BENCHMARKS.md).
 """
 
 from __future__ import annotations
