@@ -9,6 +9,7 @@ from pathlib import Path
 
 from avion_ds.cli.args import Parser
 from avion_ds.data.prep.chunking import FAILURES_NAME, chunk_videos
+from avion_ds.data.prep.x264 import describe_x264
 
 
 def _parser() -> Parser:
@@ -94,6 +95,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"avion-ds chunk: error: {e}", file=sys.stderr)
         return 2
     print(s)
+    print(f"encoder: {describe_x264()}")
     if s.failed:
         print(f"failures listed in {Path(a.dst) / FAILURES_NAME}", file=sys.stderr)
         return 1

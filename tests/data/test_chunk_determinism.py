@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from avion_ds.data.prep import chunk_source, synthetic
+from avion_ds.data.prep import chunk_source, synthetic, x264
 from avion_ds.data.prep.chunking import chunk_videos
 from avion_ds.data.prep.synthetic import write_video
 from avion_ds.data.prep.x264 import cpu_flags, x264_options_for
@@ -105,3 +105,19 @@ def test_writers_pass_the_options(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
             w.write(synthetic.np.zeros((24, 32, 3), dtype="uint8"))
     chunk_videos(tmp_path / "src", tmp_path / "out", chunk_seconds=0.5, short_side=24, fps=10, progress=False)
     assert seen and set(seen) == {forced["x264-params"]}
+
+
+@pytest.mark.parametrize("avx512", [True, False])
+def test_chunk_cli_names_the_encoder_setting(
+    avx512: bool, sources: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
+) -> None:
+    from avion_ds.cli.chunk import main
+
+    flags = frozenset({"avx2", "avx512f"} if avx512 else {"avx2"})
+    monkeypatch.setattr(x264, "x264_options", lambda: x264_options_for("x86_64", flags))
+    assert (
+        main([str(sources), str(tmp_path / "out"), "--chunk-seconds", "1", "--short-side", "48", "--no-progress"]) == 0
+    )
+    line = capsys.readouterr().out.splitlines()[-1]
+    assert line.startswith("encoder: libx264 ")
+    assert ("AVX-512 left out" in line) is avx512

@@ -43,3 +43,10 @@ def x264_options_for(machine: str, flags: frozenset[str]) -> dict[str, str]:
     if machine.lower() in ("x86_64", "amd64") and "avx512f" in flags:
         return {"x264-params": f"asm={_ASM_WITHOUT_AVX512}"}
     return {}
+
+
+def describe_x264() -> str:
+    """One line for logs: which x264 instruction sets the writers use here, and why."""
+    if x264_options():
+        return "libx264 with AVX2 and below (this CPU's AVX-512 left out: x264's AVX-512 output varies run to run)"
+    return "libx264 with its own CPU detection"
