@@ -75,7 +75,11 @@ def contrastive_run(tmp_path_factory: pytest.TempPathFactory) -> dict:
     ]
     recipe = REPO / "launch" / "recipes" / "contrastive_demo_cpu.yaml"
     sets = [x for s in [*data, f"output_dir={run}"] for x in ("--set", s)]
-    log = _ok(launch(["--config", recipe, "--deepspeed_config", REPO / "ds_configs" / "zero2.json", *sets]))
+    log = _ok(
+        launch(
+            ["--config", recipe, "--deepspeed_config", REPO / "ds_configs" / "zero2.json", *sets], launcher="deepspeed"
+        )
+    )
     return {"tmp": tmp, "synth": synth, "chunks": chunks, "mir": mir, "run": run, "log": log}
 
 

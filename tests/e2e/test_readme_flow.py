@@ -89,7 +89,7 @@ def test_synth_chunk_train_eval_export(tmp_path: Path) -> None:
     args = ["--config", "launch/recipes/demo_cpu.yaml", "--deepspeed_config", "ds_configs/zero2.json"]
     for s in sets:
         args += ["--set", s]
-    log = _ok(launch(args, timeout=400))  # the deepspeed launcher, 2 CPU ranks, launch/train.py
+    log = _ok(launch(args, timeout=400, launcher="deepspeed"))  # the deepspeed launcher, 2 CPU ranks, launch/train.py
     assert "world 2 | ZeRO-2 | fp32" in log and "[eval ep 1]" in log
     trained = json.loads((run / "metrics.json").read_text())  # 2-rank eval inside training
 

@@ -32,7 +32,7 @@ def test_two_ranks_leave_no_shm_files(tmp_path: Path) -> None:
     script.write_text(SCRIPT)
     port = free_port()
     pattern = f"deepspeed_allreduce_buffer_{os.getuid()}_*_{port}_*"  # the deepspeed launcher sets LOCAL_SIZE
-    r = launch([], script_path=script, port=port, timeout=300, cwd=tmp_path)
+    r = launch([], launcher="deepspeed", script_path=script, port=port, timeout=300, cwd=tmp_path)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
     assert "rank 0 unlinked True" in r.stdout and "rank 1 unlinked True" in r.stdout, r.stdout
     left = sorted(p.name for p in Path("/dev/shm").glob(pattern))
