@@ -1,5 +1,6 @@
 """Video-text pretraining end to end through the CLI, at test scale: synth (narrations + MIR files) ->
-chunk -> contrastive pretraining on 2 CPU ranks (deepspeed launcher, ZeRO-2, feature-cache accumulation)
+chunk -> contrastive pretraining on 2 CPU ranks (torchrun; docs/video_text.md's block runs it through the
+deepspeed launcher; ZeRO-2, feature-cache accumulation)
 -> zero-shot EPIC-style MIR every 10 epochs, best checkpoint by avg mAP -> `avion-ds eval --tag best` on
 1 and on 2 ranks (an odd row count: the sampler pads) give identical metrics; then, from that run, the
 EPIC-100 fine-tunings AVION reports: action recognition with one action head on the video tower (AVION's
@@ -75,11 +76,7 @@ def contrastive_run(tmp_path_factory: pytest.TempPathFactory) -> dict:
     ]
     recipe = REPO / "launch" / "recipes" / "contrastive_demo_cpu.yaml"
     sets = [x for s in [*data, f"output_dir={run}"] for x in ("--set", s)]
-    log = _ok(
-        launch(
-            ["--config", recipe, "--deepspeed_config", REPO / "ds_configs" / "zero2.json", *sets], launcher="deepspeed"
-        )
-    )
+    log = _ok(launch(["--config", recipe, "--deepspeed_config", REPO / "ds_configs" / "zero2.json", *sets]))
     return {"tmp": tmp, "synth": synth, "chunks": chunks, "mir": mir, "run": run, "log": log}
 
 

@@ -1,6 +1,6 @@
 """Run several `avion-ds train` jobs in ONE launcher process (saves a launcher + op load per config).
 
-Usage (under the deepspeed launcher): ``pretrain_jobs_script.py JOBS.json``; JOBS.json is a list of
+Usage (under torchrun or the deepspeed launcher): ``pretrain_jobs_script.py JOBS.json``; JOBS.json is a list of
 argv lists for ``avion_ds.cli.train``. Each job goes through the real ``train.run``; the first
 failing job's exit code is returned, and the process leaves through ``dist.shutdown``.
 """

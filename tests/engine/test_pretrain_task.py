@@ -34,8 +34,8 @@ def _launch(jobs: list[list[str]], tmp: Path, name: str) -> str:
     cmd = [
         sys.executable,
         "-m",
-        "deepspeed.launcher.runner",
-        "--num_gpus",
+        "torch.distributed.run",
+        "--nproc_per_node",
         "2",
         "--master_port",
         str(free_port()),
