@@ -1,7 +1,8 @@
-"""2-rank DeepSpeed runs on CPU through the deepspeed launcher: ZeRO 0 / 2 / 3 and CPU offload give the
-same fp32 loss trajectory, and an interrupted + resumed run (ZeRO-2, ZeRO-3) reproduces it exactly,
-ignoring a newer checkpoint that was killed mid-save. Runs use a 3-clip val set and in-process
-decoding (``tiny_epic_quick``, ``QUICK_DATA``): evaluation and the decode helper are other tests' subject."""
+"""2-rank DeepSpeed runs on CPU (torchrun; a resume and the bad-input exit through the deepspeed
+launcher): ZeRO 0 / 2 / 3 and CPU offload give the same fp32 loss trajectory, and an interrupted +
+resumed run (ZeRO-2, ZeRO-3) reproduces it exactly, ignoring a newer checkpoint that was killed
+mid-save. Runs use a 3-clip val set and in-process decoding (``tiny_epic_quick``, ``QUICK_DATA``):
+evaluation and the decode helper are other tests' subject."""
 
 from __future__ import annotations
 
@@ -23,7 +24,7 @@ def steps_per_epoch(data: dict) -> int:
     return (data["num_train"] // 2) // 4
 
 
-def _train(tmp: Path, data: dict, name: str, ds: str, *extra: str, launcher: str = "deepspeed") -> tuple[Path, str]:
+def _train(tmp: Path, data: dict, name: str, ds: str, *extra: str, launcher: str = "torchrun") -> tuple[Path, str]:
     run = tmp / name
     recipe = write_recipe(tmp / f"{name}.yaml", data, run, data=QUICK_DATA)
     proc = launch(
@@ -80,7 +81,7 @@ def test_resume_reproduces_uninterrupted_run(
     shutil.copytree(run / "checkpoints" / f"step_{stop:08d}", partial)
     (partial / "COMPLETE.json").unlink()
     (run / "checkpoints" / "latest").write_text(partial.name)
-    _, log = _train(tmp_path, tiny_epic, stage, stage, *impl)
+    _, log = _train(tmp_path, tiny_epic, stage, stage, *impl, launcher="deepspeed")
     assert f"resumed from step_{stop:08d}: epoch 1, step 1 in epoch" in log
     assert f"activation checkpointing {'deepspeed' if impl else 'torch'}" in log
     resumed = losses(run)
@@ -122,7 +123,9 @@ def test_on_error_raise_is_one_line_exit_2_on_every_rank(tiny_epic: dict, tmp_pa
         schedule={"epochs": 1},
         checkpoint={"every_steps": 0},
     )
-    proc = launch(["--config", str(recipe), "--deepspeed_config", str(REPO / "ds_configs" / "zero2.json")])
+    proc = launch(
+        ["--config", str(recipe), "--deepspeed_config", str(REPO / "ds_configs" / "zero2.json")], launcher="deepspeed"
+    )
     out = proc.stdout + proc.stderr
     assert proc.returncode == 2, out[-4000:]
     # stderr otherwise holds only torch's own start-up warnings ("W... No CUDA runtime is found")
