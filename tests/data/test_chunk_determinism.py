@@ -9,6 +9,7 @@ the option tests cover both answers of the CPU check on any machine.
 from __future__ import annotations
 
 import hashlib
+import platform
 from pathlib import Path
 
 import pytest
@@ -86,6 +87,10 @@ def test_cpu_flags_read(tmp_path: Path) -> None:
     assert cpu_flags(tmp_path / "missing") == frozenset()
 
 
+@pytest.mark.skipif(
+    platform.machine().lower() not in ("x86_64", "amd64") or "avx2" not in cpu_flags(),
+    reason="the forced instruction sets need an x86-64 CPU with AVX2",
+)
 def test_writers_pass_the_options(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Both H.264 writers hand x264 the machine's options (here a forced AVX2-only set)."""
     forced = x264_options_for("x86_64", frozenset({"avx512f"}))
