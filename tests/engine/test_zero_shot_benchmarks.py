@@ -40,15 +40,16 @@ def test_epic_targets_metrics_and_report() -> None:
     assert t["action"].tolist() == [0, 1, -1]  # 1:1 is not an action class
     scores = {h: torch.eye(3)[:, :2] if h == "action" else torch.eye(3) for h in ("verb", "noun", "action")}
     labels = {"verb": torch.tensor([0, 1, 2]), "noun": torch.tensor([0, 0, 2]), "action": t["action"]}
-    m = bench.metrics(scores, labels)
+    m, extra = bench.results(scores, labels)
     assert set(m) == {f"{h}_{k}" for h in ("verb", "noun", "action") for k in ("top1", "top5", "mean_class")}
     assert m["verb_top1"] == 100.0 and m["noun_top1"] == pytest.approx(200 / 3)
-    assert bench.report(scores, labels) == {"action_rows_outside_classes": 1}
+    assert extra == {"action_rows_outside_classes": 1}
 
 
 def test_egtea_keys_unprefixed() -> None:
     bench = zb.zero_shot_benchmark("egtea")
-    m = bench.metrics({"egtea": torch.tensor([[0.9, 0.1], [0.2, 0.8], [0.7, 0.3]])}, torch.tensor([0, 1, 1]))
+    m, extra = bench.results({"egtea": torch.tensor([[0.9, 0.1], [0.2, 0.8], [0.7, 0.3]])}, torch.tensor([0, 1, 1]))
+    assert extra == {}
     assert set(m) == {"top1", "top5", "mean_class"}
     assert m["top1"] == pytest.approx(200 / 3) and m["mean_class"] == pytest.approx(75.0)
 
@@ -58,12 +59,10 @@ def test_charades_map_and_classes_without_positives() -> None:
     rng = np.random.default_rng(0)
     scores = rng.random((6, 4)).astype(np.float32)
     gt = np.array([[1, 0, 0, 0], [0, 1, 0, 0], [1, 1, 0, 0], [0, 0, 1, 0], [0, 0, 1, 0], [1, 0, 0, 0]])
-    m = bench.metrics({"charades_ego": torch.from_numpy(scores)}, torch.from_numpy(gt))
+    m, extra = bench.results({"charades_ego": torch.from_numpy(scores)}, torch.from_numpy(gt))
     _, aps = ref_compute_map(np.array(scores, dtype=np.float64), gt)
     assert m == {"map": pytest.approx(100 * float(np.nanmean(aps)))}
-    assert bench.report({"charades_ego": torch.from_numpy(scores)}, torch.from_numpy(gt)) == {
-        "classes_without_positives": 1
-    }
+    assert extra == {"classes_without_positives": 1}
 
 
 def test_plugin_benchmark_is_used(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -74,11 +73,11 @@ def test_plugin_benchmark_is_used(monkeypatch: pytest.MonkeyPatch) -> None:
         name = "kinetics"
         metrics_text = "top-1 only"
 
-        def metrics(self, scores, labels):
-            return {"top1": float((scores[self.name].argmax(1) == labels).float().mean() * 100)}
+        def results(self, scores, labels):
+            return {"top1": float((scores[self.name].argmax(1) == labels).float().mean() * 100)}, {"k": 1}
 
     recipe = _recipe("kinetics")
     get_task("zeroshot").validate_recipe(recipe)
-    assert benchmark(recipe).metrics({"kinetics": torch.eye(2)}, torch.tensor([0, 0])) == {"top1": 50.0}
+    assert benchmark(recipe).results({"kinetics": torch.eye(2)}, torch.tensor([0, 0])) == ({"top1": 50.0}, {"k": 1})
     with pytest.raises(ValueError, match="needs a name"):
         zb.register_zero_shot_benchmark(type("Nameless", (zb.ZeroShotBenchmark,), {}))

@@ -1,5 +1,5 @@
 """Zero-shot benchmarks as objects the task asks: which heads it classifies, how a batch's labels become
-targets, its metrics and what its eval report adds (LaViLa's ``eval_zeroshot.py`` protocol per set).
+targets, its metrics and what its eval report adds (one ``results`` call) (LaViLa's ``eval_zeroshot.py`` protocol per set).
 
 One registered :class:`ZeroShotBenchmark` per evaluated set (``data.val_dataset``, else ``data.dataset``):
 EPIC-100 (verb, noun and LaViLa's action head), EGTEA Gaze+ (mean class accuracy, top-1) and Charades-Ego
@@ -47,13 +47,10 @@ class ZeroShotBenchmark:
         """A batch's labels as the metrics read them (unchanged by default)."""
         return targets
 
-    def metrics(self, scores: Scores, labels: Any) -> dict[str, float]:
-        """The set's numbers, in percent, from the gathered scores and labels."""
-        return head_accuracies({self.name: scores[self.name]}, {self.name: labels.long()}, prefix=False)
-
-    def report(self, scores: Scores, labels: Any) -> dict[str, Any]:
-        """What the eval JSON adds for this set (nothing by default)."""
-        return {}
+    def results(self, scores: Scores, labels: Any) -> tuple[dict[str, float], dict[str, Any]]:
+        """The set's metrics (percent) from the gathered scores and labels, and what the eval JSON adds
+        for this set (nothing by default); one call, so a metric and its report share one computation."""
+        return head_accuracies({self.name: scores[self.name]}, {self.name: labels.long()}, prefix=False), {}
 
 
 def head_accuracies(scores: Scores, targets: dict[str, torch.Tensor], prefix: bool) -> dict[str, float]:
@@ -117,11 +114,9 @@ class EpicBenchmark(ZeroShotBenchmark):
     def targets(self, targets: Any, dataset: Any) -> dict[str, torch.Tensor]:
         return epic_targets({k: v.cpu() for k, v in targets.items()}, dataset.zero_shot_action_ids)
 
-    def metrics(self, scores: Scores, labels: Any) -> dict[str, float]:
-        return head_accuracies(scores, labels, prefix=True)
-
-    def report(self, scores: Scores, labels: Any) -> dict[str, Any]:
-        return {"action_rows_outside_classes": int((labels["action"] < 0).sum())}
+    def results(self, scores: Scores, labels: Any) -> tuple[dict[str, float], dict[str, Any]]:
+        outside = int((labels["action"] < 0).sum())
+        return head_accuracies(scores, labels, prefix=True), {"action_rows_outside_classes": outside}
 
 
 def epic_targets(labels: dict[str, torch.Tensor], action_ids: dict[str, int]) -> dict[str, torch.Tensor]:
@@ -146,8 +141,6 @@ class CharadesEgoBenchmark(ZeroShotBenchmark):
     name = "charades_ego"
     metrics_text = "mAP over classes with positives (LaViLa charades_map)"
 
-    def metrics(self, scores: Scores, labels: Any) -> dict[str, float]:
-        return {"map": charades_map(scores[self.name].numpy(), labels.numpy())[0]}
-
-    def report(self, scores: Scores, labels: Any) -> dict[str, Any]:
-        return {"classes_without_positives": charades_map(scores[self.name].numpy(), labels.numpy())[1]}
+    def results(self, scores: Scores, labels: Any) -> tuple[dict[str, float], dict[str, Any]]:
+        m_ap, absent = charades_map(scores[self.name].numpy(), labels.numpy())
+        return {"map": m_ap}, {"classes_without_positives": absent}

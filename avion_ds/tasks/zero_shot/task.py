@@ -165,7 +165,7 @@ class ZeroShotTask(ContrastiveTask):
         net.train(was_training)
         (bad_log or BadInputLog(lambda msg: print(msg, flush=True))).exchange(bad, fatal)
         index, scores, labels = store.gather()
-        metrics = bench.metrics(scores, labels)
+        metrics, extra = bench.results(scores, labels)
         report: dict[str, Any] = {
             "protocol": f"{PROTOCOL}; {bench.name}: {bench.metrics_text}",
             "benchmark": bench.name,
@@ -174,7 +174,7 @@ class ZeroShotTask(ContrastiveTask):
             "rows": int(index.numel()),
             **dataset_rows_report(ds),
         }
-        report.update(bench.report(scores, labels))
+        report.update(extra)
         report["chance_top1"] = {h: 100.0 / max(1, c.shape[0]) for h, c in classifiers.items()}
         return EvalOutcome(metrics, report, gather_failed(failed, ds), num_samples=int(index.numel()))
 
