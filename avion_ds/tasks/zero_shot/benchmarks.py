@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from avion_ds.tasks.common.action_head_metrics import mean_class_accuracy, overall_accuracy, topk_accuracy
+from avion_ds.tasks.common.action_head_metrics import mean_class_accuracy
 from avion_ds.tasks.zero_shot.classes import (
     ClassSet,
     charades_map,
@@ -53,15 +53,25 @@ class ZeroShotBenchmark:
         return head_accuracies({self.name: scores[self.name]}, {self.name: labels.long()}, prefix=False), {}
 
 
+def ranked_classes(scores: torch.Tensor, k: int) -> torch.Tensor:
+    """(rows, min(k, classes)) class ids, best first: LaViLa's ``output.topk(maxk, 1, True, True)``. Top-1 is
+    column 0 of the same ranking, so on tied scores a top-1 hit is always a top-5 hit."""
+    return scores.float().topk(min(k, scores.shape[1]), dim=1, largest=True, sorted=True).indices
+
+
 def head_accuracies(scores: Scores, targets: dict[str, torch.Tensor], prefix: bool) -> dict[str, float]:
-    """Top-1, top-5 and mean class accuracy (LaViLa's ``get_mean_accuracy``: sklearn's confusion
-    matrix) per head; keys ``{head}_top1`` with ``prefix``, else ``top1``."""
+    """Top-1 and top-5 (LaViLa's ``accuracy``: one ``topk`` ranking) and mean class accuracy (LaViLa's
+    ``get_mean_accuracy`` on sklearn's confusion matrix) of its top-1 per head; keys ``{head}_top1`` with
+    ``prefix``, else ``top1``."""
     out: dict[str, float] = {}
     for head, s in scores.items():
-        t, pred, p = targets[head].numpy(), s.argmax(dim=1).numpy(), f"{head}_" if prefix else ""
-        out[f"{p}top1"] = overall_accuracy(t, pred)
-        out[f"{p}top5"] = topk_accuracy(t, s.numpy(), 5)
-        out[f"{p}mean_class"] = mean_class_accuracy(t, pred)
+        t, p = targets[head].long(), f"{head}_" if prefix else ""
+        ranked = ranked_classes(s, 5)
+        hit = ranked == t[:, None]
+        rows = max(1, t.numel())
+        out[f"{p}top1"] = 100.0 * float(hit[:, 0].sum()) / rows
+        out[f"{p}top5"] = 100.0 * float(hit.any(dim=1).sum()) / rows
+        out[f"{p}mean_class"] = mean_class_accuracy(t.numpy(), ranked[:, 0].numpy())
     return out
 
 
