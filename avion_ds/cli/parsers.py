@@ -18,14 +18,10 @@ def train_args(argv: list[str] | None) -> argparse.Namespace:
         prog="avion-ds train",
         description="train / fine-tune a video model with DeepSpeed from a YAML recipe",
         epilog="exit codes: 0 done, 1 failure (traceback), 2 bad input (one line), 3 non-finite loss/weights stop",
+        allow_abbrev=False,  # a prefix is never an option: --deepspeed is not --deepspeed_config
     )
     p.add_argument("--config", required=True, help="YAML recipe (launch/recipes/*.yaml)")
-    p.add_argument(
-        "--deepspeed_config",
-        "--deepspeed-config",
-        default="ds_configs/zero2.json",
-        help="DeepSpeed JSON (ds_configs/*.json); 'auto' values are filled from the recipe",
-    )
+    add_deepspeed_arguments(p)
     p.add_argument(
         "--set",
         dest="overrides",
@@ -71,6 +67,27 @@ def train_args(argv: list[str] | None) -> argparse.Namespace:
     if args.trust_checkpoint:
         args.overrides.append("model.trust_checkpoint=true")
     return args
+
+
+def add_deepspeed_arguments(p: argparse.ArgumentParser) -> None:
+    """DeepSpeed's flags as ``deepspeed.add_config_arguments`` defines them (``--deepspeed``: a boolean
+    store_true helper flag, ``--deepspeed_config FILE``), mirrored so that parsing needs no DeepSpeed import;
+    only the config's default (``ds_configs/zero2.json``) is ours. Training always runs on DeepSpeed, so
+    ``--deepspeed`` changes nothing: it is accepted because every DeepSpeed example passes it."""
+    group = p.add_argument_group("DeepSpeed", "DeepSpeed configurations")
+    group.add_argument(
+        "--deepspeed",
+        default=False,
+        action="store_true",
+        help="Enable DeepSpeed (helper flag for user code, no impact on DeepSpeed backend); always on here",
+    )
+    group.add_argument(
+        "--deepspeed_config",
+        "--deepspeed-config",
+        default="ds_configs/zero2.json",
+        type=str,
+        help="DeepSpeed JSON (ds_configs/*.json); 'auto' values are filled from the recipe",
+    )
 
 
 def eval_args(argv: list[str] | None) -> argparse.Namespace:

@@ -25,6 +25,7 @@ from avion_ds.data.decode.select import pick_decoder
 from avion_ds.data.errors import DataError
 from avion_ds.distributed import dist
 from avion_ds.distributed.ds_fields import zero_stage
+from avion_ds.distributed.ds_hidden import hidden_size_line
 from avion_ds.distributed.run_log import RunLogger
 from avion_ds.engine import elastic
 from avion_ds.engine import run_checkpoints as ckpt
@@ -81,6 +82,9 @@ def setup_run(args: argparse.Namespace) -> RunSetup:
         )
         for ds in (setup.train_set, setup.val_set):
             print(f"# data {ds.startup_line()}")
+        filled = hidden_size_line(setup.user_ds, setup.ds_config, recipe.model.name)
+        if filled:
+            print(f"# {filled}")
         print("# resolved recipe")
         print(yaml.safe_dump(recipe.to_dict(), sort_keys=False), end="")
         print("# DeepSpeed config")
@@ -125,6 +129,7 @@ def start_lines(setup: RunSetup, trainer: Trainer) -> list[str]:
     """What the run is: task, model, world, ZeRO stage, precision, batch arithmetic, backends."""
     recipe, plan, world = setup.recipe, setup.plan, setup.world
     ac = recipe.model.activation_checkpoint_impl if recipe.model.activation_checkpointing else "off"
+    filled = hidden_size_line(setup.user_ds, setup.ds_config, recipe.model.name)  # HF's "auto" bucket sizes
     return [
         (
             f"avion-ds train: {setup.task.name} {recipe.model.name} | world {world} | ZeRO-{zero_stage(setup.ds_config)} | "
@@ -133,6 +138,7 @@ def start_lines(setup: RunSetup, trainer: Trainer) -> list[str]:
             f"epochs | activation checkpointing {ac} | run dir {recipe.output_dir}"
         ),
         backends_line(trainer.engine.module, recipe, trainer.device, trainer.dtype),
+        *([filled] if filled else []),
     ]
 
 

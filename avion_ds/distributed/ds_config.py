@@ -12,7 +12,7 @@ the same hand-tuned JSON (:func:`reference_config`) and change only named knobs 
 
 Beside it: ``ds_fields`` (single fields: fill one, read stage / offload / precision), ``ds_check``
 (the keys, section types and config model DeepSpeed itself accepts), ``ds_optimizer`` (the optimizer
-section). Their public names are importable from here as well.
+section), ``ds_hidden`` (the ZeRO bucket sizes Hugging Face's configs leave "auto"). Their public names are importable from here as well.
 """
 
 from __future__ import annotations
@@ -39,6 +39,7 @@ from avion_ds.distributed.ds_fields import (
     torch_dtype,
     zero_stage,
 )
+from avion_ds.distributed.ds_hidden import fill_hidden_size_keys, hidden_size_line
 from avion_ds.distributed.ds_optimizer import (
     OPTIMIZER_TYPES,
     allow_sgd_under_zero,
@@ -60,6 +61,7 @@ __all__ = [
     "check_user_config",
     "deepspeed_config_keys",
     "fixed_batch_recipe",
+    "hidden_size_line",
     "lion_needs_client",
     "load_user_config",
     "merge_overrides",
@@ -272,8 +274,9 @@ def build_ds_config(
     ``overrides`` are deep-merged into the JSON first (:func:`merge_overrides`): the knobs a caller
     sets on top of a reference JSON. Then fills "auto" batch sizes, optimizer lr/betas/eps/weight
     decay, scheduler steps and precision, always writes ``gradient_clipping`` explicitly (DeepSpeed
-    defaults it to 1.0 otherwise), and rejects values that contradict the recipe with a one-line
-    message showing the numbers.
+    defaults it to 1.0 otherwise), fills Hugging Face's "auto" ZeRO bucket sizes from the model's hidden
+    size (``ds_hidden``), and rejects values that contradict the recipe with a one-line message showing
+    the numbers.
     """
     cfg = merge_overrides(load_user_config(user), overrides)
     check_user_config(cfg)
@@ -305,10 +308,8 @@ def build_ds_config(
             "model.compile=true is not supported with ZeRO-3 (its parameter hooks break the compiled blocks); use ZeRO-0/1/2"
         )
 
-    # ---- stage-3 values DeepSpeed's HF integration calls "auto" --------------------------------
-    zo = cfg.get("zero_optimization", {})
-    for key in [k for k, v in zo.items() if v == AUTO]:
-        raise ConfigError(f'deepspeed config zero_optimization.{key}="auto" is not filled by avion_ds; give a number')
+    # ---- ZeRO bucket sizes Hugging Face's configs leave "auto": from the model's hidden size -----
+    fill_hidden_size_keys(cfg, recipe.model.name)
 
     cfg.setdefault("steps_per_print", 10**9)  # we log ourselves
     cfg.setdefault("wall_clock_breakdown", False)
