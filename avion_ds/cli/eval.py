@@ -16,24 +16,20 @@ import torch
 
 from avion_ds.cli.parsers import eval_args as parse_args
 from avion_ds.cli.plugins import import_plugins
-from avion_ds.config import ConfigError, Recipe
+from avion_ds.config import ConfigError
 from avion_ds.data import DeviceAugment, build_loader
 from avion_ds.data.errors import DataError
 from avion_ds.distributed import dist
 from avion_ds.distributed.ds_fields import torch_dtype
 from avion_ds.engine.ema import eval_weights
-from avion_ds.engine.export import consolidated
-from avion_ds.engine.run_checkpoints import check_tag, latest_complete
+from avion_ds.engine.open_run import OpenedRun, open_run
 from avion_ds.engine.run_setup import (
     EvalSetup,
     backends_line,
     prepare_eval,
     seed_everything,
 )
-from avion_ds.engine.trust import command_trust
 from avion_ds.memory.offload import build_for_inference
-from avion_ds.models import load_pretrained
-from avion_ds.storage.run_dir import resolve_tag, skipped_note
 from avion_ds.tasks import EvalOutcome, load_recipe
 from avion_ds.tasks.common.predictions import failed_line
 
@@ -41,52 +37,25 @@ from avion_ds.tasks.common.predictions import failed_line
 # ---------------------------------------------------------------------------------------------
 # standalone evaluation
 # ---------------------------------------------------------------------------------------------
-def _resolve_recipe(args: argparse.Namespace) -> tuple[Recipe, Path | None]:
-    ckpt_path = Path(args.checkpoint)
-    if not ckpt_path.exists():
-        raise ConfigError(f"--checkpoint not found: {ckpt_path}")
-    run_dir = ckpt_path if ckpt_path.is_dir() else None
-    config = args.config
-    if config is None:
-        if run_dir is None or not (run_dir / "recipe.yaml").is_file():
-            raise ConfigError("--config is required when --checkpoint is not a run directory with recipe.yaml")
-        config = run_dir / "recipe.yaml"
-    recipe = load_recipe(config, args.overrides)
-    note = command_trust(recipe, config, args.overrides, [run_dir])
-    if note and dist.is_main():
-        print(note, flush=True)
-    return recipe, run_dir
-
-
-def _resolve_tag(args: argparse.Namespace, run_dir: Path | None) -> str | None:
-    """The complete checkpoint of a run directory to evaluate (``--tag`` or the newest), else None."""
-    if run_dir is None:
-        if args.tag is not None:
-            raise ConfigError(
-                f"--tag {args.tag}: --checkpoint {args.checkpoint} is a weights file, not a run directory"
-            )
-        return None
-
-    tag = resolve_tag(run_dir, args.tag) or latest_complete(run_dir)
-    if tag is None:
-        raise ConfigError(f"--checkpoint {run_dir}: no complete checkpoint in {run_dir / 'checkpoints'}")
-    check_tag(run_dir, tag, flag="--tag")
-    return tag
+def _open(args: argparse.Namespace) -> OpenedRun:
+    """The checkpoint to evaluate, through the one run opener (recipe, trust, tag, weights check)."""
+    if args.config is None and not (Path(args.checkpoint) / "recipe.yaml").is_file() and Path(args.checkpoint).exists():
+        raise ConfigError("--config is required when --checkpoint is not a run directory with recipe.yaml")
+    say = (lambda line: print(line, flush=True)) if dist.is_main() else (lambda line: None)
+    return open_run(
+        args.checkpoint, tag=args.tag, config=args.config, overrides=args.overrides, recipe_of=load_recipe, say=say
+    )
 
 
 def _eval_model(args: argparse.Namespace, setup: EvalSetup, dtype: torch.dtype) -> torch.nn.Module:
     """The model with the checkpoint's weights: plain, or built partitioned for ZeRO-3 offload inference."""
-    recipe, task, run_dir, tag = setup.recipe, setup.task, setup.run_dir, setup.tag
+    recipe, task, run_dir = setup.recipe, setup.task, setup.run_dir
     if args.offload != "none":
         # built partitioned under the inference ZeRO-3 config; rank 0 alone reads / consolidates weights
 
         source: Any = str(args.checkpoint)
         if run_dir is not None:
-            source = (
-                consolidated(run_dir, tag, recipe.model.trust_checkpoint, eval_weights(recipe))
-                if dist.is_main()
-                else {}
-            )
+            source = setup.opened.state_dict() if dist.is_main() else {}
         return build_for_inference(
             lambda: task.build_model(recipe, pretrained=""),
             source,
@@ -100,8 +69,7 @@ def _eval_model(args: argparse.Namespace, setup: EvalSetup, dtype: torch.dtype) 
     if run_dir is None:
         return task.build_model(recipe, pretrained=str(args.checkpoint))
     model = task.build_model(recipe, pretrained="")
-
-    load_pretrained(model, consolidated(run_dir, tag, recipe.model.trust_checkpoint, eval_weights(recipe)), strict=True)
+    setup.opened.load_into(model)
     return model
 
 
@@ -149,14 +117,12 @@ def setup_eval(args: argparse.Namespace) -> EvalSetup:
     """Every check before the process group: ``--plugin`` imports, recipe, checkpoint tag, weights, data,
     model geometry."""
     import_plugins(args.plugins)
-    recipe, run_dir = _resolve_recipe(args)
-    tag = _resolve_tag(args, run_dir)
-    return prepare_eval(recipe, args.checkpoint, run_dir, tag, args.split)
+    return prepare_eval(_open(args), args.split)
 
 
 def run(args: argparse.Namespace) -> int:
     setup = setup_eval(args)
-    recipe, run_dir, tag = setup.recipe, setup.run_dir, setup.tag
+    recipe = setup.recipe
     _, world, _ = dist.init()
     seed_everything(recipe.seed)
 
@@ -169,19 +135,11 @@ def run(args: argparse.Namespace) -> int:
         else (recipe.precision if recipe.precision != "auto" else ("bf16" if device.type == "cuda" else "fp32"))
     )
     dtype = torch_dtype(precision)
-    note = skipped_note(run_dir, tag) if run_dir is not None and tag and not args.tag else None
-    if note and dist.is_main():
-        print(note, flush=True)
     model = _eval_model(args, setup, dtype)
     model.eval()
     if dist.is_main():
         print(backends_line(model, recipe, device, dtype), flush=True)
-        what = (
-            f"{run_dir} checkpoint {tag}" + (f" ({eval_weights(recipe)} weights)" if recipe.ema.decay > 0 else "")
-            if tag
-            else f"weights file {args.checkpoint}"
-        )
-        print(f"avion-ds eval: evaluating {what} on the {args.split} split", flush=True)
+        print(f"avion-ds eval: evaluating {setup.opened.describe()} on the {args.split} split", flush=True)
         if args.offload != "none":
             print(offload_line(args), flush=True)
     if args.offload == "none":

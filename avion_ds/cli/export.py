@@ -11,7 +11,6 @@ from avion_ds.cli.parsers import add_weights_option
 from avion_ds.cli.plugins import add_plugin_option, import_plugins
 from avion_ds.config import ConfigError
 from avion_ds.engine.export import export, export_hf, run_weights
-from avion_ds.storage.run_dir import latest_complete, resolve_tag, skipped_note
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -57,11 +56,11 @@ def main(argv: list[str] | None = None) -> int:
         import_plugins(args.plugins)  # --format hf reads the run's recipe (its task)
         if not Path(args.run_dir).is_dir():
             raise ConfigError(f"run dir not found: {args.run_dir}")
-        args.tag = resolve_tag(args.run_dir, args.tag)
-        tag = args.tag or latest_complete(args.run_dir)
-        note = skipped_note(args.run_dir, tag) if tag and not args.tag else None
-        if note:
-            print(note, flush=True)
+        from avion_ds.engine.open_run import open_run  # lazy: start-up checks import the models (export --help)
+
+        trust = ["model.trust_checkpoint=true"] if args.trust_checkpoint else []
+        opened = open_run(args.run_dir, tag=args.tag, overrides=trust, run_dir_only=True)
+        tag = opened.tag
         weights = args.weights or run_weights(Path(args.run_dir))
         which = ", ema weights" if weights == "ema" else ""  # the trained weights unless said
         if args.format == "hf":

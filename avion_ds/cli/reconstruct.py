@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -17,6 +18,9 @@ from avion_ds.data.augment import DeviceAugment
 from avion_ds.distributed import dist
 from avion_ds.tasks.pretrain.reconstruct import load_clip, pretraining_recipe, reconstruct_grid
 from avion_ds.tasks.pretrain.task import build_pretrain_model, mask_spec
+
+if TYPE_CHECKING:
+    from avion_ds.engine.open_run import OpenedRun
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -33,31 +37,34 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-def _recipe(args: argparse.Namespace) -> Recipe:
-    import_plugins(args.plugins)
-    ckpt = Path(args.checkpoint)
-    if not ckpt.exists():
-        raise ConfigError(f"--checkpoint not found: {ckpt}")
-    if not Path(args.video).is_file():
-        raise ConfigError(f"--video not found: {args.video}")
-    config = args.config or (ckpt / "recipe.yaml" if ckpt.is_dir() else None)
+def _pretraining_recipe_of(config: str | Path | None, overrides: list[str]) -> Recipe:
     if config is None or not Path(config).is_file():
         raise ConfigError("--config is required when --checkpoint is not a run directory with recipe.yaml")
-    recipe = pretraining_recipe(config, args.overrides)
+    return pretraining_recipe(config, overrides)
+
+
+def _open(args: argparse.Namespace) -> OpenedRun:
+    """The pretraining run (or weights file) to look at, through the one run opener."""
+    from avion_ds.engine.open_run import open_run  # lazy: start-up checks import the models (reconstruct --help)
+
+    import_plugins(args.plugins)
+    if not Path(args.video).is_file():
+        raise ConfigError(f"--video not found: {args.video}")
     if args.frames <= 0:
         raise ConfigError(f"--frames={args.frames} must be positive")
-    return recipe
+    return open_run(args.checkpoint, config=args.config, overrides=args.overrides, recipe_of=_pretraining_recipe_of)
 
 
 def run(args: argparse.Namespace) -> int:
-    recipe = _recipe(args)
+    opened = _open(args)
+    recipe = opened.recipe
+    assert recipe is not None
     from PIL import Image  # lazy: Pillow is an optional dependency
 
-    from avion_ds.models import load_pretrained_mae  # lazy: the models take seconds to import (reconstruct --help)
+    from avion_ds.engine.open_run import load_line
 
     model = build_pretrain_model(recipe, pretrained="")
-    report = load_pretrained_mae(model, args.checkpoint, strict=True)
-    print(f"loaded {args.checkpoint}: {report.summary()}", flush=True)
+    print(load_line("avion-ds reconstruct", opened, opened.load_into(model)), flush=True)
     model.eval()
     clip = load_clip(recipe, args.video)
     x, _ = DeviceAugment(recipe.data, 0, train=False)(clip[None], {})

@@ -21,7 +21,7 @@ from avion_ds.cli.plugins import import_plugins
 from avion_ds.config import ConfigError
 from avion_ds.data.errors import DataError
 from avion_ds.distributed import dist
-from avion_ds.embed.index import check_complete, read_clips, read_meta, top_k
+from avion_ds.embed.index import IndexMeta, check_complete, read_clips, read_meta, top_k
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -47,6 +47,23 @@ def format_table(hits: list[dict]) -> str:
     return "\n".join([line(head), *[line(r) for r in rows]])
 
 
+# an index's own overrides may shape the model (frames, size), never what is read or trusted
+_INDEX_FORBIDDEN = ("model.trust_checkpoint", "model.pretrained", "plugins")
+
+
+def index_overrides(out: Path, meta: IndexMeta) -> list[str]:
+    """The ``--set`` overrides an index was embedded with, refused in one line when one names trust or a file
+    to load: an index is a file from elsewhere, and nothing in it grants trust or chooses what is read."""
+    for item in meta.overrides:
+        key = str(item).split("=", 1)[0].strip()
+        if key.startswith(_INDEX_FORBIDDEN) or not key.startswith(("data.", "model.")):
+            raise ConfigError(
+                f"--index {out}: index.json overrides {item!r}: an index may not set {key} "
+                "(only this command line grants trust or names files to load)"
+            )
+    return list(meta.overrides)
+
+
 def run(args: argparse.Namespace) -> int:
     from avion_ds.embed.model import load_encoder  # lazy: the models take seconds to import (search --help)
 
@@ -62,10 +79,14 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError(f"--index {out}: its checkpoint {meta.checkpoint} is gone; name a copy with --checkpoint")
     checkpoint = args.checkpoint or meta.checkpoint
     tag = args.tag if args.checkpoint else meta.tag
-    config = args.config or (None if args.checkpoint else meta.config)
-    model_name = args.model or (meta.model if Path(checkpoint).is_file() and config is None else None)
-    overrides = model_overrides(args) if args.checkpoint else [*meta.overrides, *model_overrides(args)]
-    enc = load_encoder(checkpoint, tag, config, model_name, overrides)
+    if meta.config is not None and args.config is None and not args.checkpoint:
+        raise ConfigError(
+            f"--index {out} was embedded with --config {meta.config}: an index never names the recipe to run; "
+            "pass --config (and --checkpoint) yourself"
+        )
+    model_name = args.model or (meta.model if Path(checkpoint).is_file() and args.config is None else None)
+    overrides = model_overrides(args) if args.checkpoint else [*index_overrides(out, meta), *model_overrides(args)]
+    enc = load_encoder(checkpoint, tag, args.config, model_name, overrides, command="avion-ds search")
     if enc.fingerprint != meta.fingerprint or enc.recipe.model.name != meta.model:
         raise ConfigError(
             f"--index {out} was embedded by another model ({meta.model}, weights {meta.fingerprint}) than "

@@ -12,12 +12,7 @@ import torch
 from torch import nn
 
 from avion_ds.config import ConfigError, Recipe
-from avion_ds.engine import preflight as pf
-from avion_ds.engine.ema import eval_weights
-from avion_ds.engine.export import consolidated
-from avion_ds.engine.run_checkpoints import check_tag
-from avion_ds.models import load_pretrained
-from avion_ds.storage.run_dir import latest_complete, resolve_tag
+from avion_ds.engine.open_run import OpenedRun, RecipeOf, load_line, open_run
 from avion_ds.tasks import load_recipe
 from avion_ds.tasks.zero_shot.task import ZeroShotTask
 
@@ -43,34 +38,31 @@ def fingerprint(model: nn.Module) -> str:
     return h.hexdigest()[:16]
 
 
-def resolve_encoder(
+def _recipe_of(model_name: str | None) -> RecipeOf:
+    """How the encoder's recipe is built: the given recipe file (``--model`` overriding its model), or the
+    zero-shot task's defaults for a weights file named by ``--model``."""
+
+    def build(config: str | Path | None, overrides: list[str]) -> Recipe:
+        named = [f"model.name={model_name}"] if model_name else []
+        if config is not None:
+            recipe = load_recipe(config, [*overrides, *named])
+        elif model_name:
+            recipe = load_recipe(None, [f"task={ZeroShotTask.name}", *named, *overrides])
+        else:
+            raise ConfigError(
+                "--checkpoint is a weights file: name its model with --model (e.g. clip_vit_base_patch16_224)"
+            )
+        ZeroShotTask().check_model(recipe)  # a dual encoder, geometry right
+        return recipe
+
+    return build
+
+
+def open_encoder(
     checkpoint: str, tag: str | None, config: str | None, model_name: str | None, overrides: list[str]
-) -> tuple[Recipe, Path | None, str | None]:
-    """(recipe, run directory or None, checkpoint tag) with every check done; ConfigError otherwise."""
-    path = Path(checkpoint)
-    if not path.exists():
-        raise ConfigError(f"--checkpoint not found: {path}")
-    run_dir = path if path.is_dir() else None
-    if config is None and run_dir is not None and (run_dir / "recipe.yaml").is_file():
-        config = str(run_dir / "recipe.yaml")
-    if config is not None:
-        recipe = load_recipe(config, [*overrides, *([f"model.name={model_name}"] if model_name else [])])
-    elif model_name:
-        recipe = load_recipe(None, [f"task={ZeroShotTask.name}", f"model.name={model_name}", *overrides])
-    else:
-        raise ConfigError(
-            "--checkpoint is a weights file: name its model with --model (e.g. clip_vit_base_patch16_224)"
-        )
-    ZeroShotTask().check_model(recipe)  # a dual encoder, geometry right
-    if run_dir is not None:
-        tag = resolve_tag(run_dir, tag) or latest_complete(run_dir)
-        if tag is None:
-            raise ConfigError(f"--checkpoint {run_dir}: no complete checkpoint in {run_dir / 'checkpoints'}")
-        check_tag(run_dir, tag, flag="--tag")
-    elif tag is not None:
-        raise ConfigError(f"--tag {tag}: --checkpoint {checkpoint} is a weights file, not a run directory")
-    pf.check_weights_source(str(checkpoint), recipe.model.trust_checkpoint, "--checkpoint", tag)
-    return recipe, run_dir, tag
+) -> OpenedRun:
+    """The checked dual encoder's weights (``engine.open_run``: trust from this command line only)."""
+    return open_run(checkpoint, tag=tag, config=config, overrides=overrides, recipe_of=_recipe_of(model_name))
 
 
 def load_encoder(
@@ -79,17 +71,21 @@ def load_encoder(
     config: str | None = None,
     model_name: str | None = None,
     overrides: list[str] | None = None,
+    command: str = "avion-ds embed",
 ) -> LoadedEncoder:
-    """The checked, loaded dual encoder (see module doc)."""
-    recipe, run_dir, tag = resolve_encoder(checkpoint, tag, config, model_name, list(overrides or []))
+    """The checked, loaded dual encoder (see module doc); prints the notes and the load line."""
+    opened = open_encoder(checkpoint, tag, config, model_name, list(overrides or []))
+    recipe = opened.recipe
+    assert recipe is not None
     task = ZeroShotTask()
-    if run_dir is None:
+    report = None
+    if opened.run_dir is None:
         model = task.build_model(recipe, pretrained=str(checkpoint))  # refuses a checkpoint without both towers
     else:
         model = task.build_model(recipe, pretrained="")
-        weights = consolidated(run_dir, tag, recipe.model.trust_checkpoint, eval_weights(recipe))
-        load_pretrained(model, weights, strict=True)
+        report = opened.load_into(model)
+    print(load_line(command, opened, report), flush=True)
     model.eval()
     with torch.no_grad():
         fp = fingerprint(model)
-    return LoadedEncoder(recipe, model, str(checkpoint), tag, fp)
+    return LoadedEncoder(recipe, model, str(checkpoint), opened.tag, fp)

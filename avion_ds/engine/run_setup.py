@@ -26,6 +26,7 @@ from avion_ds.distributed.ds_check import validate_with_deepspeed
 from avion_ds.distributed.ds_config import BatchPlan, build_ds_config, load_user_config, resolve_batch
 from avion_ds.distributed.ds_fields import accelerator_name, precision_of
 from avion_ds.engine import preflight as pf
+from avion_ds.engine.open_run import OpenedRun
 from avion_ds.engine.weights_fit import check_weights_fit
 from avion_ds.models.attention import Attention, describe_backend
 from avion_ds.tasks import ModelSummary, Task, task_of
@@ -109,25 +110,32 @@ def prepare_training(recipe: Recipe, deepspeed_config: dict | str | Path) -> Run
 
 @dataclass
 class EvalSetup:
-    """What `avion-ds eval` resolved before any process group: the recipe's task, the weights to read
-    (a run directory's checkpoint ``tag``, or a weights file) and the dataset to evaluate on."""
+    """What `avion-ds eval` resolved before any process group: the recipe's task, the opened weights
+    (a run directory's checkpoint ``tag``, or a weights file: ``engine.open_run``) and the dataset."""
 
     recipe: Recipe
     task: Task
-    run_dir: Path | None
-    tag: str | None
+    opened: OpenedRun
     dataset: Any
 
+    @property
+    def run_dir(self) -> Path | None:
+        return self.opened.run_dir
 
-def prepare_eval(
-    recipe: Recipe, checkpoint: str | Path, run_dir: Path | None, tag: str | None, split: str
-) -> EvalSetup:
-    """The checked setup of an evaluation (the same checks as training's, for ``split`` only)."""
+    @property
+    def tag(self) -> str | None:
+        return self.opened.tag
+
+
+def prepare_eval(opened: OpenedRun, split: str) -> EvalSetup:
+    """The checked setup of an evaluation (the same checks as training's, for ``split`` only); the
+    weights were checked by ``open_run``."""
+    assert opened.recipe is not None, "open_run(recipe_of=...) gives the recipe"
+    recipe = opened.recipe
     task = task_of(recipe)
     check_run_inputs(recipe, task, need_train=split == "train")
-    pf.check_weights_source(str(checkpoint), recipe.model.trust_checkpoint, "--checkpoint", tag)
     dataset = build_split(recipe, task, split, views=True)
-    return EvalSetup(recipe, task, run_dir, tag, dataset)
+    return EvalSetup(recipe, task, opened, dataset)
 
 
 def seed_everything(seed: int) -> None:
