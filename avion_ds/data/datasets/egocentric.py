@@ -12,12 +12,20 @@ their projects release them, clips sampled as LaViLa's ``VideoCaptionDatasetBase
 - Charades-Ego: ``data.val_csv`` is ``CharadesEgo_v1_test_only1st.csv`` (columns ``id``, ``actions``
   (``c092 11.90 21.20;...``), ``length`` seconds), the class file ``Charades_v1_classes.txt`` (``c000
   Holding some clothes``); one untrimmed sample per video, frames over ``[0, fps * length)`` by LaViLa's
-  ``get_frame_ids`` (``--sparse-sample``: segment midpoints); label a multi-hot float vector.
+  ``get_frame_ids`` (``--sparse-sample``: segment midpoints); label a multi-hot float vector. A row whose
+  ``length`` is not a positive finite number of seconds (``nan``, ``inf``, ``-5``, text) is named in one
+  line, counted (``dataset.bad_rows``) and left out. Where LaViLa's frame ids reach past the video's last
+  frame (a ``length`` longer than the file), LaViLa's decord raises and its loader feeds an all-zero clip;
+  here the ids are clamped to the last decodable frame (at most ``MAX_CLAMP_FRAMES`` past it, a row reaching
+  further is a bad sample, named and left out) and real frames are decoded: such items carry
+  ``past_end = 1`` and the evaluation counts them (``num_past_end``).
 """
 
 from __future__ import annotations
 
 import csv
+import logging
+import math
 from pathlib import Path
 from typing import Any
 
@@ -30,8 +38,10 @@ from avion_ds.data.datasets.csv_rows import open_csv
 from avion_ds.data.datasets.registry import register_dataset
 from avion_ds.data.datasets.video_clips import VideoClipDataset
 from avion_ds.data.datasets.video_index import VideoIndex
-from avion_ds.data.errors import DataError
 from avion_ds.data.prep.manifest import VideoEntry
+from avion_ds.distributed.dist import is_main
+
+log = logging.getLogger(__name__)
 
 PAD = -1  # a frame index LaViLa fills with zeros (a clip shorter than num_frames x stride)
 EGTEA_CLASSES = "action_idx.txt"
@@ -199,15 +209,13 @@ class CharadesEgoDataset(VideoClipDataset):
     """Charades-Ego untrimmed test videos (see module doc); label = multi-hot float (classes,)."""
 
     dataset_name = "charades_ego"
+    past_end_note = "decoded from real frames clamped to the last one; LaViLa feeds an all-zero clip for them"
 
     @staticmethod
     def annotation_summary(cfg: DataConfig, split: str) -> tuple[int, dict[str, int]]:
-        """(rows, no class check) of the val split (data.val_csv) without opening a video."""
-        read_charades_classes(class_file(cfg, CHARADES_CLASSES))
-        _, rows = open_csv(cfg.val_csv, CHARADES_REQUIRED)
-        if not rows:
-            raise ValueError(f"{cfg.val_csv}: no annotation rows")
-        return len(rows), {}
+        """(usable rows, no class check) of the val split (data.val_csv) without opening a video."""
+        _, codes = read_charades_classes(class_file(cfg, CHARADES_CLASSES))
+        return len(read_charades_rows(Path(cfg.val_csv), codes)[0]), {}
 
     def __init__(
         self,
@@ -221,18 +229,16 @@ class CharadesEgoDataset(VideoClipDataset):
         super().__init__(cfg, split, temporal_views, spatial_views, seed, index)
         self.class_names, codes = read_charades_classes(class_file(cfg, CHARADES_CLASSES))
         self.num_classes = len(self.class_names)
-        self.csv, rows = open_csv(self._split_file(), CHARADES_REQUIRED)
-        if not rows:
-            raise ValueError(f"{self.csv}: no annotation rows")
-        self.rows = []
-        for line, r in rows:
-            labels = []
-            for action in filter(None, r["actions"].split(";")):
-                code = action.split(" ")[0]
-                if code not in codes:
-                    raise ValueError(f"{self.csv}:{line}: action {code!r} is not in the class file")
-                labels.append(codes[code])
-            self.rows.append((line, r, labels))
+        self.csv = Path(self._split_file())
+        self.rows, self.bad_rows = read_charades_rows(self.csv, codes)
+        if self.bad_rows and is_main():  # once per job, not per rank
+            log.warning(
+                "%s: %d of %d rows left out (length not a positive finite number of seconds); first: %s",
+                self.csv,
+                len(self.bad_rows),
+                len(self.rows) + len(self.bad_rows),
+                self.bad_rows[0],
+            )
         self._prune()
 
     def __len__(self) -> int:
@@ -252,22 +258,66 @@ class CharadesEgoDataset(VideoClipDataset):
         target[labels] = 1.0
         return target
 
-    def sample_span(self, i: int) -> tuple[VideoEntry, int, int, Any]:
-        line, r, labels = self.rows[i]
+    def _span(self, i: int) -> tuple[VideoEntry, float]:
+        """(video, LaViLa's float frame count ``fps * length``) of row ``i``."""
+        _, r, _, length = self.rows[i]
         entry = self.index.by_path(f"{r['id']}.mp4")
-        try:
-            length = float(r["length"])
-        except ValueError:
-            raise DataError(f"{self.csv}:{line} ({r['id']}): bad length {r['length']!r}") from None
-        self._duration = entry.fps * length  # LaViLa: a float frame count
-        return entry, 0, max(1, int(np.ceil(self._duration))), self._target(labels)
+        return entry, entry.fps * length
+
+    def sample_span(self, i: int) -> tuple[VideoEntry, int, int, Any]:
+        entry, duration = self._span(i)
+        self._duration = duration  # LaViLa: a float frame count, read by clip_indices
+        return entry, 0, max(1, math.ceil(duration)), self._target(self.rows[i][2])
 
     def clip_indices(self, start: int, end: int, rng, view: int) -> list[int]:
         ids = lavila_frame_ids(0, getattr(self, "_duration", end), self.cfg.num_frames * self.temporal_views)
         n = self.cfg.num_frames
         return ids[view * n : (view + 1) * n]
 
+    def _load(self, i: int) -> dict:
+        item = super()._load(i)
+        entry, duration = self._span(i)
+        ids = lavila_frame_ids(0, duration, self.cfg.num_frames * self.temporal_views)
+        item["past_end"] = int(max(ids) >= entry.num_frames)  # LaViLa: an all-zero clip; here real frames
+        return item
+
     def _placeholder(self, i: int, message: str) -> dict:
         item = super()._placeholder(i, message)
         item["label"] = torch.zeros(self.num_classes)
+        item["past_end"] = 0
         return item
+
+
+def charades_length(value: str) -> float | None:
+    """The seconds of a Charades ``length`` field; None unless a positive finite number."""
+    try:
+        out = float(value)
+    except ValueError:
+        return None
+    return out if math.isfinite(out) and out > 0 else None
+
+
+def read_charades_rows(path: Path, codes: dict[str, int]) -> tuple[list[tuple[int, dict, list[int], float]], list[str]]:
+    """((line, row, class indices, length seconds) of each usable row, ``file:line (id): why`` of each row left
+    out for its ``length``); ValueError naming an action code the class file lacks, or no usable row."""
+    csv_path, rows = open_csv(path, CHARADES_REQUIRED)
+    if not rows:
+        raise ValueError(f"{csv_path}: no annotation rows")
+    usable, bad = [], []
+    for line, r in rows:
+        labels = []
+        for action in filter(None, r["actions"].split(";")):
+            code = action.split(" ")[0]
+            if code not in codes:
+                raise ValueError(f"{csv_path}:{line}: action {code!r} is not in the class file")
+            labels.append(codes[code])
+        length = charades_length(r["length"])
+        if length is None:
+            bad.append(
+                f"{csv_path}:{line} ({r['id']}): length {r['length']!r} is not a positive finite number of seconds"
+            )
+            continue
+        usable.append((line, r, labels, length))
+    if not usable:
+        raise ValueError(f"{csv_path}: none of its {len(rows)} rows has a usable length; first: {bad[0]}")
+    return usable, bad

@@ -152,10 +152,11 @@ class ZeroShotTask(ContrastiveTask):
         ds, bench = loader.dataset, benchmark(recipe)
         templates = resolve_templates(recipe.zeroshot.templates)
         classifiers = {s.head: text_classifier(net.encode_text, s, templates, device) for s in ds.zero_shot_classes}
-        store, failed, bad, fatal = PredictionStore(), {}, [], []
+        store, failed, bad, fatal, past_end = PredictionStore(), {}, [], [], set()
         for batch in progress(loader, "zero-shot"):
             b, f = batch_messages(batch)
             bad, fatal = bad + b, fatal + f
+            past_end |= past_end_rows(batch)
             x, targets = augmented_batch(batch, augment, device)
             video = F.normalize(at_least_fp32(net.encode_video(x.to(dtype))), dim=-1)
             scores = {h: view_logits(video, c, views) for h, c in classifiers.items()}
@@ -175,8 +176,44 @@ class ZeroShotTask(ContrastiveTask):
             **dataset_rows_report(ds),
         }
         report.update(extra)
+        report.update(rows_left_out(ds, past_end, int(index.numel())))
         report["chance_top1"] = {h: 100.0 / max(1, c.shape[0]) for h, c in classifiers.items()}
         return EvalOutcome(metrics, report, gather_failed(failed, ds), num_samples=int(index.numel()))
 
     def eval_line(self, metrics: dict[str, float], report: dict[str, Any] | None = None) -> str:
-        return " ".join(f"{k}={v:.2f}" for k, v in metrics.items())
+        """The metrics, then what the report says of the rows: left out for a bad field, past the video end."""
+        notes = [n for n in report_notes(report or {}) if n]
+        return " ".join(f"{k}={v:.2f}" for k, v in metrics.items()) + "".join(f"; {n}" for n in notes)
+
+
+def past_end_rows(batch: dict[str, Any]) -> set[int]:
+    """Dataset indices of a batch's items flagged ``past_end`` (Charades-Ego: LaViLa's frame ids reach past the
+    video's last frame)."""
+    flags = batch.get("past_end")
+    if flags is None:
+        return set()
+    return {int(i) for i, p in zip(batch["index"].tolist(), flags.tolist()) if p}
+
+
+def rows_left_out(ds: Any, past_end: set[int], rows: int) -> dict[str, Any]:
+    """The report's row notes: annotation rows left out for a bad field (``bad_rows``) and, for a set whose
+    items say it, the evaluated rows whose frames reach past the video end (gathered from every rank)."""
+    bad = list(getattr(ds, "bad_rows", []))
+    out: dict[str, Any] = {"num_bad_rows": len(bad), "bad_rows": bad}
+    gathered = set().union(*dist.all_gather_object(past_end))
+    if hasattr(ds, "past_end_note"):
+        out["num_past_end"] = len(gathered)
+        out["past_end_note"] = f"{len(gathered)} of {rows} rows reach past the video end ({ds.past_end_note})"
+    return out
+
+
+def report_notes(report: dict[str, Any]) -> list[str]:
+    """The eval line's notes: rows left out, rows past the video end, action classes from val alone."""
+    notes = []
+    if report.get("num_bad_rows"):
+        notes.append(f"{report['num_bad_rows']} annotation rows left out (first: {report['bad_rows'][0]})")
+    if report.get("num_past_end"):
+        notes.append(report["past_end_note"])
+    if report.get("action_classes_from") == "val only":
+        notes.append(f"action classes from the validation CSV only ({report['classes'].get('action')})")
+    return notes
