@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import sys
 from pathlib import Path
@@ -32,7 +33,16 @@ from avion_ds.data.tokenizer import tokenize
 from avion_ds.distributed import dist
 from avion_ds.distributed.dist import env_world_size
 from avion_ds.distributed.run_log import progress
-from avion_ds.embed.index import IndexMeta, missing_shards, read_clips, read_meta, write_clips, write_meta, write_shard
+from avion_ds.embed.index import (
+    IndexMeta,
+    missing_shards,
+    read_clip_table,
+    read_meta,
+    shard_problem,
+    write_clips,
+    write_meta,
+    write_shard,
+)
 
 
 def add_model_options(p: argparse.ArgumentParser, required: bool = True) -> None:
@@ -73,7 +83,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     add_model_options(p)
     args = p.parse_args(argv)
-    args.stride_seconds = args.stride_seconds or args.clip_seconds
+    args.stride_seconds = args.clip_seconds if args.stride_seconds is None else args.stride_seconds
     return args
 
 
@@ -81,6 +91,9 @@ def check_args(args: argparse.Namespace) -> None:
     if args.text:
         if args.source:
             raise ConfigError("give either a video SOURCE or --text queries, not both")
+        out = Path(args.out)
+        if out.is_dir() or any(p.exists() and not p.is_dir() for p in out.parents):
+            raise ConfigError(f"--out {out}: must be a file path (a directory, or under a file, given)")
         empty = next((t for t in args.text if not t.strip()), None)
         if empty is not None:
             raise ConfigError(f"--text {empty!r}: empty query")
@@ -88,11 +101,22 @@ def check_args(args: argparse.Namespace) -> None:
     if not args.source:
         raise ConfigError("nothing to embed: give a video SOURCE (chunk tree, folder, dataset CSV) or --text QUERY")
     for name in ("clip_seconds", "stride_seconds"):
-        if getattr(args, name) <= 0:
-            raise ConfigError(f"--{name.replace('_', '-')}={getattr(args, name)} must be positive")
+        value = getattr(args, name)
+        if not math.isfinite(value) or value < MIN_SECONDS:
+            raise ConfigError(
+                f"--{name.replace('_', '-')}={value} must be a number of seconds >= {MIN_SECONDS} "
+                "(one frame at 100 fps)"
+            )
     for name in ("batch_size", "shard_size"):
         if getattr(args, name) < 1:
             raise ConfigError(f"--{name.replace('_', '-')}={getattr(args, name)} must be at least 1")
+    if args.workers < 0:
+        raise ConfigError(f"--workers={args.workers} must be 0 (in-process) or more")
+    if Path(args.out).exists() and not Path(args.out).is_dir():
+        raise ConfigError(f"--out {args.out}: a file, not a directory")
+
+
+MIN_SECONDS = 0.01  # clip length / stride floor: one frame at 100 fps (a smaller stride only repeats frames)
 
 
 def device_and_dtype() -> tuple[torch.device, torch.dtype]:
@@ -126,7 +150,7 @@ def prepare_index(args: argparse.Namespace, enc, listed, rank: int):
     from avion_ds.embed.clips import WindowDataset  # lazy: the decoder modules (~35 ms) load after parsing
 
     out = Path(args.out)
-    root, chunked, clips = listed
+    root, chunked, clips, texts = listed
     d = enc.recipe.data
     meta = IndexMeta(
         model=enc.recipe.model.name,
@@ -151,14 +175,14 @@ def prepare_index(args: argparse.Namespace, enc, listed, rank: int):
         if (
             old.settings() != meta.settings()
             or old.shard_size != meta.shard_size
-            or read_clips(out) != [(v, round(a, 3), round(b, 3)) for v, a, b in clips]
+            or read_clip_table(out, old) != ([(v, round(a, 3), round(b, 3)) for v, a, b in clips], texts)
         ):
             diff = [k for k, v in meta.settings().items() if old.settings()[k] != v] or ["clips or shard size"]
             raise ConfigError(
                 f"--out {out}: holds an index made with other settings ({', '.join(diff)}); use another --out"
             )
     elif rank == 0:
-        write_clips(out, clips)
+        write_clips(out, clips, texts)
         write_meta(out, meta)
     return meta, WindowDataset(d, root, chunked, clips)
 
@@ -168,13 +192,15 @@ def run_videos(args: argparse.Namespace) -> int:
     from avion_ds.embed.model import load_encoder  # lazy: the models take seconds to import (embed --help)
 
     rank, world = int(os.environ.get("RANK", "0")), env_world_size()
-    if Path(args.out).exists() and not Path(args.out).is_dir():
-        raise ConfigError(f"--out {args.out}: a file, not a directory")
     listed = list_clips(args.source, args.root, args.segments, args.clip_seconds, args.stride_seconds)
     enc = load_encoder(args.checkpoint, args.tag, args.config, args.model, model_overrides(args))
     meta, ds = prepare_index(args, enc, listed, rank)
     out = Path(args.out)
     mine = [s for s in missing_shards(out, meta) if s % world == rank]
+    damaged = [s for s in mine if shard_problem(out, s) != "missing"]
+    if damaged:
+        why = shard_problem(out, damaged[0])
+        print(f"rank {rank}: {len(damaged)} damaged shard(s) embedded again (first: shard {damaged[0]}, {why})")
     device, dtype = device_and_dtype()
     model = enc.model.to(device=device, dtype=dtype)
     augment = DeviceAugment(ds.cfg, 0, train=False)
@@ -210,6 +236,10 @@ def embed_shard(model, ds, augment, shard: int, meta, args, device, dtype, bar):
                 failed[i] = reason
         x, labels = augment(batch["frames"].to(device), {"row": batch["label"]["row"]})
         video = F.normalize(model.encode_video(x.to(dtype)).float(), dim=-1).cpu()
+        finite = torch.isfinite(video).all(dim=1)
+        for i in labels["row"].cpu()[ok & ~finite].tolist():
+            failed[i] = "non-finite embedding (left out)"
+        ok = ok & finite
         rows.append(labels["row"].cpu()[ok])
         embs.append(video[ok])
         if bar is not None:

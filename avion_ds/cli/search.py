@@ -21,7 +21,7 @@ from avion_ds.cli.plugins import import_plugins
 from avion_ds.config import ConfigError
 from avion_ds.data.errors import DataError
 from avion_ds.distributed import dist
-from avion_ds.embed.index import IndexMeta, check_complete, read_clips, read_meta, top_k
+from avion_ds.embed.index import IndexMeta, check_complete, read_clip_table, read_meta, top_k
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -38,13 +38,28 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
+def printable(text: str) -> str:
+    """``text`` with control characters (ANSI escapes, newlines, ...) shown escaped, never sent to the terminal."""
+    return "".join(c if c.isprintable() else c.encode("unicode_escape").decode("ascii") for c in text)
+
+
 def format_table(hits: list[dict]) -> str:
-    """The hits as an aligned text table."""
-    head = ("rank", "score", "video", "start_s", "end_s")
-    rows = [(str(h["rank"]), f"{h['score']:.4f}", h["video"], f"{h['start']:.2f}", f"{h['end']:.2f}") for h in hits]
+    """The hits as an aligned text table; names and captions printed with control characters escaped."""
+    head = ("rank", "score", "video", "start_s", "end_s", "caption")
+    rows = [
+        (
+            str(h["rank"]),
+            f"{h['score']:.4f}",
+            printable(h["video"]),
+            f"{h['start']:.2f}",
+            f"{h['end']:.2f}",
+            printable(h.get("text", "")),
+        )
+        for h in hits
+    ]
     widths = [max(len(r[i]) for r in [head, *rows]) for i in range(len(head))]
-    line = lambda r: "  ".join(c.rjust(w) if i != 2 else c.ljust(w) for i, (c, w) in enumerate(zip(r, widths)))
-    return "\n".join([line(head), *[line(r) for r in rows]])
+    line = lambda r: "  ".join(c.rjust(w) if i not in (2, 5) else c.ljust(w) for i, (c, w) in enumerate(zip(r, widths)))
+    return "\n".join([line(head).rstrip(), *[line(r).rstrip() for r in rows]])
 
 
 # an index's own overrides may shape the model (frames, size), never what is read or trusted
@@ -73,8 +88,13 @@ def run(args: argparse.Namespace) -> int:
     if args.top_k < 1:
         raise ConfigError(f"--top-k={args.top_k} must be at least 1")
     out = Path(args.index)
+    if args.html:
+        page = Path(args.html)
+        if page.is_dir() or any(p.exists() and not p.is_dir() for p in page.parents):
+            raise ConfigError(f"--html {page}: must be a file path (a directory, or under a file, given)")
     meta = read_meta(out)
     check_complete(out, meta)
+    clips, texts = read_clip_table(out, meta)
     if args.checkpoint is None and not Path(meta.checkpoint).exists():
         raise ConfigError(f"--index {out}: its checkpoint {meta.checkpoint} is gone; name a copy with --checkpoint")
     checkpoint = args.checkpoint or meta.checkpoint
@@ -93,7 +113,6 @@ def run(args: argparse.Namespace) -> int:
             f"{checkpoint} ({enc.recipe.model.name}, weights {enc.fingerprint}); search it with the model that wrote it"
         )
     query = embed_texts(enc.model, [args.query], torch.device("cpu"))[0]
-    clips = read_clips(out)
     hits = [
         {
             "rank": n + 1,
@@ -102,10 +121,11 @@ def run(args: argparse.Namespace) -> int:
             "video": clips[row][0],
             "start": clips[row][1],
             "end": clips[row][2],
+            "text": texts[row],
         }
         for n, (row, score) in enumerate(top_k(out, meta, query, args.top_k))
     ]
-    print(f"query {args.query!r}: top {len(hits)} of {meta.num_clips} clips ({meta.model})")
+    print(f"query {printable(args.query)!r}: top {len(hits)} of {meta.num_clips} clips ({meta.model})")
     print(format_table(hits))
     if args.html:
         from avion_ds.embed.page import write_page  # lazy: Pillow (optional), only for --html

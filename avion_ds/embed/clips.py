@@ -10,7 +10,7 @@ end. A clip's frames are ``data.num_frames`` segment midpoints, centre crop, ``d
 
 from __future__ import annotations
 
-import logging
+import math
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -23,7 +23,6 @@ from avion_ds.data.errors import DataError
 from avion_ds.data.prep.manifest import MANIFEST_NAME, VideoEntry, find_videos
 from avion_ds.data.sampling import parse_timestamp, seconds_to_frames
 
-log = logging.getLogger(__name__)
 Clip = tuple[str, float, float]  # (video, start seconds, end seconds)
 
 
@@ -36,30 +35,51 @@ def windows(start: float, end: float, clip_seconds: float, stride_seconds: float
     return out or [(start, end)]
 
 
-def _csv_spans(path: Path, index: VideoIndex, segments: bool) -> list[tuple[str, float | None, float | None]]:
+Span = tuple[str, float | None, float | None, str]  # (video, start, end or None: whole video, caption)
+TEXT_COLUMNS = ("narration", "text", "caption", "sentence")  # the caption a --segments row carries, first found
+
+
+def _segment(path: Path, line: int, r: dict[str, str], bad: list[str]) -> Span | None:
+    """The row's segment, or None (named in ``bad``) when its times are not a forward span."""
+    if not (r.get("start_timestamp") and r.get("stop_timestamp")):
+        raise ValueError(f"{path}:{line}: --segments needs start_timestamp and stop_timestamp columns")
+    start, stop = parse_timestamp(r["start_timestamp"]), parse_timestamp(r["stop_timestamp"])
+    if not (math.isfinite(start) and math.isfinite(stop)) or start < 0 or stop <= start:
+        bad.append(f"{path}:{line}: start {r['start_timestamp']} is not before stop {r['stop_timestamp']}")
+        return None
+    text = next((r[c] for c in TEXT_COLUMNS if r.get(c)), "")
+    return (r["video_id"], start, stop, text)
+
+
+def _csv_spans(path: Path, index: VideoIndex, segments: bool) -> list[Span]:
     _, rows = open_csv(path, ("video_id",))
     if not rows:
         raise ValueError(f"{path}: no rows")
-    spans: list[tuple[str, float | None, float | None]] = []
+    spans: list[Span] = []
     seen: set[str] = set()
+    bad: list[str] = []
     for line, r in rows:
         if not index.exists(r["video_id"]):
             raise ValueError(f"{path}:{line}: video_id {r['video_id']!r} not found under {index.root}")
         if segments:
-            if not (r.get("start_timestamp") and r.get("stop_timestamp")):
-                raise ValueError(f"{path}:{line}: --segments needs start_timestamp and stop_timestamp columns")
-            spans.append((r["video_id"], parse_timestamp(r["start_timestamp"]), parse_timestamp(r["stop_timestamp"])))
+            span = _segment(path, line, r, bad)
+            spans += [span] if span is not None else []
         elif r["video_id"] not in seen:
             seen.add(r["video_id"])
-            spans.append((r["video_id"], None, None))
+            spans.append((r["video_id"], None, None, ""))
+    if bad:
+        print(f"{len(bad)} segment row(s) left out (empty or backwards time span); first: {bad[0]}", flush=True)
+    if not spans:
+        raise ValueError(f"{path}: no usable rows")
     return spans
 
 
 def list_clips(
     source: str | Path, root: str | None, segments: bool, clip_seconds: float, stride_seconds: float
-) -> tuple[Path, bool, list[Clip]]:
-    """(video root, chunked, clips) of ``source``; ConfigError (one line) for a source of another kind.
-    A whole video that cannot be probed is named once, counted and left out."""
+) -> tuple[Path, bool, list[Clip], list[str]]:
+    """(video root, chunked, clips, each clip's caption) of ``source``; ConfigError (one line) for a source
+    of another kind. A whole video that cannot be probed, or a segment row whose span is empty or
+    backwards, is named once, counted and left out."""
     src = Path(source)
     if src.is_file() and src.suffix.lower() == ".csv":
         if not root:
@@ -77,14 +97,15 @@ def list_clips(
         video_root, chunked = src, (src / MANIFEST_NAME).is_file()
         index = VideoIndex(video_root, chunked)
         keys = sorted(index.videos) if chunked else [p.relative_to(src).as_posix() for p in find_videos(src)]
-        spans = [(k, None, None) for k in keys]
+        spans = [(k, None, None, "") for k in keys]
     else:
         raise ConfigError(
             f"{src}: not a video source (a chunk tree with {MANIFEST_NAME}, a folder of videos, or a dataset CSV)"
         )
     clips: list[Clip] = []
+    texts: list[str] = []
     bad: list[str] = []
-    for key, start, end in spans:
+    for key, start, end, text in spans:
         try:
             entry = lookup(index, key, chunked)
         except DataError as e:
@@ -92,13 +113,17 @@ def list_clips(
             continue
         duration = entry.num_frames / entry.fps
         lo, hi = (0.0, duration) if start is None else (start, min(end, duration))
-        clips += [(key, a, b) for a, b in windows(lo, hi, clip_seconds, stride_seconds)]
+        if hi <= lo:
+            bad.append(f"{key}: segment [{lo:.2f}, {end:.2f}] s starts after the video's end ({duration:.2f} s)")
+            continue
+        cut = [(key, a, b) for a, b in windows(lo, hi, clip_seconds, stride_seconds)]
+        clips += cut
+        texts += [text] * len(cut)
     if bad:
-        log.warning("%d video(s) could not be opened and are left out; first: %s", len(bad), bad[0])
-        print(f"{len(bad)} video(s) left out (could not be opened): {'; '.join(bad[:3])}", flush=True)
+        print(f"{len(bad)} video(s) or segment(s) left out: {'; '.join(bad[:3])}", flush=True)
     if not clips:
         raise ConfigError(f"{src}: no decodable video found")
-    return video_root, chunked, clips
+    return video_root, chunked, clips, texts
 
 
 def lookup(index: VideoIndex, key: str, chunked: bool) -> VideoEntry:

@@ -21,7 +21,7 @@ from avion_ds.models.weights.loading import prepare_state_dict
 from avion_ds.storage.run_dir import checkpoint_dir, clean_key, lazy_state_dict
 from avion_ds.storage.safe_load import load_checkpoint_file
 from avion_ds.storage.safetensors_stream import SafetensorsReader
-from avion_ds.storage.torchscript import torchscript_root
+from avion_ds.storage.torchscript import torchscript_root, torchscript_shapes
 from avion_ds.tasks.common.weights_report import maps_kinetics710_head
 
 PICKED = ("model.safetensors", "pytorch_model.bin", "mp_rank_00_model_states.pt")  # read_checkpoint's order
@@ -37,16 +37,18 @@ def _meta(obj: Any) -> Any:
 
 
 def shape_only(source: str | Path, trust: bool) -> dict[str, Any] | None:
-    """What ``read_checkpoint(source)`` would return, with shape-only tensors; None where shapes alone
-    cannot be had cheaply (TorchScript releases: the real load checks them)."""
+    """What ``read_checkpoint(source)`` would return, with shape-only tensors (TorchScript releases: their
+    module tree read without a storage); None where shapes alone cannot be had."""
     path = Path(source)
     if path.is_dir() and checkpoint_dir(path).is_dir() and not (path / "model.safetensors").is_file():
         lazy = lazy_state_dict(path, None, trust)
         return {clean_key(k): torch.empty(v.shape, dtype=v.dtype, device="meta") for k, v in lazy.items()}
     if path.is_dir():
         path = next((path / n for n in PICKED if (path / n).is_file()), path)
-    if not path.is_file() or torchscript_root(path) is not None:
+    if not path.is_file():
         return None
+    if torchscript_root(path) is not None:
+        return torchscript_shapes(path)
     if path.suffix == ".safetensors":
         return SafetensorsReader(path).meta()
     return _meta(load_checkpoint_file(path, trust, mmap=True))

@@ -67,6 +67,11 @@ def _rebuild_tensor(storage: torch.Tensor, offset: int, size: Any, stride: Any, 
     return storage.as_strided(tuple(size), tuple(stride), offset).clone()
 
 
+def _shape_only(storage: torch.Tensor, _offset: int, size: Any, *_: Any) -> torch.Tensor:
+    """The tensor's shape and dtype on the meta device: no storage was read."""
+    return torch.empty(tuple(size), dtype=storage.dtype, device="meta")
+
+
 class _Unpickler(pickle.Unpickler):
     def __init__(self, data: bytes, archive: zipfile.ZipFile, root: str, path: Path, scan: bool = False) -> None:
         super().__init__(io.BytesIO(data))
@@ -77,7 +82,7 @@ class _Unpickler(pickle.Unpickler):
         if module == "__torch__" or module.startswith("__torch__."):
             return self.classes.setdefault(f"{module}.{name}", type(name, (ScriptObject,), {}))
         if (module, name) == ("torch._utils", "_rebuild_tensor_v2"):
-            return _same if self.scan else _rebuild_tensor
+            return _shape_only if self.scan else _rebuild_tensor
         if module == "torch.jit._pickle" and name in _JIT_PICKLE:
             return _same
         if (module, name) == ("collections", "OrderedDict"):
@@ -132,6 +137,12 @@ def _collect(obj: Any, prefix: str, out: dict[str, torch.Tensor], seen: set[int]
             _collect(value, f"{prefix}{name}.", out, seen)
 
 
+def _other_pickles(archive: zipfile.ZipFile, root: str) -> list[str]:
+    """The archive's pickles besides ``data.pkl`` (``constants.pkl``, ``code/*.debug_pkl``): torch.jit.load
+    would unpickle them, so they pass the same restricted unpickler before anything else is read."""
+    return [n for n in archive.namelist() if n.startswith(root) and n.endswith("pkl") and n != f"{root}data.pkl"]
+
+
 def _module_tree(path: Path, scan: bool) -> ScriptObject:
     """The archive's module tree from its ``data.pkl`` (``scan``: types only, no tensor data read);
     ``UntrustedCheckpoint`` for a global we do not allow, ``ConfigError`` (one line) for a truncated or
@@ -141,6 +152,8 @@ def _module_tree(path: Path, scan: bool) -> ScriptObject:
         raise ValueError(f"{path} is not a TorchScript archive (no <root>/data.pkl with code/ or constants.pkl)")
     try:
         with zipfile.ZipFile(path) as z:
+            for other in _other_pickles(z, root):  # constants.pkl: read by the same rules, kept nowhere
+                _Unpickler(z.read(other), z, root, path, scan=True).load()
             top = _Unpickler(z.read(f"{root}data.pkl"), z, root, path, scan).load()
     except UntrustedCheckpoint:
         raise
@@ -158,6 +171,13 @@ def check_torchscript(path: str | Path) -> None:
     """Refuse, before any work starts, an archive :func:`read_torchscript_state_dict` would refuse: its
     ``data.pkl`` is read by the same restricted unpickler, without reading a tensor."""
     _module_tree(Path(path), scan=True)
+
+
+def torchscript_shapes(path: str | Path) -> dict[str, torch.Tensor]:
+    """The archive's state dict with shape-only tensors (meta device): what start-up fits to the model."""
+    out: dict[str, torch.Tensor] = {}
+    _collect(_module_tree(Path(path), scan=True), "", out, set())
+    return out
 
 
 def read_torchscript_state_dict(path: str | Path) -> dict[str, torch.Tensor]:
