@@ -10,7 +10,8 @@ from avion_ds.cli.args import Parser, add_positional_alias, alias_positional
 from avion_ds.cli.parsers import add_weights_option
 from avion_ds.cli.plugins import add_plugin_option, import_plugins
 from avion_ds.config import ConfigError
-from avion_ds.engine.export import export, export_hf, run_weights
+from avion_ds.engine.export import export, run_weights
+from avion_ds.engine.export_formats import FORMATS, export_as
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -25,7 +26,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--out",
         required=True,
-        help="output file (.safetensors recommended, or .pt), or the directory to create with --format hf",
+        help="output file (.safetensors recommended, or .pt; AVION's checkpoint_best.pt with --format avion), "
+        "or the directory to create with --format hf / open_clip",
     )
     p.add_argument(
         "--tag", default=None, help="checkpoint tag, or best (the one best.json names); default: newest complete"
@@ -33,9 +35,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--format",
         default="safetensors",
-        choices=("safetensors", "hf"),
-        help="safetensors: one fp32 state dict for create_model(pretrained=...); hf: a Hugging Face "
-        "VideoMAEForVideoClassification directory (single-head models, or one --head)",
+        choices=FORMATS,
+        help="safetensors: one fp32 state dict for create_model(pretrained=...) (our layout, any model); hf: a "
+        "Hugging Face directory with its preprocessor_config.json (a classifier as VideoMAEForVideoClassification: "
+        "single-head models, or one --head; a pretraining run as VideoMAEForPreTraining); open_clip: a directory "
+        "open_clip.create_model('local-dir:DIR') loads (a dual encoder); avion: AVION's checkpoint_best.pt "
+        "layout (a dual encoder)",
     )
     p.add_argument(
         "--head",
@@ -63,13 +68,8 @@ def main(argv: list[str] | None = None) -> int:
         tag = opened.tag
         weights = args.weights or run_weights(Path(args.run_dir))
         which = ", ema weights" if weights == "ema" else ""  # the trained weights unless said
-        if args.format == "hf":
-            diff = export_hf(args.run_dir, args.out, tag, args.head, args.trust_checkpoint, weights)
-            print(
-                f"wrote {args.out} (Hugging Face VideoMAEForVideoClassification, checkpoint {tag}"
-                f"{', head ' + args.head if args.head else ''}{which}; reloaded with transformers: max |logit "
-                f"difference| {diff:.2e})"
-            )
+        if args.format != "safetensors" or args.head is not None:  # another library's layout (engine.export_formats)
+            print(export_as(args.format, args.run_dir, args.out, tag, args.head, args.trust_checkpoint, weights))
             return 0
         out = export(args.run_dir, args.out, tag, args.trust_checkpoint, weights)
     except ConfigError as e:

@@ -6,6 +6,10 @@ Every file is read with ``weights_only`` + allowlist (``--trust-checkpoint`` opt
 loads with ``create_model(name, pretrained=file)``; its metadata names the model and architecture.
 ``--weights ema`` writes the run's weight EMA (``ema.decay``; ``engine.ema``) in place of the trained
 parameters; the default is the run recipe's ``ema.weights`` (``model`` when it kept no EMA).
+
+The safetensors file is our layout for every model kind (a pretraining run's ``encoder.*`` /
+``decoder.*`` / ``encoder_to_decoder`` / ``mask_token``, a dual encoder's ``visual.*`` / ``textual.*``);
+other libraries' layouts (``--format hf | open_clip | avion``): :mod:`avion_ds.engine.export_formats`.
 """
 
 from __future__ import annotations
@@ -17,7 +21,6 @@ import torch
 import yaml
 from safetensors.torch import save_file
 
-from avion_ds.config import ConfigError
 from avion_ds.distributed.run_log import progress
 from avion_ds.engine.ema import EmaFiles, with_ema
 from avion_ds.storage.run_dir import (
@@ -108,40 +111,3 @@ def export(
     bar.update(1)
     bar.close()
     return out
-
-
-def export_hf(
-    run_dir: str | Path,
-    out: str | Path,
-    tag: str | None = None,
-    head: str | None = None,
-    trust: bool = False,
-    weights: str = "model",
-) -> float:
-    """Write ``run_dir``'s checkpoint as a Hugging Face ``VideoMAEForVideoClassification`` directory.
-
-    Needs the run's ``recipe.yaml`` (the architecture); returns the max |logit difference| between
-    our model and the directory loaded back by transformers (see ``avion_ds.models.vit.hf``).
-    """
-    from avion_ds.models import load_pretrained  # lazy: the models take seconds to import (export --help)
-    from avion_ds.models.vit.hf import check_exportable, save_hf  # lazy: models + transformers take seconds to import
-    from avion_ds.tasks import load_recipe, task_of  # lazy: the task registry (+ data, ~0.1 s) only for --format hf
-
-    run_dir = Path(run_dir)
-    if not (run_dir / "recipe.yaml").is_file():
-        raise ConfigError(f"--format hf needs {run_dir / 'recipe.yaml'} (the run's architecture)")
-    recipe = load_recipe(run_dir / "recipe.yaml", ["model.drop_path_rate=0.0"])
-    model = task_of(recipe).build_model(recipe, pretrained="")
-    try:
-        check_exportable(model, head)
-    except ValueError as e:
-        raise ConfigError(f"--format hf: {e}") from None
-    with progress(desc="export (consolidate, convert + write + reload)", total=2, unit="step") as bar:
-        load_pretrained(model, consolidated(run_dir, tag, trust, weights), strict=True)
-        bar.update(1)
-        try:
-            diff = save_hf(model, out, head)
-        except ValueError as e:  # transformers missing
-            raise ConfigError(str(e)) from None
-        bar.update(1)
-    return diff

@@ -13,6 +13,10 @@ Layouts (detected from the keys; the file never changes the architecture):
   weight), ``module.textual.*`` (``text_projection`` inside), the run's ``args`` beside them;
 * ``avion_ds``  our own names.
 
+An ``avion-ds export --format open_clip`` directory (``open_clip_model.safetensors``) reads as ``clip``,
+with the video tower's temporal embedding from ``temporal_embedding.safetensors`` beside it (OpenCLIP's
+image tower has none; :mod:`avion_ds.models.clip.export` writes both).
+
 Projections: ``projection="auto"`` loads the file's when their sizes equal the model's, else the
 model keeps fresh ones; ``"fresh"`` always does (AVION's start from CLIP). Fresh means
 ``visual.proj``, ``textual.proj`` and ``logit_scale`` all start anew (one embedding space); the
@@ -31,6 +35,7 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
+from safetensors.torch import load_file
 from torch import nn
 
 from avion_ds.models.partition import state_shapes
@@ -42,6 +47,8 @@ logger = logging.getLogger(__name__)
 
 StateDict = dict[str, torch.Tensor]
 PROJECTIONS = ("visual.proj", "textual.proj", "logit_scale")
+OPEN_CLIP_WEIGHTS = "open_clip_model.safetensors"  # the weights of an open_clip export directory
+TEMPORAL_SIDE_FILE = "temporal_embedding.safetensors"  # beside them: the video tower's temporal embedding
 AVION_MODELS = {  # AVION's --model -> our registered name
     "CLIP_VITB16": "clip_vit_base_patch16_224",
     "CLIP_VITL14": "clip_vit_large_patch14_224",
@@ -180,10 +187,34 @@ def _projection_mode(mapped: StateDict, target: dict[str, torch.Size], mode: str
     return False, "projection loaded (sizes match)"
 
 
+def open_clip_export(source: str | Path | dict) -> tuple[Path, Path | None] | None:
+    """(weights, temporal side file or None) when ``source`` is an open_clip export directory or its
+    ``open_clip_model.safetensors``; None otherwise."""
+    if isinstance(source, dict):
+        return None
+    path = Path(source)
+    weights = path / OPEN_CLIP_WEIGHTS if path.is_dir() else path
+    if weights.name != OPEN_CLIP_WEIGHTS or not weights.is_file():
+        return None
+    side = weights.with_name(TEMPORAL_SIDE_FILE)
+    return weights, side if side.is_file() else None
+
+
 def read_clip_source(source: str | Path | dict, trust: bool = False) -> tuple[StateDict, Any, bool]:
-    """(flat state dict, AVION ``args`` or None, read from a TorchScript archive?)."""
+    """(flat state dict, AVION ``args`` or None, read from a TorchScript archive?); an open_clip export
+    directory gives its weights plus the temporal embedding of its side file."""
     if not isinstance(source, dict) and Path(source).is_file() and torchscript_root(source) is not None:
         return read_torchscript_state_dict(source), None, True
+    export = open_clip_export(source)
+    if export is not None:
+        sd = unwrap(read_checkpoint(export[0], trust))
+        if export[1] is not None:
+            try:
+                sd.update(load_file(str(export[1]), device="cpu"))
+            except Exception as e:  # corrupt / truncated side file
+                msg = (str(e).strip().splitlines() or [type(e).__name__])[0]
+                raise ValueError(f"cannot read {export[1]}: {msg}") from e
+        return sd, None, False
     ckpt = read_checkpoint(source, trust)
     args = ckpt.get("args") if isinstance(ckpt, dict) else None
     return unwrap(ckpt), args, False
@@ -208,6 +239,9 @@ def prepare_clip_state_dict(
     report = LoadReport(format="clip-torchscript" if scripted else fmt)
     if args is not None:
         _check_args(args, model, report)
+    export = open_clip_export(source)
+    if export is not None and export[1] is not None:
+        report.notes.append(f"temporal embedding from {export[1].name} (open_clip export)")
     mapped: StateDict = {}
     for k, v in sd.items():
         name = k if fmt == "avion_ds" else map_clip_key(k, fmt)

@@ -9,7 +9,7 @@ from typing import Any
 
 from avion_ds.models.arch import ViTArch
 from avion_ds.models.mae.model import MAEArch, VideoMAEPretrain
-from avion_ds.models.mae.weights import decoder_dims, load_pretrained_mae
+from avion_ds.models.mae.weights import config_eps, decoder_dims, load_pretrained_mae
 from avion_ds.models.registry import register_model
 from avion_ds.models.weights.loading import read_checkpoint, unwrap
 
@@ -48,22 +48,37 @@ def pretrain_names() -> list[str]:
     return sorted(_MAE_ARCHS)
 
 
+def file_overrides(name: str, source: Any, sd: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any]:
+    """What a pretraining checkpoint fixes of ``name``'s architecture beyond ``overrides``: the decoder's
+    width and depth (from the shapes) and the LayerNorm eps (a Hugging Face config.json's ``layer_norm_eps``),
+    where they differ from the registered size; one-line ValueError for a width the heads do not divide."""
+    base = pretrain_arch(name, **overrides)
+    inferred: dict[str, Any] = {
+        k: v for k, v in decoder_dims(sd).items() if k not in overrides and v != getattr(base, k)
+    }
+    eps = config_eps(source)
+    if eps is not None and "norm_eps" not in overrides and eps != base.encoder.norm_eps:
+        inferred["norm_eps"] = eps
+    if "decoder_dim" in inferred and "decoder_heads" not in overrides and inferred["decoder_dim"] % base.decoder_heads:
+        raise ValueError(
+            f"{name}: {_source_name(source)} has a {inferred['decoder_dim']} wide decoder, not divisible "
+            f"by {base.decoder_heads} heads; pass decoder_heads="
+        )
+    return inferred
+
+
 def _build(name: str, pretrained: Any, overrides: dict[str, Any]) -> VideoMAEPretrain:
     """Build ``name``; with ``pretrained``, the decoder's width and depth are the file's (VideoMAE V1
-    and V2 differ: ViT-H 640 vs 512 wide) unless given in ``overrides``, and the file is read once."""
+    and V2 differ: ViT-H 640 vs 512 wide) and so is a Hugging Face config's LayerNorm eps, unless given in
+    ``overrides``, and the file is read once."""
     if pretrained is None or pretrained == "":
         return VideoMAEPretrain(pretrain_arch(name, **overrides))
     sd = unwrap(read_checkpoint(pretrained))
     base = pretrain_arch(name, **overrides)
-    inferred = {k: v for k, v in decoder_dims(sd).items() if k not in overrides and v != getattr(base, k)}
-    if "decoder_dim" in inferred and "decoder_heads" not in overrides and inferred["decoder_dim"] % base.decoder_heads:
-        raise ValueError(
-            f"{name}: {_source_name(pretrained)} has a {inferred['decoder_dim']} wide decoder, not divisible "
-            f"by {base.decoder_heads} heads; pass decoder_heads="
-        )
+    inferred = file_overrides(name, pretrained, sd, overrides)
     if inferred:
         logger.info(
-            "%s: decoder %s from %s (registered: dim %d, depth %d)",
+            "%s: %s from %s (registered: decoder dim %d, depth %d)",
             name,
             ", ".join(f"{k}={v}" for k, v in inferred.items()),
             _source_name(pretrained),

@@ -27,6 +27,7 @@ from torch import nn
 
 from avion_ds.models.partition import state_shapes
 from avion_ds.models.vit.weights import FILTERS
+from avion_ds.models.weights.hf_config import hf_config, layer_norm_eps_note
 from avion_ds.models.weights.loading import load_pretrained, read_checkpoint, unwrap
 from avion_ds.models.weights.report import LoadReport
 
@@ -102,6 +103,13 @@ def decoder_dims(sd: StateDict) -> dict[str, int]:
     return out
 
 
+def config_eps(source: str | Path | dict) -> float | None:
+    """The ``layer_norm_eps`` of the config.json beside a Hugging Face ``source`` (None without one)."""
+    config = hf_config(source)
+    eps = config.get("layer_norm_eps") if config else None
+    return float(eps) if isinstance(eps, (int, float)) and not isinstance(eps, bool) else None
+
+
 def prepare_mae_state_dict(
     model: nn.Module, source: str | Path | dict, trust: bool = False
 ) -> tuple[StateDict, LoadReport]:
@@ -110,6 +118,9 @@ def prepare_mae_state_dict(
     sd = unwrap(read_checkpoint(source, trust))
     fmt = detect_mae_format(sd)
     report = LoadReport(format=f"{fmt} (pretraining)")
+    note = layer_norm_eps_note(source, model.arch.encoder.norm_eps)
+    if note:
+        report.notes.append(note)
     sd = _MAE_FILTERS[fmt](sd, model, report)
     target = state_shapes(model)
     for k, v in sd.items():

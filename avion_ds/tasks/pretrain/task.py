@@ -25,7 +25,7 @@ from avion_ds.data.datasets.build import dataset_spec
 from avion_ds.data.datasets.registry import names_of_kind
 from avion_ds.data.masking import MaskSpec
 from avion_ds.distributed.ds_config import zero_stage
-from avion_ds.tasks.base import EvalOutcome, LossParts, ModelSummary, Task
+from avion_ds.tasks.base import EvalOutcome, LossParts, ModelSummary, Task, build_with_weights
 from avion_ds.tasks.common.predictions import PredictionStore
 from avion_ds.tasks.registry import register_task
 
@@ -78,6 +78,20 @@ def build_pretrain_model(recipe: Recipe, pretrained: str | None = None) -> nn.Mo
 
     source = pretrained if pretrained is not None else (recipe.model.pretrained or None)
     return create_model(recipe.model.name, pretrained=source or None, **model_options(recipe))
+
+
+def checkpoint_overrides(recipe: Recipe, source: str, options: dict[str, Any]) -> dict[str, Any]:
+    """The architecture a pretraining checkpoint fixes beyond the recipe (decoder width / depth, a Hugging
+    Face config's LayerNorm eps); an unreadable file or an impossible size is one line (ConfigError)."""
+    from avion_ds.models.mae.sizes import file_overrides  # lazy: heavy (timm, torchvision)
+    from avion_ds.models.weights.loading import read_checkpoint, unwrap  # lazy: heavy (timm, torchvision)
+
+    try:
+        sd = unwrap(read_checkpoint(source, recipe.model.trust_checkpoint))
+        return file_overrides(recipe.model.name, source, sd, options)
+    except (OSError, ValueError, TypeError) as e:  # not found, unreadable, untrusted pickle, bad decoder width
+        msg = (str(e).strip().splitlines() or [type(e).__name__])[0]
+        raise ConfigError(f"model.pretrained={source}: {msg}") from None
 
 
 def mask_spec(recipe: Recipe) -> MaskSpec:
@@ -135,17 +149,17 @@ class PretrainTask(Task):
         run_dir: Path | None = None,
         ds_config: dict[str, Any] | None = None,
     ) -> nn.Module:
-        from avion_ds.models.weights.sharded import build_partitioned  # lazy: heavy (timm, torchvision)
-
         source = pretrained if pretrained is not None else recipe.model.pretrained
         if source and zero_stage(ds_config) == 3:
             raise ConfigError(
                 f"model.pretrained={source}: continuing a pretraining run from weights under ZeRO-3 "
                 "is not supported yet; resume from the run's checkpoint instead"
             )
-        if source:
-            return build_pretrain_model(recipe, str(source))
-        return build_partitioned(lambda: build_pretrain_model(recipe, ""), ds_config)
+        kw = model_options(recipe)
+        if source:  # the decoder's size (and a Hugging Face config's eps) come from the file
+            kw = {**kw, **checkpoint_overrides(recipe, str(source), kw)}
+        # loaded and reported as every task's weights are: one line, pretrained_report.json, the coverage check
+        return build_with_weights(recipe, kw, str(source or ""), run_dir, ds_config)
 
     def prepare_datasets(self, recipe: Recipe, *datasets: Any) -> None:
         spec = mask_spec(recipe)  # masks are drawn loader-side, per clip
