@@ -17,6 +17,7 @@ from avion_ds.tasks.common.action_head_metrics import mean_class_accuracy
 from avion_ds.tasks.zero_shot.classes import (
     ClassSet,
     charades_map,
+    check_labels_fit,
     epic_action_classes,
     epic_class_files,
     epic_narration_files,
@@ -111,13 +112,23 @@ class EpicBenchmark(ZeroShotBenchmark):
     def class_sets(self, recipe: Recipe, dataset: Any) -> list[ClassSet]:
         d = recipe.data
         files = epic_class_files(d.class_list, d.val_csv)
-        sets = [
-            ClassSet(head, [[c] for c in read_epic_classes(files[head], head == "noun")], str(files[head]))
-            for head in ("verb", "noun")
-        ]
+        sets = []
+        for head in ("verb", "noun"):
+            names = read_epic_classes(files[head], head == "noun")
+            check_labels_fit(files[head], head, len(names), d.val_csv)
+            sets.append(ClassSet(head, [[c] for c in names], str(files[head])))
         sources = epic_narration_files(d.train_csv, d.val_csv)
         keys, narrations = epic_action_classes(sources)
-        sets.append(ClassSet("action", narrations, " + ".join(map(str, sources))))
+        both = len(sources) == 2
+        note = (
+            ""
+            if both
+            else f"zero-shot: EPIC action classes from {d.val_csv} alone ({len(keys)} verb:noun pairs): no EPIC train "
+            "CSV with a narration column (data.train_csv, or EPIC_100_train.csv / train.csv beside it); LaViLa's "
+            "are the train + val pairs (preprocess.py): fewer classes here, action accuracy not comparable"
+        )
+        report = {"action_classes_from": "train+val" if both else "val only"}
+        sets.append(ClassSet("action", narrations, " + ".join(map(str, sources)), report, note))
         dataset.zero_shot_action_ids = {k: i for i, k in enumerate(keys)}
         return sets
 

@@ -20,7 +20,7 @@ Class sets, read from the files as released:
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -61,6 +61,8 @@ class ClassSet:
     head: str
     names: list[list[str]]
     source: str
+    report: dict[str, Any] = field(default_factory=dict)  # what the eval JSON adds for this head
+    note: str = ""  # a start-up line about this head (printed once)
 
     def __len__(self) -> int:
         return len(self.names)
@@ -84,6 +86,21 @@ def read_epic_classes(path: str | Path, noun: bool) -> list[str]:
     for i, (_, r) in zip(ids, rows):
         names[int(i)] = epic_key_name(r["key"], noun)
     return names
+
+
+def check_labels_fit(class_file: Path, head: str, count: int, val_csv: str | Path) -> None:
+    """ValueError (one line: the class file, the largest ``{head}_class`` of ``val_csv`` and its line, the
+    class count) when the validation labels use a class the file lacks: no prompt exists for it."""
+    top, where = -1, 0
+    for line, r in open_csv(val_csv, EPIC_REQUIRED)[1]:
+        v = parse_int(r[f"{head}_class"])
+        if v is not None and v > top:
+            top, where = v, line
+    if top >= count:
+        raise ValueError(
+            f"{class_file}: {count} {head} classes (ids 0..{count - 1}), but {val_csv}:{where} has {head}_class "
+            f"{top} (the largest label); the class file must name every class the labels use"
+        )
 
 
 def epic_class_files(class_list: str, val_csv: str) -> dict[str, Path]:

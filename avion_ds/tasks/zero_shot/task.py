@@ -69,10 +69,17 @@ def class_sets(recipe: Recipe, dataset: Any) -> tuple[list[ClassSet], dict[str, 
         sets = benchmark(recipe).class_sets(recipe, dataset)
     except (ValueError, FileNotFoundError) as e:
         raise ConfigError(f"zero-shot classes: {e}") from None
+    report: dict[str, Any] = {
+        "classes": {s.head: len(s) for s in sets},
+        "class_sources": {s.head: s.source for s in sets},
+    }
     for s in sets:
         if not len(s):
             raise ConfigError(f"zero-shot classes: {s.source} gives no {s.head} classes")
-    return sets, {"classes": {s.head: len(s) for s in sets}, "class_sources": {s.head: s.source for s in sets}}
+        report.update(s.report)
+        if s.note and dist.is_main():
+            print(s.note, flush=True)
+    return sets, report
 
 
 def check_towers(report: LoadReport, source: str) -> None:
