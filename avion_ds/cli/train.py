@@ -19,7 +19,7 @@ import yaml
 
 from avion_ds.cli.parsers import train_args as parse_args
 from avion_ds.cli.plugins import import_plugins
-from avion_ds.config import ConfigError, save_recipe
+from avion_ds.config import ConfigError, Recipe, save_recipe
 from avion_ds.data import DeviceAugment, build_loader
 from avion_ds.data.decode.select import pick_decoder
 from avion_ds.data.errors import DataError
@@ -78,7 +78,7 @@ def setup_run(args: argparse.Namespace) -> RunSetup:
         print(
             f"# avion-ds train --dry-run: all checks passed | {sm.name} {sm.params / 1e6:.2f}M params, "
             f"{gflops_text(sm.gflops)} GFLOPs/clip, token grid {sm.grid} | world {setup.world} | "
-            f"{setup.steps_per_epoch} steps/epoch"
+            f"{setup.steps_per_epoch} steps/epoch | {weight_decay_text(recipe)}"
         )
         for ds in (setup.train_set, setup.val_set):
             print(f"# data {ds.startup_line()}")
@@ -125,6 +125,20 @@ def build_data(setup: RunSetup, run_dir: Path) -> tuple[TrainData, str]:
     ), decoder_note
 
 
+def weight_decay_text(recipe: Recipe) -> str:
+    """The decayed groups' weight decay for the summary line: constant, or ``optim.weight_decay_end``'s cosine,
+    said as rising when the end is above the start (allowed: docs/training.md)."""
+    o = recipe.optim
+    if o.weight_decay_end is None:
+        return f"weight decay {o.weight_decay:g}"
+    if o.weight_decay_end > o.weight_decay:
+        return (
+            f"weight decay {o.weight_decay:g} -> {o.weight_decay_end:g} (rising: optim.weight_decay_end > "
+            "optim.weight_decay, a cosine up over the run as DINO-style recipes)"
+        )
+    return f"weight decay {o.weight_decay:g} -> {o.weight_decay_end:g} (cosine)"
+
+
 def start_lines(setup: RunSetup, trainer: Trainer) -> list[str]:
     """What the run is: task, model, world, ZeRO stage, precision, batch arithmetic, backends."""
     recipe, plan, world = setup.recipe, setup.plan, setup.world
@@ -135,7 +149,7 @@ def start_lines(setup: RunSetup, trainer: Trainer) -> list[str]:
             f"avion-ds train: {setup.task.name} {recipe.model.name} | world {world} | ZeRO-{zero_stage(setup.ds_config)} | "
             f"{trainer.precision} | global batch {plan.global_batch} = micro {plan.micro_batch} x accum "
             f"{plan.grad_accum} x world {world} | {setup.steps_per_epoch} steps/epoch x {recipe.schedule.epochs} "
-            f"epochs | activation checkpointing {ac} | run dir {recipe.output_dir}"
+            f"epochs | {weight_decay_text(recipe)} | activation checkpointing {ac} | run dir {recipe.output_dir}"
         ),
         backends_line(trainer.engine.module, recipe, trainer.device, trainer.dtype),
         *([filled] if filled else []),
