@@ -16,7 +16,7 @@ from avion_ds.cli.plugins import add_plugin_option, import_plugins
 from avion_ds.config import ConfigError, Recipe, add_override_option
 from avion_ds.data.augment import DeviceAugment
 from avion_ds.distributed import dist
-from avion_ds.tasks.pretrain.reconstruct import load_clip, pretraining_recipe, reconstruct_grid
+from avion_ds.tasks.pretrain.reconstruct import load_clip, named_rows, pretraining_recipe, reconstruct_grid
 from avion_ds.tasks.pretrain.task import build_pretrain_model, mask_spec
 
 if TYPE_CHECKING:
@@ -79,7 +79,7 @@ def run(args: argparse.Namespace) -> int:
     pil = Image.fromarray(img)
     if scale > 1:
         pil = pil.resize((img.shape[1] * scale, img.shape[0] * scale), Image.NEAREST)
-    pil.save(out)
+    Image.fromarray(named_rows(np.asarray(pil))).save(out)  # the rows named on a left margin
     print(
         f"wrote {out}: rows original / masked ({recipe.pretrain.mask_type} {recipe.pretrain.mask_ratio}) / "
         f"reconstruction, {len(drawn)} mask(s), clip loss {loss:.4f}",

@@ -28,22 +28,24 @@ HIDDEN_SIZE_KEYS: dict[str, Callable[[int], int]] = {
 }
 
 
-def model_hidden_size(name: str) -> int:
-    """The hidden size of registered model ``name``: its video transformer's width (``avion-ds models``'
-    width column), or the larger tower's for a dual encoder (HF: "if there are many hidden sizes pick the
-    largest one"); a pretraining model's encoder. Nothing is built."""
-    from avion_ds.models import pretrain_arch, registered_arch  # lazy: heavy (timm, torchvision)
-    from avion_ds.models.mae.sizes import pretrain_names  # lazy: heavy (timm, torchvision)
+_READERS: list[Callable[[str], int]] = []  # model name -> hidden size; the model layers sit above this one
 
-    try:
-        arch = pretrain_arch(name) if name in pretrain_names() else registered_arch(name)
-    except ValueError as e:
-        raise ConfigError(f"model.name: {e}") from None
-    widths = [arch.video_transformer.embed_dim]
-    text = getattr(arch, "text", None)  # a dual encoder's text tower
-    if text is not None:
-        widths.append(text.embed_dim)
-    return int(max(widths))
+
+def register_hidden_size_reader(reader: Callable[[str], int]) -> Callable[[str], int]:
+    """Set how a registered model's hidden size is read (``avion_ds.tasks.base`` registers the model
+    registry's reader on import: every recipe is loaded through ``avion_ds.tasks``)."""
+    _READERS[:] = [reader]
+    return reader
+
+
+def model_hidden_size(name: str) -> int:
+    """The hidden size of registered model ``name`` (see :func:`register_hidden_size_reader`)."""
+    if not _READERS:
+        raise ConfigError(
+            f'deepspeed config: "auto" ZeRO bucket sizes need the hidden size of {name}, which is not known '
+            "here; give numbers"
+        )
+    return _READERS[0](name)
 
 
 def fill_hidden_size_keys(cfg: dict[str, Any], model_name: str) -> dict[str, int]:

@@ -3,7 +3,9 @@
 TensorBoard tags (also listed in the README):
   train/loss, train/loss_<head>, train/lr, train/grad_norm, train/loss_scale, train/clips_per_s,
   train/skipped_nonfinite, train/applied_steps, train/overflow_steps, train/bad_samples, time/data_wait_s, time/compute_s, time/data_wait_frac, mem/peak_gib,
-  eval/<metric> (top1, top5, mean_class; verb_/noun_/action_ for EPIC).
+  eval/<metric> (top1, top5, mean_class; verb_/noun_/action_ for EPIC);
+  images (the task's, at each evaluation): eval/reconstruction (pretraining), eval/confusion_<head>;
+  at start: the text run/recipe (the resolved recipe) and the run's hyperparameters (HPARAMS tab).
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import yaml
 from tqdm import tqdm
 
 from avion_ds.distributed import dist
@@ -57,6 +60,21 @@ def _row_step(line: str) -> float:
         return float(json.loads(line)["step"])
     except (ValueError, KeyError, TypeError):
         return float("inf")
+
+
+def hparam_values(tree: dict[str, Any], prefix: str = "") -> dict[str, bool | int | float | str]:
+    """``tree`` flattened to dotted keys with values TensorBoard's hparams take: numbers, strings and booleans
+    as they are, None as "none", lists as their JSON."""
+    out: dict[str, bool | int | float | str] = {}
+    for key, value in tree.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, dict):
+            out.update(hparam_values(value, f"{name}."))
+        elif isinstance(value, (bool, int, float, str)):
+            out[name] = value
+        else:
+            out[name] = "none" if value is None else json.dumps(value, default=str)
+    return out
 
 
 class RunLogger:
@@ -184,6 +202,25 @@ class RunLogger:
         if self.history is not None:
             self.history.write(json.dumps({"epoch": epoch, "step": step, "eval": metrics}) + "\n")
         self.info(f"[eval ep {epoch}] " + " ".join(f"{k}={v:.2f}" for k, v in metrics.items()))
+
+    def run_start(self, step: int, recipe: dict[str, Any], hparams: dict[str, Any], metrics: list[str]) -> None:
+        """At start: the resolved recipe as text (``run/recipe``) and the run's hyperparameters with the metric
+        tags to compare runs on (TensorBoard's HPARAMS tab, its summary API: in this run, not a sub-run)."""
+        if self.writer is None:
+            return
+        from torch.utils.tensorboard.summary import hparams as hparams_summary  # lazy: with the writer only
+
+        text = yaml.safe_dump(recipe, sort_keys=False)
+        self.writer.add_text("run/recipe", "".join(f"    {line}\n" for line in text.splitlines()), step)
+        experiment, session_start, _ = hparams_summary(hparam_values(hparams), dict.fromkeys(metrics, 0.0))
+        for summary in (experiment, session_start):
+            self.writer.file_writer.add_summary(summary, step)
+
+    def images(self, step: int, images: dict[str, Any]) -> None:
+        """Pictures ``{tag: (H, W, 3) uint8}`` (an evaluation's: ``Task.eval_images``)."""
+        if self.writer is not None:
+            for tag, img in images.items():
+                self.writer.add_image(tag, img, step, dataformats="HWC")
 
     def close(self) -> None:
         self.end_epoch()

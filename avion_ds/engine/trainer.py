@@ -355,9 +355,15 @@ class Trainer:
             out = self.task.evaluate(
                 self.engine, data.val_loader, data.eval_aug, views, self.device, self.dtype, r, bad_log=self.bad_log
             )
+            images = (  # every rank (the task may run the model), the same weights; rank 0 logs them
+                self.task.eval_images(self.engine, data.val_loader, data.eval_aug, self.device, self.dtype, r, out)
+                if r.logging.tensorboard
+                else {}
+            )
         if out.failed:
             self.log.info(failed_line(out.failed))
         self.log.eval(st.epoch, st.global_step, out.metrics)
+        self.log.images(st.global_step, images)
         if dist.is_main():
             (Path(r.output_dir) / "metrics.json").write_text(
                 json.dumps(
@@ -412,9 +418,19 @@ class Trainer:
         del it, loader
         return stop and st.step_in_epoch < spe
 
+    def hparams(self) -> dict[str, Any]:
+        """The run's hyperparameters (TensorBoard's HPARAMS tab): the resolved recipe's keys and what DeepSpeed
+        resolved (ZeRO stage, world, precision, batch)."""
+        e = self.engine
+        ds = {"zero_stage": self.stage, "world_size": self.world, "precision": self.precision}
+        ds |= {"train_batch_size": e.train_batch_size(), "gradient_accumulation_steps": e.gradient_accumulation_steps()}
+        return {**self.recipe.to_dict(), "deepspeed": ds}
+
     def fit(self, data: TrainData, exit_after: int | None = None) -> TrainState:
         """Epochs from ``state``: train, evaluate every ``eval.every_epochs`` (and last), checkpoint."""
         r, st = self.recipe, self.state
+        best = [f"eval/{self.task.best_metric}"] if self.task.best_metric else []
+        self.log.run_start(st.global_step, r.to_dict(), self.hparams(), ["train/loss", *best])
         for epoch in range(st.epoch, r.schedule.epochs):
             st.epoch = epoch
             if self.train_epoch(data, exit_after):

@@ -2,25 +2,31 @@
 and the memory probes (torchtitan's model spec, timm's training task).
 
 A task builds its model and prepares its datasets, turns a batch into a loss and the step's logged
-values, evaluates and names its metrics, sets its recipe defaults and checks its own recipe keys. The
-engine never branches on which task runs: it calls these methods. A task may build any ``nn.Module``
-(a ``VideoViT``, a masked autoencoder, a dual encoder). Adding a task = one package in ``avion_ds/tasks``
-with a ``@register_task`` class (and its recipe section, ``avion_ds.config.register_section``) + one import
-line in ``avion_ds/tasks/__init__.py``, or a module of another package named by ``--plugin`` (docs/design.md).
+values, evaluates and names its metrics (and draws the evaluation's pictures), sets its recipe defaults
+and checks its own recipe keys. The engine never branches on which task runs: it calls these methods.
+A task may build any ``nn.Module`` (a ``VideoViT``, a masked autoencoder, a dual encoder). Adding a task =
+one package in ``avion_ds/tasks`` with a ``@register_task`` class (and its recipe section,
+``avion_ds.config.register_section``) + one import line in ``avion_ds/tasks/__init__.py``, or a module of
+another package named by ``--plugin`` (docs/design.md).
 """
 
 from __future__ import annotations
 
+import importlib
+import importlib.util
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
+import numpy as np
 import torch
 from torch import nn
 
+from avion_ds.config import ConfigError
 from avion_ds.distributed import dist
+from avion_ds.distributed.ds_hidden import register_hidden_size_reader
 
 if TYPE_CHECKING:
     from avion_ds.config import Recipe
@@ -131,6 +137,28 @@ class Task(ABC):
     ) -> EvalOutcome:
         """Metrics over ``loader`` on all ranks (the sampler's padding removed)."""
 
+    def eval_images(
+        self,
+        model: Callable[..., Any],
+        loader: Any,
+        augment: Callable,
+        device: torch.device,
+        dtype: torch.dtype,
+        recipe: Recipe,
+        outcome: EvalOutcome,
+    ) -> dict[str, np.ndarray]:
+        """Pictures of the evaluation that produced ``outcome``, ``{tag: (H, W, 3) uint8}``, for TensorBoard.
+
+        Called on every rank right after ``evaluate`` (with the same weights) when ``logging.tensorboard`` is
+        on, so it may run ``model`` (ZeRO-3 needs every rank); rank 0's are logged. Default: the
+        ``eval_images(task, model, loader, augment, device, dtype, recipe, outcome)`` function of the
+        ``images`` module beside the task's module (e.g. ``avion_ds.tasks.pretrain.images``), else none."""
+        package = type(self).__module__.rpartition(".")[0]
+        name = f"{package}.images"
+        if not package or importlib.util.find_spec(name) is None:
+            return {}
+        return importlib.import_module(name).eval_images(self, model, loader, augment, device, dtype, recipe, outcome)
+
     def eval_line(self, metrics: dict[str, float], report: dict[str, Any] | None = None) -> str:
         """How `avion-ds eval` prints the metrics (``report``: the rest of the eval JSON, for a task whose
         headline figure lives there)."""
@@ -166,3 +194,23 @@ def build_with_weights(
             **load,
         )
     return model
+
+
+@register_hidden_size_reader
+def model_hidden_size(name: str) -> int:
+    """The hidden size of registered model ``name`` (what DeepSpeed's "auto" ZeRO bucket sizes are filled
+    from, ``avion_ds.distributed.ds_hidden``): its video transformer's width (``avion-ds models``' width
+    column; a pretraining model's encoder), or the larger tower's for a dual encoder (the HF Trainer: "if
+    there are many hidden sizes pick the largest one"). Nothing is built."""
+    from avion_ds.models import pretrain_arch, registered_arch  # lazy: heavy (timm, torchvision)
+    from avion_ds.models.mae.sizes import pretrain_names  # lazy: heavy (timm, torchvision)
+
+    try:
+        arch = pretrain_arch(name) if name in pretrain_names() else registered_arch(name)
+    except ValueError as e:
+        raise ConfigError(f"model.name: {e}") from None
+    widths = [arch.video_transformer.embed_dim]
+    text = getattr(arch, "text", None)  # a dual encoder's text tower
+    if text is not None:
+        widths.append(text.embed_dim)
+    return int(max(widths))

@@ -3,7 +3,7 @@
 ``evaluate_model`` runs any callable model (a DeepSpeed engine, a plain module, or a ZeRO-3 offload
 inference wrapper) over a (distributed) loader, aggregates multi-view clips, gathers all ranks'
 predictions and removes the sampler's padding. It lives below both entry points so neither CLI
-module imports the other.
+module imports the other. ``confusion_images`` draws a classification evaluation's confusion matrices.
 """
 
 from __future__ import annotations
@@ -11,11 +11,13 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+import numpy as np
 import torch
 
 from avion_ds.data.bad_input import BadInputLog, batch_messages
 from avion_ds.distributed.run_log import progress
 from avion_ds.tasks.common.classification_metrics import compute_metrics
+from avion_ds.tasks.common.pictures import confusion_image
 from avion_ds.tasks.common.predictions import PredictionStore, aggregate_outputs, failed_in_batch, gather_failed
 
 
@@ -64,3 +66,18 @@ def evaluate_model(
     bad_log.exchange(bad, fatal)
     index, scores, labels = store.gather()
     return compute_metrics(scores, labels), (index, scores, labels), gather_failed(failed, loader.dataset)
+
+
+def confusion_images(per_sample: list[dict[str, Any]] | None, classes: int | dict[str, int]) -> dict[str, np.ndarray]:
+    """``{"eval/confusion_<head>": picture}`` (one head: ``eval/confusion``) from an evaluation's per-sample
+    rows (:func:`~avion_ds.tasks.common.predictions.per_sample_records`); empty without rows."""
+    if not per_sample:
+        return {}
+    heads = classes if isinstance(classes, dict) else {"": classes}
+    out = {}
+    for head, n in heads.items():
+        key = f"{head}_" if head else ""
+        labels = np.array([r[f"{key}label"] for r in per_sample])
+        preds = np.array([r[f"{key}pred"] for r in per_sample])
+        out[f"eval/confusion_{head}" if head else "eval/confusion"] = confusion_image(labels, preds, int(n))
+    return out

@@ -3,7 +3,8 @@ ONE action head as AVION trains it (``data.epic_label: action``, ``model.heads: 
 
 Loss: cross-entropy per head (label smoothing / mixup targets from the device augmentation), summed;
 evaluation: multi-view softmax averaged per clip, top-k / mean-class (EPIC: verb, noun, action; the action
-head adds AVION's metrics, :mod:`avion_ds.tasks.common.action_head_metrics`), the protocol report and per-sample scores.
+head adds AVION's metrics, :mod:`avion_ds.tasks.common.action_head_metrics`), the protocol report and per-sample scores;
+TensorBoard gets a confusion matrix per head at each evaluation.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
 import torch
 from torch import nn
 
@@ -23,7 +25,7 @@ from avion_ds.data.datasets.registry import heads_keys, names_of_kind
 from avion_ds.tasks.base import EvalOutcome, LossParts, ModelSummary, Task, build_with_weights
 from avion_ds.tasks.common.action_head_metrics import action_head_metrics
 from avion_ds.tasks.common.classification_metrics import SCORES
-from avion_ds.tasks.common.evaluation import evaluate_model
+from avion_ds.tasks.common.evaluation import confusion_images, evaluate_model
 from avion_ds.tasks.common.predictions import per_sample_records
 from avion_ds.tasks.finetune.losses import total_loss
 from avion_ds.tasks.registry import register_task
@@ -189,3 +191,16 @@ class FinetuneTask(Task):
             metrics = action_head_metrics(scores["action"], labels["action"], action_map)
             report["action_label_map"] = {"num_actions": len(action_map), "order": MAP_ORDER}
         return EvalOutcome(metrics, report, failed, per_sample_records(index, scores, labels), int(index.numel()))
+
+    def eval_images(
+        self,
+        model: Callable[..., Any],
+        loader: Any,
+        augment: Callable,
+        device: torch.device,
+        dtype: torch.dtype,
+        recipe: Recipe,
+        outcome: EvalOutcome,
+    ) -> dict[str, np.ndarray]:
+        """A confusion matrix per head (``eval/confusion_<head>``), from the evaluation's per-sample rows."""
+        return confusion_images(outcome.per_sample, self.label_classes(recipe))
