@@ -5,7 +5,7 @@
 #   3. fine-tune vit_test_tiny with ZeRO-2 on 2 CPU ranks through the deepspeed launcher
 #   4. evaluate the run (metrics JSON with per-sample scores), export fp32 safetensors
 #   5. print verb / noun / action accuracy next to chance
-# Usage: bash launch/demo.sh [extra --set key=value ...]   (DEMO_DIR=demo by default)
+# Usage: bash launch/demo.sh [extra --set key=value ...]   (DEMO_DIR=demo, MASTER_PORT=29500 by default)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export TORCH_EXTENSIONS_DIR=${TORCH_EXTENSIONS_DIR:-$PWD/.torch_extensions}
@@ -27,7 +27,7 @@ echo "== 2/5 chunking -> $OUT/chunks"
 $PY -m avion_ds.cli chunk "$OUT/synth/videos" "$OUT/chunks" --chunk-seconds 15 --short-side 72 --fps 15 --gop 15 \
   --workers 2 --no-progress
 echo "== 3/5 fine-tuning vit_test_tiny, ZeRO-2, 2 CPU ranks (deepspeed launcher)"
-deepspeed --num_gpus 2 launch/train.py --config launch/recipes/demo_cpu.yaml \
+deepspeed --num_gpus 2 --master_port "${MASTER_PORT:-29500}" launch/train.py --config launch/recipes/demo_cpu.yaml \
   --deepspeed_config ds_configs/zero2.json \
   --set data.root="$OUT/chunks" --set data.train_csv="$OUT/synth/train.csv" --set data.val_csv="$OUT/synth/val.csv" \
   --set output_dir="$OUT/run" "$@" 2>&1 | grep --line-buffered -v -E "^\[[0-9-]+ [0-9:,]+\] \[(INFO|WARNING)\]|^W[0-9]+ |built successfully|FutureWarning|return func"
