@@ -14,12 +14,17 @@ MIR fine-tuning does: uniformly among the sentences whose relevancy to the row i
 (seed, epoch, index)), ``relevancy`` its value.
 
 :func:`load_mir_targets` gives what the MIR metrics need: AVION's column order
-(``indexes = [video_id.tolist().index(elem) for elem in text_id]``) and the relevancy matrix.
+(``indexes = [video_id.tolist().index(elem) for elem in text_id]``) and the relevancy matrix. AVION's
+relevancy pickles hold a numpy array; a pickled list of lists is converted to a float64 array and the
+start-up data line says so (key, file, shape). Rows repeating an earlier row (same ``video_id``, start,
+stop and narration) are kept, each being a relevancy-matrix row that AVION reads too, and said in one
+line at load: their count and the first with the row it repeats.
 """
 
 from __future__ import annotations
 
 import csv
+import logging
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -40,6 +45,9 @@ from avion_ds.data.errors import DataError, KeyedInputError
 from avion_ds.data.prep.manifest import VideoEntry
 from avion_ds.data.safe_pickle import load_pickle
 from avion_ds.data.sampling import jittered_midpoints, segment_indices, segment_span
+from avion_ds.distributed.dist import is_main
+
+log = logging.getLogger(__name__)
 
 MIR_REQUIRED = ("narration_id", "video_id", "start_timestamp", "stop_timestamp", "narration")
 POSITIVE_RELEVANCY = 0.1  # AVION: a caption is a positive of a clip when its relevancy is above this
@@ -55,6 +63,7 @@ class MirTargets:
     sentence_ids: list[str]  # first column of the sentence file
     sentences: list[str]  # second column of the sentence file (the caption text)
     row_ids: list[str] = field(default_factory=list)  # first column of the CSV (narration_id), by row
+    note: str = ""  # what loading changed (a pickled list converted to an array), for the start-up data line
 
 
 def first_columns(path: str | Path, columns: int = 1) -> list[list[str]]:
@@ -91,9 +100,11 @@ def _named(key: str | None) -> Iterator[None]:
         raise KeyedInputError(f"{key}: {e}") from None
 
 
-def _relevancy_matrix(path: str | Path) -> np.ndarray:
-    """The relevancy pickle as a 2-D float array (read with the restricted unpickler)."""
+def _relevancy_matrix(path: str | Path) -> tuple[np.ndarray, str]:
+    """(the relevancy pickle as a 2-D float array, read with the restricted unpickler; a note when it was not
+    a numpy array and was converted)."""
     raw = load_pickle(path)
+    kind = "" if isinstance(raw, np.ndarray) else type(raw).__name__
     try:
         rel = np.asarray(raw)
     except (TypeError, ValueError) as e:
@@ -108,7 +119,8 @@ def _relevancy_matrix(path: str | Path) -> np.ndarray:
                 f"{path}: {int(bad.sum())} {what} relevancy value(s), first at row {i}, sentence {j} "
                 f"({rel[i, j]}); relevancies are finite and >= 0"
             )
-    return rel
+    note = f"{path}: a pickled {kind} (AVION's hold a numpy array), converted to a {rel.dtype} {rel.shape} array"
+    return rel, note if kind else ""
 
 
 def check_exact_matches(rel: np.ndarray, path: str | Path) -> None:
@@ -148,7 +160,7 @@ def load_mir_targets(
                 raise ValueError(f"{sentence_csv}: sentence row {n + 1} ({sid}) names no row of {csv_path}")
             columns.append(first[sid])
     with _named(relevancy_key):
-        rel = _relevancy_matrix(relevancy_pkl)
+        rel, note = _relevancy_matrix(relevancy_pkl)
         want = (len(row_ids), len(sentence_rows))
         if rel.shape != want:
             raise ValueError(
@@ -157,9 +169,10 @@ def load_mir_targets(
             )
         if evaluation:
             check_exact_matches(rel, relevancy_pkl)
-    return MirTargets(
-        np.asarray(columns, np.int64), rel, [s for s, _ in sentence_rows], [t for _, t in sentence_rows], row_ids
-    )
+    columns_array = np.asarray(columns, np.int64)
+    sentence_ids, sentences = [s for s, _ in sentence_rows], [t for _, t in sentence_rows]
+    note = f"{relevancy_key}: {note}" if note and relevancy_key else note
+    return MirTargets(columns_array, rel, sentence_ids, sentences, row_ids, note)
 
 
 @register_dataset
@@ -210,7 +223,13 @@ class EpicMirDataset(VideoClipDataset):
                 self.targets = loaded
             else:
                 self.mir_targets = loaded
+        say_duplicates(self.csv, self.rows)
         self._prune()
+
+    def startup_line(self) -> str:
+        """The base line, plus what loading the relevancy file changed (a pickled list converted)."""
+        loaded = self.targets or self.mir_targets
+        return super().startup_line() + (f"; {loaded.note}" if loaded is not None and loaded.note else "")
 
     def __len__(self) -> int:
         return len(self.rows)
@@ -273,6 +292,28 @@ class EpicMirDataset(VideoClipDataset):
         row = int(self.rows[i][0]) if 0 <= i < len(self.rows) else -1
         item["label"] = {"tokens": empty_tokens(), "row": row, "relevancy": 0.0}
         return item
+
+
+def say_duplicates(path: Path, rows: list[tuple[int, int, dict]]) -> int:
+    """Count the rows repeating an earlier row (same video_id, start, stop, narration) and name the first in
+    one log line (rank 0); they are kept (module doc). Returns the count."""
+    seen: dict[tuple[str, ...], tuple[int, str]] = {}
+    count, first = 0, ""
+    for _, line, r in rows:
+        key = (r["video_id"], r["start_timestamp"], r["stop_timestamp"], r["narration"])
+        at, name = seen.setdefault(key, (line, r["narration_id"]))
+        if at != line:
+            count += 1
+            first = first or f"{path}:{line} ({r['narration_id']}) repeats {path}:{at} ({name})"
+    if count and is_main():
+        log.warning(
+            "%s: %d duplicate rows (same video_id, start, stop and narration as an earlier row), kept: each is a "
+            "relevancy-matrix row and AVION reads every row; first: %s",
+            path,
+            count,
+            first,
+        )
+    return count
 
 
 def mir_summary(path: str | Path) -> tuple[int, dict[str, int]]:
