@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import json
 import logging
+import pickle
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from avion_ds.config import DataConfig
@@ -71,10 +73,6 @@ def test_mir_csv_duplicates_are_kept_and_said_once(tmp_path: Path, caplog: pytes
 def test_mir_relevancy_as_a_pickled_list_is_converted_and_said(tmp_path: Path) -> None:
     """AVION's relevancy files hold a numpy array; a pickled list of lists is converted, and the data line of
     start-up says so (the key, the file, the shape)."""
-    import pickle
-
-    import numpy as np
-
     root = tmp_path / "chunks"
     (root / "v0").mkdir(parents=True)
     (root / "v0" / "0.mp4").write_bytes(b"")
