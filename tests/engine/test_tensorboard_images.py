@@ -21,6 +21,7 @@ from avion_ds.tasks.pretrain.reconstruct import ROWS
 from tests.helpers import QUICK_DATA, REPO, launch, write_recipe
 
 SCRIPT = Path(__file__).with_name("pretrain_jobs_script.py")
+HF_AUTO = ("reduce_bucket_size", "stage3_prefetch_bucket_size", "stage3_param_persistence_threshold")
 
 
 def _events(tb: Path):
@@ -128,7 +129,7 @@ def _pretrain_recipe(tmp: Path, data: dict, **extra: object) -> Path:
         "task": "pretrain",
         "model": {"name": "pretrain_videomae_test_tiny"},
         "data": {"root": str(data["root"]), "num_frames": 4, "size": 32, "workers": 0, "stride": 2}
-        | {"clips_per_video": 1, "decoder": "decord", **QUICK_DATA},
+        | {"clips_per_video": 2, "decoder": "decord", **QUICK_DATA},
         "pretrain": {"mask_ratio": 0.5, "decoder_mask_type": "running_cell", "decoder_mask_ratio": 0.5},
         "optim": {"lr": 1e-3, "base_batch": 4},
         "schedule": {"epochs": 1, "warmup_epochs": 0.5, "steps_per_epoch": 2},
@@ -146,9 +147,10 @@ def _pretrain_recipe(tmp: Path, data: dict, **extra: object) -> Path:
 
 
 @pytest.fixture(scope="module")
-def runs(tiny_epic_quick: dict, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+def runs(tiny_epic_quick: dict, tmp_path_factory: pytest.TempPathFactory) -> dict:
     """Two 2-step runs on 2 CPU ranks in one launcher process: EPIC fine-tuning (ZeRO-2), then pretraining
-    under ZeRO-3 (the grid's forward on every rank)."""
+    under ZeRO-3 (the grid's forward on every rank) from a JSON with Hugging Face's "auto" ZeRO sizes,
+    launched with DeepSpeed's ``--deepspeed --deepspeed_config`` pair."""
     tmp = tmp_path_factory.mktemp("tb_pictures")
     ft = write_recipe(
         tmp / "ft.yaml",
@@ -159,18 +161,21 @@ def runs(tiny_epic_quick: dict, tmp_path_factory: pytest.TempPathFactory) -> dic
         checkpoint={"every_steps": 0},
     )
     pt = _pretrain_recipe(tmp, tiny_epic_quick)
+    zero3 = json.loads((REPO / "ds_configs" / "zero3.json").read_text())  # with Hugging Face's "auto" sizes
+    zero3["zero_optimization"].update(dict.fromkeys(HF_AUTO, "auto"))
+    (tmp / "zero3_hf_auto.json").write_text(json.dumps(zero3))
     jobs = [
         ["--config", str(ft), "--deepspeed_config", str(REPO / "ds_configs" / "zero2.json")],
-        ["--config", str(pt), "--deepspeed_config", str(REPO / "ds_configs" / "zero3.json")],
+        ["--config", str(pt), "--deepspeed", "--deepspeed_config", str(tmp / "zero3_hf_auto.json")],
     ]
     (tmp / "jobs.json").write_text(json.dumps(jobs))
     proc = launch([tmp / "jobs.json"], nprocs=2, script_path=SCRIPT, timeout=900)
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-5000:]
-    return {"finetune": tmp / "ft_run" / "tb", "pretrain": tmp / "pretrain_run" / "tb"}
+    return {"finetune": tmp / "ft_run" / "tb", "pretrain": tmp / "pretrain_run" / "tb", "log": proc.stdout}
 
 
 @pytest.mark.multiprocess
-def test_finetune_run_logs_recipe_hparams_and_confusion(runs: dict[str, Path]) -> None:
+def test_finetune_run_logs_recipe_hparams_and_confusion(runs: dict) -> None:
     acc = _events(runs["finetune"])
     assert "run/recipe/text_summary" in acc.Tags()["tensors"]
     hp = _hparams(acc)
@@ -183,7 +188,7 @@ def test_finetune_run_logs_recipe_hparams_and_confusion(runs: dict[str, Path]) -
 
 
 @pytest.mark.multiprocess
-def test_pretrain_run_logs_the_reconstruction_grid(runs: dict[str, Path]) -> None:
+def test_pretrain_run_logs_the_reconstruction_grid(runs: dict) -> None:
     acc = _events(runs["pretrain"])
     assert "eval/reconstruction" in acc.Tags()["images"]
     img = _picture(acc, "eval/reconstruction")
@@ -192,3 +197,11 @@ def test_pretrain_run_logs_the_reconstruction_grid(runs: dict[str, Path]) -> Non
     masked = img[128:256, margin:]
     assert (masked == 128).all(axis=-1).mean() > 0.2  # hidden tokens are grey in the masked row
     assert "run/recipe/text_summary" in acc.Tags()["tensors"] and _hparams(acc)["values"]["task"] == "pretrain"
+
+
+@pytest.mark.multiprocess
+def test_hf_auto_sizes_named_in_the_start_up_summary(runs: dict) -> None:
+    """The ZeRO-3 run's JSON had Hugging Face's three "auto" sizes: the start-up lines name what they became."""
+    line = next(x for x in runs["log"].splitlines() if x.startswith('deepspeed config "auto" from the hidden size'))
+    assert "64 of pretrain_videomae_test_tiny" in line
+    assert "reduce_bucket_size=4096 stage3_prefetch_bucket_size=3686 stage3_param_persistence_threshold=640" in line
