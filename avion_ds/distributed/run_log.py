@@ -212,8 +212,8 @@ class RunLogger:
 
         text = yaml.safe_dump(recipe, sort_keys=False)
         self.writer.add_text("run/recipe", "".join(f"    {line}\n" for line in text.splitlines()), step)
-        experiment, session_start, _ = hparams_summary(hparam_values(hparams), dict.fromkeys(metrics, 0.0))
-        for summary in (experiment, session_start):
+        experiment, start_info, _ = hparams_summary(hparam_values(hparams), dict.fromkeys(metrics, 0.0))
+        for summary in (experiment, start_info):
             self.writer.file_writer.add_summary(summary, step)
 
     def images(self, step: int, images: dict[str, Any]) -> None:
