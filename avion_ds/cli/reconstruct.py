@@ -61,7 +61,7 @@ def run(args: argparse.Namespace) -> int:
     assert recipe is not None
     from PIL import Image  # lazy: Pillow is an optional dependency
 
-    from avion_ds.engine.open_run import load_line
+    from avion_ds.engine.open_run import load_line  # lazy: start-up checks import the models (reconstruct --help)
 
     model = build_pretrain_model(recipe, pretrained="")
     print(load_line("avion-ds reconstruct", opened, opened.load_into(model)), flush=True)

@@ -80,3 +80,12 @@ def test_hugging_face_layer_norm_eps_is_taken_or_named(tmp_path: Path, capsys: p
     assert own.encoder.blocks[0].norm1.eps == 1e-6
     assert any("config.json layer_norm_eps=1e-12 differs from the model's norm_eps=1e-06" in n for n in report.notes)
     assert "layer_norm_eps=1e-12" in report.summary()
+
+
+def test_classifier_load_names_a_hugging_face_eps_difference(tmp_path: Path) -> None:
+    """A video ViT classifier loading a Hugging Face directory whose eps is not its own says so in the report."""
+    _, hf = _hf_dir(tmp_path, 1e-12)
+    report = load_pretrained(create_model("vit_test_tiny", num_classes=3), str(hf))
+    assert any("config.json layer_norm_eps=1e-12 differs from the model's norm_eps=1e-06" in n for n in report.notes)
+    _, same = _hf_dir(tmp_path / "same", 1e-6)
+    assert not any("layer_norm_eps" in n for n in load_pretrained(create_model("vit_test_tiny"), str(same)).notes)

@@ -163,9 +163,13 @@ def test_reconstruct_writes_the_grid(runs: dict, tiny_epic: dict, tmp_path: Path
     video = next((Path(tiny_epic["train_csv"]).parent / "videos").glob("*.mp4"))
     out = tmp_path / "grid.png"
     assert main(["--checkpoint", str(runs["ref"]), "--video", str(video), "--out", str(out), "--frames", "3"]) == 0
+    from avion_ds.tasks.common.pictures import label_margin
+    from avion_ds.tasks.pretrain.reconstruct import ROWS
+
     img = Image.open(out)
-    assert img.size == (3 * 32 * 4, 3 * 32 * 4)  # 3 frames x 3 rows of 32 px, upscaled 4x to >= 128 px
-    pixels = np.asarray(img)
+    margin = label_margin(ROWS)  # the row names on the left
+    assert img.size == (margin + 3 * 32 * 4, 3 * 32 * 4)  # 3 frames x 3 rows of 32 px, upscaled 4x to >= 128 px
+    pixels = np.asarray(img)[:, margin:]
     middle = pixels[128:256]
     assert (middle == 128).all(axis=-1).mean() > 0.3  # hidden tokens are grey in the masked row
     assert main(["--checkpoint", str(runs["ref"]), "--video", str(tmp_path / "missing.mp4"), "--out", str(out)]) == 2

@@ -327,10 +327,10 @@ CASES: list[tuple[str, list[str], Callable | None, Callable | None, list[str], l
     (
         "ds_zero_auto",
         [],
-        lambda c: c["zero_optimization"].update(reduce_bucket_size="auto"),
+        lambda c: c["zero_optimization"].update(stage3_max_live_parameters="auto"),
         None,
         [],
-        ["zero_optimization.reduce_bucket_size", "auto"],
+        ["zero_optimization.stage3_max_live_parameters", "auto"],
     ),
     ("ds_top_level_list", [], None, None, ["--deepspeed_config", "@list"], ["top level must be a JSON object"]),
     (

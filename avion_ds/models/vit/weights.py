@@ -38,6 +38,7 @@ from torch import nn
 
 from avion_ds.models.partition import state_shapes
 from avion_ds.models.vit.kinetics710 import remap_k710
+from avion_ds.models.weights.hf_config import layer_norm_eps_note
 from avion_ds.models.weights.loading import StateDict, read_checkpoint, unwrap
 from avion_ds.models.weights.report import LoadReport
 from avion_ds.storage.torchscript import read_torchscript_state_dict, torchscript_root
@@ -312,4 +313,6 @@ def prepare_vit_state_dict(
         sd = unwrap(read_checkpoint(source, trust))
     fmt = detect_format(sd)
     report = LoadReport(format=fmt)
+    note = layer_norm_eps_note(source, model.arch.norm_eps) if not isinstance(source, dict) else None
+    report.notes += [note] if note else []
     return _adapt(FILTERS[fmt](sd, model, report), model, report, kinetics_head), report
