@@ -185,3 +185,29 @@ def test_a_recipe_cannot_name_a_plugin(plugin: dict, capsys: pytest.CaptureFixtu
         err = _one_error(capsys, train_cli.main(["--config", str(recipe)]), "train")
         assert f"unknown recipe key {key!r}" in err
         assert "tiny_plugin_mod" not in sys.modules and "tiny_plugin" not in task_names()
+
+
+def test_decoder_plugins_come_from_the_users_environment_as_documented(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The one environment variable that imports code is named where plugins are documented (the code and
+    the docs agree), and it is the only one: no other ``AVION_DS_*`` variable leads to an import."""
+    import re
+
+    from avion_ds.cli import plugins
+    from avion_ds.data.decode import base
+
+    assert base.PLUGINS_ENV in (plugins.__doc__ or "")
+    for doc in ("docs/design.md", "docs/data.md"):
+        assert base.PLUGINS_ENV in (REPO / doc).read_text(), doc
+    assert "never a recipe, a run directory or an environment variable" not in (REPO / "docs/design.md").read_text()
+    (tmp_path / "my_decoder.py").write_text(
+        "from avion_ds.data.decode.base import register_backend, Decoder\nregister_backend('mine', Decoder)\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setenv(base.PLUGINS_ENV, "my_decoder")
+    base.load_plugins()
+    assert "mine" in base.REGISTRY
+    base.REGISTRY.pop("mine")
+    sources = "\n".join(p.read_text() for p in (REPO / "avion_ds").rglob("*.py"))
+    assert set(re.findall(r"AVION_DS_\w*PLUGIN\w*", sources)) == {base.PLUGINS_ENV}

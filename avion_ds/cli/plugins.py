@@ -1,8 +1,10 @@
 """``--plugin MODULE``: import a module of another package before the recipe is read, so the tasks,
 recipe sections (and datasets) it registers exist for the run, with no file of avion_ds edited.
 
-Only the command line names plugins: never a recipe, a run directory or an environment variable (a
-plugin is code, and a recipe or run directory may come from someone else). Every command that reads a
+Only the person running the command names plugins: never a recipe, a run directory or an index (a
+plugin is code, and a recipe or run directory may come from someone else). Task and dataset plugins come
+from this command line; decoder backends also from ``$AVION_DS_DECODER_PLUGINS`` (``data.decode.base``),
+the same person's own environment, which decode helper processes and loader workers inherit. Every command that reads a
 recipe imports them first thing, on every rank: ``avion-ds train``, ``launch/train.py``, ``avion-ds eval``,
 ``export`` (``--format hf`` reads the run's recipe), ``check``, ``bench-loader``, ``reconstruct``, ``embed``
 and ``search``.

@@ -153,8 +153,19 @@ def _truncated(path: Path) -> Path:
     return path
 
 
+def _constants_payload(path: Path, payload: bytes) -> Path:
+    """A real TorchScript archive whose constants.pkl is replaced by ``payload`` (data.pkl is clean)."""
+    src = _scripted(path.with_name("whole.pt"))
+    buf = io.BytesIO()
+    with zipfile.ZipFile(src) as zin, zipfile.ZipFile(buf, "w") as zout:
+        for name in zin.namelist():
+            zout.writestr(name, payload if name.endswith("/constants.pkl") else zin.read(name))
+    path.write_bytes(buf.getvalue())
+    return path
+
+
 @pytest.mark.parametrize("how", ["--finetune-from", "model.pretrained"])
-@pytest.mark.parametrize("kind", ["payload", "truncated"])
+@pytest.mark.parametrize("kind", ["payload", "truncated", "constants"])
 def test_torchscript_refused_before_any_process_group_in_one_line(
     how: str, kind: str, setup: dict, capsys: pytest.CaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -163,13 +174,15 @@ def test_torchscript_refused_before_any_process_group_in_one_line(
     path = setup["tmp"] / "ViT-B-16.pt"
     if kind == "payload":
         _archive(path, pickle.dumps(Payload(marker)))
+    elif kind == "constants":
+        _constants_payload(path, pickle.dumps(Payload(marker)))
     else:
         _truncated(path)
     flag = ["--finetune-from", str(path)] if how == "--finetune-from" else ["--set", f"model.pretrained={path}"]
     argv = ["--config", str(setup["recipe"]), "--deepspeed_config", str(REPO / "ds_configs" / "zero2.json"), *flag]
     err, _ = _one_error(capsys, train.main(argv), "train")
     assert err.startswith("avion-ds train: error: model.pretrained") and str(path) in err, err
-    if kind == "payload":
+    if kind in ("payload", "constants"):
         assert "pathlib" in err and "  " not in err
         assert "load it with torch.jit.load yourself only if you trust the file" in err
     else:

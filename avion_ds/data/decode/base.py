@@ -23,7 +23,9 @@ from avion_ds.data.errors import DataError
 if TYPE_CHECKING:
     import torch  # lazy: torch is heavy; the decoders and crops load without it (`avion-ds chunk`/`check` workers, probing)
 
-PLUGINS_ENV = "AVION_DS_DECODER_PLUGINS"  # comma-separated modules that call register_backend()
+# comma-separated modules that call register_backend(): the user's own environment (like --plugin), which
+# decode helper processes and loader workers inherit; never set from a recipe, run directory or index
+PLUGINS_ENV = "AVION_DS_DECODER_PLUGINS"
 
 
 class DecoderUnavailable(ImportError):
