@@ -5,10 +5,12 @@ process), the streamed top-k equal to a full scan, text embeddings, bad input in
 
 from __future__ import annotations
 
+import html
 import json
 import shutil
 import subprocess
 from pathlib import Path
+from urllib.parse import unquote, urlparse
 
 import pytest
 import torch
@@ -167,7 +169,41 @@ def test_html_page_opens_in_headless_chromium(videos: dict, tmp_path: Path) -> N
     text = page.read_text()
     assert text.count("data:image/jpeg;base64,") == 3 and "#C C moves the square down" in text
     probe = tmp_path / "probe.html"
-    probe.write_text(text.replace("</body>", CHECK + "</body>"))
+    probe.write_text(text.replace("</body>", CHECK + LINKS + "</body>"))
     cmd = [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--virtual-time-budget=10000", "--dump-dom"]
     dom = subprocess.run([*cmd, probe.as_uri()], capture_output=True, text=True, timeout=120).stdout
     assert 'data-check="3:3"' in dom, dom[-2000:]
+    # as the browser resolves them: one link per hit, each a chunk file under the indexed root, at an offset
+    links = json.loads(html.unescape(dom.split('data-links="', 1)[1].split('"', 1)[0]))
+    root = videos["chunks"].resolve().as_uri() + "/"
+    assert len(links) == 3 and all(u.startswith(root) and "#t=" in u for u in links), links
+    assert all(Path(unquote(urlparse(u).path)).is_file() for u in links)
+
+
+LINKS = (
+    "<script>addEventListener('load', () => document.body.setAttribute('data-links', JSON.stringify("
+    "[...document.querySelectorAll('a.open')].map(a => a.href))));</script>"
+)
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="no chromium on PATH (Debian: apt-get install chromium; .ci/install.sh)")
+def test_page_captions_in_headless_chromium(videos: dict, tmp_path: Path) -> None:
+    """An index of --segments rows: the page shows each hit's narration (as text, escaped) in a real browser."""
+    out, page = tmp_path / "idx", tmp_path / "hits.html"
+    argv = [str(videos["val_csv"]), "--root", str(videos["chunks"]), "--segments", "--clip-seconds", "9"]
+    assert _embed(videos, argv[0], out, *argv[1:]) == 0
+    assert search_cli.main(["moves the square down", "--index", str(out), "--top-k", "3", "--html", str(page)]) == 0
+    probe = tmp_path / "probe.html"
+    grab = (
+        "<script>addEventListener('load', () => document.body.setAttribute('data-captions', JSON.stringify("
+        "[...document.querySelectorAll('q.caption')].map(q => q.textContent))));</script>"
+    )
+    probe.write_text(page.read_text().replace("</body>", grab + "</body>"))
+    cmd = [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--virtual-time-budget=10000", "--dump-dom"]
+    dom = subprocess.run([*cmd, probe.as_uri()], capture_output=True, text=True, timeout=120).stdout
+    captions = json.loads(html.unescape(dom.split('data-captions="', 1)[1].split('"', 1)[0]))
+    import csv
+
+    with open(videos["val_csv"], newline="") as f:
+        narrations = {r["narration"] for r in csv.DictReader(f)}
+    assert len(captions) == 3 and set(captions) <= narrations, captions
