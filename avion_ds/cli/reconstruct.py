@@ -13,10 +13,11 @@ import torch
 
 from avion_ds.cli.args import Parser
 from avion_ds.cli.plugins import add_plugin_option, import_plugins
-from avion_ds.config import ConfigError, Recipe, add_override_option
+from avion_ds.config import ConfigError, add_override_option
 from avion_ds.data.augment import DeviceAugment
 from avion_ds.distributed import dist
-from avion_ds.tasks.pretrain.reconstruct import load_clip, named_rows, pretraining_recipe, reconstruct_grid
+from avion_ds.tasks.pretrain.reconstruct import load_clip, named_rows, reconstruct_grid
+from avion_ds.tasks.pretrain.run_recipe import pretraining_recipe
 from avion_ds.tasks.pretrain.task import build_pretrain_model, mask_spec
 
 if TYPE_CHECKING:
@@ -37,12 +38,6 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-def _pretraining_recipe_of(config: str | Path | None, overrides: list[str]) -> Recipe:
-    if config is None or not Path(config).is_file():
-        raise ConfigError("--config is required when --checkpoint is not a run directory with recipe.yaml")
-    return pretraining_recipe(config, overrides)
-
-
 def _open(args: argparse.Namespace) -> OpenedRun:
     """The pretraining run (or weights file) to look at, through the one run opener."""
     from avion_ds.engine.open_run import open_run  # lazy: start-up checks import the models (reconstruct --help)
@@ -52,7 +47,7 @@ def _open(args: argparse.Namespace) -> OpenedRun:
         raise ConfigError(f"--video not found: {args.video}")
     if args.frames <= 0:
         raise ConfigError(f"--frames={args.frames} must be positive")
-    return open_run(args.checkpoint, config=args.config, overrides=args.overrides, recipe_of=_pretraining_recipe_of)
+    return open_run(args.checkpoint, config=args.config, overrides=args.overrides, recipe_of=pretraining_recipe)
 
 
 def run(args: argparse.Namespace) -> int:

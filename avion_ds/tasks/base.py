@@ -12,8 +12,6 @@ another package named by ``--plugin`` (docs/design.md).
 
 from __future__ import annotations
 
-import importlib
-import importlib.util
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -150,14 +148,8 @@ class Task(ABC):
         """Pictures of the evaluation that produced ``outcome``, ``{tag: (H, W, 3) uint8}``, for TensorBoard.
 
         Called on every rank right after ``evaluate`` (with the same weights) when ``logging.tensorboard`` is
-        on, so it may run ``model`` (ZeRO-3 needs every rank); rank 0's are logged. Default: the
-        ``eval_images(task, model, loader, augment, device, dtype, recipe, outcome)`` function of the
-        ``images`` module beside the task's module (e.g. ``avion_ds.tasks.pretrain.images``), else none."""
-        package = type(self).__module__.rpartition(".")[0]
-        name = f"{package}.images"
-        if not package or importlib.util.find_spec(name) is None:
-            return {}
-        return importlib.import_module(name).eval_images(self, model, loader, augment, device, dtype, recipe, outcome)
+        on, so it may run ``model`` (ZeRO-3 needs every rank); rank 0's are logged. Default: none."""
+        return {}
 
     def eval_line(self, metrics: dict[str, float], report: dict[str, Any] | None = None) -> str:
         """How `avion-ds eval` prints the metrics (``report``: the rest of the eval JSON, for a task whose

@@ -12,29 +12,17 @@ the reconstruction row; hidden tokens are grey in the masked row.
 from __future__ import annotations
 
 import dataclasses
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
-from avion_ds.config import ConfigError, Recipe
+from avion_ds.config import Recipe
 from avion_ds.data.crop import CropSpec, center_crop
 from avion_ds.data.decode.select import get_decoder
 from avion_ds.data.prep.manifest import probe_video
 from avion_ds.data.sampling import map_to_chunks, stride_indices
-from avion_ds.tasks import load_recipe
 from avion_ds.tasks.common.pictures import label_rows
-from avion_ds.tasks.pretrain.task import PretrainTask
-
-
-def pretraining_recipe(config: str | Path, overrides: list[str]) -> Recipe:
-    """The recipe of a pretraining run (``config``: its recipe.yaml); any other task is refused in one line."""
-
-    recipe = load_recipe(config, overrides)
-    if recipe.task != PretrainTask.name:
-        raise ConfigError(f"{config}: task={recipe.task!r}; reconstruct needs a pretraining run (task: pretrain)")
-    return recipe
 
 
 def load_clip(recipe: Recipe, video: str) -> torch.Tensor:

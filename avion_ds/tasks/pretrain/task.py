@@ -197,6 +197,21 @@ class PretrainTask(Task):
         metrics = evaluate_pretrain(model, loader, augment, device)
         return EvalOutcome(metrics, num_samples=len(loader.dataset))
 
+    def eval_images(
+        self,
+        model: Callable[..., Any],
+        loader: Any,
+        augment: Callable,
+        device: torch.device,
+        dtype: torch.dtype,
+        recipe: Recipe,
+        outcome: EvalOutcome,
+    ) -> dict[str, np.ndarray]:
+        """The reconstruction grid of the validation set's first clip (``eval/reconstruction``)."""
+        from avion_ds.tasks.pretrain.images import eval_images  # lazy: Pillow (the row names), only with TensorBoard
+
+        return eval_images(self, model, loader, augment, device, dtype, recipe, outcome)
+
     def eval_line(self, metrics: dict[str, float], report: dict[str, Any] | None = None) -> str:
         return " ".join(f"{k}={v:.4f}" for k, v in metrics.items())
 
