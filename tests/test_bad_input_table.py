@@ -6,13 +6,14 @@ opened (the chunk files are empty placeholders the start-up checks only stat).""
 
 from __future__ import annotations
 
-import json
 import pickle
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 import yaml
+
+from tests.helpers.data import placeholder_chunks
 
 REPO = Path(__file__).resolve().parents[1]
 ZERO2 = REPO / "ds_configs" / "zero2.json"
@@ -49,16 +50,7 @@ def _mir_files(tmp: Path, split: str, rows: int) -> dict[str, Path]:
 def files(tmp_path: Path) -> dict:
     """A chunk root (one video, two 5 s chunks, empty placeholder files), Ego4D narrations, EPIC MIR files,
     EPIC action CSVs, and one recipe per surface."""
-    root = tmp_path / "chunks"
-    (root / "v0").mkdir(parents=True)
-    rows = []
-    for k in range(2):
-        (root / "v0" / f"{k * 5}.mp4").write_bytes(b"")
-        rows.append(
-            {"video_id": "v0", "path": f"v0/{k * 5}.mp4", "start_frame": 150 * k, "frames": 150, "fps": 30}
-            | {"width": 64, "height": 48, "job": 1}
-        )
-    (root / "manifest.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    root = placeholder_chunks(tmp_path / "chunks")
     ego = tmp_path / "ego4d_train.pkl"
     ego.write_bytes(pickle.dumps([("v0", 0.5 * i, 0.5 * i + 1.0, f"#C C cuts onion {i}") for i in range(16)]))
     val, train = _mir_files(tmp_path, "test", 8), _mir_files(tmp_path, "train", 8)

@@ -14,6 +14,7 @@ import yaml
 from avion_ds.cli.args import Parser
 from avion_ds.cli.parsers import add_deepspeed_arguments, train_args
 from avion_ds.distributed.ds_hidden import HIDDEN_SIZE_KEYS
+from tests.helpers.data import placeholder_chunks
 
 # the ZeRO-3 section of Hugging Face's published ds_config_zero3.json (Transformers' DeepSpeed docs)
 HF_ZERO3 = {
@@ -142,16 +143,7 @@ def test_hf_auto_keys_filled_from_the_hidden_size() -> None:
 
 def _dry_run_files(tmp: Path) -> Path:
     """A chunk root of placeholder files, EPIC CSVs and a vit_test_tiny recipe (start-up reads no frame)."""
-    root = tmp / "chunks"
-    (root / "v0").mkdir(parents=True)
-    rows = []
-    for k in range(2):
-        (root / "v0" / f"{k * 5}.mp4").write_bytes(b"")
-        rows.append(
-            {"video_id": "v0", "path": f"v0/{k * 5}.mp4", "start_frame": 150 * k, "frames": 150, "fps": 30}
-            | {"width": 64, "height": 48, "job": 1}
-        )
-    (root / "manifest.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    root = placeholder_chunks(tmp / "chunks")
     csv = "narration_id,video_id,start_timestamp,stop_timestamp,verb_class,noun_class\n" + "".join(
         f"v0_{i},v0,00:00:0{i}.00,00:00:0{i}.50,{i % 4},{i % 3}\n" for i in range(8)
     )

@@ -168,16 +168,21 @@ def test_html_page_opens_in_headless_chromium(videos: dict, tmp_path: Path) -> N
     )
     text = page.read_text()
     assert text.count("data:image/jpeg;base64,") == 3 and "#C C moves the square down" in text
-    probe = tmp_path / "probe.html"
-    probe.write_text(text.replace("</body>", CHECK + LINKS + "</body>"))
-    cmd = [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--virtual-time-budget=10000", "--dump-dom"]
-    dom = subprocess.run([*cmd, probe.as_uri()], capture_output=True, text=True, timeout=120).stdout
+    dom = _browser_dom(tmp_path, text.replace("</body>", CHECK + LINKS + "</body>"))
     assert 'data-check="3:3"' in dom, dom[-2000:]
     # as the browser resolves them: one link per hit, each a chunk file under the indexed root, at an offset
     links = json.loads(html.unescape(dom.split('data-links="', 1)[1].split('"', 1)[0]))
     root = videos["chunks"].resolve().as_uri() + "/"
     assert len(links) == 3 and all(u.startswith(root) and "#t=" in u for u in links), links
     assert all(Path(unquote(urlparse(u).path)).is_file() for u in links)
+
+
+def _browser_dom(tmp_path: Path, page: str) -> str:
+    """The DOM headless Chromium holds after loading ``page`` (its scripts run)."""
+    probe = tmp_path / "probe.html"
+    probe.write_text(page)
+    cmd = [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--virtual-time-budget=10000", "--dump-dom"]
+    return subprocess.run([*cmd, probe.as_uri()], capture_output=True, text=True, timeout=120).stdout
 
 
 LINKS = (
@@ -193,14 +198,11 @@ def test_page_captions_in_headless_chromium(videos: dict, tmp_path: Path) -> Non
     argv = [str(videos["val_csv"]), "--root", str(videos["chunks"]), "--segments", "--clip-seconds", "9"]
     assert _embed(videos, argv[0], out, *argv[1:]) == 0
     assert search_cli.main(["moves the square down", "--index", str(out), "--top-k", "3", "--html", str(page)]) == 0
-    probe = tmp_path / "probe.html"
     grab = (
         "<script>addEventListener('load', () => document.body.setAttribute('data-captions', JSON.stringify("
         "[...document.querySelectorAll('q.caption')].map(q => q.textContent))));</script>"
     )
-    probe.write_text(page.read_text().replace("</body>", grab + "</body>"))
-    cmd = [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--virtual-time-budget=10000", "--dump-dom"]
-    dom = subprocess.run([*cmd, probe.as_uri()], capture_output=True, text=True, timeout=120).stdout
+    dom = _browser_dom(tmp_path, page.read_text().replace("</body>", grab + "</body>"))
     captions = json.loads(html.unescape(dom.split('data-captions="', 1)[1].split('"', 1)[0]))
     import csv
 

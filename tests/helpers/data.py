@@ -42,3 +42,20 @@ def val_subset(data: dict, num_val: int, csv_path: Path) -> dict:
     rows = Path(data["val_csv"]).read_text().splitlines()
     csv_path.write_text("\n".join(rows[: num_val + 1]) + "\n")
     return {**data, "val_csv": csv_path, "num_val": num_val}
+
+
+def placeholder_chunks(root: Path) -> Path:
+    """A chunk root ``root`` of one video ``v0`` in two 5 s chunks (30 fps, 64x48) whose files are empty
+    placeholders: start-up checks only stat them, so tests of start-up need no real video."""
+    import json
+
+    (root / "v0").mkdir(parents=True)
+    rows = []
+    for k in range(2):
+        (root / "v0" / f"{k * 5}.mp4").write_bytes(b"")
+        rows.append(
+            {"video_id": "v0", "path": f"v0/{k * 5}.mp4", "start_frame": 150 * k, "frames": 150, "fps": 30}
+            | {"width": 64, "height": 48, "job": 1}
+        )
+    (root / "manifest.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return root
