@@ -1,7 +1,7 @@
 """`bash launch/demo.sh` as the README runs it, full length: it must still converge (verb, noun and action
 top-1 >= 95 on the 96 validation clips).
 
-The bar is the demo's robustness margin, not this machine's number: in 7 runs (training seeds 0, 1, 2, 4 and
+The bar is the demo's robustness margin, not this machine's number: in 8 runs (training seeds 0-4 and
 synthetic data seeds 0, 1, 2) its recipe was at 100 from epoch 30 of 50 on (BENCHMARKS.md), so a CPU that
 rounds differently still clears 95, and a change that slows learning (recipe, model, data, optimizer) fails
 here instead of on a user's machine.
