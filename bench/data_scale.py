@@ -71,20 +71,20 @@ def _config(root: Path, pkl: Path):
 
 def _dataset(path: str, root: Path, pkl: Path):
     """The training dataset over the new (flat) or old (object) index."""
-    from avion_ds.data.datasets import clip, ego4d
+    from avion_ds.data.datasets import ego4d, video_index
 
     cfg = _config(root, pkl)
     if path == "new":
         return ego4d.Ego4dDataset(cfg, "train")
     from tests.helpers.index_oracle import object_manifest, object_narrations
 
-    saved = clip.load_manifest, ego4d.read_narrations
-    clip.load_manifest = object_manifest
+    saved = video_index.load_manifest, ego4d.read_narrations
+    video_index.load_manifest = object_manifest
     ego4d.read_narrations = lambda c, split: object_narrations([c.train_csv, *c.aux_train])
     try:
         return ego4d.Ego4dDataset(cfg, "train")
     finally:
-        clip.load_manifest, ego4d.read_narrations = saved
+        video_index.load_manifest, ego4d.read_narrations = saved
 
 
 def _span_pass(ds, rows) -> float:
