@@ -5,7 +5,7 @@ answer: yes on Intel with AVX-512 FP16 / AMX, no on AMD EPYC; ``is_bf16_supporte
 CPU-capability answers, and the speed of the decoders (``data.decoder=auto`` probes them). Each answer is
 forced both ways here; the demo must still train in fp32 with the same DeepSpeed config, the same attention
 backend and the same decoder, so that two CPUs differ only in rounding, which the demo's recipe tolerates
-(``tests/e2e/test_demo_converges.py``).
+(the README doc test in ``tests/e2e/test_docs_commands.py`` runs the demo in full and checks >= 95).
 """
 
 from __future__ import annotations
