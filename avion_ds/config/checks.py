@@ -182,6 +182,9 @@ def validate(recipe: Recipe) -> None:
         for head, n in recipe.model.heads.items():
             if n <= 0:
                 raise ConfigError(f"model.heads.{head}={n} must be positive")
+    merge = recipe.model.token_merge
+    if any(r < 0 for r in ([merge] if isinstance(merge, int) else merge)):
+        raise ConfigError(f"model.token_merge={merge!r}: tokens merged per block must be >= 0 (0 = off)")
     tubelet = recipe.model.tubelet_size
     if tubelet is not None and (tubelet <= 0 or recipe.data.num_frames % tubelet):
         raise ConfigError(f"data.num_frames={recipe.data.num_frames} is not divisible by model.tubelet_size={tubelet}")

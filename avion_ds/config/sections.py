@@ -35,6 +35,8 @@ class ModelConfig:
     activation_checkpoint_impl: str = "torch"  # torch | deepspeed
     activation_checkpoint_policy: str = "full"  # full: keeps a block's input | selective: + attention, q/k/v
     compile: bool = False  # torch.compile each transformer block (regional); ZeRO 0-2
+    # ToMe token merging in the video transformer: r tokens merged after every block, or a list of r per block; 0 = off
+    token_merge: int | list[int] = 0
     head_label_map: str = (
         "auto"  # auto: a 710-row (Kinetics-710) head -> Kinetics-400/600/700 rows by VideoMAE V2's map | none
     )

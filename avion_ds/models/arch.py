@@ -14,6 +14,7 @@ from typing import Any
 from avion_ds.models.attention import BACKENDS
 from avion_ds.models.mlp import ACTIVATIONS
 from avion_ds.models.patch_embed import MODES as PATCH_EMBED_MODES
+from avion_ds.models.token_merge import merge_schedule, schedule_problem
 
 POOLS = ("mean", "cls")
 # sincos / learned: one entry per token; clip: a spatial table whose first entry is the class
@@ -70,6 +71,8 @@ class ViTArch:
     ln_pre: bool = False  # LayerNorm on the tokens before the blocks
     proj_dim: int | None = None  # bias-free projection of the pooled feature (CLIP's visual.proj)
     patch_dropout: float = 0.0  # FLIP: fraction of patch tokens dropped in training (never the class token)
+    # ToMe: tokens merged after each block's attention, one r for every block or a list of r per block; 0 = off
+    token_merge: int | list[int] = 0
 
     @property
     def head_dim(self) -> int:
@@ -106,6 +109,27 @@ class ViTArch:
         """Patch tokens the blocks see in training (after patch dropout)."""
         n = self.num_patches
         return max(1, int(n * (1 - self.patch_dropout))) if self.patch_dropout > 0 else n
+
+    @property
+    def merge_schedule(self) -> list[int]:
+        """Tokens merged after each block (``token_merge`` per block)."""
+        return merge_schedule(self.token_merge, self.depth)
+
+    @property
+    def merges(self) -> bool:
+        """True when some block merges tokens (attention then takes a bias: sdpa or eager)."""
+        return any(r > 0 for r in self.merge_schedule)
+
+    def token_merge_problem(self) -> str | None:
+        """What is wrong with ``token_merge`` here, or None: r >= 0, one per block, never more than a
+        block's tokens allow (the fewer of training, after patch dropout); flash-attn takes no bias."""
+        if self.token_merge == 0:
+            return None
+        cls = self.pool == "cls"
+        problem = schedule_problem(self.token_merge, self.depth, self.kept_patches + int(cls), cls)
+        if problem is None and self.merges and self.attn_backend == "flash":
+            problem = "attn_backend='flash': token merging needs a bias; flash-attn takes none; use auto, sdpa or eager"
+        return problem
 
     def validate(self) -> ViTArch:
         """Raise a one-line ValueError naming the bad field; return self."""
@@ -164,6 +188,9 @@ class ViTArch:
         for key in ("drop_path_rate", "head_drop_rate", "patch_dropout"):
             if not 0.0 <= float(getattr(self, key)) < 1.0:
                 raise ValueError(f"{self.name}: {key} expected in [0, 1), got {getattr(self, key)!r}")
+        problem = self.token_merge_problem()
+        if problem is not None:
+            raise ValueError(f"{self.name}: token_merge={self.token_merge!r}: {problem}")
         return self
 
     def replace(self, **overrides: Any) -> ViTArch:
@@ -176,4 +203,6 @@ class ViTArch:
                 raise TypeError(f"{self.name}: unknown model option {key!r}{hint}")
         if overrides.get("heads") is not None:
             overrides["heads"] = dict(overrides["heads"])
+        if isinstance(overrides.get("token_merge"), tuple):
+            overrides["token_merge"] = list(overrides["token_merge"])
         return dataclasses.replace(self, **overrides).validate()

@@ -4,6 +4,9 @@ Backends: ``flash`` (flash-attn 2, CUDA fp16/bf16 only), ``sdpa`` (PyTorch
 ``scaled_dot_product_attention``, which itself dispatches to its flash / memory-efficient /
 math kernels) and ``eager`` (the reference ``softmax(Q K^T / sqrt(d)) V``). ``auto`` picks
 flash when it can run, else sdpa. Nothing else in avion_ds decides which kernel runs.
+
+Token merging (``token_merge.py``) adds a per-key bias to the logits (proportional attention):
+flash-attn takes none, so a model that merges runs sdpa under ``auto`` and refuses ``flash``.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from torch import nn
 logger = logging.getLogger(__name__)
 
 BACKENDS = ("auto", "flash", "sdpa", "eager")
+NO_BIAS_IN_FLASH = "token merging needs a bias; flash-attn takes none"
 _FLASH_DTYPES = (torch.float16, torch.bfloat16)
 
 
@@ -53,11 +57,18 @@ def _flash_unsupported_reason(device: torch.device, dtype: torch.dtype, head_dim
 
 
 @functools.cache
-def resolve_cached(requested: str, device: torch.device, dtype: torch.dtype, head_dim: int) -> str:
+def resolve_cached(requested: str, device: torch.device, dtype: torch.dtype, head_dim: int, bias: bool = False) -> str:
     if requested not in BACKENDS:
         raise ValueError(f"attn_backend: expected one of {', '.join(BACKENDS)}, got {requested!r}")
     if requested in ("sdpa", "eager"):
         return requested
+    if bias:
+        if requested == "flash":
+            raise RuntimeError(f"attn_backend='flash' cannot run: {NO_BIAS_IN_FLASH}; use 'auto' or 'sdpa'")
+        logger.info(
+            "attention backend auto -> sdpa for %s %s head_dim=%d (%s)", device, dtype, head_dim, NO_BIAS_IN_FLASH
+        )
+        return "sdpa"
     reason = _flash_unsupported_reason(device, dtype, head_dim)
     if requested == "flash":
         if reason is not None:
@@ -70,48 +81,66 @@ def resolve_cached(requested: str, device: torch.device, dtype: torch.dtype, hea
 
 
 @torch.compiler.assume_constant_result  # compiled blocks: decided once at trace time, not traced
-def resolve_backend(requested: str, device: torch.device | str, dtype: torch.dtype, head_dim: int) -> str:
+def resolve_backend(
+    requested: str, device: torch.device | str, dtype: torch.dtype, head_dim: int, bias: bool = False
+) -> str:
     """Map a requested backend to the one that runs for these inputs ("flash" | "sdpa" | "eager").
 
     ``auto`` -> flash when importable and the inputs are CUDA fp16/bf16 with a supported head dim,
-    else sdpa; the choice is logged once per (device, dtype, head_dim). Explicit ``flash`` where it
-    cannot run raises RuntimeError (never a silent fallback).
+    else sdpa; the choice is logged once per (device, dtype, head_dim). ``bias``: the logits take an
+    additive bias (token merging), which flash-attn cannot: ``auto`` -> sdpa. Explicit ``flash`` where
+    it cannot run raises RuntimeError (never a silent fallback).
     """
     device = torch.device(device)
     if device.type == "cuda" and device.index is None:
         device = torch.device("cuda", torch.cuda.current_device())
-    return resolve_cached(requested, device, dtype, int(head_dim))
+    return resolve_cached(requested, device, dtype, int(head_dim), bool(bias))
 
 
-def describe_backend(requested: str, device: torch.device | str, dtype: torch.dtype, head_dim: int) -> str:
+def describe_backend(
+    requested: str, device: torch.device | str, dtype: torch.dtype, head_dim: int, bias: bool = False
+) -> str:
     """The backend that runs for these inputs, and why when ``auto`` did not pick flash (for logs)."""
-    chosen = resolve_backend(requested, device, dtype, head_dim)
+    chosen = resolve_backend(requested, device, dtype, head_dim, bias)
+    if requested == "auto" and bias:
+        return f"{chosen} ({NO_BIAS_IN_FLASH})"
     if requested == "auto" and chosen != "flash":
         return f"{chosen} (auto: {_flash_unsupported_reason(torch.device(device), dtype, int(head_dim))})"
     return chosen if requested == chosen else f"{chosen} (auto)"
 
 
-def check_backend_request(requested: str) -> None:
-    """Fail early (at model construction) for a backend that can never run in this environment."""
+def check_backend_request(requested: str, bias: bool = False) -> None:
+    """Fail early (at model construction) for a backend that can never run in this environment
+    (``bias``: the model merges tokens)."""
     if requested not in BACKENDS:
         raise ValueError(f"attn_backend: expected one of {', '.join(BACKENDS)}, got {requested!r}")
+    if requested == "flash" and bias:
+        raise ValueError(f"attn_backend='flash' cannot run: {NO_BIAS_IN_FLASH}; use 'auto', 'sdpa' or 'eager'")
     if requested == "flash" and not flash_available():
         raise RuntimeError("attn_backend='flash' cannot run: flash-attn is not installed (pip install 'avion_ds[gpu]')")
 
 
-def attention(qkv: torch.Tensor, backend: str, causal: bool = False) -> torch.Tensor:
+def attention(qkv: torch.Tensor, backend: str, causal: bool = False, bias: torch.Tensor | None = None) -> torch.Tensor:
     """Attention over packed ``qkv`` (B, N, 3, H, d) with an already resolved backend -> (B, N, H*d).
 
-    ``causal``: token i attends to tokens 0..i only (CLIP's text tower)."""
+    ``causal``: token i attends to tokens 0..i only (CLIP's text tower). ``bias``: added to the logits
+    (broadcast to (B, H, N, N); token merging's log-sizes), sdpa's ``attn_mask``; flash takes none."""
     B, N, _, H, d = qkv.shape
     if backend == "flash":
+        if bias is not None:
+            raise ValueError(f"attention: {NO_BIAS_IN_FLASH}")
         out = _flash_fn()(qkv, dropout_p=0.0, causal=causal)  # (B, N, H, d)
         return out.reshape(B, N, H * d)
     q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)  # each (B, H, N, d)
     if backend == "sdpa":
-        out = F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+        if bias is None:
+            out = F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+        else:
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=bias, is_causal=causal)
     elif backend == "eager":
         attn = torch.matmul(q * d**-0.5, k.transpose(-2, -1))
+        if bias is not None:
+            attn = attn + bias
         if causal:
             future = torch.ones(N, N, dtype=torch.bool, device=attn.device).triu_(1)
             attn = attn.masked_fill(future, float("-inf"))
@@ -150,15 +179,17 @@ class Attention(nn.Module):
         *,
         k_bias: bool = False,
         causal: bool = False,
+        size_bias: bool = False,
     ) -> None:
         super().__init__()
         if dim % num_heads != 0:
             raise ValueError(f"Attention: expected dim divisible by num_heads, got dim={dim} num_heads={num_heads}")
-        check_backend_request(backend)
+        check_backend_request(backend, size_bias)
         self.num_heads = num_heads
         self.head_dim = dim // num_heads
         self.backend = backend
         self.causal = causal
+        self.size_bias = size_bias  # the model merges tokens: logits take a bias, the backend is chosen for it
         fused = bool(qkv_bias and k_bias)
         self.qkv = QKVLinear(dim, dim * 3, bias=fused)
         if qkv_bias and not fused:
@@ -169,11 +200,22 @@ class Attention(nn.Module):
             self.v_bias = None
         self.proj = nn.Linear(dim, dim)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def _qkv(self, x: torch.Tensor) -> torch.Tensor:
+        """The packed projection (B, N, 3, H, d)."""
         B, N, _ = x.shape
         bias = None
         if self.q_bias is not None:
             bias = torch.cat((self.q_bias, torch.zeros_like(self.v_bias), self.v_bias))
-        qkv = self.qkv(x, bias).view(B, N, 3, self.num_heads, self.head_dim)
+        return self.qkv(x, bias).view(B, N, 3, self.num_heads, self.head_dim)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        qkv = self._qkv(x)
         backend = resolve_backend(self.backend, qkv.device, qkv.dtype, self.head_dim)
         return self.proj(attention(qkv, backend, self.causal))
+
+    def forward_keys(self, x: torch.Tensor, bias: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Attention with a logit ``bias`` (token merging's log-sizes, or None) and the keys averaged
+        over heads (B, N, d): the similarity token merging matches on."""
+        qkv = self._qkv(x)
+        backend = resolve_backend(self.backend, qkv.device, qkv.dtype, self.head_dim, self.size_bias)
+        return self.proj(attention(qkv, backend, self.causal, bias)), qkv[:, :, 1].mean(dim=2)

@@ -12,6 +12,7 @@ another package named by ``--plugin`` (docs/design.md).
 
 from __future__ import annotations
 
+import dataclasses
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -186,6 +187,23 @@ def build_with_weights(
             **load,
         )
     return model
+
+
+def check_token_merge(recipe: Recipe, name: str, kw: dict[str, Any]) -> None:
+    """``model.token_merge`` against the video transformer that ``create_model(name, **kw)`` builds (its
+    depth and token count): one ConfigError line naming the key and value."""
+    from avion_ds.models import registered_arch  # lazy: heavy (timm, torchvision)
+
+    value = recipe.model.token_merge
+    if value == 0:
+        return
+    try:
+        arch = registered_arch(name, **{**kw, "token_merge": 0}).video_transformer
+    except ValueError:
+        return  # another option is wrong: the caller's own check names it
+    problem = dataclasses.replace(arch, token_merge=value).token_merge_problem()
+    if problem is not None:
+        raise ConfigError(f"model.token_merge={value!r}: {problem} ({name}, depth {arch.depth})")
 
 
 @register_hidden_size_reader

@@ -9,6 +9,10 @@ per-frame patches (tubelet 1), ``pos_embed="clip"`` (a spatial table whose entry
 token's, plus ``temporal_embed`` added per frame, time-major tokens), fused q/k/v bias
 (``k_bias``), ``ln_pre``, ``norm`` on the class token (CLIP's ``ln_post``), ``proj`` and FLIP
 patch dropout (after the position embedding, before ``ln_pre``, class token kept).
+
+Token merging (``arch.token_merge``, ``models/token_merge.py``): a block that merges runs attention with
+the log-size bias, merges its ``r`` tokens on that attention's keys, then its MLP; mean pooling weighs
+each token by its size. With no merging the blocks and pooling run exactly as without the option.
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ from avion_ds.models.attention import Attention
 from avion_ds.models.mlp import Mlp
 from avion_ds.models.partition import full_ndim, gathered, param_count
 from avion_ds.models.patch_embed import PatchEmbed
+from avion_ds.models.token_merge import merge_tokens, size_bias, weighted_mean
 from avion_ds.models.vit.weights import prepare_vit_state_dict
 from avion_ds.models.weights.report import LoadReport
 
@@ -47,13 +52,22 @@ def sincos_table(num_positions: int, dim: int, device: torch.device | str | None
 class Block(nn.Module):
     """Pre-norm transformer block. Holds no parameters directly (ZeRO-3 + recompute safe)."""
 
-    def __init__(self, arch: ViTArch, drop_path: float, causal: bool = False) -> None:
-        """``arch``: a ``ViTArch`` or any object with its block fields (the text tower's ``TextArch``)."""
+    def __init__(self, arch: ViTArch, drop_path: float, causal: bool = False, token_merge: int | None = None) -> None:
+        """``arch``: a ``ViTArch`` or any object with its block fields (the text tower's ``TextArch``).
+        ``token_merge``: None when the model does not merge tokens, else the tokens this block merges."""
         super().__init__()
         dim = arch.embed_dim
+        self.token_merge = token_merge
+        self.class_token = token_merge is not None and arch.pool == "cls"
         self.norm1 = nn.LayerNorm(dim, eps=arch.norm_eps)
         self.attn = Attention(
-            dim, arch.num_heads, qkv_bias=arch.qkv_bias, backend=arch.attn_backend, k_bias=arch.k_bias, causal=causal
+            dim,
+            arch.num_heads,
+            qkv_bias=arch.qkv_bias,
+            backend=arch.attn_backend,
+            k_bias=arch.k_bias,
+            causal=causal,
+            size_bias=token_merge is not None,
         )
         self.ls1 = LayerScale(dim, arch.layer_scale) if arch.layer_scale else nn.Identity()
         self.drop_path = DropPath(drop_path) if drop_path > 0 else nn.Identity()
@@ -61,9 +75,24 @@ class Block(nn.Module):
         self.mlp = Mlp(dim, arch.mlp_hidden, act=arch.act)
         self.ls2 = LayerScale(dim, arch.layer_scale) if arch.layer_scale else nn.Identity()
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = x + self.drop_path(self.ls1(self.attn(self.norm1(x))))
-        return x + self.drop_path(self.ls2(self.mlp(self.norm2(x))))
+    def forward(
+        self, x: torch.Tensor, size: torch.Tensor | None = None
+    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor | None]:
+        """``x`` (B, N, D) -> (B, N, D); in a model that merges tokens, (tokens, sizes) -> (tokens, sizes)."""
+        if self.token_merge is None:
+            x = x + self.drop_path(self.ls1(self.attn(self.norm1(x))))
+            return x + self.drop_path(self.ls2(self.mlp(self.norm2(x))))
+        return self.forward_merging(x, size)
+
+    def forward_merging(self, x: torch.Tensor, size: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Attention with the log-size bias (``size`` None: every token is one), merge ``token_merge``
+        tokens on its keys, then the MLP -> (tokens, sizes)."""
+        bias = None if size is None else size_bias(size, x.dtype)
+        out, keys = self.attn.forward_keys(self.norm1(x), bias)
+        x = x + self.drop_path(self.ls1(out))
+        if self.token_merge:
+            x, size = merge_tokens(x, size, keys, self.token_merge, self.class_token)
+        return x + self.drop_path(self.ls2(self.mlp(self.norm2(x)))), size
 
 
 class VideoViT(nn.Module):
@@ -112,7 +141,8 @@ class VideoViT(nn.Module):
             self.register_buffer("pos_embed", sincos_table(n, arch.embed_dim), persistent=False)
         self.ln_pre = nn.LayerNorm(arch.embed_dim, eps=arch.norm_eps) if arch.ln_pre else nn.Identity()
         rates = drop_path_rates(arch.drop_path_rate, arch.depth, arch.drop_path_schedule)
-        self.blocks = nn.ModuleList([Block(arch, r) for r in rates])
+        merge = arch.merge_schedule if arch.merges else [None] * arch.depth
+        self.blocks = nn.ModuleList([Block(arch, rate, token_merge=r) for rate, r in zip(rates, merge)])
         # VideoMAE: final norm on tokens for cls pooling; norm after mean pooling (fc_norm) otherwise.
         self.norm = nn.LayerNorm(arch.embed_dim, eps=arch.norm_eps) if arch.pool == "cls" else nn.Identity()
         self.fc_norm = nn.LayerNorm(arch.embed_dim, eps=arch.norm_eps) if arch.pool == "mean" else nn.Identity()
@@ -225,9 +255,23 @@ class VideoViT(nn.Module):
         ``ln_post``); projected by ``proj`` when the model has one."""
         self.check_input(x)
         x = self.forward_tokens(x)
+        if self.arch.merges:
+            return self._merged_features(x)
         for blk in self.blocks:
             x = blk(x)
         feats = self.norm(x[:, 0]) if self.cls_token is not None else self.fc_norm(x.mean(dim=1))
+        return feats @ self.proj.to(feats.dtype) if self.proj is not None else feats
+
+    def _merged_features(self, x: torch.Tensor) -> torch.Tensor:
+        """``forward_features`` of a model that merges tokens: sizes through the blocks, mean pooling
+        weighted by size (the class token is never merged, so cls pooling is unchanged)."""
+        size = None
+        for blk in self.blocks:
+            x, size = blk(x, size)
+        if self.cls_token is not None:
+            feats = self.norm(x[:, 0])
+        else:
+            feats = self.fc_norm(weighted_mean(x, size) if size is not None else x.mean(dim=1))
         return feats @ self.proj.to(feats.dtype) if self.proj is not None else feats
 
     def forward_head(self, feats: torch.Tensor) -> torch.Tensor | dict[str, torch.Tensor]:
@@ -267,6 +311,7 @@ class VideoViT(nn.Module):
         return (
             f"name={a.name}, grid={a.grid}, attn={a.attn_backend}, patch_embed={a.patch_embed}, "
             f"pool={a.pool}, pos_embed={a.pos_embed}"
+            + (f", token_merge={a.token_merge}" if a.merges else "")
             + (
                 f", act={a.act}, proj_dim={a.proj_dim}, patch_dropout={a.patch_dropout}"
                 if a.pos_embed == "clip"

@@ -30,7 +30,7 @@ from avion_ds.data.datasets.registry import names_of_kind
 from avion_ds.data.tokenizer import tokenize
 from avion_ds.distributed import dist
 from avion_ds.distributed.master_weights import clamp_parameter_
-from avion_ds.tasks.base import EvalOutcome, LossParts, ModelSummary, Task, build_with_weights
+from avion_ds.tasks.base import EvalOutcome, LossParts, ModelSummary, Task, build_with_weights, check_token_merge
 from avion_ds.tasks.common.retrieval_eval import evaluate_retrieval
 from avion_ds.tasks.registry import register_task
 
@@ -74,6 +74,8 @@ CONTRASTIVE_DEFAULTS: dict[str, dict[str, Any]] = {
 def _encoder_kwargs(recipe: Recipe) -> dict[str, Any]:
     m, d = recipe.model, recipe.data
     own = {} if m.drop_path_schedule is None else {"drop_path_schedule": m.drop_path_schedule}
+    if m.token_merge != 0:  # the video tower's; off: the registered model exactly
+        own["token_merge"] = m.token_merge
     return own | {
         "num_frames": d.num_frames,
         "img_size": d.size,
@@ -141,6 +143,7 @@ class ContrastiveTask(Task):
                 f"data.size={recipe.data.size} is not divisible by the patch size {base.patch_size} of {name}"
             )
         kw = _encoder_kwargs(recipe)
+        check_token_merge(recipe, name, kw)
         try:
             arch = registered_arch(name, **kw)
         except ValueError as e:

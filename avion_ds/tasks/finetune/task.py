@@ -22,7 +22,7 @@ from avion_ds.data.datasets.build import dataset_spec
 from avion_ds.data.datasets.epic_actions import MAP_ORDER
 from avion_ds.data.datasets.protocols import eval_report
 from avion_ds.data.datasets.registry import heads_keys, names_of_kind
-from avion_ds.tasks.base import EvalOutcome, LossParts, ModelSummary, Task, build_with_weights
+from avion_ds.tasks.base import EvalOutcome, LossParts, ModelSummary, Task, build_with_weights, check_token_merge
 from avion_ds.tasks.common.action_head_metrics import action_head_metrics
 from avion_ds.tasks.common.classification_metrics import SCORES
 from avion_ds.tasks.common.evaluation import confusion_images, evaluate_model
@@ -58,6 +58,8 @@ def model_kwargs(recipe: Recipe) -> dict[str, Any]:
             kw[key] = getattr(m, key)
     if m.tubelet_size is not None:
         kw["tubelet_size"] = m.tubelet_size
+    if m.token_merge != 0:  # off: the registered model exactly
+        kw["token_merge"] = m.token_merge
     if m.heads is not None:
         kw["heads"] = dict(m.heads)
     else:
@@ -127,6 +129,7 @@ class FinetuneTask(Task):
                 f"{tubelet} of {name}; use a multiple of {tubelet}"
             )
         kw = model_kwargs(recipe)
+        check_token_merge(recipe, name, kw)
         try:
             arch = registered_arch(name, **kw)
         except ValueError as e:  # ViTArch.validate: one line naming the field

@@ -118,6 +118,11 @@ class PretrainTask(Task):
                 f"data.dataset {' / '.join(map(repr, names_of_kind('none')))} (unlabelled clips), fine-tuning a "
                 "labelled dataset"
             )
+        if recipe.model.token_merge != 0:
+            raise ConfigError(
+                f"model.token_merge={recipe.model.token_merge!r}: token merging is a fine-tuning / contrastive "
+                "option; the masked-autoencoder encoder does not merge tokens"
+            )
         for key, value in (
             ("pretrain.mask_ratio", p.mask_ratio),
             ("pretrain.decoder_mask_ratio", p.decoder_mask_ratio),
