@@ -136,11 +136,11 @@ def attention(qkv: torch.Tensor, backend: str, causal: bool = False, bias: torch
         if bias is None:
             out = F.scaled_dot_product_attention(q, k, v, is_causal=causal)
         else:
-            out = F.scaled_dot_product_attention(q, k, v, attn_mask=bias, is_causal=causal)
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=bias.to(q.dtype), is_causal=causal)
     elif backend == "eager":
         attn = torch.matmul(q * d**-0.5, k.transpose(-2, -1))
         if bias is not None:
-            attn = attn + bias
+            attn = attn + bias.to(attn.dtype)
         if causal:
             future = torch.ones(N, N, dtype=torch.bool, device=attn.device).triu_(1)
             attn = attn.masked_fill(future, float("-inf"))

@@ -327,12 +327,14 @@ def test_recipe_key_reaches_the_model() -> None:
         ("[1,1,1]", "a schedule of 3 blocks, the model has depth 2"),
         ("5", "block 0: r=5 but it can merge at most 4 of its 8 tokens"),
         ("[4,3]", "block 1: r=3 but it can merge at most 2 of its 4 tokens"),
+        ("2 model.attn_backend=flash", "flash-attn takes none"),
     ],
 )
 def test_bad_recipes_are_one_line(value: str, why: str) -> None:
     from avion_ds.tasks.finetune.task import FinetuneTask
 
+    value, *extra = value.split()
     with pytest.raises(ConfigError) as e:
-        FinetuneTask().check_model(load_recipe(None, [*_FINETUNE, f"model.token_merge={value}"]))
+        FinetuneTask().check_model(load_recipe(None, [*_FINETUNE, f"model.token_merge={value}", *extra]))
     msg = str(e.value)
     assert msg.startswith(f"model.token_merge={value.replace(',', ', ')}") and why in msg and "\n" not in msg
