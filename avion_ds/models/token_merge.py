@@ -59,13 +59,14 @@ def merge_tokens(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Merge ``r`` tokens of ``x`` (B, N, D) by bipartite soft matching on ``keys`` (B, N, C).
 
-    ``size`` (B, N, 1) float or None (all ones). Returns the merged tokens (B, N - r, D) and their sizes
-    (B, N - r, 1): the A tokens left unmerged in their order (a class token stays first), then B.
-    Ties go to the lowest index (best match and the order of the edges).
+    ``size`` (B, N, 1) float32 or None (all ones). Returns the merged tokens (B, N - r, D) and their sizes
+    (B, N - r, 1), float32 whatever ``x``'s dtype (bf16 counts integers exactly only to 256): the A tokens
+    left unmerged in their order (a class token stays first), then B. Ties go to the lowest index (best
+    match and the order of the edges).
     """
     B, N, D = x.shape
     if size is None:
-        size = x.new_ones(B, N, 1)
+        size = torch.ones(B, N, 1, dtype=torch.float32, device=x.device)
     with torch.no_grad():  # the matching picks indices; gradients flow through the merge only
         metric = keys / keys.norm(dim=-1, keepdim=True)
         scores = metric[:, 0::2] @ metric[:, 1::2].transpose(1, 2)  # (B, |A|, |B|)

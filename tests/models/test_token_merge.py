@@ -274,6 +274,20 @@ def test_checkpointed_blocks_merge_as_plain_ones() -> None:
         torch.testing.assert_close(p.grad, pc.grad, msg=name)
 
 
+def test_bf16_model_merges_with_exact_float32_sizes() -> None:
+    """Sizes stay float32 (bf16 counts integers exactly only to 256) and a bf16 model runs."""
+    torch.manual_seed(0)
+    x = torch.randn(1, 16, 8, dtype=torch.bfloat16)
+    tokens, sizes = merge_tokens(x, torch.full((1, 16, 1), 257.0), torch.randn(1, 16, 4), 8, False)
+    assert tokens.dtype == torch.bfloat16 and sizes.dtype == torch.float32
+    assert float(sizes.sum()) == 16 * 257 and sizes.shape[1] == 8
+    assert {float(s) for s in sizes.flatten()} <= {257.0 * k for k in range(1, 10)}
+    _, sizes = merge_tokens(torch.randn(1, 600, 8, dtype=torch.bfloat16), None, torch.ones(1, 600, 4), 300, False)
+    assert sizes.dtype == torch.float32 and float(sizes.max()) == 301  # every tie goes to B's first token
+    m = create_model("vit_test_tiny", token_merge=[4, 2], pool="cls").to(torch.bfloat16)
+    assert bool(m(_clip(m).to(torch.bfloat16)).isfinite().all())
+
+
 def test_mean_pooling_is_size_weighted_and_eager_equals_sdpa() -> None:
     torch.manual_seed(0)
     kw = {"token_merge": [3, 2], "num_classes": 0}
