@@ -257,14 +257,15 @@ def test_tiny_vit_merges_forward_and_backward(pool: str, schedule: int | list[in
         assert p.grad is not None and bool(p.grad.isfinite().all()), name
 
 
-def test_checkpointed_blocks_merge_as_plain_ones() -> None:
+@pytest.mark.parametrize("policy", ["full", "selective"])
+def test_checkpointed_blocks_merge_as_plain_ones(policy: str) -> None:
     from avion_ds.models.activation_checkpointing import apply_activation_checkpointing
 
     torch.manual_seed(0)
     plain = create_model("vit_test_tiny", token_merge=[3, 2], head_init_scale=1.0)
     ckpt = create_model("vit_test_tiny", token_merge=[3, 2], head_init_scale=1.0)
     ckpt.load_state_dict(plain.state_dict())
-    apply_activation_checkpointing(ckpt, 1, None, impl="torch")
+    apply_activation_checkpointing(ckpt, 1, None, impl="torch", policy=policy)
     x = _clip(plain)
     y, yc = plain(x), ckpt(x)
     assert torch.equal(y, yc)
