@@ -313,6 +313,13 @@ def test_dual_encoder_video_tower_merges() -> None:
     assert m.visual.blocks[0].attn.qkv.weight.grad is not None
 
 
+def test_pretraining_model_refuses_merging() -> None:
+    with pytest.raises(ValueError, match="the pretraining encoder does not merge tokens"):
+        create_model("pretrain_videomae_test_tiny", token_merge=1)
+    with pytest.raises(ConfigError, match=r"^model.token_merge=2: token merging is a fine-tuning"):
+        load_recipe(None, ["task=pretrain", "model.name=pretrain_videomae_test_tiny", "model.token_merge=2"])
+
+
 # ---------------------------------------------------------------------------------------------- the recipe
 _FINETUNE = [
     "model.name=vit_test_tiny",

@@ -36,6 +36,10 @@ def pretrain_arch(name: str, **overrides: Any) -> MAEArch:
         if value not in (None, 0):
             raise ValueError(f"{name}: a pretraining model has no classifier; got {key}={value!r}")
     mae = {k: overrides.pop(k) for k in list(overrides) if k in _MAE_FIELDS}
+    if overrides.get("token_merge", 0) not in (0, None):
+        raise ValueError(
+            f"{name}: token_merge={overrides['token_merge']!r}: the pretraining encoder does not merge tokens"
+        )
     if overrides.get("pool", "mean") != "mean":
         raise ValueError(
             f"{name}: pool expected 'mean' (the encoder's final norm is fc_norm), got {overrides['pool']!r}"
