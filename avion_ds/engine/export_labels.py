@@ -81,11 +81,10 @@ def _ssv2(recipe: Recipe, head: str | None) -> tuple[list[str], str] | None:
     return sorted(labels, key=labels.__getitem__), str(path)
 
 
-def _egocentric(recipe: Recipe, head: str | None) -> tuple[list[str], str] | None:
+def _egocentric(recipe: Recipe, egtea: bool) -> tuple[list[str], str] | None:
     from avion_ds.data.datasets import egocentric as ego  # lazy: only EGTEA / Charades-Ego runs
 
     d = recipe.data
-    egtea = d.dataset == "egtea"
     path = ego.class_file(d, ego.EGTEA_CLASSES if egtea else ego.CHARADES_CLASSES)
     if not path.is_file():
         return None
@@ -93,7 +92,15 @@ def _egocentric(recipe: Recipe, head: str | None) -> tuple[list[str], str] | Non
     return names, str(path)
 
 
-_READERS = {"epic": _epic, "kinetics": _kinetics, "ssv2": _ssv2, "egtea": _egocentric, "charades_ego": _egocentric}
+def _egtea(recipe: Recipe, head: str | None) -> tuple[list[str], str] | None:
+    return _egocentric(recipe, egtea=True)
+
+
+def _charades(recipe: Recipe, head: str | None) -> tuple[list[str], str] | None:
+    return _egocentric(recipe, egtea=False)
+
+
+_READERS = {"epic": _epic, "kinetics": _kinetics, "ssv2": _ssv2, "egtea": _egtea, "charades_ego": _charades}
 
 
 def class_names(recipe: Recipe, head: str | None, classes: int) -> tuple[list[str] | None, str]:
