@@ -168,10 +168,10 @@ def test_html_page_opens_in_headless_chromium(videos: dict, tmp_path: Path) -> N
     )
     text = page.read_text()
     assert text.count("data:image/jpeg;base64,") == 3 and "#C C moves the square down" in text
-    dom = _browser_dom(tmp_path, text.replace("</body>", CHECK + LINKS + "</body>"))
+    dom = _browser_dom(tmp_path, text.replace("</body>", CHECK + _grab("data-links", "a.open", "href") + "</body>"))
     assert 'data-check="3:3"' in dom, dom[-2000:]
     # as the browser resolves them: one link per hit, each a chunk file under the indexed root, at an offset
-    links = json.loads(html.unescape(dom.split('data-links="', 1)[1].split('"', 1)[0]))
+    links = _grabbed(dom, "data-links")
     root = videos["chunks"].resolve().as_uri() + "/"
     assert len(links) == 3 and all(u.startswith(root) and "#t=" in u for u in links), links
     assert all(Path(unquote(urlparse(u).path)).is_file() for u in links)
@@ -185,10 +185,17 @@ def _browser_dom(tmp_path: Path, page: str) -> str:
     return subprocess.run([*cmd, probe.as_uri()], capture_output=True, text=True, timeout=120).stdout
 
 
-LINKS = (
-    "<script>addEventListener('load', () => document.body.setAttribute('data-links', JSON.stringify("
-    "[...document.querySelectorAll('a.open')].map(a => a.href))));</script>"
-)
+def _grab(attr: str, selector: str, prop: str) -> str:
+    """A script that, once the page has loaded, stores ``prop`` of every ``selector`` element as JSON in the
+    body's ``attr`` (read back from the dumped DOM by ``_grabbed``)."""
+    return (
+        f"<script>addEventListener('load', () => document.body.setAttribute('{attr}', JSON.stringify("
+        f"[...document.querySelectorAll('{selector}')].map(e => e.{prop}))));</script>"
+    )
+
+
+def _grabbed(dom: str, attr: str) -> list:
+    return json.loads(html.unescape(dom.split(f'{attr}="', 1)[1].split('"', 1)[0]))
 
 
 @pytest.mark.skipif(CHROMIUM is None, reason="no chromium on PATH (Debian: apt-get install chromium; .ci/install.sh)")
@@ -198,12 +205,8 @@ def test_page_captions_in_headless_chromium(videos: dict, tmp_path: Path) -> Non
     argv = [str(videos["val_csv"]), "--root", str(videos["chunks"]), "--segments", "--clip-seconds", "9"]
     assert _embed(videos, argv[0], out, *argv[1:]) == 0
     assert search_cli.main(["moves the square down", "--index", str(out), "--top-k", "3", "--html", str(page)]) == 0
-    grab = (
-        "<script>addEventListener('load', () => document.body.setAttribute('data-captions', JSON.stringify("
-        "[...document.querySelectorAll('q.caption')].map(q => q.textContent))));</script>"
-    )
-    dom = _browser_dom(tmp_path, page.read_text().replace("</body>", grab + "</body>"))
-    captions = json.loads(html.unescape(dom.split('data-captions="', 1)[1].split('"', 1)[0]))
+    grab = _grab("data-captions", "q.caption", "textContent")
+    captions = _grabbed(_browser_dom(tmp_path, page.read_text().replace("</body>", grab + "</body>")), "data-captions")
     import csv
 
     with open(videos["val_csv"], newline="") as f:
