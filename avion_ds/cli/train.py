@@ -24,7 +24,6 @@ from avion_ds.data import DeviceAugment, build_loader
 from avion_ds.data.decode.select import pick_decoder
 from avion_ds.data.errors import DataError
 from avion_ds.distributed import dist
-from avion_ds.distributed.ds_fields import zero_stage
 from avion_ds.distributed.ds_hidden import hidden_size_line
 from avion_ds.distributed.run_log import RunLogger
 from avion_ds.engine import elastic
@@ -146,7 +145,7 @@ def start_lines(setup: RunSetup, trainer: Trainer) -> list[str]:
     filled = hidden_size_line(setup.user_ds, setup.ds_config, recipe.model.name)  # HF's "auto" bucket sizes
     return [
         (
-            f"avion-ds train: {setup.task.name} {recipe.model.name} | world {world} | ZeRO-{zero_stage(setup.ds_config)} | "
+            f"avion-ds train: {setup.task.name} {recipe.model.name} | world {world} | ZeRO-{setup.ds_plan.zero_stage} | "
             f"{trainer.precision} | global batch {plan.global_batch} = micro {plan.micro_batch} x accum "
             f"{plan.grad_accum} x world {world} | {setup.steps_per_epoch} steps/epoch x {recipe.schedule.epochs} "
             f"epochs | {weight_decay_text(recipe)} | activation checkpointing {ac} | run dir {recipe.output_dir}"
@@ -177,7 +176,7 @@ def run(setup: RunSetup, args: argparse.Namespace) -> int:
         print(resize, flush=True)
     model = task.build_model(recipe, run_dir=run_dir, ds_config=setup.ds_config)
     seed_everything(recipe.seed + rank)  # per-rank streams for dropout / augmentation
-    parallel = parallelize(model, recipe, setup.ds_config, setup.steps_per_epoch)
+    parallel = parallelize(model, recipe, setup.ds_config, setup.steps_per_epoch, plan=setup.ds_plan)
     del model
     log = RunLogger(
         run_dir, dist.is_main(), recipe.logging.tensorboard, recipe.logging.progress, recipe.logging.log_every
@@ -219,7 +218,7 @@ def _run_explaining_oom(args: argparse.Namespace) -> int:
     try:
         return run(setup, args)
     except torch.OutOfMemoryError as e:
-        raise OutOfMemory(explain(setup.recipe, setup.ds_config, setup.world, e)) from None
+        raise OutOfMemory(explain(setup.recipe, setup.ds_plan, setup.world, e)) from None
 
 
 if __name__ == "__main__":

@@ -10,7 +10,8 @@ Generated configs (``avion-ds plan``, its ``--measure`` probes, ZeRO-3 offload i
 the same hand-tuned JSON (:func:`reference_config`) and change only named knobs through
 ``overrides`` (:func:`merge_overrides`), so they differ from ``ds_configs/*.json`` exactly there.
 
-Beside it: ``ds_fields`` (single fields: fill one, read stage / offload / precision), ``ds_check``
+Beside it: ``ds_plan`` (the built config read once into a typed, frozen ``DSPlan``: stage, offload,
+precision, batch, buckets), ``ds_fields`` (fill one field), ``ds_check``
 (the keys, section types and config model DeepSpeed itself accepts), ``ds_optimizer`` (the optimizer
 section), ``ds_hidden`` (the ZeRO bucket sizes Hugging Face's configs leave "auto"). Their public names are importable from here as well.
 """
@@ -28,17 +29,7 @@ import torch
 
 from avion_ds.config import BatchConfig, ConfigError, Recipe
 from avion_ds.distributed.ds_check import check_user_config, deepspeed_config_keys, validate_with_deepspeed
-from avion_ds.distributed.ds_fields import (
-    AUTO,
-    PRECISIONS,
-    accelerator_name,
-    fill_field,
-    offload_device,
-    offloads_optimizer,
-    precision_of,
-    torch_dtype,
-    zero_stage,
-)
+from avion_ds.distributed.ds_fields import AUTO, PRECISIONS, accelerator_name, fill_field, torch_dtype
 from avion_ds.distributed.ds_hidden import fill_hidden_size_keys, hidden_size_line
 from avion_ds.distributed.ds_optimizer import (
     OPTIMIZER_TYPES,
@@ -47,14 +38,16 @@ from avion_ds.distributed.ds_optimizer import (
     lion_needs_client,
     scaled_lr,
 )
+from avion_ds.distributed.ds_plan import DSPlan, stage_of
 
-# the names of ds_fields / ds_check / ds_optimizer that callers import from this module
+# the names of ds_fields / ds_check / ds_optimizer / ds_plan that callers import from this module
 __all__ = [
     "AUTO",
     "DS_CONFIGS",
     "OPTIMIZER_TYPES",
     "PRECISIONS",
     "BatchPlan",
+    "DSPlan",
     "accelerator_name",
     "allow_sgd_under_zero",
     "build_ds_config",
@@ -65,16 +58,12 @@ __all__ = [
     "lion_needs_client",
     "load_user_config",
     "merge_overrides",
-    "offload_device",
-    "offloads_optimizer",
-    "precision_of",
     "reference_config",
     "resolve_batch",
     "resolve_precision",
     "scaled_lr",
     "torch_dtype",
     "validate_with_deepspeed",
-    "zero_stage",
 ]
 
 
@@ -297,13 +286,13 @@ def build_ds_config(
         section = cfg.setdefault(name, {})
         section["enabled"] = precision == name
 
-    if recipe.ema.decay > 0 and zero_stage(cfg) == 3:
+    if recipe.ema.decay > 0 and stage_of(cfg) == 3:
         raise ConfigError(
             f"ema.decay={recipe.ema.decay:g} is not supported with ZeRO-3 (the EMA follows the ZeRO 0-2 master "
             "weights); use ZeRO-0/1/2 (with offload_optimizer for memory) or set ema.decay=0"
         )
 
-    if recipe.model.compile and zero_stage(cfg) == 3:
+    if recipe.model.compile and stage_of(cfg) == 3:
         raise ConfigError(
             "model.compile=true is not supported with ZeRO-3 (its parameter hooks break the compiled blocks); use ZeRO-0/1/2"
         )

@@ -1,7 +1,7 @@
-"""Reading and filling single fields of a DeepSpeed config (THE readers of stage, offload, precision).
+"""Filling single fields of a DeepSpeed config, and the names around it (accelerator, precision -> dtype).
 
 ``fill_field`` sets a key that is absent or ``"auto"`` and rejects a concrete value that contradicts
-the recipe; the readers take a built or a user config (or None).
+the recipe. Reading a config's stage, offload, precision or batch is ``ds_plan.DSPlan``'s.
 """
 
 from __future__ import annotations
@@ -41,31 +41,6 @@ def accelerator_name() -> str:
         return str(get_accelerator().device_name())
     except Exception:  # noqa: BLE001  (deepspeed import problems surface later, in initialize)
         return "cpu"
-
-
-def zero_stage(cfg: dict[str, Any] | None) -> int:
-    """ZeRO stage of a (built or user) DeepSpeed config; 0 when there is none. THE reader of the stage."""
-    return int(((cfg or {}).get("zero_optimization") or {}).get("stage", 0))
-
-
-def offload_device(cfg: dict[str, Any] | None, what: str) -> str | None:
-    """Where ZeRO offloads ``what`` (``"optimizer"`` | ``"param"``): cpu | nvme, or None. THE reader of offload."""
-    device = ((((cfg or {}).get("zero_optimization") or {}).get(f"offload_{what}")) or {}).get("device")
-    return device if device in ("cpu", "nvme") else None
-
-
-def offloads_optimizer(cfg: dict[str, Any] | None) -> bool:
-    """True when the optimizer state lives on CPU/NVMe (DeepSpeed then uses its CPU Adam)."""
-    return offload_device(cfg, "optimizer") is not None
-
-
-def precision_of(cfg: dict[str, Any]) -> str:
-    """fp32 | bf16 | fp16 of a built config."""
-    if cfg.get("bf16", {}).get("enabled"):
-        return "bf16"
-    if cfg.get("fp16", {}).get("enabled"):
-        return "fp16"
-    return "fp32"
 
 
 def torch_dtype(precision: str) -> torch.dtype:

@@ -9,7 +9,8 @@ from __future__ import annotations
 from typing import Any
 
 from avion_ds.config import FLOAT32_MAX, ConfigError, Recipe
-from avion_ds.distributed.ds_fields import AUTO, accelerator_name, fill_field, offloads_optimizer, zero_stage
+from avion_ds.distributed.ds_fields import AUTO, accelerator_name, fill_field
+from avion_ds.distributed.ds_plan import DSPlan, offload_of, stage_of
 
 
 def scaled_lr(recipe: Recipe, global_batch: int) -> float:
@@ -45,10 +46,14 @@ def fill_optimizer(cfg: dict[str, Any], recipe: Recipe, global_batch: int) -> fl
         fill_field(params, "weight_decay", float(recipe.optim.weight_decay), f"{where}.weight_decay", close=True)
         # on the CPU accelerator, plain torch AdamW avoids a ~35 s FusedAdam JIT build; offload
         # needs DeepSpeed's CPU Adam, which DeepSpeed picks itself.
-        if str(opt.get("type", "")).lower() in ("adam", "adamw") and accel == "cpu" and not offloads_optimizer(cfg):
+        if (
+            str(opt.get("type", "")).lower() in ("adam", "adamw")
+            and accel == "cpu"
+            and offload_of(cfg, "optimizer") is None
+        ):
             params.setdefault("torch_adam", True)
         if params.get("torch_adam") == AUTO:
-            params["torch_adam"] = accel == "cpu" and not offloads_optimizer(cfg)
+            params["torch_adam"] = accel == "cpu" and offload_of(cfg, "optimizer") is None
     return lr
 
 
@@ -81,9 +86,9 @@ def allow_sgd_under_zero(cfg: dict[str, Any], recipe: Recipe) -> None:
     optimizer offload ``zero_force_ds_cpu_optimizer: false`` (SGD runs as is on the CPU partitions)."""
     if recipe.optim.name != "sgd":
         return
-    if zero_stage(cfg) > 0:
+    if stage_of(cfg) > 0:
         fill_field(cfg, "zero_allow_untested_optimizer", True, "zero_allow_untested_optimizer")
-    if offloads_optimizer(cfg):
+    if offload_of(cfg, "optimizer") is not None:
         fill_field(cfg, "zero_force_ds_cpu_optimizer", False, "zero_force_ds_cpu_optimizer")
 
 
@@ -103,10 +108,9 @@ def _fill_optimizer_type(opt: dict[str, Any], recipe: Recipe) -> None:
         )
 
 
-def lion_needs_client(cfg: dict[str, Any], accel: str | None = None) -> bool:
+def lion_needs_client(plan: DSPlan, accel: str | None = None) -> bool:
     """True when a built config's Lion cannot be DeepSpeed's JSON optimizer: on the CPU accelerator without
     offload DeepSpeed would build its GPU-only FusedLion, so the engine gets DeepSpeed's CPU Lion as a client
     optimizer instead (``engine.optim.client_optimizer``)."""
-    opt = cfg.get("optimizer") or {}
-    lion = str(opt.get("type", "")).lower() == "lion"
-    return lion and (accel or accelerator_name()) == "cpu" and not offloads_optimizer(cfg)
+    lion = (plan.optimizer_type or "").lower() == "lion"
+    return lion and (accel or accelerator_name()) == "cpu" and not plan.offloads_optimizer

@@ -19,8 +19,8 @@ import torch
 
 from avion_ds.distributed import dist
 from avion_ds.distributed.ds_config import build_ds_config, fixed_batch_recipe
-from avion_ds.distributed.ds_fields import offloads_optimizer, zero_stage
-from avion_ds.engine.parallelize import parallelize, unwrap
+from avion_ds.distributed.ds_plan import DSPlan
+from avion_ds.engine.parallelize import inner_module, parallelize
 from avion_ds.engine.trainer import Trainer
 from avion_ds.memory.plan import Candidate, Request, ds_config_for
 from avion_ds.models import model_flops
@@ -56,7 +56,7 @@ def _fill_config(cfg: dict[str, Any], micro: int, accum: int, world: int, dtype:
     arguments, the recipe's default optimizer values; torch AdamW unless the optimizer is offloaded
     (no FusedAdam JIT build, which needs nvcc)."""
     opt: dict[str, Any] = {} if "optimizer" in cfg else {"type": "AdamW"}
-    if not offloads_optimizer(cfg):
+    if not DSPlan.of(cfg).offloads_optimizer:
         opt["params"] = {"torch_adam": True}
     return build_ds_config(cfg, fixed_batch_recipe(micro, accum, dtype), world, overrides={"optimizer": opt})
 
@@ -136,8 +136,9 @@ def train_step_probe(
     dist.init()
     world = dist.world_size()
     cfg = _fill_config(ds_config or {"zero_optimization": {"stage": 0}}, micro_batch, grad_accum, world, dtype)
+    plan = DSPlan.of(cfg)
     result: dict[str, Any] = {"model": model_name, "frames": frames, "size": size, "micro_batch": micro_batch}
-    result.update(dtype=dtype, zero_stage=zero_stage(cfg), checkpoint_every=checkpoint_every)
+    result.update(dtype=dtype, zero_stage=plan.zero_stage, checkpoint_every=checkpoint_every)
     result.update(attn_backend=attn_backend, world_size=world, checkpoint_policy=checkpoint_policy)
     ckpt = (checkpoint_every, attn_backend, checkpoint_policy)
     recipe = probe_recipe(model_name, frames, size, micro_batch, grad_accum, world, dtype, *ckpt)
@@ -147,7 +148,8 @@ def train_step_probe(
     gc.collect()
     accel.empty_cache()
     try:
-        parallel = parallelize(task.build_model(recipe, ds_config=cfg), recipe, cfg, steps_per_epoch=warmup + steps)
+        model = task.build_model(recipe, ds_config=cfg)
+        parallel = parallelize(model, recipe, cfg, steps_per_epoch=warmup + steps, plan=plan)
         engine = parallel.engine
         gc.collect()
         accel.reset_peak_memory_stats()  # the peak of the steps, not of fp32 construction
@@ -155,7 +157,7 @@ def train_step_probe(
         batches = itertools.repeat(task.synthetic_batch(recipe, micro_batch, engine.device))
         step_s = _median_step_s(trainer, batches, accel, warmup, steps)
         clips = micro_batch * grad_accum / step_s
-        depth = unwrap(engine).depth
+        depth = inner_module(engine).depth
         r = len(range(0, depth, checkpoint_every)) / depth if checkpoint_every else 0.0
         achieved = clips * model_flops(model_name, num_frames=frames, img_size=size) * (3 + r) / 1e12
         peak = peak_tflops if peak_tflops is not None else gpu_peak_tflops()

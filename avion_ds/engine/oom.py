@@ -3,11 +3,9 @@ predicted peak for this configuration and the next knob to try, then exit code 1
 
 from __future__ import annotations
 
-from typing import Any
-
 from avion_ds.config import Recipe
 from avion_ds.distributed.ds_config import resolve_batch
-from avion_ds.distributed.ds_fields import offload_device, precision_of, zero_stage
+from avion_ds.distributed.ds_plan import DSPlan
 from avion_ds.memory.estimate import estimate
 from avion_ds.memory.units import format_bytes
 
@@ -16,7 +14,7 @@ class OutOfMemory(RuntimeError):
     """A device (or host) out-of-memory error, explained; ``avion-ds train`` exits 1 with it."""
 
 
-def next_knob(recipe: Recipe, ds_config: dict[str, Any], micro_batch: int) -> str:
+def next_knob(recipe: Recipe, plan: DSPlan, micro_batch: int) -> str:
     """The cheapest change that lowers peak memory, in the order that costs the least speed."""
     m = recipe.model
     if (
@@ -33,16 +31,16 @@ def next_knob(recipe: Recipe, ds_config: dict[str, Any], micro_batch: int) -> st
             f"a smaller micro-batch (--set batch.micro_batch={max(1, micro_batch // 2)}; gradient accumulation "
             "keeps the global batch)"
         )
-    if zero_stage(ds_config) < 3:
+    if plan.zero_stage < 3:
         return "ZeRO-3 (--deepspeed_config ds_configs/zero3.json)"
-    if not offload_device(ds_config, "param") and not offload_device(ds_config, "optimizer"):
+    if not plan.offloads:
         return "ZeRO-3 with CPU offload (--deepspeed_config ds_configs/zero3_offload.json)"
     return "more or larger GPUs (nothing left to trade on this one)"
 
 
-def explain(recipe: Recipe, ds_config: dict[str, Any], world: int, error: BaseException) -> str:
-    """The one-line message for an out-of-memory ``error`` under this recipe and config."""
-    micro = resolve_batch(recipe, world).micro_batch
+def explain(recipe: Recipe, plan: DSPlan, world: int, error: BaseException) -> str:
+    """The one-line message for an out-of-memory ``error`` under this recipe and DeepSpeed plan."""
+    micro = plan.micro_batch if plan.micro_batch is not None else resolve_batch(recipe, world).micro_batch
     clips = micro * recipe.data.num_sample  # repeated sampling: num_sample augmented clips per loaded item
     m = recipe.model
     try:
@@ -51,10 +49,10 @@ def explain(recipe: Recipe, ds_config: dict[str, Any], world: int, error: BaseEx
             recipe.data.num_frames,
             recipe.data.size,
             clips,
-            precision_of(ds_config),
-            zero_stage(ds_config),
-            offload_optimizer=offload_device(ds_config, "optimizer") is not None,
-            offload_param=offload_device(ds_config, "param") is not None,
+            plan.precision,
+            plan.zero_stage,
+            offload_optimizer=plan.offload_optimizer is not None,
+            offload_param=plan.offload_param is not None,
             checkpointing=m.activation_checkpoint_every if m.activation_checkpointing else False,
             world_size=world,
             first_n=m.activation_checkpoint_first_n,
@@ -67,6 +65,6 @@ def explain(recipe: Recipe, ds_config: dict[str, Any], world: int, error: BaseEx
     per = f" ({clips} clips)" if clips != micro else ""
     return (
         f"out of memory ({what}): model {m.name}, micro-batch {micro}{per} x {recipe.data.num_frames} frames x "
-        f"{recipe.data.size} px, ZeRO-{zero_stage(ds_config)}; {predicted}; try {next_knob(recipe, ds_config, micro)}"
+        f"{recipe.data.size} px, ZeRO-{plan.zero_stage}; {predicted}; try {next_knob(recipe, plan, micro)}"
         f" (or run `avion-ds plan` for this GPU)"
     )

@@ -13,8 +13,9 @@ import torch
 from torch import nn
 
 from avion_ds.config import Recipe
-from avion_ds.distributed.ds_fields import accelerator_name, offloads_optimizer
+from avion_ds.distributed.ds_fields import accelerator_name
 from avion_ds.distributed.ds_optimizer import lion_needs_client
+from avion_ds.distributed.ds_plan import DSPlan
 from avion_ds.models.partition import full_ndim
 
 
@@ -116,17 +117,18 @@ def client_lion(
 
 
 def client_optimizer(
-    groups: list[dict[str, Any]], recipe: Recipe, lr: float, ds_config: dict[str, Any]
+    groups: list[dict[str, Any]], recipe: Recipe, lr: float, ds_config: dict[str, Any], plan: DSPlan
 ) -> tuple[torch.optim.Optimizer | None, dict[str, Any]]:
     """(client optimizer or None, config for ``deepspeed.initialize``): None and the config as is when the
     JSON ``optimizer`` is DeepSpeed's to build; otherwise the recipe's optimizer (``optim.name``) over
-    ``groups`` and the config without its ``optimizer`` section (DeepSpeed takes one or the other)."""
+    ``groups`` and the config without its ``optimizer`` section (DeepSpeed takes one or the other).
+    ``plan``: ``ds_config``'s plan (offload, optimizer type)."""
     section = ds_config.get("optimizer")
-    if section is not None and not lion_needs_client(ds_config):
+    if section is not None and not lion_needs_client(plan):
         return None, ds_config
     rest = {k: v for k, v in ds_config.items() if k != "optimizer"}
     if recipe.optim.name == "lion":
-        cpu = accelerator_name() == "cpu" or offloads_optimizer(ds_config)
+        cpu = accelerator_name() == "cpu" or plan.offloads_optimizer
         return client_lion(groups, recipe, lr, (section or {}).get("params", {}), cpu), rest
     if recipe.optim.name == "sgd":
         return client_sgd(groups, recipe, lr), rest

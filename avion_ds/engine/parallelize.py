@@ -1,6 +1,6 @@
 """The ONE place memory features are applied: activation checkpointing, then ``deepspeed.initialize``.
 
-ZeRO stage, offload and precision come from the built DeepSpeed config; activation checkpointing
+ZeRO stage, offload and precision come from the built DeepSpeed config's plan (``DSPlan``); activation checkpointing
 from the recipe (``model.activation_checkpointing``, ``activation_checkpoint_every``, ``activation_checkpoint_first_n``,
 ``activation_checkpoint_impl``, ``activation_checkpoint_policy``), then ``model.compile`` (each block compiled). With ``activation_checkpoint_impl: deepspeed`` the JSON's ``activation_checkpointing``
 section (e.g. ``cpu_checkpointing``) is handed to ``deepspeed.checkpointing.configure``.
@@ -17,8 +17,8 @@ import torch
 from torch import nn
 
 from avion_ds.config import Recipe
-from avion_ds.distributed.ds_fields import precision_of, zero_stage
 from avion_ds.distributed.ds_optimizer import scaled_lr
+from avion_ds.distributed.ds_plan import DSPlan
 from avion_ds.engine.lion_guard import guard_zero_direction, is_deepspeed_lion
 from avion_ds.engine.optim import client_optimizer, optimizer_groups
 from avion_ds.engine.schedule import WarmupCosine
@@ -56,13 +56,15 @@ def _checkpoint(model: nn.Module, recipe: Recipe, ds_config: dict[str, Any]) -> 
 
 @dataclass(frozen=True)
 class Parallelized:
-    """What ``parallelize`` made: the DeepSpeed engine, and the gradient clipping it left to the Trainer."""
+    """What ``parallelize`` made: the DeepSpeed engine, the plan of the config it was built from, and the
+    gradient clipping it left to the Trainer."""
 
     engine: Any
+    plan: DSPlan
     clip_grad: float = 0.0  # > 0: the Trainer clips to this norm (fp32 ZeRO-0, see ``trim_engine``)
 
 
-def trim_engine(ds_config: dict[str, Any]) -> tuple[dict[str, Any], float]:
+def trim_engine(ds_config: dict[str, Any], plan: DSPlan) -> tuple[dict[str, Any], float]:
     """The config handed to DeepSpeed and the clip norm the Trainer applies itself (0: none).
 
     fp32 ZeRO-0 is the one case where DeepSpeed clips with a Python loop of per-tensor norms over the
@@ -71,22 +73,24 @@ def trim_engine(ds_config: dict[str, Any]) -> tuple[dict[str, Any], float]:
     capped at 1) and DeepSpeed gets ``gradient_clipping: 0``. Every other case clips inside DeepSpeed's
     optimizer wrappers and is left alone. ``run_dir/ds_config.json`` keeps the user's value.
     """
-    clip = float(ds_config.get("gradient_clipping", 0.0) or 0.0)
-    if clip > 0 and zero_stage(ds_config) == 0 and precision_of(ds_config) == "fp32":
+    clip = plan.gradient_clipping
+    if clip > 0 and plan.zero_stage == 0 and plan.precision == "fp32":
         return {**ds_config, "gradient_clipping": 0.0}, clip
     return ds_config, 0.0
 
 
-def base_lr(recipe: Recipe, ds_config: dict[str, Any]) -> float:
+def base_lr(recipe: Recipe, plan: DSPlan) -> float:
     """Peak lr: the (filled) JSON optimizer lr, else the recipe's linearly scaled lr."""
-    params = ds_config.get("optimizer", {}).get("params", {})
-    return float(params["lr"]) if "lr" in params else scaled_lr(recipe, int(ds_config["train_batch_size"]))
+    if plan.optimizer_lr is not None:
+        return plan.optimizer_lr
+    assert plan.global_batch is not None, "a built config states train_batch_size"
+    return scaled_lr(recipe, plan.global_batch)
 
 
-def schedule_bounds(recipe: Recipe, ds_config: dict[str, Any]) -> tuple[float, float, float | None]:
+def schedule_bounds(recipe: Recipe, plan: DSPlan) -> tuple[float, float, float | None]:
     """(peak lr, cosine end lr, warmup start lr or None) the built-in schedule runs with: the bounds scaled
     by the batch like the lr under ``optim.scale_lr_bounds`` (AVION CLS scales lr_start / lr_end like lr)."""
-    lr = base_lr(recipe, ds_config)
+    lr = base_lr(recipe, plan)
     o, start = recipe.optim, recipe.schedule.warmup_start_lr
     bound = lr / o.lr if o.scale_lr_bounds else 1.0
     return lr, o.min_lr * bound, None if start is None else start * bound
@@ -98,6 +102,7 @@ def parallelize(
     ds_config: dict[str, Any],
     steps_per_epoch: int,
     optimizer: torch.optim.Optimizer | None = None,
+    plan: DSPlan | None = None,
 ) -> Parallelized:
     """Apply activation checkpointing, build param groups + schedule, make the DeepSpeed engine.
 
@@ -106,19 +111,21 @@ def parallelize(
     DeepSpeed's CPU Lion for a JSON Lion on the CPU accelerator, see ``client_optimizer``). The schedule
     is the JSON ``scheduler`` when present, else per-iteration warmup + cosine that honours each
     group's ``lr_scale`` (layer-wise decay) and runs ``optim.weight_decay_end``'s weight-decay schedule. Step the engine with ``Trainer.train_step``: for fp32
-    ZeRO-0 it does the gradient clipping (``trim_engine``).
+    ZeRO-0 it does the gradient clipping (``trim_engine``). ``plan``: the config's plan as start-up
+    resolved it (``RunSetup.ds_plan``); read from ``ds_config`` when not given.
     """
     import deepspeed  # lazy: deepspeed takes seconds to import
 
+    plan = plan if plan is not None else DSPlan.of(ds_config)
     model = apply_memory_features(model, recipe, ds_config)
-    lr, min_lr, start = schedule_bounds(recipe, ds_config)
+    lr, min_lr, start = schedule_bounds(recipe, plan)
     groups = optimizer_groups(model, recipe)
     config = ds_config
     if optimizer is None:
-        optimizer, config = client_optimizer(groups, recipe, lr, ds_config)
+        optimizer, config = client_optimizer(groups, recipe, lr, ds_config, plan)
 
     lr_scheduler = None
-    if "scheduler" not in ds_config:
+    if not plan.has_scheduler:
         total = int(recipe.schedule.epochs * steps_per_epoch)
         warmup = int(round(recipe.schedule.warmup_epochs * steps_per_epoch))
         o, sched = recipe.optim, recipe.schedule
@@ -129,8 +136,8 @@ def parallelize(
         def lr_scheduler(opt: torch.optim.Optimizer) -> WarmupCosine:
             return WarmupCosine(opt, lr, min_lr, warmup, total, weight_decay=wd, warmup_start=start)
 
-    config, own_clip = trim_engine(config)
-    with fp32_master_shared(config):
+    config, own_clip = trim_engine(config, plan)
+    with fp32_master_shared(plan):
         engine, _, _, _ = deepspeed.initialize(
             model=model,
             model_parameters=groups if optimizer is None else None,
@@ -138,14 +145,14 @@ def parallelize(
             lr_scheduler=lr_scheduler,
             config=config,
         )
-    trim_zero0(engine, ds_config)
+    trim_zero0(engine, plan)
     if is_deepspeed_lion(engine.basic_optimizer):  # sign(0) = 0 as AVION's Lion (client or JSON-built)
         guard_zero_direction(engine.basic_optimizer)
-    return Parallelized(engine, own_clip)
+    return Parallelized(engine, plan, own_clip)
 
 
 @contextlib.contextmanager
-def fp32_master_shared(ds_config: dict[str, Any]) -> Iterator[None]:
+def fp32_master_shared(plan: DSPlan) -> Iterator[None]:
     """fp32 ZeRO-3 without optimizer offload: the optimizer's fp32 "master" partition IS the parameter
     partition, not a second copy of it.
 
@@ -156,9 +163,7 @@ def fp32_master_shared(ds_config: dict[str, Any]) -> Iterator[None]:
     on 2 ranks, measured in bench/memory_large.py ``train``). During that call ``self.device`` is the
     same device as a ``torch.device``, so the comparison holds; nothing else changes.
     """
-    zo = ds_config.get("zero_optimization", {})
-    offload = (zo.get("offload_optimizer") or {}).get("device", "none") not in (None, "none")
-    if zero_stage(ds_config) != 3 or precision_of(ds_config) != "fp32" or offload:
+    if plan.zero_stage != 3 or plan.precision != "fp32" or plan.offloads_optimizer:
         yield
         return
     from deepspeed.runtime.zero.stage3 import (  # lazy: deepspeed takes seconds to import
@@ -182,14 +187,14 @@ def fp32_master_shared(ds_config: dict[str, Any]) -> Iterator[None]:
         Stage3._create_fp32_partitions = original
 
 
-def trim_zero0(engine: Any, ds_config: dict[str, Any]) -> None:
+def trim_zero0(engine: Any, plan: DSPlan) -> None:
     """ZeRO-0 on ONE data-parallel rank (fp32 / fp16): DeepSpeed's gradient "all-reduce" would only flatten,
     divide by 1 and copy back every gradient; its public ``enable_backward_allreduce`` switch turns it off
     (identical results)."""
-    if zero_stage(ds_config) == 0 and precision_of(ds_config) != "bf16" and engine.dp_world_size == 1:
+    if plan.zero_stage == 0 and plan.precision != "bf16" and engine.dp_world_size == 1:
         engine.enable_backward_allreduce = False
 
 
-def unwrap(engine_or_model: Any) -> nn.Module:
+def inner_module(engine_or_model: Any) -> nn.Module:
     """The bare model inside a DeepSpeed engine (or the model itself)."""
     return getattr(engine_or_model, "module", engine_or_model)

@@ -20,6 +20,7 @@ from avion_ds.data.errors import DataError
 from avion_ds.data.prep.manifest import MANIFEST_NAME, check_chunk_file
 from avion_ds.data.prep.manifest_index import load_manifest
 from avion_ds.distributed.ds_config import torch_dtype
+from avion_ds.distributed.ds_plan import DSPlan
 from avion_ds.engine.parallelize import schedule_bounds
 from avion_ds.models import list_models, registered_arch, resolve_backend
 from avion_ds.storage.run_dir import checkpoint_dir, latest_complete, tag_files
@@ -193,12 +194,12 @@ def check_runtime(recipe: Recipe, precision: str, accelerator: str) -> None:
             )
 
 
-def check_schedule(recipe: Recipe, ds_config: dict) -> None:
+def check_schedule(recipe: Recipe, plan: DSPlan) -> None:
     """The built-in schedule warms UP to the peak lr and decays DOWN to ``optim.min_lr``: a warmup start or
     an end above the peak (after the batch scaling) would run it backwards; refused naming the keys."""
-    if "scheduler" in ds_config or recipe.schedule.fix_lr:
+    if plan.has_scheduler or recipe.schedule.fix_lr:
         return
-    lr, min_lr, start = schedule_bounds(recipe, ds_config)
+    lr, min_lr, start = schedule_bounds(recipe, plan)
     for key, value in (("schedule.warmup_start_lr", start), ("optim.min_lr", min_lr)):
         if value is not None and value > lr:
             raise ConfigError(

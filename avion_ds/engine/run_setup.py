@@ -3,9 +3,10 @@
 :func:`prepare_training` reads the recipe and the DeepSpeed JSON, checks data paths, manifest, labels,
 model geometry (meta device), weights file, runtime support, batch arithmetic and run-dir identity,
 builds the datasets (their annotation files are read here, so a bad row is one line, exit 2) and
-returns ONE :class:`RunSetup` that the run uses as it is: the batch plan, steps per epoch and the
-resolved DeepSpeed config are computed here and nowhere else. :func:`prepare_eval` is the same path for
-`avion-ds eval`.
+returns ONE :class:`RunSetup` that the run uses as it is: the batch plan, steps per epoch, the
+resolved DeepSpeed config (handed to DeepSpeed) and its plan (:class:`DSPlan`, what the rest of the run
+asks about stage, offload, precision and batch) are computed here and nowhere else.
+:func:`prepare_eval` is the same path for `avion-ds eval`.
 """
 
 from __future__ import annotations
@@ -24,7 +25,8 @@ from avion_ds.data.errors import DataError, KeyedInputError
 from avion_ds.distributed import dist
 from avion_ds.distributed.ds_check import validate_with_deepspeed
 from avion_ds.distributed.ds_config import BatchPlan, build_ds_config, load_user_config, resolve_batch
-from avion_ds.distributed.ds_fields import accelerator_name, precision_of
+from avion_ds.distributed.ds_fields import accelerator_name
+from avion_ds.distributed.ds_plan import DSPlan
 from avion_ds.engine import preflight as pf
 from avion_ds.engine.open_run import OpenedRun
 from avion_ds.engine.weights_fit import check_weights_fit
@@ -42,10 +44,11 @@ class RunSetup:
     world: int
     plan: BatchPlan
     user_ds: dict[str, Any]
-    ds_config: dict[str, Any]
+    ds_config: dict[str, Any]  # for deepspeed.initialize / zero.Init and run_dir/ds_config.json
     steps_per_epoch: int
     train_set: Any
     val_set: Any
+    ds_plan: DSPlan  # ds_config read once: what library code asks
 
 
 def optimizer_steps_per_epoch(micro_batches: int, clips: int, recipe: Recipe, plan: BatchPlan) -> int:
@@ -103,9 +106,10 @@ def prepare_training(recipe: Recipe, deepspeed_config: dict | str | Path) -> Run
     steps = optimizer_steps_per_epoch(len(train_set) // world // plan.micro_batch, len(train_set), recipe, plan)
     ds_config = build_ds_config(user_ds, recipe, world, steps_per_epoch=steps)  # every conflict surfaces now
     validate_with_deepspeed(ds_config)
-    pf.check_schedule(recipe, ds_config)
-    pf.check_runtime(recipe, precision_of(ds_config), accelerator_name())
-    return RunSetup(recipe, task, summary, world, plan, user_ds, ds_config, steps, train_set, val_set)
+    ds_plan = DSPlan.of(ds_config)
+    pf.check_schedule(recipe, ds_plan)
+    pf.check_runtime(recipe, ds_plan.precision, accelerator_name())
+    return RunSetup(recipe, task, summary, world, plan, user_ds, ds_config, steps, train_set, val_set, ds_plan)
 
 
 @dataclass

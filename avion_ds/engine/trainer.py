@@ -29,7 +29,6 @@ import torch
 from avion_ds.config import Recipe
 from avion_ds.data.bad_input import BadInputLog, batch_messages
 from avion_ds.distributed import dist
-from avion_ds.distributed.ds_fields import torch_dtype
 from avion_ds.distributed.rng import set_rng_state
 from avion_ds.distributed.run_log import RunLogger, peak_memory_gib
 from avion_ds.engine import ema
@@ -75,11 +74,10 @@ class Trainer:
         self.log = log if log is not None else RunLogger(".", enabled=False, log_every=recipe.logging.log_every)
         self.augment = augment
         self.bad_log = bad_log if bad_log is not None else BadInputLog(self.log.info)
-        self.precision = "bf16" if engine.bfloat16_enabled() else "fp16" if engine.fp16_enabled() else "fp32"
-        self.dtype = torch_dtype(self.precision)
+        self.precision, self.dtype = parallel.plan.precision, parallel.plan.dtype
         self.device = torch.device(engine.device)
         self.world = dist.world_size()
-        self.stage = int(engine.zero_optimization_stage())
+        self.stage = parallel.plan.zero_stage
         self.clip = parallel.clip_grad  # > 0: we clip (torch's clip_grad_norm_)
         self.consecutive = 0  # non-finite micro-batches in a row (not saved: a resume starts at 0)
         self._window, self._interval = StepWindow(), LogInterval()

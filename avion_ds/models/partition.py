@@ -23,7 +23,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from avion_ds.distributed.ds_config import offload_device, precision_of, torch_dtype, zero_stage
+from avion_ds.distributed.ds_plan import DSPlan
 from avion_ds.distributed.malloc import pin_mmap_threshold
 
 
@@ -78,14 +78,15 @@ def zero_init(ds_config: dict[str, Any]) -> Any:
     """
     import deepspeed  # lazy: heavy, only ZeRO-3 construction needs it
 
-    offload = ds_config["zero_optimization"].get("offload_param") or {}
+    plan = DSPlan.of(ds_config)
+    offload = plan.offload_param
     init = deepspeed.zero.Init(
         config_dict_or_path=ds_config,
-        remote_device=offload_device(ds_config, "param"),
-        pin_memory=bool(offload.get("pin_memory", False)),
+        remote_device=None if offload is None else offload.device,
+        pin_memory=offload is not None and offload.pin_memory,
         dtype=None,
     )
-    want = torch_dtype(precision_of(ds_config))
+    want = plan.dtype
     if init.dtype != want:  # a DeepSpeed that resolves it otherwise: refuse rather than build in the wrong dtype
         raise RuntimeError(f"deepspeed.zero.Init resolved parameter dtype {init.dtype} for a {want} config")
     return init
@@ -98,7 +99,7 @@ def partitioned_construction(ds_config: dict[str, Any] | None) -> Iterator[bool]
     Wrap ANY model construction (``create_model``, pretraining models) in it; the model must then
     be handed to ``deepspeed.initialize`` with the same config. Needs a process group.
     """
-    if zero_stage(ds_config) != 3:
+    if DSPlan.of(ds_config).zero_stage != 3:
         yield False
         return
     assert ds_config is not None

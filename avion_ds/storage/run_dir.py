@@ -29,7 +29,7 @@ from typing import Any
 import torch
 
 from avion_ds.config import ConfigError
-from avion_ds.distributed.ds_fields import zero_stage
+from avion_ds.distributed.ds_plan import DSPlan
 from avion_ds.storage.safe_load import UntrustedCheckpoint, load_checkpoint_file
 
 MARKER = "COMPLETE.json"
@@ -133,7 +133,7 @@ def run_zero_stage(run_dir: Path, tag_dir: Path) -> int:
     """ZeRO stage a run was saved with (its ds_config.json, else guessed from the shard files)."""
     cfg = run_dir / "ds_config.json"
     if cfg.is_file():
-        return zero_stage(json.loads(cfg.read_text()))
+        return DSPlan.of(json.loads(cfg.read_text())).zero_stage
     return 1 if any(tag_dir.glob("*zero_pp_rank_*_optim_states.pt")) else 0  # ZeRO-0 writes no optimizer shards
 
 

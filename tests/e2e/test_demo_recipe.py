@@ -20,7 +20,7 @@ import torch
 from avion_ds.config import Recipe
 from avion_ds.data.decode import select
 from avion_ds.distributed.ds_config import build_ds_config
-from avion_ds.distributed.ds_fields import precision_of
+from avion_ds.distributed.ds_plan import DSPlan
 from avion_ds.engine.preflight import check_runtime
 from avion_ds.models.attention import resolve_backend
 from avion_ds.models.registry import registered_arch
@@ -86,7 +86,7 @@ def test_demo_trains_fp32_with_one_config(cpu: str, monkeypatch: pytest.MonkeyPa
     """Every CPU: fp32 (no fp16 / bf16 section enabled) and the same config as an fp16-capable Intel CPU."""
     recipe = _demo_recipe()
     cfg = _resolved(recipe)
-    assert precision_of(cfg) == "fp32"
+    assert DSPlan.of(cfg).precision == "fp32"
     assert cfg["fp16"]["enabled"] is False and cfg["bf16"]["enabled"] is False
     check_runtime(recipe, "fp32", "cpu")  # the start-up check passes whatever the accelerator reports
     with monkeypatch.context() as m:

@@ -9,8 +9,8 @@ import pytest
 
 from avion_ds.config import ConfigError
 from avion_ds.distributed.ds_config import build_ds_config, resolve_batch
-from avion_ds.distributed.ds_fields import precision_of, zero_stage
 from avion_ds.distributed.ds_optimizer import scaled_lr
+from avion_ds.distributed.ds_plan import DSPlan
 from avion_ds.tasks import load_recipe
 
 REPO = Path(__file__).resolve().parents[2]
@@ -41,7 +41,7 @@ def test_auto_values_filled_from_recipe() -> None:
     assert cfg["optimizer"]["params"]["betas"] == [0.9, 0.999]
     assert cfg["optimizer"]["params"]["weight_decay"] == pytest.approx(0.05)
     assert cfg["gradient_clipping"] == pytest.approx(0.5)
-    assert zero_stage(cfg) == 2 and precision_of(cfg) == "fp32"  # CPU: auto precision -> fp32
+    assert DSPlan.of(cfg).zero_stage == 2 and DSPlan.of(cfg).precision == "fp32"  # CPU: auto precision -> fp32
 
 
 def test_clipping_always_explicit_even_when_disabled() -> None:
@@ -84,8 +84,8 @@ def test_not_json_names_file(tmp_path: Path) -> None:
 
 def test_precision_from_json_and_recipe() -> None:
     user = {"bf16": {"enabled": True}}
-    assert precision_of(build_ds_config(user, recipe(), 1)) == "bf16"
-    assert precision_of(build_ds_config({"bf16": {"enabled": "auto"}}, recipe("precision=bf16"), 1)) == "bf16"
+    assert DSPlan.of(build_ds_config(user, recipe(), 1)).precision == "bf16"
+    assert DSPlan.of(build_ds_config({"bf16": {"enabled": "auto"}}, recipe("precision=bf16"), 1)).precision == "bf16"
     with pytest.raises(ConfigError, match="conflicts with deepspeed config bf16.enabled=true"):
         build_ds_config(user, recipe("precision=fp16"), 1)
     with pytest.raises(ConfigError, match="both bf16 and fp16"):
@@ -126,10 +126,10 @@ def test_scheduler_section_with_layer_decay_is_refused() -> None:
 @pytest.mark.parametrize("precision", ["fp32", "bf16", "fp16"])
 def test_shipped_configs_build(path: Path, precision: str) -> None:
     cfg = build_ds_config(path, recipe(f"precision={precision}"), world_size=2, steps_per_epoch=5)
-    assert precision_of(cfg) == precision
+    assert DSPlan.of(cfg).precision == precision
     assert "auto" not in json.dumps(cfg)
     assert "activation_checkpointing" in cfg
-    assert zero_stage(cfg) == int(path.stem[4])
+    assert DSPlan.of(cfg).zero_stage == int(path.stem[4])
 
 
 def test_overrides_deep_merge_before_filling() -> None:

@@ -13,7 +13,7 @@ import torch
 from avion_ds.config import save_recipe
 from avion_ds.engine.ema import EmaFiles, _copy_overlap
 from avion_ds.engine.export import export, run_weights
-from avion_ds.engine.parallelize import unwrap
+from avion_ds.engine.parallelize import inner_module
 from avion_ds.engine.train_state import TrainData
 from avion_ds.storage.run_dir import consolidate
 from avion_ds.tasks import EvalOutcome, load_recipe, task_of
@@ -33,7 +33,7 @@ def masters(engine: Any) -> dict[str, torch.Tensor]:
     """The fp32 master weights, through DeepSpeed's own accessor (independent of ``engine.ema``)."""
     from deepspeed.utils import safe_get_full_fp32_param
 
-    return {n: safe_get_full_fp32_param(p).detach().clone() for n, p in unwrap(engine).named_parameters()}
+    return {n: safe_get_full_fp32_param(p).detach().clone() for n, p in inner_module(engine).named_parameters()}
 
 
 def ema_of(trainer: Any) -> dict[str, torch.Tensor]:
@@ -104,7 +104,7 @@ class _Recording:
         return getattr(self.inner, name)
 
     def evaluate(self, model: Any, *args: Any, **kw: Any) -> EvalOutcome:
-        self.seen = {n: p.detach().clone() for n, p in unwrap(model).named_parameters()}
+        self.seen = {n: p.detach().clone() for n, p in inner_module(model).named_parameters()}
         return EvalOutcome(metrics={"top1": 0.0})
 
 
@@ -119,12 +119,12 @@ def test_validation_uses_the_chosen_weights_then_restores(one_rank: None, tmp_pa
     data = batches()
     for _ in range(2):
         assert t.train_step(data)
-    before = {n: p.detach().clone() for n, p in unwrap(t.engine).named_parameters()}
+    before = {n: p.detach().clone() for n, p in inner_module(t.engine).named_parameters()}
     t.evaluate(TrainData(None, None, None, None, None, 1))  # type: ignore[arg-type]
     want = ema_of(t) if weights == "ema" else before
     assert all(torch.equal(task.seen[n], want[n]) for n in before)
     assert any(not torch.equal(ema_of(t)[n], before[n]) for n in before)  # the two differ here
-    assert all(torch.equal(p, before[n]) for n, p in unwrap(t.engine).named_parameters())  # restored
+    assert all(torch.equal(p, before[n]) for n, p in inner_module(t.engine).named_parameters())  # restored
     assert json.loads((run / "metrics.json").read_text())["weights"] == weights
 
 

@@ -13,8 +13,9 @@ import torch
 
 from avion_ds.distributed.ds_config import build_ds_config
 from avion_ds.distributed.ds_optimizer import lion_needs_client
+from avion_ds.distributed.ds_plan import DSPlan
 from avion_ds.engine.optim import param_groups
-from avion_ds.engine.parallelize import unwrap
+from avion_ds.engine.parallelize import inner_module
 from avion_ds.tasks import load_recipe
 from tests.engine.tiny_trainer import REPO, batches, tiny_trainer
 
@@ -38,9 +39,10 @@ def test_optimizer_type_comes_from_the_recipe() -> None:
         cfg = build_ds_config(REPO / "ds_configs" / "zero2.json", recipe, 1)
         assert cfg["optimizer"]["type"] == want
         assert ("eps" in cfg["optimizer"]["params"]) == (name == "adamw")
-        assert lion_needs_client(cfg, "cpu") == (name == "lion") and not lion_needs_client(cfg, "cuda")
+        plan = DSPlan.of(cfg)
+        assert lion_needs_client(plan, "cpu") == (name == "lion") and not lion_needs_client(plan, "cuda")
         offload = build_ds_config(REPO / "ds_configs" / "zero2_offload.json", recipe, 1)
-        assert not lion_needs_client(offload, "cpu")  # DeepSpeed builds its CPU Lion from the JSON itself
+        assert not lion_needs_client(DSPlan.of(offload), "cpu")  # DeepSpeed builds its CPU Lion from the JSON itself
 
 
 @pytest.mark.multiprocess  # trains a DeepSpeed engine in this process
@@ -62,7 +64,7 @@ def test_lion_follows_avions_update_rule(one_rank: None, tmp_path: Path, config:
         accum=1,
     )
     assert type(t.engine.basic_optimizer).__name__ == "DeepSpeedCPULion"
-    model = unwrap(t.engine)
+    model = inner_module(t.engine)
     groups = param_groups(model, t.recipe.optim.weight_decay, t.recipe.optim.layer_decay)
     assert len(groups) == len(t.engine.optimizer.param_groups)
     params = dict(model.named_parameters())

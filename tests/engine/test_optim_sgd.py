@@ -14,7 +14,7 @@ import torch
 
 from avion_ds.distributed.ds_config import build_ds_config
 from avion_ds.engine.optim import avion_no_decay
-from avion_ds.engine.parallelize import unwrap
+from avion_ds.engine.parallelize import inner_module
 from avion_ds.tasks import load_recipe
 from tests.engine.tiny_trainer import REPO, batches, tiny_trainer
 
@@ -65,7 +65,7 @@ def test_sgd_follows_avions_optimizer(one_rank: None, tmp_path: Path, config: st
         accum=1,
     )
     assert type(t.engine.basic_optimizer) is torch.optim.SGD
-    model = unwrap(t.engine)
+    model = inner_module(t.engine)
     live = t.engine.optimizer.param_groups
     assert len(live) == 2  # decay / no decay, no per-layer groups
     assert all(g["momentum"] == momentum and g["nesterov"] is False and g["dampening"] == 0 for g in live)

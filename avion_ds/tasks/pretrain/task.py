@@ -24,7 +24,7 @@ from avion_ds.data.augment import MEAN_STD
 from avion_ds.data.datasets.build import dataset_spec
 from avion_ds.data.datasets.registry import names_of_kind
 from avion_ds.data.masking import MaskSpec
-from avion_ds.distributed.ds_config import zero_stage
+from avion_ds.distributed.ds_plan import DSPlan
 from avion_ds.tasks.base import EvalOutcome, LossParts, ModelSummary, Task, build_with_weights
 from avion_ds.tasks.common.predictions import PredictionStore
 from avion_ds.tasks.registry import register_task
@@ -155,7 +155,7 @@ class PretrainTask(Task):
         ds_config: dict[str, Any] | None = None,
     ) -> nn.Module:
         source = pretrained if pretrained is not None else recipe.model.pretrained
-        if source and zero_stage(ds_config) == 3:
+        if source and DSPlan.of(ds_config).zero_stage == 3:
             raise ConfigError(
                 f"model.pretrained={source}: continuing a pretraining run from weights under ZeRO-3 "
                 "is not supported yet; resume from the run's checkpoint instead"
