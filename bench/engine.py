@@ -162,7 +162,7 @@ def bench_data_wait(args: argparse.Namespace, device, data: dict, workers: int) 
     recipe = recipe_for(args, data, workers)
     model = make_model(recipe).to(device)
     opt = client_adamw(optimizer_groups(model, recipe), recipe, 1e-4)
-    ds = build_dataset(recipe.data, "train", seed=0)
+    ds = build_dataset(recipe.data, "train", seed=0, sections=recipe.sections)
     loader = build_loader(
         ds, recipe.batch.micro_batch, workers, shuffle=True, seed=0, drop_last=True, distributed=False
     )

@@ -52,7 +52,7 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(1)
     name, why = pick_decoder(recipe.data)
     recipe.data.decoder = name
-    ds = build_dataset(recipe.data, "train", seed=recipe.seed)
+    ds = build_dataset(recipe.data, "train", seed=recipe.seed, sections=recipe.sections)
     d = recipe.data
     print(
         f"{why}\ndataset: {d.dataset} {len(ds)} clips, {d.num_frames}x{d.size}px, decode_timeout_s={d.decode_timeout_s:g}, "

@@ -22,7 +22,6 @@ _CHOICES: dict[str, tuple[str | None, ...]] = {
     "optim.no_decay": ("model", "avion"),
     "optim.name": ("adamw", "lion", "sgd"),
     "model.head_init": ("videomae", "avion"),
-    "data.epic_label": ("verb_noun", "action"),
     "ema.weights": ("ema", "model"),
     "model.head_label_map": ("auto", "none"),
     "data.sampling": ("segment", "stride"),

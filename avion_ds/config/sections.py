@@ -1,7 +1,7 @@
 """The core recipe sections: model, data, optim, schedule, batch, eval, ema, checkpoint, logging.
 
-What a task alone reads lives in the task's own section, registered by the task
-(``avion_ds.config.register_section``).
+What a task alone reads lives in the task's own section, registered by the task, and what a dataset
+alone reads in the dataset's (``avion_ds.config.register_section``).
 """
 
 from __future__ import annotations
@@ -44,19 +44,16 @@ class ModelConfig:
 
 @dataclass
 class DataConfig:
+    """The keys every dataset reads. A dataset's own keys are its registered section (``epic_mir.val_sentences``,
+    declared in its module under ``avion_ds/data/datasets/``)."""
+
     dataset: str = "epic"  # a registered dataset (avion_ds/data/datasets/registry.py; checked by tasks.build_recipe)
     root: str = ""  # chunk root (holds manifest.jsonl) or root of whole videos
     train_csv: str = ""  # annotations (ego4d: narration pickle / CSV / JSONL)
     val_csv: str = ""
     val_dataset: str = ""  # "" = dataset; e.g. epic_mir to evaluate ego4d pretraining zero-shot on EPIC MIR
     val_root: str = ""  # "" = root; videos of the validation split when they live elsewhere
-    epic_label: str = "verb_noun"  # epic: verb_noun (heads verb + noun) | action (ONE head over AVION's verb:noun ids)
-    aux_train: list[str] = field(default_factory=list)  # ego4d: extra narration files appended to train_csv's
     fps: float = 0.0  # frame times at this rate (AVION reads Ego4D at 30); 0 = each video's own rate
-    train_sentences: str = ""  # epic_mir: EPIC_100_retrieval_train_sentence.csv
-    train_relevancy: str = ""  # epic_mir: caption_relevancy_EPIC_100_retrieval_train.pkl
-    val_sentences: str = ""  # epic_mir: EPIC_100_retrieval_test_sentence.csv
-    val_relevancy: str = ""  # epic_mir: caption_relevancy_EPIC_100_retrieval_test.pkl
     chunked: bool = True
     num_frames: int = 16
     sampling: str = "segment"  # segment (TSN, EPIC/AVION) | stride (Kinetics/VideoMAE)
@@ -74,14 +71,12 @@ class DataConfig:
     label_smoothing: float = 0.1
     on_error: str = "skip"  # skip | raise
     decode_timeout_s: float = 60.0
-    class_list: str = ""  # kinetics: class names (one a line; index = line); ssv2: labels.json ("" = next to train_csv)
+    class_list: str = ""  # class names of a labelled dataset (its module says the format; "" = its default file)
     quarantine: str = "auto"  # auto: <root>/quarantine.tsv if present (written by avion-ds check) | none | PATH
     rand_aug: str = ""  # timm RandAugment spec, e.g. rand-m7-n4-mstd0.5-inc1 (same ops for every frame of a clip)
     reprob: float = 0.0  # random erasing: probability per clip, one box on every frame (pixel mode; VideoMAE: 0.25)
     num_sample: int = 1  # repeated augmentation: augmented views per loaded training clip (VideoMAE: 2)
     interpolation: str = "bilinear"  # bilinear | bicubic: crop resize and RandAugment geometric ops
-    clips_per_video: int = 1  # dataset: videos — clips drawn from every video per epoch
-    multi_scale: list[float] = field(default_factory=lambda: [1.0, 0.875, 0.75, 0.66])  # videos: crop scales
 
 
 @dataclass

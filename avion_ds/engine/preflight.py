@@ -15,7 +15,9 @@ from typing import Any
 import torch
 
 from avion_ds.config import ConfigError, DataConfig, Recipe
-from avion_ds.data.datasets.build import dataset_spec, read_annotations, split_config
+from avion_ds.data.datasets.build import split_view
+from avion_ds.data.datasets.csv_rows import split_csv
+from avion_ds.data.datasets.registry import DatasetSpec
 from avion_ds.data.errors import DataError
 from avion_ds.data.prep.manifest import MANIFEST_NAME, check_chunk_file
 from avion_ds.data.prep.manifest_index import load_manifest
@@ -41,52 +43,31 @@ def check_output_dir(recipe: Recipe) -> None:
 
 
 def check_data_paths(recipe: Recipe, need_train: bool = True) -> None:
-    """Every data path the recipe names must exist; the error names the key and the path."""
+    """Every data path the recipe names must exist; the error names the key and the path. The dataset of
+    each split is asked once for what it may leave empty and for its own files (``check_paths``)."""
     d = recipe.data
-    keys = [("data.root", d.root, "dir"), ("data.val_csv", d.val_csv, "file")]
-    if need_train:
-        keys.insert(1, ("data.train_csv", d.train_csv, "file"))
-    for key, value, kind in keys:
-        if not value and kind == "file" and _split_file_optional(d, key):
-            continue  # e.g. unlabelled clips: without a list, every video under data.root
-        if not value:
-            raise ConfigError(f"{key} is empty; set it in the recipe or with --set {key}=PATH")
-        path = Path(value)
-        ok = path.is_dir() if kind == "dir" else path.is_file()
-        if not ok:
-            raise ConfigError(f"{key}: {kind} not found: {path}")
-    _check_extra_paths(recipe, need_train)
-    if d.class_list and not Path(d.class_list).is_file():
-        raise ConfigError(f"data.class_list: file not found: {d.class_list}")
+    _check_path("data.root", d.root, "dir", optional=False)
+    for split in ("train", "val") if need_train else ("val",):
+        spec, view = split_view(d, split, recipe.sections)
+        _check_path(f"data.{split}_csv", split_csv(d, split), "file", optional=spec.split_file_optional)
+        if spec.check_paths is not None:  # the dataset's own files (SSv2: its labels.json)
+            spec.check_paths(view, split)
+    if d.val_root:
+        _check_path("data.val_root", d.val_root, "dir", optional=False)
     if d.quarantine not in ("", "auto", "none") and not Path(d.quarantine).is_file():
         raise ConfigError(f"data.quarantine: file not found: {d.quarantine} (auto | none | a quarantine.tsv)")
-    for split in ("train", "val") if need_train else ("val",):
-        spec = dataset_spec(d, split)
-        if spec.check_paths is not None:  # the dataset's own files (SSv2: its labels.json)
-            spec.check_paths(split_config(d, split), split)
 
 
-def _split_file_optional(d: DataConfig, key: str) -> bool:
-    """Whether the dataset of ``key``'s split (data.train_csv / data.val_csv) may leave that file empty."""
-    return dataset_spec(d, "train" if key == "data.train_csv" else "val").split_file_optional
-
-
-def _check_extra_paths(recipe: Recipe, need_train: bool) -> None:
-    """The validation video root, auxiliary narration files and retrieval sentence / relevancy files, when set."""
-    d = recipe.data
-    keys = [("data.val_root", d.val_root, "dir")]
-    if need_train:
-        keys += [(f"data.aux_train[{k}]", p, "file") for k, p in enumerate(d.aux_train)]
-    splits = ("train", "val") if need_train else ("val",)
-    for split in splits:
-        sentences, relevancy = getattr(d, f"{split}_sentences"), getattr(d, f"{split}_relevancy")
-        if bool(sentences) != bool(relevancy):
-            empty = f"data.{split}_relevancy" if sentences else f"data.{split}_sentences"
-            raise ConfigError(f"{empty} is empty but its pair is set; retrieval targets need both files")
-        keys += [(f"data.{split}_sentences", sentences, "file"), (f"data.{split}_relevancy", relevancy, "file")]
-    for key, value, kind in keys:
-        if value and not (Path(value).is_dir() if kind == "dir" else Path(value).is_file()):
-            raise ConfigError(f"{key}: {kind} not found: {value}")
+def _check_path(key: str, value: str, kind: str, optional: bool) -> None:
+    """``value`` names an existing ``kind`` (file | dir); empty is refused unless ``optional`` (e.g. unlabelled
+    clips: without a list, every video under data.root)."""
+    if not value:
+        if optional:
+            return
+        raise ConfigError(f"{key} is empty; set it in the recipe or with --set {key}=PATH")
+    path = Path(value)
+    if not (path.is_dir() if kind == "dir" else path.is_file()):
+        raise ConfigError(f"{key}: {kind} not found: {path}")
 
 
 def _check_manifest(key: str, root: str) -> dict:
@@ -115,12 +96,13 @@ def check_data_layout(recipe: Recipe, need_train: bool = True) -> dict[str, int]
     rows: dict[str, int] = {}
     for split in ("train", "val") if need_train else ("val",):
         key = f"data.{split}_csv"
+        spec, view = split_view(d, split, recipe.sections)
         try:  # the dataset's annotation summary (unlabelled videos: clips per epoch, no labels)
-            n, classes = read_annotations(d, split)
+            n, classes = spec.summary(view, split)
         except (ValueError, FileNotFoundError) as e:
             raise ConfigError(f"{key}: {e}") from None
         rows[split] = n
-        _check_labels(recipe, split, classes)
+        _check_labels(recipe, split, classes, spec, view)
     return rows
 
 
@@ -154,13 +136,14 @@ def check_chunk_sample(ds: Any, key: str, rows: int = CHUNK_SAMPLE_ROWS) -> None
         )
 
 
-def _check_labels(recipe: Recipe, split: str, classes: int | dict[str, int]) -> None:
+def _check_labels(
+    recipe: Recipe, split: str, classes: int | dict[str, int], spec: DatasetSpec, view: DataConfig
+) -> None:
     """The classes ``split``'s annotations hold fit the model's heads (and the dataset's own label check)."""
     key, heads = f"data.{split}_csv", recipe.model.heads
     have = classes if isinstance(classes, dict) else {"num_classes": classes}
     want = dict(heads) if heads is not None else {"num_classes": recipe.model.num_classes}
-    spec = dataset_spec(recipe.data, split)
-    problem = spec.check_labels(split_config(recipe.data, split), have, want) if spec.check_labels else None
+    problem = spec.check_labels(view, have, want) if spec.check_labels else None
     if problem:  # e.g. EPIC's action head: exactly the map's actions
         raise ConfigError(problem)
     for head, n in have.items():

@@ -70,8 +70,8 @@ def build_split(recipe: Recipe, task: Task, split: str, views: bool) -> Any:
     e = recipe.eval
     kw = {"temporal_views": e.temporal_views, "spatial_views": e.spatial_views} if views else {}
     try:
-        ds = build_dataset(recipe.data, split, seed=recipe.seed, **kw)
-    except KeyedInputError as err:  # names its own key (e.g. data.val_relevancy)
+        ds = build_dataset(recipe.data, split, seed=recipe.seed, sections=recipe.sections, **kw)
+    except KeyedInputError as err:  # names its own key (a file key of the dataset)
         raise ConfigError(str(err)) from None
     except (ValueError, FileNotFoundError, DataError) as err:
         raise ConfigError(f"data.{split}_csv: {err}") from None

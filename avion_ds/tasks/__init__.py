@@ -31,7 +31,9 @@ def build_recipe(data: dict[str, Any]) -> Recipe:
     task = get_task(data.get("task", ""))
     recipe = recipe_from_dict({**data, "task": task.name}, task.recipe_defaults)
     problem = (  # registered datasets, heads they need, protocol (data layer)
-        dataset_problem(recipe.data) or heads_problem(recipe.data, recipe.model.heads) or check_protocol(recipe)
+        dataset_problem(recipe.data)
+        or heads_problem(recipe.data, recipe.model.heads, recipe.sections)
+        or check_protocol(recipe)
     )
     if problem:
         raise ConfigError(problem)

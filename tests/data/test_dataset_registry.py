@@ -16,7 +16,7 @@ from avion_ds.data.datasets.build import (
     dataset_spec,
     read_annotations,
 )
-from avion_ds.data.datasets.registry import DatasetSpec, register_dataset, unregister_dataset
+from avion_ds.data.datasets.registry import DatasetSpec, dataset_config, register_dataset, unregister_dataset
 from avion_ds.engine import preflight
 from avion_ds.tasks import load_recipe
 from avion_ds.tasks.finetune.task import check_heads, dataset_heads
@@ -136,9 +136,9 @@ def test_unknown_dataset_is_one_line(sets: list[str], line: str) -> None:
 
 
 def test_dataset_heads_of_the_built_ins() -> None:
-    heads = {name: dataset_spec(DataConfig(dataset=name)).label_heads(DataConfig(dataset=name)) for name in BUILT_INS}
+    heads = {name: dataset_spec(DataConfig(dataset=name)).label_heads(dataset_config(name)) for name in BUILT_INS}
     assert heads == {**dict.fromkeys(BUILT_INS), "epic": ("verb", "noun")}
-    action = DataConfig(dataset="epic", epic_label="action")
+    action = dataset_config("epic", label="action")
     assert dataset_spec(action).label_heads(action) == ("action",)
 
 
@@ -152,12 +152,12 @@ def test_what_the_tasks_ask_instead_of_a_name() -> None:
         "ego4d": "narration",
         "epic_mir": "retrieval",
     }
-    assert {n for n, s in specs.items() if s.heads_key} == {"epic"} and specs["epic"].heads_key == "epic_label"
+    assert {n for n, s in specs.items() if s.heads_key} == {"epic"} and specs["epic"].heads_key == "epic.label"
     assert {n for n, s in specs.items() if s.eval_segments} == {"ssv2"}
     assert {n for n, s in specs.items() if s.maps_kinetics710_head} == {"kinetics"}
-    action = DataConfig(dataset="epic", epic_label="action")
+    action = dataset_config("epic", label="action")
     assert specs["epic"].heads_text(action, ("action",)) == "{action: 3806}"
-    assert specs["epic"].heads_text(DataConfig(), ("verb", "noun")) == "{verb: 97, noun: 300}"
+    assert specs["epic"].heads_text(dataset_config("epic"), ("verb", "noun")) == "{verb: 97, noun: 300}"
 
 
 def test_declarations_of_a_dataset_registered_outside(toy: list[str]) -> None:

@@ -7,7 +7,9 @@ order error messages list them. A dataset defined elsewhere registers with
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import replace
+from typing import Any
 
 from avion_ds.config import DataConfig
 
@@ -15,15 +17,23 @@ from avion_ds.config import DataConfig
 from avion_ds.data.datasets import epic, kinetics, ssv2, videos, ego4d, epic_mir, egocentric  # noqa: F401 - registration
 
 # isort: on
-from avion_ds.data.datasets.registry import DatasetSpec, lookup, registered_names, unknown_dataset
+from avion_ds.data.datasets.registry import DatasetSpec, lookup, registered_names, unknown_dataset, view_config
 from avion_ds.data.datasets.video_clips import VideoClipDataset
 
+# a recipe's registered sections (``recipe.sections``): where a dataset's own keys are read
+Sections = Mapping[str, Any] | None
 
-def split_config(cfg: DataConfig, split: str) -> DataConfig:
-    """``cfg`` as ``split`` reads it: for val, ``dataset`` replaced by ``val_dataset`` when that is set."""
-    if split == "val" and cfg.val_dataset and cfg.val_dataset != cfg.dataset:
-        return replace(cfg, dataset=cfg.val_dataset)
-    return cfg
+
+def split_config(cfg: DataConfig, split: str, sections: Sections = None) -> DataConfig:
+    """``cfg`` as ``split``'s dataset reads it: for val, ``dataset`` replaced by ``val_dataset`` when that is
+    set; with the dataset's own keys (from ``sections``, a recipe's; see ``registry.view_config``)."""
+    return split_view(cfg, split, sections)[1]
+
+
+def split_view(cfg: DataConfig, split: str, sections: Sections = None) -> tuple[DatasetSpec, DataConfig]:
+    """(the spec of ``split``'s dataset, ``cfg`` as that dataset reads it): one look-up per split."""
+    spec = dataset_spec(cfg, split)
+    return spec, view_config(cfg if spec.name == cfg.dataset else replace(cfg, dataset=spec.name), spec, sections)
 
 
 def dataset_names() -> tuple[str, ...]:
@@ -35,7 +45,7 @@ def dataset_spec(cfg: DataConfig, split: str = "train") -> DatasetSpec:
     """The registered spec of the dataset ``split`` reads (val: ``data.val_dataset`` when set);
     ValueError naming the key, the value and the registered names when there is none."""
     key = "data.val_dataset" if split == "val" and cfg.val_dataset else "data.dataset"
-    return lookup(split_config(cfg, split).dataset, key)
+    return lookup(cfg.val_dataset if key == "data.val_dataset" else cfg.dataset, key)
 
 
 def dataset_problem(cfg: DataConfig) -> str | None:
@@ -48,27 +58,34 @@ def dataset_problem(cfg: DataConfig) -> str | None:
     return None
 
 
-def heads_problem(cfg: DataConfig, heads: dict[str, int] | None) -> str | None:
+def heads_problem(cfg: DataConfig, heads: dict[str, int] | None, sections: Sections = None) -> str | None:
     """One line when ``data.dataset`` yields several label heads (EPIC) and ``model.heads`` is unset, else None."""
-    spec = lookup(cfg.dataset)
+    spec, cfg = split_view(cfg, "train", sections)
     want = spec.label_heads(cfg)
     if want is None or heads is not None:
         return None
     return f"data.dataset={cfg.dataset!r} needs model.heads (e.g. {spec.heads_text(cfg, want)})"
 
 
-def read_annotations(cfg: DataConfig, split: str) -> tuple[int, int | dict[str, int]]:
+def read_annotations(cfg: DataConfig, split: str, sections: Sections = None) -> tuple[int, int | dict[str, int]]:
     """(rows, classes seen) of ``split``'s annotation file without opening a video (start-up checks).
 
     Raises ValueError / FileNotFoundError naming the file (missing column, empty list). The val split
     is read as ``data.val_dataset`` when set. Narration and retrieval files have no classes ({}).
     """
-    return dataset_spec(cfg, split).summary(split_config(cfg, split), split)
+    spec, view = split_view(cfg, split, sections)
+    return spec.summary(view, split)
 
 
 def build_dataset(
-    cfg: DataConfig, split: str, temporal_views: int = 1, spatial_views: int = 1, seed: int = 0
+    cfg: DataConfig,
+    split: str,
+    temporal_views: int = 1,
+    spatial_views: int = 1,
+    seed: int = 0,
+    sections: Sections = None,
 ) -> VideoClipDataset:
     """The dataset registered as ``cfg.dataset`` for ``split`` (train | val); the val split is a
-    ``cfg.val_dataset`` one when that is set."""
-    return dataset_spec(cfg, split).build(split_config(cfg, split), split, temporal_views, spatial_views, seed)
+    ``cfg.val_dataset`` one when that is set. ``sections``: the recipe's, holding the dataset's own keys."""
+    spec, view = split_view(cfg, split, sections)
+    return spec.build(view, split, temporal_views, spatial_views, seed)

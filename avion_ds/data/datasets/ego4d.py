@@ -1,7 +1,7 @@
 """``data.dataset: ego4d``: Ego4D narration clips for video-text pretraining (AVION / LaViLa).
 
 Rows ``(video_uid, start_sec, end_sec, narration)`` come from ``data.train_csv`` / ``data.val_csv``
-and, for training, every ``data.aux_train`` file appended after them (AVION's ``ConcatDataset`` of
+and, for training, every ``ego4d.aux_train`` file appended after them (AVION's ``ConcatDataset`` of
 ``--train-metadata-aux``). Accepted files:
 
 - AVION's pickle (``ego4d_train.pkl``, the rephraser / narrator pickles): a list of tuples
@@ -40,13 +40,13 @@ from typing import Any
 
 import numpy as np
 
-from avion_ds.config import DataConfig
+from avion_ds.config import DataConfig, rename_key
 from avion_ds.data.crop import clip_rng
 from avion_ds.data.datasets.csv_rows import not_utf8, open_csv
 from avion_ds.data.datasets.flat_index import NarrationTexts, Unreadable, load_narration_index, narration_columns
 from avion_ds.data.datasets.flat_index import short_repr as _short
 from avion_ds.data.datasets.narration_tokens import check_tokenizer, empty_tokens, text_tokens
-from avion_ds.data.datasets.registry import register_dataset
+from avion_ds.data.datasets.registry import check_file_key, register_dataset
 from avion_ds.data.datasets.video_clips import VideoClipDataset
 from avion_ds.data.datasets.video_index import VideoIndex
 from avion_ds.data.errors import DataError
@@ -58,6 +58,25 @@ from avion_ds.distributed.dist import is_main
 
 log = logging.getLogger(__name__)
 NARRATION_KEYS = ("video_uid", "start_sec", "end_sec", "narration")
+
+
+@dataclass
+class Ego4dKeys:
+    """Ego4D's own recipe keys (section ``ego4d``)."""
+
+    aux_train: list[str] = field(default_factory=list)  # extra narration files appended to data.train_csv's
+
+
+rename_key("data.aux_train", "ego4d.aux_train")
+
+
+def check_aux_files(cfg: DataConfig, split: str) -> None:
+    """Every ``ego4d.aux_train`` file of the train split exists; ConfigError naming the key and the path."""
+    if split == "train":
+        for k, path in enumerate(cfg.aux_train):
+            check_file_key(f"ego4d.aux_train[{k}]", path)
+
+
 TEXT_STREAM = 7927  # the clip generator's "view" slot reserved for the narration draw
 PICKLE_SUFFIXES = (".pkl", ".pickle")
 JSONL_SUFFIXES = (".jsonl", ".json")
@@ -259,6 +278,8 @@ class Ego4dDataset(VideoClipDataset):
 
     dataset_name = "ego4d"
     label_kind = "narration"  # video-text pairs: contrastive pretraining
+    dataset_section = Ego4dKeys
+    check_paths = staticmethod(check_aux_files)
 
     @staticmethod
     def annotation_summary(cfg: DataConfig, split: str) -> tuple[int, dict[str, int]]:

@@ -35,7 +35,7 @@ import torch
 from avion_ds.config import DataConfig
 from avion_ds.data.crop import CropBox
 from avion_ds.data.datasets.csv_rows import open_csv
-from avion_ds.data.datasets.registry import register_dataset
+from avion_ds.data.datasets.registry import check_class_list, register_dataset
 from avion_ds.data.datasets.video_clips import VideoClipDataset
 from avion_ds.data.datasets.video_index import VideoIndex
 from avion_ds.data.prep.manifest import VideoEntry
@@ -122,6 +122,22 @@ def read_charades_classes(path: str | Path) -> tuple[list[str], dict[str, int]]:
     return names, codes
 
 
+def _class_file_names(cfg: DataConfig, default_name: str, read: Any) -> tuple[list[str], str] | None:
+    """(names, source) of a class file read by ``read``; None without the file."""
+    path = class_file(cfg, default_name)
+    return (read(path)[0], str(path)) if path.is_file() else None
+
+
+def egtea_class_names(cfg: DataConfig, head: str | None) -> tuple[list[str], str] | None:
+    """(names, source) of EGTEA's action_idx.txt."""
+    return _class_file_names(cfg, EGTEA_CLASSES, read_egtea_classes)
+
+
+def charades_class_names(cfg: DataConfig, head: str | None) -> tuple[list[str], str] | None:
+    """(names, source) of Charades' Charades_v1_classes.txt."""
+    return _class_file_names(cfg, CHARADES_CLASSES, read_charades_classes)
+
+
 class _PaddedClips(VideoClipDataset):
     """Decoding that fills :data:`PAD` indices (at the end of a clip) with zero frames, as LaViLa."""
 
@@ -139,6 +155,8 @@ class EgteaDataset(_PaddedClips):
     """EGTEA Gaze+ test clips (see module doc); label = the class index."""
 
     dataset_name = "egtea"
+    label_names = staticmethod(egtea_class_names)
+    check_paths = staticmethod(check_class_list)  # data.class_list, when set
 
     @staticmethod
     def annotation_summary(cfg: DataConfig, split: str) -> tuple[int, dict[str, int]]:
@@ -209,6 +227,8 @@ class CharadesEgoDataset(VideoClipDataset):
     """Charades-Ego untrimmed test videos (see module doc); label = multi-hot float (classes,)."""
 
     dataset_name = "charades_ego"
+    label_names = staticmethod(charades_class_names)
+    check_paths = staticmethod(check_class_list)  # data.class_list, when set
     past_end_note = "decoded from real frames clamped to the last one; LaViLa feeds an all-zero clip for them"
 
     @staticmethod

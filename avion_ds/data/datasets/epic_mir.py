@@ -8,8 +8,8 @@ rate, AVION's cap at the last frame of the chunk holding the stop time), sampled
 
 Label ``{"tokens": LongTensor (77,), "row": int, "relevancy": float}``: ``row`` is the row's 0-based
 position in the CSV (the relevancy matrix's row, kept when rows are dropped up front). At eval, and
-in training without ``data.train_relevancy``, the tokens are the row's own narration (relevancy 1).
-With ``data.train_sentences`` + ``data.train_relevancy`` a training clip's caption is drawn as AVION's
+in training without ``epic_mir.train_relevancy``, the tokens are the row's own narration (relevancy 1).
+With ``epic_mir.train_sentences`` + ``epic_mir.train_relevancy`` a training clip's caption is drawn as AVION's
 MIR fine-tuning does: uniformly among the sentences whose relevancy to the row is > 0.1 (seeded by
 (seed, epoch, index)), ``relevancy`` its value.
 
@@ -33,12 +33,12 @@ from typing import Any
 
 import numpy as np
 
-from avion_ds.config import DataConfig
+from avion_ds.config import ConfigError, DataConfig, rename_key
 from avion_ds.data.crop import clip_rng
 from avion_ds.data.datasets.csv_rows import not_utf8, open_csv, split_csv
 from avion_ds.data.datasets.epic import epic_seconds, epic_video
 from avion_ds.data.datasets.narration_tokens import check_tokenizer, empty_tokens, text_tokens
-from avion_ds.data.datasets.registry import register_dataset
+from avion_ds.data.datasets.registry import check_file_key, register_dataset
 from avion_ds.data.datasets.video_clips import VideoClipDataset
 from avion_ds.data.datasets.video_index import VideoIndex
 from avion_ds.data.errors import DataError, KeyedInputError
@@ -48,6 +48,31 @@ from avion_ds.data.sampling import jittered_midpoints, segment_indices, segment_
 from avion_ds.distributed.dist import is_main
 
 log = logging.getLogger(__name__)
+
+
+@dataclass
+class EpicMirKeys:
+    """EPIC-100 MIR's own recipe keys (section ``epic_mir``): the sentence / relevancy pair of each split."""
+
+    train_sentences: str = ""  # EPIC_100_retrieval_train_sentence.csv
+    train_relevancy: str = ""  # caption_relevancy_EPIC_100_retrieval_train.pkl
+    val_sentences: str = ""  # EPIC_100_retrieval_test_sentence.csv
+    val_relevancy: str = ""  # caption_relevancy_EPIC_100_retrieval_test.pkl
+
+
+for _key in ("train_sentences", "train_relevancy", "val_sentences", "val_relevancy"):
+    rename_key(f"data.{_key}", f"epic_mir.{_key}")
+
+
+def check_mir_files(cfg: DataConfig, split: str) -> None:
+    """The split's sentence and relevancy files come as a pair and exist; ConfigError naming the key."""
+    sentences, relevancy = getattr(cfg, f"{split}_sentences"), getattr(cfg, f"{split}_relevancy")
+    if bool(sentences) != bool(relevancy):
+        empty = f"epic_mir.{split}_relevancy" if sentences else f"epic_mir.{split}_sentences"
+        raise ConfigError(f"{empty} is empty but its pair is set; retrieval targets need both files")
+    check_file_key(f"epic_mir.{split}_sentences", sentences)
+    check_file_key(f"epic_mir.{split}_relevancy", relevancy)
+
 
 MIR_REQUIRED = ("narration_id", "video_id", "start_timestamp", "stop_timestamp", "narration")
 POSITIVE_RELEVANCY = 0.1  # AVION: a caption is a positive of a clip when its relevancy is above this
@@ -181,6 +206,8 @@ class EpicMirDataset(VideoClipDataset):
 
     dataset_name = "epic_mir"
     label_kind = "retrieval"  # video-text pairs with a caption relevancy matrix: MIR
+    dataset_section = EpicMirKeys
+    check_paths = staticmethod(check_mir_files)
 
     @staticmethod
     def annotation_summary(cfg: DataConfig, split: str) -> tuple[int, dict[str, int]]:
@@ -215,9 +242,9 @@ class EpicMirDataset(VideoClipDataset):
         sentences, relevancy = getattr(cfg, f"{split_key}_sentences"), getattr(cfg, f"{split_key}_relevancy")
         if sentences or relevancy:
             if not (sentences and relevancy):
-                missing = f"data.{split_key}_relevancy" if sentences else f"data.{split_key}_sentences"
+                missing = f"epic_mir.{split_key}_relevancy" if sentences else f"epic_mir.{split_key}_sentences"
                 raise ValueError(f"{missing} is empty: the MIR files come as a pair (sentences and relevancy)")
-            keys = (f"data.{split_key}_csv", f"data.{split_key}_sentences", f"data.{split_key}_relevancy")
+            keys = (f"data.{split_key}_csv", f"epic_mir.{split_key}_sentences", f"epic_mir.{split_key}_relevancy")
             loaded = load_mir_targets(self.csv, sentences, relevancy, keys, evaluation=not self.train)
             if self.train:
                 self.targets = loaded

@@ -2,7 +2,7 @@
 
 Four million rows held as Python tuples and strings cost ~1 GiB per process and are copied into
 every forked DataLoader worker as it reads them. Here the rows of ``data.train_csv`` and every
-``data.aux_train`` file (or ``data.val_csv``) are one :mod:`avion_ds.data.index_cache` index:
+``ego4d.aux_train`` file (or ``data.val_csv``) are one :mod:`avion_ds.data.index_cache` index:
 numeric columns, video uids interned, and every narration string in one buffer. Each row's
 narration keeps what was read: a string (kind 0), a list / tuple of non-empty strings (kind 1),
 or anything else (kind 2: its short ``repr`` is kept for the error it raises when drawn), so the

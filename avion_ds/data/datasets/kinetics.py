@@ -22,7 +22,7 @@ from typing import Any
 
 from avion_ds.config import DataConfig
 from avion_ds.data.datasets.csv_rows import open_csv, parse_int, split_csv
-from avion_ds.data.datasets.registry import register_dataset
+from avion_ds.data.datasets.registry import check_class_list, register_dataset
 from avion_ds.data.datasets.video_clips import VideoClipDataset
 from avion_ds.data.datasets.video_index import VideoIndex
 from avion_ds.data.errors import DataError
@@ -105,11 +105,25 @@ def _raw_rows(path: str | Path) -> tuple[Path, list[tuple[int, list[str], bool, 
     return p, [(n, [rel], True, lab) for n, rel, lab in rows]
 
 
+def kinetics_class_names(cfg: DataConfig, head: str | None) -> tuple[list[str], str] | None:
+    """(names, source): ``data.class_list``, or the sorted label names of the train CSV; None for integer labels."""
+    if cfg.class_list:
+        return load_class_list(cfg.class_list), cfg.class_list
+    if not cfg.train_csv or not Path(cfg.train_csv).is_file():
+        return None
+    texts = [lab for *_, lab in _raw_rows(cfg.train_csv)[1]]
+    if all(parse_int(t) is not None for t in texts):
+        return None  # integer labels: no names
+    return sorted(set(texts)), f"the sorted labels of {cfg.train_csv}"
+
+
 @register_dataset
 class KineticsDataset(VideoClipDataset):
     """Kinetics-style classification (see module doc); label = int class index."""
 
     dataset_name = "kinetics"
+    label_names = staticmethod(kinetics_class_names)
+    check_paths = staticmethod(check_class_list)  # data.class_list, when set
     maps_kinetics710_head = True  # a Kinetics-710 head (VideoMAE V2) maps onto its 400 / 600 / 700 classes
 
     @staticmethod

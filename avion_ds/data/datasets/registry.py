@@ -1,13 +1,14 @@
 """The dataset registry: what each ``data.dataset`` name declares, asked by the factory, start-up and the tasks.
 
 A dataset declares its name, its label heads, its annotation summary (rows and classes of a split,
-read without opening a video), its extra path checks, its extra label check, how it is built for a
-split, and what the tasks and checks ask instead of its name: the kind of its labels, the data key
-choosing its heads, an example ``model.heads``, its evaluation segments and whether a Kinetics-710 head
-maps onto it. Register a :class:`DatasetSpec`, or a dataset class carrying the same declarations as
-class attributes (``dataset_name``, ``annotation_summary``, optional ``dataset_heads``,
-``check_paths``, ``check_labels``, ``split_file_optional``, ``label_kind``, ``heads_key``,
-``heads_example``, ``eval_segments``, ``maps_kinetics710_head``; the class itself is the builder)::
+read without opening a video), its own recipe keys, its path checks, its extra label check, how it is
+built for a split, and what the tasks and checks ask instead of its name: the kind of its labels, the
+key choosing its heads, an example ``model.heads``, its evaluation segments and whether a Kinetics-710
+head maps onto it. Register a :class:`DatasetSpec`, or a dataset class carrying the same declarations
+as class attributes (``dataset_name``, ``annotation_summary``, optional ``dataset_heads``,
+``dataset_section``, ``section_choices``, ``section_ranges``, ``check_paths``, ``check_labels``,
+``split_file_optional``, ``label_kind``, ``heads_key``, ``heads_example``, ``eval_segments``,
+``maps_kinetics710_head``, ``label_names``; the class itself is the builder)::
 
     @register_dataset
     class ToyDataset(VideoClipDataset):
@@ -18,18 +19,25 @@ class attributes (``dataset_name``, ``annotation_summary``, optional ``dataset_h
         def annotation_summary(cfg, split):  # (rows, classes): int, or {head: classes}
             ...
 
+A dataset's own keys are a dataclass (``dataset_section``), registered as the recipe section named
+like the dataset (``epic_mir.val_sentences``, with ``config.register_section``). The dataset, its
+summary and its checks receive the data section and that section as one object, :func:`view_config`'s
+``DataConfig`` subclass, so ``cfg.val_sentences`` reads the dataset's own key.
+
 The built-in datasets register on import of :mod:`avion_ds.data.datasets.build` (one import line
 each); a dataset defined elsewhere registers the same way, by importing this module.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, TypeVar
 
-from avion_ds.config import DataConfig
+from avion_ds.config import ConfigError, DataConfig, Range, register_section, registered_sections
 
 # (cfg, split, temporal_views, spatial_views, seed) -> the dataset of that split
 Builder = Callable[[DataConfig, str, int, int, int], Any]
@@ -66,10 +74,22 @@ class DatasetSpec:
     heads_example: Callable[[DataConfig], dict[str, int]] | None = None  # model.heads of a full copy (errors)
     eval_segments: SegmentSampler | None = None  # eval views under segment sampling (None: TSN midpoints)
     maps_kinetics710_head: bool = False  # its classes are a Kinetics list: a Kinetics-710 head maps onto it
+    # (cfg, head) -> (class names of the head, where they come from) or None: what an export names the classes
+    label_names: Callable[[DataConfig, str | None], tuple[list[str], str] | None] | None = None
+    section: type | None = None  # dataclass of its own recipe keys, the recipe section named like the dataset
+    section_choices: dict[str, tuple[Any, ...]] | None = None  # allowed values of the section's keys
+    section_ranges: dict[str, Range] | None = None  # ranges of the section's keys
 
     def __post_init__(self) -> None:
         if self.label_kind not in LABEL_KINDS:
             raise ValueError(f"dataset {self.name!r}: label_kind={self.label_kind!r} is not one of {LABEL_KINDS}")
+        if self.section is not None:
+            shared = {f.name for f in dataclasses.fields(self.section)} & {
+                f.name for f in dataclasses.fields(DataConfig)
+            }
+            if shared:
+                raise ValueError(f"dataset {self.name!r}: its keys {sorted(shared)} are data keys already")
+            register_section(self.name, self.section, self.section_choices, self.section_ranges)
 
     def label_heads(self, cfg: DataConfig) -> Heads:
         """The label heads this dataset yields under ``cfg``."""
@@ -104,6 +124,10 @@ def spec_of_class(cls: type) -> DatasetSpec:
         heads_example=getattr(cls, "heads_example", None),
         eval_segments=getattr(cls, "eval_segments", None),
         maps_kinetics710_head=bool(getattr(cls, "maps_kinetics710_head", False)),
+        label_names=getattr(cls, "label_names", None),
+        section=getattr(cls, "dataset_section", None),
+        section_choices=getattr(cls, "section_choices", None),
+        section_ranges=getattr(cls, "section_ranges", None),
     )
 
 
@@ -134,7 +158,7 @@ def names_of_kind(*kinds: str) -> tuple[str, ...]:
 
 
 def heads_keys() -> dict[str, tuple[str, ...]]:
-    """Each data key some dataset's heads depend on -> the datasets that read it (``epic_label``: epic)."""
+    """Each dotted key some dataset's heads depend on -> the datasets that read it (``epic.label``: epic)."""
     out: dict[str, tuple[str, ...]] = {}
     for name, spec in _SPECS.items():
         if spec.heads_key:
@@ -156,3 +180,57 @@ def lookup(name: str, key: str = "data.dataset") -> DatasetSpec:
     if name not in _SPECS:
         raise ValueError(unknown_dataset(key, name))
     return _SPECS[name]
+
+
+_VIEWS: dict[type, type] = {}
+
+
+def _view_class(section: type) -> type:
+    """The ``DataConfig`` subclass holding the data keys and ``section``'s keys (one class per section)."""
+    if section not in _VIEWS:
+        name = f"{section.__name__}View"
+        _VIEWS[section] = dataclasses.make_dataclass(name, [], bases=(DataConfig, section))
+    return _VIEWS[section]
+
+
+def view_config(cfg: DataConfig, spec: DatasetSpec, sections: Mapping[str, Any] | None = None) -> DataConfig:
+    """``cfg`` as ``spec``'s dataset reads it: the data keys plus the dataset's own section, taken from
+    ``sections`` (a recipe's), else from ``cfg`` when it already holds them, else the defaults."""
+    if spec.section is None:
+        return cfg
+    own = (sections or {}).get(spec.name)
+    if own is None:
+        own = cfg if isinstance(cfg, spec.section) else spec.section()
+    data = {f.name: getattr(cfg, f.name) for f in dataclasses.fields(DataConfig)}
+    mine = {f.name: getattr(own, f.name) for f in dataclasses.fields(spec.section)}
+    return _view_class(spec.section)(**data, **mine)
+
+
+def dataset_config(name: str, **keys: Any) -> DataConfig:
+    """A data config for the registered dataset ``name`` with ``keys`` among the data keys and its own
+    (scripts and tests: ``dataset_config("ego4d", root=..., aux_train=[...])``)."""
+    spec = lookup(name)
+    data_names = {f.name for f in dataclasses.fields(DataConfig)}
+    data = {k: v for k, v in keys.items() if k in data_names}
+    own = spec.section(**{k: v for k, v in keys.items() if k not in data_names}) if spec.section else None
+    if own is None and len(data) != len(keys):
+        raise TypeError(f"dataset {name!r} has no keys {sorted(set(keys) - data_names)}")
+    return view_config(DataConfig(dataset=name, **data), spec, {name: own} if own is not None else None)
+
+
+def section_value(sections: Mapping[str, Any], dotted: str) -> Any:
+    """The value of a dataset's dotted key (``epic.label``) in a recipe's ``sections`` (default when unset)."""
+    key, name = dotted.split(".", 1)
+    held = sections.get(key)
+    return getattr(held if held is not None else registered_sections()[key].cls(), name)
+
+
+def check_file_key(key: str, value: str, kind: str = "file") -> None:
+    """A dataset's path key, when set, names an existing file (or dir); ConfigError naming the key."""
+    if value and not (Path(value).is_dir() if kind == "dir" else Path(value).is_file()):
+        raise ConfigError(f"{key}: {kind} not found: {value}")
+
+
+def check_class_list(cfg: DataConfig, split: str) -> None:
+    """``data.class_list``, when set, names a file (the path check of every dataset reading class names)."""
+    check_file_key("data.class_list", cfg.class_list)

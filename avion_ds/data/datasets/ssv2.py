@@ -17,7 +17,7 @@ from typing import Any
 
 from avion_ds.config import ConfigError, DataConfig
 from avion_ds.data.datasets.csv_rows import split_csv
-from avion_ds.data.datasets.registry import register_dataset
+from avion_ds.data.datasets.registry import check_class_list, register_dataset
 from avion_ds.data.datasets.video_clips import VideoClipDataset
 from avion_ds.data.datasets.video_index import VideoIndex
 from avion_ds.data.prep.manifest import VideoEntry
@@ -68,11 +68,21 @@ def read_split(path: str | Path, labels: dict[str, int]) -> tuple[Path, list[tup
     return p, rows
 
 
+def ssv2_class_names(cfg: DataConfig, head: str | None) -> tuple[list[str], str] | None:
+    """(names in class order, the labels.json read); None without the file."""
+    path = Path(cfg.class_list or Path(cfg.train_csv or cfg.val_csv).parent / LABELS_NAME)
+    if not path.is_file():
+        return None
+    labels = load_labels(path)
+    return sorted(labels, key=labels.__getitem__), str(path)
+
+
 @register_dataset
 class SSv2Dataset(VideoClipDataset):
     """Something-Something V2 classification; label = int (174 classes)."""
 
     dataset_name = "ssv2"
+    label_names = staticmethod(ssv2_class_names)
     eval_segments = staticmethod(ssv2_test_indices)  # VideoMAE's SSv2 test views
 
     @staticmethod
@@ -83,6 +93,7 @@ class SSv2Dataset(VideoClipDataset):
     @staticmethod
     def check_paths(cfg: DataConfig, split: str) -> None:
         """The class list: ``data.class_list`` or a labels.json next to the split files."""
+        check_class_list(cfg, split)
         check_labels_file(cfg)
 
     def __init__(

@@ -2,8 +2,8 @@
 
 Every video of a chunk manifest (or of ``data.root`` when not chunked), or of a plain list of files
 (``data.train_csv`` / ``data.val_csv``: one path per line, an optional trailing label is ignored),
-gives ``data.clips_per_video`` clips per epoch. Clips use stride sampling (VideoMAE: 16 frames,
-stride 4 on K400, 2 on SSv2) and, in training, VideoMAE's multi-scale crop (``data.multi_scale``,
+gives ``videos.clips_per_video`` clips per epoch. Clips use stride sampling (VideoMAE: 16 frames,
+stride 4 on K400, 2 on SSv2) and, in training, VideoMAE's multi-scale crop (``videos.multi_scale``,
 default 1 / .875 / .75 / .66, fixed offsets) with no flip; validation takes ``clips_per_video`` clips
 at evenly spaced positions of each video, the centre crop and the same masks every epoch (a
 comparable loss curve). Bad inputs are skipped and counted as in the
@@ -20,13 +20,14 @@ and decoder masks: frames (S, T, H, W, C), masks (S, N); the device side flatten
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
-from avion_ds.config import DataConfig
+from avion_ds.config import DataConfig, rename_key
 from avion_ds.data.crop import CropBox, clip_rng, multi_scale_crop
 from avion_ds.data.datasets.csv_rows import split_csv
 from avion_ds.data.datasets.kinetics import read_video_list
@@ -43,9 +44,21 @@ log = logging.getLogger(__name__)
 MASK_STREAM = 7919  # the clip generator's "view" slot reserved for mask draws
 
 
+@dataclass
+class VideosKeys:
+    """The unlabelled videos' own recipe keys (section ``videos``)."""
+
+    clips_per_video: int = 1  # clips drawn from every video per epoch
+    multi_scale: list[float] = field(default_factory=lambda: [1.0, 0.875, 0.75, 0.66])  # training crop scales
+
+
+for _key in ("clips_per_video", "multi_scale"):
+    rename_key(f"data.{_key}", f"videos.{_key}")
+
+
 def videos_summary(cfg: DataConfig, split: str) -> tuple[int, dict[str, int]]:
     """(clips per epoch, no labels) of ``split``: the listed videos (non-empty lines of its list), else
-    every video of the chunk manifest or under ``data.root``, times ``data.clips_per_video``."""
+    every video of the chunk manifest or under ``data.root``, times ``videos.clips_per_video``."""
     listed = split_csv(cfg, split)
     if listed and not Path(listed).is_file():
         raise FileNotFoundError(f"video list not found: {listed}")
@@ -66,6 +79,7 @@ class VideosDataset(VideoClipDataset):
     annotation_summary = staticmethod(videos_summary)
     split_file_optional = True  # without a list, every video under data.root
     label_kind = "none"  # unlabelled clips: masked pretraining's dataset
+    dataset_section = VideosKeys
 
     def __init__(
         self,

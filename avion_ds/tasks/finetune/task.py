@@ -17,11 +17,11 @@ import numpy as np
 import torch
 from torch import nn
 
-from avion_ds.config import ConfigError, DataConfig
-from avion_ds.data.datasets.build import dataset_spec
+from avion_ds.config import ConfigError
+from avion_ds.data.datasets.build import dataset_spec, split_view
 from avion_ds.data.datasets.epic_actions import MAP_ORDER
 from avion_ds.data.datasets.protocols import eval_report
-from avion_ds.data.datasets.registry import heads_keys, names_of_kind
+from avion_ds.data.datasets.registry import heads_keys, names_of_kind, section_value
 from avion_ds.tasks.base import EvalOutcome, LossParts, ModelSummary, Task, build_with_weights, check_token_merge
 from avion_ds.tasks.common.action_head_metrics import action_head_metrics
 from avion_ds.tasks.common.classification_metrics import SCORES
@@ -37,7 +37,8 @@ if TYPE_CHECKING:
 
 def dataset_heads(recipe: Recipe) -> tuple[str, ...] | None:
     """The label heads ``data.dataset`` declares in the dataset registry (None = one integer label)."""
-    return dataset_spec(recipe.data).label_heads(recipe.data)
+    spec, view = split_view(recipe.data, "train", recipe.sections)
+    return spec.label_heads(view)
 
 
 def model_kwargs(recipe: Recipe) -> dict[str, Any]:
@@ -79,12 +80,12 @@ def check_heads(recipe: Recipe) -> None:
             )
         return
     if heads is None or set(heads) != set(want):
-        spec = dataset_spec(recipe.data)
+        spec, view = split_view(recipe.data, "train", recipe.sections)
         key = spec.heads_key
-        label = f", data.{key}={getattr(recipe.data, key)!r}" if key else ""
+        label = f", {key}={section_value(recipe.sections, key)!r}" if key else ""
         raise ConfigError(
             f"model.heads={heads} does not match the labels of data.dataset={recipe.data.dataset!r}{label}: "
-            f"it needs exactly the heads {', '.join(want)} (e.g. {spec.heads_text(recipe.data, want)})"
+            f"it needs exactly the heads {', '.join(want)} (e.g. {spec.heads_text(view, want)})"
         )
 
 
@@ -102,11 +103,11 @@ class FinetuneTask(Task):
                 f"task={recipe.task!r} with data.dataset={d.dataset!r}: fine-tuning needs a labelled "
                 f"dataset ({', '.join(names_of_kind('class'))}); unlabelled clips are for task: pretrain"
             )
-        for key, owners in heads_keys().items():  # a heads choice of another dataset (data.epic_label)
-            value = getattr(d, key)
-            if value != DataConfig.__dataclass_fields__[key].default and spec.heads_key != key:
+        for key, owners in heads_keys().items():  # a heads choice of another dataset (epic.label)
+            value = section_value(recipe.sections, key)
+            if value != section_value({}, key) and spec.heads_key != key:
                 raise ConfigError(
-                    f"data.{key}={value!r} applies to data.dataset={' / '.join(map(repr, owners))} only "
+                    f"{key}={value!r} applies to data.dataset={' / '.join(map(repr, owners))} only "
                     f"(recipe has {d.dataset!r}); remove it"
                 )
 

@@ -10,7 +10,7 @@ is one batch of micro x accum x world clips), and the evaluation: the zero-shot 
 by ``avg_map``.
 
 Training rows are ``EPIC_100_retrieval_train.csv``; each clip's caption is drawn among the sentences of
-``data.train_sentences`` whose relevancy (``data.train_relevancy``) to the row is above 0.1
+``epic_mir.train_sentences`` whose relevancy (``epic_mir.train_relevancy``) to the row is above 0.1
 (:class:`~avion_ds.data.datasets.epic_mir.EpicMirDataset`, AVION's ``clip_dataset.py`` lines 207-212).
 The loss is AVION's ``MaxMarginRankingLoss`` (:func:`avion_ds.tasks.mir.losses.max_margin_loss`),
 unweighted by the relevancy as AVION's; the temperature is frozen (AVION lines 126 and 140), so
@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from avion_ds.config import ConfigError
-from avion_ds.data.datasets.build import dataset_spec
+from avion_ds.data.datasets.build import dataset_spec, split_view
 from avion_ds.data.datasets.registry import names_of_kind
 from avion_ds.tasks.base import LossParts
 from avion_ds.tasks.contrastive.task import CONTRASTIVE_DEFAULTS, ContrastiveTask
@@ -71,12 +71,13 @@ class MirFinetuneTask(ContrastiveTask):
                     f"data.{key}={value!r}: task=mir fine-tunes and evaluates on EPIC-100 retrieval "
                     f"({', '.join(names_of_kind('retrieval'))})"
                 )
+        spec, view = split_view(d, "train", recipe.sections)
         for key in ("train_sentences", "train_relevancy"):
-            if not getattr(d, key):
+            if not getattr(view, key, ""):
                 raise ConfigError(
-                    f"data.{key} is empty: task=mir draws each clip's caption by relevancy (set data.train_sentences "
-                    "and data.train_relevancy: EPIC_100_retrieval_train_sentence.csv, "
-                    "caption_relevancy_EPIC_100_retrieval_train.pkl)"
+                    f"{spec.name}.{key} is empty: task=mir draws each clip's caption by relevancy (set "
+                    f"{spec.name}.train_sentences and {spec.name}.train_relevancy: "
+                    "EPIC_100_retrieval_train_sentence.csv, caption_relevancy_EPIC_100_retrieval_train.pkl)"
                 )
         if not recipe.contrastive.freeze_temperature:
             raise ConfigError(

@@ -21,7 +21,7 @@ from torch import nn
 
 from avion_ds.config import ConfigError
 from avion_ds.data.augment import MEAN_STD
-from avion_ds.data.datasets.build import dataset_spec
+from avion_ds.data.datasets.build import dataset_spec, split_view
 from avion_ds.data.datasets.registry import names_of_kind
 from avion_ds.data.masking import MaskSpec
 from avion_ds.distributed.ds_plan import DSPlan
@@ -129,10 +129,12 @@ class PretrainTask(Task):
         ):
             if not 0.0 < value < 1.0:
                 raise ConfigError(f"{key}={value} must be in (0, 1)")
-        if d.clips_per_video <= 0:
-            raise ConfigError(f"data.clips_per_video={d.clips_per_video} must be positive")
-        if not d.multi_scale or not all(0 < s <= 1 for s in d.multi_scale):
-            raise ConfigError(f"data.multi_scale={d.multi_scale} must be a non-empty list in (0, 1]")
+        spec, v = split_view(d, "train", recipe.sections)  # the unlabelled dataset's own keys, where it has them
+        clips, scales = getattr(v, "clips_per_video", 1), getattr(v, "multi_scale", [1.0])
+        if clips <= 0:
+            raise ConfigError(f"{spec.name}.clips_per_video={clips} must be positive")
+        if not scales or not all(0 < s <= 1 for s in scales):
+            raise ConfigError(f"{spec.name}.multi_scale={scales} must be a non-empty list in (0, 1]")
 
     def check_model(self, recipe: Recipe) -> ModelSummary:
         from avion_ds.models import create_model, model_flops, pretrain_arch  # lazy: heavy (timm, torchvision)

@@ -29,14 +29,13 @@ import torch
 import torch.nn.functional as F
 
 from avion_ds.data.datasets.csv_rows import open_csv, parse_int
-from avion_ds.data.datasets.epic import EPIC_REQUIRED
+from avion_ds.data.datasets.epic import EPIC_CLASS_FILES, EPIC_REQUIRED, epic_class_files  # noqa: F401 - re-read here
 from avion_ds.data.tokenizer import tokenize
 
 TEMPLATE_SETS: dict[str, tuple[str, ...]] = {
     "lavila": ("#C C {}", "#C {}"),  # eval_zeroshot.py with --cls-use-template
     "plain": ("{}",),  # eval_zeroshot.py without it (the MODEL_ZOO commands)
 }
-EPIC_CLASS_FILES = {"verb": "EPIC_100_verb_classes.csv", "noun": "EPIC_100_noun_classes.csv"}
 EPIC_TRAIN = "EPIC_100_train.csv"
 
 
@@ -101,15 +100,6 @@ def check_labels_fit(class_file: Path, head: str, count: int, val_csv: str | Pat
             f"{class_file}: {count} {head} classes (ids 0..{count - 1}), but {val_csv}:{where} has {head}_class "
             f"{top} (the largest label); the class file must name every class the labels use"
         )
-
-
-def epic_class_files(class_list: str, val_csv: str) -> dict[str, Path]:
-    """Verb and noun class CSVs: ``data.class_list`` (the verb file, the noun file beside it) or the
-    released names next to ``data.val_csv``."""
-    if class_list:
-        verb = Path(class_list)
-        return {"verb": verb, "noun": verb.with_name(verb.name.replace("verb", "noun"))}
-    return {h: Path(val_csv).parent / name for h, name in EPIC_CLASS_FILES.items()}
 
 
 def epic_narration_files(train_csv: str, val_csv: str) -> list[Path]:
