@@ -7,10 +7,16 @@ import os
 import pytest
 import torch.nn.functional as F
 
-from tests.helpers import TORCH_EXTENSIONS, one_rank_vars
+from tests.helpers import TORCH_EXTENSIONS, one_rank_vars, reaper
 
 # DeepSpeed ops built in the pytest process share the op cache tests/run.sh exports (also under plain pytest)
 os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(TORCH_EXTENSIONS))
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Ending the run ends what it started: SIGTERM / SIGHUP to pytest, or its exit, end every launcher
+    and rank still alive (``tests/helpers/reaper.py``)."""
+    reaper.install()
 
 
 @pytest.fixture

@@ -20,6 +20,7 @@ import pytest
 
 from tests.e2e.doc_blocks import Block, blocks, parse_marker, with_sets
 from tests.helpers.env import REPO, engine_env
+from tests.helpers.launch import run_process
 
 DOCS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
 ALL = [b for path in DOCS for b in blocks(path)]
@@ -73,17 +74,8 @@ def demo_data(scratch: tuple[Path, dict[str, str]]) -> None:
 
 
 def _bash(text: str, cwd: Path, env: dict[str, str], timeout: int) -> subprocess.CompletedProcess:
-    script = f"set -euo pipefail\n{text}\n"
-    return subprocess.run(
-        ["bash", "-c", script],
-        cwd=cwd,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        timeout=timeout,
-        check=False,
-    )
+    """``text`` under ``bash -euo pipefail``; interrupted, its whole process tree ends (``run_process``)."""
+    return run_process(["bash", "-c", f"set -euo pipefail\n{text}\n"], timeout, env, cwd, merge_stderr=True)
 
 
 def _param(b: Block) -> object:

@@ -2,6 +2,7 @@
 recipe builder and tiny generated data. Import as ``from tests.helpers import ...`` (tests run from the repo
 root: ``bash tests/run.sh``). Fixtures stay in the conftest.py files and call these."""
 
+from tests.helpers import reaper
 from tests.helpers.data import tiny_epic_data, val_subset
 from tests.helpers.env import REPO, TORCH_EXTENSIONS, engine_env, free_port, one_rank_vars
 from tests.helpers.launch import launch, run_process
@@ -16,6 +17,7 @@ __all__ = [
     "launch",
     "losses",
     "one_rank_vars",
+    "reaper",
     "run_process",
     "tiny_epic_data",
     "val_subset",

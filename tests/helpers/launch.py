@@ -9,24 +9,33 @@ from pathlib import Path
 
 from avion_ds.distributed.dist import free_port
 from tests.helpers.env import REPO, engine_env
+from tests.helpers.reaper import kill_tree
 
 LAUNCHERS = ("deepspeed", "torchrun", "python")
 
 
 def run_process(
-    cmd: Sequence[str | Path], timeout: int = 300, env: dict[str, str] | None = None, cwd: Path = REPO
+    cmd: Sequence[str | Path],
+    timeout: int = 300,
+    env: dict[str, str] | None = None,
+    cwd: Path = REPO,
+    *,
+    merge_stderr: bool = False,
 ) -> subprocess.CompletedProcess:
-    """``cmd`` in ``engine_env()`` (or ``env``) from the repo root, output captured as text. A non-zero
-    exit is returned, not raised: the tests assert on the code and show the output's tail."""
-    return subprocess.run(
-        [str(c) for c in cmd],
-        cwd=cwd,
-        env=engine_env() if env is None else env,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        check=False,
-    )
+    """``cmd`` in ``engine_env()`` (or ``env``) from the repo root, output captured as text (stderr into
+    stdout with ``merge_stderr``). A non-zero exit is returned, not raised: the tests assert on the code
+    and show the output's tail. Interrupted (its timeout, pytest-timeout, Ctrl-C), it ends the command's
+    whole process tree (launcher and ranks) before raising."""
+    err = subprocess.STDOUT if merge_stderr else subprocess.PIPE
+    args = [str(c) for c in cmd]
+    env = engine_env() if env is None else env
+    with subprocess.Popen(args, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=err, text=True) as proc:
+        try:
+            out, errs = proc.communicate(timeout=timeout)
+        except BaseException:
+            kill_tree(proc.pid)
+            raise
+    return subprocess.CompletedProcess(args, proc.returncode, out, errs)
 
 
 def launch(

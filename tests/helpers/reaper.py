@@ -1,0 +1,88 @@
+"""Ending a test run ends every process it started: DeepSpeed / torchrun launchers, their ranks, helpers.
+
+torchrun starts each rank in a session of its own and the deepspeed launcher runs ranks under a launch
+process, so neither a process group nor the direct child reaches them all; the process tree does. The
+pytest process makes itself the subreaper of its descendants (Linux), so a rank whose launcher was killed
+is re-parented to pytest instead of init and stays in that tree. Then:
+
+* ``run_process`` (every launch of ``tests.helpers``) ends the whole tree of its command when the test is
+  interrupted (pytest-timeout, Ctrl-C, its own timeout);
+* SIGTERM / SIGHUP to pytest, and the end of the run, end every descendant still alive.
+"""
+
+from __future__ import annotations
+
+import atexit
+import ctypes
+import os
+import signal
+from types import FrameType
+
+import psutil
+
+_PR_SET_CHILD_SUBREAPER = 36  # linux/prctl.h
+_INSTALLED_IN: list[int] = []  # the pid that installed the handlers (forked children inherit them)
+
+
+def adopt_orphans() -> bool:
+    """Make this process the subreaper of its descendants; False where the OS has no such call."""
+    try:
+        return ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0
+    except (OSError, AttributeError):
+        return False
+
+
+def kill_tree(pid: int, grace_s: float = 3.0) -> list[int]:
+    """SIGTERM ``pid``'s descendants and ``pid`` itself (unless it is this process), SIGKILL whatever is
+    left after ``grace_s``; repeated while new descendants appear. Returns the pids signalled."""
+    signalled: list[int] = []
+    for _ in range(5):
+        try:
+            root = psutil.Process(pid)
+            procs = root.children(recursive=True)
+        except psutil.NoSuchProcess:
+            procs, root = [], None
+        if root is not None and pid != os.getpid() and root.pid not in signalled:
+            procs.insert(0, root)
+        procs = [p for p in procs if p.pid not in signalled]
+        if not procs:
+            break
+        for p in procs:
+            try:
+                p.send_signal(signal.SIGTERM)
+            except psutil.NoSuchProcess:
+                pass
+        _, alive = psutil.wait_procs(procs, timeout=grace_s)
+        for p in alive:
+            try:
+                p.kill()
+            except psutil.NoSuchProcess:
+                pass
+        psutil.wait_procs(alive, timeout=grace_s)
+        signalled += [p.pid for p in procs]
+    return signalled
+
+
+def kill_descendants() -> list[int]:
+    """End every process this one started (only in the process that called ``install``)."""
+    if _INSTALLED_IN != [os.getpid()]:
+        return []
+    return kill_tree(os.getpid())
+
+
+def _on_signal(signum: int, frame: FrameType | None) -> None:
+    """End the descendants, then die of the same signal as the default handler would."""
+    kill_descendants()
+    signal.signal(signum, signal.SIG_DFL)
+    os.kill(os.getpid(), signum)
+
+
+def install() -> None:
+    """In the pytest process: adopt orphans, end descendants on SIGTERM / SIGHUP and at exit."""
+    if _INSTALLED_IN:
+        return
+    _INSTALLED_IN.append(os.getpid())
+    adopt_orphans()
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, _on_signal)
+    atexit.register(kill_descendants)
