@@ -1,0 +1,152 @@
+"""The frozen CLIP teacher of unmasked-teacher distillation: a dual encoder's video tower run frame by frame.
+
+The tower is our ``VideoViT`` in the CLIP layout (the ``vision`` arch of the registered dual encoder
+``umt.teacher_model``) at one frame of ``umt.clip_input_resolution`` px, loaded through the video ViT's own
+adapter (``prepare_checkpoint``: OpenAI CLIP / OpenCLIP / AVION / LaViLa files, our dual-encoder runs and
+exports); a file of any other format is refused. ``ClipTeacher(frames)`` returns, as the official
+``models/clip.py`` does, the features of the last ``clip_return_layer`` blocks (every
+``clip_return_interval``: block ``depth - int(i * interval) - 1``), each through ``ln_post`` (the tower's
+``norm``) on the patch tokens, ``@ proj`` and l2-normalised, as (K, B, T*HW, C) float32, and the class
+token's attention over the patches in the last block (heads averaged) as (B*T, HW) float32.
+
+Holding rule: the teacher is frozen (``requires_grad`` False, eval mode) and is NOT a submodule of the
+trained model: it is kept in the student's ``__dict__`` (:meth:`UMTStudent.attach_teacher`), so it is in
+no state dict, optimizer, checkpoint or ZeRO partition; every rank holds a full replica in float32 (the
+forward runs under autocast on CUDA).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from avion_ds.config import ConfigError
+
+DUAL_ENCODER = "dual_encoder"  # the video ViT loader's name for a dual encoder's (CLIP's) video tower
+
+
+def return_index(depth: int, layers: int, interval: float) -> list[int]:
+    """The reference's returned blocks: ``depth - int(i * interval) - 1`` for i < ``layers``."""
+    return [depth - int(i * interval) - 1 for i in range(layers)]
+
+
+def tower_arch(teacher_model: str, resolution: int) -> Any:
+    """The ``ViTArch`` of ``teacher_model``'s video tower at one frame of ``resolution`` px (no drop path,
+    no patch dropout); one-line ConfigError for a name that is not a registered dual encoder."""
+    from avion_ds.models import registered_arch  # lazy: heavy (timm, torchvision)
+
+    try:
+        arch = registered_arch(teacher_model)
+    except ValueError as e:
+        raise ConfigError(f"umt.teacher_model={teacher_model!r}: {e}") from None
+    vision = getattr(arch, "vision", None)
+    if vision is None or vision.proj_dim is None:
+        raise ConfigError(f"umt.teacher_model={teacher_model!r} is not a registered dual encoder (clip_*)")
+    try:
+        return vision.replace(num_frames=1, img_size=resolution, drop_path_rate=0.0, patch_dropout=0.0)
+    except ValueError as e:
+        raise ConfigError(f"umt.clip_input_resolution={resolution}: {e}") from None
+
+
+def class_attention(block: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """The class token's attention over the patch tokens in ``block`` for its input ``x`` (B, 1+N, D):
+    softmax(q k^T / sqrt(d)) of the class row, heads averaged (``nn.MultiheadAttention``'s weights), (B, N)."""
+    attn = block.attn
+    qkv = attn._qkv(block.norm1(x)).float()  # (B, 1+N, 3, H, d)
+    q, k = qkv[:, 0, 0], qkv[:, :, 1]  # (B, H, d), (B, 1+N, H, d)
+    logits = torch.einsum("bhd,bnhd->bhn", q, k) * attn.head_dim**-0.5
+    return logits.softmax(dim=-1).mean(dim=1)[:, 1:]
+
+
+class ClipTeacher(nn.Module):
+    """A frozen CLIP video tower returning distillation targets and its class attention (module doc)."""
+
+    def __init__(self, tower: nn.Module, layers: int, interval: float) -> None:
+        super().__init__()
+        self.tower = tower
+        self.resolution = tower.img_size
+        self.index = return_index(tower.depth, layers, interval)
+        if min(self.index) < 0:
+            raise ValueError(f"returning {layers} layers every {interval} needs more than {tower.depth} blocks")
+        self.requires_grad_(False)
+        self.eval()
+
+    @property
+    def output_dim(self) -> int:
+        return int(self.tower.proj.shape[1])
+
+    def train(self, mode: bool = True) -> ClipTeacher:
+        """Always eval mode: the teacher never trains."""
+        return super().train(False)
+
+    def _autocast(self, device: torch.device) -> contextlib.AbstractContextManager:
+        """bf16 (fp16 where bf16 is missing) autocast on CUDA, as the reference; none elsewhere."""
+        if device.type != "cuda":
+            return contextlib.nullcontext()
+        dtype = torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+        return torch.autocast("cuda", dtype=dtype)
+
+    @torch.no_grad()
+    def forward(self, frames: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(B, C, T, H, W) normalised frames -> features (K, B, T*HW, C) and class attention (B*T, HW)."""
+        B, C, T, H, W = frames.shape
+        x = frames.permute(0, 2, 1, 3, 4).reshape(B * T, C, 1, H, W)
+        if H != self.resolution or W != self.resolution:
+            x = F.interpolate(x.flatten(1, 2), size=(self.resolution,) * 2, mode="bicubic", align_corners=False)
+            x = x.unsqueeze(2)
+        tower = self.tower
+        with self._autocast(frames.device):
+            x = tower.forward_tokens(x.to(tower.patch_embed.proj.weight.dtype))
+            kept, attn = [], None
+            for i, blk in enumerate(tower.blocks):
+                if i == len(tower.blocks) - 1:
+                    attn = class_attention(blk, x)
+                x = blk(x)
+                if i in self.index:
+                    kept.append(x[:, 1:])
+            feats = tower.norm(torch.stack(kept)) @ tower.proj.to(x.dtype)  # (K, B*T, HW, C)
+        feats = F.normalize(feats.float(), dim=-1)
+        K, _, N, D = feats.shape
+        return feats.reshape(K, B, T * N, D), attn.float()
+
+
+def load_tower(tower: nn.Module, source: str | Path, trust: bool) -> None:
+    """``source`` into ``tower`` through the video ViT's dual-encoder adapter; one-line ConfigError naming
+    ``umt.teacher`` for an unreadable file, a file that is not a CLIP visual tower, or one that leaves
+    tower weights unfilled (another size than ``umt.teacher_model``)."""
+    key = f"umt.teacher={source}"
+    try:
+        sd, report = tower.prepare_checkpoint(str(source), trust)
+    except (OSError, ValueError) as e:
+        raise ConfigError(f"{key}: {(str(e).strip().splitlines() or [type(e).__name__])[0]}") from None
+    if report.format != DUAL_ENCODER:
+        raise ConfigError(
+            f"{key}: not a CLIP visual tower (format {report.format}; expected CLIP / OpenCLIP / "
+            "AVION / LaViLa weights or a dual-encoder run)"
+        )
+    try:
+        result = tower.load_state_dict(sd, strict=False)
+    except RuntimeError as e:  # a shape the adapter could not fit
+        raise ConfigError(f"{key}: {str(e).strip().splitlines()[-1].strip()}") from None
+    missing = sorted(set(result.missing_keys) - set(report.fresh))
+    if missing:
+        raise ConfigError(f"{key}: the file's visual tower lacks {', '.join(missing[:4])} (another teacher_model?)")
+
+
+def build_teacher(cfg: Any, trust: bool) -> ClipTeacher:
+    """The recipe's frozen teacher (``cfg``: the ``umt`` section), weights loaded, on the CPU."""
+    from avion_ds.models.vit.model import VideoViT  # lazy: heavy (timm, torchvision)
+
+    if not cfg.teacher:
+        raise ConfigError("umt.teacher is required: the CLIP weights the student distils from")
+    tower = VideoViT(tower_arch(cfg.teacher_model, cfg.clip_input_resolution))
+    load_tower(tower, cfg.teacher, trust)
+    try:
+        return ClipTeacher(tower, cfg.clip_return_layer, cfg.clip_return_interval)
+    except ValueError as e:
+        raise ConfigError(f"umt.clip_return_layer={cfg.clip_return_layer}: {e} ({cfg.teacher_model})") from None
