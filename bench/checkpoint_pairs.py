@@ -136,9 +136,9 @@ def pair_avion(args: argparse.Namespace, device: str, dtype: torch.dtype) -> lis
     text = TextTransformer(context_length=77, vocab_size=49408, width=512, heads=8, layers=12, output_dim=256)
     avion = mc.CLIP(embed_dim=256, vision_model=vision, text_model=text)
     ours = create_model("clip_vit_base_patch16_224", num_frames=args.frames, attn_backend=args.attn)
-    from avion_ds.models import load_pretrained
+    from avion_ds.models import load_weights
 
-    report = load_pretrained(ours, {"state_dict": avion.state_dict()})
+    report = load_weights(ours, {"state_dict": avion.state_dict()})
     print(f"[avion] weights: {report.summary()}")
     avion, ours = avion.to(device, dtype), ours.to(device, dtype)
     x = torch.randn(args.batch, 3, args.frames, 224, 224, device=device, dtype=dtype)
@@ -176,7 +176,7 @@ def _hf_variants(hf: torch.nn.Module, loss: Step) -> list[Variant]:
 def pair_pretrain(args: argparse.Namespace, device: str, dtype: torch.dtype) -> list[Variant]:
     import transformers
 
-    from avion_ds.models import load_pretrained_mae
+    from avion_ds.models import load_weights
     from bench.pretrain import _tube
 
     torch.manual_seed(0)
@@ -189,7 +189,7 @@ def pair_pretrain(args: argparse.Namespace, device: str, dtype: torch.dtype) -> 
         "pretrain_videomae_base_patch16_224", attn_backend="sdpa", decoder_norm_eps=1e-5,
         num_frames=args.frames, img_size=args.size,
     )  # fmt: skip
-    load_pretrained_mae(ours, hf.state_dict(), strict=True)
+    load_weights(ours, hf.state_dict(), strict=True)
     ours, hf = ours.to(device, dtype), hf.to(device, dtype)
     x = torch.randn(args.batch, 3, args.frames, args.size, args.size, device=device, dtype=dtype)
     xt = x.transpose(1, 2).contiguous()

@@ -29,7 +29,7 @@ import torch
 
 from avion_ds.data.masking import MaskSpec
 from avion_ds.memory.activations import SavedTensorTracker
-from avion_ds.models import create_model, load_pretrained_mae
+from avion_ds.models import create_model, load_weights
 
 
 def _tube(batch: int, grid: tuple[int, int, int], seed: int) -> torch.Tensor:
@@ -100,7 +100,7 @@ def part_hf(args: argparse.Namespace) -> None:
     )
     hf = transformers.VideoMAEForPreTraining(cfg)
     ours = create_model("pretrain_videomae_base_patch16_224", attn_backend="sdpa", decoder_norm_eps=1e-5)
-    report = load_pretrained_mae(ours, hf.state_dict(), strict=True)
+    report = load_weights(ours, hf.state_dict(), strict=True)
     x = torch.randn(args.batch, 3, 16, 224, 224)
     xt = x.transpose(1, 2).contiguous()
     mask = _tube(args.batch, ours.encoder.patch_embed.grid, 1)

@@ -7,7 +7,7 @@ optimizer: the inference / offload path) and, with ``--optimizer``, ``step`` (Ze
 training step, so fp32 master, grads and moments exist; ``--sgd``: a client ``torch.optim.SGD``
 without momentum, which keeps no state, and ``--steps 0``: save right after initialize, so a
 checkpoint of a model whose Adam run does not fit here can still be written). ``--mode before`` builds every rank's
-full model and loads with ``load_pretrained`` (what the code did before partitioned construction);
+full model and loads with ``load_weights`` (what the code did before partitioned construction);
 ``--mode after`` uses ``zero.Init`` and the module-by-module loader. ``--train-path fp32|bf16``: the
 training command's own construction instead (recipe -> ``build_ds_config(ds_configs/zero3.json)`` ->
 ``task.build_model`` -> ``parallelize``, with its optimizer groups and DeepSpeed's JSON optimizer), stages
@@ -115,9 +115,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     import torch.distributed as dist
 
     from avion_ds.distributed.dist import unlink_shm_buffer
-    from avion_ds.models import create_model, load_pretrained
+    from avion_ds.models import create_model, load_weights
     from avion_ds.models.partition import param_count, partitioned_construction
-    from avion_ds.models.weights.sharded import load_pretrained_sharded
 
     deepspeed.init_distributed(dist_backend="gloo", verbose=False)
     unlink_shm_buffer()
@@ -137,10 +136,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         model = create_model(args.model, **kw)
     stages["build"] = sampler.stage()
     if args.pretrained:
-        if partitioned:
-            report = load_pretrained_sharded(model, args.pretrained)
-        else:
-            report = load_pretrained(model, args.pretrained)
+        report = load_weights(model, args.pretrained)  # plain or partitioned: read from the model
         stages["load"] = sampler.stage()
         stages["load"]["report"] = report.summary()
     params = param_count(model)

@@ -1,8 +1,8 @@
 """Device-side augmentation: uint8 clips in, normalised float clips + targets out, all on the batch's device.
 
 Frames cross the DataLoader as uint8 (T, H, W, C); here, on the GPU (or CPU), they become float
-(B, C, T, H, W): resize if the decoder did not produce ``cfg.size``, scale + normalise (``MEAN_STD``:
-ImageNet, OpenAI-CLIP or AVION's "openai" statistics), random horizontal flip (training), random erasing (``cfg.reprob``,
+(B, C, T, H, W): resize if the decoder did not produce ``cfg.size``, scale + normalise
+(:data:`avion_ds.config.normalization.MEAN_STD`: ImageNet, OpenAI-CLIP or AVION's "openai" statistics), random horizontal flip (training), random erasing (``cfg.reprob``,
 :class:`~avion_ds.data.erasing.ClipErasing` in pixel mode: one box per clip erased on every frame,
 each view of a repeated sample drawn anew, as VideoMAE's fine-tuning does), then mixup/cutmix with label smoothing
 through timm's ``Mixup`` (training, when ``cfg.mixup`` or ``cfg.cutmix`` > 0). Videos are mixed as
@@ -23,17 +23,8 @@ import torch
 import torch.nn.functional as F
 
 from avion_ds.config import DataConfig
+from avion_ds.config.normalization import MEAN_STD
 from avion_ds.data.erasing import ClipErasing
-
-# On 0-1 pixels. ``openai`` is AVION's ``--norm-style openai`` (its scripts' numbers on 0-255 pixels):
-# OpenAI CLIP's std and green / blue means, but a red mean of 108.33 where CLIP's ``clip`` has 122.77;
-# AVION's released dual encoders and their fine-tunes were trained with it.
-_AVION_OPENAI_255 = ((108.3272985, 116.7460125, 104.0937362), (68.5005327, 66.6321579, 70.3231631))
-MEAN_STD = {
-    "imagenet": ((0.485, 0.456, 0.406), (0.229, 0.224, 0.225)),  # VideoMAE / timm
-    "clip": ((0.48145466, 0.4578275, 0.40821073), (0.26862954, 0.26130258, 0.27577711)),  # OpenAI CLIP
-    "openai": tuple(tuple(v / 255 for v in part) for part in _AVION_OPENAI_255),  # AVION
-}
 
 Labels = torch.Tensor | dict[str, torch.Tensor]
 

@@ -85,9 +85,9 @@ def build_run_model(run_dir: Path, fmt: str) -> RunModel:
 
 def load_run_weights(run: RunModel, run_dir: Path, tag: str | None, trust: bool, weights: str) -> None:
     """Load the run's checkpoint ``tag`` (``weights``: model | ema) into ``run.model``, strictly."""
-    from avion_ds.models import load_pretrained  # lazy: the models take seconds to import (export --help)
+    from avion_ds.models import load_weights  # lazy: the models take seconds to import (export --help)
 
-    load_pretrained(run.model, consolidated(run_dir, tag, trust, weights), strict=True)
+    load_weights(run.model, consolidated(run_dir, tag, trust, weights), strict=True)
 
 
 def write_processor(recipe: Recipe, out: Path) -> str:

@@ -65,11 +65,11 @@ class OpenedRun:
 
     def load_into(self, model: nn.Module) -> LoadReport:
         """Load the checkpoint into ``model`` (every key must match: ``strict``) and return the report."""
-        from avion_ds.models import load_pretrained  # lazy: the models take seconds to import (export --help)
+        from avion_ds.models import load_weights  # lazy: the models take seconds to import (export --help)
 
         source: str | dict = str(self.checkpoint) if self.run_dir is None else self.state_dict()
         try:
-            return load_pretrained(model, source, strict=True, trust=self.trust)
+            return load_weights(model, source, strict=True, trust=self.trust)
         except ValueError as e:
             raise ConfigError(f"--checkpoint {self.checkpoint}: {str(e).splitlines()[0]}") from None
 

@@ -17,12 +17,12 @@ from typing import Any
 import torch
 
 from avion_ds.config import ConfigError, Recipe
-from avion_ds.models.weights.loading import prepare_state_dict
+from avion_ds.models.weights.checkpoint import prepare_state_dict
 from avion_ds.storage.run_dir import checkpoint_dir, clean_key, lazy_state_dict
 from avion_ds.storage.safe_load import load_checkpoint_file
 from avion_ds.storage.safetensors_stream import SafetensorsReader
 from avion_ds.storage.torchscript import torchscript_root, torchscript_shapes
-from avion_ds.tasks.common.weights_report import maps_kinetics710_head
+from avion_ds.tasks.base import maps_kinetics710_head
 
 PICKED = ("model.safetensors", "pytorch_model.bin", "mp_rank_00_model_states.pt")  # read_checkpoint's order
 

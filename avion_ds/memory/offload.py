@@ -28,7 +28,7 @@ from avion_ds.distributed.ds_fields import torch_dtype
 from avion_ds.memory.estimate import arch_info
 from avion_ds.models import create_model
 from avion_ds.models.partition import is_partitioned_model
-from avion_ds.models.weights.sharded import build_partitioned
+from avion_ds.models.weights.loading import build_partitioned
 
 OFFLOAD_DEVICES = ("cpu", "nvme")
 

@@ -13,7 +13,7 @@ from avion_ds.models.arch import ViTArch
 from avion_ds.models.attention import resolve_backend
 from avion_ds.models.clip import ClipArch, TextArch, TextTransformer, VideoTextDualEncoder
 from avion_ds.models.flops import model_flops
-from avion_ds.models.mae import MAEArch, VideoMAEPretrain, load_pretrained_mae, pretrain_arch
+from avion_ds.models.mae import MAEArch, VideoMAEPretrain, pretrain_arch
 from avion_ds.models.registry import (
     create_model,
     list_models,
@@ -21,7 +21,7 @@ from avion_ds.models.registry import (
     registered_arch,
 )
 from avion_ds.models.vit import VideoViT, count_params
-from avion_ds.models.weights.loading import load_pretrained
+from avion_ds.models.weights.loading import load_weights
 from avion_ds.models.weights.report import LoadReport
 
 __all__ = [
@@ -38,8 +38,7 @@ __all__ = [
     "count_params",
     "create_model",
     "list_models",
-    "load_pretrained",
-    "load_pretrained_mae",
+    "load_weights",
     "model_flops",
     "pretrain_arch",
     "register_model",

@@ -2,7 +2,7 @@
 
 ``create_model(name, pretrained=None, **overrides)`` looks the name up, builds the architecture
 with overrides applied, constructs the model and optionally loads weights through
-``load_pretrained`` (weights never change the architecture). Models are any ``nn.Module``; each
+``load_weights`` (weights never change the architecture). Models are any ``nn.Module``; each
 family folder registers its own sizes (``vit/sizes.py``, ``mae/sizes.py``, ``clip/sizes.py``). An
 architecture is any dataclass with a ``name`` and a validating ``replace``: ``registered_arch`` gives
 the ``ViTArch`` of a classifier or the ``ClipArch`` of a dual encoder; a pretraining model's
@@ -19,7 +19,7 @@ from typing import Any, Protocol, Self
 
 from torch import nn
 
-from avion_ds.models.weights.sharded import load_pretrained_sharded
+from avion_ds.models.weights.loading import load_weights
 
 logger = logging.getLogger(__name__)
 
@@ -75,7 +75,7 @@ def registered_arch(name: str, **overrides: Any) -> Any:
 
 
 def create_model(name: str, pretrained: str | Path | dict | None = None, **overrides: Any) -> nn.Module:
-    """Build a registered model; ``pretrained`` is any checkpoint ``load_pretrained`` understands.
+    """Build a registered model; ``pretrained`` is any checkpoint ``load_weights`` understands.
 
     overrides: any ``ViTArch`` field, e.g. num_frames, img_size, tubelet_size, num_classes, heads,
     drop_path_rate, head_drop_rate, attn_backend, patch_embed, pool, pos_embed; for a dual encoder
@@ -97,6 +97,6 @@ def build_registered(
     format the model's loader knows; partitioned models are filled shard by shard)."""
     model = construct(_ARCHS[name].replace(**overrides))
     if pretrained is not None and pretrained != "":
-        report = load_pretrained_sharded(model, pretrained)
+        report = load_weights(model, pretrained)
         logger.info("%s: loaded %s", name, report.summary())
     return model

@@ -158,6 +158,15 @@ class Task(ABC):
         return " ".join(f"{k}={v:.2f}" for k, v in metrics.items())
 
 
+def maps_kinetics710_head(recipe: Recipe) -> bool:
+    """Whether the recipe's ``model.pretrained`` load maps a Kinetics-710 head onto its Kinetics-400 / 600 /
+    700 head (``model.head_label_map: auto`` and a dataset whose classes are a Kinetics list, as VideoMAE
+    V2's fine-tuning)."""
+    from avion_ds.data.datasets.build import dataset_spec  # lazy: the dataset registry imports every dataset
+
+    return recipe.model.head_label_map == "auto" and dataset_spec(recipe.data).maps_kinetics710_head
+
+
 def build_with_weights(
     recipe: Recipe,
     kwargs: dict[str, Any],
@@ -167,11 +176,11 @@ def build_with_weights(
     **load: Any,
 ) -> nn.Module:
     """``create_model(recipe.model.name, **kwargs)`` (partitioned under a ZeRO-3 ``ds_config``) with
-    ``pretrained`` (default ``model.pretrained``; "" for none) loaded and reported; ``load``: extra
-    arguments of ``load_and_report`` (e.g. ``kinetics_head``). What every task's ``build_model`` shares."""
+    ``pretrained`` (default ``model.pretrained``; "" for none) loaded and reported, the weights' own
+    normalisation against ``data.mean_std``; ``load``: extra arguments of ``load_and_report`` (e.g.
+    ``kinetics_head``). What every task's ``build_model`` shares."""
     from avion_ds.models import create_model  # lazy: heavy (timm, torchvision)
-    from avion_ds.models.weights.sharded import build_partitioned  # lazy: heavy (timm, torchvision)
-    from avion_ds.tasks.common.weights_report import load_and_report  # lazy: imports avion_ds.models
+    from avion_ds.models.weights.loading import build_partitioned, load_and_report  # lazy: heavy (timm)
 
     m = recipe.model
     source = pretrained if pretrained is not None else m.pretrained
@@ -184,6 +193,7 @@ def build_with_weights(
             trust=m.trust_checkpoint,
             run_dir=run_dir,
             is_main=dist.is_main(),
+            mean_std=recipe.data.mean_std,
             **load,
         )
     return model

@@ -228,7 +228,7 @@ def test_payload_in_run_dir_never_runs_without_trust(
     name: str, victim: str, ws1: Path, tmp_path: Path, capsys: pytest.CaptureFixture
 ) -> None:
     from avion_ds.models import create_model
-    from avion_ds.tasks.common.weights_report import load_and_report
+    from avion_ds.models.weights.loading import load_and_report
 
     marker = tmp_path / "pwned"
     run = _copy(ws1 / name, tmp_path / "run")

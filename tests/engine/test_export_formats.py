@@ -16,7 +16,7 @@ from safetensors.torch import load_file
 from avion_ds import cli
 from avion_ds.config import recipe_from_dict, save_recipe
 from avion_ds.data.augment import MEAN_STD
-from avion_ds.models import create_model, load_pretrained
+from avion_ds.models import create_model, load_weights
 from avion_ds.models.clip.export import save_open_clip, to_avion_checkpoint
 from avion_ds.models.mae.hf import probe_mask
 from avion_ds.storage.safe_load import load_checkpoint_file
@@ -148,7 +148,7 @@ def test_open_clip_round_trip_and_embeddings(tmp_path: Path, frames: int) -> Non
     theirs = open_clip.create_model(f"local-dir:{tmp_path / 'oc'}").eval()  # config + weights of the export
     theirs.load_state_dict(load_file(str(written["weights"])), strict=True)  # the state dict as it is
     back = create_model("clip_vit_test_tiny", num_frames=frames)
-    report = load_pretrained(back, str(tmp_path / "oc"), strict=True)  # ours -> OpenCLIP -> ours
+    report = load_weights(back, str(tmp_path / "oc"), strict=True)  # ours -> OpenCLIP -> ours
     _equal_tensors(back, model)
     if frames == 1:  # OpenCLIP's image tower is a one-frame video tower
         assert "temporal" not in written and report.format == "clip"
@@ -195,7 +195,7 @@ def test_cli_dual_encoder_to_open_clip_and_avion_and_back(tmp_path: Path, capsys
     assert ckpt["state_dict"]["module.visual.temporal_embedding"].shape == (2, 64)
     for source in (tmp_path / "oc", tmp_path / "checkpoint_best.pt"):
         back = create_model("clip_vit_test_tiny", num_frames=2)
-        load_pretrained(back, str(source), strict=True)
+        load_weights(back, str(source), strict=True)
         _equal_tensors(back, model)
 
 

@@ -11,9 +11,9 @@ import pytest
 import torch
 
 from avion_ds.config import ConfigError, recipe_from_dict
-from avion_ds.models import create_model, load_pretrained
+from avion_ds.models import create_model, load_weights
 from avion_ds.models.mae.hf import save_hf_pretraining
-from avion_ds.tasks.common.weights_report import REPORT_NAME
+from avion_ds.models.weights.loading import REPORT_NAME
 from avion_ds.tasks.pretrain.task import PretrainTask
 
 transformers = pytest.importorskip("transformers")
@@ -76,7 +76,7 @@ def test_hugging_face_layer_norm_eps_is_taken_or_named(tmp_path: Path, capsys: p
     assert not any("layer_norm_eps" in n for n in report["notes"])
     # a model built with its own eps keeps it, and the load report names the difference
     own = create_model("pretrain_videomae_test_tiny", decoder_depth=2)
-    report = load_pretrained(own, str(hf), strict=True)
+    report = load_weights(own, str(hf), strict=True)
     assert own.encoder.blocks[0].norm1.eps == 1e-6
     assert any("config.json layer_norm_eps=1e-12 differs from the model's norm_eps=1e-06" in n for n in report.notes)
     assert "layer_norm_eps=1e-12" in report.summary()
@@ -85,7 +85,7 @@ def test_hugging_face_layer_norm_eps_is_taken_or_named(tmp_path: Path, capsys: p
 def test_classifier_load_names_a_hugging_face_eps_difference(tmp_path: Path) -> None:
     """A video ViT classifier loading a Hugging Face directory whose eps is not its own says so in the report."""
     _, hf = _hf_dir(tmp_path, 1e-12)
-    report = load_pretrained(create_model("vit_test_tiny", num_classes=3), str(hf))
+    report = load_weights(create_model("vit_test_tiny", num_classes=3), str(hf))
     assert any("config.json layer_norm_eps=1e-12 differs from the model's norm_eps=1e-06" in n for n in report.notes)
     _, same = _hf_dir(tmp_path / "same", 1e-6)
-    assert not any("layer_norm_eps" in n for n in load_pretrained(create_model("vit_test_tiny"), str(same)).notes)
+    assert not any("layer_norm_eps" in n for n in load_weights(create_model("vit_test_tiny"), str(same)).notes)

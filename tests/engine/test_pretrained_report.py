@@ -11,7 +11,7 @@ import torch
 
 from avion_ds.config import ConfigError
 from avion_ds.models import create_model
-from avion_ds.tasks.common.weights_report import REPORT_NAME, load_and_report
+from avion_ds.models.weights.loading import REPORT_NAME, load_and_report
 from tests.helpers import REPO, launch, write_recipe
 
 

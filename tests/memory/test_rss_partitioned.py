@@ -2,7 +2,7 @@
 
 ViT-B (86.5M params, 330 MiB fp32) built under ``zero.Init`` and loaded from a safetensors file
 module by module: each rank's peak RSS above its baseline must stay <= 0.6x of the full fp32
-model (a full build is 1.0x; a full build then ``load_pretrained`` of the whole state dict peaks
+model (a full build is 1.0x; a full build then ``load_weights`` of the whole state dict peaks
 at about 2.0x).
 ``--no-init``: deepspeed.initialize is not part of what this test bounds.
 """

@@ -4,7 +4,7 @@ masked-autoencoder pretraining models (``pretrain_videomae_*``) and video-text d
 For each name a tiny instance (width 32, one block, two tubelets of two patches per side; small decoder /
 text tower) is built, runs a forward on its family's input and a backward that reaches every trainable
 parameter, then loads its own state dict strictly: with ``load_state_dict(strict=True)``, through the
-family's weight adapter (``load_pretrained(strict=True)`` -> ``model.prepare_checkpoint``) and through
+family's weight adapter (``load_weights(strict=True)`` -> ``model.prepare_checkpoint``) and through
 ``create_model(name, pretrained=state_dict)``; each copy must then give the same outputs. Every name also
 builds at its registered size on the meta device (no memory), with the tiny instance's parameter names.
 """
@@ -25,7 +25,7 @@ from avion_ds.models import (
     ViTArch,
     create_model,
     list_models,
-    load_pretrained,
+    load_weights,
     pretrain_arch,
     registered_arch,
 )
@@ -147,7 +147,7 @@ def test_tiny_model_loads_its_own_state_dict(name: str) -> None:
     sd = model.state_dict()
     loaders: dict[str, Callable[[], nn.Module]] = {
         "load_state_dict": lambda: _loaded(build(name, seed=1), lambda m: m.load_state_dict(sd, strict=True)),
-        "load_pretrained": lambda: _loaded(build(name, seed=2), lambda m: load_pretrained(m, sd, strict=True)),
+        "load_weights": lambda: _loaded(build(name, seed=2), lambda m: load_weights(m, sd, strict=True)),
         "create_model(pretrained=)": lambda: build(name, seed=3, pretrained=sd),
     }
     fresh = build(name, seed=4)

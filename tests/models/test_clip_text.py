@@ -10,7 +10,7 @@ import torch
 from avion_ds.config import ConfigError
 from avion_ds.data import tokenizer as tokenizer_mod
 from avion_ds.data.tokenizer import tokenize
-from avion_ds.models import apply_activation_checkpointing, create_model, load_pretrained
+from avion_ds.models import apply_activation_checkpointing, create_model, load_weights
 from avion_ds.models.activation_checkpointing import checkpointed_blocks
 
 open_clip = pytest.importorskip("open_clip")
@@ -37,7 +37,7 @@ def pair() -> tuple:
                 p.add_(0.1 * torch.randn_like(p))
         ref.logit_scale.fill_(2.5)
     ours = create_model("clip_vit_base_patch16_224", **OPENAI_B16).eval()
-    report = load_pretrained(ours, ref.state_dict(), strict=True)
+    report = load_weights(ours, ref.state_dict(), strict=True)
     return ref, ours, report
 
 

@@ -12,7 +12,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from avion_ds.models import create_model, load_pretrained
+from avion_ds.models import create_model, load_weights
 from avion_ds.models.clip.weights import prepare_clip_state_dict
 from avion_ds.models.partition import state_shapes
 from avion_ds.storage.safe_load import UntrustedCheckpoint
@@ -96,7 +96,7 @@ def test_torchscript_archive_with_code_in_its_pickle_is_refused(tmp_path: Path) 
         z.writestr("evil/code/__torch__.py", "")
     model = create_model("clip_vit_test_tiny")
     with pytest.raises(UntrustedCheckpoint, match=r"evil\.pt pickles posix\.getcwd"):
-        load_pretrained(model, str(path))
+        load_weights(model, str(path))
 
 
 def test_openclip_training_checkpoint_and_projection_modes(tmp_path: Path) -> None:
@@ -110,7 +110,7 @@ def test_openclip_training_checkpoint_and_projection_modes(tmp_path: Path) -> No
     for kw in ({"proj_dim": 8}, {"projection": "fresh"}):
         model = create_model("clip_vit_test_tiny", **kw)
         init = {k: v.clone() for k, v in model.state_dict().items()}
-        report = load_pretrained(model, str(path), strict=True)  # fresh keys are not "missing"
+        report = load_weights(model, str(path), strict=True)  # fresh keys are not "missing"
         assert report.skipped == ["logit_scale", "text_projection", "visual.proj"]
         assert report.fresh == ["visual.proj", "textual.proj", "logit_scale", "visual.temporal_embed"]
         assert not report.missing
@@ -132,17 +132,17 @@ def test_avion_checkpoint_four_frames_into_sixteen(tmp_path: Path, flash: bool, 
     torch.save({"epoch": 5, "args": args, "state_dict": sd, "best_acc1": 1.0}, path)
     te = sd["module.visual.temporal_embedding"]
     model = create_model("clip_vit_test_tiny", num_frames=16, **EXACT)
-    report = load_pretrained(model, str(path), strict=True)
+    report = load_weights(model, str(path), strict=True)
     assert report.format == "avion" and report.resized == ["visual.temporal_embed"]
     assert "AVION args: model=CLIP_VITB16, project_embed_dim=16, clip_length=4" in report.notes
     want = F.interpolate(te.t().unsqueeze(0), size=16, mode="linear").squeeze(0).t()
     torch.testing.assert_close(model.visual.temporal_embed[0], want, rtol=0, atol=0)
     fewer = create_model("clip_vit_test_tiny", num_frames=2, **EXACT)
-    load_pretrained(fewer, str(path), strict=True)
+    load_weights(fewer, str(path), strict=True)
     assert torch.equal(fewer.visual.temporal_embed[0], te[:2])
     # with the temporal embedding at zero, every frame of a still clip sees CLIP's image tower
     same = create_model("clip_vit_test_tiny", num_frames=4, **EXACT)
-    load_pretrained(same, str(path), strict=True)
+    load_weights(same, str(path), strict=True)
     with torch.no_grad():
         same.visual.temporal_embed.zero_()
     x = torch.randn(1, 3, 32, 32)
@@ -155,7 +155,7 @@ def test_avion_checkpoint_four_frames_into_sixteen(tmp_path: Path, flash: bool, 
 def ref_model(ref: torch.nn.Module) -> torch.nn.Module:
     """Our tiny dual encoder holding ``ref``'s weights (OpenAI layout), for comparisons."""
     m = create_model("clip_vit_test_tiny", num_frames=1, **EXACT)
-    load_pretrained(m, ref.state_dict(), strict=True)
+    load_weights(m, ref.state_dict(), strict=True)
     return m
 
 
@@ -172,12 +172,12 @@ def test_avion_args_naming_another_model_is_refused(tmp_path: Path) -> None:
 def test_our_own_checkpoint_round_trips_and_low_coverage_is_an_error(caplog: pytest.LogCaptureFixture) -> None:
     src = create_model("clip_vit_test_tiny", proj_dim=16)
     dst = create_model("clip_vit_test_tiny", proj_dim=16)
-    report = load_pretrained(dst, src.state_dict(), strict=True)
+    report = load_weights(dst, src.state_dict(), strict=True)
     assert report.format == "avion_ds"
     assert all(torch.equal(v, src.state_dict()[k]) for k, v in dst.state_dict().items())
     half = {k: v for k, v in src.state_dict().items() if k.startswith("visual.")}
     with caplog.at_level("ERROR"):
-        load_pretrained(create_model("clip_vit_test_tiny"), half)
+        load_weights(create_model("clip_vit_test_tiny"), half)
     assert "of VideoTextDualEncoder's backbone parameters" in caplog.text
 
 
@@ -207,7 +207,6 @@ def test_avion_checkpoint_into_a_zero3_partitioned_dual_encoder(
     # rest of the process; put torch's back afterwards (later tests count FLOPs and saved tensors)
     monkeypatch.setattr(F, "linear", F.linear)
     from avion_ds.models.partition import gathered, is_partitioned, partitioned_construction
-    from avion_ds.models.weights.sharded import load_pretrained_sharded
 
     dist.init()
     path = tmp_path / "checkpoint_best.pt"
@@ -216,7 +215,7 @@ def test_avion_checkpoint_into_a_zero3_partitioned_dual_encoder(
     torch.manual_seed(3)
     plain = create_model("clip_vit_test_tiny", num_frames=8, **EXACT)
     fresh = {k: v.clone() for k, v in plain.state_dict().items()}
-    want = load_pretrained(plain, str(path), strict=True)
+    want = load_weights(plain, str(path), strict=True)
     zero3 = {"train_micro_batch_size_per_gpu": 1, "zero_optimization": {"stage": 3}}
     torch.manual_seed(3)
     with partitioned_construction(zero3):
@@ -225,7 +224,7 @@ def test_avion_checkpoint_into_a_zero3_partitioned_dual_encoder(
     for name, p in part.named_parameters():  # the same initial values as the plain build (both towers)
         with gathered([p], modifier_rank=None):
             assert torch.equal(p.data.reshape(fresh[name].shape), fresh[name]), name
-    got = load_pretrained_sharded(part, str(path), strict=True)
+    got = load_weights(part, str(path), strict=True)
     assert got.summary() == want.summary() and got.resized == ["visual.temporal_embed"]
     ref = dict(plain.named_parameters())
     for name, p in part.named_parameters():

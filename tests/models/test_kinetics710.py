@@ -11,8 +11,9 @@ import torch
 
 from avion_ds.models import create_model
 from avion_ds.models.vit.kinetics710 import LABEL_MAPS, k710_label_map
+from avion_ds.models.weights.loading import REPORT_NAME, load_and_report
 from avion_ds.tasks import load_recipe
-from avion_ds.tasks.common.weights_report import REPORT_NAME, load_and_report, maps_kinetics710_head
+from avion_ds.tasks.base import maps_kinetics710_head
 from tests.models.convert import to_videomae
 
 X = torch.randn(2, 3, 4, 32, 32)

@@ -13,11 +13,9 @@ from avion_ds.data.masking import MaskSpec
 from avion_ds.models import (
     count_params,
     create_model,
-    load_pretrained,
-    load_pretrained_mae,
+    load_weights,
 )
 from avion_ds.models.mae.weights import decoder_dims, detect_mae_format
-from avion_ds.models.weights.sharded import load_pretrained_sharded
 from tests.helpers.mae_layouts import to_hf, to_official
 
 transformers = pytest.importorskip("transformers")
@@ -75,7 +73,7 @@ def _hf_pair(norm_pix: bool = True, **cfg):
     hf = transformers.VideoMAEForPreTraining(config).eval()
     # Hugging Face's decoder LayerNorm keeps PyTorch's eps (1e-5); the official code uses 1e-6
     ours = create_model("pretrain_videomae_test_tiny", decoder_norm_eps=1e-5, norm_pix_loss=norm_pix).eval()
-    report = load_pretrained_mae(ours, hf.state_dict(), strict=True)
+    report = load_weights(ours, hf.state_dict(), strict=True)
     assert report.format == "hf (pretraining)"
     return hf, ours
 
@@ -158,7 +156,7 @@ def test_official_round_trip_and_formats() -> None:
     assert detect_mae_format(official["model"]) == "videomae"
     assert detect_mae_format(ours.state_dict()) == "avion_ds"
     again = create_model("pretrain_videomae_test_tiny", decoder_norm_eps=1e-5).eval()
-    assert load_pretrained_mae(again, official, strict=True).format == "videomae (pretraining)"
+    assert load_weights(again, official, strict=True).format == "videomae (pretraining)"
     x, mask = torch.randn(2, 3, 4, 32, 32), _tube_masks(2)
     with torch.no_grad():
         assert torch.equal(again(x, mask).loss, ours(x, mask).loss)
@@ -168,7 +166,7 @@ def test_official_round_trip_and_formats() -> None:
         ref = hf2(x.transpose(1, 2), bool_masked_pos=mask).loss
     assert abs(float(ref) - float(ours(x, mask).loss)) <= 1e-5 * float(ref)
     with pytest.raises(ValueError, match="not a VideoMAE pretraining checkpoint"):
-        load_pretrained_mae(again, {"foo.weight": torch.zeros(1)})
+        load_weights(again, {"foo.weight": torch.zeros(1)})
 
 
 @pytest.mark.parametrize("pool", ["mean", "cls"])
@@ -309,7 +307,7 @@ def test_videomae_v1_huge_checkpoint_maps_on_the_meta_device() -> None:
         v1 = create_model("pretrain_videomae_v1_huge_patch16_224")
         from_file = create_model("pretrain_videomae_huge_patch16_224", pretrained=ckpt)  # decoder from the file
         v2 = create_model("pretrain_videomae_huge_patch16_224")
-    report = load_pretrained(v1, ckpt, strict=True)  # every key mapped, every shape fits
+    report = load_weights(v1, ckpt, strict=True)  # every key mapped, every shape fits
     assert report.format == "videomae (pretraining)"
     for m in (v1, from_file):
         assert (m.arch.decoder_dim, m.arch.decoder_depth, m.arch.decoder_heads) == (640, 4, 8)
@@ -317,7 +315,7 @@ def test_videomae_v1_huge_checkpoint_maps_on_the_meta_device() -> None:
         k: tuple(v.shape) for k, v in v1.state_dict().items()
     }
     with pytest.raises(ValueError, match=r"^checkpoint key decoder\..*decoder_dim=640") as e:
-        load_pretrained(v2, ckpt)  # V2's 512-wide decoder: one line naming the key and the file's width
+        load_weights(v2, ckpt)  # V2's 512-wide decoder: one line naming the key and the file's width
     assert "\n" not in str(e.value)
 
 
@@ -342,30 +340,28 @@ def _same_params(a: torch.nn.Module, b: dict[str, torch.Tensor]) -> bool:
     return all(torch.equal(p, b[n]) for n, p in a.named_parameters())
 
 
-def test_public_loaders_dispatch_on_the_model() -> None:
-    """``load_pretrained`` / the ZeRO-3 loader / ``load_pretrained_mae`` given a pretraining model load a
-    Hugging Face ``VideoMAEForPreTraining`` state dict as ``create_model(pretrained=...)`` does; a
-    fine-tuning model given to ``load_pretrained_mae`` takes the encoder."""
+def test_public_loader_dispatches_on_the_model() -> None:
+    """``load_weights`` given a pretraining model loads a Hugging Face ``VideoMAEForPreTraining`` state
+    dict as ``create_model(pretrained=...)`` does; a fine-tuning model given it takes the encoder."""
     hf, _ = _hf_pair()
     sd = hf.state_dict()
     ref = dict(create_model("pretrain_videomae_test_tiny", decoder_norm_eps=1e-5, pretrained=sd).named_parameters())
-    for loader in (load_pretrained, load_pretrained_sharded, load_pretrained_mae):
-        m = create_model("pretrain_videomae_test_tiny", decoder_norm_eps=1e-5)
-        report = loader(m, sd)
-        assert report.format == "hf (pretraining)", loader.__name__
-        assert not report.missing and not report.unexpected, (loader.__name__, report.summary())
-        assert _same_params(m, ref), loader.__name__
+    m = create_model("pretrain_videomae_test_tiny", decoder_norm_eps=1e-5)
+    report = load_weights(m, sd)
+    assert report.format == "hf (pretraining)" and report.mean_std == "imagenet"
+    assert not report.missing and not report.unexpected, report.summary()
+    assert _same_params(m, ref)
     ft = create_model("vit_test_tiny", num_classes=3)
-    assert load_pretrained_mae(ft, sd).format == "hf"
+    assert load_weights(ft, sd).format == "hf"
     assert torch.equal(ft.blocks[1].mlp.fc2.weight, ref["encoder.blocks.1.mlp.fc2.weight"])
     with pytest.raises(TypeError, match="^pretrained weights load into a VideoViT or a VideoMAEPretrain, got Linear"):
-        load_pretrained(torch.nn.Linear(2, 2), sd)
+        load_weights(torch.nn.Linear(2, 2), sd)
 
 
 def test_sharded_load_into_a_partitioned_pretraining_model(one_rank: None) -> None:
     from avion_ds.distributed import dist
     from avion_ds.models.partition import gathered
-    from avion_ds.models.weights.sharded import build_partitioned
+    from avion_ds.models.weights.loading import build_partitioned
 
     dist.init()
     hf, ours = _hf_pair()

@@ -6,7 +6,7 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from avion_ds.models import create_model, load_pretrained
+from avion_ds.models import create_model, load_weights
 from avion_ds.models.vit.weights import resize_patch_weight, resize_pos_embed
 from tests.models.convert import to_hf, to_videomae, to_videomae_pretrain
 
@@ -36,7 +36,7 @@ def test_videomae_finetune_checkpoint_reproduces_logits_exactly(tmp_path):
     ckpt["args"] = {"model": "vit_test_tiny"}
     torch.save(ckpt, path)
     dst = _fresh(layer_scale=0.1)
-    report = load_pretrained(dst, path, strict=True)
+    report = load_weights(dst, path, strict=True)
     assert report.format == "videomae" and not report.missing and not report.unexpected
     assert torch.equal(dst(X), src(X))
 
@@ -45,7 +45,7 @@ def test_videomae_finetune_checkpoint_reproduces_logits_exactly(tmp_path):
 def test_videomae_conv_model_and_linear_model_both_load():
     src = _src(patch_embed="conv")
     dst = _fresh(patch_embed="linear")
-    load_pretrained(dst, to_videomae(src), strict=True)
+    load_weights(dst, to_videomae(src), strict=True)
     torch.testing.assert_close(dst(X), src(X), atol=1e-5, rtol=1e-5)
 
 
@@ -55,7 +55,7 @@ def test_videomae_pretrain_checkpoint_loads_encoder(tmp_path):
     path = tmp_path / "pretrain.pth"
     torch.save(to_videomae_pretrain(src), path)
     dst = _fresh(num_classes=5)
-    report = load_pretrained(dst, path)
+    report = load_weights(dst, path)
     assert report.format == "videomae"
     assert report.missing == ["fc_norm.bias", "fc_norm.weight", "head.bias", "head.weight"]
     assert report.unexpected == [
@@ -77,7 +77,7 @@ def test_hf_videomae_state_dict_roundtrip(tmp_path):
     save_file(to_hf(src), str(path))
     for source in (path, tmp_path):  # file, or the HF model directory
         dst = _fresh()
-        report = load_pretrained(dst, source, strict=True)
+        report = load_weights(dst, source, strict=True)
         assert report.format == "hf"
         torch.testing.assert_close(dst(X), src(X), atol=1e-6, rtol=1e-6)
 
@@ -92,7 +92,7 @@ def test_hf_bin_with_transformers4_q_v_bias_names(tmp_path):
         sd[k.replace("attention.attention.value.bias", "attention.attention.v_bias")] = v
     torch.save(sd, tmp_path / "pytorch_model.bin")
     dst = _fresh()
-    load_pretrained(dst, tmp_path / "pytorch_model.bin", strict=True)
+    load_weights(dst, tmp_path / "pytorch_model.bin", strict=True)
     torch.testing.assert_close(dst(X), src(X), atol=1e-6, rtol=1e-6)
 
 
@@ -121,7 +121,7 @@ def test_against_transformers_videomae():
     hf = transformers.VideoMAEForVideoClassification(cfg).eval()
     hf.fc_norm.eps = 1e-6
     dst = _fresh()
-    load_pretrained(dst, hf.state_dict(), strict=True)
+    load_weights(dst, hf.state_dict(), strict=True)
     ref = hf(pixel_values=X.permute(0, 2, 1, 3, 4)).logits
     torch.testing.assert_close(dst(X), ref, atol=1e-5, rtol=1e-5)
 
@@ -147,7 +147,7 @@ def _timm_vit(**kw):
 def test_timm_image_vit_inflates_exactly_on_static_clips(pool, frames, timm_kw):
     vit = _timm_vit(**timm_kw)
     dst = _fresh(pool=pool, pos_embed="learned", num_frames=frames)
-    report = load_pretrained(dst, vit.state_dict(), strict=True)
+    report = load_weights(dst, vit.state_dict(), strict=True)
     assert report.format == "timm"
     img = torch.randn(2, 3, 32, 32)
     clip = img[:, :, None].expand(2, 3, frames, 32, 32).contiguous()  # the same frame repeated
@@ -160,7 +160,7 @@ def test_timm_vit_base_state_dict_loads_into_video_base():
     with torch.device("meta"):  # shapes only: fast, no memory
         sd = timm.create_model("vit_base_patch16_224", pretrained=False).state_dict()
         dst = create_model("vit_base_patch16_224", num_frames=4, pool="cls", pos_embed="learned")
-    report = load_pretrained(dst, sd)
+    report = load_weights(dst, sd)
     assert report.format == "timm"
     assert report.missing == ["head.bias", "head.weight"]
     assert report.dropped == ["head.bias", "head.weight"]  # 1000 ImageNet classes vs 400
@@ -170,7 +170,7 @@ def test_timm_vit_base_state_dict_loads_into_video_base():
 
 
 def test_timm_into_sincos_model_reports_unused_pos_embed():
-    report = load_pretrained(_fresh(pool="cls"), _timm_vit().state_dict())
+    report = load_weights(_fresh(pool="cls"), _timm_vit().state_dict())
     assert report.unexpected == ["pos_embed"] and report.missing == [] and report.resized == ["patch_embed.proj.weight"]
 
 
@@ -183,7 +183,7 @@ def test_own_format_safetensors_via_create_model(tmp_path):
     out, ref = dst(X), src(X)
     for k in ref:
         assert torch.equal(out[k], ref[k])
-    report = load_pretrained(dst, path, strict=True)
+    report = load_weights(dst, path, strict=True)
     assert report.format == "avion_ds"
 
 
@@ -191,7 +191,7 @@ def test_own_format_deepspeed_module_wrapper_and_ddp_prefix():
     src = _src()
     ckpt = {"module": {"module." + k: v for k, v in src.state_dict().items()}, "global_steps": 3}
     dst = _fresh()
-    report = load_pretrained(dst, ckpt, strict=True)
+    report = load_weights(dst, ckpt, strict=True)
     assert report.format == "avion_ds"
     assert all(torch.equal(a, b) for a, b in zip(dst.state_dict().values(), src.state_dict().values()))
 
@@ -199,14 +199,14 @@ def test_own_format_deepspeed_module_wrapper_and_ddp_prefix():
 def test_head_dropped_when_class_count_differs_and_strict_raises():
     src = _src()
     dst = _fresh(num_classes=3)
-    report = load_pretrained(dst, src.state_dict())
+    report = load_weights(dst, src.state_dict())
     assert report.dropped == ["head.bias", "head.weight"] and report.missing == ["head.bias", "head.weight"]
     with pytest.raises(ValueError, match="dropped=2"):
-        load_pretrained(_fresh(num_classes=3), src.state_dict(), strict=True)
+        load_weights(_fresh(num_classes=3), src.state_dict(), strict=True)
 
 
 def test_single_head_checkpoint_into_multi_head_model():
-    report = load_pretrained(_fresh(heads={"verb": 2, "noun": 3}), _src().state_dict())
+    report = load_weights(_fresh(heads={"verb": 2, "noun": 3}), _src().state_dict())
     assert report.missing == ["heads.noun.bias", "heads.noun.weight", "heads.verb.bias", "heads.verb.weight"]
     assert report.unexpected == ["head.bias", "head.weight"]
 
@@ -216,7 +216,7 @@ def test_learned_pos_embed_interpolated_in_time_and_space():
     with torch.no_grad():
         src.pos_embed.fill_(0.25)
     dst = create_model("vit_test_tiny", pos_embed="learned", num_frames=8, img_size=64)
-    report = load_pretrained(dst, src.state_dict())
+    report = load_weights(dst, src.state_dict())
     assert "pos_embed" in report.resized
     assert dst.pos_embed.shape == (1, 4 * 4 * 4, 64)
     torch.testing.assert_close(dst.pos_embed.detach(), torch.full_like(dst.pos_embed, 0.25))
@@ -233,7 +233,7 @@ def test_resize_pos_embed_time_only_keeps_spatial_pattern():
 def test_tubelet_depth_resize():
     src = _src()
     dst = _fresh(tubelet_size=1)
-    report = load_pretrained(dst, src.state_dict())
+    report = load_weights(dst, src.state_dict())
     assert report.resized == ["patch_embed.proj.weight"]
     static = X[:, :, :1].expand(2, 3, 4, 32, 32)
     # on static clips a tubelet-1 embedding with the rescaled weight equals the tubelet-2 one
@@ -245,19 +245,19 @@ def test_tubelet_depth_resize():
 
 def test_unknown_format_names_first_keys():
     with pytest.raises(ValueError, match=r"first keys: \['encoder.conv1.weight', 'fc.bias'\]"):
-        load_pretrained(_fresh(), {"encoder.conv1.weight": torch.zeros(1), "fc.bias": torch.zeros(1)})
+        load_weights(_fresh(), {"encoder.conv1.weight": torch.zeros(1), "fc.bias": torch.zeros(1)})
 
 
 def test_incompatible_shape_names_key():
     sd = _src().state_dict()
     sd["blocks.0.mlp.fc1.weight"] = torch.zeros(3, 3)
     with pytest.raises(ValueError, match=r"blocks.0.mlp.fc1.weight: shape \(3, 3\)"):
-        load_pretrained(_fresh(), sd)
+        load_weights(_fresh(), sd)
 
 
 def test_missing_file():
     with pytest.raises(FileNotFoundError, match="nope.pth"):
-        load_pretrained(_fresh(), "/tmp/nope.pth")
+        load_weights(_fresh(), "/tmp/nope.pth")
 
 
 @torch.no_grad()
@@ -285,7 +285,7 @@ def test_pickled_training_args_load_through_the_allowlist(tmp_path, monkeypatch)
 
     monkeypatch.setattr(torch, "load", weights_only_load)
     dst = _fresh()
-    load_pretrained(dst, tmp_path / "checkpoint-99.pth", strict=True)
+    load_weights(dst, tmp_path / "checkpoint-99.pth", strict=True)
     assert torch.equal(dst(X), src(X))
 
 
@@ -320,7 +320,7 @@ def test_checkpoint_that_would_run_code_is_refused_without_running_it(tmp_path):
         match=r"evil.pth pickles Python objects .*\(posix.system\).*"
         r"pass --trust-checkpoint on the command line only if you trust the file",
     ) as info:
-        load_pretrained(_fresh(), tmp_path / "evil.pth")
+        load_weights(_fresh(), tmp_path / "evil.pth")
     assert "\n" not in str(info.value)
     assert not marker.exists()  # nothing was executed
 
@@ -334,9 +334,9 @@ def test_untrusted_custom_object_needs_explicit_trust(tmp_path):
     ckpt["extra"] = _Harmless()
     torch.save(ckpt, tmp_path / "custom.pth")
     with pytest.raises(UntrustedCheckpoint, match="_Harmless"):
-        load_pretrained(_fresh(), tmp_path / "custom.pth")
+        load_weights(_fresh(), tmp_path / "custom.pth")
     dst = _fresh()
-    load_pretrained(dst, tmp_path / "custom.pth", strict=True, trust=True)
+    load_weights(dst, tmp_path / "custom.pth", strict=True, trust=True)
     assert torch.equal(dst(X), src(X))
 
 
@@ -344,7 +344,7 @@ def test_corrupt_file_is_one_line_error_naming_it(tmp_path):
     bad = tmp_path / "broken.safetensors"
     bad.write_bytes(b"not a checkpoint")
     with pytest.raises(ValueError, match="cannot read checkpoint .*broken.safetensors") as info:
-        load_pretrained(_fresh(), bad)
+        load_weights(_fresh(), bad)
     assert "\n" not in str(info.value)
 
 
@@ -384,7 +384,7 @@ def test_videomae_pretrain_norm_is_not_fc_norm_as_in_official_finetuning(tmp_pat
     src = _src()
     ckpt = to_videomae_pretrain(src)
     dst = _fresh()
-    report = load_pretrained(dst, ckpt)
+    report = load_weights(dst, ckpt)
     assert {"norm.weight", "norm.bias"} <= set(report.unexpected)
     assert {"fc_norm.weight", "fc_norm.bias"} <= set(report.missing)
     assert torch.equal(dst.fc_norm.weight, torch.ones(64)) and torch.equal(dst.fc_norm.bias, torch.zeros(64))
@@ -401,19 +401,17 @@ def test_below_threshold_load_is_an_error_whatever_strict(caplog):
     src = _src()
     sliver = {k: v for k, v in src.state_dict().items() if k.startswith(("patch_embed.", "blocks.0.attn.qkv"))}
     with caplog.at_level("ERROR", logger="avion_ds.models.weights.loading"):
-        report = load_pretrained(_fresh(), sliver)
+        report = load_weights(_fresh(), sliver)
     assert report.format == "avion_ds" and len(report.missing) > 20
     errors = [r.getMessage() for r in caplog.records if r.levelname == "ERROR"]
     assert len(errors) == 1 and "pretrained a state dict matched" in errors[0] and "below 90%" in errors[0]
-    with pytest.raises(
-        ValueError, match=r"^load_pretrained\(strict=True\) from a state dict: format=avion_ds missing="
-    ):
-        load_pretrained(_fresh(), sliver, strict=True)
+    with pytest.raises(ValueError, match=r"^load_weights\(strict=True\) from a state dict: format=avion_ds missing="):
+        load_weights(_fresh(), sliver, strict=True)
     caplog.clear()
     with caplog.at_level(
         "ERROR", logger="avion_ds.models.weights.loading"
     ):  # a pretraining encoder: fc_norm / head fresh
-        load_pretrained(_fresh(num_classes=5), to_videomae_pretrain(src))
-        load_pretrained(_fresh(), src.state_dict(), strict=True)
-        load_pretrained(_fresh(), sliver, coverage_check=False)  # a caller that reports coverage itself
+        load_weights(_fresh(num_classes=5), to_videomae_pretrain(src))
+        load_weights(_fresh(), src.state_dict(), strict=True)
+        load_weights(_fresh(), sliver, coverage_check=False)  # a caller that reports coverage itself
     assert not caplog.records

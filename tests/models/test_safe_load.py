@@ -74,8 +74,8 @@ def test_payload_is_refused_without_running_it(zip_format: bool, tmp_path: Path)
 
 
 def test_payload_pth_as_pretrained_is_refused(tmp_path: Path) -> None:
-    from avion_ds.models import create_model, load_pretrained
-    from avion_ds.tasks.common.weights_report import load_and_report
+    from avion_ds.models import create_model, load_weights
+    from avion_ds.models.weights.loading import load_and_report
 
     marker = tmp_path / "pwned"
     src = create_model("vit_test_tiny", num_classes=5)
@@ -94,6 +94,6 @@ def test_payload_pth_as_pretrained_is_refused(tmp_path: Path) -> None:
         )
     assert not marker.exists()
     dst = create_model("vit_test_tiny", num_classes=5)
-    load_pretrained(dst, path, strict=True, trust=True)
+    load_weights(dst, path, strict=True, trust=True)
     assert marker.exists()
     assert all(torch.equal(v, src.state_dict()[k]) for k, v in dst.state_dict().items())

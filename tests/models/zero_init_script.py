@@ -25,7 +25,7 @@ from avion_ds.models import (
     apply_activation_checkpointing,
     count_params,
     create_model,
-    load_pretrained,
+    load_weights,
 )
 from avion_ds.models.partition import (
     full_shape,
@@ -34,7 +34,7 @@ from avion_ds.models.partition import (
     partitioned_construction,
 )
 from avion_ds.models.vit.model import sincos_table
-from avion_ds.models.weights.sharded import build_partitioned, load_pretrained_sharded
+from avion_ds.models.weights.loading import build_partitioned
 
 WORLD = int(os.environ["WORLD_SIZE"])
 
@@ -145,12 +145,12 @@ def sharded_load(tmp: Path) -> dict:
     kw = {"pos_embed": "learned", "layer_scale": 0.1, "num_classes": 7}
     torch.manual_seed(0)
     plain = create_model("vit_test_tiny", **kw).eval()
-    plain_report = load_pretrained(plain, path)
+    plain_report = load_weights(plain, path)
     torch.manual_seed(0)
     # only rank 0 may read: give the other ranks a path that does not exist
     source = path if dist.get_rank() == 0 else tmp / "absent.pth"
     part = build_partitioned(lambda: create_model("vit_test_tiny", **kw), config())
-    report = load_pretrained_sharded(part, source)
+    report = load_weights(part, source)
     engine, *_ = deepspeed.initialize(model=part, config=config())
     engine.eval()
     with torch.no_grad():
@@ -164,7 +164,7 @@ def sharded_load(tmp: Path) -> dict:
         save_file(create_model("vit_test_tiny", **kw).state_dict(), str(st_path))
     dist.barrier()
     plain_st = create_model("vit_test_tiny", **kw).eval()
-    plain_st_report = load_pretrained(plain_st, st_path)
+    plain_st_report = load_weights(plain_st, st_path)
     part_st = build_partitioned(
         lambda: create_model("vit_test_tiny", **kw),
         config(),
@@ -173,7 +173,7 @@ def sharded_load(tmp: Path) -> dict:
     st = {
         "param_max_diff": max_diff(dict(plain_st.named_parameters()), full_params(part_st)),
         "plain_report": plain_st_report.summary(),
-        "part_report": load_pretrained_sharded(part_st, st_path if dist.get_rank() == 0 else "x").summary(),
+        "part_report": load_weights(part_st, st_path if dist.get_rank() == 0 else "x").summary(),
     }
     return {
         "safetensors": st,

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from avion_ds.models.arch import ViTArch
-from avion_ds.models.clip import tower_weights  # noqa: F401 - registers the dual-encoder source of load_pretrained
+from avion_ds.models.clip import tower_weights  # noqa: F401 - registers the dual-encoder source of load_weights
 from avion_ds.models.clip.model import ClipArch, VideoTextDualEncoder
 from avion_ds.models.clip.text_tower import TextArch
 from avion_ds.models.registry import build_registered, register_arch, register_model, registered_arch

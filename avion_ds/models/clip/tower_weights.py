@@ -24,6 +24,7 @@ from __future__ import annotations
 import torch
 
 from avion_ds.models.clip.weights import (
+    FORMAT_MEAN_STD,
     PROJECTIONS,
     detect_clip_format,
     map_clip_key,
@@ -74,6 +75,7 @@ def _classifier_prefix(target: dict[str, torch.Size]) -> str | None:
 def filter_dual_encoder(sd: StateDict, model: VideoViT, report: LoadReport) -> StateDict:
     """The video tower of a dual-encoder state dict under the model's names (see the module doc)."""
     layout = detect_clip_format(sd)
+    report.mean_std = FORMAT_MEAN_STD[layout]  # the dual encoder's own normalisation
     target = state_shapes(model)
     out: StateDict = {}
     text: list[str] = []

@@ -39,7 +39,7 @@ from safetensors.torch import load_file
 from torch import nn
 
 from avion_ds.models.partition import state_shapes
-from avion_ds.models.weights.loading import read_checkpoint, unwrap
+from avion_ds.models.weights.checkpoint import checkpoint_state_dict, read_checkpoint
 from avion_ds.models.weights.report import LoadReport
 from avion_ds.storage.torchscript import read_torchscript_state_dict, torchscript_root
 
@@ -47,6 +47,14 @@ logger = logging.getLogger(__name__)
 
 StateDict = dict[str, torch.Tensor]
 PROJECTIONS = ("visual.proj", "textual.proj", "logit_scale")
+# the normalisation each layout's weights were trained with (a data.mean_std value; None: the file does not
+# say): OpenAI CLIP's statistics for CLIP and OpenCLIP (its default), AVION's ``--norm-style openai``
+FORMAT_MEAN_STD: dict[str, str | None] = {
+    "clip": "clip",
+    "clip-torchscript": "clip",
+    "avion": "openai",
+    "avion_ds": None,
+}
 OPEN_CLIP_WEIGHTS = "open_clip_model.safetensors"  # the weights of an open_clip export directory
 TEMPORAL_SIDE_FILE = "temporal_embedding.safetensors"  # beside them: the video tower's temporal embedding
 AVION_MODELS = {  # AVION's --model -> our registered name
@@ -207,7 +215,7 @@ def read_clip_source(source: str | Path | dict, trust: bool = False) -> tuple[St
         return read_torchscript_state_dict(source), None, True
     export = open_clip_export(source)
     if export is not None:
-        sd = unwrap(read_checkpoint(export[0], trust))
+        sd = checkpoint_state_dict(read_checkpoint(export[0], trust))
         if export[1] is not None:
             try:
                 sd.update(load_file(str(export[1]), device="cpu"))
@@ -217,7 +225,7 @@ def read_clip_source(source: str | Path | dict, trust: bool = False) -> tuple[St
         return sd, None, False
     ckpt = read_checkpoint(source, trust)
     args = ckpt.get("args") if isinstance(ckpt, dict) else None
-    return unwrap(ckpt), args, False
+    return checkpoint_state_dict(ckpt), args, False
 
 
 def _check_args(args: Any, model: nn.Module, report: LoadReport) -> None:
@@ -237,6 +245,7 @@ def prepare_clip_state_dict(
     sd, args, scripted = read_clip_source(source, trust)
     fmt = detect_clip_format(sd)
     report = LoadReport(format="clip-torchscript" if scripted else fmt)
+    report.mean_std = FORMAT_MEAN_STD[report.format]
     if args is not None:
         _check_args(args, model, report)
     export = open_clip_export(source)

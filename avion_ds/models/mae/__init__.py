@@ -4,6 +4,5 @@
 
 from avion_ds.models.mae.model import MAEArch, VideoMAEPretrain
 from avion_ds.models.mae.sizes import pretrain_arch
-from avion_ds.models.mae.weights import load_pretrained_mae
 
-__all__ = ["MAEArch", "VideoMAEPretrain", "load_pretrained_mae", "pretrain_arch"]
+__all__ = ["MAEArch", "VideoMAEPretrain", "pretrain_arch"]

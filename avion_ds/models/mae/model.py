@@ -190,7 +190,7 @@ class VideoMAEPretrain(nn.Module):
         self, source: str | Path | dict[str, Any], trust: bool = False, *, kinetics_head: bool = False
     ) -> tuple[dict[str, torch.Tensor], LoadReport]:
         """``source`` mapped to this model's names and a ``LoadReport``, from the pretraining layouts;
-        ``load_pretrained`` and the ZeRO-3 loader take this model's weights through it (``kinetics_head``
+        ``load_weights`` takes this model's weights through it (``kinetics_head``
         is a classifier's option: a pretraining model has none, so it is not used)."""
         return prepare_mae_state_dict(self, source, trust)
 

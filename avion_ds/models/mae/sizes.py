@@ -9,9 +9,10 @@ from typing import Any
 
 from avion_ds.models.arch import ViTArch
 from avion_ds.models.mae.model import MAEArch, VideoMAEPretrain
-from avion_ds.models.mae.weights import config_eps, decoder_dims, load_pretrained_mae
+from avion_ds.models.mae.weights import config_eps, decoder_dims
 from avion_ds.models.registry import register_model
-from avion_ds.models.weights.loading import read_checkpoint, unwrap
+from avion_ds.models.weights.checkpoint import checkpoint_state_dict, read_checkpoint
+from avion_ds.models.weights.loading import load_weights
 
 logger = logging.getLogger(__name__)
 
@@ -77,7 +78,7 @@ def _build(name: str, pretrained: Any, overrides: dict[str, Any]) -> VideoMAEPre
     ``overrides``, and the file is read once."""
     if pretrained is None or pretrained == "":
         return VideoMAEPretrain(pretrain_arch(name, **overrides))
-    sd = unwrap(read_checkpoint(pretrained))
+    sd = checkpoint_state_dict(read_checkpoint(pretrained))
     base = pretrain_arch(name, **overrides)
     inferred = file_overrides(name, pretrained, sd, overrides)
     if inferred:
@@ -90,7 +91,7 @@ def _build(name: str, pretrained: Any, overrides: dict[str, Any]) -> VideoMAEPre
             base.decoder_depth,
         )
     model = VideoMAEPretrain(pretrain_arch(name, **overrides, **inferred))
-    report = load_pretrained_mae(model, sd)
+    report = load_weights(model, sd)
     logger.info("%s: loaded %s from %s", name, report.summary(), _source_name(pretrained))
     return model
 

@@ -11,9 +11,10 @@ Layouts (detected from the keys):
   ``decoder.{norm,head}``, ``encoder_to_decoder.weight``, ``mask_token``.
 
 The encoder half reuses the fine-tuning filters of :mod:`avion_ds.models.vit.weights` (one place per
-key map); the decoder blocks go through the same maps. ``load_pretrained`` (and the ZeRO-3 loader)
-send a pretraining model here; fine-tuning models take the encoder of any of these through
-``load_pretrained`` / ``create_model(..., pretrained=...)``. The decoder's width and depth differ
+key map); the decoder blocks go through the same maps. ``load_weights`` sends a pretraining model
+here; fine-tuning models take the encoder of any of these through ``load_weights`` /
+``create_model(..., pretrained=...)``. Every layout's weights were trained on ImageNet-normalised frames
+(``FORMAT_MEAN_STD``). The decoder's width and depth differ
 between releases (VideoMAE V1 ViT-H: 640 wide; V2: 512): :func:`decoder_dims` reads them from a file.
 """
 
@@ -27,8 +28,8 @@ from torch import nn
 
 from avion_ds.models.partition import state_shapes
 from avion_ds.models.vit.weights import FILTERS
+from avion_ds.models.weights.checkpoint import checkpoint_state_dict, read_checkpoint
 from avion_ds.models.weights.hf_config import hf_config, layer_norm_eps_note
-from avion_ds.models.weights.loading import load_pretrained, read_checkpoint, unwrap
 from avion_ds.models.weights.report import LoadReport
 
 StateDict = dict[str, torch.Tensor]
@@ -87,6 +88,9 @@ def from_hf(sd: StateDict, model: nn.Module, report: LoadReport) -> StateDict:
 
 
 _MAE_FILTERS = {"avion_ds": lambda sd, model, report: dict(sd), "videomae": from_official, "hf": from_hf}
+# the normalisation each layout's weights were trained with (a data.mean_std value; None: our own files
+# follow their run's recipe)
+FORMAT_MEAN_STD: dict[str, str | None] = {"avion_ds": None, "videomae": "imagenet", "hf": "imagenet"}
 
 
 def decoder_dims(sd: StateDict) -> dict[str, int]:
@@ -115,9 +119,9 @@ def prepare_mae_state_dict(
 ) -> tuple[StateDict, LoadReport]:
     """Read ``source`` and map it to ``model``'s names; shapes are checked against the model's
     logical shapes (also under ZeRO-3), one-line ValueError naming the key. Nothing is loaded."""
-    sd = unwrap(read_checkpoint(source, trust))
+    sd = checkpoint_state_dict(read_checkpoint(source, trust))
     fmt = detect_mae_format(sd)
-    report = LoadReport(format=f"{fmt} (pretraining)")
+    report = LoadReport(format=f"{fmt} (pretraining)", mean_std=FORMAT_MEAN_STD[fmt])
     note = layer_norm_eps_note(source, model.arch.encoder.norm_eps)
     if note:
         report.notes.append(note)
@@ -142,15 +146,3 @@ def _decoder_hint(sd: StateDict, model: nn.Module) -> str:
         f" (the checkpoint's decoder has {', '.join(f'{k}={v}' for k, v in diff.items())}; build the model "
         "with create_model(name, pretrained=FILE), which takes them from the file, or pass them)"
     )
-
-
-def load_pretrained_mae(
-    model: nn.Module, source: str | Path | dict, strict: bool = False, trust: bool = False
-) -> LoadReport:
-    """Load a pretraining checkpoint (file, HF directory, run directory or state dict) into ``model``.
-
-    The same entry as ``load_pretrained``, which dispatches on the model: a fine-tuning model given
-    here takes the checkpoint's encoder. Returns a ``LoadReport``; see ``load_pretrained`` for
-    ``strict`` and the below-threshold match error.
-    """
-    return load_pretrained(model, source, strict=strict, trust=trust)

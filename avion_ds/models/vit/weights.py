@@ -20,7 +20,7 @@ weight layout / tubelet depth / patch size, learned position embedding in time a
 drops classifier weights whose class count differs, except a Kinetics-710 head loaded for Kinetics-400 /
 600 / 700 (``kinetics_head``): its rows are picked by VideoMAE V2's label maps (``label_maps/``). The
 result is a ``LoadReport``. Reading files and the final load are generic
-(:mod:`avion_ds.models.weights.loading`); this module never imports the model class, so the model can
+(:mod:`avion_ds.models.weights.checkpoint`, :mod:`avion_ds.models.weights.loading`); this module never imports the model class, so the model can
 import it (``VideoViT.prepare_checkpoint``).
 """
 
@@ -38,8 +38,8 @@ from torch import nn
 
 from avion_ds.models.partition import state_shapes
 from avion_ds.models.vit.kinetics710 import remap_k710
+from avion_ds.models.weights.checkpoint import StateDict, checkpoint_state_dict, read_checkpoint
 from avion_ds.models.weights.hf_config import layer_norm_eps_note
-from avion_ds.models.weights.loading import StateDict, read_checkpoint, unwrap
 from avion_ds.models.weights.report import LoadReport
 from avion_ds.storage.torchscript import read_torchscript_state_dict, torchscript_root
 
@@ -200,6 +200,11 @@ def _filter_timm(sd: StateDict, model: nn.Module, report: LoadReport) -> StateDi
     return out  # ``norm`` never becomes ``fc_norm`` (see _filter_videomae)
 
 
+# the normalisation each format's weights were trained with (a data.mean_std value; None: the format does
+# not say: our own files follow their run's recipe, timm's image ViTs vary by release); a dual encoder's
+# is its layout's (set by its filter)
+FORMAT_MEAN_STD: dict[str, str | None] = {"avion_ds": None, "videomae": "imagenet", "hf": "imagenet", "timm": None}
+
 # DUAL_ENCODER is added by avion_ds.models.clip.tower_weights (imported with avion_ds.models)
 FILTERS: dict[str, Callable[[StateDict, nn.Module, LoadReport], StateDict]] = {
     "avion_ds": _filter_avion,
@@ -310,9 +315,9 @@ def prepare_vit_state_dict(
     if not isinstance(source, dict) and Path(source).is_file() and torchscript_root(source) is not None:
         sd = read_torchscript_state_dict(source)  # OpenAI's CLIP releases: tensors read, nothing run
     else:
-        sd = unwrap(read_checkpoint(source, trust))
+        sd = checkpoint_state_dict(read_checkpoint(source, trust))
     fmt = detect_format(sd)
-    report = LoadReport(format=fmt)
+    report = LoadReport(format=fmt, mean_std=FORMAT_MEAN_STD.get(fmt))
     note = layer_norm_eps_note(source, model.arch.norm_eps) if not isinstance(source, dict) else None
     report.notes += [note] if note else []
     return _adapt(FILTERS[fmt](sd, model, report), model, report, kinetics_head), report

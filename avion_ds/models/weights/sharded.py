@@ -1,7 +1,8 @@
 """Pretrained weights into a ZeRO-3 partitioned model, one submodule at a time.
 
-Rank 0 reads the checkpoint and maps / resizes it with ``loading.prepare_state_dict`` (same
-formats, key mapping, position-embedding resizing and ``LoadReport`` as ``load_pretrained``). A
+Rank 0 reads the checkpoint and maps / resizes it with ``checkpoint.prepare_state_dict`` (same
+formats, key mapping, position-embedding resizing and ``LoadReport`` as a plain model's load;
+``loading.load_weights`` sends a partitioned model here). A
 .safetensors file that needs no conversion (our exports, same-size models) is mapped on its
 header alone and read one tensor at a time, so rank 0 never holds the whole checkpoint either.
 Then every rank walks the modules in the same order: a module's own parameters are gathered,
@@ -12,8 +13,7 @@ submodule's full parameters elsewhere.
 
 from __future__ import annotations
 
-import logging
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -22,17 +22,10 @@ import torch.distributed as tdist
 from torch import nn
 
 from avion_ds.distributed.dist import broadcast_object, rank
-from avion_ds.models.partition import (
-    full_shape,
-    gathered,
-    is_partitioned_model,
-    partitioned_construction,
-)
-from avion_ds.models.weights.loading import finish_report, load_pretrained, prepare_state_dict
+from avion_ds.models.partition import full_shape, gathered
+from avion_ds.models.weights.checkpoint import prepare_state_dict
 from avion_ds.models.weights.report import LoadReport
 from avion_ds.storage.safetensors_stream import SafetensorsReader
-
-logger = logging.getLogger(__name__)
 
 
 class _LazyStateDict:
@@ -93,23 +86,12 @@ def _copy_partitioned(model: nn.Module, sd: Any) -> list[str]:
     return missing
 
 
-def load_pretrained_sharded(
-    model: nn.Module,
-    source: str | Path | dict,
-    strict: bool = False,
-    trust: bool = False,
-    *,
-    coverage_check: bool = True,
-    kinetics_head: bool = False,
+def load_partitioned(
+    model: nn.Module, source: str | Path | dict, trust: bool = False, *, kinetics_head: bool = False
 ) -> LoadReport:
-    """``load_pretrained`` for a model built under ``zero.Init`` (plain models go to it directly).
-
-    Collective: every rank of the model's process group must call it. Only rank 0 reads ``source``.
-    """
-    if not is_partitioned_model(model):
-        return load_pretrained(
-            model, source, strict=strict, trust=trust, coverage_check=coverage_check, kinetics_head=kinetics_head
-        )
+    """Fill the ZeRO-3 partitioned ``model`` from ``source``; the report (``missing`` / ``unexpected`` as
+    the copy found them) on every rank. Collective: every rank of the model's process group calls it; only
+    rank 0 reads ``source``. A read or mapping error is raised on every rank (nobody hangs)."""
     sd, report, error = None, None, None
     if rank() == 0:
         try:
@@ -129,22 +111,4 @@ def load_pretrained_sharded(
     missing = _copy_partitioned(model, sd)
     if sd is not None:
         report.missing, report.unexpected = missing, list(sd)  # sd now holds only what was not used
-    report = broadcast_object(report)
-    return finish_report(report, model, source, strict, report.missing, report.unexpected, coverage_check)
-
-
-def build_partitioned(
-    factory: Callable[[], nn.Module],
-    ds_config: dict[str, Any] | None,
-    pretrained: str | Path | dict | None = None,
-    strict: bool = False,
-) -> nn.Module:
-    """``factory()`` under ``zero.Init`` when ``ds_config`` is ZeRO-3 (plainly otherwise), then
-    ``pretrained`` loaded module by module. The factory must not load weights itself: reading a
-    checkpoint inside ``zero.Init`` would go through its patched tensor constructors."""
-    with partitioned_construction(ds_config):
-        model = factory()
-    if pretrained is not None and pretrained != "":
-        report = load_pretrained_sharded(model, pretrained, strict=strict)
-        logger.info("%s: loaded %s", type(model).__name__, report.summary())
-    return model
+    return broadcast_object(report)

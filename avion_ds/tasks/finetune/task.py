@@ -22,7 +22,15 @@ from avion_ds.data.datasets.build import dataset_spec, split_view
 from avion_ds.data.datasets.epic_actions import MAP_ORDER
 from avion_ds.data.datasets.protocols import eval_report
 from avion_ds.data.datasets.registry import heads_keys, names_of_kind, section_value
-from avion_ds.tasks.base import EvalOutcome, LossParts, ModelSummary, Task, build_with_weights, check_token_merge
+from avion_ds.tasks.base import (
+    EvalOutcome,
+    LossParts,
+    ModelSummary,
+    Task,
+    build_with_weights,
+    check_token_merge,
+    maps_kinetics710_head,
+)
 from avion_ds.tasks.common.action_head_metrics import action_head_metrics
 from avion_ds.tasks.common.classification_metrics import SCORES
 from avion_ds.tasks.common.evaluation import confusion_images, evaluate_model
@@ -146,8 +154,6 @@ class FinetuneTask(Task):
         run_dir: Path | None = None,
         ds_config: dict[str, Any] | None = None,
     ) -> nn.Module:
-        from avion_ds.tasks.common.weights_report import maps_kinetics710_head  # lazy: imports avion_ds.models
-
         kw = model_kwargs(recipe)
         return build_with_weights(
             recipe, kw, pretrained, run_dir, ds_config, kinetics_head=maps_kinetics710_head(recipe)

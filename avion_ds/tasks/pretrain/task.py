@@ -84,10 +84,10 @@ def checkpoint_overrides(recipe: Recipe, source: str, options: dict[str, Any]) -
     """The architecture a pretraining checkpoint fixes beyond the recipe (decoder width / depth, a Hugging
     Face config's LayerNorm eps); an unreadable file or an impossible size is one line (ConfigError)."""
     from avion_ds.models.mae.sizes import file_overrides  # lazy: heavy (timm, torchvision)
-    from avion_ds.models.weights.loading import read_checkpoint, unwrap  # lazy: heavy (timm, torchvision)
+    from avion_ds.models.weights.checkpoint import checkpoint_state_dict, read_checkpoint  # lazy: heavy (timm)
 
     try:
-        sd = unwrap(read_checkpoint(source, recipe.model.trust_checkpoint))
+        sd = checkpoint_state_dict(read_checkpoint(source, recipe.model.trust_checkpoint))
         return file_overrides(recipe.model.name, source, sd, options)
     except (OSError, ValueError, TypeError) as e:  # not found, unreadable, untrusted pickle, bad decoder width
         msg = (str(e).strip().splitlines() or [type(e).__name__])[0]

@@ -121,14 +121,20 @@ class ZeroShotTask(ContrastiveTask):
         run_dir: Path | None = None,
         ds_config: dict[str, Any] | None = None,
     ) -> nn.Module:
-        from avion_ds.tasks.common.weights_report import load_and_report  # lazy: imports avion_ds.models
+        from avion_ds.models.weights.loading import load_and_report  # lazy: heavy (timm, torchvision)
 
         source = pretrained if pretrained is not None else recipe.model.pretrained
         model = build_with_weights(recipe, _encoder_kwargs(recipe), "", run_dir, ds_config)
         if source:
             m = recipe.model
             report = load_and_report(
-                model, str(source), strict=False, trust=m.trust_checkpoint, run_dir=run_dir, is_main=dist.is_main()
+                model,
+                str(source),
+                strict=False,
+                trust=m.trust_checkpoint,
+                run_dir=run_dir,
+                is_main=dist.is_main(),
+                mean_std=recipe.data.mean_std,
             )
             check_towers(report, str(source))
         return model
