@@ -30,7 +30,7 @@ from avion_ds.engine.run_setup import (
     seed_everything,
 )
 from avion_ds.memory.offload import build_for_inference
-from avion_ds.tasks import EvalOutcome, load_recipe
+from avion_ds.tasks import EvalContext, EvalOutcome, load_recipe
 from avion_ds.tasks.common.predictions import failed_line
 
 
@@ -156,7 +156,7 @@ def run(args: argparse.Namespace) -> int:
         distributed=world > 1,
     )
     augment = DeviceAugment(recipe.data, setup.task.label_classes(recipe), train=False)
-    outcome = setup.task.evaluate(model, loader, augment, views, device, dtype, recipe)
+    outcome = setup.task.evaluate(EvalContext(model, loader, augment, device, recipe, views, dtype))
     if dist.is_main():
         _write_results(args, setup, views, outcome)
     del model

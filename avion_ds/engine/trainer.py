@@ -47,6 +47,7 @@ from avion_ds.engine.train_state import (
     to_device,
     zero0_grad_norm_tensor,
 )
+from avion_ds.tasks.base import EvalContext
 from avion_ds.tasks.common.predictions import failed_line
 
 if TYPE_CHECKING:
@@ -349,15 +350,13 @@ class Trainer:
         """Validation metrics (all ranks, the task's), logged and written to ``metrics.json`` on rank 0."""
         r, st = self.recipe, self.state
         views = r.eval.temporal_views * r.eval.spatial_views
+        ctx = EvalContext(
+            self.engine, data.val_loader, data.eval_aug, self.device, r, views, self.dtype, bad_log=self.bad_log
+        )
         with ema.evaluation_weights(self.ema, r, self.log.info) as weights:
-            out = self.task.evaluate(
-                self.engine, data.val_loader, data.eval_aug, views, self.device, self.dtype, r, bad_log=self.bad_log
-            )
-            images = (  # every rank (the task may run the model), the same weights; rank 0 logs them
-                self.task.eval_images(self.engine, data.val_loader, data.eval_aug, self.device, self.dtype, r, out)
-                if r.logging.tensorboard
-                else {}
-            )
+            out = self.task.evaluate(ctx)
+            # every rank (the task may run the model), the same weights; rank 0 logs them
+            images = self.task.eval_images(ctx, out) if r.logging.tensorboard else {}
         if out.failed:
             self.log.info(failed_line(out.failed))
         self.log.eval(st.epoch, st.global_step, out.metrics)

@@ -16,7 +16,7 @@ from avion_ds.config import ConfigError, load_recipe_data, recipe_from_dict
 from avion_ds.data.datasets.build import dataset_problem, heads_problem
 from avion_ds.data.datasets.protocols import check_recipe as check_protocol
 from avion_ds.tasks import contrastive, finetune, mir, pretrain, umt, zero_shot  # noqa: F401 - registration: one line per task
-from avion_ds.tasks.base import EvalOutcome, ModelSummary, Task
+from avion_ds.tasks.base import EvalContext, EvalOutcome, ModelSummary, Task
 from avion_ds.tasks.registry import get_task, register_task, task_names
 
 if TYPE_CHECKING:
@@ -52,6 +52,7 @@ def task_of(recipe: Recipe) -> Task:
 
 
 __all__ = [
+    "EvalContext",
     "EvalOutcome",
     "ModelSummary",
     "Task",

@@ -55,6 +55,21 @@ class EvalOutcome:
     num_samples: int = 0
 
 
+@dataclass(frozen=True)
+class EvalContext:
+    """What one evaluation runs with, handed to ``Task.evaluate`` and ``Task.eval_images`` by the trainer's
+    periodic validation and `avion-ds eval` alike."""
+
+    model: Callable[..., Any]  # a DeepSpeed engine, a plain module or a ZeRO-3 offload inference wrapper
+    loader: Any  # the (distributed) evaluation loader; ``loader.dataset`` names rows and failed clips
+    augment: Callable  # the on-device evaluation augmentation: (frames, labels) -> (float frames, targets)
+    device: torch.device
+    recipe: Recipe
+    views: int = 1  # views per clip (``eval.temporal_views * eval.spatial_views``), averaged into one score
+    dtype: torch.dtype = torch.float32  # the forward's input dtype
+    bad_log: BadInputLog | None = None  # names bad samples once per run; None: printed
+
+
 class Task(ABC):
     """One kind of training (see module doc). Instances hold no state: one per run is enough."""
 
@@ -123,33 +138,15 @@ class Task(ABC):
 
     # ------------------------------------------------------------------ evaluation
     @abstractmethod
-    def evaluate(
-        self,
-        model: Callable[..., Any],
-        loader: Any,
-        augment: Callable,
-        views: int,
-        device: torch.device,
-        dtype: torch.dtype,
-        recipe: Recipe,
-        bad_log: BadInputLog | None = None,
-    ) -> EvalOutcome:
-        """Metrics over ``loader`` on all ranks (the sampler's padding removed)."""
+    def evaluate(self, ctx: EvalContext) -> EvalOutcome:
+        """Metrics over ``ctx.loader`` on all ranks (the sampler's padding removed)."""
 
-    def eval_images(
-        self,
-        model: Callable[..., Any],
-        loader: Any,
-        augment: Callable,
-        device: torch.device,
-        dtype: torch.dtype,
-        recipe: Recipe,
-        outcome: EvalOutcome,
-    ) -> dict[str, np.ndarray]:
+    def eval_images(self, ctx: EvalContext, outcome: EvalOutcome) -> dict[str, np.ndarray]:
         """Pictures of the evaluation that produced ``outcome``, ``{tag: (H, W, 3) uint8}``, for TensorBoard.
 
-        Called on every rank right after ``evaluate`` (with the same weights) when ``logging.tensorboard`` is
-        on, so it may run ``model`` (ZeRO-3 needs every rank); rank 0's are logged. Default: none."""
+        Called on every rank right after ``evaluate`` (the same ``ctx``, the same weights) when
+        ``logging.tensorboard`` is on, so it may run ``ctx.model`` (ZeRO-3 needs every rank); rank 0's are
+        logged. Default: none."""
         return {}
 
     def eval_line(self, metrics: dict[str, float], report: dict[str, Any] | None = None) -> str:

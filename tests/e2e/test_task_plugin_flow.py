@@ -116,8 +116,8 @@ class ToyBrierTask(FinetuneTask):
         score = brier(model(x.to(dtype)).float().softmax(-1), targets)
         return weight * score, {"toy_brier": score.detach(), "toy_weight": torch.tensor(weight)}
 
-    def evaluate(self, model, loader, augment, views, device, dtype, recipe, bad_log=None):
-        _, (index, probs, labels), failed = evaluate_model(model, loader, augment, views, device, dtype, bad_log)
+    def evaluate(self, ctx):
+        _, (index, probs, labels), failed = evaluate_model(ctx)
         metrics = {
             "toy_acc": 100.0 * (probs.argmax(-1) == labels).float().mean().item(),
             "toy_brier": brier(probs, labels).item(),

@@ -1,4 +1,4 @@
-"""EPIC with ONE action head (``data.epic_label: action``): AVION's head, an AVION-format CLS checkpoint
+"""EPIC with ONE action head (``epic.label: action``): AVION's head, an AVION-format CLS checkpoint
 (``module.visual.*`` with its flash-attn / fast-conv1 names + ``module.fc_cls.*``, random weights) loads into the
 ``vit_clip_*`` classifier exactly and evaluates to AVION's metrics, and the recipe checks name the culprit."""
 
@@ -19,6 +19,7 @@ from avion_ds.data.datasets.epic import epic_action_map
 from avion_ds.engine.run_setup import build_split, check_run_inputs
 from avion_ds.models import create_model
 from avion_ds.tasks import load_recipe, task_of
+from avion_ds.tasks.base import EvalContext
 from avion_ds.tasks.common.action_head_metrics import AVION_KEYS
 from avion_ds.tasks.common.evaluation import evaluate_model
 from tests.engine.test_action_metrics import avion_validate, generate_label_map
@@ -35,7 +36,7 @@ def action_recipe(data: dict, out: Path, *extra: str) -> object:
             "model.head_drop_rate=0.5",
             "model.head_init=avion",
             "data.dataset=epic",
-            "data.epic_label=action",
+            "epic.label=action",
             f"data.root={data['root']}",
             f"data.train_csv={data['train_csv']}",
             f"data.val_csv={data['val_csv']}",
@@ -112,8 +113,8 @@ def test_avion_cls_checkpoint_loads_and_evaluates(tiny_epic: dict, tmp_path: Pat
     loader = build_loader(dataset, 4, 0, shuffle=False, seed=0, drop_last=False, distributed=False)
     augment = DeviceAugment(recipe.data, task.label_classes(recipe), train=False)
     cpu = torch.device("cpu")
-    out = task.evaluate(model, loader, augment, 1, cpu, torch.float32, recipe)
-    _, (index, scores, labels), _ = evaluate_model(ref, loader, augment, 1, cpu)
+    out = task.evaluate(EvalContext(model, loader, augment, cpu, recipe))
+    _, (index, scores, labels), _ = evaluate_model(EvalContext(ref, loader, augment, cpu, recipe))
     theirs = generate_label_map([Path(tiny_epic["train_csv"]), Path(tiny_epic["val_csv"])])
     want = avion_validate(scores["action"].numpy(), labels["action"].numpy(), theirs)
     assert {k: out.metrics[k] for k in AVION_KEYS} == want
@@ -133,7 +134,7 @@ def test_avion_cls_checkpoint_loads_and_evaluates(tiny_epic: dict, tmp_path: Pat
     [
         (["model.heads={action: 5}"], "model.heads.action=5 but data.train_csv + data.val_csv make"),
         (["model.heads={verb: 4, noun: 3}"], "it needs exactly the heads action"),
-        (["data.epic_label=verb_noun"], "it needs exactly the heads verb, noun"),
+        (["epic.label=verb_noun"], "it needs exactly the heads verb, noun"),
     ],
 )
 def test_recipe_checks_name_the_culprit(tiny_epic: dict, tmp_path: Path, extra: list[str], message: str) -> None:

@@ -16,7 +16,7 @@ from avion_ds.engine.export import export, run_weights
 from avion_ds.engine.parallelize import inner_module
 from avion_ds.engine.train_state import TrainData
 from avion_ds.storage.run_dir import consolidate
-from avion_ds.tasks import EvalOutcome, load_recipe, task_of
+from avion_ds.tasks import EvalContext, EvalOutcome, load_recipe, task_of
 from tests.engine.tiny_trainer import batches, tiny_trainer
 
 ENGINE = pytest.mark.multiprocess  # trains a DeepSpeed engine in this process
@@ -103,8 +103,8 @@ class _Recording:
     def __getattr__(self, name: str) -> Any:
         return getattr(self.inner, name)
 
-    def evaluate(self, model: Any, *args: Any, **kw: Any) -> EvalOutcome:
-        self.seen = {n: p.detach().clone() for n, p in inner_module(model).named_parameters()}
+    def evaluate(self, ctx: EvalContext) -> EvalOutcome:
+        self.seen = {n: p.detach().clone() for n, p in inner_module(ctx.model).named_parameters()}
         return EvalOutcome(metrics={"top1": 0.0})
 
 

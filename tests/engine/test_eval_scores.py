@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from avion_ds.tasks.base import EvalContext
 from avion_ds.tasks.common.classification_metrics import action_topk_correct
 from avion_ds.tasks.common.evaluation import evaluate_model
 
@@ -61,9 +62,8 @@ def test_multiview_action_topk_matches_brute_force(views: int) -> None:
     class Loader(list):
         dataset = None
 
-    metrics, (index, scores, _labels), failed = evaluate_model(
-        _LogitModel(), Loader(batches), lambda x, y: (x, y), views, torch.device("cpu")
-    )
+    ctx = EvalContext(_LogitModel(), Loader(batches), lambda x, y: (x, y), torch.device("cpu"), None, views)
+    metrics, (index, scores, _labels), failed = evaluate_model(ctx)
     assert failed == [] and index.tolist() == list(range(n))
     for head in ("verb", "noun"):  # one representation: probabilities
         torch.testing.assert_close(scores[head].sum(-1), torch.ones(n))
@@ -107,9 +107,8 @@ def test_failed_val_clips_are_counted_and_named(tiny_epic: dict, tmp_path: Path)
     ds = build_dataset(cfg, "val", temporal_views=2, spatial_views=1)
     loader = build_loader(ds, 3, 0, shuffle=False, seed=0, drop_last=False, distributed=False)
     model = create_model("vit_test_tiny", heads={"verb": 4, "noun": 3}).eval()
-    metrics, (index, _, _), failed = evaluate_model(
-        model, loader, DeviceAugment(cfg, {"verb": 4, "noun": 3}, False), 2, torch.device("cpu")
-    )
+    augment = DeviceAugment(cfg, {"verb": 4, "noun": 3}, False)
+    metrics, (index, _, _), failed = evaluate_model(EvalContext(model, loader, augment, torch.device("cpu"), None, 2))
     assert sorted(f["name"] for f in failed) == expected
     assert all("zero-byte file" in f["reason"] for f in failed)
     assert index.numel() == len(rows) - len(expected)  # the rest is evaluated, each clip once

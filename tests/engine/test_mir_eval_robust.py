@@ -16,6 +16,7 @@ import torch
 
 from avion_ds.data.bad_input import BadInputLog
 from avion_ds.data.datasets.epic_mir import MirTargets, load_mir_targets
+from avion_ds.tasks.base import EvalContext
 from avion_ds.tasks.common.retrieval_eval import evaluate_retrieval
 from avion_ds.tasks.common.retrieval_metrics import mir_metrics, mir_metrics_matched
 from tests.engine.test_mir_metrics import calculate_mAP, calculate_nDCG
@@ -105,13 +106,10 @@ def test_a_failed_clip_leaves_an_evaluation_of_what_remains() -> None:
     targets = MirTargets(COLUMNS, RELEVANCY, SENTENCE_IDS, ["cut onion", "rinse cup", "open tap"], ROW_IDS)
     dataset = SimpleNamespace(mir_targets=targets, row_name=lambda i: ROW_IDS[i], missing=[], quarantined=[])
     lines: list[str] = []
+    loader = _Loader(dataset, failed_row=2)
+    augment = lambda f, lab: (f.float(), lab)
     out = evaluate_retrieval(
-        model,
-        _Loader(dataset, failed_row=2),
-        lambda f, lab: (f.float(), lab),
-        torch.device("cpu"),
-        torch.float32,
-        BadInputLog(lines.append),
+        EvalContext(model, loader, augment, torch.device("cpu"), None, bad_log=BadInputLog(lines.append))
     )
     assert [f["name"] for f in out.failed] == ["P01_01_2"]
     assert out.report["rows"] == 3 and out.report["columns"] == 2
@@ -196,8 +194,8 @@ def test_evaluation_dataset_refuses_bad_relevancy_and_backwards_rows_at_start_up
             "data.dataset=epic_mir",
             f"data.root={root}",
             f"data.val_csv={csv_path}",
-            f"data.val_sentences={sentences}",
-            f"data.val_relevancy={pkl}",
+            f"epic_mir.val_sentences={sentences}",
+            f"epic_mir.val_relevancy={pkl}",
         ],
     )
     with pytest.raises(ConfigError, match=rf"{pkl}: 1 NaN or infinite relevancy"):

@@ -58,10 +58,10 @@ def _recipe(tmp: Path, data: dict) -> Path:
             "size": 32,
             "workers": 0,
             "stride": 2,
-            "clips_per_video": 4,
             "decoder": "decord",
             "decode_timeout_s": 0.0,
         },  # decode in-process: a helper process per dataset costs ~10 s per job
+        "videos": {"clips_per_video": 4},
         "pretrain": {"mask_ratio": 0.5, "decoder_mask_type": "running_cell", "decoder_mask_ratio": 0.5},
         "optim": {"lr": 1e-3, "base_batch": 4, "clip_grad": 1.0},
         "schedule": {"epochs": 2, "warmup_epochs": 0.5},
@@ -187,7 +187,7 @@ def test_repeated_samples_get_their_own_crops_and_masks(tiny_epic: dict, tmp_pat
     from avion_ds.data import DeviceAugment, build_dataset, build_loader
     from avion_ds.tasks.pretrain.task import PretrainTask, build_pretrain_model
 
-    recipe = _local_recipe(tmp_path, tiny_epic, "data.num_sample=4", "data.clips_per_video=1")
+    recipe = _local_recipe(tmp_path, tiny_epic, "data.num_sample=4", "videos.clips_per_video=1")
     ds = build_dataset(recipe.data, "train", seed=recipe.seed)
     PretrainTask().prepare_datasets(recipe, ds)
     item = ds[0]
@@ -212,7 +212,7 @@ def test_v2_recipe_sets_num_sample_and_valid_batches() -> None:
     from avion_ds.tasks import load_recipe
 
     r = load_recipe(REPO / "launch" / "recipes" / "pretrain_vit_g_v2.yaml")
-    assert (r.data.num_sample, r.data.clips_per_video) == (4, 1)  # V2: --num_sample 4, each video once
+    assert (r.data.num_sample, r.videos.clips_per_video) == (4, 1)  # V2: --num_sample 4, each video once
     for world in (8, 16, 64):
         plan = resolve_batch(r, world)
         assert plan.global_batch == 256 and plan.micro_batch * plan.grad_accum * world == 256
@@ -224,9 +224,10 @@ def test_pretrain_eval_ignores_sampler_padding(tiny_epic: dict, tmp_path: Path) 
     from torch.utils.data import DataLoader, DistributedSampler
 
     from avion_ds.data import DeviceAugment, build_dataset
+    from avion_ds.tasks.base import EvalContext
     from avion_ds.tasks.pretrain.task import PretrainTask, build_pretrain_model, evaluate_pretrain
 
-    recipe = _local_recipe(tmp_path, tiny_epic, "data.clips_per_video=5")
+    recipe = _local_recipe(tmp_path, tiny_epic, "videos.clips_per_video=5")
     ds = build_dataset(recipe.data, "val", seed=recipe.seed)
     PretrainTask().prepare_datasets(recipe, ds)
     sub = torch.utils.data.Subset(ds, range(5))
@@ -237,7 +238,8 @@ def test_pretrain_eval_ignores_sampler_padding(tiny_epic: dict, tmp_path: Path) 
     aug = DeviceAugment(recipe.data, 0, train=False)
 
     def run(order: list[int], bs: int) -> dict[str, float]:
-        return evaluate_pretrain(model, DataLoader(sub, batch_size=bs, sampler=order), aug, torch.device("cpu"))
+        loader = DataLoader(sub, batch_size=bs, sampler=order)
+        return evaluate_pretrain(EvalContext(model, loader, aug, torch.device("cpu"), recipe))
 
     plain, pad = run(list(range(5)), 5), run(padded, 3)
     for key in plain:

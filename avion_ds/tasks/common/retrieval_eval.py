@@ -13,18 +13,14 @@ direction but stays a candidate of the other (named in one line and in the repor
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 import torch
 
-from avion_ds.data.bad_input import BadInputLog, batch_messages
 from avion_ds.distributed import dist
-from avion_ds.distributed.run_log import progress
-from avion_ds.tasks.base import EvalOutcome
-from avion_ds.tasks.common.evaluation import augmented_batch
-from avion_ds.tasks.common.predictions import PredictionStore, failed_in_batch, gather_failed
+from avion_ds.tasks.base import EvalContext, EvalOutcome
+from avion_ds.tasks.common.evaluation import gather_predictions
 from avion_ds.tasks.common.retrieval_metrics import mir_metrics_matched
 
 MIR_PROTOCOL = (
@@ -33,36 +29,16 @@ MIR_PROTOCOL = (
 )
 
 
-@torch.no_grad()
-def embed_rows(
-    model: Callable[..., Any],
-    loader: Any,
-    augment: Callable,
-    device: torch.device,
-    dtype: torch.dtype,
-    bad_log: BadInputLog | None = None,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, list[dict[str, Any]]]:
+def embed_rows(ctx: EvalContext) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, list[dict[str, Any]]]:
     """(rows, video embeddings, text embeddings, failed clips) of every rank, ordered by row, each once."""
-    was_training = getattr(model, "training", False)
-    if hasattr(model, "eval"):
-        model.eval()
-    store = PredictionStore()
-    failed: dict[int, str] = {}
-    bad, fatal = [], []
-    for batch in progress(loader, "eval"):
-        b, f = batch_messages(batch)
-        bad += b
-        fatal += f
-        x, targets = augmented_batch(batch, augment, device)
-        out = model(x.to(dtype), targets["tokens"])
+
+    def forward(batch: dict[str, Any], x: torch.Tensor, targets: Any) -> tuple[torch.Tensor, Any, Any]:
+        out = ctx.model(x.to(ctx.dtype), targets["tokens"])
         rows = targets["row"] if "row" in targets else batch["index"]
-        store.add(rows, out.video.float(), out.text.float())
-        failed.update(failed_in_batch(batch))
-    if was_training and hasattr(model, "train"):
-        model.train()
-    (bad_log or BadInputLog(lambda msg: print(msg, flush=True))).exchange(bad, fatal)
-    rows, video, text = store.gather()
-    return rows, video, text, gather_failed(failed, loader.dataset)
+        return rows, out.video.float(), out.text.float()
+
+    (rows, video, text), failed = gather_predictions(ctx, forward)
+    return rows, video, text, failed
 
 
 def contrastive_accuracies(video: torch.Tensor, text: torch.Tensor) -> dict[str, float]:
@@ -165,17 +141,10 @@ def dataset_rows_report(dataset: Any) -> dict[str, Any]:
     }
 
 
-def evaluate_retrieval(
-    model: Callable[..., Any],
-    loader: Any,
-    augment: Callable,
-    device: torch.device,
-    dtype: torch.dtype,
-    bad_log: BadInputLog | None = None,
-) -> EvalOutcome:
+def evaluate_retrieval(ctx: EvalContext) -> EvalOutcome:
     """MIR metrics when the dataset carries relevancy targets (``mir_targets``), else accuracies."""
-    rows, video, text, failed = embed_rows(model, loader, augment, device, dtype, bad_log)
-    targets = getattr(loader.dataset, "mir_targets", None)
+    rows, video, text, failed = embed_rows(ctx)
+    targets = getattr(ctx.loader.dataset, "mir_targets", None)
     if targets is None:
         metrics = contrastive_accuracies(video, text)
         report: dict[str, Any] = {"protocol": "contrastive top-1 over the whole set", "rows": int(rows.numel())}
@@ -184,6 +153,6 @@ def evaluate_retrieval(
         metrics, report = mir_from_embeddings(rows, video, text, np.asarray(targets.columns), targets.relevancy, names)
         line = no_match_line(report)
         if line and dist.is_main():
-            (bad_log.emit if bad_log is not None else print)(line)
-    report.update(dataset_rows_report(loader.dataset))
+            (ctx.bad_log.emit if ctx.bad_log is not None else print)(line)
+    report.update(dataset_rows_report(ctx.loader.dataset))
     return EvalOutcome(metrics, report, failed, num_samples=int(rows.numel()))

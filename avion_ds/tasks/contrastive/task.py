@@ -36,7 +36,7 @@ from avion_ds.tasks.registry import register_task
 
 if TYPE_CHECKING:
     from avion_ds.config import Recipe
-    from avion_ds.data.bad_input import BadInputLog
+    from avion_ds.tasks.base import EvalContext
 
 # AVION scripts/main_lavila_pretrain.py defaults (get_args_parser); keys the recipe sets win
 # the datasets it reads: video-text pairs (dataset registry label_kind)
@@ -208,19 +208,8 @@ class ContrastiveTask(Task):
         return clip_loss
 
     # ------------------------------------------------------------------ evaluation
-    def evaluate(
-        self,
-        model: Callable[..., Any],
-        loader: Any,
-        augment: Callable,
-        views: int,
-        device: torch.device,
-        dtype: torch.dtype,
-        recipe: Recipe,
-        bad_log: BadInputLog | None = None,
-    ) -> EvalOutcome:
-
-        return evaluate_retrieval(model, loader, augment, device, dtype, bad_log)
+    def evaluate(self, ctx: EvalContext) -> EvalOutcome:
+        return evaluate_retrieval(ctx)
 
     def eval_line(self, metrics: dict[str, float], report: dict[str, Any] | None = None) -> str:
         line = " ".join(f"{k}={v:.3f}" for k, v in metrics.items())

@@ -40,7 +40,7 @@ from avion_ds.tasks.registry import register_task
 
 if TYPE_CHECKING:
     from avion_ds.config import Recipe
-    from avion_ds.data.bad_input import BadInputLog
+    from avion_ds.tasks.base import EvalContext
 
 
 def dataset_heads(recipe: Recipe) -> tuple[str, ...] | None:
@@ -180,37 +180,16 @@ class FinetuneTask(Task):
         loss, heads = total_loss(model(x.to(dtype)), targets, recipe.data.label_smoothing)
         return loss, {f"loss_{h}": v for h, v in heads.items()}
 
-    def evaluate(
-        self,
-        model: Callable[..., Any],
-        loader: Any,
-        augment: Callable,
-        views: int,
-        device: torch.device,
-        dtype: torch.dtype,
-        recipe: Recipe,
-        bad_log: BadInputLog | None = None,
-    ) -> EvalOutcome:
-
-        metrics, (index, scores, labels), failed = evaluate_model(
-            model, loader, augment, views, device, dtype, bad_log=bad_log
-        )
-        report = {"scores": SCORES, **eval_report(recipe.eval.protocol, views, loader.dataset, index)}
-        action_map = getattr(loader.dataset, "action_map", None)
+    def evaluate(self, ctx: EvalContext) -> EvalOutcome:
+        metrics, (index, scores, labels), failed = evaluate_model(ctx)
+        ds = ctx.loader.dataset
+        report = {"scores": SCORES, **eval_report(ctx.recipe.eval.protocol, ctx.views, ds, index)}
+        action_map = getattr(ds, "action_map", None)
         if action_map is not None:  # ONE action head: the usual EPIC keys from it, and AVION's
             metrics = action_head_metrics(scores["action"], labels["action"], action_map)
             report["action_label_map"] = {"num_actions": len(action_map), "order": MAP_ORDER}
         return EvalOutcome(metrics, report, failed, per_sample_records(index, scores, labels), int(index.numel()))
 
-    def eval_images(
-        self,
-        model: Callable[..., Any],
-        loader: Any,
-        augment: Callable,
-        device: torch.device,
-        dtype: torch.dtype,
-        recipe: Recipe,
-        outcome: EvalOutcome,
-    ) -> dict[str, np.ndarray]:
+    def eval_images(self, ctx: EvalContext, outcome: EvalOutcome) -> dict[str, np.ndarray]:
         """A confusion matrix per head (``eval/confusion_<head>``), from the evaluation's per-sample rows."""
-        return confusion_images(outcome.per_sample, self.label_classes(recipe))
+        return confusion_images(outcome.per_sample, self.label_classes(ctx.recipe))

@@ -25,13 +25,13 @@ from avion_ds.data.datasets.build import dataset_spec, split_view
 from avion_ds.data.datasets.registry import names_of_kind
 from avion_ds.data.masking import MaskSpec
 from avion_ds.distributed.ds_plan import DSPlan
-from avion_ds.tasks.base import EvalOutcome, LossParts, ModelSummary, Task, build_with_weights
+from avion_ds.tasks.base import EvalContext, EvalOutcome, LossParts, ModelSummary, Task, build_with_weights
+from avion_ds.tasks.common.evaluation import eval_mode
 from avion_ds.tasks.common.predictions import PredictionStore
 from avion_ds.tasks.registry import register_task
 
 if TYPE_CHECKING:
     from avion_ds.config import Recipe
-    from avion_ds.data.bad_input import BadInputLog
 
 # this task's recipe defaults (VideoMAE pretraining); keys the recipe sets win
 PRETRAIN_DEFAULTS: dict[str, dict[str, Any]] = {
@@ -190,43 +190,21 @@ class PretrainTask(Task):
         out = model(x, **targets)  # float32 frames: the model casts them and computes its targets in fp32
         return (out.loss if hasattr(out, "loss") else out), {}
 
-    def evaluate(
-        self,
-        model: Callable[..., Any],
-        loader: Any,
-        augment: Callable,
-        views: int,
-        device: torch.device,
-        dtype: torch.dtype,
-        recipe: Recipe,
-        bad_log: BadInputLog | None = None,
-    ) -> EvalOutcome:
-        metrics = evaluate_pretrain(model, loader, augment, device)
-        return EvalOutcome(metrics, num_samples=len(loader.dataset))
+    def evaluate(self, ctx: EvalContext) -> EvalOutcome:
+        return EvalOutcome(evaluate_pretrain(ctx), num_samples=len(ctx.loader.dataset))
 
-    def eval_images(
-        self,
-        model: Callable[..., Any],
-        loader: Any,
-        augment: Callable,
-        device: torch.device,
-        dtype: torch.dtype,
-        recipe: Recipe,
-        outcome: EvalOutcome,
-    ) -> dict[str, np.ndarray]:
+    def eval_images(self, ctx: EvalContext, outcome: EvalOutcome) -> dict[str, np.ndarray]:
         """The reconstruction grid of the validation set's first clip (``eval/reconstruction``)."""
         from avion_ds.tasks.pretrain.images import eval_images  # lazy: Pillow (the row names), only with TensorBoard
 
-        return eval_images(self, model, loader, augment, device, dtype, recipe, outcome)
+        return eval_images(ctx)
 
     def eval_line(self, metrics: dict[str, float], report: dict[str, Any] | None = None) -> str:
         return " ".join(f"{k}={v:.4f}" for k, v in metrics.items())
 
 
 @torch.no_grad()
-def evaluate_pretrain(
-    model: Callable[..., Any], loader: Any, augment: Callable, device: torch.device
-) -> dict[str, float]:
+def evaluate_pretrain(ctx: EvalContext) -> dict[str, float]:
     """Validation reconstruction loss, the predict-zero baseline and loss / baseline, over all ranks.
 
     Both are means over every scored token (decoded and hidden from the encoder, as the model's loss)
@@ -235,30 +213,27 @@ def evaluate_pretrain(
     """
     from avion_ds.models.mae.model import pixel_targets  # lazy: heavy (timm, torchvision)
 
-    was_training = getattr(model, "training", False)
-    if hasattr(model, "eval"):
-        model.eval()
+    model, device = ctx.model, ctx.device
     arch = getattr(model, "module", model).arch
     store = PredictionStore()
-    for batch in loader:
-        frames = batch["frames"].to(device, non_blocking=True)
-        x, masks = augment(frames, {k: v.to(device) for k, v in batch["label"].items()})
-        out = model(x, **masks)  # float32 frames: the model casts them and computes its targets in fp32
-        decode = masks["mask"] if "decode_mask" not in masks else ~masks["decode_mask"]
-        b = x.shape[0]
-        targets = pixel_targets(x, arch)[decode].reshape(b, -1, out.pred.shape[-1])
-        weight = masks["mask"][decode].reshape(b, -1).float()  # the model's loss weights, in pred's order
-        sums = torch.stack(
-            [
-                ((out.pred.float() - targets).pow(2).mean(dim=-1) * weight).sum(dim=1),
-                (targets.pow(2).mean(dim=-1) * weight).sum(dim=1),
-                weight.sum(dim=1),
-            ],
-            dim=1,
-        )
-        store.add(batch["index"], sums.double(), torch.zeros(b))
-    if was_training and hasattr(model, "train"):
-        model.train()
+    with eval_mode(model):
+        for batch in ctx.loader:
+            frames = batch["frames"].to(device, non_blocking=True)
+            x, masks = ctx.augment(frames, {k: v.to(device) for k, v in batch["label"].items()})
+            out = model(x, **masks)  # float32 frames: the model casts them and computes its targets in fp32
+            decode = masks["mask"] if "decode_mask" not in masks else ~masks["decode_mask"]
+            b = x.shape[0]
+            targets = pixel_targets(x, arch)[decode].reshape(b, -1, out.pred.shape[-1])
+            weight = masks["mask"][decode].reshape(b, -1).float()  # the model's loss weights, in pred's order
+            sums = torch.stack(
+                [
+                    ((out.pred.float() - targets).pow(2).mean(dim=-1) * weight).sum(dim=1),
+                    (targets.pow(2).mean(dim=-1) * weight).sum(dim=1),
+                    weight.sum(dim=1),
+                ],
+                dim=1,
+            )
+            store.add(batch["index"], sums.double(), torch.zeros(b))
     _, sums, _ = store.gather()  # every rank's clips, each dataset index once
     loss_sum, zero_sum, weight = (float(v) for v in sums.sum(dim=0)) if sums.numel() else (0.0, 0.0, 0.0)
     weight = max(weight, 1.0)

@@ -10,7 +10,6 @@ on all ranks, the scores gathered and put in dataset order with the sampler's pa
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -19,12 +18,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from avion_ds.config import ConfigError
-from avion_ds.data.bad_input import BadInputLog, batch_messages
 from avion_ds.distributed import dist
-from avion_ds.distributed.run_log import progress
-from avion_ds.tasks.base import EvalOutcome, build_with_weights
-from avion_ds.tasks.common.evaluation import augmented_batch
-from avion_ds.tasks.common.predictions import PredictionStore, failed_in_batch, gather_failed
+from avion_ds.tasks.base import EvalContext, EvalOutcome, build_with_weights
+from avion_ds.tasks.common.evaluation import eval_mode, gather_predictions
 from avion_ds.tasks.common.retrieval_eval import dataset_rows_report
 from avion_ds.tasks.contrastive.task import CONTRASTIVE_DEFAULTS, ContrastiveTask, _encoder_kwargs
 from avion_ds.tasks.registry import register_task
@@ -145,40 +141,26 @@ class ZeroShotTask(ContrastiveTask):
                 ds.zero_shot_classes, ds.zero_shot_report = class_sets(recipe, ds)
 
     @torch.no_grad()
-    def evaluate(
-        self,
-        model: Callable[..., Any],
-        loader: Any,
-        augment: Callable,
-        views: int,
-        device: torch.device,
-        dtype: torch.dtype,
-        recipe: Recipe,
-        bad_log: BadInputLog | None = None,
-    ) -> EvalOutcome:
+    def evaluate(self, ctx: EvalContext) -> EvalOutcome:
         """Classifiers from the prompts, video embeddings of every clip (all ranks), the benchmark's metrics."""
         from avion_ds.models.clip.model import at_least_fp32  # lazy: heavy (timm, torchvision)
 
-        net = getattr(model, "module", model)
-        was_training = net.training
-        net.eval()
-        ds, bench = loader.dataset, benchmark(recipe)
-        templates = resolve_templates(recipe.zeroshot.templates)
-        classifiers = {s.head: text_classifier(net.encode_text, s, templates, device) for s in ds.zero_shot_classes}
-        store, failed, bad, fatal, past_end = PredictionStore(), {}, [], [], set()
-        for batch in progress(loader, "zero-shot"):
-            b, f = batch_messages(batch)
-            bad, fatal = bad + b, fatal + f
-            past_end |= past_end_rows(batch)
-            x, targets = augmented_batch(batch, augment, device)
-            video = F.normalize(at_least_fp32(net.encode_video(x.to(dtype))), dim=-1)
-            scores = {h: view_logits(video, c, views) for h, c in classifiers.items()}
-            targets = bench.targets(targets, ds)
-            store.add(batch["index"], scores, targets)
-            failed.update(failed_in_batch(batch))
-        net.train(was_training)
-        (bad_log or BadInputLog(lambda msg: print(msg, flush=True))).exchange(bad, fatal)
-        index, scores, labels = store.gather()
+        net = getattr(ctx.model, "module", ctx.model)
+        ds, bench = ctx.loader.dataset, benchmark(ctx.recipe)
+        templates = resolve_templates(ctx.recipe.zeroshot.templates)
+        with eval_mode(net):
+            classifiers = {
+                s.head: text_classifier(net.encode_text, s, templates, ctx.device) for s in ds.zero_shot_classes
+            }
+        past_end: set[int] = set()
+
+        def forward(batch: dict[str, Any], x: torch.Tensor, targets: Any) -> tuple[torch.Tensor, Any, Any]:
+            past_end.update(past_end_rows(batch))
+            video = F.normalize(at_least_fp32(net.encode_video(x.to(ctx.dtype))), dim=-1)
+            scores = {h: view_logits(video, c, ctx.views) for h, c in classifiers.items()}
+            return batch["index"], scores, bench.targets(targets, ds)
+
+        (index, scores, labels), failed = gather_predictions(ctx, forward, "zero-shot", module=net)
         metrics, extra = bench.results(scores, labels)
         report: dict[str, Any] = {
             "protocol": f"{PROTOCOL}; {bench.name}: {bench.metrics_text}",
@@ -191,7 +173,7 @@ class ZeroShotTask(ContrastiveTask):
         report.update(extra)
         report.update(rows_left_out(ds, past_end, int(index.numel())))
         report["chance_top1"] = {h: 100.0 / max(1, c.shape[0]) for h, c in classifiers.items()}
-        return EvalOutcome(metrics, report, gather_failed(failed, ds), num_samples=int(index.numel()))
+        return EvalOutcome(metrics, report, failed, num_samples=int(index.numel()))
 
     def eval_line(self, metrics: dict[str, float], report: dict[str, Any] | None = None) -> str:
         """The metrics, then what the report says of the rows: left out for a bad field, past the video end."""
