@@ -64,7 +64,9 @@ class DataConfig:
     workers: int = 4
     crop_scale: list[float] = field(default_factory=lambda: [0.5, 1.0])
     crop_ratio: list[float] = field(default_factory=lambda: [0.75, 1.3333333])
-    mean_std: str = "imagenet"  # imagenet (VideoMAE) | clip (OpenAI CLIP) | openai (AVION's --norm-style openai)
+    # imagenet (VideoMAE) | clip (OpenAI CLIP) | openai (AVION's --norm-style openai): config/normalization.py;
+    # the pretrained weights' own is named at load, and a differing value said in one line (docs/models.md)
+    mean_std: str = "imagenet"
     hflip: float = 0.5
     mixup: float = 0.0
     cutmix: float = 0.0
