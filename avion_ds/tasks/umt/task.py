@@ -189,6 +189,8 @@ class UMTTask(Task):
                 is_main=dist.is_main(),
             )
         model.attach_teacher(teacher)
+        if dist.is_main():
+            print(f"{teacher.describe()} from {recipe.umt.teacher}", flush=True)
         return model
 
     def prepare_datasets(self, recipe: Recipe, *datasets: Any) -> None:

@@ -80,6 +80,14 @@ class ClipTeacher(nn.Module):
     def output_dim(self) -> int:
         return int(self.tower.proj.shape[1])
 
+    def describe(self) -> str:
+        """One start-up line: the tower, its frame size, the returned blocks and what it holds per rank."""
+        n = sum(p.numel() for p in self.parameters())
+        return (
+            f"umt teacher {self.tower.arch.name}: frozen, {self.resolution} px frames, blocks {self.index} -> "
+            f"{self.output_dim}-d, {n:,} parameters replicated on every rank (outside the optimizer)"
+        )
+
     def train(self, mode: bool = True) -> ClipTeacher:
         """Always eval mode: the teacher never trains."""
         return super().train(False)

@@ -1,0 +1,88 @@
+"""The UMT teacher's holding rule (``avion_ds.tasks.umt.teacher``): frozen, eval mode whatever the student's
+mode, outside the student's parameters, state dict and optimizer groups, unchanged by optimizer steps; and the
+task's model built from a recipe: the student's weights, its decoders, the teacher attached."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from safetensors.torch import save_file
+
+from avion_ds.engine.optim import optimizer_groups
+from avion_ds.models import create_model
+from avion_ds.tasks import build_recipe, task_of
+from tests.helpers.data import placeholder_chunks
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory: pytest.TempPathFactory) -> tuple:
+    tmp = tmp_path_factory.mktemp("umt_teacher")
+    torch.manual_seed(0)
+    teacher = tmp / "teacher.safetensors"
+    save_file({k: v.contiguous() for k, v in create_model("clip_vit_test_tiny").state_dict().items()}, str(teacher))
+    recipe = build_recipe(
+        {
+            "task": "umt",
+            "model": {"name": "vit_test_tiny", "tubelet_size": 1, "drop_path_rate": 0.1},
+            "data": {"root": str(placeholder_chunks(tmp / "chunks")), "num_frames": 4, "size": 32},
+            "umt": {
+                "teacher": str(teacher),
+                "teacher_model": "clip_vit_test_tiny",
+                "clip_input_resolution": 16,
+                "clip_return_layer": 2,
+                "mask_ratio": 0.5,
+            },
+            "precision": "fp32",
+        }
+    )
+    task = task_of(recipe)
+    return recipe, task, task.build_model(recipe, pretrained="")
+
+
+def test_the_teacher_is_frozen_and_outside_the_trained_module(built: tuple) -> None:
+    recipe, _, model = built
+    teacher = model.frozen_teacher
+    ours = {id(p) for p in model.parameters()}
+    assert not any(id(p) in ours for p in teacher.parameters())
+    assert all(not p.requires_grad for p in teacher.parameters())
+    assert not any("tower" in k or "teacher" in k for k in model.state_dict())
+    grouped = {id(p) for g in optimizer_groups(model, recipe) for p in g["params"]}
+    assert grouped == {id(p) for p in model.parameters() if p.requires_grad}
+    model.train()
+    assert not teacher.training and not teacher.tower.training
+    assert model.training
+
+
+def test_steps_train_the_student_and_leave_the_teacher(built: tuple) -> None:
+    recipe, task, model = built
+    teacher = model.frozen_teacher
+    before = {k: v.clone() for k, v in teacher.state_dict().items()}
+    student_before = {k: v.clone() for k, v in model.state_dict().items()}
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    model.train()
+    for _ in range(2):
+        batch = task.synthetic_batch(recipe, 2)
+        loss, logged = task.loss(model, batch["frames"], batch["label"], torch.float32, recipe)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        assert torch.isfinite(loss) and set(logged) == {"loss_clip"}
+    assert all(p.grad is None for p in teacher.parameters())
+    assert all(torch.equal(v, before[k]) for k, v in teacher.state_dict().items())
+    changed = [k for k, v in model.state_dict().items() if not torch.equal(v, student_before[k])]
+    assert any(k.startswith("clip_decoder.") for k in changed) and any(k.startswith("blocks.") for k in changed)
+
+
+def test_the_loaded_teacher_is_the_files_tower(built: tuple) -> None:
+    """The tower's weights are the dual encoder's video tower (positions resized to the 16 px frames)."""
+    _, _, model = built
+    teacher = model.frozen_teacher
+    torch.manual_seed(0)  # the fixture's dual encoder again
+    clip = create_model("clip_vit_test_tiny")
+    for name, p in teacher.tower.named_parameters():
+        src = dict(clip.visual.named_parameters())[name]
+        if name == "pos_embed":
+            assert p.shape == (1, 5, 64) and src.shape == (1, 17, 64)
+            assert torch.equal(p[:, 0], src[:, 0])  # the class token's entry is kept
+        else:
+            assert torch.equal(p, src), name
