@@ -68,24 +68,17 @@ def files(tmp_path: Path) -> dict:
     contrastive = {
         "task": "contrastive",
         "model": {"name": "clip_vit_test_tiny"},
-        "data": video_text
-        | {
-            "train_csv": str(ego),
-            "val_csv": str(val["csv"]),
-            "val_sentences": str(val["sentences"]),
-            "val_relevancy": str(val["relevancy"]),
-        },
+        "data": video_text | {"train_csv": str(ego), "val_csv": str(val["csv"])},
+        "epic_mir": {"val_sentences": str(val["sentences"]), "val_relevancy": str(val["relevancy"])},
         **common,
     }
     mir = {
         "task": "mir",
         "model": {"name": "clip_vit_test_tiny"},
-        "data": video_text
-        | {
-            "train_csv": str(train["csv"]),
+        "data": video_text | {"train_csv": str(train["csv"]), "val_csv": str(val["csv"])},
+        "epic_mir": {
             "train_sentences": str(train["sentences"]),
             "train_relevancy": str(train["relevancy"]),
-            "val_csv": str(val["csv"]),
             "val_sentences": str(val["sentences"]),
             "val_relevancy": str(val["relevancy"]),
         },
@@ -95,7 +88,6 @@ def files(tmp_path: Path) -> dict:
         "model": {"name": "vit_clip_test_tiny", "heads": {"action": 8}, "head_init": "avion", "drop_path_rate": 0.1},
         "data": {
             "dataset": "epic",
-            "epic_label": "action",
             "root": str(root),
             "train_csv": str(tmp_path / "epic_train.csv"),
             "val_csv": str(tmp_path / "epic_val.csv"),
@@ -105,6 +97,7 @@ def files(tmp_path: Path) -> dict:
             "mixup": 0.8,
             "cutmix": 1.0,
         },
+        "epic": {"label": "action"},
         "optim": {"name": "sgd", "lr": 3e-3, "base_batch": 8, "scale_lr_bounds": True, "min_lr": 1e-5},
         "optim_extra": None,
         "schedule": {"epochs": 2, "warmup_epochs": 1, "warmup_start_lr": 1e-6},
@@ -225,7 +218,7 @@ CASES: list[Case] = [
     ),
     ("narration_not_a_list", "train", "contrastive", [], _ego_not_a_list, [], ["data.train_csv", "ego4d_train.pkl"]),
     ("narration_short_row", "train", "contrastive", [], _ego_short_row, [], ["ego4d_train.pkl:1", "tuple"]),
-    ("aux_missing", "train", "contrastive", ["data.aux_train=[/nope/aux.pkl]"], None, [], ["data.aux_train[0]"]),
+    ("aux_missing", "train", "contrastive", ["ego4d.aux_train=[/nope/aux.pkl]"], None, [], ["ego4d.aux_train[0]"]),
     # EPIC MIR files
     (
         "relevancy_shape",
@@ -234,9 +227,9 @@ CASES: list[Case] = [
         [],
         _bad_relevancy_shape,
         [],
-        ["data.val_relevancy:", "mir_test_relevancy.pkl", "(3, 2)"],
+        ["epic_mir.val_relevancy:", "mir_test_relevancy.pkl", "(3, 2)"],
     ),
-    ("relevancy_payload", "train", "contrastive", [], _relevancy_payload, [], ["data.val_relevancy:", "os.system"]),
+    ("relevancy_payload", "train", "contrastive", [], _relevancy_payload, [], ["epic_mir.val_relevancy:", "os.system"]),
     (
         "sentences_not_utf8",
         "train",
@@ -244,10 +237,26 @@ CASES: list[Case] = [
         [],
         _sentences_latin1,
         [],
-        ["data.val_sentences:", "mir_test_sentence.csv", "not UTF-8"],
+        ["epic_mir.val_sentences:", "mir_test_sentence.csv", "not UTF-8"],
     ),
-    ("sentence_names_no_row", "train", "contrastive", [], _sentence_unknown_row, [], ["data.val_sentences:", "nope_0"]),
-    ("relevancy_without_sentences", "train", "contrastive", ["data.val_sentences="], None, [], ["data.val_sentences"]),
+    (
+        "sentence_names_no_row",
+        "train",
+        "contrastive",
+        [],
+        _sentence_unknown_row,
+        [],
+        ["epic_mir.val_sentences:", "nope_0"],
+    ),
+    (
+        "relevancy_without_sentences",
+        "train",
+        "contrastive",
+        ["epic_mir.val_sentences="],
+        None,
+        [],
+        ["epic_mir.val_sentences"],
+    ),
     ("mir_csv_not_utf8", "train", "contrastive", [], _mir_csv_latin1, [], ["data.val_csv", "mir_test.csv", "UTF-8"]),
     # MIR fine-tuning
     (
@@ -257,9 +266,17 @@ CASES: list[Case] = [
         [],
         _train_sentences_latin1,
         [],
-        ["data.train_sentences:", "mir_train_sentence.csv", "not UTF-8"],
+        ["epic_mir.train_sentences:", "mir_train_sentence.csv", "not UTF-8"],
     ),
-    ("mir_train_relevancy_shape", "train", "mir", [], _bad_train_relevancy, [], ["data.train_relevancy:", "(2, 2)"]),
+    (
+        "mir_train_relevancy_shape",
+        "train",
+        "mir",
+        [],
+        _bad_train_relevancy,
+        [],
+        ["epic_mir.train_relevancy:", "(2, 2)"],
+    ),
     ("mir_crop_scale_zero", "train", "mir", ["data.crop_scale=[0,1]"], None, [], ["data.crop_scale=[0.0, 1.0]"]),
     ("mir_temperature", "train", "mir", ["contrastive.freeze_temperature=false"], None, [], ["freeze_temperature"]),
     # CLS like AVION (SGD, action head, mixup / cutmix on clips)

@@ -12,9 +12,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from avion_ds.config import DataConfig
 from avion_ds.data import build_dataset
 from avion_ds.data.datasets import ego4d
+from avion_ds.data.datasets.registry import dataset_config
 from tests.data.test_ego4d import write_rows
 
 MIR_HEADER = "narration_id,participant_id,video_id,narration_timestamp,start_timestamp,stop_timestamp,narration\n"
@@ -61,7 +61,7 @@ def test_mir_csv_duplicates_are_kept_and_said_once(tmp_path: Path, caplog: pytes
         "m2,P01,v0,00:00:01.00,00:00:01.00,00:00:03.00,cut onion",
     ]
     csv.write_text(MIR_HEADER + "\n".join(body) + "\n")
-    cfg = DataConfig(dataset="epic_mir", root=str(root), val_csv=str(csv), num_frames=2, size=32, workers=0)
+    cfg = dataset_config("epic_mir", root=str(root), val_csv=str(csv), num_frames=2, size=32, workers=0)
     with caplog.at_level(logging.INFO):
         ds = build_dataset(cfg, "val")
     assert len(ds) == 3
@@ -82,7 +82,7 @@ def test_mir_relevancy_as_a_pickled_list_is_converted_and_said(tmp_path: Path) -
     csv.write_text(MIR_HEADER + "".join(f"m{i},P01,v0,0,00:00:0{i}.00,00:00:0{i}.50,cut {i}\n" for i in range(2)))
     sentences.write_text("id,narration\nm0,cut 0\nm1,cut 1\n")
     rel = tmp_path / "rel.pkl"
-    cfg = DataConfig(dataset="epic_mir", root=str(root), val_csv=str(csv), num_frames=2, size=32, workers=0)
+    cfg = dataset_config("epic_mir", root=str(root), val_csv=str(csv), num_frames=2, size=32, workers=0)
     cfg.val_sentences, cfg.val_relevancy = str(sentences), str(rel)
     rel.write_bytes(pickle.dumps(np.eye(2)))
     ds = build_dataset(cfg, "val")
@@ -91,4 +91,4 @@ def test_mir_relevancy_as_a_pickled_list_is_converted_and_said(tmp_path: Path) -
     ds = build_dataset(cfg, "val")
     assert isinstance(ds.mir_targets.relevancy, np.ndarray) and ds.mir_targets.relevancy.dtype == np.float64
     line = ds.startup_line()
-    assert f"data.val_relevancy: {rel}: a pickled list" in line and "converted to a float64 (2, 2) array" in line
+    assert f"epic_mir.val_relevancy: {rel}: a pickled list" in line and "converted to a float64 (2, 2) array" in line

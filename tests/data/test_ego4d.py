@@ -16,8 +16,10 @@ from avion_ds.config import ConfigError, DataConfig, Recipe
 from avion_ds.data import build_dataset
 from avion_ds.data.crop import CropBox, clip_rng
 from avion_ds.data.datasets.build import read_annotations
-from avion_ds.data.datasets.ego4d import TEXT_STREAM, Ego4dDataset
+from avion_ds.data.datasets.ego4d import TEXT_STREAM, Ego4dDataset, Ego4dKeys
+from avion_ds.data.datasets.epic_mir import EpicMirKeys
 from avion_ds.data.datasets.quarantine import row_key
+from avion_ds.data.datasets.registry import dataset_config
 from avion_ds.data.errors import DataError
 from avion_ds.data.prep.synthetic import read_frame_index
 from avion_ds.data.tokenizer import tokenize
@@ -182,7 +184,7 @@ def test_pickle_csv_jsonl_give_the_same_rows(ego_cfg, tmp_path) -> None:
 def test_aux_files_are_appended_to_train_only(ego_cfg, tmp_path) -> None:
     aux1 = write_rows(tmp_path / "narrator.pkl", [("idx", 0.0, 1.0, ["n1", "n2"]), ("idx", 1.0, 2.0, "n3")])
     aux2 = write_rows(tmp_path / "more.csv", [("idx", 3.0, 4.0, "n4")])
-    cfg = replace(ego_cfg, aux_train=[str(aux1), str(aux2)])
+    cfg = dataset_config("ego4d", **vars(ego_cfg), aux_train=[str(aux1), str(aux2)])  # the section's key
     ds = build_dataset(cfg, "train")
     assert len(ds) == len(ROWS) + 3
     assert [ds.row_where(i) for i in range(len(ROWS), len(ds))] == [(aux1, 1), (aux1, 2), (aux2, 2)]
@@ -275,17 +277,21 @@ def test_preflight_checks_the_extra_paths(ego_cfg, tmp_path) -> None:
     recipe = Recipe(data=ego_cfg)
     preflight.check_data_paths(recipe)
     assert preflight.check_data_layout(recipe) == {"train": len(ROWS), "val": len(ROWS)}
-    for change, message in (
-        ({"aux_train": [ego_cfg.train_csv, str(tmp_path / "gone.pkl")]}, "data.aux_train[1]: file not found"),
-        ({"val_root": str(tmp_path / "nowhere")}, "data.val_root: dir not found"),
-        ({"val_sentences": str(tmp_path / "s.csv")}, "data.val_relevancy is empty but its pair is set"),
+    mir_val = replace(ego_cfg, val_dataset="epic_mir")  # the MIR pair is checked for an epic_mir split
+    for data, sections, message in (
+        (ego_cfg, {"ego4d": Ego4dKeys([ego_cfg.train_csv, str(tmp_path / "gone.pkl")])}, "ego4d.aux_train[1]: file"),
+        (replace(ego_cfg, val_root=str(tmp_path / "nowhere")), {}, "data.val_root: dir not found"),
+        (mir_val, {"epic_mir": EpicMirKeys(val_sentences="s.csv")}, "epic_mir.val_relevancy is empty but its pair"),
         (
-            {"val_sentences": ego_cfg.train_csv, "val_relevancy": str(tmp_path / "r.pkl")},
-            "data.val_relevancy: file not found",
+            mir_val,
+            {"epic_mir": EpicMirKeys(val_sentences=ego_cfg.train_csv, val_relevancy=str(tmp_path / "r.pkl"))},
+            "epic_mir.val_relevancy: file not found",
         ),
     ):
+        recipe = Recipe(data=data)
+        recipe.sections.update(sections)
         with pytest.raises(ConfigError, match=message.replace("[", r"\[").replace("]", r"\]")):
-            preflight.check_data_paths(Recipe(data=replace(ego_cfg, **change)))
+            preflight.check_data_paths(recipe)
     empty = tmp_path / "empty_root"
     empty.mkdir()
     with pytest.raises(ConfigError, match="data.val_root=.* has no manifest.jsonl"):

@@ -11,11 +11,11 @@ import numpy as np
 import pytest
 import torch
 
-from avion_ds.config import DataConfig
 from avion_ds.data import build_dataset
 from avion_ds.data.crop import CropBox, clip_rng
 from avion_ds.data.datasets.build import read_annotations
 from avion_ds.data.datasets.epic_mir import CAPTION_STREAM, EpicMirDataset, load_mir_targets
+from avion_ds.data.datasets.registry import dataset_config
 from avion_ds.data.errors import DataError
 from avion_ds.data.prep.synthetic import read_frame_index
 from avion_ds.data.safe_pickle import UnsafePickle
@@ -86,8 +86,8 @@ def mir(index_chunks, tmp_path) -> dict:
     sentences.write_text("narration_id,narration\n" + "".join(f"{a},{b}\n" for a, b in SENTENCES))
     relevancy = tmp_path / "caption_relevancy_EPIC_100_retrieval_test.pkl"
     relevancy.write_bytes(pickle.dumps(RELEVANCY))
-    cfg = DataConfig(
-        dataset="epic_mir",
+    cfg = dataset_config(
+        "epic_mir",
         root=str(index_chunks),
         train_csv=str(csv_path),
         val_csv=str(csv_path),
@@ -181,7 +181,7 @@ def test_training_draws_a_relevant_caption(mir) -> None:
     assert ds.caption(1) == ("pick up knife", 1.0)  # row 1: only sentence 2 is above 0.1 (0.1 itself is not)
     with pytest.raises(DataError, match=r"EPIC_100_retrieval_test.csv:5 \(idx_2\): no sentence has relevancy > 0.1"):
         ds[2]  # CSV row 3
-    with pytest.raises(ValueError, match="data.train_relevancy is empty"):
+    with pytest.raises(ValueError, match="epic_mir.train_relevancy is empty"):
         build_dataset(replace(mir["cfg"], train_sentences=str(mir["sentences"])), "train")
 
 

@@ -18,6 +18,7 @@ from avion_ds.data import build_dataset
 from avion_ds.data import index_cache as ic
 from avion_ds.data.crop import clip_rng
 from avion_ds.data.datasets import ego4d
+from avion_ds.data.datasets.registry import dataset_config
 from avion_ds.data.errors import DataError
 from avion_ds.data.prep.manifest_index import join_path, load_manifest
 from avion_ds.data.sampling import map_to_chunks
@@ -58,7 +59,7 @@ def large(tmp_path_factory) -> tuple[Path, Path]:
 def test_generated_large_set_gives_identical_sample_span_on_random_rows(large, tmp_path) -> None:
     root, pkl = large
     aux = write_rows(tmp_path / "aux.csv", [(load_manifest(root).ids[0], 1.0, 2.5, "c aux row")])
-    cfg = DataConfig(dataset="ego4d", root=str(root), train_csv=str(pkl), aux_train=[str(aux)], num_frames=4)
+    cfg = dataset_config("ego4d", root=str(root), train_csv=str(pkl), aux_train=[str(aux)], num_frames=4)
     new = build_dataset(cfg, "train")
     old = object_dataset(new, [pkl, aux])
     assert len(old.table) == len(new.table) and old.table.uids == new.table.uids and old.table.files == new.table.files
@@ -84,9 +85,7 @@ def test_synthetic_set_gives_identical_samples(index_chunks, tmp_path) -> None:
     rows = [*ROWS, ("idx", "soon", 2.0, "x"), ("idx", 1.0, 2.0, ["a", ""]), ("missing", 1.0, 2.0, "gone")]
     pkl = write_rows(tmp_path / "train.pkl", rows)
     aux = write_rows(tmp_path / "narrator.jsonl", [("idx", 0.5, 1.5, ["n1", "n2", "n3"]), ("idx", 2.0, 2.2, "n4")])
-    cfg = DataConfig(
-        dataset="ego4d", root=str(index_chunks), train_csv=str(pkl), val_csv=str(aux), aux_train=[str(aux)]
-    )
+    cfg = dataset_config("ego4d", root=str(index_chunks), train_csv=str(pkl), val_csv=str(aux), aux_train=[str(aux)])
     cfg = replace(cfg, num_frames=4, size=32, decoder="pyav", decode_timeout_s=0.0, on_error="skip")
     for split, files in (("train", [pkl, aux]), ("val", [aux])):
         new = build_dataset(cfg, split)

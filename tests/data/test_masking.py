@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 import torch
 
-from avion_ds.config import DataConfig
 from avion_ds.data.crop import clip_rng, multi_scale_crop
+from avion_ds.data.datasets.registry import dataset_config
 from avion_ds.data.masking import MaskSpec, random_mask, running_cell_mask, tube_mask
 
 GRID = (8, 14, 14)
@@ -79,8 +79,8 @@ def test_multi_scale_crop_sizes_and_offsets() -> None:
 def test_videos_dataset_items(epic_raw, epic_chunks) -> None:
     from avion_ds.data.datasets.videos import VideosDataset
 
-    cfg = DataConfig(
-        dataset="videos",
+    cfg = dataset_config(
+        "videos",
         root=str(epic_chunks),
         num_frames=4,
         size=32,

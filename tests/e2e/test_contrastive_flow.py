@@ -71,8 +71,8 @@ def contrastive_run(tmp_path_factory: pytest.TempPathFactory) -> dict:
         f"data.root={chunks}",
         f"data.train_csv={synth / 'ego4d_train.pkl'}",
         f"data.val_csv={mir / 'EPIC_100_retrieval_test.csv'}",
-        f"data.val_sentences={mir / 'EPIC_100_retrieval_test_sentence.csv'}",
-        f"data.val_relevancy={mir / 'relevancy' / 'caption_relevancy_EPIC_100_retrieval_test.pkl'}",
+        f"epic_mir.val_sentences={mir / 'EPIC_100_retrieval_test_sentence.csv'}",
+        f"epic_mir.val_relevancy={mir / 'relevancy' / 'caption_relevancy_EPIC_100_retrieval_test.pkl'}",
     ]
     recipe = REPO / "launch" / "recipes" / "contrastive_demo_cpu.yaml"
     sets = [x for s in [*data, f"output_dir={run}"] for x in ("--set", s)]
@@ -98,7 +98,7 @@ def test_zero_shot_mir_same_on_one_and_two_ranks_and_learns(contrastive_run: dic
     best = json.loads((run / "best.json").read_text())
     csv47, rel47 = _odd_mir_split(mir, tmp)
     # one clip per forward on both: every embedding comes from the same kernels, whatever the batching
-    odd = ["--set", f"data.val_csv={csv47}", "--set", f"data.val_relevancy={rel47}", "--set", "eval.batch_size=1"]
+    odd = ["--set", f"data.val_csv={csv47}", "--set", f"epic_mir.val_relevancy={rel47}", "--set", "eval.batch_size=1"]
     one, two = tmp / "eval1.json", tmp / "eval2.json"
     _ok(run_process([*CLI, "eval", "--checkpoint", run, "--tag", "best", "--out", one, *odd]))
     evaluate = ["eval", "--checkpoint", run, "--tag", "best", "--out", two, *odd]
@@ -196,16 +196,18 @@ def _mir_recipe(path: Path, synth: Path, chunks: Path, start: Path, run: Path) -
         "data": {
             "root": str(chunks),
             "train_csv": str(mir / "EPIC_100_retrieval_train.csv"),
-            "train_sentences": str(mir / "EPIC_100_retrieval_train_sentence.csv"),
-            "train_relevancy": str(mir / "relevancy" / "caption_relevancy_EPIC_100_retrieval_train.pkl"),
             "val_csv": str(mir / "EPIC_100_retrieval_test.csv"),
-            "val_sentences": str(mir / "EPIC_100_retrieval_test_sentence.csv"),
-            "val_relevancy": str(mir / "relevancy" / "caption_relevancy_EPIC_100_retrieval_test.pkl"),
             "num_frames": 4,  # pretrained at 2: the temporal embedding is interpolated (AVION's 4 -> 16)
             "size": 32,
             "crop_scale": [0.7, 1.0],
             "workers": 1,
             "decode_timeout_s": 0.0,
+        },
+        "epic_mir": {
+            "train_sentences": str(mir / "EPIC_100_retrieval_train_sentence.csv"),
+            "train_relevancy": str(mir / "relevancy" / "caption_relevancy_EPIC_100_retrieval_train.pkl"),
+            "val_sentences": str(mir / "EPIC_100_retrieval_test_sentence.csv"),
+            "val_relevancy": str(mir / "relevancy" / "caption_relevancy_EPIC_100_retrieval_test.pkl"),
         },
         "optim": {"lr": 1.0e-3, "min_lr": 1.0e-4},  # a toy model: AVION fine-tunes at 3e-5
         "schedule": {"epochs": 10, "warmup_start_lr": 1.0e-4},

@@ -87,7 +87,7 @@ def reference(weights: dict[str, torch.Tensor], frames: torch.Tensor, tokens: to
 TASK_SETS = {
     "contrastive": ["task=contrastive"],
     # the MIR files are read by the dataset only: this script feeds its own batches
-    "mir": ["task=mir", "data.dataset=epic_mir", "data.train_sentences=unused", "data.train_relevancy=unused"],
+    "mir": ["task=mir", "data.dataset=epic_mir", "epic_mir.train_sentences=unused", "epic_mir.train_relevancy=unused"],
 }
 
 

@@ -20,7 +20,7 @@ from tests.helpers import launch
 
 REPO = Path(__file__).resolve().parents[2]
 SCRIPT = Path(__file__).with_name("clip_grad_script.py")
-MIR_FILES = ["data.train_sentences=s.csv", "data.train_relevancy=r.pkl"]
+MIR_FILES = ["epic_mir.train_sentences=s.csv", "epic_mir.train_relevancy=r.pkl"]
 
 
 # ---- the oracle: avion/losses/losses.py (zhaoyue-zephyrus/AVION @ 31b00b6, MIT licence), one process
@@ -221,8 +221,8 @@ def test_mir_defaults_are_avions() -> None:
     [
         (["data.dataset=ego4d", *MIR_FILES], "data.dataset"),
         (["data.val_dataset=ego4d", *MIR_FILES], "data.val_dataset"),
-        (["data.train_sentences=s.csv"], "data.train_relevancy"),
-        (["data.train_relevancy=r.pkl"], "data.train_sentences"),
+        (["epic_mir.train_sentences=s.csv"], "epic_mir.train_relevancy"),
+        (["epic_mir.train_relevancy=r.pkl"], "epic_mir.train_sentences"),
         (["contrastive.freeze_temperature=false", *MIR_FILES], "contrastive.freeze_temperature"),
         (["batch.global_batch=1", "batch.micro_batch=1", *MIR_FILES], "batch.global_batch"),
     ],
@@ -248,10 +248,11 @@ def test_mir_recipes_are_avions(stem: str, model: str, pretrained: str) -> None:
     assert r.model.activation_checkpointing and r.model.patch_embed == "linear" and r.model.attn_backend == "auto"
     d = r.data
     assert d.train_csv.endswith("retrieval_annotations/EPIC_100_retrieval_train.csv")
-    assert d.train_sentences.endswith("retrieval_annotations/EPIC_100_retrieval_train_sentence.csv")
-    assert d.train_relevancy.endswith("relevancy/caption_relevancy_EPIC_100_retrieval_train.pkl")
+    m = r.epic_mir
+    assert m.train_sentences.endswith("retrieval_annotations/EPIC_100_retrieval_train_sentence.csv")
+    assert m.train_relevancy.endswith("relevancy/caption_relevancy_EPIC_100_retrieval_train.pkl")
     assert d.val_csv.endswith("EPIC_100_retrieval_test.csv")
-    assert d.val_relevancy.endswith("caption_relevancy_EPIC_100_retrieval_test.pkl")
+    assert m.val_relevancy.endswith("caption_relevancy_EPIC_100_retrieval_test.pkl")
     assert (d.num_frames, d.fps, d.mean_std, d.crop_scale, d.hflip) == (16, 0.0, "openai", [0.5, 1.0], 0.0)
     o, s = r.optim, r.schedule
     assert (o.lr, o.scale_lr, o.min_lr, o.weight_decay, o.betas, o.eps, o.clip_grad, o.no_decay) == (

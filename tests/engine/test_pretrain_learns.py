@@ -53,9 +53,9 @@ def test_tiny_videomae_beats_predict_zero_on_a_held_out_video(tmp_path: Path) ->
             "decoder": "decord",
             "workers": 1,
             "decode_timeout_s": 0.0,
-            "clips_per_video": 64,
             "hflip": 0.0,
         },
+        "videos": {"clips_per_video": 64},
         "pretrain": {"mask_type": "tube", "mask_ratio": 0.9},
         "optim": {"lr": 2e-3, "base_batch": 16, "betas": [0.9, 0.95]},
         "schedule": {"epochs": 40, "warmup_epochs": 2},  # 40 x 12 = 480 steps

@@ -21,5 +21,5 @@ def test_recipe_loads_and_builds(path: Path) -> None:
         cfg = build_ds_config(ds, recipe, world_size=world, steps_per_epoch=100)
         assert cfg["train_batch_size"] == recipe.batch.global_batch
     if recipe.data.dataset == "epic":
-        want = {"action"} if recipe.data.epic_label == "action" else {"verb", "noun"}
+        want = {"action"} if recipe.epic.label == "action" else {"verb", "noun"}
         assert set(recipe.model.heads or {}) == want

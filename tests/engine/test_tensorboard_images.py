@@ -129,7 +129,8 @@ def _pretrain_recipe(tmp: Path, data: dict, **extra: object) -> Path:
         "task": "pretrain",
         "model": {"name": "pretrain_videomae_test_tiny"},
         "data": {"root": str(data["root"]), "num_frames": 4, "size": 32, "workers": 0, "stride": 2}
-        | {"clips_per_video": 2, "decoder": "decord", **QUICK_DATA},
+        | {"decoder": "decord", **QUICK_DATA},
+        "videos": {"clips_per_video": 2},
         "pretrain": {"mask_ratio": 0.5, "decoder_mask_type": "running_cell", "decoder_mask_ratio": 0.5},
         "optim": {"lr": 1e-3, "base_batch": 4},
         "schedule": {"epochs": 1, "warmup_epochs": 0.5, "steps_per_epoch": 2},

@@ -369,10 +369,10 @@ CASES: list[tuple[str, list[str], Callable | None, Callable | None, list[str], l
         ["optimizer.params.betas=[0.9, 0.99]", "SGD has no betas"],
     ),
     # EPIC's one action head (AVION's verb:noun ids over train + val: 8 pairs in the fixture's CSVs)
-    ("epic_label_choice", ["data.epic_label=actions"], None, None, [], ["data.epic_label='actions'", "verb_noun"]),
+    ("epic_label_choice", ["epic.label=actions"], None, None, [], ["epic.label='actions'", "verb_noun"]),
     (
         "action_head_size",
-        ["data.epic_label=action", "model.heads={action: 12}"],
+        ["epic.label=action", "model.heads={action: 12}"],
         None,
         None,
         [],

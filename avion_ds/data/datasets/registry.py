@@ -215,7 +215,7 @@ def dataset_config(name: str, **keys: Any) -> DataConfig:
     own = spec.section(**{k: v for k, v in keys.items() if k not in data_names}) if spec.section else None
     if own is None and len(data) != len(keys):
         raise TypeError(f"dataset {name!r} has no keys {sorted(set(keys) - data_names)}")
-    return view_config(DataConfig(dataset=name, **data), spec, {name: own} if own is not None else None)
+    return view_config(DataConfig(**{**data, "dataset": name}), spec, {name: own} if own is not None else None)
 
 
 def section_value(sections: Mapping[str, Any], dotted: str) -> Any:
