@@ -2,7 +2,8 @@
 
 Frames cross the DataLoader as uint8 (T, H, W, C); here, on the GPU (or CPU), they become float
 (B, C, T, H, W): resize if the decoder did not produce ``cfg.size``, scale + normalise
-(:data:`avion_ds.config.normalization.MEAN_STD`: ImageNet, OpenAI-CLIP or AVION's "openai" statistics), random horizontal flip (training), random erasing (``cfg.reprob``,
+(:data:`avion_ds.config.normalization.MEAN_STD`: ImageNet, OpenAI-CLIP or AVION's "openai" statistics),
+random horizontal flip (training), random erasing (``cfg.reprob``,
 :class:`~avion_ds.data.erasing.ClipErasing` in pixel mode: one box per clip erased on every frame,
 each view of a repeated sample drawn anew, as VideoMAE's fine-tuning does), then mixup/cutmix with label smoothing
 through timm's ``Mixup`` (training, when ``cfg.mixup`` or ``cfg.cutmix`` > 0). Videos are mixed as

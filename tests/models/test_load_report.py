@@ -12,6 +12,7 @@ import torch
 
 from avion_ds.config.normalization import MEAN_STD, mean_std_mismatch
 from avion_ds.models import create_model, load_weights
+from avion_ds.models.weights.hf_config import declared_mean_std
 from avion_ds.models.weights.loading import REPORT_NAME, load_and_report
 from avion_ds.tasks import build_recipe
 from avion_ds.tasks.finetune.task import FinetuneTask
@@ -144,3 +145,23 @@ def test_recipe_mean_std_differing_from_the_weights_is_said_in_one_line(
     assert mismatch == ([want] if said else [])
     assert any("mean/std openai (AVION's openai" in ln for ln in lines)
     assert json.loads((tmp_path / "run" / REPORT_NAME).read_text())["mean_std"] == "openai"
+
+
+def test_files_beside_the_weights_state_their_normalisation(tmp_path: Path) -> None:
+    """A Hugging Face directory's preprocessor_config.json and a run directory's recipe.yaml name the
+    statistics more precisely than the format: the report takes theirs and says so in a note."""
+    (mean, std), hf_dir = MEAN_STD["openai"], tmp_path / "hf"
+    hf_dir.mkdir()
+    torch.save(to_hf(create_model("vit_test_tiny")), hf_dir / "pytorch_model.bin")
+    (hf_dir / "preprocessor_config.json").write_text(json.dumps({"image_mean": mean, "image_std": std}))
+    report = load_weights(create_model("vit_test_tiny"), hf_dir)
+    assert report.format == "hf" and report.mean_std == "openai"
+    assert "mean/std openai as stated beside the weights (the format's: imagenet)" in report.notes
+    assert declared_mean_std(hf_dir / "pytorch_model.bin") == "openai"
+    (hf_dir / "preprocessor_config.json").write_text(json.dumps({"image_mean": [0.5] * 3, "image_std": [0.5] * 3}))
+    assert declared_mean_std(hf_dir) is None  # statistics of no row: the format's stand
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "recipe.yaml").write_text("data:\n  mean_std: clip\n")
+    assert declared_mean_std(run) == "clip" and declared_mean_std({"w": torch.zeros(1)}) is None
+    assert declared_mean_std(run / "weights.safetensors") is None  # a file: only a processor config beside it

@@ -18,6 +18,7 @@ import torch
 from safetensors.torch import load_file
 from torch import nn
 
+from avion_ds.models.weights.hf_config import declared_mean_std
 from avion_ds.models.weights.report import LoadReport
 from avion_ds.storage.run_dir import consolidate
 from avion_ds.storage.safe_load import UntrustedCheckpoint, load_checkpoint_file
@@ -86,12 +87,20 @@ def prepare_state_dict(
     """Read ``source`` and map / resize it to ``model``'s names and shapes through the model's own
     ``prepare_checkpoint`` (its family's weight adapter); nothing is loaded yet (``load_weights`` loads it,
     into a plain or a ZeRO-3 partitioned model; the start-up shape check runs it on shapes alone). A model
-    without one is refused in one line. ``kinetics_head``: the model is trained on Kinetics, so a 710-row head becomes its 400 / 600 / 700
-    rows by the label map (VideoMAE V2; video ViT classifiers only)."""
+    without one is refused in one line. The report's ``mean_std`` is the format's, or what the files beside
+    ``source`` state (``hf_config.declared_mean_std``). ``kinetics_head``: the model is trained on Kinetics,
+    so a 710-row head becomes its 400 / 600 / 700 rows by the label map (VideoMAE V2; video ViT classifiers
+    only)."""
     own = getattr(model, "prepare_checkpoint", None)
     if not callable(own):
         raise TypeError(
             f"pretrained weights load into a VideoViT or a VideoMAEPretrain, got {type(model).__name__} "
             "(load before deepspeed.initialize, into the bare model)"
         )
-    return own(source, trust, kinetics_head=kinetics_head)
+    sd, report = own(source, trust, kinetics_head=kinetics_head)
+    declared = declared_mean_std(source)  # the files beside the weights say more than their format
+    if declared is not None and declared != report.mean_std:
+        theirs = f" (the format's: {report.mean_std})" if report.mean_std else ""
+        report.notes.append(f"mean/std {declared} as stated beside the weights{theirs}")
+        report.mean_std = declared
+    return sd, report
