@@ -44,10 +44,10 @@ def load_weights(
     each through its own ``prepare_checkpoint``; built plainly or under ``zero.Init`` (then collective:
     every rank calls, rank 0 reads). ``strict=True`` raises listing missing / unexpected / dropped keys; a
     load covering less than ``MIN_BACKBONE_MATCH`` of the backbone (:mod:`~avion_ds.models.weights.report`)
-    is logged at ERROR level (``coverage_check=False``: a caller that
-    reports coverage itself, :func:`load_and_report`). ``trust`` allows full unpickling of a file that
-    pickles more than weights; ``kinetics_head``: a 710-row head becomes the model's Kinetics-400 / 600 /
-    700 rows by the label map (video ViT classifiers). Call before ``deepspeed.initialize``."""
+    is logged at ERROR level (``coverage_check=False``: a caller that reports coverage itself,
+    :func:`load_and_report`). ``trust`` allows full unpickling of a file that pickles more than weights;
+    ``kinetics_head``: a 710-row head becomes the model's Kinetics-400 / 600 / 700 rows by the label map
+    (video ViT classifiers). Call before ``deepspeed.initialize``."""
     if is_partitioned_model(model):
         report = load_partitioned(model, source, trust, kinetics_head=kinetics_head)
     else:
