@@ -1,6 +1,6 @@
 """`task: umt` end to end on one CPU process: `avion-ds train` with launch/recipes/umt_demo_cpu.yaml (its teacher
 a tiny dual encoder's weights, the synthetic videos of tests/engine/conftest.py) for 2 optimizer steps and a
-validation, then fine-tuning starts from the run directory and from its `avion-ds export` file with the whole
+validation under ZeRO-0 and ZeRO-3 (the same fp32 losses), then fine-tuning starts from the run directory and from its `avion-ds export` file with the whole
 backbone matched. The teacher stays out of the checkpoint."""
 
 from __future__ import annotations
@@ -21,17 +21,10 @@ pytestmark = pytest.mark.multiprocess
 CLI = [sys.executable, "-m", "avion_ds.cli"]
 
 
-@pytest.fixture(scope="module")
-def umt_run(tiny_epic: dict, tmp_path_factory: pytest.TempPathFactory) -> dict:
-    from avion_ds.models import create_model
-
-    tmp = tmp_path_factory.mktemp("umt")
-    torch.manual_seed(0)
-    teacher = tmp / "teacher.safetensors"
-    save_file({k: v.contiguous() for k, v in create_model("clip_vit_test_tiny").state_dict().items()}, str(teacher))
-    run = tmp / "run"
+def _train(data: dict, teacher: Path, run: Path, stage: int) -> str:
+    """`avion-ds train` of the demo recipe for 2 steps on one process under ZeRO ``stage``; its log."""
     sets = {
-        "data.root": tiny_epic["root"],
+        "data.root": data["root"],
         "data.workers": 0,
         "data.decode_timeout_s": 0,
         "umt.teacher": teacher,
@@ -48,13 +41,28 @@ def umt_run(tiny_epic: dict, tmp_path_factory: pytest.TempPathFactory) -> dict:
         "logging.log_every": 1,
     }
     cmd = [*CLI, "train", "--config", REPO / "launch" / "recipes" / "umt_demo_cpu.yaml"]
-    cmd += ["--deepspeed_config", REPO / "ds_configs" / "zero0.json"]
+    cmd += ["--deepspeed_config", REPO / "ds_configs" / f"zero{stage}.json"]
     for k, v in sets.items():
         cmd += ["--set", f"{k}={v}"]
     proc = run_process(cmd, env=engine_env(), timeout=600)
     log = proc.stdout + proc.stderr
     assert proc.returncode == 0, log[-5000:]
-    return {"tmp": tmp, "run": run, "log": log, "data": tiny_epic}
+    return log
+
+
+@pytest.fixture(scope="module")
+def umt_run(tiny_epic: dict, tmp_path_factory: pytest.TempPathFactory) -> dict:
+    from avion_ds.models import create_model
+
+    tmp = tmp_path_factory.mktemp("umt")
+    torch.manual_seed(0)
+    teacher = tmp / "teacher.safetensors"
+    save_file({k: v.contiguous() for k, v in create_model("clip_vit_test_tiny").state_dict().items()}, str(teacher))
+    runs, log = {}, ""
+    for stage in (0, 3):  # ZeRO-3: the student built partitioned, the teacher beside it
+        runs[stage] = tmp / f"run_z{stage}"
+        log += _train(tiny_epic, teacher, runs[stage], stage)
+    return {"tmp": tmp, "run": runs[0], "z3": runs[3], "log": log, "data": tiny_epic}
 
 
 def test_two_steps_and_a_validation(umt_run: dict) -> None:
@@ -66,6 +74,16 @@ def test_two_steps_and_a_validation(umt_run: dict) -> None:
         assert r["loss"] == pytest.approx(r["loss_clip"], rel=1e-6) and 0.0 < r["loss_clip"] < 4.0, r
     metrics = json.loads((run / "metrics.json").read_text())
     assert 0.0 < metrics["umt_loss"] < 4.0 and -1.0 <= metrics["umt_cos"] <= 1.0, metrics
+    assert "umt teacher clip_vit_test_tiny: frozen, 16 px frames, blocks [1, 0] -> 16-d" in umt_run["log"]
+
+
+def test_zero3_computes_the_same_losses(umt_run: dict) -> None:
+    """fp32: the partitioned student (its init gathered) and the replicated teacher give ZeRO-0's losses."""
+    ref, got = losses(umt_run["run"]), losses(umt_run["z3"])
+    assert sorted(got) == sorted(ref) == [1, 2]
+    for step in ref:
+        assert abs(got[step] - ref[step]) <= 1e-5 * abs(ref[step]), (got, ref)
+    assert "| ZeRO-3 |" in umt_run["log"]
 
 
 def test_the_teacher_stays_out_of_the_checkpoint(umt_run: dict) -> None:
