@@ -15,7 +15,7 @@ from __future__ import annotations
 from typing import Any
 
 from avion_ds.config import Recipe
-from avion_ds.data.augment import MEAN_STD
+from avion_ds.config.normalization import MEAN_STD
 from avion_ds.data.datasets.build import split_view
 
 RESAMPLE = {"bilinear": 2, "bicubic": 3}  # PIL's codes, as transformers' image processors store them

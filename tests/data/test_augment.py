@@ -8,7 +8,8 @@ import pytest
 import torch
 
 from avion_ds.config import DataConfig
-from avion_ds.data.augment import MEAN_STD, DeviceAugment
+from avion_ds.config.normalization import MEAN_STD
+from avion_ds.data.augment import DeviceAugment
 from avion_ds.data.datasets.views import aggregate_views, split_views
 
 CFG = DataConfig(size=8, hflip=0.0, mixup=0.0, cutmix=0.0, label_smoothing=0.1)

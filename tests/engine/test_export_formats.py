@@ -15,7 +15,7 @@ from safetensors.torch import load_file
 
 from avion_ds import cli
 from avion_ds.config import recipe_from_dict, save_recipe
-from avion_ds.data.augment import MEAN_STD
+from avion_ds.config.normalization import MEAN_STD
 from avion_ds.models import create_model, load_weights
 from avion_ds.models.clip.export import save_open_clip, to_avion_checkpoint
 from avion_ds.models.mae.hf import probe_mask

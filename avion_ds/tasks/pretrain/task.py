@@ -20,7 +20,7 @@ import torch
 from torch import nn
 
 from avion_ds.config import ConfigError
-from avion_ds.data.augment import MEAN_STD
+from avion_ds.config.normalization import MEAN_STD
 from avion_ds.data.datasets.build import dataset_spec, split_view
 from avion_ds.data.datasets.registry import names_of_kind
 from avion_ds.data.masking import MaskSpec
