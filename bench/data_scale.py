@@ -65,8 +65,10 @@ from avion_ds.data.sampling import segment_span
 
 def _config(root: Path, pkl: Path):
     from avion_ds.config import DataConfig
+    from avion_ds.data.datasets.registry import lookup, view_config
 
-    return DataConfig(dataset="ego4d", root=str(root), train_csv=str(pkl), num_frames=4, decoder="pyav")
+    cfg = DataConfig(dataset="ego4d", root=str(root), train_csv=str(pkl), num_frames=4, decoder="pyav")
+    return view_config(cfg, lookup("ego4d"))  # with Ego4D's own keys (ego4d.aux_train)
 
 
 def _dataset(path: str, root: Path, pkl: Path):

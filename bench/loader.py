@@ -145,6 +145,7 @@ def part_paths(a, work: Path, cfg, entry, csv_path: Path) -> None:
     }
     helper_cpu = {"default recipe (auto + timeout helper)": lambda: default.decoder.helper_cpu_s}
     backends = available_backends(cuda=True)  # torchcodec-cuda joins where a GPU exists
+    backends = [b for b in backends if not a.backends or b in a.backends.split(",")]
     floors, helpers = {}, {}
     for b in backends:
         ds = build_dataset(replace(cfg, decoder=b, decode_timeout_s=0.0), "train")
@@ -331,7 +332,7 @@ def main(argv: list[str] | None = None) -> int:
         help="comma-separated: paths, scaling, encode, helpercpu, helperab, floorab, faults",
     )
     p.add_argument("--workdir", default=None, help="keep files here (default: a temp dir, removed)")
-    p.add_argument("--backends", default=None, help="comma-separated: only these backends in the A/B parts")
+    p.add_argument("--backends", default=None, help="comma-separated: only these backends in paths and the A/B parts")
     p.add_argument(
         "--cpu",
         type=int,

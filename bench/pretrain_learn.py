@@ -27,6 +27,7 @@ import torch
 
 from avion_ds.config import DataConfig
 from avion_ds.data import DeviceAugment, build_dataset
+from avion_ds.data.datasets.videos import VideosKeys
 from avion_ds.data.masking import MaskSpec
 from avion_ds.engine.optim import param_groups
 from avion_ds.models import create_model
@@ -118,13 +119,14 @@ def pretrain(args: argparse.Namespace, root: Path) -> tuple[torch.nn.Module, dic
         size=32,
         decoder="decord",
         workers=0,
-        clips_per_video=args.clips_per_video,
         hflip=0.0,
     )
     model = create_model("pretrain_videomae_test_tiny", decoder_dim=64, **ENCODER)
     spec = MaskSpec(model.arch.encoder.grid, args.mask_type, args.mask_ratio).validate()
     aug = DeviceAugment(cfg, 0, train=False)
-    train, val = build_dataset(cfg, "train", seed=args.seed), build_dataset(cfg, "val", seed=args.seed)
+    own = {"videos": VideosKeys(clips_per_video=args.clips_per_video)}  # the videos dataset's own section
+    train = build_dataset(cfg, "train", seed=args.seed, sections=own)
+    val = build_dataset(cfg, "val", seed=args.seed, sections=own)
     train.masks = val.masks = spec
     xt, _ = cache(train, aug)
     xv, vlabels = cache(val, aug)
