@@ -165,3 +165,30 @@ def test_files_beside_the_weights_state_their_normalisation(tmp_path: Path) -> N
     (run / "recipe.yaml").write_text("data:\n  mean_std: clip\n")
     assert declared_mean_std(run) == "clip" and declared_mean_std({"w": torch.zeros(1)}) is None
     assert declared_mean_std(run / "weights.safetensors") is None  # a file: only a processor config beside it
+
+
+def test_partitioned_load_reads_the_same_report(
+    one_rank: None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A ZeRO-3 partitioned model through the same entry point: a same-size safetensors file read from its
+    header, the coverage on logical sizes and the normalisation stated beside it, as a plain load gives."""
+    import torch.nn.functional as F
+    from safetensors.torch import save_file
+
+    from avion_ds.distributed import dist
+    from avion_ds.models.partition import is_partitioned_model, partitioned_construction
+
+    monkeypatch.setattr(F, "linear", F.linear)  # zero.Init leaves its own linear in place; torch's back after
+    dist.init()
+    sd = create_model("vit_test_tiny", num_classes=3).state_dict()
+    path = tmp_path / "model.safetensors"
+    save_file({k: v.contiguous() for k, v in sd.items() if not k.startswith("blocks.1.")}, str(path))
+    mean, std = MEAN_STD["clip"]
+    (tmp_path / "preprocessor_config.json").write_text(json.dumps({"image_mean": mean, "image_std": std}))
+    plain = load_weights(create_model("vit_test_tiny", num_classes=3), path)
+    with partitioned_construction({"train_micro_batch_size_per_gpu": 1, "zero_optimization": {"stage": 3}}):
+        part = create_model("vit_test_tiny", num_classes=3)
+    assert is_partitioned_model(part)
+    report = load_weights(part, path)
+    assert report.summary() == plain.summary() and report.mean_std == "clip"
+    assert (report.matched, report.total) == (plain.matched, plain.total) and report.coverage < 0.9

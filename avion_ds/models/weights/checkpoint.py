@@ -98,9 +98,15 @@ def prepare_state_dict(
             "(load before deepspeed.initialize, into the bare model)"
         )
     sd, report = own(source, trust, kinetics_head=kinetics_head)
-    declared = declared_mean_std(source)  # the files beside the weights say more than their format
+    take_declared_mean_std(report, source)
+    return sd, report
+
+
+def take_declared_mean_std(report: LoadReport, source: Any) -> None:
+    """The normalisation the files beside ``source`` state, over the format's, with a note saying so (they
+    say more than the format: ``hf_config.declared_mean_std``)."""
+    declared = declared_mean_std(source)
     if declared is not None and declared != report.mean_std:
         theirs = f" (the format's: {report.mean_std})" if report.mean_std else ""
         report.notes.append(f"mean/std {declared} as stated beside the weights{theirs}")
         report.mean_std = declared
-    return sd, report

@@ -23,7 +23,7 @@ from torch import nn
 
 from avion_ds.distributed.dist import broadcast_object, rank
 from avion_ds.models.partition import full_shape, gathered
-from avion_ds.models.weights.checkpoint import prepare_state_dict
+from avion_ds.models.weights.checkpoint import prepare_state_dict, take_declared_mean_std
 from avion_ds.models.weights.report import LoadReport
 from avion_ds.storage.safetensors_stream import SafetensorsReader
 
@@ -55,6 +55,7 @@ def _prepare_lazy(
     sd, report = prepare_state_dict(model, meta, kinetics_head=kinetics_head)
     if any(id(v) not in origin for v in sd.values()):
         return None  # something was converted: needs the values (one full read on rank 0)
+    take_declared_mean_std(report, source)  # read from the header alone: what the files beside it state
     return _LazyStateDict({k: origin[id(v)] for k, v in sd.items()}, reader), report
 
 
