@@ -187,6 +187,7 @@ class UMTTask(Task):
                 trust=m.trust_checkpoint,
                 run_dir=run_dir,
                 is_main=dist.is_main(),
+                mean_std=recipe.data.mean_std,
             )
         model.attach_teacher(teacher)
         if dist.is_main():
