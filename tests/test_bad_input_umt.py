@@ -30,6 +30,7 @@ def files(tmp_path: Path) -> dict:
     root = placeholder_chunks(tmp_path / "chunks")
     teacher = _save(create_model("clip_vit_test_tiny"), tmp_path / "teacher.safetensors")
     vit = _save(create_model("vit_test_tiny"), tmp_path / "vit.safetensors")
+    torch.save({"state_dict": create_model("clip_vit_test_tiny").state_dict(), "hook": print}, tmp_path / "payload.pt")
     recipe = {
         "task": "umt",
         "model": {"name": "vit_test_tiny", "tubelet_size": 1},
@@ -54,6 +55,7 @@ def files(tmp_path: Path) -> dict:
 # (id, --set overrides ("{vit}" / "{tmp}": the fixture's paths), substrings the line must hold)
 CASES: list[tuple[str, list[str], list[str]]] = [
     ("teacher_not_clip", ["umt.teacher={vit}"], ["umt.teacher=", "vit.safetensors", "not a CLIP visual tower"]),
+    ("teacher_untrusted", ["umt.teacher={tmp}/payload.pt"], ["umt.teacher=", "payload.pt", "builtins.print"]),
     ("teacher_missing", ["umt.teacher={tmp}/nope.pt"], ["umt.teacher=", "nope.pt"]),
     ("teacher_unset", ["umt.teacher="], ["umt.teacher is required"]),
     (

@@ -130,6 +130,8 @@ def load_tower(tower: nn.Module, source: str | Path, trust: bool) -> None:
     key = f"umt.teacher={source}"
     try:
         sd, report = tower.prepare_checkpoint(str(source), trust)
+    except ConfigError as e:  # a pickle of objects outside the safe loader's allowlist
+        raise ConfigError(f"{key}: {e}") from None
     except (OSError, ValueError) as e:
         raise ConfigError(f"{key}: {(str(e).strip().splitlines() or [type(e).__name__])[0]}") from None
     if report.format != DUAL_ENCODER:
