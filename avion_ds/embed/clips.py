@@ -107,7 +107,7 @@ def list_clips(
     bad: list[str] = []
     for key, start, end, text in spans:
         try:
-            entry = lookup(index, key, chunked)
+            entry = video_entry(index, key, chunked)
         except DataError as e:
             bad.append(f"{key}: {e}")
             continue
@@ -126,7 +126,7 @@ def list_clips(
     return video_root, chunked, clips, texts
 
 
-def lookup(index: VideoIndex, key: str, chunked: bool) -> VideoEntry:
+def video_entry(index: VideoIndex, key: str, chunked: bool) -> VideoEntry:
     """The video ``key`` names: a manifest id / file stem, or (a folder of videos) its path under the root."""
     return index.by_id(key) if chunked or "/" not in key and index.exists(key) else index.by_path(key)
 
@@ -147,7 +147,7 @@ class WindowDataset(VideoClipDataset):
         return f"{video} [{start:.2f}, {end:.2f}] s"
 
     def entry(self, i: int) -> VideoEntry:
-        return lookup(self.index, self.clips[i][0], self.cfg.chunked)
+        return video_entry(self.index, self.clips[i][0], self.cfg.chunked)
 
     def frame_span(self, i: int) -> tuple[VideoEntry, int, int]:
         entry = self.entry(i)

@@ -162,7 +162,7 @@ def arch_info(model: nn.Module | str, frames: int | None = None, size: int | Non
 # ----------------------------------------------------------------------------------------------
 # activations
 # ----------------------------------------------------------------------------------------------
-def checkpointed_blocks(depth: int, checkpointing: bool | int, first_n: int | None = None) -> int:
+def count_checkpointed_blocks(depth: int, checkpointing: bool | int, first_n: int | None = None) -> int:
     """How many blocks ``apply_activation_checkpointing(every=k, first_n)`` wraps: blocks i with
     i % k == 0 among the first ``first_n`` (all when None). ``checkpointing`` False/0 = none, True = 1."""
     if not checkpointing:
@@ -175,7 +175,7 @@ def checkpointed_blocks(depth: int, checkpointing: bool | int, first_n: int | No
 
 
 def selected_blocks(depth: int, checkpointing: bool | int, first_n: int | None = None) -> set[int]:
-    """The block indices ``checkpointed_blocks`` counts."""
+    """The block indices ``count_checkpointed_blocks`` counts."""
     if not checkpointing:
         return set()
     every = 1 if checkpointing is True else int(checkpointing)
@@ -247,7 +247,7 @@ def activation_bytes_per_clip(
     if info.patch_dropout > 0:  # training keeps this many patch tokens (models/vit/model.py drop_patches)
         patches = max(1, int(patches * (1 - info.patch_dropout)))
     tokens = patches + (1 if info.pool == "cls" else 0)
-    c = checkpointed_blocks(info.depth, checkpointing, first_n)
+    c = count_checkpointed_blocks(info.depth, checkpointing, first_n)
     block = block_activation_bytes(info, tokens, s, backend)
     d = info.embed_dim
     ckpt = checkpointed_block_bytes(info, tokens, s, backend, policy)
@@ -285,7 +285,7 @@ def text_activation_bytes(
     (4 bytes once per batch, counted in every clip's share).
     """
     n, d = text.context, text.embed_dim
-    c = checkpointed_blocks(text.depth, checkpointing, first_n)
+    c = count_checkpointed_blocks(text.depth, checkpointing, first_n)
     blocks = (text.depth - c) * block_activation_bytes(text, n, s, backend)
     blocks += c * checkpointed_block_bytes(text, n, s, backend, policy)
     pooled = 8 * n + 2 * 8 + d * s + 2 * s + (d * s if text.proj_dim else 0)

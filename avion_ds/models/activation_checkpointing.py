@@ -206,6 +206,8 @@ def remove_activation_checkpointing(model: nn.Module) -> nn.Module:
     return model
 
 
-def checkpointed_blocks(model: nn.Module) -> dict[int, str]:
-    """{block index: impl} for the blocks currently checkpointed."""
+def checkpoint_policies(model: nn.Module) -> dict[int, str]:
+    """{block index: policy} of the blocks currently checkpointed (the policy ``apply_activation_checkpointing``
+    wrapped each with, e.g. ``"torch"``, ``"torch:selective"``); the memory estimate counts them with
+    :func:`~avion_ds.memory.estimate.count_checkpointed_blocks`."""
     return {i: getattr(b, _ATTR) for i, b in enumerate(getattr(model, "blocks", [])) if hasattr(b, _ATTR)}

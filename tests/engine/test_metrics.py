@@ -4,11 +4,17 @@ from __future__ import annotations
 
 import os
 
+import numpy as np
 import pytest
 import torch
 import torch.multiprocessing as mp
 
-from avion_ds.tasks.common.classification_metrics import action_topk_correct, compute_metrics, mean_class_accuracy
+from avion_ds.tasks.common.action_head_metrics import confusion_mean_accuracy_percent
+from avion_ds.tasks.common.classification_metrics import (
+    action_topk_correct,
+    compute_metrics,
+    target_classes_mean_recall,
+)
 from avion_ds.tasks.common.predictions import PredictionStore, aggregate_outputs, dedupe, per_sample_records
 from tests.helpers import free_port
 
@@ -28,7 +34,18 @@ def test_top1_top5_mean_class() -> None:
     ranked = torch.tensor([[6.0, 5, 4, 3, 2, 1]])
     assert compute_metrics(ranked, torch.tensor([5]))["top5"] == 0.0
     assert compute_metrics(ranked, torch.tensor([4]))["top5"] == 100.0
-    assert mean_class_accuracy(scores, target) == pytest.approx(0.5)
+    assert target_classes_mean_recall(scores, target) == pytest.approx(0.5)
+
+
+def test_the_two_mean_class_accuracies_differ_on_a_class_only_predicted() -> None:
+    """Classification's ``mean_class`` averages over the target classes (a fraction; sklearn's balanced
+    accuracy); AVION's / LaViLa's ``get_mean_accuracy`` over targets and predictions (percent)."""
+    target, pred = [0, 0, 1, 1], [0, 0, 1, 5]  # class 5 is only predicted
+    fraction = target_classes_mean_recall(_onehot_scores(pred, 6), torch.tensor(target))
+    assert fraction == pytest.approx((1.0 + 0.5) / 2)  # classes {0, 1}
+    assert confusion_mean_accuracy_percent(np.array(target), np.array(pred)) == pytest.approx(
+        100 * (1.0 + 0.5 + 0.0) / 3  # classes {0, 1, 5}
+    )
 
 
 def test_epic_action_needs_both_right() -> None:

@@ -23,7 +23,7 @@ from avion_ds.data.datasets.egocentric import (
     read_charades_classes,
     read_egtea_classes,
 )
-from avion_ds.tasks.common.action_head_metrics import mean_class_accuracy, overall_accuracy
+from avion_ds.tasks.common.action_head_metrics import confusion_mean_accuracy_percent, overall_accuracy
 from avion_ds.tasks.zero_shot.classes import (
     ClassSet,
     charades_map,
@@ -125,7 +125,7 @@ def test_mean_class_accuracy_equals_lavila_on_sklearn_confusion(seed: int) -> No
     target = rng.integers(0, 6, 40)
     pred = np.where(rng.random(40) < 0.5, target, rng.integers(0, 9, 40))  # classes 6-8 only ever predicted
     pred[0] = 8
-    ours = mean_class_accuracy(target, pred), overall_accuracy(target, pred)
+    ours = confusion_mean_accuracy_percent(target, pred), overall_accuracy(target, pred)
     ref = ref_get_mean_accuracy(ref_confusion_matrix(target, pred))
     assert ours == pytest.approx(ref, abs=1e-9)
 
@@ -133,7 +133,9 @@ def test_mean_class_accuracy_equals_lavila_on_sklearn_confusion(seed: int) -> No
 def test_mean_class_accuracy_counts_a_class_only_predicted_as_zero() -> None:
     target, pred = np.array([0, 0, 1, 1]), np.array([0, 0, 1, 5])
     # classes {0, 1, 5}: 1.0, 0.5, 0.0 -> 50 (the mean over target classes alone would be 75)
-    assert (mean_class_accuracy(target, pred), overall_accuracy(target, pred)) == pytest.approx((50.0, 75.0))
+    assert (confusion_mean_accuracy_percent(target, pred), overall_accuracy(target, pred)) == pytest.approx(
+        (50.0, 75.0)
+    )
 
 
 @pytest.mark.parametrize("levels", [0, 3])

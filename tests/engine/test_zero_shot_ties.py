@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from avion_ds.tasks.common.action_head_metrics import mean_class_accuracy
+from avion_ds.tasks.common.action_head_metrics import confusion_mean_accuracy_percent
 from avion_ds.tasks.zero_shot.benchmarks import head_accuracies, ranked_classes
 
 
@@ -41,7 +41,7 @@ def test_tied_scores_rank_top1_and_top5_from_one_ordering(seed: int, classes: in
     ref1, ref5 = ref_accuracy(scores, target, (1, 5))
     assert (m["top1"], m["top5"]) == (pytest.approx(ref1), pytest.approx(ref5))
     pred = scores.topk(5, 1, True, True).indices[:, 0]
-    assert m["mean_class"] == pytest.approx(mean_class_accuracy(target.numpy(), pred.numpy()))
+    assert m["mean_class"] == pytest.approx(confusion_mean_accuracy_percent(target.numpy(), pred.numpy()))
 
 
 def test_all_zero_scores_top1_hits_are_top5_hits() -> None:

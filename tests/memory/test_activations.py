@@ -33,7 +33,7 @@ def test_checkpointing_keeps_only_block_inputs_and_leaves_model_untouched():
     model = create_model("vit_test_tiny")
     full = measure_activation_bytes(model)
     ckpt = measure_activation_bytes(model, checkpointing=True)
-    assert checkpointing.checkpointed_blocks(model) == {}  # measured on a copy
+    assert checkpointing.checkpoint_policies(model) == {}  # measured on a copy
     assert ckpt < 0.6 * full
     tokens = (model.num_frames // model.tubelet_size) * (model.img_size // model.patch_size) ** 2
     per_block_input = tokens * model.embed_dim * 4

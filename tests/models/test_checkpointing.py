@@ -11,7 +11,7 @@ from avion_ds.models import (
     create_model,
     remove_activation_checkpointing,
 )
-from avion_ds.models.activation_checkpointing import checkpointed_blocks
+from avion_ds.models.activation_checkpointing import checkpoint_policies
 
 
 def _grads(model, x, seed=0):
@@ -32,7 +32,7 @@ def test_checkpointed_gradients_equal_plain(impl):
     x = torch.randn(2, 3, 4, 32, 32)
     ref = _grads(model, x)
     apply_activation_checkpointing(model, impl=impl)
-    assert checkpointed_blocks(model) == {0: impl, 1: impl}
+    assert checkpoint_policies(model) == {0: impl, 1: impl}
     got = _grads(model, x)
     torch.testing.assert_close(got[0], ref[0])
     torch.testing.assert_close(got[1], ref[1], atol=1e-6, rtol=1e-5)
@@ -59,11 +59,11 @@ def test_names_and_state_dict_unchanged():
     before = list(model.state_dict())
     apply_activation_checkpointing(model, every=2, first_n=3)
     assert list(model.state_dict()) == before
-    assert checkpointed_blocks(model) == {0: "torch", 2: "torch"}
+    assert checkpoint_policies(model) == {0: "torch", 2: "torch"}
     apply_activation_checkpointing(model, first_n=1)  # re-applying replaces the selection
-    assert checkpointed_blocks(model) == {0: "torch"}
+    assert checkpoint_policies(model) == {0: "torch"}
     remove_activation_checkpointing(model)
-    assert checkpointed_blocks(model) == {}
+    assert checkpoint_policies(model) == {}
 
 
 def test_no_grad_eval_skips_recompute_path():
@@ -90,7 +90,7 @@ def test_deepcopy_keeps_checkpointing_on_the_copy():
 
     model = apply_activation_checkpointing(create_model("vit_test_tiny"))
     clone = copy.deepcopy(model)
-    assert checkpointed_blocks(clone) == {0: "torch", 1: "torch"}
+    assert checkpoint_policies(clone) == {0: "torch", 1: "torch"}
     x = torch.randn(1, 3, 4, 32, 32, requires_grad=True)
     clone(x).sum().backward()
     assert clone.blocks[0].attn.qkv.weight.grad is not None and model.blocks[0].attn.qkv.weight.grad is None
@@ -104,7 +104,7 @@ def test_wrapper_with_module_attribute_is_accepted():
 
     inner = create_model("vit_test_tiny")
     apply_activation_checkpointing(Wrapper(inner), first_n=1)
-    assert checkpointed_blocks(inner) == {0: "torch"}
+    assert checkpoint_policies(inner) == {0: "torch"}
 
 
 def test_create_model_from_config_applies_recipe():
@@ -121,4 +121,4 @@ def test_create_model_from_config_applies_recipe():
     )
     model = create_model_from_config(cfg, num_frames=8, img_size=32)
     assert model.num_frames == 8 and model.heads_spec == {"verb": 4, "noun": 3}
-    assert model.arch.attn_backend == "eager" and checkpointed_blocks(model) == {0: "torch"}
+    assert model.arch.attn_backend == "eager" and checkpoint_policies(model) == {0: "torch"}

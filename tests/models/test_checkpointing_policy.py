@@ -11,7 +11,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from avion_ds.models import apply_activation_checkpointing, create_model, remove_activation_checkpointing
-from avion_ds.models.activation_checkpointing import checkpointed_blocks, compile_blocks
+from avion_ds.models.activation_checkpointing import checkpoint_policies, compile_blocks
 from avion_ds.models.mlp import GeluLinear
 
 SDPA = "_scaled_dot_product_flash_attention_for_cpu"
@@ -98,7 +98,7 @@ def test_selective_gradients_equal_plain(name: str) -> None:
     model.train()
     ref = _grads(model, inputs, loss_fn)
     apply_activation_checkpointing(model, policy="selective")
-    assert set(checkpointed_blocks(model).values()) == {"torch:selective"}
+    assert set(checkpoint_policies(model).values()) == {"torch:selective"}
     got = _grads(model, inputs, loss_fn)
     torch.testing.assert_close(got[0], ref[0])
     assert got[1].keys() == ref[1].keys()

@@ -11,7 +11,7 @@ from avion_ds.config import ConfigError
 from avion_ds.data import tokenizer as tokenizer_mod
 from avion_ds.data.tokenizer import tokenize
 from avion_ds.models import apply_activation_checkpointing, create_model, load_weights
-from avion_ds.models.activation_checkpointing import checkpointed_blocks
+from avion_ds.models.activation_checkpointing import checkpoint_policies
 
 open_clip = pytest.importorskip("open_clip")
 
@@ -119,9 +119,9 @@ def test_checkpointing_covers_both_towers_with_equal_gradients() -> None:
 
     ref = grads()
     apply_activation_checkpointing(m, first_n=1)
-    assert checkpointed_blocks(m) == {0: "torch", 2: "torch"}  # the first block of each tower
+    assert checkpoint_policies(m) == {0: "torch", 2: "torch"}  # the first block of each tower
     apply_activation_checkpointing(m)
-    assert len(checkpointed_blocks(m)) == 4
+    assert len(checkpoint_policies(m)) == 4
     got = grads()
     assert set(got) == set(ref) and "logit_scale" in ref and "textual.token_embedding.weight" in ref
     for n in ref:

@@ -60,7 +60,7 @@ def require(backend: str, module: str, install_hint: str) -> None:
         raise DecoderUnavailable(f"decoder {backend!r} is not available ({reason(e)}); {install_hint}") from e
 
 
-def validate(path: str | Path, indices: Sequence[int]) -> tuple[str, list[int], list[int]]:
+def check_frame_indices(path: str | Path, indices: Sequence[int]) -> tuple[str, list[int], list[int]]:
     """(path, requested indices, sorted unique indices); DataError for a missing / empty file."""
     path = str(path)
     idx = [int(i) for i in indices]
@@ -117,7 +117,7 @@ class Decoder:
 
     def decode(self, path: str | Path, indices: Sequence[int], crop: CropSpec | None = None) -> torch.Tensor:
         """Frames ``indices`` of ``path`` (cropped/resized per ``crop``) as uint8 (T, H, W, C)."""
-        path, idx, uniq = validate(path, indices)
+        path, idx, uniq = check_frame_indices(path, indices)
         frames, done = self.decode_raw(path, uniq, crop)
         return finish(frames, done, crop, uniq, idx)
 

@@ -43,7 +43,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from avion_ds.data.crop import CropSpec
-from avion_ds.data.decode.base import REGISTRY, finish, load_plugins, reason, validate
+from avion_ds.data.decode.base import REGISTRY, check_frame_indices, finish, load_plugins, reason
 from avion_ds.data.errors import DataError
 from avion_ds.distributed.malloc import tune_malloc
 
@@ -232,7 +232,7 @@ class SubprocessDecoder:
         """Like :meth:`Decoder.decode`, bounded by ``timeout_s``."""
         import torch  # lazy: torch is heavy; the decoders and crops load without it (`avion-ds chunk`/`check` workers, probing)
 
-        path, idx, uniq = validate(path, indices)
+        path, idx, uniq = check_frame_indices(path, indices)
         proc = self._ensure()
         region = self._free_region()
         try:

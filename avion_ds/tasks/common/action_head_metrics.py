@@ -56,9 +56,11 @@ def marginalize(probs: np.ndarray, indexes: list[np.ndarray]) -> np.ndarray:
     return np.stack([probs[:, ids].sum(1) for ids in indexes], axis=1)
 
 
-def mean_class_accuracy(target: np.ndarray, pred: np.ndarray) -> float:
+def confusion_mean_accuracy_percent(target: np.ndarray, pred: np.ndarray) -> float:
     """Percent: per-class recall averaged over the classes in ``target`` OR ``pred`` (0 for a class no target
-    has): ``get_mean_accuracy`` of sklearn's ``confusion_matrix(target, pred)`` without building the matrix."""
+    has): ``get_mean_accuracy`` of sklearn's ``confusion_matrix(target, pred)`` without building the matrix
+    (AVION's EK100 CLS ``validate``, LaViLa's zero-shot EGTEA). Classification's ``mean_class`` keys average
+    over the target classes alone: :func:`~avion_ds.tasks.common.classification_metrics.target_classes_mean_recall`."""
     classes = np.union1d(target, pred)
     if classes.size == 0:
         return 0.0
@@ -92,7 +94,7 @@ def avion_metrics(
     out = {
         "avion_action_top1": topk_accuracy(target, probs, 1),
         "avion_action_top5": topk_accuracy(target, probs, 5),
-        "avion_action_mean_class": mean_class_accuracy(target, probs.argmax(axis=1)),
+        "avion_action_mean_class": confusion_mean_accuracy_percent(target, probs.argmax(axis=1)),
     }
     for name, classes in (("verb", np.asarray(verbs)), ("noun", np.asarray(nouns))):
         scores = marginalize(probs, marginal_indexes(classes))

@@ -20,8 +20,12 @@ def topk_correct(scores: Tensor, target: Tensor, k: int) -> Tensor:
     return (scores.topk(k, dim=-1).indices == target.view(-1, 1)).any(dim=-1)
 
 
-def mean_class_accuracy(scores: Tensor, target: Tensor) -> float:
-    """Mean over classes present in ``target`` of per-class top-1 recall."""
+def target_classes_mean_recall(scores: Tensor, target: Tensor) -> float:
+    """A fraction in [0, 1]: per-class top-1 recall averaged over the classes present in ``target`` only (a
+    class that is only predicted does not enter the mean), as sklearn's ``balanced_accuracy_score``. The
+    ``mean_class`` keys of classification (``verb_mean_class``, ...) are it in percent. AVION's / LaViLa's
+    ``get_mean_accuracy`` averages over targets AND predictions instead:
+    :func:`~avion_ds.tasks.common.action_head_metrics.confusion_mean_accuracy_percent`."""
     pred = scores.argmax(dim=-1)
     classes = target.unique()
     recalls = [(pred[target == c] == c).float().mean() for c in classes]
@@ -33,7 +37,7 @@ def classification_metrics(scores: Tensor, target: Tensor, prefix: str = "") -> 
     return {
         f"{prefix}top1": 100.0 * float(topk_correct(scores, target, 1).float().mean()),
         f"{prefix}top5": 100.0 * float(topk_correct(scores, target, 5).float().mean()),
-        f"{prefix}mean_class": 100.0 * mean_class_accuracy(scores, target),
+        f"{prefix}mean_class": 100.0 * target_classes_mean_recall(scores, target),
     }
 
 

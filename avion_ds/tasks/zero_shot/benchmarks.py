@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from avion_ds.tasks.common.action_head_metrics import mean_class_accuracy
+from avion_ds.tasks.common.action_head_metrics import confusion_mean_accuracy_percent
 from avion_ds.tasks.zero_shot.classes import (
     ClassSet,
     charades_map,
@@ -72,7 +72,7 @@ def head_accuracies(scores: Scores, targets: dict[str, torch.Tensor], prefix: bo
         rows = max(1, t.numel())
         out[f"{p}top1"] = 100.0 * float(hit[:, 0].sum()) / rows
         out[f"{p}top5"] = 100.0 * float(hit.any(dim=1).sum()) / rows
-        out[f"{p}mean_class"] = mean_class_accuracy(t.numpy(), ranked[:, 0].numpy())
+        out[f"{p}mean_class"] = confusion_mean_accuracy_percent(t.numpy(), ranked[:, 0].numpy())
     return out
 
 
