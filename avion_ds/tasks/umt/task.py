@@ -223,11 +223,10 @@ class UMTTask(Task):
         return " ".join(f"{k}={v:.4f}" for k, v in metrics.items())
 
 
-def teacher_of(model: Any) -> Any:
-    """The frozen teacher of a (DeepSpeed-wrapped) student, on the student's device."""
-    student = getattr(model, "module", model)
-    teacher = student.frozen_teacher
-    device = next(student.parameters()).device
+def teacher_of(model: Any, device: torch.device) -> Any:
+    """The frozen teacher of a (DeepSpeed-wrapped) student, moved to ``device`` (the frames'; a student whose
+    parameters ZeRO offloads to the CPU still computes on the accelerator)."""
+    teacher = getattr(model, "module", model).frozen_teacher
     if next(teacher.parameters()).device != device:
         teacher.to(device)
     return teacher
@@ -236,17 +235,18 @@ def teacher_of(model: Any) -> Any:
 def distill(
     model: Callable[..., Any],
     x: torch.Tensor,
-    mask: torch.Tensor,
+    mask: torch.Tensor | None,
     dtype: torch.dtype,
     recipe: Recipe,
     generator: torch.Generator | None = None,
     out: dict[str, torch.Tensor] | None = None,
 ) -> torch.Tensor:
     """Per-clip distillation loss (B,) of float32 frames ``x``: the teacher's targets (no gradient), the
-    attention mask drawn from its class attention (``generator``), the student on the visible tokens.
+    attention mask drawn from its class attention (``generator``; ``mask``, the loader's, is then unused), the
+    student on the visible tokens.
     ``out`` (optional) receives ``student`` and ``target`` features."""
     u = recipe.umt
-    feats, attn = teacher_of(model)(x)
+    feats, attn = teacher_of(model, x.device)(x)
     if u.mask_type == "attention":
         mask = attention_mask(attn, x.shape[0], u.mask_ratio, generator)
     target = visible_targets(feats, mask)
