@@ -47,13 +47,12 @@ from avion_ds.data.datasets.flat_index import NarrationTexts, Unreadable, load_n
 from avion_ds.data.datasets.flat_index import short_repr as _short
 from avion_ds.data.datasets.narration_tokens import check_tokenizer, empty_tokens, text_tokens
 from avion_ds.data.datasets.registry import check_file_key, register_dataset
-from avion_ds.data.datasets.video_clips import VideoClipDataset
-from avion_ds.data.datasets.video_index import VideoIndex
+from avion_ds.data.datasets.row_table import MidpointRows, RowFields
 from avion_ds.data.errors import DataError
 from avion_ds.data.index_cache import MappedIndex
 from avion_ds.data.prep.manifest import VideoEntry
 from avion_ds.data.safe_pickle import load_pickle
-from avion_ds.data.sampling import jittered_midpoints, segment_indices, segment_span
+from avion_ds.data.sampling import segment_span
 from avion_ds.distributed.dist import is_main
 
 log = logging.getLogger(__name__)
@@ -273,7 +272,7 @@ def draw_narration(value: Any, rng: np.random.Generator, where: str) -> str:
 
 
 @register_dataset
-class Ego4dDataset(VideoClipDataset):
+class Ego4dDataset(MidpointRows):
     """Ego4D narration clips (see module doc); label = ``{"tokens": LongTensor (77,)}``."""
 
     dataset_name = "ego4d"
@@ -286,36 +285,16 @@ class Ego4dDataset(VideoClipDataset):
         """(rows, no classes) of ``split``'s narration files without opening a video."""
         return narration_summary(cfg, split)
 
-    def __init__(
-        self,
-        cfg: DataConfig,
-        split: str,
-        temporal_views: int = 1,
-        spatial_views: int = 1,
-        seed: int = 0,
-        index: VideoIndex | None = None,
-    ) -> None:
-        super().__init__(cfg, split, temporal_views, spatial_views, seed, index)
+    def read_rows(self, cfg: DataConfig) -> None:
         check_tokenizer()  # a missing tokenizer extra is a one-line error now, not in a DataLoader worker
-        self.table = read_narrations(cfg, split)
+        self.table = read_narrations(cfg, self.split)
         self.num_classes = 0
         self.rows = np.arange(len(self.table))
-        self._prune()
 
-    def __len__(self) -> int:
-        return len(self.rows)
-
-    def row_ref(self, i: int) -> tuple[str, bool]:
-        return self.table.uids[int(self.table.vid[self.rows[i]])], False
-
-    def row_where(self, i: int) -> tuple[Path, int]:
-        k = int(self.rows[i])
-        return self.table.files[int(self.table.src[k])], int(self.table.line[k])
-
-    def row_name(self, i: int) -> str:
-        k = int(self.rows[i])
-        uid = self.table.uids[int(self.table.vid[k])]
-        return f"{uid} {self.table.start[k]:g}-{self.table.end[k]:g}s"
+    def row_fields(self, i: int) -> RowFields:
+        t, k = self.table, int(self.rows[i])
+        uid = t.uids[int(t.vid[k])]
+        return RowFields(t.files[int(t.src[k])], int(t.line[k]), uid, False, f"{uid} {t.start[k]:g}-{t.end[k]:g}s")
 
     def _prune(self) -> None:
         """:meth:`VideoClipDataset._prune` by column: videos looked up once per uid, quarantine per named row."""
@@ -372,12 +351,6 @@ class Ego4dDataset(VideoClipDataset):
             raise DataError(f"{where}: {e}") from None
         start, end = segment_span(start_s, end_s, entry, self.cfg.fps)
         return entry, start, end, text
-
-    def clip_indices(self, start: int, end: int, rng, view: int) -> list[int]:
-        """AVION's ``get_frame_ids``: jittered segment midpoints in training, the midpoints at eval."""
-        if self.train:
-            return jittered_midpoints(start, end, self.cfg.num_frames, rng)
-        return segment_indices(start, end, self.cfg.num_frames, train=False, view=view, num_views=self.temporal_views)
 
     def _load(self, i: int) -> dict:
         item = super()._load(i)

@@ -36,8 +36,7 @@ from avion_ds.config import DataConfig
 from avion_ds.data.crop import CropBox
 from avion_ds.data.datasets.csv_rows import open_csv
 from avion_ds.data.datasets.registry import check_class_list, register_dataset
-from avion_ds.data.datasets.video_clips import VideoClipDataset
-from avion_ds.data.datasets.video_index import VideoIndex
+from avion_ds.data.datasets.row_table import RowFields, RowTable
 from avion_ds.data.prep.manifest import VideoEntry
 from avion_ds.distributed.dist import is_main
 
@@ -138,7 +137,7 @@ def charades_class_names(cfg: DataConfig, head: str | None) -> tuple[list[str], 
     return _class_file_names(cfg, CHARADES_CLASSES, read_charades_classes)
 
 
-class _PaddedClips(VideoClipDataset):
+class _PaddedClips(RowTable):
     """Decoding that fills :data:`PAD` indices (at the end of a clip) with zero frames, as LaViLa."""
 
     def read_clip(self, entry: VideoEntry, indices: list[int], box: CropBox | None, resize: bool = True):
@@ -164,33 +163,15 @@ class EgteaDataset(_PaddedClips):
         _, numbers = read_egtea_classes(class_file(cfg, EGTEA_CLASSES))
         return len(read_egtea_split(Path(cfg.val_csv), numbers)), {}
 
-    def __init__(
-        self,
-        cfg: DataConfig,
-        split: str,
-        temporal_views: int = 1,
-        spatial_views: int = 1,
-        seed: int = 0,
-        index: VideoIndex | None = None,
-    ) -> None:
-        super().__init__(cfg, split, temporal_views, spatial_views, seed, index)
+    def read_rows(self, cfg: DataConfig) -> None:
         self.split_file = Path(self._split_file())
         self.class_names, number_to_class = read_egtea_classes(class_file(cfg, EGTEA_CLASSES))
         self.num_classes = len(self.class_names)
         self.rows = read_egtea_split(self.split_file, number_to_class)
-        self._prune()
 
-    def __len__(self) -> int:
-        return len(self.rows)
-
-    def row_ref(self, i: int) -> tuple[str, bool]:
-        return self.rows[i][1], True
-
-    def row_where(self, i: int) -> tuple[Path, int]:
-        return self.split_file, self.rows[i][0]
-
-    def row_name(self, i: int) -> str:
-        return Path(self.rows[i][1]).stem
+    def row_fields(self, i: int) -> RowFields:
+        line, rel, _ = self.rows[i]
+        return RowFields(self.split_file, line, rel, True, Path(rel).stem)
 
     def sample_span(self, i: int) -> tuple[VideoEntry, int, int, Any]:
         _, rel, label = self.rows[i]
@@ -223,7 +204,7 @@ def read_egtea_split(path: Path, number_to_class: dict[int, int]) -> list[tuple[
 
 
 @register_dataset
-class CharadesEgoDataset(VideoClipDataset):
+class CharadesEgoDataset(RowTable):
     """Charades-Ego untrimmed test videos (see module doc); label = multi-hot float (classes,)."""
 
     dataset_name = "charades_ego"
@@ -237,16 +218,7 @@ class CharadesEgoDataset(VideoClipDataset):
         _, codes = read_charades_classes(class_file(cfg, CHARADES_CLASSES))
         return len(read_charades_rows(Path(cfg.val_csv), codes)[0]), {}
 
-    def __init__(
-        self,
-        cfg: DataConfig,
-        split: str,
-        temporal_views: int = 1,
-        spatial_views: int = 1,
-        seed: int = 0,
-        index: VideoIndex | None = None,
-    ) -> None:
-        super().__init__(cfg, split, temporal_views, spatial_views, seed, index)
+    def read_rows(self, cfg: DataConfig) -> None:
         self.class_names, codes = read_charades_classes(class_file(cfg, CHARADES_CLASSES))
         self.num_classes = len(self.class_names)
         self.csv = Path(self._split_file())
@@ -259,19 +231,10 @@ class CharadesEgoDataset(VideoClipDataset):
                 len(self.rows) + len(self.bad_rows),
                 self.bad_rows[0],
             )
-        self._prune()
 
-    def __len__(self) -> int:
-        return len(self.rows)
-
-    def row_ref(self, i: int) -> tuple[str, bool]:
-        return f"{self.rows[i][1]['id']}.mp4", True
-
-    def row_where(self, i: int) -> tuple[Path, int]:
-        return self.csv, self.rows[i][0]
-
-    def row_name(self, i: int) -> str:
-        return self.rows[i][1]["id"]
+    def row_fields(self, i: int) -> RowFields:
+        line, r, _, _ = self.rows[i]
+        return RowFields(self.csv, line, f"{r['id']}.mp4", True, r["id"])
 
     def _target(self, labels: list[int]) -> torch.Tensor:
         target = torch.zeros(self.num_classes)

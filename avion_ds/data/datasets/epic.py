@@ -10,7 +10,7 @@ from avion_ds.config import DataConfig, rename_key
 from avion_ds.data.datasets.csv_rows import open_csv, parse_int
 from avion_ds.data.datasets.epic_actions import ActionMap, action_map_from_pairs, map_files
 from avion_ds.data.datasets.registry import check_class_list, register_dataset
-from avion_ds.data.datasets.video_clips import VideoClipDataset
+from avion_ds.data.datasets.row_table import RowFields, RowTable
 from avion_ds.data.datasets.video_index import VideoIndex
 from avion_ds.data.errors import DataError
 from avion_ds.data.prep.manifest import VideoEntry
@@ -137,7 +137,7 @@ def epic_class_names(cfg: DataConfig, head: str | None) -> tuple[list[str], str]
 
 
 @register_dataset
-class EpicDataset(VideoClipDataset):
+class EpicDataset(RowTable):
     """EPIC-Kitchens-100 action segments (official CSV columns); label = {"verb", "noun"}, or with
     ``epic.label: action`` {"action"}: the id of (verb, noun) in AVION's map (``self.action_map``)."""
 
@@ -154,16 +154,7 @@ class EpicDataset(VideoClipDataset):
     label_heads = ("verb", "noun")
     action_map: ActionMap | None = None  # under epic.label: action
 
-    def __init__(
-        self,
-        cfg: DataConfig,
-        split: str,
-        temporal_views: int = 1,
-        spatial_views: int = 1,
-        seed: int = 0,
-        index: VideoIndex | None = None,
-    ) -> None:
-        super().__init__(cfg, split, temporal_views, spatial_views, seed, index)
+    def read_rows(self, cfg: DataConfig) -> None:
         self.csv, self.rows = open_csv(self._split_file(), EPIC_REQUIRED)
         if not self.rows:
             raise ValueError(f"{self.csv}: no annotation rows")
@@ -181,19 +172,10 @@ class EpicDataset(VideoClipDataset):
             self.action_map = epic_action_map(map_files(cfg.train_csv, cfg.val_csv))
             self.label_heads = ("action",)
             self.num_classes = {"action": len(self.action_map)}
-        self._prune()
 
-    def __len__(self) -> int:
-        return len(self.rows)
-
-    def row_ref(self, i: int) -> tuple[str, bool]:
-        return self.rows[i][1]["video_id"], False
-
-    def row_where(self, i: int) -> tuple[Path, int]:
-        return self.csv, self.rows[i][0]
-
-    def row_name(self, i: int) -> str:
-        return self.rows[i][1]["narration_id"]
+    def row_fields(self, i: int) -> RowFields:
+        line, r = self.rows[i]
+        return RowFields(self.csv, line, r["video_id"], False, r["narration_id"])
 
     def sample_span(self, i: int) -> tuple[VideoEntry, int, int, Any]:
         line, r = self.rows[i]

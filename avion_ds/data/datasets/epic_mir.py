@@ -39,12 +39,11 @@ from avion_ds.data.datasets.csv_rows import not_utf8, open_csv, split_csv
 from avion_ds.data.datasets.epic import epic_seconds, epic_video
 from avion_ds.data.datasets.narration_tokens import check_tokenizer, empty_tokens, text_tokens
 from avion_ds.data.datasets.registry import check_file_key, register_dataset
-from avion_ds.data.datasets.video_clips import VideoClipDataset
-from avion_ds.data.datasets.video_index import VideoIndex
+from avion_ds.data.datasets.row_table import MidpointRows, RowFields
 from avion_ds.data.errors import DataError, KeyedInputError
 from avion_ds.data.prep.manifest import VideoEntry
 from avion_ds.data.safe_pickle import load_pickle
-from avion_ds.data.sampling import jittered_midpoints, segment_indices, segment_span
+from avion_ds.data.sampling import segment_span
 from avion_ds.distributed.dist import is_main
 
 log = logging.getLogger(__name__)
@@ -201,7 +200,7 @@ def load_mir_targets(
 
 
 @register_dataset
-class EpicMirDataset(VideoClipDataset):
+class EpicMirDataset(MidpointRows):
     """EPIC-100 MIR clips (see module doc); label = ``{"tokens", "row", "relevancy"}``."""
 
     dataset_name = "epic_mir"
@@ -214,16 +213,7 @@ class EpicMirDataset(VideoClipDataset):
         """(rows, no classes) of ``split``'s MIR CSV without opening a video."""
         return mir_summary(split_csv(cfg, split))
 
-    def __init__(
-        self,
-        cfg: DataConfig,
-        split: str,
-        temporal_views: int = 1,
-        spatial_views: int = 1,
-        seed: int = 0,
-        index: VideoIndex | None = None,
-    ) -> None:
-        super().__init__(cfg, split, temporal_views, spatial_views, seed, index)
+    def read_rows(self, cfg: DataConfig) -> None:
         check_tokenizer()  # a missing tokenizer extra is a one-line error now, not in a DataLoader worker
         self.csv, rows = open_csv(self._split_file(), MIR_REQUIRED)
         if not rows:
@@ -251,24 +241,15 @@ class EpicMirDataset(VideoClipDataset):
             else:
                 self.mir_targets = loaded
         say_duplicates(self.csv, self.rows)
-        self._prune()
 
     def startup_line(self) -> str:
         """The base line, plus what loading the relevancy file changed (a pickled list converted)."""
         loaded = self.targets or self.mir_targets
         return super().startup_line() + (f"; {loaded.note}" if loaded is not None and loaded.note else "")
 
-    def __len__(self) -> int:
-        return len(self.rows)
-
-    def row_ref(self, i: int) -> tuple[str, bool]:
-        return self.rows[i][2]["video_id"], False
-
-    def row_where(self, i: int) -> tuple[Path, int]:
-        return self.csv, self.rows[i][1]
-
-    def row_name(self, i: int) -> str:
-        return self.rows[i][2]["narration_id"]
+    def row_fields(self, i: int) -> RowFields:
+        _, line, r = self.rows[i]
+        return RowFields(self.csv, line, r["video_id"], False, r["narration_id"])
 
     def _where(self, i: int) -> str:
         _, line, r = self.rows[i]
@@ -297,12 +278,6 @@ class EpicMirDataset(VideoClipDataset):
         rng = clip_rng(self.seed, self.epoch, i, CAPTION_STREAM)
         j = int(positives[int(rng.integers(len(positives)))])
         return self.targets.sentences[j], float(rel[j])
-
-    def clip_indices(self, start: int, end: int, rng, view: int) -> list[int]:
-        """AVION's ``get_frame_ids``: jittered segment midpoints in training, the midpoints at eval."""
-        if self.train:
-            return jittered_midpoints(start, end, self.cfg.num_frames, rng)
-        return segment_indices(start, end, self.cfg.num_frames, train=False, view=view, num_views=self.temporal_views)
 
     def _load(self, i: int) -> dict:
         item = super()._load(i)

@@ -23,8 +23,7 @@ from typing import Any
 from avion_ds.config import DataConfig
 from avion_ds.data.datasets.csv_rows import open_csv, parse_int, split_csv
 from avion_ds.data.datasets.registry import check_class_list, register_dataset
-from avion_ds.data.datasets.video_clips import VideoClipDataset
-from avion_ds.data.datasets.video_index import VideoIndex
+from avion_ds.data.datasets.row_table import RowFields, RowTable
 from avion_ds.data.errors import DataError
 from avion_ds.data.prep.manifest import VideoEntry
 
@@ -118,7 +117,7 @@ def kinetics_class_names(cfg: DataConfig, head: str | None) -> tuple[list[str], 
 
 
 @register_dataset
-class KineticsDataset(VideoClipDataset):
+class KineticsDataset(RowTable):
     """Kinetics-style classification (see module doc); label = int class index."""
 
     dataset_name = "kinetics"
@@ -131,16 +130,7 @@ class KineticsDataset(VideoClipDataset):
         """(rows, classes) of ``split``'s list without touching a video."""
         return split_summary(cfg, split_csv(cfg, split))
 
-    def __init__(
-        self,
-        cfg: DataConfig,
-        split: str,
-        temporal_views: int = 1,
-        spatial_views: int = 1,
-        seed: int = 0,
-        index: VideoIndex | None = None,
-    ) -> None:
-        super().__init__(cfg, split, temporal_views, spatial_views, seed, index)
+    def read_rows(self, cfg: DataConfig) -> None:
         self.list_path, raw = _raw_rows(self._split_file())
         self.classes = self._classes(cfg)
         lookup = {name: k for k, name in enumerate(self.classes or [])}
@@ -165,7 +155,6 @@ class KineticsDataset(VideoClipDataset):
             elif cfg.train_csv and Path(cfg.train_csv).is_file():
                 labels += [parse_int(lab) or 0 for *_, lab in _raw_rows(cfg.train_csv)[1]]
             self.num_classes = max(labels, default=-1) + 1
-        self._prune()
 
     def _classes(self, cfg: DataConfig) -> list[str] | None:
         """Class names when labels are names (official CSVs, named lists), else None (integer labels)."""
@@ -177,17 +166,9 @@ class KineticsDataset(VideoClipDataset):
             return None
         return sorted(set(texts))
 
-    def __len__(self) -> int:
-        return len(self.rows)
-
-    def row_ref(self, i: int) -> tuple[str, bool]:
-        return self.rows[i][1], self.rows[i][2]
-
-    def row_where(self, i: int) -> tuple[Path, int]:
-        return self.list_path, self.rows[i][0]
-
-    def row_name(self, i: int) -> str:
-        return self.rows[i][1]
+    def row_fields(self, i: int) -> RowFields:
+        line, ref, by_path, _, _ = self.rows[i]
+        return RowFields(self.list_path, line, ref, by_path, ref)
 
     def sample_span(self, i: int) -> tuple[VideoEntry, int, int, Any]:
         line, ref, by_path, label, lab = self.rows[i]

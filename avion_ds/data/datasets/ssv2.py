@@ -18,8 +18,7 @@ from typing import Any
 from avion_ds.config import ConfigError, DataConfig
 from avion_ds.data.datasets.csv_rows import split_csv
 from avion_ds.data.datasets.registry import check_class_list, register_dataset
-from avion_ds.data.datasets.video_clips import VideoClipDataset
-from avion_ds.data.datasets.video_index import VideoIndex
+from avion_ds.data.datasets.row_table import RowFields, RowTable
 from avion_ds.data.prep.manifest import VideoEntry
 from avion_ds.data.sampling import ssv2_test_indices
 
@@ -78,7 +77,7 @@ def ssv2_class_names(cfg: DataConfig, head: str | None) -> tuple[list[str], str]
 
 
 @register_dataset
-class SSv2Dataset(VideoClipDataset):
+class SSv2Dataset(RowTable):
     """Something-Something V2 classification; label = int (174 classes)."""
 
     dataset_name = "ssv2"
@@ -96,34 +95,16 @@ class SSv2Dataset(VideoClipDataset):
         check_class_list(cfg, split)
         check_labels_file(cfg)
 
-    def __init__(
-        self,
-        cfg: DataConfig,
-        split: str,
-        temporal_views: int = 1,
-        spatial_views: int = 1,
-        seed: int = 0,
-        index: VideoIndex | None = None,
-    ) -> None:
-        super().__init__(cfg, split, temporal_views, spatial_views, seed, index)
+    def read_rows(self, cfg: DataConfig) -> None:
         split_file = self._split_file()
         labels_path = cfg.class_list or str(Path(cfg.train_csv or split_file).parent / LABELS_NAME)
         self.labels = load_labels(labels_path)
         self.num_classes = len(self.labels)
         self.split_path, self.rows = read_split(split_file, self.labels)
-        self._prune()
 
-    def __len__(self) -> int:
-        return len(self.rows)
-
-    def row_ref(self, i: int) -> tuple[str, bool]:
-        return self.rows[i][1], False
-
-    def row_where(self, i: int) -> tuple[Path, int]:
-        return self.split_path, self.rows[i][0]
-
-    def row_name(self, i: int) -> str:
-        return self.rows[i][1]
+    def row_fields(self, i: int) -> RowFields:
+        line, vid, _ = self.rows[i]
+        return RowFields(self.split_path, line, vid, False, vid)
 
     def sample_span(self, i: int) -> tuple[VideoEntry, int, int, Any]:
         _, vid, label = self.rows[i]

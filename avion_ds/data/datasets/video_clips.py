@@ -108,6 +108,11 @@ class VideoClipDataset(Dataset):
         self.randaug = None
         if self.train and cfg.rand_aug:
             self.randaug = ClipRandAugment(cfg.rand_aug, cfg.size, cfg.interpolation)
+        self.load_rows(cfg)
+
+    def load_rows(self, cfg: DataConfig) -> None:
+        """Read the split's samples (a hook the constructor calls last; a dataset reading them in its own
+        constructor leaves it empty). :class:`~avion_ds.data.datasets.row_table.RowTable` reads and prunes here."""
 
     def _split_file(self) -> str:
         key = "train_csv" if self.train else "val_csv"

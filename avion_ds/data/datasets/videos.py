@@ -33,7 +33,6 @@ from avion_ds.data.datasets.csv_rows import split_csv
 from avion_ds.data.datasets.kinetics import read_video_list
 from avion_ds.data.datasets.registry import register_dataset
 from avion_ds.data.datasets.video_clips import VideoClipDataset
-from avion_ds.data.datasets.video_index import VideoIndex
 from avion_ds.data.errors import DataError
 from avion_ds.data.masking import MaskSpec
 from avion_ds.data.prep.manifest import VideoEntry, find_videos
@@ -81,16 +80,8 @@ class VideosDataset(VideoClipDataset):
     label_kind = "none"  # unlabelled clips: masked pretraining's dataset
     dataset_section = VideosKeys
 
-    def __init__(
-        self,
-        cfg: DataConfig,
-        split: str,
-        temporal_views: int = 1,
-        spatial_views: int = 1,
-        seed: int = 0,
-        index: VideoIndex | None = None,
-    ) -> None:
-        super().__init__(cfg, split, temporal_views, spatial_views, seed, index)
+    def load_rows(self, cfg: DataConfig) -> None:
+        """Every listed video (or every video of the root), each ``clips_per_video`` times; none pruned."""
         listed = cfg.train_csv if self.train else cfg.val_csv
         if listed:
             self.list_path, rows = read_video_list(listed)
