@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from avion_ds.config import ConfigError
-from avion_ds.data.datasets.protocols import PROTOCOLS, eval_report
+from avion_ds.data.datasets.protocols import eval_report, protocols
 from avion_ds.tasks import load_recipe
 
 REPO = Path(__file__).resolve().parents[2]
@@ -31,7 +31,7 @@ RECIPES = REPO / "launch" / "recipes"
 def test_dataset_recipes_carry_a_protocol_and_cite_sources(name, protocol) -> None:
     path = RECIPES / f"{name}.yaml"
     r = load_recipe(path)
-    p = PROTOCOLS[protocol]
+    p = protocols()[protocol]
     assert r.eval.protocol == protocol and r.data.dataset == p.dataset
     assert (r.eval.temporal_views, r.eval.spatial_views, r.data.num_frames, r.data.size) == (
         p.temporal_views,
@@ -54,7 +54,7 @@ def test_protocol_mismatch_names_the_key() -> None:
         load_recipe(RECIPES / "vit_b_k400.yaml", ["eval.temporal_views=2"])
     with pytest.raises(ConfigError, match=r"eval.protocol=ssv2 needs data.dataset='ssv2'"):
         load_recipe(RECIPES / "vit_b_k400.yaml", ["eval.protocol=ssv2"])
-    with pytest.raises(ConfigError, match=r"eval.protocol='k700' is not one of k400, ssv2, epic, custom"):
+    with pytest.raises(ConfigError, match=r"eval.protocol='k700' is not one of epic, k400, ssv2, custom"):
         load_recipe(None, ["data.dataset=kinetics", "eval.protocol=k700"])
     r = load_recipe(RECIPES / "vit_b_k400.yaml", ["eval.protocol=custom", "eval.temporal_views=2"])
     assert r.eval.temporal_views == 2
@@ -142,18 +142,18 @@ def _eval_clip(protocol: str, start: int, end: int, view: int) -> list[int]:
     from avion_ds.config import DataConfig
     from avion_ds.data.datasets.video_clips import VideoClipDataset
 
-    p = PROTOCOLS[protocol]
+    p = protocols()[protocol]
     cfg = DataConfig(dataset=p.dataset, sampling=p.sampling, num_frames=p.num_frames, stride=p.stride or 4)
     ds = SimpleNamespace(cfg=cfg, train=False, temporal_views=p.temporal_views)
     return VideoClipDataset.clip_indices(ds, start, end, None, view)
 
 
 def test_every_locked_protocol_has_a_reference_test() -> None:
-    assert set(PROTOCOLS) == {"k400", "ssv2", "epic"}  # a new protocol needs its reference test below
+    assert set(protocols()) == {"k400", "ssv2", "epic"}  # a new protocol needs its reference test below
 
 
 def test_k400_views_are_videomae_kinetics_test_clips() -> None:
-    p = PROTOCOLS["k400"]
+    p = protocols()["k400"]
     for n in [*range(1, 130), 250, 299, 300, 301, 317, 450, 1000]:  # padded (< 16 read frames), tight, long
         for v in range(p.temporal_views):
             want = _videomae_k400_test(n, p.num_frames, p.stride, v, p.temporal_views)
@@ -161,7 +161,7 @@ def test_k400_views_are_videomae_kinetics_test_clips() -> None:
 
 
 def test_ssv2_views_are_videomae_ssv2_test_clips() -> None:
-    p = PROTOCOLS["ssv2"]
+    p = protocols()["ssv2"]
     # tick < 1, 1 <= tick < 2, longer (SSv2 videos: ~30-70 frames at 12 fps)
     for n in [*range(1, 100), 117, 200, 333, 1000]:
         for v in range(p.temporal_views):
@@ -174,7 +174,7 @@ def test_epic_view_is_avion_get_frame_ids_on_chunks() -> None:
     from avion_ds.data.datasets.epic import EpicDataset
     from avion_ds.data.prep.manifest import Chunk, VideoEntry
 
-    p = PROTOCOLS["epic"]
+    p = protocols()["epic"]
     fps, chunks = 30.0, {0: 450, 15: 449, 30: 200}
     entry = VideoEntry("P01_01", [Chunk(f"P01_01/{s}.mp4", int(s * fps), f, fps, 320, 240) for s, f in chunks.items()])
     spans = []

@@ -9,6 +9,7 @@ from typing import Any, ClassVar
 from avion_ds.config import DataConfig, rename_key
 from avion_ds.data.datasets.csv_rows import open_csv, parse_int
 from avion_ds.data.datasets.epic_actions import ActionMap, action_map_from_pairs, map_files
+from avion_ds.data.datasets.protocols import Protocol
 from avion_ds.data.datasets.registry import check_class_list, register_dataset
 from avion_ds.data.datasets.row_table import RowFields, RowTable
 from avion_ds.data.datasets.video_index import VideoIndex
@@ -142,6 +143,18 @@ class EpicDataset(RowTable):
     ``epic.label: action`` {"action"}: the id of (verb, noun) in AVION's map (``self.action_map``)."""
 
     dataset_name = "epic"
+    eval_protocols: ClassVar[dict[str, Protocol]] = {  # eval.protocol=epic: what a published number means
+        "epic": Protocol(
+            "",
+            16,
+            "segment",
+            None,
+            1,
+            1,
+            224,
+            "AVION scripts/main_lavila_finetune_cls.py: 16 frames segment-based, 1 clip x 1 centre crop 224",
+        )
+    }
     label_names = staticmethod(epic_class_names)
     check_paths = staticmethod(check_class_list)  # data.class_list, when set
     dataset_heads = staticmethod(epic_heads)

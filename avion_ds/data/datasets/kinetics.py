@@ -18,10 +18,11 @@ from __future__ import annotations
 
 import csv
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from avion_ds.config import DataConfig
 from avion_ds.data.datasets.csv_rows import open_csv, parse_int, split_csv
+from avion_ds.data.datasets.protocols import Protocol
 from avion_ds.data.datasets.registry import check_class_list, register_dataset
 from avion_ds.data.datasets.row_table import RowFields, RowTable
 from avion_ds.data.errors import DataError
@@ -121,6 +122,18 @@ class KineticsDataset(RowTable):
     """Kinetics-style classification (see module doc); label = int class index."""
 
     dataset_name = "kinetics"
+    eval_protocols: ClassVar[dict[str, Protocol]] = {  # eval.protocol=k400: what a published number means
+        "k400": Protocol(
+            "",
+            16,
+            "stride",
+            4,
+            5,
+            3,
+            224,
+            "VideoMAE scripts/kinetics/*/finetune.sh: 16x4, 5 clips x 3 crops, short side 224",
+        )
+    }
     label_names = staticmethod(kinetics_class_names)
     check_paths = staticmethod(check_class_list)  # data.class_list, when set
     maps_kinetics710_head = True  # a Kinetics-710 head (VideoMAE V2) maps onto its 400 / 600 / 700 classes

@@ -1,5 +1,8 @@
 """Published evaluation protocols (``eval.protocol``) and the recipe checks of the dataset recipes.
 
+Each dataset declares the protocols measured on it (``eval_protocols`` of its module: kinetics ``k400``,
+ssv2 ``ssv2``, epic ``epic``); :func:`protocols` gathers them from the registry.
+
 A protocol locks what a reported number means: frames, temporal sampling, views and crop size.
 ``check_recipe`` refuses a recipe whose data/eval settings differ from its protocol (use
 ``custom`` for anything else), so a number from another protocol cannot be reported under its
@@ -19,9 +22,10 @@ Sources:
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
+from avion_ds.data.datasets.registry import lookup, registered_names
 from avion_ds.data.randaug import parse_rand_aug
 
 
@@ -29,7 +33,7 @@ from avion_ds.data.randaug import parse_rand_aug
 class Protocol:
     """Evaluation settings a published number was measured with."""
 
-    dataset: str
+    dataset: str  # the dataset declaring it (filled in from the registry)
     num_frames: int
     sampling: str
     stride: int | None  # stride sampling only
@@ -39,48 +43,26 @@ class Protocol:
     source: str
 
 
-PROTOCOLS: dict[str, Protocol] = {
-    "k400": Protocol(
-        "kinetics",
-        16,
-        "stride",
-        4,
-        5,
-        3,
-        224,
-        "VideoMAE scripts/kinetics/*/finetune.sh: 16x4, 5 clips x 3 crops, short side 224",
-    ),
-    "ssv2": Protocol(
-        "ssv2",
-        16,
-        "segment",
-        None,
-        2,
-        3,
-        224,
-        "VideoMAE scripts/ssv2/*/finetune.sh: 16 frames segment-based, 2 clips x 3 crops, short side 224",
-    ),
-    "epic": Protocol(
-        "epic",
-        16,
-        "segment",
-        None,
-        1,
-        1,
-        224,
-        "AVION scripts/main_lavila_finetune_cls.py: 16 frames segment-based, 1 clip x 1 centre crop 224",
-    ),
-}
-PROTOCOL_NAMES = (*PROTOCOLS, "custom")
+def protocols() -> dict[str, Protocol]:
+    """Every registered dataset's protocols (its ``eval_protocols``), by ``eval.protocol`` name."""
+    out: dict[str, Protocol] = {}
+    for name in registered_names():
+        out.update({key: replace(p, dataset=name) for key, p in (lookup(name).eval_protocols or {}).items()})
+    return out
+
+
+def protocol_names() -> tuple[str, ...]:
+    """The values ``eval.protocol`` accepts: the registered protocols and ``custom``."""
+    return (*protocols(), "custom")
 
 
 def _protocol_problem(recipe: Any) -> str | None:
-    name = recipe.eval.protocol
-    if name not in PROTOCOL_NAMES:
-        return f"eval.protocol={name!r} is not one of {', '.join(PROTOCOL_NAMES)}"
+    name, known = recipe.eval.protocol, protocols()
+    if name not in known and name != "custom":
+        return f"eval.protocol={name!r} is not one of {', '.join(protocol_names())}"
     if name == "custom":
         return None
-    p, d, e = PROTOCOLS[name], recipe.data, recipe.eval
+    p, d, e = known[name], recipe.data, recipe.eval
     want = {
         "data.dataset": (d.dataset, p.dataset),
         "data.num_frames": (d.num_frames, p.num_frames),
@@ -137,6 +119,7 @@ def eval_report(protocol: str, views: int, dataset: Any, evaluated_index: Any) -
         "quarantined": quarantined,
         "failed": failed,
     }
-    if protocol in PROTOCOLS:
-        out["protocol_settings"] = asdict(PROTOCOLS[protocol])
+    known = protocols()
+    if protocol in known:
+        out["protocol_settings"] = asdict(known[protocol])
     return out

@@ -8,7 +8,7 @@ head maps onto it. Register a :class:`DatasetSpec`, or a dataset class carrying 
 as class attributes (``dataset_name``, ``annotation_summary``, optional ``dataset_heads``,
 ``dataset_section``, ``section_choices``, ``section_ranges``, ``check_paths``, ``check_labels``,
 ``split_file_optional``, ``label_kind``, ``heads_key``, ``heads_example``, ``eval_segments``,
-``maps_kinetics710_head``, ``label_names``; the class itself is the builder)::
+``maps_kinetics710_head``, ``label_names``, ``eval_protocols``; the class itself is the builder)::
 
     @register_dataset
     class ToyDataset(VideoClipDataset):
@@ -76,6 +76,8 @@ class DatasetSpec:
     maps_kinetics710_head: bool = False  # its classes are a Kinetics list: a Kinetics-710 head maps onto it
     # (cfg, head) -> (class names of the head, where they come from) or None: what an export names the classes
     label_names: Callable[[DataConfig, str | None], tuple[list[str], str] | None] | None = None
+    # eval.protocol name -> the protocols.Protocol measured on it (k400 on kinetics): what eval.protocol locks
+    eval_protocols: Mapping[str, Any] | None = None
     section: type | None = None  # dataclass of its own recipe keys, the recipe section named like the dataset
     section_choices: dict[str, tuple[Any, ...]] | None = None  # allowed values of the section's keys
     section_ranges: dict[str, Range] | None = None  # ranges of the section's keys
@@ -125,6 +127,7 @@ def spec_of_class(cls: type) -> DatasetSpec:
         eval_segments=getattr(cls, "eval_segments", None),
         maps_kinetics710_head=bool(getattr(cls, "maps_kinetics710_head", False)),
         label_names=getattr(cls, "label_names", None),
+        eval_protocols=getattr(cls, "eval_protocols", None),
         section=getattr(cls, "dataset_section", None),
         section_choices=getattr(cls, "section_choices", None),
         section_ranges=getattr(cls, "section_ranges", None),

@@ -13,10 +13,11 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from avion_ds.config import ConfigError, DataConfig
 from avion_ds.data.datasets.csv_rows import split_csv
+from avion_ds.data.datasets.protocols import Protocol
 from avion_ds.data.datasets.registry import check_class_list, register_dataset
 from avion_ds.data.datasets.row_table import RowFields, RowTable
 from avion_ds.data.prep.manifest import VideoEntry
@@ -81,6 +82,18 @@ class SSv2Dataset(RowTable):
     """Something-Something V2 classification; label = int (174 classes)."""
 
     dataset_name = "ssv2"
+    eval_protocols: ClassVar[dict[str, Protocol]] = {  # eval.protocol=ssv2: what a published number means
+        "ssv2": Protocol(
+            "",
+            16,
+            "segment",
+            None,
+            2,
+            3,
+            224,
+            "VideoMAE scripts/ssv2/*/finetune.sh: 16 frames segment-based, 2 clips x 3 crops, short side 224",
+        )
+    }
     label_names = staticmethod(ssv2_class_names)
     eval_segments = staticmethod(ssv2_test_indices)  # VideoMAE's SSv2 test views
 
