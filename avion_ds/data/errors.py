@@ -13,4 +13,4 @@ class DataError(RuntimeError):
 
 class KeyedInputError(ValueError):
     """An annotation file problem whose message already starts with the recipe key naming that file
-    (``data.val_relevancy: FILE: ...``), so start-up reports it as is instead of under the split's CSV key."""
+    (``epic_mir.val_relevancy: FILE: ...``), so start-up reports it as is instead of under the split's CSV key."""

@@ -1,4 +1,4 @@
-"""EPIC-Kitchens-100 actions numbered as AVION numbers them (``data.epic_label: action``).
+"""EPIC-Kitchens-100 actions numbered as AVION numbers them (``epic.label: action``).
 
 AVION's ``avion/utils/misc.py`` ``generate_label_map('ek100_cls')`` reads the train and the validation CSV,
 collects every ``"{verb_class}:{noun_class}"`` string and sorts the strings: action ``i`` is the ``i``-th of
@@ -52,7 +52,7 @@ def map_files(train_csv: str, val_csv: str) -> list[str]:
     for key, value in (("data.train_csv", train_csv), ("data.val_csv", val_csv)):
         if not value:
             raise ValueError(
-                f"{key} is empty: data.epic_label=action numbers actions over data.train_csv + data.val_csv "
+                f"{key} is empty: epic.label=action numbers actions over data.train_csv + data.val_csv "
                 "(AVION's generate_label_map), so both files are needed"
             )
     return [train_csv, val_csv]

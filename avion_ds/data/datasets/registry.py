@@ -60,7 +60,7 @@ T = TypeVar("T")
 @dataclass(frozen=True)
 class DatasetSpec:
     """What a dataset declares. ``heads``: the label heads it yields (None = one integer label), or a
-    function of the data config (EPIC: verb + noun, or the action under ``data.epic_label``)."""
+    function of the data config (EPIC: verb + noun, or the action under ``epic.label``)."""
 
     name: str
     build: Builder

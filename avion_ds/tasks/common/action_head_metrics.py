@@ -1,4 +1,4 @@
-"""EPIC-Kitchens-100 metrics of ONE action head (``data.epic_label: action``), two ways.
+"""EPIC-Kitchens-100 metrics of ONE action head (``epic.label: action``), two ways.
 
 AVION's (``scripts/main_lavila_finetune_cls.py`` ``validate``, ``avion/utils/evaluation_ek100cls.py``), keys
 prefixed ``avion_``:

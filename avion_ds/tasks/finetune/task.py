@@ -1,5 +1,5 @@
 """Fine-tuning a video ViT classifier: one head (Kinetics, SSv2) or several (EPIC verb + noun), or EPIC's
-ONE action head as AVION trains it (``data.epic_label: action``, ``model.heads: {action: N}``).
+ONE action head as AVION trains it (``epic.label: action``, ``model.heads: {action: N}``).
 
 Loss: cross-entropy per head (label smoothing / mixup targets from the device augmentation), summed;
 evaluation: multi-view softmax averaged per clip, top-k / mean-class (EPIC: verb, noun, action; the action
