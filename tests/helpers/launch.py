@@ -23,8 +23,8 @@ def run_process(
     merge_stderr: bool = False,
 ) -> subprocess.CompletedProcess:
     """``cmd`` in ``engine_env()`` (or ``env``) from the repo root, output captured as text (stderr into
-    stdout with ``merge_stderr``). A non-zero exit is returned, not raised: the tests assert on the code
-    and show the output's tail. Interrupted (its timeout, pytest-timeout, Ctrl-C), it ends the command's
+    stdout with ``merge_stderr``, stderr then ""). A non-zero exit is returned, not raised: the tests
+    assert on the code and show the output's tail. Interrupted (its timeout, pytest-timeout, Ctrl-C), it ends the command's
     whole process tree (launcher and ranks) before raising."""
     err = subprocess.STDOUT if merge_stderr else subprocess.PIPE
     args = [str(c) for c in cmd]
@@ -35,7 +35,7 @@ def run_process(
         except BaseException:
             kill_tree(proc.pid)
             raise
-    return subprocess.CompletedProcess(args, proc.returncode, out, errs)
+    return subprocess.CompletedProcess(args, proc.returncode, out, "" if merge_stderr else errs)
 
 
 def launch(
