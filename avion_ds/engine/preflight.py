@@ -50,7 +50,7 @@ def check_data_paths(recipe: Recipe, need_train: bool = True) -> None:
     for split in ("train", "val") if need_train else ("val",):
         spec, view = split_view(d, split, recipe.sections)
         _check_path(f"data.{split}_csv", split_csv(d, split), "file", optional=spec.split_file_optional)
-        if spec.check_paths is not None:  # the dataset's own files (SSv2: its labels.json)
+        if spec.check_paths is not None:  # the dataset's own files and keys (class lists, auxiliary files)
             spec.check_paths(view, split)
     if d.val_root:
         _check_path("data.val_root", d.val_root, "dir", optional=False)

@@ -175,3 +175,13 @@ def test_declarations_of_a_dataset_registered_outside(toy: list[str]) -> None:
         unregister_dataset("toy_frames")
     with pytest.raises(ValueError, match="label_kind='text' is not one of"):
         DatasetSpec("bad", ToyClips, toy_summary, label_kind="text")
+
+
+def test_a_dataset_config_with_its_own_keys_pickles() -> None:
+    """Spawned DataLoader workers (CUDA) receive the dataset, so its config (data keys + the dataset's own
+    section) must pickle and come back equal."""
+    import pickle
+
+    cfg = dataset_config("ego4d", root="r", aux_train=["a.pkl"])
+    back = pickle.loads(pickle.dumps(cfg))
+    assert back == cfg and back.aux_train == ["a.pkl"] and isinstance(back, DataConfig)

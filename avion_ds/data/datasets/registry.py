@@ -192,8 +192,20 @@ def _view_class(section: type) -> type:
     """The ``DataConfig`` subclass holding the data keys and ``section``'s keys (one class per section)."""
     if section not in _VIEWS:
         name = f"{section.__name__}View"
-        _VIEWS[section] = dataclasses.make_dataclass(name, [], bases=(DataConfig, section))
+        _VIEWS[section] = dataclasses.make_dataclass(
+            name, [], bases=(DataConfig, section), namespace={"__reduce__": _reduce_view}
+        )
     return _VIEWS[section]
+
+
+def _reduce_view(view: Any) -> tuple[Any, tuple[type, dict[str, Any]]]:
+    """Pickle a view as its section class and values (spawned data workers rebuild the class)."""
+    section = type(view).__bases__[1]
+    return _rebuild_view, (section, {f.name: getattr(view, f.name) for f in dataclasses.fields(view)})
+
+
+def _rebuild_view(section: type, values: dict[str, Any]) -> DataConfig:
+    return _view_class(section)(**values)
 
 
 def view_config(cfg: DataConfig, spec: DatasetSpec, sections: Mapping[str, Any] | None = None) -> DataConfig:
