@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.e2e.test_task_plugin_flow import CLI, tree_hash, write_data
+from tests.e2e.test_task_plugin_flow import CLI, tree_hash, write_data, write_toy_recipe
 from tests.helpers import REPO, engine_env, run_process
 
 pytestmark = pytest.mark.multiprocess
@@ -89,35 +89,12 @@ class JsonClips(VideoClipDataset):
 
 
 def _recipe(path: Path, data: dict[str, Path], run: Path) -> Path:
-    """vit_test_tiny over the plugin's 3 classes, 4 frames of 32x32, fp32, 2 optimizer steps of 2 clips."""
-    recipe = {
-        "task": "finetune",
-        "model": {"name": "vit_test_tiny", "num_classes": 3},
-        "data": {
-            "dataset": "json_clips",
-            "root": str(data["root"]),
-            "train_csv": str(data["train"]),
-            "val_csv": str(data["val"]),
-            "chunked": False,
-            "num_frames": 4,
-            "size": 32,
-            "workers": 0,
-            "decoder": "pyav",
-            "decode_timeout_s": 0.0,
-            "mixup": 0.0,
-            "cutmix": 0.0,
-        },
-        "json_clips": {"repeat": 2, "names": str(data["names"])},
-        "optim": {"lr": 1e-3, "base_batch": 2},
-        "schedule": {"epochs": 1, "steps_per_epoch": 2, "warmup_epochs": 0},
-        "batch": {"global_batch": 2, "micro_batch": 2},
-        "eval": {"every_epochs": 1, "batch_size": 3},
-        "checkpoint": {"every_steps": 0},
-        "logging": {"tensorboard": False, "log_every": 1, "progress": False},
-        "output_dir": str(run),
-        "seed": 3,
-        "precision": "fp32",
-    }
+    """The task plugin flow's tiny recipe (vit_test_tiny, 3 classes, 4 frames of 32x32, 2 steps of 2 clips),
+    fine-tuning on the plugin's dataset with its own section."""
+    recipe = yaml.safe_load(write_toy_recipe(path, data, run).read_text())
+    del recipe["toy_loss"]
+    recipe.update(task="finetune", json_clips={"repeat": 2, "names": str(data["names"])})
+    recipe["data"]["dataset"] = "json_clips"
     path.write_text(yaml.safe_dump(recipe))
     return path
 
