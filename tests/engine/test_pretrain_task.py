@@ -188,7 +188,7 @@ def test_repeated_samples_get_their_own_crops_and_masks(tiny_epic: dict, tmp_pat
     from avion_ds.tasks.pretrain.task import PretrainTask, build_pretrain_model
 
     recipe = _local_recipe(tmp_path, tiny_epic, "data.num_sample=4", "videos.clips_per_video=1")
-    ds = build_dataset(recipe.data, "train", seed=recipe.seed)
+    ds = build_dataset(recipe.data, "train", seed=recipe.seed, sections=recipe.sections)
     PretrainTask().prepare_datasets(recipe, ds)
     item = ds[0]
     frames, masks = item["frames"], item["label"]
@@ -228,7 +228,7 @@ def test_pretrain_eval_ignores_sampler_padding(tiny_epic: dict, tmp_path: Path) 
     from avion_ds.tasks.pretrain.task import PretrainTask, build_pretrain_model, evaluate_pretrain
 
     recipe = _local_recipe(tmp_path, tiny_epic, "videos.clips_per_video=5")
-    ds = build_dataset(recipe.data, "val", seed=recipe.seed)
+    ds = build_dataset(recipe.data, "val", seed=recipe.seed, sections=recipe.sections)
     PretrainTask().prepare_datasets(recipe, ds)
     sub = torch.utils.data.Subset(ds, range(5))
     padded = [i for r in range(2) for i in DistributedSampler(sub, num_replicas=2, rank=r, shuffle=False)]
