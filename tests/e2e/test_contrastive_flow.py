@@ -1,6 +1,6 @@
 """Video-text pretraining end to end through the CLI, at test scale: synth (narrations + MIR files) ->
-chunk -> contrastive pretraining on 2 CPU ranks (torchrun; docs/video_text.md's block runs it through the
-deepspeed launcher; ZeRO-2, feature-cache accumulation)
+chunk -> contrastive pretraining on 2 CPU ranks (docs/video_text.md's block as written, run once for the doc
+test and this flow: the deepspeed launcher, ZeRO-2, feature-cache accumulation)
 -> zero-shot EPIC-style MIR every 10 epochs, best checkpoint by avg mAP -> `avion-ds eval --tag best` on
 1 and on 2 ranks (an odd row count: the sampler pads) give identical metrics; then, from that run, the
 EPIC-100 fine-tunings AVION reports: action recognition with one action head on the video tower (AVION's
@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from tests.e2e.conftest import DocRuns, doc_block
 from tests.helpers import REPO, launch, losses, run_process
 
 pytestmark = pytest.mark.multiprocess
@@ -55,29 +56,23 @@ def _odd_mir_split(mir: Path, out: Path) -> tuple[Path, Path]:
 
 
 @pytest.fixture(scope="module")
-def contrastive_run(tmp_path_factory: pytest.TempPathFactory) -> dict:
-    """synth -> chunk -> contrastive pretraining on 2 CPU ranks (the recipe of the CPU demo); paths and the log."""
-    tmp = tmp_path_factory.mktemp("contrastive_flow")
-    synth, chunks, run = tmp / "synth", tmp / "chunks", tmp / "contrastive"
-    _ok(
-        run_process(
-            [*CLI, "synth", synth, "--num-videos", "4", "--segments-per-video", "24", "--val-fraction", "0.5"]
-            + ["--segment-seconds", "1", "--fps", "8", "--width", "64", "--height", "48"]
-        )
-    )
-    _ok(run_process([*CLI, "chunk", synth / "videos", chunks, "--chunk-seconds", "15", "--no-progress"]))
-    mir = synth / "retrieval_annotations"
-    data = [
-        f"data.root={chunks}",
-        f"data.train_csv={synth / 'ego4d_train.pkl'}",
-        f"data.val_csv={mir / 'EPIC_100_retrieval_test.csv'}",
-        f"epic_mir.val_sentences={mir / 'EPIC_100_retrieval_test_sentence.csv'}",
-        f"epic_mir.val_relevancy={mir / 'relevancy' / 'caption_relevancy_EPIC_100_retrieval_test.pkl'}",
-    ]
-    recipe = REPO / "launch" / "recipes" / "contrastive_demo_cpu.yaml"
-    sets = [x for s in [*data, f"output_dir={run}"] for x in ("--set", s)]
-    log = _ok(launch(["--config", recipe, "--deepspeed_config", REPO / "ds_configs" / "zero2.json", *sets]))
-    return {"tmp": tmp, "synth": synth, "chunks": chunks, "mir": mir, "run": run, "log": log}
+def contrastive_run(doc_runs: DocRuns, tmp_path_factory: pytest.TempPathFactory) -> dict:
+    """docs/video_text.md's block, run once for the doc test and this flow: synth -> chunk -> contrastive
+    pretraining on 2 CPU ranks (the deepspeed launcher, the recipe of the CPU demo) -> eval; paths and the log.
+    The run's recipe names its data relative to the docs' scratch directory (``docs``): its commands run there."""
+    log = _ok(doc_runs.run(doc_block("video_text.md", "contrastive_demo_cpu.yaml")))
+    demo = doc_runs.root / "demo"
+    synth = demo / "synth_text"
+    tmp = tmp_path_factory.mktemp("contrastive_flow")  # this flow's own outputs
+    return {
+        "tmp": tmp,
+        "docs": doc_runs.root,
+        "synth": synth,
+        "chunks": demo / "chunks_text",
+        "mir": synth / "retrieval_annotations",
+        "run": demo / "contrastive",
+        "log": log,
+    }
 
 
 def test_pretraining_logs_and_keeps_the_best(contrastive_run: dict) -> None:
@@ -95,21 +90,22 @@ def test_zero_shot_mir_same_on_one_and_two_ranks_and_learns(contrastive_run: dic
     """`avion-ds eval --tag best` on 1 and 2 ranks, 47 rows (the DistributedSampler pads): identical; on the
     48 held-out clips, text -> video R-precision at least 3x chance."""
     tmp, run, mir = contrastive_run["tmp"], contrastive_run["run"], contrastive_run["mir"]
+    docs = contrastive_run["docs"]
     best = json.loads((run / "best.json").read_text())
     csv47, rel47 = _odd_mir_split(mir, tmp)
     # one clip per forward on both: every embedding comes from the same kernels, whatever the batching
     odd = ["--set", f"data.val_csv={csv47}", "--set", f"epic_mir.val_relevancy={rel47}", "--set", "eval.batch_size=1"]
     one, two = tmp / "eval1.json", tmp / "eval2.json"
-    _ok(run_process([*CLI, "eval", "--checkpoint", run, "--tag", "best", "--out", one, *odd]))
+    _ok(run_process([*CLI, "eval", "--checkpoint", run, "--tag", "best", "--out", one, *odd], cwd=docs))
     evaluate = ["eval", "--checkpoint", run, "--tag", "best", "--out", two, *odd]
-    _ok(launch(evaluate, launcher="torchrun", module="avion_ds.cli"))
+    _ok(launch(evaluate, launcher="torchrun", module="avion_ds.cli", cwd=docs))
     e1, e2 = json.loads(one.read_text()), json.loads(two.read_text())
     assert e1["tag"] == best["tag"] and e1["rows"] == 47
     assert e1["metrics"] == e2["metrics"]
     assert set(e1["metrics"]) == {"vis_map", "txt_map", "avg_map", "vis_ndcg", "txt_ndcg", "avg_ndcg"}
 
     scores = tmp / "eval_full.json"
-    _ok(run_process([*CLI, "eval", "--checkpoint", run, "--tag", "best", "--out", scores]))
+    _ok(run_process([*CLI, "eval", "--checkpoint", run, "--tag", "best", "--out", scores], cwd=docs))
     full = json.loads(scores.read_text())
     print(f"t2v R-precision {full['t2v_rprecision']:.1f} vs chance {full['t2v_rprecision_chance']:.1f}")
     assert full["rows"] >= 48 and full["columns"] >= 8
@@ -256,7 +252,12 @@ def test_zero_shot_classification_of_the_synthetic_classes(contrastive_run: dict
     tmp, synth, run = contrastive_run["tmp"], contrastive_run["synth"], contrastive_run["run"]
     out = tmp / "zero_shot.json"
     sets = ["task=zeroshot", "data.val_dataset=epic", f"data.val_csv={synth / 'val.csv'}"]
-    _ok(run_process([*CLI, "eval", "--checkpoint", run, "--tag", "best", "--out", out, *_sets(sets)]))
+    _ok(
+        run_process(
+            [*CLI, "eval", "--checkpoint", run, "--tag", "best", "--out", out, *_sets(sets)],
+            cwd=contrastive_run["docs"],
+        )
+    )
     result = json.loads(out.read_text())
     m, chance = result["metrics"], result["chance_top1"]
     shown = [f"{h} {m[h + '_top1']:.1f} (chance {chance[h]:.1f})" for h in chance]

@@ -11,25 +11,15 @@ and ``python``.
 
 from __future__ import annotations
 
-import os
 import re
-import subprocess
-from pathlib import Path
 
 import pytest
 
+from tests.e2e.conftest import DOCS, DocRuns
 from tests.e2e.doc_blocks import Block, blocks, parse_marker, with_sets
-from tests.helpers.env import REPO, engine_env
-from tests.helpers.launch import run_process
 
-DOCS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
 ALL = [b for path in DOCS for b in blocks(path)]
 RUN = [b for b in ALL if b.kind == "cpu"]
-DEMO_DATA = (
-    "avion-ds synth demo/synth --num-videos 16 --segments-per-video 24 --seed 0\n"
-    "avion-ds chunk demo/synth/videos demo/chunks --chunk-seconds 15 --short-side 72 --fps 15 --gop 15 "
-    "--workers 2 --no-progress\n"
-)
 
 
 def test_every_bash_block_is_marked() -> None:
@@ -55,41 +45,13 @@ def test_marker_syntax() -> None:
     )
 
 
-@pytest.fixture(scope="session")
-def scratch(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, str]]:
-    """The directory the blocks run in (links to launch/ and ds_configs/) and their env."""
-    root = tmp_path_factory.mktemp("docs")
-    for name in ("launch", "ds_configs", ".ci"):
-        (root / name).symlink_to(REPO / name)
-    return root, engine_env(OMP_NUM_THREADS="1")
-
-
-@pytest.fixture(scope="session")
-def demo_data(scratch: tuple[Path, dict[str, str]]) -> None:
-    """The demo's synthetic data in the scratch directory, once (what the multiprocess blocks train on)."""
-    root, env = scratch
-    if not (root / "demo" / "chunks" / "manifest.jsonl").is_file():
-        proc = _bash(DEMO_DATA, root, env, timeout=600)
-        assert proc.returncode == 0, proc.stdout[-3000:]
-
-
-def _bash(text: str, cwd: Path, env: dict[str, str], timeout: int) -> subprocess.CompletedProcess:
-    """``text`` under ``bash -euo pipefail``; interrupted, its whole process tree ends (``run_process``)."""
-    return run_process(["bash", "-c", f"set -euo pipefail\n{text}\n"], timeout, env, cwd, merge_stderr=True)
-
-
 def _param(b: Block) -> object:
     return pytest.param(b, id=b.id, marks=[pytest.mark.multiprocess] if b.multiprocess else [])
 
 
 @pytest.mark.parametrize("block", [_param(b) for b in RUN])
-def test_cpu_block_runs_as_written(
-    block: Block, scratch: tuple[Path, dict[str, str]], request: pytest.FixtureRequest
-) -> None:
-    root, env = scratch
-    if block.multiprocess and "launch/demo.sh" not in block.text:  # the demo makes its data itself
-        request.getfixturevalue("demo_data")
-    proc = _bash(with_sets(block.text, block.sets), root, {**env, "PATH": os.environ["PATH"]}, timeout=900)
+def test_cpu_block_runs_as_written(block: Block, doc_runs: DocRuns) -> None:
+    proc = doc_runs.run(block)
     out = proc.stdout
     assert proc.returncode == 0, f"{block.id} exited {proc.returncode}:\n{out[-4000:]}"
     for e in block.expects:
