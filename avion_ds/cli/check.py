@@ -31,11 +31,12 @@ def run_check(target: str, overrides: list[str], full: bool, workers: int, out: 
         report = CheckReport(str(path), "full" if full else "sampled")
         check_files(cfg, load_manifest(path).values(), full, workers, report)
     elif path.is_file():
-        cfg = load_recipe(path, overrides).data
+        recipe = load_recipe(path, overrides)
+        cfg = recipe.data
         if not cfg.root or not Path(cfg.root).is_dir():
             raise ConfigError(f"data.root: directory not found: {cfg.root!r}")
         report = CheckReport(cfg.root, "full" if full else "sampled")
-        used = check_rows(cfg, report)
+        used = check_rows(cfg, report, recipe.sections)
         if cfg.chunked:
             check_files(cfg, load_manifest(cfg.root).values(), full, workers, report)
         else:

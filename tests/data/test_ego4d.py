@@ -296,3 +296,14 @@ def test_preflight_checks_the_extra_paths(ego_cfg, tmp_path) -> None:
     empty.mkdir()
     with pytest.raises(ConfigError, match="data.val_root=.* has no manifest.jsonl"):
         preflight.check_data_layout(Recipe(data=replace(ego_cfg, val_root=str(empty))))
+
+
+def test_check_reads_the_aux_files_of_the_recipe(ego_cfg, tmp_path) -> None:
+    """`avion-ds check` builds the splits with the recipe's sections: ego4d.aux_train's rows are checked too."""
+    from avion_ds.data.prep.check import CheckReport, check_rows
+
+    aux = write_rows(tmp_path / "aux.csv", [("idx", 3.0, 4.0, "n4")])
+    plain, with_aux = CheckReport(ego_cfg.root, "sampled"), CheckReport(ego_cfg.root, "sampled")
+    check_rows(ego_cfg, plain)
+    check_rows(ego_cfg, with_aux, {"ego4d": Ego4dKeys([str(aux)])})
+    assert with_aux.rows["train"] == plain.rows["train"] + 1 and with_aux.rows["val"] == plain.rows["val"]

@@ -20,10 +20,12 @@ from __future__ import annotations
 import logging
 import os
 from collections import Counter
+from collections.abc import Mapping
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field, replace
 from multiprocessing import get_context
 from pathlib import Path
+from typing import Any
 
 from avion_ds.config import DataConfig
 from avion_ds.data.datasets.quarantine import row_key
@@ -143,8 +145,9 @@ def check_files(cfg: DataConfig, entries, full: bool, workers: int, report: Chec
             report.quarantine[os.path.relpath(job[0], cfg.root)] = reason
 
 
-def check_rows(cfg: DataConfig, report: CheckReport) -> list:
-    """Every annotation row of train/val: resolves, parses, span inside the video. Returns the videos used."""
+def check_rows(cfg: DataConfig, report: CheckReport, sections: Mapping[str, Any] | None = None) -> list:
+    """Every annotation row of train/val: resolves, parses, span inside the video. Returns the videos used.
+    ``sections``: the recipe's, holding the dataset's own keys."""
     from avion_ds.data.datasets.build import build_dataset  # lazy: loads torch; file-check workers import check
 
     used = {}
@@ -152,7 +155,7 @@ def check_rows(cfg: DataConfig, report: CheckReport) -> list:
     for split, key in (("train", "train_csv"), ("val", "val_csv")):
         if not getattr(cfg, key):
             continue
-        ds = build_dataset(plain, split)  # a file with no usable row at all is bad input (exit 2)
+        ds = build_dataset(plain, split, sections=sections)  # a file with no usable row at all is bad input (exit 2)
         report.rows[split] = len(ds) + len(ds.missing)
         for (path, line), text in zip(ds.missing_where, ds.missing, strict=True):
             report.quarantine[row_key(path, line)] = text.split("): ", 1)[-1]
