@@ -70,7 +70,7 @@ class DatasetSpec:
     check_labels: LabelCheck | None = None
     split_file_optional: bool = False  # data.train_csv / data.val_csv may be empty (unlabelled videos)
     label_kind: str = "class"  # one of LABEL_KINDS: what the tasks check a dataset is for
-    heads_key: str | None = None  # the data key that chooses the heads (EPIC: epic_label), named in errors
+    heads_key: str | None = None  # the dotted key that chooses the heads (EPIC: epic.label), named in errors
     heads_example: Callable[[DataConfig], dict[str, int]] | None = None  # model.heads of a full copy (errors)
     eval_segments: SegmentSampler | None = None  # eval views under segment sampling (None: TSN midpoints)
     maps_kinetics710_head: bool = False  # its classes are a Kinetics list: a Kinetics-710 head maps onto it
