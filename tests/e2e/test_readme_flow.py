@@ -1,6 +1,8 @@
-"""The README's main job at test scale, through the same commands: synth -> chunk -> 2-rank ZeRO-2
-training under the deepspeed launcher -> `avion-ds eval` (single process) -> `avion-ds export` ->
-create_model(pretrained=exported) gives the same logits as the consolidated checkpoint."""
+"""The README's main job at test scale, through the same commands: ``bash launch/demo.sh`` (README.md's
+block, run once for the doc test and this flow: synth -> chunk -> 2-rank ZeRO-2 training under the deepspeed
+launcher -> `avion-ds eval` (single process) -> `avion-ds export`), then from that run: the standalone
+evaluation equals the gathered 2-rank one, create_model(pretrained=exported) gives the same logits as the
+consolidated checkpoint, and evaluation from the exported file or ZeRO-3 offloaded gives the same scores."""
 
 from __future__ import annotations
 
@@ -11,8 +13,10 @@ from pathlib import Path
 
 import pytest
 import torch
+import yaml
 
-from tests.helpers import launch, run_process
+from tests.e2e.conftest import DocRuns, doc_block
+from tests.helpers import run_process
 
 pytestmark = pytest.mark.multiprocess
 
@@ -23,85 +27,28 @@ def _ok(proc: subprocess.CompletedProcess) -> str:
     return out
 
 
-def _run(cmd: list[str], timeout: int = 300) -> str:
-    return _ok(run_process(cmd, timeout=timeout))
+def _run(cmd: list[str], cwd: Path) -> str:
+    """``cmd`` from ``cwd`` (the docs' scratch directory: the run's recipe names its data relative to it)."""
+    return _ok(run_process(cmd, timeout=300, cwd=cwd))
 
 
-def test_synth_chunk_train_eval_export(tmp_path: Path) -> None:
+def test_synth_chunk_train_eval_export(doc_runs: DocRuns) -> None:
     cli = [sys.executable, "-m", "avion_ds.cli"]
-    _run(
-        cli
-        + [
-            "synth",
-            str(tmp_path / "synth"),
-            "--num-videos",
-            "3",
-            "--segments-per-video",
-            "13",
-            "--segment-seconds",
-            "1",
-            "--width",
-            "64",
-            "--height",
-            "48",
-            "--fps",
-            "12",
-            "--seed",
-            "2",
-        ]
-    )
-    _run(
-        cli
-        + [
-            "chunk",
-            str(tmp_path / "synth" / "videos"),
-            str(tmp_path / "chunks"),
-            "--chunk-seconds",
-            "6",
-            "--short-side",
-            "48",
-            "--fps",
-            "12",
-            "--gop",
-            "12",
-            "--workers",
-            "1",
-            "--no-progress",
-        ]
-    )
-    assert (tmp_path / "chunks" / "manifest.jsonl").is_file()
-    run = tmp_path / "run"
-    sets = [
-        f"data.root={tmp_path / 'chunks'}",
-        f"data.train_csv={tmp_path / 'synth' / 'train.csv'}",
-        f"data.val_csv={tmp_path / 'synth' / 'val.csv'}",
-        f"output_dir={run}",
-        "schedule.epochs=2",
-        "eval.every_epochs=2",
-        "batch.global_batch=8",
-        "batch.micro_batch=4",
-        "eval.batch_size=4",
-        "logging.log_every=1",
-        "precision=fp32",
-        "data.num_frames=4",
-        "data.size=32",
-    ]
-    args = ["--config", "launch/recipes/demo_cpu.yaml", "--deepspeed_config", "ds_configs/zero2.json"]
-    for s in sets:
-        args += ["--set", s]
-    log = _ok(launch(args, timeout=400, launcher="deepspeed"))  # the deepspeed launcher, 2 CPU ranks, launch/train.py
-    assert "world 2 | ZeRO-2 | fp32" in log and "[eval ep 1]" in log
+    log = _ok(doc_runs.run(doc_block("README.md", "launch/demo.sh")))
+    demo = doc_runs.root / "demo"
+    run, tmp_path = demo / "run", demo / "readme_flow"  # this flow's own outputs
+    tmp_path.mkdir(exist_ok=True)
+    assert "world 2 | ZeRO-2 | fp32" in log and "[eval ep " in log
     trained = json.loads((run / "metrics.json").read_text())  # 2-rank eval inside training
 
     # standalone evaluation from the run dir (one process): same metrics as the gathered 2-rank eval
-    out = tmp_path / "eval.json"
+    out = run / "eval_metrics.json"  # demo.sh's `avion-ds eval --checkpoint demo/run --out ...`
     from avion_ds.engine.run_checkpoints import complete_tags
 
     tags = complete_tags(run)
-    printed = _run(cli + ["eval", "--checkpoint", str(run), "--out", str(out)])
     ev = json.loads(out.read_text())
-    assert f"evaluating {run} checkpoint {tags[-1]}" in printed and ev["tag"] == tags[-1]  # the newest, named
-    n_val = len((tmp_path / "synth" / "val.csv").read_text().splitlines()) - 1
+    assert f"evaluating demo/run checkpoint {tags[-1]}" in log and ev["tag"] == tags[-1]  # the newest, named
+    n_val = len((demo / "synth" / "val.csv").read_text().splitlines()) - 1
     assert ev["num_samples"] == n_val and len(ev["per_sample"]) == n_val
     assert {r["index"] for r in ev["per_sample"]} == set(range(n_val))
     assert ev["num_failed"] == 0 and ev["failed_samples"] == [] and trained["failed_samples"] == []
@@ -110,16 +57,17 @@ def test_synth_chunk_train_eval_export(tmp_path: Path) -> None:
         assert value == pytest.approx(trained[key], abs=1e-3), key
 
     # export -> safetensors -> create_model(pretrained=...) reproduces the consolidated weights' logits
-    weights = tmp_path / "model.safetensors"
-    _run(cli + ["export", "--checkpoint", str(run), "--out", str(weights)])
+    weights = demo / "model.safetensors"  # demo.sh's `avion-ds export`
     from avion_ds.engine.export import consolidate
     from avion_ds.models import create_model
 
-    kw = {"heads": {"verb": 4, "noun": 3}, "num_frames": 4, "img_size": 32, "drop_path_rate": 0.0}
+    recipe = yaml.safe_load((run / "recipe.yaml").read_text())
+    frames, size = recipe["data"]["num_frames"], recipe["data"]["size"]
+    kw = {"heads": {"verb": 4, "noun": 3}, "num_frames": frames, "img_size": size, "drop_path_rate": 0.0}
     loaded = create_model("vit_test_tiny", pretrained=str(weights), **kw).eval()
     ref = create_model("vit_test_tiny", **kw).eval()
     ref.load_state_dict(consolidate(run), strict=True)
-    x = torch.randn(2, 3, 4, 32, 32)
+    x = torch.randn(2, 3, frames, size, size)
     with torch.no_grad():
         a, b = loaded(x), ref(x)
     for head in ("verb", "noun"):
@@ -127,7 +75,10 @@ def test_synth_chunk_train_eval_export(tmp_path: Path) -> None:
 
     # eval from the exported file gives the same per-sample scores as eval from the run dir
     out2 = tmp_path / "eval_file.json"
-    _run(cli + ["eval", "--config", str(run / "recipe.yaml"), "--checkpoint", str(weights), "--out", str(out2)])
+    _run(
+        cli + ["eval", "--config", str(run / "recipe.yaml"), "--checkpoint", str(weights), "--out", str(out2)],
+        doc_runs.root,
+    )
     ev2 = json.loads(out2.read_text())
     assert ev2["per_sample"] == ev["per_sample"]
 
@@ -150,7 +101,8 @@ def test_synth_chunk_train_eval_export(tmp_path: Path) -> None:
             "--no-per-sample",
             "--tag",
             tags[-1],
-        ]
+        ],
+        doc_runs.root,
     )
     assert "parameters offloaded to CPU memory; on the accelerator at most 100,000 live parameters" in said
     ev3 = json.loads(out3.read_text())
