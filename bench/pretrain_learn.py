@@ -119,6 +119,7 @@ def pretrain(args: argparse.Namespace, root: Path) -> tuple[torch.nn.Module, dic
         size=32,
         decoder="decord",
         workers=0,
+        decode_timeout_s=args.decode_timeout_s,
         hflip=0.0,
     )
     model = create_model("pretrain_videomae_test_tiny", decoder_dim=64, **ENCODER)
@@ -165,6 +166,7 @@ def finetune(args: argparse.Namespace, root: Path, info: dict, encoder_sd: dict 
         size=32,
         decoder="decord",
         workers=0,
+        decode_timeout_s=args.decode_timeout_s,
         hflip=0.0,
         label_smoothing=0.1,
         crop_scale=[0.7, 1.0],
@@ -215,6 +217,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--ft-views", type=int, default=4)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=1)
+    p.add_argument(
+        "--decode-timeout-s",
+        type=float,
+        default=DataConfig.decode_timeout_s,
+        help="data.decode_timeout_s (0: decode in-process, no helper process to start: the tiny smoke run)",
+    )
     args = p.parse_args(argv)
     torch.set_num_threads(args.threads)
     root = Path(args.out)

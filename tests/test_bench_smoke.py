@@ -42,7 +42,7 @@ TINY: dict[str, list[str]] = {
     + ["--warmup", "0"],
     "pretrain.py": ["--parts", "masks", "--batch", "1", "--iters", "1"],
     "pretrain_learn.py": ["--out", f"{W}/pl", "--steps", "2", "--batch", "2", "--clips-per-video", "2"]
-    + ["--ft-steps", "1", "--ft-views", "1"],
+    + ["--ft-steps", "1", "--ft-views", "1", "--decode-timeout-s", "0"],
     "report.py": [f"{W}/memory.json", "--out", f"{W}/report.png"],  # after memory.py: draws its JSON
     "rss.py": ["--model", "vit_test_tiny", "--frames", "2", "--size", "32", "--no-init", "--out", f"{W}/rss.json"],
     "x264_asm.py": ["--seconds", "1", "--short-side", "48", "--warmup", "2", "--repeats", "1"],
