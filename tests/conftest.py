@@ -19,6 +19,11 @@ def pytest_configure(config: pytest.Config) -> None:
     reaper.install()
 
 
+def pytest_runtest_logfinish(nodeid: str, location: tuple) -> None:
+    """Ranks adopted during the test that have exited are waited for (no zombie outlives its test)."""
+    reaper.reap_adopted()
+
+
 @pytest.fixture
 def one_rank(monkeypatch: pytest.MonkeyPatch) -> None:
     """The env a one-rank launcher sets, for tests that build a DeepSpeed engine in the pytest process;

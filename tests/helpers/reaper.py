@@ -7,15 +7,20 @@ is re-parented to pytest instead of init and stays in that tree. Then:
 
 * ``run_process`` (every launch of ``tests.helpers``) ends the whole tree of its command when the test is
   interrupted (pytest-timeout, Ctrl-C, its own timeout);
-* SIGTERM / SIGHUP to pytest, and the end of the run, end every descendant still alive.
+* SIGTERM / SIGHUP to pytest, and the end of the run, end every descendant still alive;
+* after each test, the adopted ranks that have exited are reaped (``reap_adopted``): a subreaper must wait
+  for them, or every multi-rank test leaves zombies (pids held) until the run ends.
 """
 
 from __future__ import annotations
 
 import atexit
 import ctypes
+import gc
+import multiprocessing.popen_fork
 import os
 import signal
+import subprocess
 from types import FrameType
 
 import psutil
@@ -68,6 +73,36 @@ def kill_descendants() -> list[int]:
     if _INSTALLED_IN != [os.getpid()]:
         return []
     return kill_tree(os.getpid())
+
+
+def _waited_by_others() -> set[int]:
+    """Pids a live ``subprocess.Popen`` or ``multiprocessing`` process object will wait for itself (reaping
+    them here would take their exit status away)."""
+    kinds = (subprocess.Popen, multiprocessing.popen_fork.Popen)
+    return {o.pid for o in gc.get_objects() if isinstance(o, kinds) and o.returncode is None}
+
+
+def reap_adopted() -> list[int]:
+    """Wait for this process's exited children that no Popen / multiprocessing object owns (ranks adopted
+    as orphans); returns their pids. Cheap when there is no zombie child (one /proc read)."""
+    if _INSTALLED_IN != [os.getpid()]:
+        return []
+    try:
+        zombies = [c.pid for c in psutil.Process().children() if c.status() == psutil.STATUS_ZOMBIE]
+    except psutil.Error:
+        return []
+    if not zombies:
+        return []
+    owned, reaped = _waited_by_others(), []
+    for pid in zombies:
+        if pid in owned:
+            continue
+        try:
+            if os.waitpid(pid, os.WNOHANG)[0] == pid:
+                reaped.append(pid)
+        except ChildProcessError:
+            pass
+    return reaped
 
 
 def _on_signal(signum: int, frame: FrameType | None) -> None:
