@@ -1,8 +1,12 @@
-"""2-rank DeepSpeed runs on CPU (torchrun; a resume and the bad-input exit through the deepspeed
+"""2-rank DeepSpeed runs on CPU (torchrun; the resumes and the bad-input exit through the deepspeed
 launcher): ZeRO 0 / 2 / 3 and CPU offload give the same fp32 loss trajectory, and an interrupted +
 resumed run (ZeRO-2, ZeRO-3) reproduces it exactly, ignoring a newer checkpoint that was killed
 mid-save. Runs use a 3-clip val set and in-process decoding (``tiny_epic_quick``, ``QUICK_DATA``):
-evaluation and the decode helper are other tests' subject."""
+evaluation and the decode helper are other tests' subject.
+
+The runs start in two launches (``tests/helpers/train_jobs.py``: the launcher and the ranks start once per
+launch): the reference, the interrupted halves and the offload run through torchrun, then both resumed
+halves, in new processes, through the deepspeed launcher."""
 
 from __future__ import annotations
 
@@ -14,9 +18,11 @@ import pytest
 import torch
 
 from tests.helpers import QUICK_DATA, REPO, launch, losses, write_recipe
+from tests.helpers.launch import launch_jobs
 
 pytestmark = pytest.mark.multiprocess
 TOL = 1e-5  # measured: fp32 trajectories agree to ~1e-6 across stages and after resume
+STAGES = ("zero2", "zero3")
 
 
 def steps_per_epoch(data: dict) -> int:
@@ -24,27 +30,53 @@ def steps_per_epoch(data: dict) -> int:
     return (data["num_train"] // 2) // 4
 
 
-def _train(tmp: Path, data: dict, name: str, ds: str, *extra: str, launcher: str = "torchrun") -> tuple[Path, str]:
-    run = tmp / name
-    recipe = write_recipe(tmp / f"{name}.yaml", data, run, data=QUICK_DATA)
-    proc = launch(
-        ["--config", str(recipe), "--deepspeed_config", str(REPO / "ds_configs" / f"{ds}.json"), *extra],
-        launcher=launcher,
-    )
-    log = proc.stdout + proc.stderr
-    assert proc.returncode == 0, log[-4000:]
-    return run, log
+def _job(tmp: Path, data: dict, name: str, ds: str, *extra: str) -> list[str | Path]:
+    """The argv of one training job (its recipe written under ``tmp``; run dir ``tmp / name``)."""
+    recipe = write_recipe(tmp / f"{name}.yaml", data, tmp / name, data=QUICK_DATA)
+    return ["--config", recipe, "--deepspeed_config", REPO / "ds_configs" / f"{ds}.json", *extra]
+
+
+def _impl(stage: str) -> list[str]:
+    """ZeRO-3 also switches activation checkpointing to deepspeed.checkpointing (the JSON's section)."""
+    return ["--set", "model.activation_checkpoint_impl=deepspeed"] if stage == "zero3" else []
+
+
+def _cut_mid_save(run: Path, stop: int) -> None:
+    """A newer checkpoint killed mid-save (shards but no COMPLETE marker), named latest: resume must ignore it."""
+    partial = run / "checkpoints" / f"step_{stop + 1:08d}"
+    shutil.copytree(run / "checkpoints" / f"step_{stop:08d}", partial)
+    (partial / "COMPLETE.json").unlink()
+    (run / "checkpoints" / "latest").write_text(partial.name)
 
 
 @pytest.fixture(scope="module")
-def reference(tiny_epic_quick: dict, tmp_path_factory: pytest.TempPathFactory) -> dict:
-    """Uninterrupted ZeRO-0 run: 2 epochs of 4 steps."""
-    tmp = tmp_path_factory.mktemp("ref")
-    run, log = _train(tmp, tiny_epic_quick, "zero0", "zero0")
-    return {"run": run, "log": log, "losses": losses(run)}
+def runs(tiny_epic_quick: dict, tmp_path_factory: pytest.TempPathFactory) -> dict:
+    """The uninterrupted ZeRO-0 reference (2 epochs of 4 steps), the ZeRO-2 / ZeRO-3 runs interrupted one step
+    into the second epoch (torchrun) and resumed in new processes (the deepspeed launcher), and a ZeRO-3 +
+    CPU offload run of 2 steps. ZeRO-3 jobs last in each launch (train_jobs.py)."""
+    tmp, data = tmp_path_factory.mktemp("multirank"), tiny_epic_quick
+    stop = steps_per_epoch(data) + 1  # one step into the second epoch: resume mid-epoch
+    first = [
+        _job(tmp, data, "ref", "zero0"),
+        *[_job(tmp, data, s, s, "--exit-after-steps", str(stop), *_impl(s)) for s in STAGES],
+        _job(tmp, data, "offload", "zero3_offload", "--exit-after-steps", "2"),
+    ]
+    ref, *cut, offload = launch_jobs(first, tmp / "first.json")
+    interrupted = {s: losses(tmp / s) for s in STAGES}
+    for s in STAGES:
+        _cut_mid_save(tmp / s, stop)
+    resumed = launch_jobs([_job(tmp, data, s, s, *_impl(s)) for s in STAGES], tmp / "resume.json", launcher="deepspeed")
+    return {
+        "ref": {"run": tmp / "ref", "log": ref, "losses": losses(tmp / "ref")},
+        "stop": stop,
+        **{s: {"run": tmp / s, "interrupted": interrupted[s], "log": log} for s, log in zip(STAGES, resumed)},
+        "offload": {"run": tmp / "offload", "log": offload},
+        "cut_logs": dict(zip(STAGES, cut)),
+    }
 
 
-def test_zero0_run_logs_checkpoints_and_evaluates(reference: dict, tiny_epic_quick: dict) -> None:
+def test_zero0_run_logs_checkpoints_and_evaluates(runs: dict, tiny_epic_quick: dict) -> None:
+    reference = runs["ref"]
     run, got = reference["run"], reference["losses"]
     spe = steps_per_epoch(tiny_epic_quick)
     assert sorted(got) == list(range(1, 2 * spe + 1))
@@ -64,46 +96,31 @@ def test_zero0_run_logs_checkpoints_and_evaluates(reference: dict, tiny_epic_qui
     assert complete_tags(run) == [f"step_{last - 2:08d}", f"step_{last:08d}"]
 
 
-@pytest.mark.parametrize("stage", ["zero2", "zero3"])
-def test_resume_reproduces_uninterrupted_run(
-    stage: str, reference: dict, tiny_epic_quick: dict, tmp_path: Path
-) -> None:
-    tiny_epic = tiny_epic_quick
-    stop = steps_per_epoch(tiny_epic) + 1  # one step into the second epoch: resume mid-epoch
-    # ZeRO-3 also switches activation checkpointing to deepspeed.checkpointing (the JSON's section)
-    impl = ["--set", "model.activation_checkpoint_impl=deepspeed"] if stage == "zero3" else []
-    # interrupted half through torchrun, resumed half through the deepspeed launcher
-    run, _ = _train(tmp_path, tiny_epic, stage, stage, "--exit-after-steps", str(stop), *impl, launcher="torchrun")
-    first = losses(run)
-    assert sorted(first) == list(range(1, stop + 1))
-    # a newer checkpoint killed mid-save (shards but no COMPLETE marker) must be ignored
-    partial = run / "checkpoints" / f"step_{stop + 1:08d}"
-    shutil.copytree(run / "checkpoints" / f"step_{stop:08d}", partial)
-    (partial / "COMPLETE.json").unlink()
-    (run / "checkpoints" / "latest").write_text(partial.name)
-    _, log = _train(tmp_path, tiny_epic, stage, stage, *impl, launcher="deepspeed")
+@pytest.mark.parametrize("stage", STAGES)
+def test_resume_reproduces_uninterrupted_run(stage: str, runs: dict) -> None:
+    """Interrupted half through torchrun, resumed half through the deepspeed launcher."""
+    stop, run, ref = runs["stop"], runs[stage]["run"], runs["ref"]["losses"]
+    assert sorted(runs[stage]["interrupted"]) == list(range(1, stop + 1))
+    log = runs[stage]["log"]
     assert f"resumed from step_{stop:08d}: epoch 1, step 1 in epoch" in log
-    assert f"activation checkpointing {'deepspeed' if impl else 'torch'}" in log
+    assert f"activation checkpointing {'deepspeed' if _impl(stage) else 'torch'}" in log
+    assert f"ZeRO-{stage[-1]}" in runs["cut_logs"][stage] and f"ZeRO-{stage[-1]}" in log
     resumed = losses(run)
-    ref = reference["losses"]
     assert sorted(resumed) == sorted(ref)
     for s in ref:
         assert resumed[s] == pytest.approx(ref[s], abs=TOL), (s, resumed[s], ref[s])
     # consolidated fp32 weights (rundir.consolidate: ZeRO-2/3 shards, module state for ZeRO-0) agree too
     from avion_ds.engine.export import consolidate
 
-    mine, base = consolidate(run), consolidate(reference["run"])
+    mine, base = consolidate(run), consolidate(runs["ref"]["run"])
     assert sorted(mine) == sorted(base)
     for k in base:
         torch.testing.assert_close(mine[k], base[k], rtol=0, atol=1e-5, msg=k)
 
 
-def test_cpu_offload_matches(reference: dict, tiny_epic_quick: dict, tmp_path: Path) -> None:
-    run, log = _train(
-        tmp_path, tiny_epic_quick, "offload", "zero3_offload", "--exit-after-steps", "2", launcher="torchrun"
-    )
-    assert "ZeRO-3" in log
-    got, ref = losses(run), reference["losses"]
+def test_cpu_offload_matches(runs: dict) -> None:
+    assert "ZeRO-3" in runs["offload"]["log"]
+    got, ref = losses(runs["offload"]["run"]), runs["ref"]["losses"]
     assert sorted(got) == [1, 2]
     for s in got:
         assert got[s] == pytest.approx(ref[s], abs=1e-4), (s, got[s], ref[s])

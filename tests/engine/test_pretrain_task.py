@@ -2,7 +2,7 @@
 activation checkpointing off/on, a ZeRO-2 run interrupted and resumed in a new process that
 reproduces the uninterrupted fp32 trajectory bit for bit, and the pretrain -> fine-tune handoff.
 
-All jobs of the first launch run in one launcher process (tests/engine/pretrain_jobs_script.py),
+All jobs of the first launch run in one launcher process (tests/helpers/train_jobs.py),
 so the suite pays the launcher and op loading once; the resume runs in a second launch (a new
 process: nothing but the checkpoint carries over). Clips are decoded in-process
 (``data.decode_timeout_s: 0``): a decode helper process per dataset and job cost more than training.
@@ -12,8 +12,6 @@ from __future__ import annotations
 
 import json
 import math
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -21,31 +19,10 @@ import pytest
 import torch
 import yaml
 
-from avion_ds.distributed.dist import free_port
-from tests.helpers import REPO, engine_env, losses
+from tests.helpers import REPO, losses
+from tests.helpers.launch import launch_jobs
 
 pytestmark = pytest.mark.multiprocess
-SCRIPT = Path(__file__).with_name("pretrain_jobs_script.py")
-
-
-def _launch(jobs: list[list[str]], tmp: Path, name: str) -> str:
-    path = tmp / f"{name}.json"
-    path.write_text(json.dumps(jobs))
-    cmd = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--nproc_per_node",
-        "2",
-        "--master_port",
-        str(free_port()),
-        str(SCRIPT),
-        str(path),
-    ]
-    proc = subprocess.run(cmd, cwd=REPO, env=engine_env(), capture_output=True, text=True, timeout=900)
-    log = proc.stdout + proc.stderr
-    assert proc.returncode == 0, log[-5000:]
-    return log
 
 
 def _recipe(tmp: Path, data: dict) -> Path:
@@ -105,8 +82,8 @@ def runs(tiny_epic: dict, tmp_path_factory: pytest.TempPathFactory) -> dict:
             run = tmp / f"z{stage}_{'ac' if ac else 'plain'}"
             matrix[(stage, ac)] = run
             jobs.append(_job(recipe, run, stage, *smoke, f"model.activation_checkpointing={str(ac).lower()}"))
-    log = _launch(jobs, tmp, "first")
-    resumed = _launch([_job(recipe, tmp / "cut", 2)], tmp, "resume")
+    log = "".join(launch_jobs(jobs, tmp / "first.json"))
+    (resumed,) = launch_jobs([_job(recipe, tmp / "cut", 2)], tmp / "resume.json")
     return {"matrix": matrix, "ref": tmp / "ref", "cut": tmp / "cut", "log": log, "resumed": resumed}
 
 

@@ -19,8 +19,8 @@ from avion_ds.tasks.common.evaluation import confusion_images
 from avion_ds.tasks.common.pictures import confusion_image, label_margin, label_rows
 from avion_ds.tasks.pretrain.reconstruct import ROWS
 from tests.helpers import QUICK_DATA, REPO, launch, write_recipe
+from tests.helpers.launch import JOBS_SCRIPT
 
-SCRIPT = Path(__file__).with_name("pretrain_jobs_script.py")
 HF_AUTO = ("reduce_bucket_size", "stage3_prefetch_bucket_size", "stage3_param_persistence_threshold")
 
 
@@ -170,7 +170,7 @@ def runs(tiny_epic_quick: dict, tmp_path_factory: pytest.TempPathFactory) -> dic
         ["--config", str(pt), "--deepspeed", "--deepspeed_config", str(tmp / "zero3_hf_auto.json")],
     ]
     (tmp / "jobs.json").write_text(json.dumps(jobs))
-    proc = launch([tmp / "jobs.json"], nprocs=2, script_path=SCRIPT, timeout=900)
+    proc = launch([tmp / "jobs.json"], nprocs=2, script_path=JOBS_SCRIPT, timeout=900)
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-5000:]
     return {"finetune": tmp / "ft_run" / "tb", "pretrain": tmp / "pretrain_run" / "tb", "log": proc.stdout}
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from collections.abc import Sequence
@@ -12,6 +13,8 @@ from tests.helpers.env import REPO, engine_env
 from tests.helpers.reaper import kill_tree
 
 LAUNCHERS = ("deepspeed", "torchrun", "python")
+JOBS_SCRIPT = Path(__file__).with_name("train_jobs.py")
+JOB_DONE = "job done in "
 
 
 def run_process(
@@ -88,3 +91,30 @@ def launch(
                 str(port),
             ]
     return run_process([*prefix, *target, *args], timeout=timeout, env=env, cwd=cwd)
+
+
+def launch_jobs(
+    jobs: Sequence[Sequence[str | Path]], path: Path, nprocs: int = 2, launcher: str = "torchrun", timeout: int = 900
+) -> list[str]:
+    """Several ``avion-ds train`` jobs (argv lists, run in order) in ONE launch of ``tests/helpers/train_jobs.py``:
+    the launcher and the ranks start once for all of them. ``path``: the jobs file to write. Asserts exit 0;
+    returns each job's output (:func:`job_logs`), the launch's stderr appended to the last."""
+    path.write_text(json.dumps([[str(a) for a in job] for job in jobs]))
+    proc = launch([path], nprocs=nprocs, launcher=launcher, script_path=JOBS_SCRIPT, timeout=timeout)
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-5000:]
+    logs = job_logs(proc.stdout)
+    assert len(logs) == len(jobs), (len(logs), len(jobs), proc.stdout[-3000:])
+    logs[-1] += proc.stderr
+    return logs
+
+
+def job_logs(stdout: str) -> list[str]:
+    """A ``train_jobs.py`` launch's stdout cut into its jobs' parts (rank 0 ends each with a ``job done in`` line;
+    the other ranks' lines fall into the part they were printed during)."""
+    parts, current = [], []
+    for line in stdout.splitlines(keepends=True):
+        current.append(line)
+        if line.startswith(JOB_DONE):
+            parts.append("".join(current))
+            current = []
+    return parts

@@ -1,8 +1,11 @@
 """Run several `avion-ds train` jobs in ONE launcher process (saves a launcher + op load per config).
 
-Usage (under torchrun or the deepspeed launcher): ``pretrain_jobs_script.py JOBS.json``; JOBS.json is a list of
+Usage (under torchrun or the deepspeed launcher): ``train_jobs.py JOBS.json``; JOBS.json is a list of
 argv lists for ``avion_ds.cli.train``. Each job goes through the real ``train.run``; the first
-failing job's exit code is returned, and the process leaves through ``dist.shutdown``.
+failing job's exit code is returned, and the process leaves through ``dist.shutdown``. Rank 0 prints
+``job done in`` after each job (``tests.helpers.launch.job_logs`` splits the output there).
+A ZeRO-3 job replaces ``torch.nn.functional.linear`` in its process for good (zero.Init's
+memory-efficient linear): put the ZeRO-3 jobs last.
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ def _all(jobs: list[list[str]]) -> int:
         if code:
             return code
         if dist.is_main():
-            print(f"job done in {time.perf_counter() - t0:.1f} s: {' '.join(argv)}", flush=True)
+            print(f"job done in {time.perf_counter() - t0:.1f} s: {' '.join(argv)}", flush=True)  # launch.JOB_DONE
     return 0
 
 
