@@ -45,6 +45,10 @@ TINY: dict[str, list[str]] = {
     + ["--ft-steps", "1", "--ft-views", "1", "--decode-timeout-s", "0"],
     "report.py": [f"{W}/memory.json", "--out", f"{W}/report.png"],  # after memory.py: draws its JSON
     "rss.py": ["--model", "vit_test_tiny", "--frames", "2", "--size", "32", "--no-init", "--out", f"{W}/rss.json"],
+    "umt_learn.py": ["--out", f"{W}/ul", "--seeds", "0", "--pretrain-seconds", "0.1", "--steps", "2", "--batch", "2"]
+    + ["--clips-per-video", "2", "--ft-steps", "1", "--ft-views", "1", "--teacher-epochs", "1", "--teacher-views", "1"]
+    + ["--decode-timeout-s", "0"],
+    "umt_step.py": ["--tiny", "--warmup", "2", "--iters", "1"],
     "x264_asm.py": ["--seconds", "1", "--short-side", "48", "--warmup", "2", "--repeats", "1"],
     "exit_stability.sh": ["1"],
 }
