@@ -5,7 +5,11 @@ fp32, lr 1e-3, no per-rank randomness (drop path, flip off; crops are keyed by s
 Launched through torchrun (the launcher plays no part in the resume; test_multirank and
 test_multi_node cover the deepspeed launcher), a 3-clip val set and in-process decoding: the
 runs' final eval and decode helpers are not what is tested here. The ZeRO-2 runs also keep a weight EMA and a
-weight-decay schedule: both continue across the resize as in the uninterrupted run."""
+weight-decay schedule: both continue across the resize as in the uninterrupted run.
+
+The nine runs start in three launches (``tests/helpers/train_jobs.py``: the launcher and ranks start once per
+launch): the ZeRO-2 run on 2 ranks; its resumes on 1 rank with the ZeRO-3 run; the ZeRO-3 resumes on 2 ranks.
+Each resumed run converts its checkpoint itself; the moments-dropped copy gets the same conversion here."""
 
 from __future__ import annotations
 
@@ -17,9 +21,11 @@ import pytest
 import torch
 import yaml
 
+from avion_ds.engine.elastic import convert_to_universal
 from avion_ds.engine.ema import EmaFiles
 from avion_ds.storage.run_dir import consolidate, latest_complete
-from tests.helpers import QUICK_DATA, REPO, launch, losses, write_recipe
+from tests.helpers import QUICK_DATA, REPO, losses, write_recipe
+from tests.helpers.launch import launch_jobs
 
 pytestmark = pytest.mark.multiprocess
 K = 2  # resume from the checkpoint after this many optimizer steps
@@ -46,15 +52,8 @@ def _recipe(tmp: Path, data: dict, run: Path, options: dict | None = None) -> Pa
     return path
 
 
-def _train(recipe: Path, ds: str, nprocs: int) -> str:
-    proc = launch(
-        ["--config", str(recipe), "--deepspeed_config", str(REPO / "ds_configs" / f"{ds}.json")],
-        nprocs=nprocs,
-        launcher="torchrun",
-    )
-    log = proc.stdout + proc.stderr
-    assert proc.returncode == 0, log[-4000:]
-    return log
+def _job(recipe: Path, ds: str) -> list[str | Path]:
+    return ["--config", recipe, "--deepspeed_config", REPO / "ds_configs" / f"{ds}.json"]
 
 
 def _cut_at(src: Path, dst: Path, k: int) -> None:
@@ -80,36 +79,54 @@ def _drop_moments(universal: Path) -> int:
     return n
 
 
-def _check(
-    tmp: Path, data: dict, ds: str, before: int, after: int, tol: float = 1e-5, options: dict | None = None
-) -> None:
-    full = tmp / "full"
-    recipe = _recipe(tmp, data, full, options)
-    _train(recipe, ds, before)
-    ref = losses(full)
-    assert len(ref) > K + 1
+class Case:
+    """One resize: the uninterrupted run ``full`` on ``before`` ranks, cut after step K and resumed on ``after``
+    ranks (``resumed``), and the same resume with the optimizer moments zeroed (``dropped``)."""
 
-    resumed = tmp / "resumed"
-    _cut_at(full, resumed, K)
-    log = _train(_recipe(tmp, data, resumed, options), ds, after)
-    assert f"elastic resume: step_{K:08d} was written by {before} ranks, this run has {after}" in log
-    got = losses(resumed)
+    def __init__(self, tmp: Path, data: dict, ds: str, before: int, after: int, options: dict | None = None) -> None:
+        self.tmp, self.data, self.ds, self.before, self.after, self.options = tmp, data, ds, before, after, options
+        self.log = ""
+
+    def job(self, name: str) -> list[str | Path]:
+        return _job(_recipe(self.tmp, self.data, self.tmp / name, self.options), self.ds)
+
+    def cut(self) -> None:
+        """``resumed`` and ``dropped`` as the full run was after step K; ``dropped``'s checkpoint converted to
+        universal (as the resumed run converts its own) with the moments zeroed."""
+        full = self.tmp / "full"
+        assert len(losses(full)) > K + 1
+        for name in ("resumed", "dropped"):
+            _cut_at(full, self.tmp / name, K)
+        universal = convert_to_universal(self.tmp / "dropped" / "checkpoints" / f"step_{K:08d}")
+        assert _drop_moments(universal) > 0
+
+
+def _check(case: Case, tol: float = 1e-5) -> None:
+    ref, got = losses(case.tmp / "full"), losses(case.tmp / "resumed")
+    assert f"elastic resume: step_{K:08d} was written by {case.before} ranks, this run has {case.after}" in case.log
     assert sorted(got) == [s for s in sorted(ref) if s > K]
     for s in got:
         # after the first resumed step the two world sizes sum gradients in a different order: within 1e-5
         # relative (~2.5e-5 absolute at these losses), while dropping the optimizer state moves it > 1e-3
         assert abs(got[s] - ref[s]) <= (tol * abs(ref[s]) if s > K + 1 else 1e-6), (s, got, ref)
-
     # the same resume with the optimizer moments zeroed must NOT match: the state really was used
-    dropped = tmp / "dropped"
-    _cut_at(full, dropped, K)
-    shutil.copytree(
-        resumed / "checkpoints" / f"step_{K:08d}" / "universal", dropped / "checkpoints" / f"step_{K:08d}" / "universal"
-    )
-    assert _drop_moments(dropped / "checkpoints" / f"step_{K:08d}" / "universal") > 0
-    _train(_recipe(tmp, data, dropped, options), ds, after)
-    worse = losses(dropped)
+    worse = losses(case.tmp / "dropped")
     assert max(abs(worse[s] - ref[s]) for s in worse) > 1e-3
+
+
+@pytest.fixture(scope="module")
+def cases(tiny_epic_quick: dict, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Case]:
+    """ZeRO-2: 2 ranks -> 1 (with the EMA and the weight-decay schedule); ZeRO-3: 1 rank -> 2. Three launches
+    (the ZeRO-3 job last in the 1-rank launch, train_jobs.py)."""
+    z2 = Case(tmp_path_factory.mktemp("elastic_zero2"), tiny_epic_quick, "zero2", 2, 1, OPTIONS)
+    z3 = Case(tmp_path_factory.mktemp("elastic_zero3"), tiny_epic_quick, "zero3", 1, 2)
+    launch_jobs([z2.job("full")], z2.tmp / "first.json", nprocs=2)
+    z2.cut()
+    one = launch_jobs([z2.job("resumed"), z2.job("dropped"), z3.job("full")], z2.tmp / "one.json", nprocs=1)
+    z2.log = one[0]
+    z3.cut()
+    z3.log = launch_jobs([z3.job("resumed"), z3.job("dropped")], z3.tmp / "two.json", nprocs=2)[0]
+    return {"zero2": z2, "zero3": z3}
 
 
 def _weight_decays(run: Path) -> dict[int, float]:
@@ -136,12 +153,12 @@ def _check_options(tmp: Path) -> None:
 
 
 @pytest.mark.timeout(900)
-def test_zero2_two_ranks_resume_on_one(tiny_epic_quick: dict, tmp_path: Path) -> None:
-    _check(tmp_path, tiny_epic_quick, "zero2", before=2, after=1, options=OPTIONS)
-    _check_options(tmp_path)
+def test_zero2_two_ranks_resume_on_one(cases: dict[str, Case]) -> None:
+    _check(cases["zero2"])
+    _check_options(cases["zero2"].tmp)
 
 
 @pytest.mark.timeout(900)
-def test_zero3_one_rank_resume_on_two(tiny_epic_quick: dict, tmp_path: Path) -> None:
+def test_zero3_one_rank_resume_on_two(cases: dict[str, Case]) -> None:
     # catches ZeRO-3's universal load giving the no-decay group weight decay (1.03e-5 at step K+2)
-    _check(tmp_path, tiny_epic_quick, "zero3", before=1, after=2)
+    _check(cases["zero3"])
