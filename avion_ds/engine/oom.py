@@ -8,6 +8,7 @@ from avion_ds.distributed.ds_config import resolve_batch
 from avion_ds.distributed.ds_plan import DSPlan
 from avion_ds.memory.estimate import estimate
 from avion_ds.memory.units import format_bytes
+from avion_ds.tasks import task_of
 
 
 class OutOfMemory(RuntimeError):
@@ -44,20 +45,21 @@ def explain(recipe: Recipe, plan: DSPlan, world: int, error: BaseException) -> s
     clips = micro * recipe.data.num_sample  # repeated sampling: num_sample augmented clips per loaded item
     m = recipe.model
     try:
-        e = estimate(
-            m.name,
-            recipe.data.num_frames,
-            recipe.data.size,
-            clips,
-            plan.precision,
-            plan.zero_stage,
-            offload_optimizer=plan.offload_optimizer is not None,
-            offload_param=plan.offload_param is not None,
-            checkpointing=m.activation_checkpoint_every if m.activation_checkpointing else False,
-            world_size=world,
-            first_n=m.activation_checkpoint_first_n,
-            checkpoint_policy=m.activation_checkpoint_policy,
-        )
+        knobs = {
+            "offload_optimizer": plan.offload_optimizer is not None,
+            "offload_param": plan.offload_param is not None,
+            "checkpointing": m.activation_checkpoint_every if m.activation_checkpointing else False,
+            "world_size": world,
+            "first_n": m.activation_checkpoint_first_n,
+            "checkpoint_policy": m.activation_checkpoint_policy,
+        }
+        own = task_of(recipe).memory_estimator(recipe)  # a task's own step (e.g. UMT's teacher)
+        if own is not None:
+            e = own(clips, plan.precision, plan.zero_stage, **knobs)
+        else:
+            e = estimate(
+                m.name, recipe.data.num_frames, recipe.data.size, clips, plan.precision, plan.zero_stage, **knobs
+            )
         predicted = f"planner predicts {format_bytes(e.total)} per GPU for this config"
     except Exception as exc:  # noqa: BLE001 - the message must not fail: say why there is no prediction
         predicted = f"no planner prediction ({type(exc).__name__}: {str(exc).splitlines()[0][:80]})"

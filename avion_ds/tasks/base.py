@@ -110,6 +110,13 @@ class Task(ABC):
         """A batch of random clips as the loss takes them after augmentation (``frames`` float (B, C, T, H, W),
         ``label`` the task's targets): measuring a step without data (``plan --measure``, benchmarks)."""
 
+    def memory_estimator(self, recipe: Recipe) -> Callable[..., Any] | None:
+        """This task's step memory for ``avion-ds plan --config`` where it differs from its model's as the
+        planner counts it by name (e.g. a frozen teacher, visible tokens only): a callable
+        ``(micro_batch, dtype, zero_stage, **avion_ds.memory.estimate.estimate's keywords) -> MemoryEstimate``;
+        None (default): the model's."""
+        return None
+
     # ------------------------------------------------------------------ one step
     @abstractmethod
     def loss(

@@ -1,7 +1,8 @@
 """`task: umt` end to end on one CPU process: `avion-ds train` with launch/recipes/umt_demo_cpu.yaml (its teacher
 a tiny dual encoder's weights, the synthetic videos of tests/engine/conftest.py) for 2 optimizer steps and a
-validation under ZeRO-0 and ZeRO-3 (the same fp32 losses), then fine-tuning starts from the run directory and from its `avion-ds export` file with the whole
-backbone matched. The teacher stays out of the checkpoint."""
+validation under ZeRO-0 and ZeRO-3 (the same fp32 losses), then fine-tuning starts from the run directory and
+from its `avion-ds export` file with the whole backbone matched. The teacher stays out of the checkpoint, and
+what a resume loads leaves it as its file has it."""
 
 from __future__ import annotations
 
@@ -92,6 +93,28 @@ def test_the_teacher_stays_out_of_the_checkpoint(umt_run: dict) -> None:
     sd = consolidate(umt_run["run"])
     assert any(k.startswith("clip_decoder.1.") for k in sd), sorted(sd)[:8]
     assert not any("teacher" in k or k.startswith("tower.") for k in sd), sorted(sd)
+
+
+def test_resuming_loads_the_student_and_leaves_the_teacher_as_its_file(umt_run: dict) -> None:
+    """What a resume (and an elastic resume, which reshards the same states) loads into the module is the
+    run's student alone: the run's weights load strictly into a freshly built model, and its teacher, rebuilt
+    from ``umt.teacher`` at the start, stays the file's video tower."""
+    from safetensors.torch import load_file
+
+    from avion_ds.storage.run_dir import consolidate
+    from avion_ds.tasks import load_recipe, task_of
+
+    teacher_file = umt_run["tmp"] / "teacher.safetensors"
+    sets = [f"umt.teacher={teacher_file}", f"data.root={umt_run['data']['root']}"]
+    recipe = load_recipe(REPO / "launch" / "recipes" / "umt_demo_cpu.yaml", sets)
+    model = task_of(recipe).build_model(recipe, pretrained="")
+    sd = consolidate(umt_run["run"])
+    model.load_state_dict(sd, strict=True)
+    tower = dict(model.frozen_teacher.tower.state_dict())
+    saved = {k.removeprefix("visual."): v for k, v in load_file(str(teacher_file)).items() if k.startswith("visual.")}
+    for name, value in tower.items():
+        if name != "pos_embed":  # resized to the teacher's 16 px frames
+            assert torch.equal(value, saved[name]), name
 
 
 def _finetune_report(umt_run: dict, source: Path, name: str) -> dict:

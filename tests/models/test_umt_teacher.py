@@ -1,6 +1,8 @@
 """The UMT teacher's holding rule (``avion_ds.tasks.umt.teacher``): frozen, eval mode whatever the student's
 mode, outside the student's parameters, state dict and optimizer groups, unchanged by optimizer steps; and the
-task's model built from a recipe: the student's weights, its decoders, the teacher attached."""
+task's model built from a recipe: the student's weights, its decoders, the teacher attached; the teacher file
+read once, through the project's weight loading (its report and the normalisation line); and no loader-side
+mask drawn for ``attention`` masking (the loss draws it)."""
 
 from __future__ import annotations
 
@@ -86,3 +88,59 @@ def test_the_loaded_teacher_is_the_files_tower(built: tuple) -> None:
             assert torch.equal(p[:, 0], src[:, 0])  # the class token's entry is kept
         else:
             assert torch.equal(p, src), name
+
+
+def test_the_teacher_loads_through_the_one_entry_point_once(
+    tmp_path, capsys: pytest.CaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An OpenAI-layout teacher goes through ``load_and_report``: its line names the format and CLIP's
+    statistics, a recipe on ImageNet's gets the one mismatch line every task gives, and the start-up check
+    plus the build read the file once."""
+    from avion_ds.models.weights import loading
+    from tests.models.test_umt_fidelity import openai_state_dict
+
+    path = tmp_path / "ViT-tiny.safetensors"
+    save_file(openai_state_dict(16, 0), str(path))
+    recipe = build_recipe(
+        {
+            "task": "umt",
+            "model": {"name": "vit_test_tiny", "tubelet_size": 1},
+            "data": {
+                "root": str(placeholder_chunks(tmp_path / "chunks")),
+                "num_frames": 4,
+                "size": 32,
+                "mean_std": "imagenet",
+            },
+            "umt": {"teacher": str(path), "teacher_model": "clip_vit_test_tiny", "clip_input_resolution": 16},
+            "precision": "fp32",
+        }
+    )
+    reads: list[str] = []
+    real = loading.load_weights
+    monkeypatch.setattr(
+        loading, "load_weights", lambda model, source, **kw: reads.append(source) or real(model, source, **kw)
+    )
+    task = task_of(recipe)
+    task.check_model(recipe)
+    model = task.build_model(recipe, pretrained="")
+    out = capsys.readouterr().out
+    assert reads == [str(path)], reads
+    line = next(x for x in out.splitlines() if x.startswith("umt teacher: pretrained"))
+    assert "format dual_encoder, backbone 100.0%" in line and "clip" in line.split("|")[-1].lower(), line
+    assert "data.mean_std=imagenet but the pretrained weights were trained with clip" in out, out
+    assert model.frozen_teacher.tower.proj.shape == (64, 16)
+
+
+def test_attention_masking_draws_nothing_loader_side() -> None:
+    """The loader's ``mask`` for ``attention`` is a placeholder of the collate's shape; no generator drawn."""
+    import numpy as np
+
+    from avion_ds.tasks.umt.masking import loader_masks
+
+    rng = np.random.default_rng(0)
+    state = rng.bit_generator.state
+    out = loader_masks((4, 2, 2), "attention", 0.8).draw(rng)
+    assert set(out) == {"mask"} and out["mask"].shape == (16,) and out["mask"].dtype == bool
+    assert rng.bit_generator.state == state
+    tube = loader_masks((4, 2, 2), "tube", 0.5).draw(rng)["mask"]
+    assert tube.shape == (16,) and tube.sum() == 8 and rng.bit_generator.state != state

@@ -100,10 +100,12 @@ def load_and_report(
     log: Callable[[str], None] = print,
     kinetics_head: bool = False,
     mean_std: str | None = None,
+    key: str = "model.pretrained",
 ) -> LoadReport:
     """A recipe's ``model.pretrained`` load: ``load_weights``, then on rank 0 the report's one line (and,
     when ``mean_std`` (the recipe's ``data.mean_std``) differs from the weights' own, one more line saying
-    so) and ``run_dir/pretrained_report.json``.
+    so) and ``run_dir/pretrained_report.json``. ``key``: the recipe key the error lines name (another
+    weight file a task reads, e.g. ``umt.teacher``).
 
     Raises ConfigError (one line, exit 2) for an unreadable / untrusted file, and under ``strict`` when the
     backbone coverage is below ``MIN_BACKBONE_MATCH``.
@@ -112,7 +114,7 @@ def load_and_report(
         report = load_weights(model, source, trust=trust, coverage_check=False, kinetics_head=kinetics_head)
     except (OSError, ValueError) as e:  # not found, unreadable, untrusted pickle, unknown format, bad shape
         msg = (str(e).strip().splitlines() or [type(e).__name__])[0]
-        raise ConfigError(f"model.pretrained={source}: {msg}") from None
+        raise ConfigError(f"{key}={source}: {msg}") from None
     if is_main:
         log(report.line(source))
         mismatch = mean_std_mismatch(mean_std, report.mean_std) if mean_std is not None else None
@@ -123,7 +125,7 @@ def load_and_report(
             (Path(run_dir) / REPORT_NAME).write_text(json.dumps(report.payload(source, strict), indent=2) + "\n")
     if strict and report.coverage < MIN_BACKBONE_MATCH:
         raise ConfigError(
-            f"model.pretrained={source}: only {100 * report.coverage:.1f}% of the backbone parameters matched "
+            f"{key}={source}: only {100 * report.coverage:.1f}% of the backbone parameters matched "
             f"(< {100 * MIN_BACKBONE_MATCH:.0f}%; first missing: {', '.join(report.absent[:3])}); wrong "
             "checkpoint for this model? Set model.pretrained_strict=false to train anyway"
         )

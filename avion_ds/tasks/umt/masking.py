@@ -5,6 +5,7 @@ device from the teacher's class attention after its forward, as the reference's 
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 from avion_ds.data.masking import MaskSpec
@@ -22,7 +23,17 @@ def attention_mask(
     return mask.view(batch, -1)
 
 
+class DeviceDrawnMask(MaskSpec):
+    """The loader's stand-in for a mask drawn on the device (``attention``): an all-visible bool (N,) per
+    clip, nothing drawn (the loss replaces it), so the batch keeps the ``mask`` entry the collate expects."""
+
+    def draw(self, rng: np.random.Generator) -> dict[str, np.ndarray]:
+        return {"mask": np.zeros(self.grid[0] * self.grid[1] * self.grid[2], dtype=bool)}
+
+
 def loader_masks(grid: tuple[int, int, int], kind: str, ratio: float) -> MaskSpec:
-    """The masks the dataset draws per clip: the recipe's tube / random; for ``attention`` a tube mask of the
-    same ratio, which the loss replaces on the device (the loader needs a spec to draw)."""
-    return MaskSpec(grid, "tube" if kind == "attention" else kind, ratio).validate()
+    """The masks the dataset draws per clip: the recipe's tube / random; for ``attention`` none
+    (:class:`DeviceDrawnMask`: the loss draws it on the device from the teacher's class attention)."""
+    if kind == "attention":
+        return DeviceDrawnMask(grid, "tube", ratio).validate()
+    return MaskSpec(grid, kind, ratio).validate()

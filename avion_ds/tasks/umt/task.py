@@ -17,6 +17,7 @@ Recipe defaults are the reference's ViT-B/16 K710 recipe (:data:`UMT_DEFAULTS`).
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -153,11 +154,12 @@ class UMTTask(Task):
         check_geometry(recipe)
 
     def check_model(self, recipe: Recipe) -> ModelSummary:
-        """The student's size; the teacher file read and checked (a CLIP visual tower of ``teacher_model``)."""
+        """The student's size; the teacher file read and checked (a CLIP visual tower of ``teacher_model``),
+        the teacher kept for ``build_model`` of this process (the file is read once)."""
         from avion_ds.models import model_flops  # lazy: heavy (timm, torchvision)
 
         arch = student_geometry(recipe)
-        teacher = build_teacher(recipe.umt, recipe.model.trust_checkpoint)
+        teacher = build_teacher(recipe.umt, recipe.model.trust_checkpoint, recipe.data.mean_std, keep=True)
         from avion_ds.models.vit.model import count_params  # lazy: heavy (timm, torchvision)
         from avion_ds.tasks.umt.model import UMTStudent  # lazy: heavy (timm, torchvision)
 
@@ -176,7 +178,7 @@ class UMTTask(Task):
         from avion_ds.models.weights.loading import load_and_report  # lazy: heavy (timm, torchvision)
 
         m = recipe.model
-        teacher = build_teacher(recipe.umt, m.trust_checkpoint)
+        teacher = build_teacher(recipe.umt, m.trust_checkpoint, recipe.data.mean_std)
         model = build_student(recipe, teacher.output_dim, ds_config)
         source = pretrained if pretrained is not None else m.pretrained
         if source:
@@ -193,6 +195,12 @@ class UMTTask(Task):
         if dist.is_main():
             print(f"{teacher.describe()} from {recipe.umt.teacher}", flush=True)
         return model
+
+    def memory_estimator(self, recipe: Recipe) -> Callable[..., Any] | None:
+        """The student's visible-token step plus the replicated teacher (``memory.umt_estimate``)."""
+        from avion_ds.tasks.umt.memory import umt_estimate  # lazy: heavy (the planner imports timm)
+
+        return functools.partial(umt_estimate, recipe, student_geometry(recipe))
 
     def prepare_datasets(self, recipe: Recipe, *datasets: Any) -> None:
         spec = loader_masks(student_geometry(recipe).grid, recipe.umt.mask_type, recipe.umt.mask_ratio)

@@ -3,7 +3,8 @@
 The tower is our ``VideoViT`` in the CLIP layout (the ``vision`` arch of the registered dual encoder
 ``umt.teacher_model``) at one frame of ``umt.clip_input_resolution`` px, loaded through the video ViT's own
 adapter (``prepare_checkpoint``: OpenAI CLIP / OpenCLIP / AVION / LaViLa files, our dual-encoder runs and
-exports); a file of any other format is refused. ``ClipTeacher(frames)`` returns, as the official
+exports; read through ``load_and_report``, the one weight-loading entry point, once per process); a file
+of any other format is refused. ``ClipTeacher(frames)`` returns, as the official
 ``models/clip.py`` does, the features of the last ``clip_return_layer`` blocks (every
 ``clip_return_interval``: block ``depth - int(i * interval) - 1``), each through ``ln_post`` (the tower's
 ``norm``) on the patch tokens, ``@ proj`` and l2-normalised, as (K, B, T*HW, C) float32, and the class
@@ -11,8 +12,11 @@ token's attention over the patches in the last block (heads averaged) as (B*T, H
 
 Holding rule: the teacher is frozen (``requires_grad`` False, eval mode) and is NOT a submodule of the
 trained model: it is kept in the student's ``__dict__`` (:meth:`UMTStudent.attach_teacher`), so it is in
-no state dict, optimizer, checkpoint or ZeRO partition; every rank holds a full replica in float32 (the
-forward runs under autocast on CUDA).
+no state dict, optimizer, checkpoint or ZeRO partition; every rank holds a full replica in float32 under
+every ZeRO stage, ZeRO-3 included (the forward runs under autocast on CUDA). Replicated, not partitioned,
+because it is frozen and read every step with no gradients: ZeRO-3 would all-gather each block on every
+forward to save its parameters' bytes, and there are no gradients or optimizer states to shard. The
+memory planner counts it so (``avion_ds.tasks.umt.memory``).
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from avion_ds.config import ConfigError
+from avion_ds.distributed import dist
 
 DUAL_ENCODER = "dual_encoder"  # the video ViT loader's name for a dual encoder's (CLIP's) video tower
 
@@ -123,40 +128,75 @@ class ClipTeacher(nn.Module):
         return feats.reshape(K, B, T * N, D), attn.float()
 
 
-def load_tower(tower: nn.Module, source: str | Path, trust: bool) -> None:
-    """``source`` into ``tower`` through the video ViT's dual-encoder adapter; one-line ConfigError naming
-    ``umt.teacher`` for an unreadable file, a file that is not a CLIP visual tower, or one that leaves
-    tower weights unfilled (another size than ``umt.teacher_model``)."""
+def load_tower(tower: nn.Module, source: str | Path, trust: bool, mean_std: str | None = None) -> None:
+    """``source`` into ``tower`` through the project's weight loading (``load_and_report``: the video ViT's
+    dual-encoder adapter; on rank 0 the load line with the weights' normalisation, and one more line when
+    ``mean_std``, the recipe's ``data.mean_std``, differs). One-line ConfigError naming ``umt.teacher`` for
+    an unreadable file, a file that is not a CLIP visual tower, or one that leaves tower weights unfilled
+    (another size than ``umt.teacher_model``)."""
+    from avion_ds.models.weights.loading import load_and_report  # lazy: heavy (timm, torchvision)
+
     key = f"umt.teacher={source}"
     try:
-        sd, report = tower.prepare_checkpoint(str(source), trust)
-    except ConfigError as e:  # a pickle of objects outside the safe loader's allowlist
-        raise ConfigError(f"{key}: {e}") from None
-    except (OSError, ValueError) as e:
-        raise ConfigError(f"{key}: {(str(e).strip().splitlines() or [type(e).__name__])[0]}") from None
+        report = load_and_report(
+            tower,
+            str(source),
+            strict=False,
+            trust=trust,
+            run_dir=None,
+            is_main=dist.is_main(),
+            log=lambda line: print(f"umt teacher: {line}", flush=True),
+            mean_std=mean_std,
+            key="umt.teacher",
+        )
+    except ConfigError as e:  # unreadable, or a pickle of objects outside the safe loader's allowlist
+        msg = str(e)
+        raise ConfigError(msg if msg.startswith(key) else f"{key}: {msg}") from None
+    except RuntimeError as e:  # a shape the adapter could not fit
+        raise ConfigError(f"{key}: {str(e).strip().splitlines()[-1].strip()}") from None
     if report.format != DUAL_ENCODER:
         raise ConfigError(
             f"{key}: not a CLIP visual tower (format {report.format}; expected CLIP / OpenCLIP / "
             "AVION / LaViLa weights or a dual-encoder run)"
         )
-    try:
-        result = tower.load_state_dict(sd, strict=False)
-    except RuntimeError as e:  # a shape the adapter could not fit
-        raise ConfigError(f"{key}: {str(e).strip().splitlines()[-1].strip()}") from None
-    missing = sorted(set(result.missing_keys) - set(report.fresh))
-    if missing:
-        raise ConfigError(f"{key}: the file's visual tower lacks {', '.join(missing[:4])} (another teacher_model?)")
+    if report.missing:
+        raise ConfigError(
+            f"{key}: the file's visual tower lacks {', '.join(report.missing[:4])} (another teacher_model?)"
+        )
 
 
-def build_teacher(cfg: Any, trust: bool) -> ClipTeacher:
-    """The recipe's frozen teacher (``cfg``: the ``umt`` section), weights loaded, on the CPU."""
+# teachers built by the start-up checks (``UMTTask.check_model``), handed to ``build_model`` of the same
+# process so the file is read once; keyed by everything the build reads
+_BUILT: dict[tuple, ClipTeacher] = {}
+
+
+def _cache_key(cfg: Any, trust: bool, mean_std: str | None) -> tuple:
+    path = Path(cfg.teacher)
+    stamp = (path.stat().st_mtime_ns, path.stat().st_size) if path.is_file() else None
+    geometry = (cfg.teacher_model, cfg.clip_input_resolution, cfg.clip_return_layer, cfg.clip_return_interval)
+    return (str(path.resolve()), stamp, trust, mean_std, geometry)
+
+
+def build_teacher(cfg: Any, trust: bool, mean_std: str | None = None, *, keep: bool = False) -> ClipTeacher:
+    """The recipe's frozen teacher (``cfg``: the ``umt`` section), weights loaded, on the CPU. ``keep``:
+    hold it for the next call of this process (the start-up check's build, taken by ``build_model``)."""
     from avion_ds.models.vit.model import VideoViT  # lazy: heavy (timm, torchvision)
 
     if not cfg.teacher:
         raise ConfigError("umt.teacher is required: the CLIP weights the student distils from")
+    key = _cache_key(cfg, trust, mean_std)
+    held = _BUILT.pop(key, None)
+    if held is not None:
+        if keep:
+            _BUILT[key] = held
+        return held
     tower = VideoViT(tower_arch(cfg.teacher_model, cfg.clip_input_resolution))
-    load_tower(tower, cfg.teacher, trust)
+    load_tower(tower, cfg.teacher, trust, mean_std)
     try:
-        return ClipTeacher(tower, cfg.clip_return_layer, cfg.clip_return_interval)
+        teacher = ClipTeacher(tower, cfg.clip_return_layer, cfg.clip_return_interval)
     except ValueError as e:
         raise ConfigError(f"umt.clip_return_layer={cfg.clip_return_layer}: {e} ({cfg.teacher_model})") from None
+    if keep:
+        _BUILT.clear()  # one recipe's teacher at a time
+        _BUILT[key] = teacher
+    return teacher
