@@ -50,7 +50,13 @@ def _positive_int(name: str):
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = _Parser(prog="avion-ds plan", description=__doc__.splitlines()[0])
-    p.add_argument("--model", required=True, help="registered model name (avion_ds.models.list_models())")
+    p.add_argument("--model", default=None, help="registered model name (avion_ds.models.list_models())")
+    p.add_argument(
+        "--config",
+        default=None,
+        help="a recipe instead of --model: its model, frames and size, and its task's own step memory "
+        "(task: umt counts the frozen teacher and the visible tokens)",
+    )
     p.add_argument("--frames", type=_positive_int("--frames"), default=16, help="clip length in frames")
     p.add_argument("--size", type=_positive_int("--size"), default=224, help="input size in pixels (square)")
     p.add_argument("--gpu-mem", required=True, help="memory per GPU with a unit, e.g. 24GiB or 80GB")
@@ -105,6 +111,20 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def build_request(args: argparse.Namespace) -> Request:
     """Validate the command line into a Request; ValueError (one line, naming the value) otherwise."""
+    estimator = None
+    if args.config is not None:
+        from avion_ds.tasks import load_recipe, task_of  # lazy: every task and dataset registers
+
+        recipe = load_recipe(args.config)
+        args.model, args.frames, args.size = recipe.model.name, recipe.data.num_frames, recipe.data.size
+        estimator = task_of(recipe).memory_estimator(recipe)
+        if estimator is not None and args.measure:
+            raise ValueError(
+                f"--measure with --config {args.config}: the probe times a classifier's step, not task: "
+                f"{recipe.task}'s; drop --measure for the predicted plan"
+            )
+    elif args.model is None:
+        raise ValueError("--model or --config is required")
     arch = registered_arch(args.model)  # unknown model -> ValueError with close matches
     if args.frames % arch.tubelet_size:
         raise ValueError(
@@ -139,6 +159,7 @@ def build_request(args: argparse.Namespace) -> Request:
         args.nvme_path,
         args.max_micro_batch,
         hw,
+        estimator,
     )
 
 

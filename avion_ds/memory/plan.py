@@ -14,6 +14,7 @@ top candidates and ranks those by measured clips/s.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -21,7 +22,7 @@ import yaml
 
 from avion_ds.config import apply_overrides
 from avion_ds.distributed.ds_config import merge_overrides, reference_config
-from avion_ds.memory.estimate import DTYPE_BYTES, arch_info, as_dtype, estimate
+from avion_ds.memory.estimate import DTYPE_BYTES, MemoryEstimate, arch_info, as_dtype, estimate
 from avion_ds.memory.units import format_bytes
 from avion_ds.models import list_models, model_flops, registered_arch
 from avion_ds.models.activation_checkpointing import selective_recompute_share
@@ -193,6 +194,26 @@ class Request:
     nvme_path: str | None
     max_micro: int
     hw: Hardware
+    # a task's own step memory (``Task.memory_estimator``: e.g. UMT's frozen teacher and visible tokens),
+    # called as ``estimator(micro_batch, dtype, zero_stage, **estimate's keywords)``; None: ``estimate`` by name
+    estimator: Callable[..., MemoryEstimate] | None = None
+
+
+def estimate_for(
+    req: Request, micro: int, stage: int, off_opt: bool, off_param: bool, every: int, policy: str = "full"
+) -> MemoryEstimate:
+    """One configuration's estimate for ``req``: its task's estimator, or ``estimate`` of the model by name."""
+    knobs = {
+        "offload_optimizer": off_opt,
+        "offload_param": off_param,
+        "checkpointing": every,
+        "world_size": req.gpus,
+        "gpus_per_node": req.gpus_per_node,
+        "checkpoint_policy": policy,
+    }
+    if req.estimator is not None:
+        return req.estimator(micro, req.dtype, stage, **knobs)
+    return estimate(req.model, req.frames, req.size, micro, req.dtype, stage, **knobs)
 
 
 def plan(req: Request) -> tuple[list[Candidate], dict[str, Any]]:
@@ -210,19 +231,8 @@ def plan(req: Request) -> tuple[list[Candidate], dict[str, Any]]:
             for every, policy in _checkpoint_options():
                 for micro, accum in _micro_batches(per_gpu, req.max_micro):
                     c = Candidate(stage, offload, device, every, micro, accum, policy)
-                    e = estimate(
-                        req.model,
-                        req.frames,
-                        req.size,
-                        micro,
-                        req.dtype,
-                        stage,
-                        offload in ("optimizer", "all"),
-                        offload == "all",
-                        every,
-                        req.gpus,
-                        gpus_per_node=req.gpus_per_node,
-                        checkpoint_policy=policy,
+                    e = estimate_for(
+                        req, micro, stage, offload in ("optimizer", "all"), offload == "all", every, policy
                     )
                     c.peak, c.estimate = e.total, e.as_dict()
                     # NVMe holds the offloaded states: host keeps only pinned buffers (~1/4)
@@ -366,19 +376,22 @@ def explain_impossible(req: Request, cands: list[Candidate]) -> str:
 
     def _fits(model: str, frames: int) -> bool:
         for stage, off_opt, off_param in _LEAN:
-            est = estimate(
-                model,
-                frames,
-                req.size,
-                1,
-                req.dtype,
-                stage,
-                off_opt,
-                off_param,
-                1,
-                req.gpus,
-                gpus_per_node=req.gpus_per_node,
-            )
+            if req.estimator is not None and (model, frames) == (req.model, req.frames):
+                est = estimate_for(req, 1, stage, off_opt, off_param, 1)
+            else:
+                est = estimate(
+                    model,
+                    frames,
+                    req.size,
+                    1,
+                    req.dtype,
+                    stage,
+                    off_opt,
+                    off_param,
+                    1,
+                    req.gpus,
+                    gpus_per_node=req.gpus_per_node,
+                )
             if est.total <= req.gpu_mem and (req.cpu_mem is None or est.host <= req.cpu_mem):
                 return True
         return False
