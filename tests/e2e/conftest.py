@@ -22,6 +22,13 @@ DEMO_DATA = (
 )
 
 
+# a block that uses what another file's block makes -> that block (doc, needle), run first when not yet run
+# (the files run in name order, so a later file's block must be named here)
+NEEDS: dict[tuple[str, str], tuple[str, str]] = {
+    ("pretraining.md", "umt_demo_cpu.yaml"): ("video_text.md", "contrastive_demo_cpu.yaml"),  # its teacher
+}
+
+
 def doc_block(doc: str, needle: str) -> Block:
     """The cpu block of ``doc`` (a file name under README.md / docs/) whose text contains ``needle``."""
     found = [b for path in DOCS if path.name == doc for b in blocks(path) if b.kind == "cpu" and needle in b.text]
@@ -50,6 +57,12 @@ class DocRuns:
 
     def run(self, block: Block) -> subprocess.CompletedProcess:
         """The block's run at its marker's toy size (run now unless it ran already)."""
+        for (doc, needle), first in NEEDS.items():
+            if block.path.name == doc and needle in block.text:
+                dep = self.run(doc_block(*first))
+                assert dep.returncode == 0, (
+                    f"{block.id} needs {doc_block(*first).id}, which failed:\n{dep.stdout[-3000:]}"
+                )
         if block.id not in self._done:
             if block.multiprocess and "launch/demo.sh" not in block.text:  # the demo makes its data itself
                 self.demo_data()
