@@ -22,6 +22,7 @@ import torch
 from torch import nn
 
 from avion_ds.distributed.ds_fields import PRECISIONS, torch_dtype
+from avion_ds.memory.merging import merging_block_bytes, merging_blocks_bytes, tokens_per_block
 from avion_ds.memory.units import format_bytes
 from avion_ds.models import create_model, registered_arch
 from avion_ds.models.clip.model import ClipArch
@@ -77,6 +78,7 @@ class ArchInfo:
     drop_path_rate: float = 0.0
     drop_path_schedule: str = "linear"  # linear: rate 0 in block 0; uniform: every block drops
     text: TextInfo | None = None  # the text tower of a dual encoder
+    token_merge: tuple[int, ...] = ()  # tokens merged after each block (memory/merging.py); () = none
 
 
 @dataclass(frozen=True)
@@ -156,6 +158,7 @@ def arch_info(model: nn.Module | str, frames: int | None = None, size: int | Non
         patch_dropout=float(getattr(arch, "patch_dropout", 0.0)),
         drop_path_rate=float(getattr(arch, "drop_path_rate", 0.0)),
         drop_path_schedule=str(getattr(arch, "drop_path_schedule", "linear")),
+        token_merge=tuple(arch.merge_schedule) if getattr(arch, "merges", False) else (),
     )
 
 
@@ -232,8 +235,10 @@ def activation_bytes_per_clip(
         total  = (L - c) * block + c * ckpt             (ckpt: ``checkpointed_block_bytes``; N D s, its
                                                          input, for the ``full`` policy)
                  + 3 T H W s                            (tubelet-embedding input patches)
-                 + tail                                 (pool: mean -> 2 D s + 2 s; cls -> (N+1) D s + 2 D s)
+                 + tail                                 (pool: mean -> 2 D s + 2 s; cls -> (N+1) D s + 2 s)
 
+    A model that merges tokens (``info.token_merge``) counts its blocks per block instead, each on its
+    own token count, with the merges' saves (``memory/merging.py``); the pooling sees the last count.
     Activations do not depend on ZeRO stage or offload. Scales linearly with micro-batch.
     """
     s = DTYPE_BYTES[as_dtype(dtype)]
@@ -248,15 +253,22 @@ def activation_bytes_per_clip(
         patches = max(1, int(patches * (1 - info.patch_dropout)))
     tokens = patches + (1 if info.pool == "cls" else 0)
     c = count_checkpointed_blocks(info.depth, checkpointing, first_n)
-    block = block_activation_bytes(info, tokens, s, backend)
     d = info.embed_dim
-    ckpt = checkpointed_block_bytes(info, tokens, s, backend, policy)
-    body = (info.depth - c) * block + c * ckpt + info.in_chans * frames * size * size * s
+    if info.token_merge:  # per-block token counts, the merges' own saves and the size-weighted pooling
+        ckpts = selected_blocks(info.depth, checkpointing, first_n)
+        ckpt = functools.partial(checkpointed_block_bytes, info, dtype_bytes=s, attn_backend=backend, policy=policy)
+        blocks = merging_blocks_bytes(info, tokens, s, backend, ckpts, ckpt, policy == "selective")
+        last = tokens_per_block(tokens, list(info.token_merge))[-1]  # what the pooling sees
+    else:
+        block = block_activation_bytes(info, tokens, s, backend)
+        blocks = (info.depth - c) * block + c * checkpointed_block_bytes(info, tokens, s, backend, policy)
+        last = tokens
+    body = blocks + info.in_chans * frames * size * size * s
     if info.layout != "clip":
-        tail = (tokens * d * s + 2 * d * s) if info.pool == "cls" else (2 * d * s + 2 * s)
+        tail = (last * d * s + d * s + 2 * s) if info.pool == "cls" else (2 * d * s + 2 * s)
         return body + tail
     extra = tokens * d * s + 2 * tokens * s  # ln_pre: its input and statistics
-    extra += tokens * d * s + 2 * s  # the class-token norm (ln_post): the last block's output, its statistics
+    extra += last * d * s + 2 * s  # the class-token norm (ln_post): the last block's output, its statistics
     extra += d * s if info.proj_dim else 0  # the projection's input
     extra += 8 * (patches + 1) if info.patch_dropout > 0 else 0  # patch dropout's int64 indices (kept, row)
     if info.drop_path_rate > 0:  # stochastic depth: a mask per branch of un-checkpointed blocks that drop
@@ -413,7 +425,7 @@ def _bucket_bytes(zero_stage: int, reduce_bucket_size: int, params: int, elem_by
 
 
 def estimate(
-    model: nn.Module | str,
+    model: nn.Module | str | ArchInfo,
     frames: int,
     size: int,
     micro_batch: int,
@@ -434,7 +446,7 @@ def estimate(
 ) -> MemoryEstimate:
     """Predict the per-GPU peak of one training step (forward + backward + optimizer step).
 
-    ``model``: a VideoViT or a registered name. ``checkpointing``: False, True or every-k;
+    ``model``: a VideoViT, a registered name or an ``ArchInfo`` (the tokens it merges included). ``checkpointing``: False, True or every-k;
     ``checkpoint_policy``: what a checkpointed block keeps (``full`` | ``selective``).
     ``offload_param`` needs ZeRO-3; ``offload_optimizer`` ZeRO >= 1. Bucket sizes are elements
     (what the planner writes into the DeepSpeed config).
@@ -442,7 +454,10 @@ def estimate(
     _check_setup(zero_stage, offload_optimizer, offload_param, micro_batch, world_size)
     dt = as_dtype(dtype)
     s = DTYPE_BYTES[dt]
-    info = arch_info(model, frames, size) if isinstance(model, str) else arch_info(model)
+    if isinstance(model, ArchInfo):  # e.g. a registered model's, with the planner's token merging
+        info = model
+    else:
+        info = arch_info(model, frames, size) if isinstance(model, str) else arch_info(model)
     per_node = gpus_per_node or min(world_size, 8)
     nodes = max(1, math.ceil(world_size / per_node))
     params, grads, opt, host, source = _model_states(
@@ -462,7 +477,10 @@ def estimate(
         info, frames, size, dt, checkpointing, first_n, backend, checkpoint_policy
     )
     tokens = (frames // info.tubelet_size) * (size // info.patch_size) ** 2
-    recompute = micro_batch * block_activation_bytes(info, tokens, s, backend) if checkpointing else 0
+    block = block_activation_bytes(info, tokens, s, backend)
+    if info.token_merge:  # the first block: the most tokens, and its merge's saves
+        block = merging_block_bytes(info, tokens, info.token_merge[0], s, backend)
+    recompute = micro_batch * block if checkpointing else 0
     # backward temporaries: gradients of the widest intermediates of the block being differentiated
     temps = micro_batch * tokens * s * (2 * info.mlp_hidden + 4 * info.embed_dim)
     workspace = temps + _bucket_bytes(zero_stage, reduce_bucket_size, info.params, s)

@@ -77,11 +77,13 @@ def merge_tokens(
         src, keep = order[:, :r], order[:, r:].sort(dim=-1).values  # merged A tokens, the rest in order
         dst = match.gather(1, src)  # (B, r): the B token each merges into
 
+    # picking tokens by indexing keeps only the indices for backward (gather would keep its whole input)
+    rows = torch.arange(B, device=x.device)[:, None]
     weighted = x * size.to(x.dtype)
     a_w, b_w, a_s, b_s = weighted[:, 0::2], weighted[:, 1::2], size[:, 0::2], size[:, 1::2]
-    b_w = b_w.scatter_add(1, dst[..., None].expand(-1, -1, D), a_w.gather(1, src[..., None].expand(-1, -1, D)))
+    b_w = b_w.scatter_add(1, dst[..., None].expand(-1, -1, D), a_w[rows, src])
     b_s = b_s.scatter_add(1, dst[..., None], a_s.gather(1, src[..., None]))
-    a_x = x[:, 0::2].gather(1, keep[..., None].expand(-1, -1, D))
+    a_x = x[:, 0::2][rows, keep]
     a_s = a_s.gather(1, keep[..., None])
     merged = torch.cat((a_x, b_w / b_s.to(x.dtype)), dim=1)
     return merged, torch.cat((a_s, b_s), dim=1)
