@@ -316,6 +316,27 @@ CASES: list[Case] = [
         [],
         ["optim.weight_decay > 0"],
     ),
+    # token merging: r above a block's tokens, a schedule longer than the depth, flash-attn (takes no bias)
+    (
+        "merge_r_too_large",
+        "train",
+        "contrastive",
+        ["model.token_merge=40"],
+        None,
+        [],
+        ["model.token_merge=40", "at most"],
+    ),
+    ("merge_schedule_long", "train", "cls", ["model.token_merge=[1,1,1]"], None, [], ["a schedule of 3 blocks"]),
+    (
+        "merge_flash",
+        "train",
+        "cls",
+        ["model.token_merge=2", "model.attn_backend=flash"],
+        None,
+        [],
+        ["flash-attn takes none"],
+    ),
+    ("eval_merge_r_too_large", "eval", "contrastive", ["model.token_merge=40"], None, [], ["model.token_merge=40"]),
     # chunk --index-only
     ("index_only_missing_src", "chunk", "", [], None, ["--index-only", "/nope/tree"], ["/nope/tree"]),
     ("index_only_file_src", "chunk", "", [], None, ["--index-only", "@file"], ["not a directory"]),
