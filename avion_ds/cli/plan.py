@@ -22,7 +22,7 @@ from avion_ds.memory.plan import (
     ds_config_for,
     explain_impossible,
     format_table,
-    plan,
+    plan_merging,
     recipe_overrides,
 )
 from avion_ds.memory.units import format_bytes, parse_bytes
@@ -86,6 +86,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "whose files the tests build as shipped; default: nothing written, the config printed",
     )
     p.add_argument("--top", type=_positive_int("--top"), default=12, help="rows of the table")
+    p.add_argument(
+        "--may-merge-tokens",
+        action="store_true",
+        help="when nothing fits, the plan may turn on token merging (model.token_merge; it changes the model's "
+        "outputs): the recipe key model.plan_may_merge_tokens with --config",
+    )
     p.add_argument("--measure", action="store_true", help="CUDA only: run real steps of the top candidates")
     p.add_argument(
         "--measure-top",
@@ -163,6 +169,17 @@ def build_request(args: argparse.Namespace) -> Request:
     )
 
 
+def merge_settings(args: argparse.Namespace) -> tuple[bool, int | list[int]]:
+    """Whether the plan may turn on token merging, and the merging the model already has (``--config``'s
+    ``model.plan_may_merge_tokens`` and ``model.token_merge``; ``--may-merge-tokens``)."""
+    if getattr(args, "config", None) is None:
+        return bool(args.may_merge_tokens), 0
+    from avion_ds.tasks import load_recipe  # lazy: every task and dataset registers
+
+    m = load_recipe(args.config).model
+    return bool(args.may_merge_tokens or m.plan_may_merge_tokens), m.token_merge
+
+
 def write_outputs(best: Candidate, req: Request, out: Path) -> tuple[Path, Path, list[str]]:
     """Write the DeepSpeed JSON and the recipe-override YAML; return their paths and the --set list."""
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -184,8 +201,14 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as e:
         print(f"avion-ds plan: error: {e}", file=sys.stderr)
         return 2
-    cands, facts = plan(req)
+    may_merge, token_merge = merge_settings(args)
+    cands, facts = plan_merging(req, may_merge, token_merge)
     fitting = [c for c in cands if c.fits]
+    if facts.get("merged_by_planner"):
+        print(
+            f"nothing fits without token merging: the plan merges {facts['token_merge']} tokens after every block "
+            "(model.token_merge; it changes the model's outputs, allowed by model.plan_may_merge_tokens)"
+        )
     print(
         f"{req.model} {req.frames}x{req.size}: {facts['params'] / 1e6:.1f}M params, {facts['tokens']} tokens/clip, "
         f"{facts['fwd_flops'] / 1e9:.1f} GFLOP fwd/clip; {req.gpus} GPU(s) x {format_bytes(req.gpu_mem)}"

@@ -424,6 +424,22 @@ def _bucket_bytes(zero_stage: int, reduce_bucket_size: int, params: int, elem_by
     return 0
 
 
+def _info_of(model: nn.Module | str | ArchInfo, frames: int, size: int) -> ArchInfo:
+    """``model``'s ArchInfo: as given (e.g. a registered model's, with the planner's token merging), by name
+    at ``frames`` x ``size``, or of a model instance."""
+    if isinstance(model, ArchInfo):
+        return model
+    return arch_info(model, frames, size) if isinstance(model, str) else arch_info(model)
+
+
+def _recomputed_block(info: ArchInfo, tokens: int, s: int, backend: str) -> int:
+    """What one block re-materialises in backward for one clip: the first block (the most tokens; with
+    token merging, its merge's saves too)."""
+    if info.token_merge:
+        return merging_block_bytes(info, tokens, info.token_merge[0], s, backend)
+    return block_activation_bytes(info, tokens, s, backend)
+
+
 def estimate(
     model: nn.Module | str | ArchInfo,
     frames: int,
@@ -454,10 +470,7 @@ def estimate(
     _check_setup(zero_stage, offload_optimizer, offload_param, micro_batch, world_size)
     dt = as_dtype(dtype)
     s = DTYPE_BYTES[dt]
-    if isinstance(model, ArchInfo):  # e.g. a registered model's, with the planner's token merging
-        info = model
-    else:
-        info = arch_info(model, frames, size) if isinstance(model, str) else arch_info(model)
+    info = _info_of(model, frames, size)
     per_node = gpus_per_node or min(world_size, 8)
     nodes = max(1, math.ceil(world_size / per_node))
     params, grads, opt, host, source = _model_states(
@@ -477,10 +490,7 @@ def estimate(
         info, frames, size, dt, checkpointing, first_n, backend, checkpoint_policy
     )
     tokens = (frames // info.tubelet_size) * (size // info.patch_size) ** 2
-    block = block_activation_bytes(info, tokens, s, backend)
-    if info.token_merge:  # the first block: the most tokens, and its merge's saves
-        block = merging_block_bytes(info, tokens, info.token_merge[0], s, backend)
-    recompute = micro_batch * block if checkpointing else 0
+    recompute = micro_batch * _recomputed_block(info, tokens, s, backend) if checkpointing else 0
     # backward temporaries: gradients of the widest intermediates of the block being differentiated
     temps = micro_batch * tokens * s * (2 * info.mlp_hidden + 4 * info.embed_dim)
     workspace = temps + _bucket_bytes(zero_stage, reduce_bucket_size, info.params, s)
