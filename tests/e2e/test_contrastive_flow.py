@@ -3,8 +3,9 @@ chunk -> contrastive pretraining on 2 CPU ranks (docs/video_text.md's block as w
 test and this flow: the deepspeed launcher, ZeRO-2, feature-cache accumulation)
 -> zero-shot EPIC-style MIR every 10 epochs, best checkpoint by avg mAP -> `avion-ds eval --tag best` on
 1 and on 2 ranks (an odd row count: the sampler pads) give identical metrics; then, from that run, the
-EPIC-100 fine-tunings AVION reports: action recognition with one action head on the video tower (AVION's
-CLS recipe), and MIR fine-tuning (`task: mir`).
+EPIC-100 fine-tunings AVION reports, as the doc's next blocks run them (each once for the doc test and this
+flow): action recognition with one action head on the video tower (AVION's CLS recipe), and MIR fine-tuning
+(`task: mir`).
 
 Learns: on the 48 held-out clips (12 narrations), text -> video R-precision on exact narration matches
 reaches at least 3x chance (the share of clips sharing a query's narration)."""
@@ -21,7 +22,7 @@ import pytest
 import yaml
 
 from tests.e2e.conftest import DocRuns, doc_block
-from tests.helpers import REPO, launch, losses, run_process
+from tests.helpers import launch, losses, run_process
 
 pytestmark = pytest.mark.multiprocess
 CLI = [sys.executable, "-m", "avion_ds.cli"]
@@ -66,6 +67,7 @@ def contrastive_run(doc_runs: DocRuns, tmp_path_factory: pytest.TempPathFactory)
     tmp = tmp_path_factory.mktemp("contrastive_flow")  # this flow's own outputs
     return {
         "tmp": tmp,
+        "doc_runs": doc_runs,
         "docs": doc_runs.root,
         "synth": synth,
         "chunks": demo / "chunks_text",
@@ -124,42 +126,19 @@ def _csv_pairs(path: Path) -> list[tuple[int, int]]:
 
 
 def test_avion_cls_from_the_video_tower(contrastive_run: dict) -> None:
-    """EPIC-100 action recognition as AVION runs it, from the run's video tower: launch/recipes/
-    lavila_vit_b_epic_cls.yaml (SGD, one action head over AVION's verb:noun ids, mixup + cutmix) at tiny size
-    on 2 CPU ranks -> `avion-ds eval`: the usual EPIC keys and AVION's, per-sample action probabilities,
-    labels numbered as AVION's generate_label_map (re-implemented in tests/engine/test_action_metrics.py)."""
+    """EPIC-100 action recognition as AVION runs it, from the run's video tower: docs/video_text.md's block
+    (launch/recipes/lavila_vit_b_epic_cls.yaml: SGD, one action head over AVION's verb:noun ids, mixup +
+    cutmix, at tiny size on 2 CPU ranks -> `avion-ds eval`): the usual EPIC keys and AVION's, per-sample
+    action probabilities, labels numbered as AVION's generate_label_map (re-implemented in
+    tests/engine/test_action_metrics.py)."""
     from tests.engine.test_action_metrics import generate_label_map
 
-    tmp, synth, chunks, start = (contrastive_run[k] for k in ("tmp", "synth", "chunks", "run"))
-    run = tmp / "cls"
+    synth = contrastive_run["synth"]
+    _ok(contrastive_run["doc_runs"].run(doc_block("video_text.md", "lavila_vit_b_epic_cls.yaml")))
+    run = contrastive_run["docs"] / "demo" / "cls"
     actions = generate_label_map([synth / "train.csv", synth / "val.csv"])
-    sets = [
-        "model.name=vit_clip_test_tiny",
-        f"model.pretrained={start}",
-        f"model.heads={{action: {len(actions)}}}",
-        f"data.root={chunks}",
-        f"data.train_csv={synth / 'train.csv'}",
-        f"data.val_csv={synth / 'val.csv'}",
-        "data.num_frames=2",
-        "data.size=32",
-        "data.workers=0",
-        "data.decoder=pyav",
-        "eval.protocol=custom",
-        "eval.batch_size=8",
-        "eval.every_epochs=2",
-        "schedule.epochs=2",
-        "schedule.warmup_epochs=1",
-        "batch.global_batch=16",
-        "batch.micro_batch=8",
-        "checkpoint.every_steps=0",
-        "logging.tensorboard=false",
-        "logging.progress=false",
-        "precision=fp32",
-        f"output_dir={run}",
-    ]
-    recipe = REPO / "launch" / "recipes" / "lavila_vit_b_epic_cls.yaml"
-    args = ["--config", recipe, "--deepspeed_config", REPO / "ds_configs" / "zero2.json"]
-    _ok(launch([*args, *[x for s in sets for x in ("--set", s)]], launcher="torchrun"))
+    recipe = yaml.safe_load((run / "recipe.yaml").read_text())
+    assert recipe["model"]["pretrained"] == "demo/contrastive" and recipe["model"]["heads"] == {"action": len(actions)}
     ds = json.loads((run / "ds_config.json").read_text())
     assert ds["optimizer"]["type"] == "SGD" and ds["optimizer"]["params"]["momentum"] == 0.9
     assert ds["optimizer"]["params"]["nesterov"] is False and ds["zero_allow_untested_optimizer"] is True
@@ -169,9 +148,7 @@ def test_avion_cls_from_the_video_tower(contrastive_run: dict) -> None:
     assert any(k.startswith("textual.") for k in report["dropped"]), report
     assert set(json.loads((run / "metrics.json").read_text())) >= USUAL | AVION
 
-    out = tmp / "cls_eval.json"
-    _ok(run_process([*CLI, "eval", "--checkpoint", run, "--out", out]))
-    result = json.loads(out.read_text())
+    result = json.loads((run / "eval_metrics.json").read_text())  # the block's `avion-ds eval --checkpoint`
     assert set(result["metrics"]) == USUAL | AVION
     assert result["action_label_map"]["num_actions"] == len(actions)
     rows, pairs = result["per_sample"], _csv_pairs(synth / "val.csv")
@@ -184,50 +161,16 @@ def test_avion_cls_from_the_video_tower(contrastive_run: dict) -> None:
     assert result["metrics"]["avion_action_top1"] == pytest.approx(right)
 
 
-def _mir_recipe(path: Path, synth: Path, chunks: Path, start: Path, run: Path) -> Path:
-    mir = synth / "retrieval_annotations"
-    recipe = {
-        "task": "mir",
-        "model": {"name": "clip_vit_test_tiny", "pretrained": str(start), "activation_checkpointing": True},
-        "data": {
-            "root": str(chunks),
-            "train_csv": str(mir / "EPIC_100_retrieval_train.csv"),
-            "val_csv": str(mir / "EPIC_100_retrieval_test.csv"),
-            "num_frames": 4,  # pretrained at 2: the temporal embedding is interpolated (AVION's 4 -> 16)
-            "size": 32,
-            "crop_scale": [0.7, 1.0],
-            "workers": 1,
-            "decode_timeout_s": 0.0,
-        },
-        "epic_mir": {
-            "train_sentences": str(mir / "EPIC_100_retrieval_train_sentence.csv"),
-            "train_relevancy": str(mir / "relevancy" / "caption_relevancy_EPIC_100_retrieval_train.pkl"),
-            "val_sentences": str(mir / "EPIC_100_retrieval_test_sentence.csv"),
-            "val_relevancy": str(mir / "relevancy" / "caption_relevancy_EPIC_100_retrieval_test.pkl"),
-        },
-        "optim": {"lr": 1.0e-3, "min_lr": 1.0e-4},  # a toy model: AVION fine-tunes at 3e-5
-        "schedule": {"epochs": 10, "warmup_start_lr": 1.0e-4},
-        "batch": {"global_batch": 16, "micro_batch": 4},  # x 2 accumulation x 2 ranks: one batch of 16
-        "eval": {"batch_size": 8},  # every 5 epochs: the task's default
-        "checkpoint": {"keep_last": 1},
-        "logging": {"log_every": 1, "progress": False},
-        "output_dir": str(run),
-        "precision": "fp32",
-    }
-    path.write_text(yaml.safe_dump(recipe))
-    return path
-
-
 def test_mir_finetuning_from_the_run(contrastive_run: dict) -> None:
-    """`task: mir` from the contrastive run directory (its newest checkpoint): captions drawn by relevancy,
-    max-margin loss, temperature frozen, evaluation every 5 epochs, best checkpoint by avg mAP."""
+    """`task: mir` from the contrastive run directory (its newest checkpoint), docs/video_text.md's block
+    (launch/recipes/mir_demo_cpu.yaml, 10 epochs, 2 CPU ranks): captions drawn by relevancy, max-margin loss,
+    temperature frozen, evaluation every 5 epochs, best checkpoint by avg mAP."""
     from avion_ds.storage.run_dir import consolidate
 
-    tmp, synth, chunks, start = (contrastive_run[k] for k in ("tmp", "synth", "chunks", "run"))
-    run = tmp / "mir"
-    recipe = _mir_recipe(tmp / "mir.yaml", synth, chunks, start, run)
-    ds_config = REPO / "ds_configs" / "zero2.json"
-    log = _ok(launch(["--config", recipe, "--deepspeed_config", ds_config], launcher="torchrun"))
+    start = contrastive_run["run"]
+    log = _ok(contrastive_run["doc_runs"].run(doc_block("video_text.md", "mir_demo_cpu.yaml")))
+    run = contrastive_run["docs"] / "demo" / "mir"
+    assert yaml.safe_load((run / "recipe.yaml").read_text())["model"]["pretrained"] == "demo/contrastive"
     assert "global batch 16 = micro 4 x accum 2 x world 2" in log
 
     report = json.loads((run / "pretrained_report.json").read_text())
@@ -240,7 +183,7 @@ def test_mir_finetuning_from_the_run(contrastive_run: dict) -> None:
     assert best["metric"] == "avg_map" and best["value"] == max(h["eval"]["avg_map"] for h in evals), best
     assert f"best checkpoint: {best['tag']}" in log
     steps = losses(run)
-    assert all(0.0 <= v < 1.0 for v in steps.values()), steps  # hinge terms with margin 0.2 on cosines
+    assert steps and all(0.0 <= v < 1.0 for v in steps.values()), steps  # hinge terms with margin 0.2 on cosines
     pretrained = consolidate(start)["logit_scale"].detach().reshape(())
     assert float(consolidate(run)["logit_scale"].detach().reshape(())) == float(pretrained)  # frozen
 
