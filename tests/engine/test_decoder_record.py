@@ -1,4 +1,6 @@
-"""`data.decoder: auto` in training: the probed backend is logged, recorded in the run dir, kept on resume."""
+"""`data.decoder: auto` in training: the probed backend is logged, recorded in the run dir, kept on resume.
+A 3-clip val set and in-process decoding (``tiny_epic_quick``, ``QUICK_DATA``): the runs' evaluation and the
+decode helper are other tests' subject."""
 
 from __future__ import annotations
 
@@ -8,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import REPO, launch, write_recipe
+from tests.helpers import QUICK_DATA, REPO, launch, write_recipe
 
 pytestmark = pytest.mark.multiprocess
 
@@ -29,9 +31,9 @@ def _train(recipe: Path, steps: int) -> subprocess.CompletedProcess:
     )
 
 
-def test_auto_decoder_is_recorded_and_kept_on_resume(tiny_epic: dict, tmp_path: Path) -> None:
+def test_auto_decoder_is_recorded_and_kept_on_resume(tiny_epic_quick: dict, tmp_path: Path) -> None:
     run = tmp_path / "run"
-    recipe = write_recipe(tmp_path / "r.yaml", tiny_epic, run)
+    recipe = write_recipe(tmp_path / "r.yaml", tiny_epic_quick, run, data=QUICK_DATA)
     recipe.write_text(recipe.read_text().replace("decoder: decord", "decoder: auto"))
     first = _train(recipe, 1)
     assert first.returncode == 0, (first.stdout + first.stderr)[-3000:]
