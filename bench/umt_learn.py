@@ -19,7 +19,7 @@ VideoMAE pretraining given the same pretraining wall time? On `avion-ds synth` d
    scratch, from the VideoMAE encoder and from the UMT student: val top-1 (bench/pretrain_learn.py's
    ``finetune``).
 
-    python bench/umt_learn.py --out /tmp/umt_learn          # 2 seeds, ~13 min on 2 cores
+    python bench/umt_learn.py --out /tmp/umt_learn          # 2 seeds, ~14 min on 2 cores
 """
 
 from __future__ import annotations

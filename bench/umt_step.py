@@ -18,7 +18,7 @@ per variant), so load on a shared machine hits them alike. Then the compute rati
 schedules: VideoMAE-B 1600 epochs of Kinetics-400 (about 240k training clips) vs UMT-B 201 epochs of
 Kinetics-710 (0.65M), in measured clip-steps.
 
-    python bench/umt_step.py                      # ViT-B, CPU: ~5 min on 2 cores
+    python bench/umt_step.py                      # ViT-B, CPU: ~6 min on 2 cores
     python bench/umt_step.py --tiny               # test-size models (smoke test)
 """
 
