@@ -79,7 +79,14 @@ def _waited_by_others() -> set[int]:
     """Pids a live ``subprocess.Popen`` or ``multiprocessing`` process object will wait for itself (reaping
     them here would take their exit status away)."""
     kinds = (subprocess.Popen, multiprocessing.popen_fork.Popen)
-    return {o.pid for o in gc.get_objects() if isinstance(o, kinds) and o.returncode is None}
+    owned = set()
+    for o in gc.get_objects():
+        try:
+            if isinstance(o, kinds) and o.returncode is None:
+                owned.add(o.pid)
+        except ReferenceError:  # a weakref proxy whose referent is gone: isinstance asks it for __class__
+            continue
+    return owned
 
 
 def reap_adopted() -> list[int]:
