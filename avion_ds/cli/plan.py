@@ -123,11 +123,12 @@ def build_request(args: argparse.Namespace) -> Request:
 
         recipe = load_recipe(args.config)
         args.model, args.frames, args.size = recipe.model.name, recipe.data.num_frames, recipe.data.size
-        estimator = task_of(recipe).memory_estimator(recipe)
+        task = task_of(recipe)
+        estimator = task.memory_estimator(recipe)
         if estimator is not None and args.measure:
             raise ValueError(
                 f"--measure with --config {args.config}: the probe times a classifier's step, not task: "
-                f"{recipe.task}'s; drop --measure for the predicted plan"
+                f"{task.name}'s; drop --measure for the predicted plan"
             )
     elif args.model is None:
         raise ValueError("--model or --config is required")
