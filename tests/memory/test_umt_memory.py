@@ -12,10 +12,9 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
-from safetensors.torch import save_file
 
 from avion_ds.memory.activations import SavedTensorTracker, measure_activation_bytes
-from avion_ds.models import apply_activation_checkpointing, create_model
+from avion_ds.models import apply_activation_checkpointing
 from avion_ds.tasks import build_recipe, task_of
 from avion_ds.tasks.umt.losses import per_clip_loss, visible_targets
 from avion_ds.tasks.umt.masking import attention_mask
@@ -28,28 +27,13 @@ from avion_ds.tasks.umt.memory import (
 )
 from avion_ds.tasks.umt.model import UMTStudent, student_arch
 from avion_ds.tasks.umt.task import student_geometry
-from tests.helpers.data import placeholder_chunks
+from tests.helpers.umt import tiny_umt_recipe
 
 GRID = (4, 2, 2)  # vit_test_tiny, tubelet 1, 4 frames of 32 px
 
 
 def _recipe_dict(tmp: Path) -> dict:
-    torch.manual_seed(0)
-    teacher = tmp / "teacher.safetensors"
-    save_file({k: v.contiguous() for k, v in create_model("clip_vit_test_tiny").state_dict().items()}, str(teacher))
-    return {
-        "task": "umt",
-        "model": {"name": "vit_test_tiny", "tubelet_size": 1, "drop_path_rate": 0.0},
-        "data": {"root": str(placeholder_chunks(tmp / "chunks")), "num_frames": 4, "size": 32},
-        "umt": {
-            "teacher": str(teacher),
-            "teacher_model": "clip_vit_test_tiny",
-            "clip_input_resolution": 16,
-            "clip_return_layer": 2,
-            "mask_ratio": 0.5,
-        },
-        "precision": "fp32",
-    }
+    return tiny_umt_recipe(tmp, drop_path_rate=0.0)
 
 
 @pytest.fixture(scope="module")

@@ -14,29 +14,13 @@ from avion_ds.engine.optim import optimizer_groups
 from avion_ds.models import create_model
 from avion_ds.tasks import build_recipe, task_of
 from tests.helpers.data import placeholder_chunks
+from tests.helpers.umt import tiny_umt_recipe
 
 
 @pytest.fixture(scope="module")
 def built(tmp_path_factory: pytest.TempPathFactory) -> tuple:
     tmp = tmp_path_factory.mktemp("umt_teacher")
-    torch.manual_seed(0)
-    teacher = tmp / "teacher.safetensors"
-    save_file({k: v.contiguous() for k, v in create_model("clip_vit_test_tiny").state_dict().items()}, str(teacher))
-    recipe = build_recipe(
-        {
-            "task": "umt",
-            "model": {"name": "vit_test_tiny", "tubelet_size": 1, "drop_path_rate": 0.1},
-            "data": {"root": str(placeholder_chunks(tmp / "chunks")), "num_frames": 4, "size": 32},
-            "umt": {
-                "teacher": str(teacher),
-                "teacher_model": "clip_vit_test_tiny",
-                "clip_input_resolution": 16,
-                "clip_return_layer": 2,
-                "mask_ratio": 0.5,
-            },
-            "precision": "fp32",
-        }
-    )
+    recipe = build_recipe(tiny_umt_recipe(tmp, drop_path_rate=0.1))
     task = task_of(recipe)
     return recipe, task, task.build_model(recipe, pretrained="")
 
