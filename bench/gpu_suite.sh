@@ -14,12 +14,16 @@
 #  10. checkpoint policies off / full / selective and compiled blocks, flash-attn, bf16: ours vs HF VideoMAE
 #      fine-tune and pretrain, ours alone (ViT-B 16x224), and ours vs AVION's model code when
 #      AVION_SRC=DIR (a clone of github.com/zhaoyue-zephyrus/AVION) is set      (bench/checkpoint_pairs.py)
+#  11. UMT distillation step vs VideoMAE pretraining vs fine-tuning at ViT-B, bf16, with each variant's peak
+#      memory and the planner's teacher-forward estimate against the measured one           (bench/umt_step.py)
+#  12. token merging (ToMe) at ViT-B/L 16x224 bf16: eval clips/s and train step, merged vs not (bench/token_merge.py)
 #   9. (LOADER=1 only, ~90 s) decode paths incl. torchcodec-cuda (NVDEC + GPU crop) vs the AVION-style
 #      reference, one process, one decoder thread                                        (bench/loader.py)
 # then bench/report.py merges the JSON files into suite.json and draws suite.png.
 #
 # usage: bash bench/gpu_suite.sh [OUT_DIR]      (default: bench_out/gpu_suite_<timestamp>)
-# env:   CAP=24GiB  SKIP_PEER=1  TORCH_EXTENSIONS_DIR (DeepSpeed op cache; CPU Adam builds on first use)
+# env:   PARTS=throughput,capacity,...  (only these parts; default: all)  LIMIT_CAPACITY=190 (a part's limit, s)
+#        CAP=24GiB  SKIP_PEER=1  TORCH_EXTENSIONS_DIR (DeepSpeed op cache; CPU Adam builds on first use)
 set -uo pipefail
 
 cd "$(dirname "$0")/.."
@@ -46,10 +50,17 @@ PY
 
 START=$(date +%s)
 FAILED=()
-# run NAME LIMIT_S CMD... : hard time limit per part; the suite goes on when a part fails
+# run NAME LIMIT_S CMD... : hard time limit per part (LIMIT_<NAME> overrides it); the suite goes on when a
+# part fails; a part not named in PARTS (when set) is skipped
 run() {
     local name=$1 limit=$2
     shift 2
+    if [ -n "${PARTS:-}" ] && [[ ",$PARTS," != *",$name,"* ]]; then
+        echo "== $name: skipped (not in PARTS)"
+        return 0
+    fi
+    local override="LIMIT_${name^^}"
+    limit=${!override:-$limit}
     echo "== $name (limit ${limit}s, elapsed $(( $(date +%s) - START ))s)"
     timeout --signal=TERM --kill-after=10 "$limit" "$@" 2>&1 | tee "$OUT/$name.log"
     local rc=${PIPESTATUS[0]}
@@ -78,6 +89,9 @@ PAIRS=finetune,pretrain,self
 [ -n "${AVION_SRC:-}" ] && PAIRS=avion,$PAIRS
 run policies 150 python bench/checkpoint_pairs.py --device cuda --dtype bf16 --attn flash --pairs "$PAIRS" \
     --batch 8 --compile --warmup 2 --repeats 3 ${AVION_SRC:+--avion-src "$AVION_SRC"}
+run umt 90 python bench/umt_step.py --device cuda --dtype bf16 --batch 16 --warmup 2 --iters 3
+run tome 90 python bench/token_merge.py --device cuda --dtype bf16 --batch 8 --frames 16 \
+    --models vit_base_patch16_224 vit_large_patch16_224 --warmup 2 --iters 5
 if [ -n "${LOADER:-}" ]; then
     run loader 90 python bench/loader.py --seconds 20 --fps 30 --clips 10 --repeats 2 --parts paths \
         --workdir "$OUT/loader_work"

@@ -20,6 +20,7 @@ Kinetics-710 (0.65M), in measured clip-steps.
 
     python bench/umt_step.py                      # ViT-B, CPU: ~6 min on 2 cores
     python bench/umt_step.py --tiny               # test-size models (smoke test)
+    python bench/umt_step.py --device cuda --dtype bf16 --batch 16   # GPU: bf16 autocast, peak memory per variant
 """
 
 from __future__ import annotations
@@ -105,16 +106,24 @@ def build(kind: str, recipe) -> torch.nn.Module:
     return student
 
 
-def step_of(kind: str, recipe, model: torch.nn.Module, batch_size: int) -> Callable[[], None]:
+def autocast(device: str, dtype: str):
+    """bf16 autocast on CUDA when asked (the engine's mixed precision), else a no-op context."""
+    return torch.autocast("cuda", dtype=torch.bfloat16, enabled=device.startswith("cuda") and dtype == "bf16")
+
+
+def step_of(
+    kind: str, recipe, model: torch.nn.Module, batch_size: int, device: str = "cpu", dtype: str = "fp32"
+) -> Callable[[], None]:
     """One training step of the task on a fixed synthetic batch: loss, backward, AdamW step."""
     task = task_of(recipe)
     torch.manual_seed(0)
-    batch = task.synthetic_batch(recipe, batch_size)
+    batch = task.synthetic_batch(recipe, batch_size, device=device)
     opt = torch.optim.AdamW(optimizer_groups(model, recipe), lr=1e-4, betas=tuple(recipe.optim.betas))
     model.train()
 
     def step() -> None:
-        loss, _ = task.loss(model, batch["frames"], batch["label"], torch.float32, recipe)
+        with autocast(device, dtype):
+            loss, _ = task.loss(model, batch["frames"], batch["label"], torch.float32, recipe)
         loss.backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
@@ -122,25 +131,48 @@ def step_of(kind: str, recipe, model: torch.nn.Module, batch_size: int) -> Calla
     return step
 
 
-def teacher_step(recipe, model: torch.nn.Module, batch_size: int) -> Callable[[], None]:
-    """The UMT teacher's forward alone on the same clips."""
-    frames = task_of(recipe).synthetic_batch(recipe, batch_size)["frames"]
+def teacher_step(recipe, model: torch.nn.Module, batch_size: int, device: str = "cpu") -> Callable[[], None]:
+    """The UMT teacher's forward alone on the same clips (it applies its own autocast where the device has it)."""
+    frames = task_of(recipe).synthetic_batch(recipe, batch_size, device=device)["frames"]
     teacher = model.frozen_teacher
-    return lambda: teacher(frames)
+
+    def step() -> None:
+        with torch.no_grad():
+            teacher(frames)
+
+    return step
 
 
-def interleaved(steps: dict[str, Callable[[], None]], iters: int, warmup: int) -> dict[str, list[float]]:
-    """Wall seconds of ``iters`` steps of each variant after ``warmup`` rounds, one step of each in turn."""
+def sync(device: str) -> None:
+    """Wait for queued CUDA work so wall time covers the step."""
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+
+
+def interleaved(
+    steps: dict[str, Callable[[], None]], iters: int, warmup: int, device: str = "cpu"
+) -> tuple[dict[str, list[float]], dict[str, int]]:
+    """Wall seconds of ``iters`` steps of each variant after ``warmup`` rounds, one step of each in turn, and
+    each variant's peak CUDA bytes allocated during its step above what was allocated before it (CUDA only)."""
     for _ in range(warmup):
         for step in steps.values():
             step()
     out: dict[str, list[float]] = {k: [] for k in steps}
+    peak: dict[str, int] = {}
+    cuda = device.startswith("cuda")
     for _ in range(iters):
         for k, step in steps.items():
+            sync(device)
+            if cuda:
+                base = torch.cuda.memory_allocated()
+                torch.cuda.reset_peak_memory_stats()
             t = time.perf_counter()
             step()
+            sync(device)
             out[k].append(time.perf_counter() - t)
-    return out
+            if cuda:
+                peak[k] = max(peak.get(k, 0), torch.cuda.max_memory_allocated() - base)
+    return out, peak
 
 
 def describe(recipes: dict, models: dict) -> None:
@@ -158,6 +190,22 @@ def describe(recipes: dict, models: dict) -> None:
         elif kind == "videomae":
             line += f", {r.pretrain.mask_type} mask {r.pretrain.mask_ratio}, decoder over all tokens"
         print(line)
+
+
+def teacher_peak_vs_planner(recipe, measured: int, batch: int) -> None:
+    """The planner's teacher-forward peak (``tasks/umt/memory.py``, an upper estimate) against the measured one;
+    the measured figure adds the input clips, which the planner counts and the step found allocated."""
+    from avion_ds.tasks.umt.memory import arch_info_of_tower, teacher_forward_peak
+    from avion_ds.tasks.umt.teacher import tower_arch
+
+    u, d = recipe.umt, recipe.data
+    info = arch_info_of_tower(tower_arch(u.teacher_model, u.clip_input_resolution))
+    planned = batch * teacher_forward_peak(info, d.num_frames, d.size, u.clip_input_resolution, u.clip_return_layer, 2)
+    measured += batch * 3 * d.num_frames * d.size * d.size * 4
+    print(
+        f"[teacher peak] planner {planned / 2**30:.3f} GiB, measured {measured / 2**30:.3f} GiB "
+        f"(planner / measured x{planned / measured:.2f})"
+    )
 
 
 def compute_ratio(sec: dict[str, float], batch: int) -> None:
@@ -189,29 +237,37 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--iters", type=int, default=3, help="timed rounds")
     p.add_argument("--threads", type=int, default=0, help="torch threads (0: leave as is)")
     p.add_argument("--tiny", action="store_true", help="test-size models (the smoke test)")
+    p.add_argument("--device", default="cpu", help="cpu or cuda")
+    p.add_argument("--dtype", default="fp32", choices=("fp32", "bf16"), help="bf16: autocast on CUDA")
     args = p.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
     recipes = {k: recipe_for(k, args.tiny) for k in RECIPES}
-    models = {k: build(k, r) for k, r in recipes.items()}
-    steps = {k: step_of(k, recipes[k], models[k], args.batch) for k in RECIPES}
-    steps["teacher"] = teacher_step(recipes["umt"], models["umt"], args.batch)
+    models = {k: build(k, r).to(args.device) for k, r in recipes.items()}
+    steps = {k: step_of(k, recipes[k], models[k], args.batch, args.device, args.dtype) for k in RECIPES}
+    steps["teacher"] = teacher_step(recipes["umt"], models["umt"], args.batch, args.device)
+    where = torch.cuda.get_device_name() if args.device.startswith("cuda") else f"{torch.get_num_threads()} threads"
     print(
-        f"torch {torch.__version__}, {torch.get_num_threads()} threads, fp32, batch {args.batch}, "
+        f"torch {torch.__version__}, {where}, {args.dtype}, batch {args.batch}, "
         f"{args.warmup} warm-up + {args.iters} timed rounds, variants alternating:"
     )
     describe(recipes, models)
-    times = interleaved(steps, args.iters, args.warmup)
+    times, peak = interleaved(steps, args.iters, args.warmup, args.device)
     med = {k: statistics.median(v) for k, v in times.items()}
-    print(f"  {'variant':10s}{'median s/step':>15s}{'best s/step':>13s}{'s/clip':>9s}{'vs finetune':>13s}")
+    head = f"  {'variant':10s}{'median s/step':>15s}{'best s/step':>13s}{'s/clip':>9s}{'vs finetune':>13s}"
+    print(head + (f"{'peak GiB':>10s}" if peak else ""))
     for k in ("umt", "teacher", "videomae", "finetune"):
+        mem = f"{peak[k] / 2**30:10.2f}" if peak else ""
         print(
-            f"  {k:10s}{med[k]:15.3f}{min(times[k]):13.3f}{med[k] / args.batch:9.3f}{med[k] / med['finetune']:12.2f}x"
+            f"  {k:10s}{med[k]:15.4f}{min(times[k]):13.4f}{med[k] / args.batch:9.4f}"
+            f"{med[k] / med['finetune']:12.2f}x{mem}"
         )
     print(
         f"  teacher forward = {med['teacher'] / med['umt']:.0%} of the UMT step; UMT step / VideoMAE step "
         f"x{med['umt'] / med['videomae']:.2f}"
     )
+    if peak:
+        teacher_peak_vs_planner(recipes["umt"], peak["teacher"], args.batch)
     print("[compute] pretraining to the published results, measured step costs (medians):")
     compute_ratio(med, args.batch)
     return 0
