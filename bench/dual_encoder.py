@@ -30,6 +30,7 @@ from avion_ds.distributed.ds_config import PRECISIONS, torch_dtype
 from avion_ds.memory.activations import measure_activation_bytes
 from avion_ds.memory.estimate import activation_bytes_per_clip, arch_info
 from avion_ds.models import apply_activation_checkpointing, create_model, model_flops
+from avion_ds.models.attention import flash_available
 
 CAPTIONS = ["#C C cuts the onion on the chopping board", "#C C opens the fridge door with the left hand"]
 
@@ -53,7 +54,10 @@ def _sync(device: torch.device) -> None:
 def run(args: argparse.Namespace) -> list[dict]:
     device, dtype = torch.device(args.device), torch_dtype(args.dtype)
     ckpts = [True] if args.ckpt_only else [False, True]
-    variants = [(b, c) for b in args.backends for c in ckpts]
+    backends = [b for b in args.backends if b != "flash" or (flash_available() and device.type == "cuda")]
+    for b in sorted(set(args.backends) - set(backends)):
+        print(f"skip {b}: flash-attn needs CUDA and the flash-attn package", file=sys.stderr)
+    variants = [(b, c) for b in backends for c in ckpts]
     models = {}
     for backend, ckpt in variants:
         torch.manual_seed(0)

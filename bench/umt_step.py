@@ -195,12 +195,12 @@ def describe(recipes: dict, models: dict) -> None:
 def teacher_peak_vs_planner(recipe, measured: int, batch: int) -> None:
     """The planner's teacher-forward peak (``tasks/umt/memory.py``, an upper estimate) against the measured one;
     the measured figure adds the input clips, which the planner counts and the step found allocated."""
-    from avion_ds.tasks.umt.memory import arch_info_of_tower, teacher_forward_peak
-    from avion_ds.tasks.umt.teacher import tower_arch
+    from avion_ds.tasks.umt.memory import umt_estimate
+    from avion_ds.tasks.umt.task import student_geometry
 
-    u, d = recipe.umt, recipe.data
-    info = arch_info_of_tower(tower_arch(u.teacher_model, u.clip_input_resolution))
-    planned = batch * teacher_forward_peak(info, d.num_frames, d.size, u.clip_input_resolution, u.clip_return_layer, 2)
+    d = recipe.data
+    est = umt_estimate(recipe, student_geometry(recipe), batch, "bf16", 0)
+    planned = est.inputs["teacher_forward_peak"]
     measured += batch * 3 * d.num_frames * d.size * d.size * 4
     print(
         f"[teacher peak] planner {planned / 2**30:.3f} GiB, measured {measured / 2**30:.3f} GiB "

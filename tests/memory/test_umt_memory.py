@@ -15,11 +15,14 @@ import yaml
 
 from avion_ds.memory.activations import SavedTensorTracker, measure_activation_bytes
 from avion_ds.models import apply_activation_checkpointing
+from avion_ds.models.vit.model import VideoViT
 from avion_ds.tasks import build_recipe, task_of
 from avion_ds.tasks.umt.losses import per_clip_loss, visible_targets
 from avion_ds.tasks.umt.masking import attention_mask
 from avion_ds.tasks.umt.memory import (
+    arch_info_of_tower,
     student_activation_bytes,
+    teacher_forward_peak,
     teacher_held_bytes,
     teacher_parameter_bytes,
     umt_estimate,
@@ -27,6 +30,8 @@ from avion_ds.tasks.umt.memory import (
 )
 from avion_ds.tasks.umt.model import UMTStudent, student_arch
 from avion_ds.tasks.umt.task import student_geometry
+from avion_ds.tasks.umt.teacher import ClipTeacher, tower_arch
+from tests.helpers.live_memory import LivePeak
 from tests.helpers.umt import tiny_umt_recipe
 
 GRID = (4, 2, 2)  # vit_test_tiny, tubelet 1, 4 frames of 32 px
@@ -89,6 +94,22 @@ def test_the_teacher_saves_nothing_and_its_parameters_are_counted(built: tuple) 
     params = sum(p.numel() * p.element_size() for p in teacher.parameters())
     assert params == teacher_parameter_bytes("clip_vit_test_tiny", 16)
     assert all(p.dtype == torch.float32 for p in teacher.parameters())
+
+
+@pytest.mark.parametrize(("frames", "size", "layers", "batch"), [(4, 16, 2, 2), (2, 32, 1, 3), (3, 24, 2, 1)])
+def test_teacher_forward_peak_equals_the_live_bytes_on_cpu(frames: int, size: int, layers: int, batch: int) -> None:
+    """The planner's teacher-forward peak (float32, no autocast: CPU) equals the most bytes the forward holds
+    at once, counted op by op, with the clip it reads; the features come back in block order whatever the
+    layer count."""
+    torch.manual_seed(0)
+    arch = tower_arch("clip_vit_test_tiny", size)
+    teacher = ClipTeacher(VideoViT(arch), layers, 1.0)
+    x = torch.randn(batch, 3, frames, size, size)
+    with LivePeak() as live:
+        feats, _ = teacher(x)
+    per_clip = teacher_forward_peak(arch_info_of_tower(arch), frames, size, size, layers, teacher.output_dim, 4)
+    assert live.peak + x.nbytes == batch * per_clip, (live.peak + x.nbytes, batch * per_clip)
+    assert feats.shape[0] == layers
 
 
 def test_the_step_estimate_holds_the_measured_activations_and_the_teacher(built: tuple) -> None:

@@ -90,22 +90,35 @@ def teacher_held_bytes(teacher_layers: int, out_dim: int, grid: tuple[int, int, 
     return teacher_layers * t * h * w * out_dim * 4 + t * h * w * 4
 
 
-def teacher_forward_peak(tower_info: Any, frames: int, size: int, resolution: int, layers: int, act_bytes: int) -> int:
-    """The teacher forward's transient peak, one clip (nothing saved: ``no_grad``), an upper estimate: the
-    frames rearranged (and resized, float32), the returned blocks' outputs, one block's widest working set
-    (input, norm, MLP hidden and its activation) or the last block's float32 q/k/v for the class attention,
-    at the autocast element size ``act_bytes``, and the widest weight's autocast copy."""
-    n = (resolution // tower_info.patch_size) ** 2 + 1
-    d, f = tower_info.embed_dim, tower_info.mlp_hidden
-    frames_bytes = 3 * frames * (size * size + (resolution * resolution if resolution != size else 0)) * 4
-    kept = layers * frames * n * d * act_bytes
-    block = frames * n * (2 * d + 2 * f) * act_bytes
-    qkv = frames * n * 3 * d * (4 + act_bytes)
-    return frames_bytes + kept + max(block, qkv) + d * f * act_bytes
+def teacher_forward_peak(
+    tower_info: Any, frames: int, size: int, resolution: int, layers: int, out_dim: int, act_bytes: int
+) -> int:
+    """The teacher forward's peak bytes for one clip (``no_grad``: nothing saved), counted as
+    ``ClipTeacher.forward`` allocates them: the clip itself (float32), the returned features written layer
+    by layer into one float32 buffer, the last block's class attention (B*T, 1+HW) float32, and that last
+    block's MLP at its widest (fc2's output): the block's input and its post-attention residual (float32:
+    ``ln_pre`` and the norms run in float32 under autocast, so the residual stream is float32), the norm's
+    output (float32), fc1's and GELU's outputs and fc2's, at ``act_bytes`` (autocast's element size; 4 where
+    the step runs without autocast, on CPU), plus under autocast fc2's weight cast for the op.
+    Exact on CPU (``tests/memory/test_umt_memory.py``); on a GPU, BENCHMARKS.md's UMT section."""
+    hw = (resolution // tower_info.patch_size) ** 2
+    n, d, f = hw + 1, tower_info.embed_dim, tower_info.mlp_hidden
+    clip = 3 * frames * size * size * 4
+    feats = layers * frames * hw * out_dim * 4
+    class_attention = frames * n * 4
+    mlp = frames * n * (3 * 4 * d + 2 * act_bytes * f + act_bytes * d)
+    weight_cast = d * f * act_bytes if act_bytes != 4 else 0
+    return clip + feats + class_attention + mlp + weight_cast
 
 
 def umt_estimate(
-    recipe: Recipe, arch: Any, micro_batch: int, dtype: Any, zero_stage: int, **knobs: Any
+    recipe: Recipe,
+    arch: Any,
+    micro_batch: int,
+    dtype: Any,
+    zero_stage: int,
+    teacher_autocast: bool = True,
+    **knobs: Any,
 ) -> MemoryEstimate:
     """:func:`avion_ds.memory.estimate.estimate` for a ``task: umt`` recipe's step: the student's model
     states as the planner counts them, its visible-token activations, the replicated float32 teacher and
@@ -131,11 +144,15 @@ def umt_estimate(
     first_n = knobs.get("first_n")
     act = micro_batch * student_activation_bytes(student, visible, out_dim, dtype, checkpointing, policy, first_n)
     held = micro_batch * teacher_held_bytes(u.clip_return_layer, out_dim, grid)
-    autocast = 2  # the planned step runs on CUDA, where the teacher's forward is bf16 / fp16 autocast
+    # the teacher's forward runs under bf16 / fp16 autocast on CUDA (what a plan is for); teacher_autocast=False:
+    # float32 throughout, as on CPU
+    autocast = 2 if teacher_autocast else 4
     teacher_info = arch_info_of_tower(tower)
-    peak = micro_batch * teacher_forward_peak(
-        teacher_info, d.num_frames, d.size, u.clip_input_resolution, u.clip_return_layer, autocast
+    one = teacher_forward_peak(
+        teacher_info, d.num_frames, d.size, u.clip_input_resolution, u.clip_return_layer, out_dim, autocast
     )
+    weight_cast = teacher_info.embed_dim * teacher_info.mlp_hidden * autocast if teacher_autocast else 0
+    peak = micro_batch * (one - weight_cast) + weight_cast  # the weight's cast is one per step, not per clip
     teacher_params = 4 * teacher_info.params
     step_act = max(act + held, peak)
     allocated = base.params + teacher_params + base.grads + base.optimizer + step_act + recompute + workspace

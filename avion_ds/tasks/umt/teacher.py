@@ -115,17 +115,17 @@ class ClipTeacher(nn.Module):
         tower = self.tower
         with self._autocast(frames.device):
             x = tower.forward_tokens(x.to(tower.patch_embed.proj.weight.dtype))
-            kept, attn = [], None
+            N = x.shape[1] - 1
+            feats = x.new_empty(len(self.index), B * T, N, self.output_dim, dtype=torch.float32)
+            attn, kept = None, sorted(self.index)
             for i, blk in enumerate(tower.blocks):
                 if i == len(tower.blocks) - 1:
                     attn = class_attention(blk, x)
                 x = blk(x)
-                if i in self.index:
-                    kept.append(x[:, 1:])
-            feats = tower.norm(torch.stack(kept)) @ tower.proj.to(x.dtype)  # (K, B*T, HW, C)
-        feats = F.normalize(feats.float(), dim=-1)
-        K, _, N, D = feats.shape
-        return feats.reshape(K, B, T * N, D), attn.float()
+                if i in kept:  # projected as it comes, in block order: the block outputs are not kept alive
+                    feats[kept.index(i)] = F.normalize((tower.norm(x[:, 1:]) @ tower.proj.to(x.dtype)).float(), dim=-1)
+        K = feats.shape[0]
+        return feats.view(K, B, T * N, self.output_dim), attn.float()
 
 
 def load_tower(tower: nn.Module, source: str | Path, trust: bool, mean_std: str | None = None) -> None:
