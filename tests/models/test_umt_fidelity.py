@@ -283,6 +283,24 @@ def test_attention_masking_draws_the_reference_positions() -> None:
         assert int((~ours).view(6, 49).sum(1).unique()) == 49 - int(49 * ratio)
 
 
+def test_seeded_masks_draw_each_clip_as_the_reference_does_alone() -> None:
+    """Per-clip seeds (the loader's ``mask_seed``): each clip's mask is the reference's multinomial draw for
+    that clip alone under a generator seeded by its seed, whatever clips share its batch (so a resume on another
+    world size draws the same masks)."""
+    from avion_ds.tasks.umt.masking import seeded_attention_mask
+
+    g = torch.Generator().manual_seed(1)
+    attn = torch.rand(9, 49, generator=g).softmax(-1)  # 3 clips x 3 frames
+    seeds = [5, 2**61 + 3, 5]  # two clips with the same seed: the same draw for the same attention rows only
+    batch = seeded_attention_mask(attn, seeds, 0.8)
+    for b, seed in enumerate(seeds):
+        rows = attn[3 * b : 3 * b + 3]
+        ref = ref_attention_mask(rows, 1, 0.8, torch.Generator().manual_seed(seed))
+        assert torch.equal(batch[b : b + 1], ref), b
+        assert torch.equal(seeded_attention_mask(rows, [seed], 0.8), ref), b  # alone or in a batch: the same
+    assert not torch.equal(batch[0], batch[1])
+
+
 @pytest.mark.parametrize(("depth", "layers", "interval"), [(12, 6, 1), (24, 6, 1), (12, 4, 2.5), (3, 3, 1), (12, 1, 1)])
 def test_return_index_rule(depth: int, layers: int, interval: float) -> None:
     from avion_ds.tasks.umt.teacher import return_index

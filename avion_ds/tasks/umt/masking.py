@@ -23,12 +23,30 @@ def attention_mask(
     return mask.view(batch, -1)
 
 
+def seeded_attention_mask(attn: torch.Tensor, seeds: list[int], ratio: float) -> torch.Tensor:
+    """:func:`attention_mask` clip by clip, each clip's frames drawn from a generator seeded by its own seed
+    (``seeds``, one per clip, from the loader's per-clip stream): the mask a clip gets depends on the clip, the
+    epoch and the recipe's seed alone, not on which rank or batch it lands in, so an elastic resume on another
+    world size draws what the uninterrupted run drew."""
+    frames = attn.shape[0] // len(seeds)
+    gen = torch.Generator(device=attn.device)
+    masks = []
+    for b, seed in enumerate(seeds):
+        gen.manual_seed(int(seed))
+        masks.append(attention_mask(attn[b * frames : (b + 1) * frames], 1, ratio, gen))
+    return torch.cat(masks)
+
+
 class DeviceDrawnMask(MaskSpec):
     """The loader's stand-in for a mask drawn on the device (``attention``): an all-visible bool (N,) per
-    clip, nothing drawn (the loss replaces it), so the batch keeps the ``mask`` entry the collate expects."""
+    clip (the loss replaces it), so the batch keeps the ``mask`` entry the collate expects, and ``mask_seed``:
+    the clip's seed for that draw, from the clip's own random stream (:func:`seeded_attention_mask`)."""
 
     def draw(self, rng: np.random.Generator) -> dict[str, np.ndarray]:
-        return {"mask": np.zeros(self.grid[0] * self.grid[1] * self.grid[2], dtype=bool)}
+        return {
+            "mask": np.zeros(self.grid[0] * self.grid[1] * self.grid[2], dtype=bool),
+            "mask_seed": np.asarray(rng.integers(0, 2**62), dtype=np.int64),
+        }
 
 
 def loader_masks(grid: tuple[int, int, int], kind: str, ratio: float) -> MaskSpec:

@@ -35,7 +35,7 @@ from avion_ds.tasks.common.evaluation import eval_mode
 from avion_ds.tasks.common.predictions import PredictionStore
 from avion_ds.tasks.registry import register_task
 from avion_ds.tasks.umt.losses import per_clip_loss, visible_targets
-from avion_ds.tasks.umt.masking import attention_mask, loader_masks
+from avion_ds.tasks.umt.masking import attention_mask, loader_masks, seeded_attention_mask
 from avion_ds.tasks.umt.teacher import build_teacher, tower_arch
 
 if TYPE_CHECKING:
@@ -220,7 +220,7 @@ class UMTTask(Task):
     def loss(
         self, model: Callable[..., Any], x: torch.Tensor, targets: Any, dtype: torch.dtype, recipe: Recipe
     ) -> LossParts:
-        per_clip = distill(model, x, targets["mask"], dtype, recipe)
+        per_clip = distill(model, x, targets["mask"], dtype, recipe, seeds=targets.get("mask_seed"))
         loss_clip = per_clip.mean()
         return recipe.umt.clip_loss_ratio * loss_clip, {"loss_clip": loss_clip.detach()}
 
@@ -248,14 +248,17 @@ def distill(
     recipe: Recipe,
     generator: torch.Generator | None = None,
     out: dict[str, torch.Tensor] | None = None,
+    seeds: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Per-clip distillation loss (B,) of float32 frames ``x``: the teacher's targets (no gradient), the
-    attention mask drawn from its class attention (``generator``; ``mask``, the loader's, is then unused), the
-    student on the visible tokens.
-    ``out`` (optional) receives ``student`` and ``target`` features."""
+    attention mask drawn from its class attention (``mask``, the loader's, is then unused): each clip from its
+    ``seeds`` entry (the loader's ``mask_seed``) when given, else all from ``generator``; the student on the
+    visible tokens. ``out`` (optional) receives ``student`` and ``target`` features."""
     u = recipe.umt
     feats, attn = teacher_of(model, x.device)(x)
-    if u.mask_type == "attention":
+    if u.mask_type == "attention" and seeds is not None:
+        mask = seeded_attention_mask(attn, seeds.reshape(-1).tolist(), u.mask_ratio)
+    elif u.mask_type == "attention":
         mask = attention_mask(attn, x.shape[0], u.mask_ratio, generator)
     target = visible_targets(feats, mask)
     student = model(x.to(dtype), mask)
@@ -267,7 +270,8 @@ def distill(
 @torch.no_grad()
 def evaluate_umt(ctx: EvalContext) -> dict[str, float]:
     """Validation ``umt_loss`` and ``umt_cos`` (last layer) over all ranks, each clip once; attention masks
-    are drawn from a generator seeded by the recipe's seed and the batch's first dataset index."""
+    are drawn per clip from its ``mask_seed`` (validation's clips keep epoch 0's), else from a generator seeded
+    by the recipe's seed and the batch's first dataset index."""
     store = PredictionStore()
     with eval_mode(ctx.model):
         for batch in ctx.loader:
@@ -276,7 +280,7 @@ def evaluate_umt(ctx: EvalContext) -> dict[str, float]:
             gen = torch.Generator(device=ctx.device)
             gen.manual_seed(int(ctx.recipe.seed) * 1_000_003 + int(batch["index"].reshape(-1)[0]))
             feats: dict[str, torch.Tensor] = {}
-            loss = distill(ctx.model, x, masks["mask"], ctx.dtype, ctx.recipe, gen, feats)
+            loss = distill(ctx.model, x, masks["mask"], ctx.dtype, ctx.recipe, gen, feats, masks.get("mask_seed"))
             cos = (feats["student"][-1].float() * feats["target"][-1]).sum(-1).mean(-1)
             store.add(batch["index"], torch.stack([loss, cos], dim=1).double(), torch.zeros(x.shape[0]))
     _, sums, _ = store.gather()
