@@ -4,7 +4,9 @@ For each model, two copies with the same weights: ``token_merge=0`` and ``token_
 backend (merging's proportional attention is a mask, which flash-attn cannot take: ``models/attention.py``
 chooses SDPA when merging is on, so the baseline runs SDPA too and the ratio is merging's alone). ``r`` is
 chosen so the last block sees about half the tokens: ``r = ceil(N / (2 (depth - 1)))`` for N patch tokens
-(the issue's "~2x fewer tokens by the last block"), unless ``--r`` names it.
+("~2x fewer tokens by the last block"), unless ``--r`` names it; ``--mean-fraction F`` instead merges as
+hard as the paper's video setting: a constant ``r`` clamped per block to what it can merge, the smallest whose
+blocks see on average at most ``F`` of the tokens.
 
 Per model and variant, in turn (``--warmup`` rounds first, then ``--iters`` timed rounds, A/B alternating):
 * eval: ``model.eval()`` forward under ``no_grad`` (the evaluation / ``avion-ds embed`` path);
@@ -34,11 +36,41 @@ sys.path.insert(0, str(REPO))
 
 from avion_ds.distributed.ds_config import PRECISIONS, torch_dtype
 from avion_ds.models import create_model
+from avion_ds.models.token_merge import max_merge
 
 
 def half_tokens_r(tokens: int, depth: int) -> int:
     """The constant r per block that leaves the last block about half of ``tokens``."""
     return math.ceil(tokens / (2 * max(depth - 1, 1)))
+
+
+def clamped_schedule(r: int, tokens: int, depth: int) -> list[int]:
+    """``r`` per block, each clamped to what that block can merge (half its tokens): the schedule a large
+    constant ``r`` runs as (the paper's video setting merges this hard)."""
+    out, left = [], tokens
+    for _ in range(depth):
+        out.append(min(r, max_merge(left, False)))
+        left -= out[-1]
+    return out
+
+
+def seen_tokens(schedule: list[int], tokens: int) -> list[int]:
+    """The tokens each block's input has under ``schedule``."""
+    seen, left = [], tokens
+    for r in schedule:
+        seen.append(left)
+        left -= r
+    return seen
+
+
+def schedule_for_mean(fraction: float, tokens: int, depth: int) -> list[int]:
+    """The smallest clamped constant-``r`` schedule whose blocks see on average at most ``fraction`` of the
+    tokens (the work the blocks do scales with the tokens they see)."""
+    for r in range(tokens // 2 + 1):
+        sched = clamped_schedule(r, tokens, depth)
+        if sum(seen_tokens(sched, tokens)) <= fraction * tokens * depth:
+            return sched
+    return clamped_schedule(tokens // 2, tokens, depth)
 
 
 def sync(device: torch.device) -> None:
@@ -95,17 +127,24 @@ def bench_model(name: str, args: argparse.Namespace) -> None:
     arch = base.arch if hasattr(base, "arch") else None
     tokens = base.patch_embed.num_patches if arch is None else arch.kept_patches
     depth = len(base.blocks)
-    r = args.r if args.r is not None else half_tokens_r(tokens, depth)
-    merged = create_model(name, token_merge=r, **geometry)
+    if args.mean_fraction:
+        merge: int | list[int] = schedule_for_mean(args.mean_fraction, tokens, depth)
+    else:
+        merge = args.r if args.r is not None else half_tokens_r(tokens, depth)
+    sched = merge if isinstance(merge, list) else [merge] * depth
+    r = sched[0] if len(set(sched)) == 1 else f"{sched[0]}..{sched[-1]}"
+    merged = create_model(name, token_merge=merge, **geometry)
     merged.load_state_dict(base.state_dict())
-    last = tokens - r * (depth - 1)
+    seen = seen_tokens(sched, tokens)
+    last = seen[-1]
     x = torch.randn(args.batch, 3, args.frames, args.size, args.size, device=device, dtype=dtype)
     models = {"r=0": base.to(device, dtype), f"r={r}": merged.to(device, dtype)}
     steps = {f"{v} {k}": s for v, m in models.items() for k, s in steps_of(m, x).items()}
     med, peak = measure(steps, device, args.warmup, args.iters)
     print(
         f"{name}: {args.frames}x{args.size}, {tokens} tokens, depth {depth}, r={r} per block -> last block sees "
-        f"{last} ({last / tokens:.0%}), batch {args.batch}"
+        f"{last} ({last / tokens:.0%}), blocks see {sum(seen) / len(seen) / tokens:.0%} of the tokens on average, "
+        f"batch {args.batch}"
     )
     for kind in ("eval", "train"):
         a, b = med[f"r=0 {kind}"], med[f"r={r} {kind}"]
@@ -127,6 +166,12 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--size", type=int, default=224)
     p.add_argument("--batch", type=int, default=2)
     p.add_argument("--r", type=int, default=None, help="tokens merged per block (default: half by the last block)")
+    p.add_argument(
+        "--mean-fraction",
+        type=float,
+        default=0.0,
+        help="instead of --r: the clamped constant-r schedule whose blocks see this fraction of the tokens on average",
+    )
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--iters", type=int, default=3)
     p.add_argument("--threads", type=int, default=0, help="torch threads (0: leave as is)")

@@ -48,6 +48,7 @@ TINY: dict[str, list[str]] = {
     "umt_learn.py": ["--out", f"{W}/ul", "--seeds", "0", "--pretrain-seconds", "0.1", "--steps", "2", "--batch", "2"]
     + ["--clips-per-video", "2", "--ft-steps", "1", "--ft-views", "1", "--teacher-epochs", "1", "--teacher-views", "1"]
     + ["--decode-timeout-s", "0"],
+    "token_merge.py": ["--tiny", "--warmup", "2", "--iters", "1"],
     "umt_step.py": ["--tiny", "--warmup", "2", "--iters", "1"],
     "x264_asm.py": ["--seconds", "1", "--short-side", "48", "--warmup", "2", "--repeats", "1"],
     "exit_stability.sh": ["1"],
