@@ -14,7 +14,6 @@ Each resumed run converts its checkpoint itself; the moments-dropped copy gets t
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 
 import pytest
@@ -26,6 +25,7 @@ from avion_ds.engine.ema import EmaFiles
 from avion_ds.storage.run_dir import consolidate, latest_complete
 from tests.helpers import QUICK_DATA, REPO, losses, write_recipe
 from tests.helpers.launch import launch_jobs
+from tests.helpers.recipes import cut_run_at
 
 pytestmark = pytest.mark.multiprocess
 K = 2  # resume from the checkpoint after this many optimizer steps
@@ -54,16 +54,6 @@ def _recipe(tmp: Path, data: dict, run: Path, options: dict | None = None) -> Pa
 
 def _job(recipe: Path, ds: str) -> list[str | Path]:
     return ["--config", recipe, "--deepspeed_config", REPO / "ds_configs" / f"{ds}.json"]
-
-
-def _cut_at(src: Path, dst: Path, k: int) -> None:
-    """``dst``: ``src``'s run dir as it was after step k (later checkpoints and the history removed)."""
-    shutil.copytree(src, dst)
-    for tag in (dst / "checkpoints").glob("step_*"):
-        if int(tag.name.split("_")[1]) > k:
-            shutil.rmtree(tag)
-    (dst / "history.jsonl").unlink()
-    shutil.rmtree(dst / "tb", ignore_errors=True)
 
 
 def _drop_moments(universal: Path) -> int:
@@ -96,7 +86,7 @@ class Case:
         full = self.tmp / "full"
         assert len(losses(full)) > K + 1
         for name in ("resumed", "dropped"):
-            _cut_at(full, self.tmp / name, K)
+            cut_run_at(full, self.tmp / name, K)
         universal = convert_to_universal(self.tmp / "dropped" / "checkpoints" / f"step_{K:08d}")
         assert _drop_moments(universal) > 0
 

@@ -13,7 +13,6 @@ docs/pretraining.md)."""
 
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 
 import pytest
@@ -22,6 +21,7 @@ from safetensors.torch import save_file
 
 from tests.helpers import REPO, losses
 from tests.helpers.launch import launch_jobs
+from tests.helpers.recipes import cut_run_at
 
 pytestmark = pytest.mark.multiprocess
 K = 2  # resumed after this many optimizer steps
@@ -59,16 +59,6 @@ def _job(data: dict, teacher: Path, run: Path) -> list[str | Path]:
     return argv
 
 
-def _cut_at(src: Path, dst: Path, k: int) -> None:
-    """``dst``: ``src``'s run dir as it was after step k."""
-    shutil.copytree(src, dst)
-    for tag in (dst / "checkpoints").glob("step_*"):
-        if int(tag.name.split("_")[1]) > k:
-            shutil.rmtree(tag)
-    (dst / "history.jsonl").unlink()
-    shutil.rmtree(dst / "tb", ignore_errors=True)
-
-
 def _teacher(path: Path, seed: int) -> Path:
     from avion_ds.models import create_model
 
@@ -84,7 +74,7 @@ def runs(tiny_epic: dict, tmp_path_factory: pytest.TempPathFactory) -> dict:
     teacher, other = _teacher(tmp / "teacher.safetensors", 0), _teacher(tmp / "other.safetensors", 1)
     launch_jobs([_job(tiny_epic, teacher, tmp / "full")], tmp / "one.json", nprocs=1)
     for name in ("resumed", "other_teacher"):
-        _cut_at(tmp / "full", tmp / name, K)
+        cut_run_at(tmp / "full", tmp / name, K)
     jobs = [_job(tiny_epic, teacher, tmp / "resumed"), _job(tiny_epic, other, tmp / "other_teacher")]
     logs = launch_jobs(jobs, tmp / "two.json", nprocs=2)
     return {"tmp": tmp, "log": logs[0]}

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import yaml
@@ -58,3 +59,14 @@ def losses(run_dir: Path) -> dict[int, float]:
         if row.get("loss") is not None:  # None: a window skipped for a non-finite loss
             out[int(row["step"])] = float(row["loss"])
     return out
+
+
+def cut_run_at(src: Path, dst: Path, k: int) -> None:
+    """``dst``: ``src``'s run dir as it was after step k (later checkpoints and the history removed): what a
+    run killed after step k leaves, to resume."""
+    shutil.copytree(src, dst)
+    for tag in (dst / "checkpoints").glob("step_*"):
+        if int(tag.name.split("_")[1]) > k:
+            shutil.rmtree(tag)
+    (dst / "history.jsonl").unlink()
+    shutil.rmtree(dst / "tb", ignore_errors=True)
