@@ -337,6 +337,9 @@ CASES: list[Case] = [
         ["flash-attn takes none"],
     ),
     ("eval_merge_r_too_large", "eval", "contrastive", ["model.token_merge=40"], None, [], ["model.token_merge=40"]),
+    # patch dropout (FLIP): a fraction in [0, 1)
+    ("patch_dropout_one", "train", "cls", ["model.patch_dropout=1.0"], None, [], ["model.patch_dropout=1.0"]),
+    ("patch_dropout_negative", "train", "contrastive", ["model.patch_dropout=-0.1"], None, [], ["model.patch_dropout"]),
     # chunk --index-only
     ("index_only_missing_src", "chunk", "", [], None, ["--index-only", "/nope/tree"], ["/nope/tree"]),
     ("index_only_file_src", "chunk", "", [], None, ["--index-only", "@file"], ["not a directory"]),

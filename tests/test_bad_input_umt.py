@@ -64,6 +64,7 @@ CASES: list[tuple[str, list[str], list[str]]] = [
         ["umt.teacher=", "teacher.safetensors", "does not fit"],
     ),
     ("teacher_model_not_dual", ["umt.teacher_model=vit_test_tiny"], ["umt.teacher_model='vit_test_tiny'"]),
+    ("patch_dropout", ["model.patch_dropout=0.5"], ["model.patch_dropout=0.5", "visible tokens"]),
     (
         "teacher_grid",
         ["umt.clip_input_resolution=32"],

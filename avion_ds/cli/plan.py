@@ -7,6 +7,7 @@ import argparse
 import json
 import sys
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.distributed as tdist
@@ -22,9 +23,9 @@ from avion_ds.memory.plan import (
     ds_config_for,
     explain_impossible,
     format_table,
-    plan_merging,
     recipe_overrides,
 )
+from avion_ds.memory.plan_tokens import plan_fewer_tokens
 from avion_ds.memory.units import format_bytes, parse_bytes
 from avion_ds.models import registered_arch
 
@@ -91,6 +92,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         action="store_true",
         help="when nothing fits, the plan may turn on token merging (model.token_merge; it changes the model's "
         "outputs): the recipe key model.plan_may_merge_tokens with --config",
+    )
+    p.add_argument(
+        "--may-drop-patches",
+        action="store_true",
+        help="when nothing fits (token merging first, if allowed), the plan may turn on patch dropout in training "
+        "(model.patch_dropout; it changes what the model sees): the recipe key model.plan_may_drop_patches",
     )
     p.add_argument("--measure", action="store_true", help="CUDA only: run real steps of the top candidates")
     p.add_argument(
@@ -170,15 +177,19 @@ def build_request(args: argparse.Namespace) -> Request:
     )
 
 
-def merge_settings(args: argparse.Namespace) -> tuple[bool, int | list[int]]:
-    """Whether the plan may turn on token merging, and the merging the model already has (``--config``'s
-    ``model.plan_may_merge_tokens`` and ``model.token_merge``; ``--may-merge-tokens``)."""
+def token_settings(args: argparse.Namespace) -> dict[str, Any]:
+    """What the plan may change and what the model already does to its tokens (``--config``'s
+    ``model.plan_may_merge_tokens`` / ``model.token_merge`` / ``model.plan_may_drop_patches`` /
+    ``model.patch_dropout``; ``--may-merge-tokens`` / ``--may-drop-patches``): ``plan_fewer_tokens``'s keywords."""
+    out: dict[str, Any] = {"may_merge": bool(args.may_merge_tokens), "may_drop": bool(args.may_drop_patches)}
     if getattr(args, "config", None) is None:
-        return bool(args.may_merge_tokens), 0
+        return out
     from avion_ds.tasks import load_recipe  # lazy: every task and dataset registers
 
     m = load_recipe(args.config).model
-    return bool(args.may_merge_tokens or m.plan_may_merge_tokens), m.token_merge
+    out["may_merge"] = out["may_merge"] or m.plan_may_merge_tokens
+    out["may_drop"] = out["may_drop"] or m.plan_may_drop_patches
+    return {**out, "token_merge": m.token_merge, "patch_dropout": m.patch_dropout}
 
 
 def write_outputs(best: Candidate, req: Request, out: Path) -> tuple[Path, Path, list[str]]:
@@ -202,13 +213,17 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as e:
         print(f"avion-ds plan: error: {e}", file=sys.stderr)
         return 2
-    may_merge, token_merge = merge_settings(args)
-    cands, facts = plan_merging(req, may_merge, token_merge)
+    cands, facts = plan_fewer_tokens(req, **token_settings(args))
     fitting = [c for c in cands if c.fits]
     if facts.get("merged_by_planner"):
         print(
             f"nothing fits without token merging: the plan merges {facts['token_merge']} tokens after every block "
             "(model.token_merge; it changes the model's outputs, allowed by model.plan_may_merge_tokens)"
+        )
+    if facts.get("dropped_by_planner"):
+        print(
+            f"nothing fits without patch dropout: the plan drops {facts['patch_dropout']:g} of the patches in "
+            "training (model.patch_dropout; it changes what the model sees, allowed by model.plan_may_drop_patches)"
         )
     print(
         f"{req.model} {req.frames}x{req.size}: {facts['params'] / 1e6:.1f}M params, {facts['tokens']} tokens/clip, "

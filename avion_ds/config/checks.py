@@ -184,6 +184,10 @@ def validate(recipe: Recipe) -> None:
     merge = recipe.model.token_merge
     if any(r < 0 for r in ([merge] if isinstance(merge, int) else merge)):
         raise ConfigError(f"model.token_merge={merge!r}: tokens merged per block must be >= 0 (0 = off)")
+    if not 0.0 <= recipe.model.patch_dropout < 1.0:
+        raise ConfigError(
+            f"model.patch_dropout={recipe.model.patch_dropout!r}: the fraction of patches dropped, in [0, 1)"
+        )
     tubelet = recipe.model.tubelet_size
     if tubelet is not None and (tubelet <= 0 or recipe.data.num_frames % tubelet):
         raise ConfigError(f"data.num_frames={recipe.data.num_frames} is not divisible by model.tubelet_size={tubelet}")

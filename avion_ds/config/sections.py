@@ -38,6 +38,9 @@ class ModelConfig:
     # ToMe token merging in the video transformer: r tokens merged after every block, or a list of r per block; 0 = off
     token_merge: int | list[int] = 0
     plan_may_merge_tokens: bool = False  # avion-ds plan may turn token merging on when nothing fits without it
+    # FLIP patch dropout: this fraction of the patch tokens dropped at random in training (evaluation sees all)
+    patch_dropout: float = 0.0
+    plan_may_drop_patches: bool = False  # avion-ds plan may turn patch dropout on when nothing fits without it
     head_label_map: str = (
         "auto"  # auto: a 710-row (Kinetics-710) head -> Kinetics-400/600/700 rows by VideoMAE V2's map | none
     )

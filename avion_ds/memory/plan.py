@@ -13,7 +13,6 @@ top candidates and ranks those by measured clips/s.
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -27,7 +26,6 @@ from avion_ds.memory.estimate import DTYPE_BYTES, MemoryEstimate, arch_info, as_
 from avion_ds.memory.units import format_bytes
 from avion_ds.models import list_models, model_flops, registered_arch
 from avion_ds.models.activation_checkpointing import selective_recompute_share
-from avion_ds.models.token_merge import merge_schedule, schedule_problem
 
 CHECKPOINT_CHOICES = (0, 1, 2, 4)  # 0 = none, k = every k-th block
 CHECKPOINT_POLICIES = ("full", "selective")  # what a checkpointed block keeps (model.activation_checkpoint_policy)
@@ -69,6 +67,7 @@ class Candidate:
     grad_accum: int
     checkpoint_policy: str = "full"  # full | selective (ignored when checkpoint_every == 0)
     token_merge: int | list[int] = 0  # model.token_merge the candidate is estimated with (0: none)
+    patch_dropout: float = 0.0  # model.patch_dropout the candidate is estimated with (0: none)
     peak: int = 0
     host: int = 0
     fits: bool = False
@@ -84,6 +83,7 @@ class Candidate:
     def label(self) -> str:
         off = "none" if self.offload == "none" else f"{self.offload}:{self.offload_device}"
         merge = f" merge={self.token_merge}" if self.token_merge else ""
+        merge += f" patch_dropout={self.patch_dropout:g}" if self.patch_dropout else ""
         return (
             f"ZeRO-{self.zero_stage} offload={off} ckpt={self.checkpoint} micro={self.micro_batch} "
             f"accum={self.grad_accum}{merge}"
@@ -271,62 +271,6 @@ def plan(req: Request) -> tuple[list[Candidate], dict[str, Any]]:
     return fitting + rest, facts
 
 
-MERGE_KEEP = (0.75, 0.5, 0.25)  # the tokens the last block keeps, mildest merging first
-
-
-def merge_choices(req: Request) -> list[int]:
-    """The ``r`` (tokens merged after every block) the planner may try, mildest first: the last block keeps
-    about 3/4, 1/2, then 1/4 of the tokens (as far as every block has the tokens to merge)."""
-    info = arch_info(req.model, req.frames, req.size)
-    patches = (req.frames // info.tubelet_size) * (req.size // info.patch_size) ** 2
-    if info.patch_dropout > 0:
-        patches = max(1, int(patches * (1 - info.patch_dropout)))
-    cls = info.pool == "cls"
-    out: list[int] = []
-    for keep in MERGE_KEEP:
-        r = math.ceil(patches * (1 - keep) / info.depth)
-        if r > 0 and r not in out and schedule_problem(r, info.depth, patches + int(cls), cls) is None:
-            out.append(r)
-    return out
-
-
-def _merging(req: Request, token_merge: int | list[int]) -> Request:
-    """``req`` with its candidates estimated on the model that merges ``token_merge`` tokens per block."""
-    info = arch_info(req.model, req.frames, req.size)
-    info = dataclasses.replace(info, token_merge=tuple(merge_schedule(token_merge, info.depth)))
-
-    def merged(micro: int, dtype: str, stage: int, **knobs: Any) -> MemoryEstimate:
-        return estimate(info, req.frames, req.size, micro, dtype, stage, **knobs)
-
-    return dataclasses.replace(req, estimator=merged)
-
-
-def plan_merging(
-    req: Request, may_merge: bool = False, token_merge: int | list[int] = 0
-) -> tuple[list[Candidate], dict[str, Any]]:
-    """:func:`plan`, for a model that merges ``token_merge`` tokens (the recipe's ``model.token_merge``).
-
-    Merging changes the model's outputs, so the planner adds it only when the user allows it
-    (``may_merge``: ``model.plan_may_merge_tokens`` / ``--may-merge-tokens``) and memory is short: when
-    no candidate fits without it, the mildest ``r`` of :func:`merge_choices` with which one fits is
-    taken; its candidates carry it (``Candidate.token_merge``, a recipe override). A task with its own
-    estimator (``Request.estimator``) is planned as it is.
-    """
-    if token_merge and req.estimator is None:
-        cands, facts = plan(_merging(req, token_merge))
-        for c in cands:
-            c.token_merge = token_merge
-        return cands, {**facts, "token_merge": token_merge}
-    cands, facts = plan(req)
-    if not may_merge or token_merge or req.estimator is not None or any(c.fits for c in cands):
-        return cands, facts
-    for r in merge_choices(req):
-        merged, merged_facts = plan_merging(req, token_merge=r)
-        if any(c.fits for c in merged):
-            return merged, {**merged_facts, "merged_by_planner": True}
-    return cands, facts
-
-
 # ----------------------------------------------------------------------------------------------
 # outputs
 # ----------------------------------------------------------------------------------------------
@@ -380,6 +324,8 @@ def recipe_overrides(c: Candidate, req: Request) -> list[str]:
         sets.insert(-1, "model.activation_checkpoint_impl=torch")
     if c.token_merge:
         sets.insert(-1, f"model.token_merge={c.token_merge}".replace(" ", ""))
+    if c.patch_dropout:
+        sets.insert(-1, f"model.patch_dropout={c.patch_dropout:g}")
     return sets
 
 

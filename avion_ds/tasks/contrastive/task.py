@@ -76,6 +76,8 @@ def _encoder_kwargs(recipe: Recipe) -> dict[str, Any]:
     own = {} if m.drop_path_schedule is None else {"drop_path_schedule": m.drop_path_schedule}
     if m.token_merge != 0:  # the video tower's; off: the registered model exactly
         own["token_merge"] = m.token_merge
+    if m.patch_dropout:  # the video tower's, in training
+        own["patch_dropout"] = m.patch_dropout
     return own | {
         "num_frames": d.num_frames,
         "img_size": d.size,

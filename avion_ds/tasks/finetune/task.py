@@ -69,6 +69,8 @@ def model_kwargs(recipe: Recipe) -> dict[str, Any]:
         kw["tubelet_size"] = m.tubelet_size
     if m.token_merge != 0:  # off: the registered model exactly
         kw["token_merge"] = m.token_merge
+    if m.patch_dropout:
+        kw["patch_dropout"] = m.patch_dropout
     if m.heads is not None:
         kw["heads"] = dict(m.heads)
     else:

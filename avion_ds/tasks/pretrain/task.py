@@ -123,6 +123,11 @@ class PretrainTask(Task):
                 f"model.token_merge={recipe.model.token_merge!r}: token merging is a fine-tuning / contrastive "
                 "option; the masked-autoencoder encoder does not merge tokens"
             )
+        if recipe.model.patch_dropout:
+            raise ConfigError(
+                f"model.patch_dropout={recipe.model.patch_dropout!r}: masked pretraining already hides "
+                "pretrain.mask_ratio of the patches; patch dropout is a fine-tuning / contrastive option"
+            )
         for key, value in (
             ("pretrain.mask_ratio", p.mask_ratio),
             ("pretrain.decoder_mask_ratio", p.decoder_mask_ratio),

@@ -149,6 +149,11 @@ class UMTTask(Task):
                 raise ConfigError(f"umt.{key}={getattr(u, key)} must be positive")
         if recipe.model.token_merge != 0:
             raise ConfigError(f"model.token_merge={recipe.model.token_merge!r}: the UMT student does not merge tokens")
+        if recipe.model.patch_dropout:
+            raise ConfigError(
+                f"model.patch_dropout={recipe.model.patch_dropout!r}: the UMT student already sees only the visible "
+                "tokens of umt.mask_ratio; patch dropout is a fine-tuning / contrastive option"
+            )
         if not u.teacher:
             raise ConfigError("umt.teacher is required: the CLIP weights (a file or a dual-encoder run) to distil")
         check_geometry(recipe)
