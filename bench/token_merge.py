@@ -140,6 +140,8 @@ def bench_model(name: str, args: argparse.Namespace) -> None:
     x = torch.randn(args.batch, 3, args.frames, args.size, args.size, device=device, dtype=dtype)
     models = {"r=0": base.to(device, dtype), f"r={r}": merged.to(device, dtype)}
     steps = {f"{v} {k}": s for v, m in models.items() for k, s in steps_of(m, x).items()}
+    if args.bias_cost:  # the merged model's eval with proportional attention's bias dropped (timing only)
+        steps["no-bias eval"] = without_size_bias(steps[f"r={r} eval"])
     med, peak = measure(steps, device, args.warmup, args.iters)
     print(
         f"{name}: {args.frames}x{args.size}, {tokens} tokens, depth {depth}, r={r} per block -> last block sees "
@@ -155,6 +157,28 @@ def bench_model(name: str, args: argparse.Namespace) -> None:
             f"  {kind:5s} r=0 {a * 1e3:9.1f} ms ({args.batch / a:8.1f} clips/s)   r={r} {b * 1e3:9.1f} ms "
             f"({args.batch / b:8.1f} clips/s)   clips/s x{a / b:.2f}, time x{b / a:.2f}{mem}"
         )
+    if args.bias_cost:
+        c, b = med["no-bias eval"], med[f"r={r} eval"]
+        print(
+            f"  eval  r={r} without the log-size bias (attention without a mask; outputs differ, timing only) "
+            f"{c * 1e3:.1f} ms: the bias costs x{b / c:.2f} of the merged forward"
+        )
+
+
+def without_size_bias(step: Callable[[], None]) -> Callable[[], None]:
+    """``step`` with proportional attention's log-size bias dropped (the attention then takes no mask, so
+    SDPA may pick its fastest kernel): what the bias costs, measured; the outputs are not the model's."""
+    import avion_ds.models.vit.model as vit
+
+    def run() -> None:
+        keep = vit.size_bias
+        vit.size_bias = lambda size, dtype: None
+        try:
+            step()
+        finally:
+            vit.size_bias = keep
+
+    return run
 
 
 def parse(argv: list[str] | None = None) -> argparse.Namespace:
@@ -171,6 +195,9 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
         type=float,
         default=0.0,
         help="instead of --r: the clamped constant-r schedule whose blocks see this fraction of the tokens on average",
+    )
+    p.add_argument(
+        "--bias-cost", action="store_true", help="also time the merged eval without the log-size bias (timing only)"
     )
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--iters", type=int, default=3)
