@@ -33,6 +33,7 @@ unit does not move with the load), and the step-time ratio those units imply.
     python bench/checkpoint_pairs.py --pairs finetune,pretrain,self --frames 16 --batch 1
     python bench/checkpoint_pairs.py --device cuda --dtype bf16 --pairs avion,finetune,pretrain --compile
     python bench/checkpoint_pairs.py --pairs avion --avion-src /tmp/AVION --batch 2 --profile --variants off,full
+    python bench/checkpoint_pairs.py --pairs avion --avion-src /tmp/AVION --patch-dropout 0.5   # + FLIP rows
 """
 
 from __future__ import annotations
@@ -152,7 +153,37 @@ def pair_avion(args: argparse.Namespace, device: str, dtype: torch.dtype) -> lis
             avion.textual.set_grad_checkpointing(ck)
 
         rows.append(Variant(f"AVION {'full' if ck else 'off'}", avion, lambda: _clip_loss(*avion(x, tokens)), setup))
+    if args.patch_dropout:
+        rows += _patch_dropout_rows(args, mc, avion, x, tokens)
     return rows
+
+
+def _patch_dropout_rows(args: argparse.Namespace, mc: types.ModuleType, avion: torch.nn.Module, x, tokens) -> list:
+    """Ours and AVION's dual encoders with ``--patch-dropout`` of the video patches in training (FLIP; both
+    codes drop at random, the class token kept), both with full checkpointing as AVION's recipe trains, and the
+    same weights as the pair's models."""
+    from avion.models.transformer import VisionTransformer  # type: ignore[import-not-found]
+
+    p = args.patch_dropout
+    torch.manual_seed(0)
+    vision = VisionTransformer(224, 16, 768, 12, 12, 4, output_dim=256, num_frames=args.frames, patch_dropout=p)
+    dropped = mc.CLIP(embed_dim=256, vision_model=vision, text_model=copy.deepcopy(avion.textual))
+    dropped.load_state_dict(avion.state_dict())
+    dropped = dropped.to(x.device, x.dtype)
+    ours = create_model("clip_vit_base_patch16_224", num_frames=args.frames, attn_backend=args.attn, patch_dropout=p)
+    from avion_ds.models import load_weights
+
+    load_weights(ours, {"state_dict": avion.state_dict()})
+    ours = ours.to(x.device, x.dtype)
+
+    def avion_full() -> None:
+        dropped.visual.set_grad_checkpointing(True)
+        dropped.textual.set_grad_checkpointing(True)
+
+    return [
+        Variant(f"ours full pd={p:g}", ours, lambda: _clip_loss(*ours(x, tokens)), _ours_setup(ours, "full")),
+        Variant(f"AVION full pd={p:g}", dropped, lambda: _clip_loss(*dropped(x, tokens)), avion_full),
+    ]
 
 
 def pair_finetune(args: argparse.Namespace, device: str, dtype: torch.dtype) -> list[Variant]:
@@ -320,9 +351,11 @@ def report(pair: str, rows: list[Variant]) -> dict[str, Any]:
         a, b = f"ours {ours}", f"{ref} {theirs}"
         if ref and a in by and b in by:
             ratios[f"{a} / {b}"] = (med[a] / med[b], by[a].saved / by[b].saved, low[a] / low[b])
+    for a, b in _patch_dropout_pairs(by, ref):
+        ratios[f"{a} / {b}"] = (med[a] / med[b], by[a].saved / by[b].saved, low[a] / low[b])
     for ours in ("full", "selective", "off compiled", "full compiled", "selective compiled"):
         a = f"ours {ours}"
-        if a in by:
+        if a in by and "ours off" in by:
             ratios[f"{a} / ours off"] = (
                 med[a] / med["ours off"],
                 by[a].saved / by["ours off"].saved,
@@ -331,6 +364,17 @@ def report(pair: str, rows: list[Variant]) -> dict[str, Any]:
     for k, (t, m, f) in ratios.items():
         print(f"  {k:40s} time {t:.3f}x (fastest steps {f:.3f}x)  saved bytes {m:.3f}x")
     return {"median_s": med, "saved_bytes": {r.name: r.saved for r in rows}, "ratios": ratios}
+
+
+def _patch_dropout_pairs(by: dict[str, Variant], ref: str | None) -> list[tuple[str, str]]:
+    """The patch-dropout rows against the reference's recipe (full checkpointing, no dropout) and against the
+    reference with the same dropout (the same work)."""
+    out = []
+    for name in by:
+        if name.startswith("ours full pd="):
+            pd = name.split()[-1]
+            out += [(name, b) for b in (f"{ref} full", f"{ref} full {pd}", "ours full") if ref and b in by]
+    return out
 
 
 def profile_report(rows: list[Variant], tables: dict[str, Table], top: int) -> None:
@@ -351,6 +395,12 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--pairs", default="avion,finetune,pretrain,self")
     p.add_argument("--avion-src", default=None, help="a clone of github.com/zhaoyue-zephyrus/AVION")
+    p.add_argument(
+        "--patch-dropout",
+        type=float,
+        default=0.0,
+        help="avion pair: two more rows, ours and AVION's with this patch dropout (FLIP) and full checkpointing",
+    )
     p.add_argument("--frames", type=int, default=None, help="default: 4 for avion, 16 otherwise")
     p.add_argument("--size", type=int, default=224)
     p.add_argument("--batch", type=int, default=None, help="default: 4 for avion, 1 otherwise")
