@@ -184,11 +184,22 @@ def build_with_weights(
     normalisation against ``data.mean_std``; ``load``: extra arguments of ``load_and_report`` (e.g.
     ``kinetics_head``). What every task's ``build_model`` shares."""
     from avion_ds.models import create_model  # lazy: heavy (timm, torchvision)
-    from avion_ds.models.weights.loading import build_partitioned, load_and_report  # lazy: heavy (timm)
+    from avion_ds.models.weights.loading import build_partitioned  # lazy: heavy (timm)
+
+    model = build_partitioned(lambda: create_model(recipe.model.name, **kwargs), ds_config)
+    load_recipe_weights(model, recipe, pretrained, run_dir, **load)
+    return model
+
+
+def load_recipe_weights(
+    model: nn.Module, recipe: Recipe, pretrained: str | None, run_dir: Path | None, **load: Any
+) -> None:
+    """Load ``pretrained`` (default ``model.pretrained``; "" for none) into ``model`` and report it, with the
+    recipe's strictness, trust and ``data.mean_std`` (the weights' normalisation checked against it)."""
+    from avion_ds.models.weights.loading import load_and_report  # lazy: heavy (timm, torchvision)
 
     m = recipe.model
     source = pretrained if pretrained is not None else m.pretrained
-    model = build_partitioned(lambda: create_model(m.name, **kwargs), ds_config)
     if source:
         load_and_report(
             model,
@@ -200,7 +211,6 @@ def build_with_weights(
             mean_std=recipe.data.mean_std,
             **load,
         )
-    return model
 
 
 def check_token_merge(recipe: Recipe, name: str, kw: dict[str, Any]) -> None:

@@ -115,16 +115,18 @@ def test_the_teacher_loads_through_the_one_entry_point_once(
     assert model.frozen_teacher.tower.proj.shape == (64, 16)
 
 
-def test_attention_masking_draws_nothing_loader_side() -> None:
-    """The loader's ``mask`` for ``attention`` is a placeholder of the collate's shape; no generator drawn."""
+def test_attention_masking_draws_only_a_seed_loader_side() -> None:
+    """The loader's ``mask`` for ``attention`` is an all-visible placeholder of the collate's shape, and
+    ``mask_seed`` the one number drawn from the clip's stream (the device draws the mask from it)."""
     import numpy as np
 
     from avion_ds.tasks.umt.masking import loader_masks
 
     rng = np.random.default_rng(0)
-    state = rng.bit_generator.state
+    expected = int(np.random.default_rng(0).integers(0, 2**62))
     out = loader_masks((4, 2, 2), "attention", 0.8).draw(rng)
-    assert set(out) == {"mask"} and out["mask"].shape == (16,) and out["mask"].dtype == bool
-    assert rng.bit_generator.state == state
+    assert set(out) == {"mask", "mask_seed"} and out["mask"].shape == (16,) and out["mask"].dtype == bool
+    assert not out["mask"].any() and out["mask_seed"].dtype == np.int64 and int(out["mask_seed"]) == expected
+    state = rng.bit_generator.state
     tube = loader_masks((4, 2, 2), "tube", 0.5).draw(rng)["mask"]
     assert tube.shape == (16,) and tube.sum() == 8 and rng.bit_generator.state != state

@@ -30,7 +30,7 @@ from avion_ds.config import ConfigError
 from avion_ds.data.datasets.build import dataset_spec
 from avion_ds.data.datasets.registry import names_of_kind
 from avion_ds.distributed import dist
-from avion_ds.tasks.base import EvalOutcome, LossParts, ModelSummary, Task
+from avion_ds.tasks.base import EvalOutcome, LossParts, ModelSummary, Task, load_recipe_weights
 from avion_ds.tasks.common.evaluation import eval_mode
 from avion_ds.tasks.common.predictions import PredictionStore
 from avion_ds.tasks.registry import register_task
@@ -180,22 +180,9 @@ class UMTTask(Task):
         run_dir: Path | None = None,
         ds_config: dict[str, Any] | None = None,
     ) -> nn.Module:
-        from avion_ds.models.weights.loading import load_and_report  # lazy: heavy (timm, torchvision)
-
-        m = recipe.model
-        teacher = build_teacher(recipe.umt, m.trust_checkpoint, recipe.data.mean_std)
+        teacher = build_teacher(recipe.umt, recipe.model.trust_checkpoint, recipe.data.mean_std)
         model = build_student(recipe, teacher.output_dim, ds_config)
-        source = pretrained if pretrained is not None else m.pretrained
-        if source:
-            load_and_report(
-                model,
-                str(source),
-                strict=m.pretrained_strict,
-                trust=m.trust_checkpoint,
-                run_dir=run_dir,
-                is_main=dist.is_main(),
-                mean_std=recipe.data.mean_std,
-            )
+        load_recipe_weights(model, recipe, pretrained, run_dir)
         model.attach_teacher(teacher)
         if dist.is_main():
             print(f"{teacher.describe()} from {recipe.umt.teacher}", flush=True)
