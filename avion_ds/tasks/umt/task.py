@@ -17,7 +17,6 @@ Recipe defaults are the reference's ViT-B/16 K710 recipe (:data:`UMT_DEFAULTS`).
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -190,9 +189,9 @@ class UMTTask(Task):
 
     def memory_estimator(self, recipe: Recipe) -> Callable[..., Any] | None:
         """The student's visible-token step plus the replicated teacher (``memory.umt_estimate``)."""
-        from avion_ds.tasks.umt.memory import umt_estimate  # lazy: heavy (the planner imports timm)
+        from avion_ds.tasks.umt.memory import umt_estimator  # lazy: heavy (the planner imports timm)
 
-        return functools.partial(umt_estimate, recipe, student_geometry(recipe))
+        return umt_estimator(recipe, student_geometry(recipe))
 
     def prepare_datasets(self, recipe: Recipe, *datasets: Any) -> None:
         spec = loader_masks(student_geometry(recipe).grid, recipe.umt.mask_type, recipe.umt.mask_ratio)
