@@ -8,8 +8,8 @@ fp32, lr 1e-3, no flip, launched through torchrun (``tests/helpers/train_jobs.py
 
 Under ZeRO-3 the same 1 -> 2 resume drifts: the first resumed step's loss matches, the second is 2e-4 off, every
 bias / norm parameter (the no-decay group) moved ~10 % differently in the resumed step, while a 2-rank ZeRO-3 run
-from scratch and a 1 -> 1 ZeRO-3 resume match the 1-rank run (DeepSpeed's ZeRO-3 universal load; open, stated in
-docs/pretraining.md)."""
+from scratch and a regular 1 -> 1 ZeRO-3 resume match the 1-rank run; a 1 -> 1 resume forced through the
+universal load drifts the same way (DeepSpeed's ZeRO-3 universal load; open, docs/training.md)."""
 
 from __future__ import annotations
 
