@@ -343,6 +343,9 @@ CASES: list[Case] = [
     # chunk --index-only
     ("index_only_missing_src", "chunk", "", [], None, ["--index-only", "/nope/tree"], ["/nope/tree"]),
     ("index_only_file_src", "chunk", "", [], None, ["--index-only", "@file"], ["not a directory"]),
+    # pack
+    ("pack_missing_tree", "pack", "", [], None, ["/nope/tree", "/nope/out"], ["/nope/tree"]),
+    ("pack_bad_size", "pack", "", [], None, ["@tree", "/nope/out", "--shard-bytes", "0"], ["--shard-bytes=0"]),
     # eval --tag best
     ("eval_tag_best_without_best_json", "eval", "contrastive", [], None, ["--tag", "best"], ["best", "best.json"]),
 ]
@@ -351,7 +354,8 @@ CASES: list[Case] = [
 def _argv(case: Case, f: dict) -> list[str]:
     _, command, recipe, sets, _, extra, _ = case
     extra = [str(f["recipes"]["contrastive"]) if x == "@file" else x for x in extra]
-    if command == "chunk":
+    extra = [str(placeholder_chunks(f["tmp"] / "tree")) if x == "@tree" else x for x in extra]
+    if command in ("chunk", "pack"):
         return extra
     argv = [*extra]
     if command == "train":

@@ -1,0 +1,43 @@
+"""`avion-ds pack`: a chunk tree as litdata shards; every video once, its chunks byte-identical, in order,
+with their manifest facts; a small shard size gives several shards without splitting a video."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("litdata")
+
+
+def test_pack_keeps_each_video_whole_with_its_facts(tmp_path: Path) -> None:
+    from litdata import StreamingDataset
+
+    from avion_ds.cli.pack import main
+    from avion_ds.data.prep.manifest import MANIFEST_NAME, read_manifest_records
+    from tests.helpers.data import tiny_epic_data
+
+    tree = tiny_epic_data(tmp_path, num_videos=3)["root"]
+    out = tmp_path / "shards"
+    assert main([str(tree), str(out), "--shard-bytes", "20000"]) == 0
+    index = json.loads((out / "index.json").read_text())
+    assert len(index["chunks"]) >= 2, index["chunks"]  # the small size split the videos over several shards
+    rows = read_manifest_records(tree / MANIFEST_NAME)
+    ds = StreamingDataset(str(out), shuffle=False)
+    seen = []
+    for item in ds:
+        vid = item["video_id"]
+        seen.append(vid)
+        expect = sorted((r for r in rows if r["video_id"] == vid), key=lambda r: r["start_frame"])
+        assert [c["path"] for c in item["chunks"]] == [r["path"] for r in expect]
+        offset = 0
+        for c, r in zip(item["chunks"], expect, strict=True):
+            blob = item["data"][offset : offset + c["bytes"]]
+            offset += c["bytes"]
+            assert blob == (tree / r["path"]).read_bytes()
+            assert c["sha256"] == hashlib.sha256(blob).hexdigest()
+            assert (c["frames"], c["fps"], c["start_frame"]) == (r["frames"], r["fps"], r["start_frame"])
+        assert offset == len(item["data"])
+    assert sorted(seen) == sorted({r["video_id"] for r in rows})
