@@ -15,7 +15,7 @@ import avion_ds
 # subcommand -> (module, one-line help)
 COMMANDS: dict[str, tuple[str, str]] = {
     "chunk": ("avion_ds.cli.chunk", "re-encode long videos into short chunks + manifest.jsonl"),
-    "pack": ("avion_ds.cli.pack", "pack a chunk tree into litdata shards (local, http(s)://, s3:// readers)"),
+    "pack": ("avion_ds.cli.pack", "pack a chunk tree into litdata shards (no re-encoding)"),
     "check": ("avion_ds.cli.check", "integrity pass over a prepared dataset; writes quarantine.tsv"),
     "synth": ("avion_ds.cli.synth", "generate a small learnable EPIC-style synthetic dataset"),
     "train": ("avion_ds.cli.train", "train / fine-tune from a YAML recipe (also under deepspeed)"),
