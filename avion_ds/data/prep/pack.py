@@ -57,5 +57,6 @@ def pack_tree(tree: str | Path, out: str | Path, shard_bytes: int = DEFAULT_SHAR
         chunk_bytes=int(shard_bytes),
         num_workers=max(1, workers),
         mode="overwrite",
+        verbose=False,
     )
     return len(groups)
