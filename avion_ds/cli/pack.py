@@ -26,7 +26,7 @@ def main(argv: list[str] | None = None) -> int:
     """``avion-ds pack TREE OUT``; exit 2 on a missing tree or a bad size (one line)."""
     a = _parser().parse_args(argv)
     try:
-        from avion_ds.data.prep.pack import pack_tree
+        from avion_ds.data.prep.pack import pack_tree  # lazy: litdata (the [stream] extra) loads only for pack
 
         n = pack_tree(a.tree, a.out, a.shard_bytes, a.workers)
     except (OSError, ValueError, ImportError) as e:

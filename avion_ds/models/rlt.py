@@ -95,7 +95,7 @@ def packed_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch
 def _flash_varlen() -> object | None:
     """flash-attn's varlen kernel, or None where flash-attn is not installed."""
     try:
-        from flash_attn import flash_attn_varlen_func
+        from flash_attn import flash_attn_varlen_func  # lazy: optional (the [gpu] extra)
     except ImportError:
         return None
     return flash_attn_varlen_func
