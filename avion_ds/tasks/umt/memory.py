@@ -100,7 +100,8 @@ def teacher_forward_peak(
     block's MLP at its widest (fc2's output): the block's input and its post-attention residual (float32:
     ``ln_pre`` and the norms run in float32 under autocast, so the residual stream is float32), the norm's
     output (float32), fc1's and GELU's outputs and fc2's, at ``act_bytes`` (autocast's element size; 4 where
-    the step runs without autocast, on CPU), plus under autocast fc2's weight cast for the op.
+    the step runs without autocast, on CPU). Per clip: under autocast the step adds fc2's weight cast once
+    (:func:`umt_estimate`).
     Exact on CPU (``tests/memory/test_umt_memory.py``); on a GPU, BENCHMARKS.md's UMT section."""
     hw = (resolution // tower_info.patch_size) ** 2
     n, d, f = hw + 1, tower_info.embed_dim, tower_info.mlp_hidden
@@ -108,8 +109,7 @@ def teacher_forward_peak(
     feats = layers * frames * hw * out_dim * 4
     class_attention = frames * n * 4
     mlp = frames * n * (3 * 4 * d + 2 * act_bytes * f + act_bytes * d)
-    weight_cast = d * f * act_bytes if act_bytes != 4 else 0
-    return clip + feats + class_attention + mlp + weight_cast
+    return clip + feats + class_attention + mlp
 
 
 @dataclasses.dataclass(frozen=True)
@@ -177,7 +177,7 @@ def umt_estimate(
         teacher_info, d.num_frames, d.size, u.clip_input_resolution, u.clip_return_layer, out_dim, autocast
     )
     weight_cast = teacher_info.embed_dim * teacher_info.mlp_hidden * autocast if teacher_autocast else 0
-    peak = micro_batch * (one - weight_cast) + weight_cast  # the weight's cast is one per step, not per clip
+    peak = micro_batch * one + weight_cast  # fc2's weight cast: once per step, not per clip
     teacher_params = 4 * teacher_info.params
     step_act = max(act + held, peak)
     allocated = base.params + teacher_params + base.grads + base.optimizer + step_act + recompute + workspace
