@@ -11,7 +11,7 @@ timeout helper, which then ships the small clip instead of full frames).
 from __future__ import annotations
 
 from avion_ds.data.crop import CropSpec
-from avion_ds.data.decode.base import Decoder, require
+from avion_ds.data.decode.base import Decoder, MemoryVideo, file_like, require
 
 
 class DecordDecoder(Decoder):
@@ -23,11 +23,11 @@ class DecordDecoder(Decoder):
     def check_available(cls) -> None:
         require("decord", "decord", "pip install decord")
 
-    def _decode(self, path: str, indices: list[int], crop: CropSpec | None):
+    def _decode(self, path: str | MemoryVideo, indices: list[int], crop: CropSpec | None):
         import decord  # lazy: an optional decoder backend, imported when it decodes
         import torch  # lazy: torch is heavy; the decoders and crops load without it (`avion-ds chunk`/`check` workers, probing)
 
-        vr = decord.VideoReader(path, ctx=decord.cpu(0), num_threads=self.threads)
+        vr = decord.VideoReader(file_like(path), ctx=decord.cpu(0), num_threads=self.threads)
         n = len(vr)
         if indices[-1] >= n:
             raise self._too_few(path, n, indices[-1])

@@ -15,7 +15,7 @@ from itertools import pairwise
 import numpy as np
 
 from avion_ds.data.crop import CropSpec, even_superset
-from avion_ds.data.decode.base import Decoder, require
+from avion_ds.data.decode.base import Decoder, MemoryVideo, file_like, require
 from avion_ds.data.errors import DataError
 
 
@@ -48,12 +48,12 @@ class PyAVDecoder(Decoder):
         g.configure()
         return g, rel, crop.out_size(h, w)
 
-    def _decode(self, path: str, indices: list[int], crop: CropSpec | None):
+    def _decode(self, path: str | MemoryVideo, indices: list[int], crop: CropSpec | None):
         import av  # lazy: PyAV is heavy to import, loaded when a video is decoded or written
 
         want = set(indices)
         out: dict[int, np.ndarray] = {}
-        with av.open(path) as c:
+        with av.open(file_like(path)) as c:
             if not c.streams.video:
                 raise DataError(f"{path}: no video stream")
             s = c.streams.video[0]
@@ -93,11 +93,11 @@ class PyAVDecoder(Decoder):
 
         return self._crop_resize(torch.from_numpy(frames), None, size), True
 
-    def _decode_counting(self, path: str, indices: list[int], crop: CropSpec | None):
+    def _decode_counting(self, path: str | MemoryVideo, indices: list[int], crop: CropSpec | None):
         import av  # lazy: PyAV is heavy to import, loaded when a video is decoded or written
 
         want, out = set(indices), {}
-        with av.open(path) as c:
+        with av.open(file_like(path)) as c:
             s = c.streams.video[0]
             for i, frame in enumerate(c.decode(s)):
                 if i in want:

@@ -27,7 +27,7 @@ from __future__ import annotations
 import logging
 
 from avion_ds.data.crop import CropBox, CropSpec
-from avion_ds.data.decode.base import Decoder, DecoderUnavailable, reason, require
+from avion_ds.data.decode.base import Decoder, DecoderUnavailable, MemoryVideo, reason, require
 from avion_ds.data.errors import DataError
 
 log = logging.getLogger(__name__)
@@ -69,11 +69,11 @@ class TorchCodecDecoder(Decoder):
     def check_available(cls) -> None:
         require(cls.name, "torchcodec.decoders", _INSTALL)
 
-    def _open(self, path: str, transforms: list | None, exact: bool):
+    def _open(self, path: str | MemoryVideo, transforms: list | None, exact: bool):
         from torchcodec.decoders import VideoDecoder  # lazy: torchcodec is an optional decoder backend
 
         return VideoDecoder(
-            path,
+            path.data if isinstance(path, MemoryVideo) else path,  # torchcodec reads bytes as they are
             dimension_order="NHWC",
             num_ffmpeg_threads=self.threads,
             device=self.device,
@@ -81,7 +81,7 @@ class TorchCodecDecoder(Decoder):
             transforms=transforms,
         )
 
-    def _open_fused(self, path: str, crop: CropSpec | None, exact: bool):
+    def _open_fused(self, path: str | MemoryVideo, crop: CropSpec | None, exact: bool):
         """(decoder, crop fused?) — the crop hook when allowed, else a plain decoder."""
         if crop is None or not self.fuse or self.hook_ok is False:
             return self._open(path, None, exact), crop is None
@@ -98,7 +98,7 @@ class TorchCodecDecoder(Decoder):
         self.hook_ok = True
         return dec, True
 
-    def _read(self, path: str, indices: list[int], crop: CropSpec | None, exact: bool):
+    def _read(self, path: str | MemoryVideo, indices: list[int], crop: CropSpec | None, exact: bool):
         dec, fused = self._open_fused(path, crop, exact)
         n = dec.metadata.num_frames
         if n is not None and indices[-1] >= n:
@@ -106,7 +106,7 @@ class TorchCodecDecoder(Decoder):
         batch = dec.get_frames_at(indices)
         return batch, dec.metadata, fused
 
-    def _decode(self, path: str, indices: list[int], crop: CropSpec | None):
+    def _decode(self, path: str | MemoryVideo, indices: list[int], crop: CropSpec | None):
         batch, meta, fused = self._read(path, indices, crop, self.exact)
         if not self.exact and not _on_grid(batch.pts_seconds.tolist(), indices, meta):
             if not self._warned_pts:

@@ -10,8 +10,10 @@ registers them and picks one (``get_decoder``).
 from __future__ import annotations
 
 import importlib
+import io
 import os
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -46,6 +48,26 @@ def load_plugins() -> None:
         importlib.import_module(mod)
 
 
+@dataclass(frozen=True)
+class MemoryVideo:
+    """A video file held in memory (a chunk read from a shard): every backend decodes it from its bytes,
+    without a temporary file; ``name`` (shard location, video, chunk) is what error messages say."""
+
+    name: str
+    data: bytes
+
+    def __str__(self) -> str:
+        return self.name
+
+
+Source = str | Path | MemoryVideo  # what a decoder reads: a file, or a file's bytes in memory
+
+
+def file_like(src: Source) -> str | io.BytesIO:
+    """What decord / PyAV open: the path, or a file object over a :class:`MemoryVideo`'s bytes."""
+    return io.BytesIO(src.data) if isinstance(src, MemoryVideo) else str(src)
+
+
 def reason(e: BaseException) -> str:
     """``Type: first line`` of an exception, capped (for one-line error messages)."""
     text = str(e).strip().splitlines()
@@ -60,15 +82,18 @@ def require(backend: str, module: str, install_hint: str) -> None:
         raise DecoderUnavailable(f"decoder {backend!r} is not available ({reason(e)}); {install_hint}") from e
 
 
-def check_frame_indices(path: str | Path, indices: Sequence[int]) -> tuple[str, list[int], list[int]]:
+def check_frame_indices(path: Source, indices: Sequence[int]) -> tuple[str | MemoryVideo, list[int], list[int]]:
     """(path, requested indices, sorted unique indices); DataError for a missing / empty file."""
-    path = str(path)
+    path = path if isinstance(path, MemoryVideo) else str(path)
     idx = [int(i) for i in indices]
     if not idx:
         raise ValueError("decode() needs at least one frame index")
-    if not os.path.isfile(path):
+    if isinstance(path, MemoryVideo):
+        if not path.data:
+            raise DataError(f"{path}: zero-byte file")
+    elif not os.path.isfile(path):
         raise DataError(f"{path}: file not found")
-    if os.path.getsize(path) == 0:
+    elif os.path.getsize(path) == 0:
         raise DataError(f"{path}: zero-byte file")
     if min(idx) < 0:
         raise DataError(f"{path}: negative frame index {min(idx)}")
@@ -115,13 +140,14 @@ class Decoder:
     def check_available(cls) -> None:
         """Import the backend's library or raise DecoderUnavailable."""
 
-    def decode(self, path: str | Path, indices: Sequence[int], crop: CropSpec | None = None) -> torch.Tensor:
-        """Frames ``indices`` of ``path`` (cropped/resized per ``crop``) as uint8 (T, H, W, C)."""
+    def decode(self, path: Source, indices: Sequence[int], crop: CropSpec | None = None) -> torch.Tensor:
+        """Frames ``indices`` of ``path`` (a file or a :class:`MemoryVideo`; cropped/resized per ``crop``) as
+        uint8 (T, H, W, C)."""
         path, idx, uniq = check_frame_indices(path, indices)
         frames, done = self.decode_raw(path, uniq, crop)
         return finish(frames, done, crop, uniq, idx)
 
-    def decode_raw(self, path: str, uniq: list[int], crop: CropSpec | None):
+    def decode_raw(self, path: str | MemoryVideo, uniq: list[int], crop: CropSpec | None):
         """``_decode`` with every library error turned into one DataError line naming the file."""
         try:
             frames, done = self._decode(path, uniq, crop)
@@ -133,7 +159,7 @@ class Decoder:
             raise DataError(f"{path}: {self.name} decoded {frames.shape[0]} of {len(uniq)} requested frames")
         return frames, done
 
-    def _decode(self, path: str, indices: list[int], crop: CropSpec | None):
+    def _decode(self, path: str | MemoryVideo, indices: list[int], crop: CropSpec | None):
         raise NotImplementedError
 
     def _crop_resize(self, frames: torch.Tensor, box: CropBox | None, size: tuple[int, int] | None) -> torch.Tensor:

@@ -37,13 +37,12 @@ import tempfile
 import time
 import weakref
 from collections.abc import Callable, Sequence
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
 
 from avion_ds.data.crop import CropSpec
-from avion_ds.data.decode.base import REGISTRY, check_frame_indices, finish, load_plugins, reason
+from avion_ds.data.decode.base import REGISTRY, Source, check_frame_indices, finish, load_plugins, reason
 from avion_ds.data.errors import DataError
 from avion_ds.distributed.malloc import tune_malloc
 
@@ -228,8 +227,9 @@ class SubprocessDecoder:
                 return i
         return SLOTS
 
-    def decode(self, path: str | Path, indices: Sequence[int], crop: CropSpec | None = None) -> torch.Tensor:
-        """Like :meth:`Decoder.decode`, bounded by ``timeout_s``."""
+    def decode(self, path: Source, indices: Sequence[int], crop: CropSpec | None = None) -> torch.Tensor:
+        """Like :meth:`Decoder.decode`, bounded by ``timeout_s`` (a MemoryVideo's bytes go to the helper in
+        the request's pickle)."""
         import torch  # lazy: torch is heavy; the decoders and crops load without it (`avion-ds chunk`/`check` workers, probing)
 
         path, idx, uniq = check_frame_indices(path, indices)
