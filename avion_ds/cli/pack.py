@@ -1,10 +1,12 @@
-"""`avion-ds pack TREE OUT`: an existing chunk tree as litdata shards (no re-encoding)."""
+"""`avion-ds pack TREE OUT [--config RECIPE]`: an existing chunk tree as litdata shards (no re-encoding),
+with the recipe's annotation rows of each split inside the shards."""
 
 from __future__ import annotations
 
 import sys
 
 from avion_ds.cli.args import Parser
+from avion_ds.config import ConfigError, add_override_option
 from avion_ds.data.prep.pack import DEFAULT_SHARD_BYTES
 
 
@@ -13,26 +15,44 @@ def _parser() -> Parser:
     p = Parser(
         prog="avion-ds pack",
         description="Pack the chunk tree TREE (with its manifest.jsonl) into litdata shards under OUT; "
-        "a video's chunks stay in one shard, with their frame counts, fps and sha256.",
+        "a video's chunks stay in one shard, with their frame counts, fps and sha256, and with --config "
+        "the recipe's annotation rows (train and val) of that video.",
     )
     p.add_argument("tree", help="a chunk tree written by `avion-ds chunk` (holds manifest.jsonl)")
     p.add_argument("out", help="output directory for the shards")
     p.add_argument("--shard-bytes", type=int, default=DEFAULT_SHARD_BYTES, help="bytes per shard (default 1 GiB)")
     p.add_argument("--workers", type=int, default=1, help="packing processes (default 1)")
+    p.add_argument(
+        "--config",
+        default=None,
+        help="a recipe whose dataset's rows (data.train_csv / data.val_csv, read over TREE) travel with the "
+        "shards; training from the shards (data.shards) needs them",
+    )
+    add_override_option(p, "data.train_csv=PATH")
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``avion-ds pack TREE OUT``; exit 2 on a missing tree or a bad size (one line)."""
+    """``avion-ds pack TREE OUT``; exit 2 on a missing tree, recipe or annotation file, or a bad size (one line)."""
     a = _parser().parse_args(argv)
     try:
-        from avion_ds.data.prep.pack import pack_tree  # lazy: litdata (the [stream] extra) loads only for pack
+        # lazy: litdata (the [stream] extra) and the recipe's dataset load only for pack
+        from avion_ds.data.prep.pack import annotation_rows, pack_tree
 
-        n = pack_tree(a.tree, a.out, a.shard_bytes, a.workers)
-    except (OSError, ValueError, ImportError) as e:
+        rows = None
+        if a.config is not None or a.overrides:
+            from avion_ds.tasks import load_recipe
+
+            recipe = load_recipe(a.config, [*a.overrides, f"data.root={a.tree}", "data.chunked=true", "data.shards="])
+            rows, problems = annotation_rows(recipe.data, recipe.sections)
+            if problems:
+                print(f"avion-ds pack: {len(problems)} rows left out (first: {problems[0]})", file=sys.stderr)
+        n = pack_tree(a.tree, a.out, a.shard_bytes, a.workers, rows)
+    except (OSError, ValueError, ImportError, ConfigError) as e:
         print(f"avion-ds pack: error: {e}", file=sys.stderr)
         return 2
-    print(f"packed {n} videos into {a.out}")
+    counts = ", ".join(f"{sum(map(len, r.values()))} {s} rows" for s, r in (rows or {}).items())
+    print(f"packed {n} videos into {a.out}" + (f" with {counts}" if counts else ""))
     return 0
 
 

@@ -59,6 +59,9 @@ class DataConfig:
     val_root: str = ""  # "" = root; videos of the validation split when they live elsewhere
     fps: float = 0.0  # frame times at this rate (AVION reads Ego4D at 30); 0 = each video's own rate
     chunked: bool = True
+    # litdata shards written by `avion-ds pack --config` (local dir | http(s)://... | s3://...): clips are read
+    # from them instead of data.root (docs/data.md, Shards); credentials come from the environment only
+    shards: str = ""
     num_frames: int = 16
     sampling: str = "segment"  # segment (TSN, EPIC/AVION) | stride (Kinetics/VideoMAE)
     stride: int = 4

@@ -51,10 +51,10 @@ from avion_ds.data.crop import (
 from avion_ds.data.datasets.quarantine import quarantine_path, read_quarantine, row_key
 from avion_ds.data.datasets.registry import lookup
 from avion_ds.data.datasets.video_index import VideoIndex
-from avion_ds.data.decode.base import REGISTRY, load_plugins
+from avion_ds.data.decode.base import REGISTRY, Source, load_plugins
 from avion_ds.data.decode.select import get_decoder, pick_decoder
 from avion_ds.data.errors import DataError
-from avion_ds.data.prep.manifest import VideoEntry, check_chunk_file
+from avion_ds.data.prep.manifest import Chunk, VideoEntry, check_chunk_file
 from avion_ds.data.randaug import ClipRandAugment
 from avion_ds.data.sampling import eval_indices, map_to_chunks, segment_indices, stride_indices
 from avion_ds.distributed.dist import is_main
@@ -299,18 +299,26 @@ class VideoClipDataset(Dataset):
         """Frames ``indices`` cropped to ``box`` and resized to size (``box=None``: whole frames, no resize;
         ``resize=False``: the box's pixels as decoded)."""
         for k in sorted({entry.locate(i)[0] for i in indices}):
-            problem = check_chunk_file(entry.chunks[k])
+            problem = self.chunk_problem(entry.chunks[k])
             if problem:
                 raise DataError(problem)
         size = (self.cfg.size, self.cfg.size)
         resize = resize and box is not None
         fused = resize and self.cfg.interpolation == "bilinear"  # decoders resize bilinearly
         spec = CropSpec(box, size if fused else None, entry.height, entry.width)
-        parts = [self.decoder.decode(path, local, spec) for path, local in map_to_chunks(indices, entry)]
+        parts = [self.decoder.decode(self.chunk_source(p), local, spec) for p, local in map_to_chunks(indices, entry)]
         frames = parts[0] if len(parts) == 1 else torch.cat(parts)
         if resize and not fused:
             frames = crop_resize(frames, None, size, self.cfg.interpolation)
         return frames
+
+    def chunk_problem(self, chunk: Chunk) -> str | None:
+        """Why ``chunk`` cannot be read as listed (its file changed or is gone), else None."""
+        return check_chunk_file(chunk)
+
+    def chunk_source(self, path: str) -> Source:
+        """What the decoder reads for the chunk at ``path``: the file (shard datasets: its bytes)."""
+        return path
 
     def _clips(self, entry: VideoEntry, indices: list[int], boxes: list[CropBox]) -> list[torch.Tensor]:
         """:meth:`read_clip` for each of ``boxes`` from ONE decode of the boxes' union (eval's 3 crops).

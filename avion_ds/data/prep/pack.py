@@ -1,15 +1,35 @@
 """Pack an existing chunk tree into litdata shards (no re-encoding): one item per video, so a clip's
-consecutive chunks always share a shard; the manifest facts (frames, fps, size, sha256) travel inside."""
+consecutive chunks always share a shard; the manifest facts (frames, fps, size, sha256) and, given a
+recipe, the annotation rows of each split travel inside the item.
+
+An item is ``{"video_id": str, "meta": JSON str, "data": bytes}`` (the same three leaves for every video,
+whatever its number of chunks or rows): ``meta`` holds ``chunks`` (each chunk's manifest facts, in
+start-frame order, their bytes concatenated in ``data``) and ``rows`` (split -> ``[start_frame, end_frame,
+label, name, sample]`` per sample of that video, as the recipe's dataset resolves them from its annotation file;
+``sample`` is its index in that dataset, which keys its clip and crop draws).
+``index.json`` records each item's row count per split in its shard's entry (``avion_rows``), which
+:mod:`avion_ds.data.shards` reads to address samples without opening a shard.
+"""
 
 from __future__ import annotations
 
 import hashlib
+import json
+import logging
 import os
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 from avion_ds.data.prep.manifest import MANIFEST_NAME, dedupe_records, read_manifest_records
 
+log = logging.getLogger(__name__)
 DEFAULT_SHARD_BYTES = 1 << 30  # ~1 GiB per shard
+ROWS_KEY = "avion_rows"  # per shard entry of index.json: split -> rows of each of its items
+ROW_LOADER = "RowItemLoader"  # the item loader litdata must read row-carrying shards with
+PACKABLE_KINDS = ("class", "none")  # label kinds whose labels are fixed per row (JSON): class indices, none
+
+Rows = dict[str, dict[str, list[list[Any]]]]  # split -> video id -> [start, end, label, name, sample] rows
 
 
 def video_groups(tree: str | Path) -> list[list[dict]]:
@@ -20,24 +40,85 @@ def video_groups(tree: str | Path) -> list[list[dict]]:
     return [sorted(g, key=lambda r: int(r["start_frame"])) for _, g in sorted(groups.items())]
 
 
-def video_item(group: list[dict], tree: str) -> dict:
-    """One shard item: a video's chunk bytes and their manifest facts (checksums computed here)."""
+def video_item(group: list[dict], tree: str, rows: Mapping[str, list] | None = None) -> dict:
+    """One shard item: a video's chunk bytes, their manifest facts (checksums computed here) and its rows."""
     blobs = [(Path(tree) / r["path"]).read_bytes() for r in group]
     facts = [
         {k: r[k] for k in ("path", "start_frame", "frames", "fps", "width", "height") if k in r}
         | {"bytes": len(b), "sha256": hashlib.sha256(b).hexdigest()}
         for r, b in zip(group, blobs, strict=True)
     ]
-    return {"video_id": group[0]["video_id"], "chunks": facts, "data": b"".join(blobs)}
+    meta = {"chunks": facts, "rows": dict(rows or {})}
+    return {"video_id": group[0]["video_id"], "meta": json.dumps(meta), "data": b"".join(blobs)}
 
 
-def _item(args: tuple[list[dict], str]) -> dict:
+def _item(args: tuple[list[dict], str, dict]) -> dict:
     return video_item(*args)
 
 
-def pack_tree(tree: str | Path, out: str | Path, shard_bytes: int = DEFAULT_SHARD_BYTES, workers: int = 1) -> int:
+def annotation_rows(cfg: Any, sections: Mapping[str, Any] | None = None) -> tuple[Rows, list[str]]:
+    """(split -> video id -> rows, problems) of a recipe's dataset read over the chunk tree ``cfg.root``.
+
+    Each sample the dataset would draw becomes ``[start_frame, end_frame, label, name, sample index]`` (its span as the
+    dataset resolves it); a row the dataset cannot resolve (unknown video, bad times) is left out and listed
+    in ``problems``. ValueError for a dataset whose labels are drawn per epoch (narrations, retrieval)."""
+    from avion_ds.data.datasets.build import split_view  # lazy: the dataset registry loads torch and decoders
+    from avion_ds.data.errors import DataError
+
+    out: Rows = {}
+    problems: list[str] = []
+    for split in ("train", "val"):
+        spec, view = split_view(cfg, split, sections)
+        if spec.label_kind not in PACKABLE_KINDS:
+            raise ValueError(
+                f"data.dataset={spec.name!r}: its labels ({spec.label_kind}) are drawn per epoch; pack packs "
+                f"datasets with labels of kind {', '.join(PACKABLE_KINDS)} only"
+            )
+        ds = spec.build(view, split, 1, 1, 0)
+        per_video: dict[str, list[list[Any]]] = {}
+        for i in range(len(ds)):
+            try:
+                entry, start, end, label = ds.sample_span(i)
+            except DataError as e:
+                problems.append(f"{split} sample {i}: {e}")
+                continue
+            try:
+                name = ds.row_name(i)
+            except NotImplementedError:
+                name = f"{entry.video_id}#{i}"
+            per_video.setdefault(entry.video_id, []).append([int(start), int(end), label, name, i])
+        out[split] = per_video
+    return out, problems
+
+
+def _record_rows(out: Path, counts: Mapping[str, list[int]], videos: int) -> None:
+    """Write each shard's per-item row counts into ``out/index.json`` (items in input order)."""
+    index_path = out / "index.json"
+    index = json.loads(index_path.read_text())
+    sizes = [int(c["chunk_size"]) for c in index["chunks"]]
+    if sum(sizes) != videos:
+        raise RuntimeError(f"{index_path}: {sum(sizes)} items written for {videos} videos")
+    begin = 0
+    for entry, size in zip(index["chunks"], sizes, strict=True):
+        entry[ROWS_KEY] = {split: c[begin : begin + size] for split, c in counts.items()}
+        begin += size
+    if counts:  # litdata then insists on the row-addressing loader (avion_ds.data.shards) for these shards
+        index["config"]["item_loader"] = ROW_LOADER
+    tmp = index_path.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(index))
+    os.replace(tmp, index_path)
+
+
+def pack_tree(
+    tree: str | Path,
+    out: str | Path,
+    shard_bytes: int = DEFAULT_SHARD_BYTES,
+    workers: int = 1,
+    rows: Rows | None = None,
+) -> int:
     """Write ``tree``'s chunks as litdata shards of about ``shard_bytes`` under ``out``; returns the videos packed.
 
+    ``rows`` (from :func:`annotation_rows`) travel in the items and their counts in ``index.json``.
     Raises ValueError (one line) for a tree without a manifest or a size that is not positive."""
     tree = Path(tree)
     if not (tree / MANIFEST_NAME).is_file():
@@ -49,14 +130,19 @@ def pack_tree(tree: str | Path, out: str | Path, shard_bytes: int = DEFAULT_SHAR
     groups = video_groups(tree)
     if not groups:
         raise ValueError(f"{tree / MANIFEST_NAME}: no rows")
+    rows = rows or {}
+    per_item = [{s: r.get(g[0]["video_id"], []) for s, r in rows.items()} for g in groups]
+    out = Path(out).resolve()
     os.makedirs(out, exist_ok=True)
     optimize(
         fn=_item,
-        inputs=[(g, str(tree)) for g in groups],
-        output_dir=str(Path(out).resolve()),
+        inputs=[(g, str(tree), r) for g, r in zip(groups, per_item, strict=True)],
+        output_dir=str(out),
         chunk_bytes=int(shard_bytes),
         num_workers=max(1, workers),
         mode="overwrite",
+        keep_data_ordered=True,  # items in input order: the row counts below follow it
         verbose=False,
     )
+    _record_rows(out, {s: [len(r[s]) for r in per_item] for s in rows}, len(groups))
     return len(groups)

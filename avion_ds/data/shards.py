@@ -1,0 +1,274 @@
+"""Training clips from litdata shards (``data.shards``): a local directory, ``http(s)://`` or ``s3://``.
+
+The shards are ``avion-ds pack``'s (:mod:`avion_ds.data.prep.pack`): one item per video with its chunks'
+bytes, their manifest facts and the annotation rows of each split. litdata's ``StreamingDataset`` does
+the streaming: it splits shards between ranks and DataLoader workers without overlap, shuffles shard
+order and items inside a shard from (seed, epoch), and its ``StreamingDataLoader.state_dict()`` resumes
+mid-epoch exactly. Two small pieces plug into its extension points:
+
+- :class:`RowItemLoader` (an item loader): a SAMPLE is one annotation row, not one video, so an epoch
+  visits every row once and litdata counts (and resumes) samples; the rows of a shard are addressed
+  through the per-item row counts ``pack`` records in ``index.json``, the video item is read from the
+  shard the row lies in;
+- :class:`HttpDownloader` (``register_downloader("http://" / "https://")``): whole-file GETs over urllib.
+
+A clip is then made by the recipe's own dataset class (sampling, crop, RandAugment, masks), its chunks
+decoded from the item's bytes (:class:`~avion_ds.data.decode.base.MemoryVideo`) by the same decoders and
+fused crop as the chunk-tree path. A chunk whose bytes do not match its sha256 (a corrupt or truncated
+shard) is a bad sample like a bad chunk file: named once, counted and replaced (another row of the
+same video), or fatal under ``data.on_error: raise``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import urllib.request
+from bisect import bisect_right
+from pathlib import Path
+from typing import Any
+
+from litdata import StreamingDataset
+from litdata.streaming.downloader import Downloader, register_downloader
+from litdata.streaming.item_loader import Interval, PyTreeLoader
+
+from avion_ds.config import DataConfig
+from avion_ds.data.crop import clip_rng
+from avion_ds.data.decode.base import MemoryVideo
+from avion_ds.data.prep.manifest import Chunk, VideoEntry
+from avion_ds.data.prep.pack import ROWS_KEY
+
+REMOTE_PREFIXES = ("http://", "https://", "s3://")
+
+
+class HttpDownloader(Downloader):
+    """litdata downloader for ``http(s)://`` shard locations: one GET per file, published atomically."""
+
+    def download_file(self, remote_filepath: str, local_filepath: str) -> None:
+        if os.path.exists(local_filepath):
+            return
+        tmp = self._temp_download_path(local_filepath)
+        try:
+            with urllib.request.urlopen(remote_filepath, timeout=60) as r, open(tmp, "wb") as f:
+                shutil.copyfileobj(r, f, 1 << 20)
+            self._atomic_replace(tmp, local_filepath)
+        finally:
+            if os.path.exists(tmp):
+                os.remove(tmp)
+
+
+for _prefix in ("http://", "https://"):
+    register_downloader(_prefix, HttpDownloader, overwrite=True)
+
+
+class RowItemLoader(PyTreeLoader):
+    """Items are annotation rows of ``split``: row ``i`` of a shard -> (its video item, the row)."""
+
+    def __init__(self, split: str) -> None:
+        super().__init__(batch_decode=0)
+        self.split = split
+        self._cum: list[list[int]] = []
+
+    def setup(self, config: dict, chunks: list, *args: Any, **kwargs: Any) -> None:
+        super().setup(config, chunks, *args, **kwargs)
+        self._cum = []
+        for c in chunks:
+            counts = (c.get(ROWS_KEY) or {}).get(self.split)
+            if counts is None:
+                raise ValueError(f"shard {c['filename']}: no {self.split} rows (pack the tree with --config RECIPE)")
+            acc, total = [], 0
+            for n in counts:
+                total += int(n)
+                acc.append(total)
+            self._cum.append(acc)
+
+    def generate_intervals(self) -> list[Interval]:
+        out, begin = [], 0
+        for acc in self._cum:
+            end = begin + (acc[-1] if acc else 0)
+            out.append(Interval(begin, begin, end, end))
+            begin = end
+        return out
+
+    def state_dict(self) -> dict:
+        return {"rows_of": self.split}
+
+    def load_item_from_chunk(self, index: int, chunk_index: int, chunk_filepath: str, begin: int, *args: Any) -> Any:
+        local = index - begin
+        acc = self._cum[chunk_index]
+        k = bisect_right(acc, local)  # the item (video) of this shard holding row ``local``
+        item = super().load_item_from_chunk(k, chunk_index, chunk_filepath, 0, *args)
+        return {"item": item, "row": local - (acc[k - 1] if k else 0), "index": int(index)}
+
+
+def shard_problem(location: str) -> str | None:
+    """One line when a local shard location is missing or has no ``index.json`` (start-up check), else None."""
+    if location.startswith(REMOTE_PREFIXES):
+        return None
+    if not Path(location).is_dir():
+        return f"data.shards: directory not found: {location}"
+    if not (Path(location) / "index.json").is_file():
+        return f"data.shards: {location} has no index.json (not written by avion-ds pack)"
+    return None
+
+
+class _ShardRows:
+    """Mixin over a registered dataset class: rows and chunk bytes come from the current shard item."""
+
+    def load_rows(self, cfg: DataConfig) -> None:
+        self.rows, self._item, self._sources = [], None, {}
+        self.masks = getattr(self, "masks", None)  # the unlabelled videos' dataset: the task attaches them
+
+    def use_item(self, found: dict, location: str) -> int:
+        """Make ``found`` (a :class:`RowItemLoader` result) the item :meth:`sample_span` reads; returns its
+        row's sample index (the key of its clip and crop draws, as in the chunk-tree dataset)."""
+        item, meta = found["item"], json.loads(found["item"]["meta"])
+        data, offset, chunks, self._sources = item["data"], 0, [], {}
+        for c in meta["chunks"]:
+            name = f"{location}:{item['video_id']}/{c['path']}"
+            blob = bytes(data[offset : offset + int(c["bytes"])])
+            offset += int(c["bytes"])
+            ok = len(blob) == int(c["bytes"]) and hashlib.sha256(blob).hexdigest() == c["sha256"]
+            self._sources[name] = (
+                MemoryVideo(name, blob) if ok else f"{name}: shard bytes differ from their sha256 (corrupt shard)"
+            )
+            chunks.append(
+                Chunk(name, int(c["start_frame"]), int(c["frames"]), float(c["fps"]), c["width"], c["height"])
+            )
+        rows = meta["rows"][self.split]
+        row = rows[found["row"]]
+        self._item = (VideoEntry(item["video_id"], chunks), rows, row)
+        return int(row[4])
+
+    def __len__(self) -> int:
+        return 1 << 62  # a replacement index: another row of the current video (``sample_span``)
+
+    def sample_span(self, i: int) -> tuple[VideoEntry, int, int, Any]:
+        entry, rows, row = self._item
+        if int(row[4]) != i:  # a replacement for a bad sample: another row of the same video
+            row = rows[i % len(rows)]
+        return entry, int(row[0]), int(row[1]), row[2]
+
+    def row_name(self, i: int) -> str:
+        return str(self._item[2][3])
+
+    def chunk_problem(self, chunk: Chunk) -> str | None:
+        src = self._sources[chunk.path]
+        return src if isinstance(src, str) else None
+
+    def chunk_source(self, path: str) -> MemoryVideo:
+        return self._sources[path]
+
+
+def _shard_class(cls: type) -> type:
+    """``cls`` (a registered dataset class) reading its rows and chunks from shard items."""
+    return type(f"Shard{cls.__name__}", (_ShardRows, cls), {})
+
+
+class _NoIndex:
+    """The video index of a shard dataset: there is no chunk tree to look videos up in."""
+
+    chunked = True
+
+    def __init__(self, root: str) -> None:
+        self.root = Path(root)
+
+
+class ShardClipDataset(StreamingDataset):
+    """Clips of ``split`` from the shards at ``location``, made by ``dataset_cls`` (see module doc).
+
+    Items are the dataset's own items (``frames``, ``label``, ``index``: the row's global index in the
+    shards, ``skipped``, ...); the clip and crop draws are keyed by (seed, epoch, row index), so the same
+    row gives the same clip in any worker, rank or resumed run."""
+
+    def __init__(
+        self,
+        location: str,
+        dataset_cls: type,
+        cfg: DataConfig,
+        split: str,
+        seed: int = 0,
+        shuffle: bool | None = None,
+        temporal_views: int = 1,
+        spatial_views: int = 1,
+        cache_dir: str | None = None,
+    ) -> None:
+        super().__init__(
+            location,
+            cache_dir=cache_dir,
+            item_loader=RowItemLoader(split),
+            shuffle=split == "train" if shuffle is None else shuffle,
+            seed=seed,
+            drop_last=split == "train",
+        )
+        self.location = location
+        self.clips = _shard_class(dataset_cls)(
+            cfg, split, temporal_views, spatial_views, seed, index=_NoIndex(location)
+        )
+
+    @property
+    def decoder_name(self) -> str:
+        return self.clips.decoder_name
+
+    @property
+    def masks(self) -> Any:
+        return getattr(self.clips, "masks", None)
+
+    @masks.setter
+    def masks(self, value: Any) -> None:
+        self.clips.masks = value
+
+    @property
+    def defer_errors(self) -> bool:
+        return self.clips.defer_errors
+
+    @defer_errors.setter
+    def defer_errors(self, value: bool) -> None:
+        self.clips.defer_errors = value
+
+    @property
+    def errors(self) -> int:
+        """Bad samples met so far, in this process and its DataLoader workers."""
+        return self.clips.errors
+
+    def set_clip_epoch(self, epoch: int) -> None:
+        """The clip and crop draws' epoch (litdata's own epoch orders the shards)."""
+        self.clips.set_epoch(epoch)
+
+    def __getitem__(self, index: Any) -> Any:
+        found = super().__getitem__(index)
+        if not isinstance(found, dict) or "item" not in found:
+            return found
+        return self.clips[self.clips.use_item(found, self.location)]
+
+
+def open_shards(
+    location: str,
+    cfg: DataConfig,
+    split: str = "train",
+    seed: int = 0,
+    shuffle: bool | None = None,
+    sections: Any = None,
+    cache_dir: str | None = None,
+) -> ShardClipDataset:
+    """The clips of ``split`` read from the shards at ``location`` (local dir, http(s)://, s3://) as the
+    recipe's dataset (``cfg.dataset``, its own keys from ``sections``) makes them; ``cache_dir``: where
+    litdata keeps downloaded shards (default: its own cache). ValueError (one line) for a local location
+    without shards, a dataset that is not a registered class, or shards packed without rows."""
+    from avion_ds.data.datasets.build import split_view  # lazy: the registry imports every dataset
+
+    problem = shard_problem(location)
+    if problem:
+        raise ValueError(problem)
+    spec, view = split_view(cfg, split, sections)
+    if not isinstance(spec.build, type):
+        raise TypeError(f"data.dataset={spec.name!r}: not a dataset class; data.shards reads class datasets only")
+    from dataclasses import replace
+
+    view = replace(view, quarantine="none")  # quarantine lists name chunk-tree files, not shard items
+    return ShardClipDataset(location, spec.build, view, split, seed, shuffle, cache_dir=cache_dir)
+
+
+__all__ = ["HttpDownloader", "RowItemLoader", "ShardClipDataset", "clip_rng", "open_shards", "shard_problem"]
