@@ -19,6 +19,36 @@ def pytest_configure(config: pytest.Config) -> None:
     reaper.install()
 
 
+# session fixtures whose runs tests in several files read: those tests share one worker under pytest-xdist
+SHARED_RUN_FIXTURES = {"doc_runs": "documented-runs"}
+
+
+def worker_group(item: pytest.Item) -> str | None:
+    """The pytest-xdist group ``item`` must run in (``--dist loadgroup``), or None where any worker may
+    take it: tests of a documented run share it; tests that share a module, class or package fixture
+    share their module (package) so the fixture is built once, not once per worker."""
+    by_name = item._fixtureinfo.name2fixturedefs  # type: ignore[attr-defined]
+    defs = [d for ds in by_name.values() for d in ds]
+    for d in defs:
+        if d.argname in SHARED_RUN_FIXTURES:
+            return SHARED_RUN_FIXTURES[d.argname]
+    scopes = {d.scope for d in defs}
+    if "package" in scopes:
+        return str(item.path.parent)
+    if scopes & {"module", "class"}:
+        return item.nodeid.split("::")[0]
+    return None
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Under ``-n N --dist loadgroup`` (tests/run.sh): each test joins its ``worker_group``."""
+    if config.pluginmanager.hasplugin("xdist"):
+        for item in items:
+            group = worker_group(item)
+            if group is not None:
+                item.add_marker(pytest.mark.xdist_group(group))
+
+
 def pytest_runtest_logfinish(nodeid: str, location: tuple) -> None:
     """Ranks adopted during the test that have exited are waited for (no zombie outlives its test)."""
     reaper.reap_adopted()

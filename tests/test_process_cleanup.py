@@ -1,7 +1,8 @@
 """Ending a test run ends everything it started. A pytest subprocess (this suite's conftest) runs two
 tests that launch 2 torchrun ranks through ``tests.helpers.launch``, each rank a stand-in that records its
 pid and sleeps: the first test is ended by pytest-timeout, the second is running when pytest gets
-SIGTERM. No rank or launcher survives either, and both rendezvous ports are free again."""
+SIGTERM. No rank or launcher survives either, and both rendezvous ports are free again; also when the
+tests run in pytest-xdist workers (as tests/run.sh runs them) and the SIGTERM goes to the controller."""
 
 from __future__ import annotations
 
@@ -79,7 +80,8 @@ def _port_free(port: int) -> bool:
     return True
 
 
-def test_timeout_and_sigterm_end_every_rank_and_launcher(tmp_path: Path) -> None:
+@pytest.mark.parametrize("workers", [[], ["-n", "2", "--dist", "loadgroup"]], ids=["one_process", "xdist"])
+def test_timeout_and_sigterm_end_every_rank_and_launcher(tmp_path: Path, workers: list[str]) -> None:
     timeout_s = 10
     (tmp_path / "rank.py").write_text(RANK)
     (tmp_path / "test_inner.py").write_text(INNER.replace("TIMEOUT", str(timeout_s)))
@@ -87,7 +89,7 @@ def test_timeout_and_sigterm_end_every_rank_and_launcher(tmp_path: Path) -> None
     env = engine_env(CLEANUP_DIR=str(tmp_path), **ports)
     cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "tests.conftest"]
     pytest_proc = subprocess.Popen(
-        [*cmd, "--rootdir", str(tmp_path), str(tmp_path / "test_inner.py")],
+        [*cmd, *workers, "--rootdir", str(tmp_path), str(tmp_path / "test_inner.py")],
         cwd=REPO,
         env=env,
         stdout=subprocess.PIPE,
@@ -98,6 +100,9 @@ def test_timeout_and_sigterm_end_every_rank_and_launcher(tmp_path: Path) -> None
         deadline = time.monotonic() + 120
         timed_out = _pids(tmp_path / "timed_out", deadline)
         killed = _pids(tmp_path / "sigterm", deadline + timeout_s)
+        # under xdist the two inner tests run at once: the timed-out one may still be inside its timeout
+        while _alive(timed_out) and time.monotonic() < deadline + 3 * timeout_s:
+            time.sleep(0.2)
         assert not _alive(timed_out), f"left running after pytest-timeout: {_alive(timed_out)}"
         pytest_proc.send_signal(signal.SIGTERM)
         out, _ = pytest_proc.communicate(timeout=60)
