@@ -14,6 +14,7 @@ from typing import Any
 from avion_ds.models.attention import BACKENDS
 from avion_ds.models.mlp import ACTIVATIONS
 from avion_ds.models.patch_embed import MODES as PATCH_EMBED_MODES
+from avion_ds.models.rlt import threshold_problem
 from avion_ds.models.token_merge import merge_schedule, schedule_problem
 
 POOLS = ("mean", "cls")
@@ -73,6 +74,9 @@ class ViTArch:
     patch_dropout: float = 0.0  # FLIP: fraction of patch tokens dropped in training (never the class token)
     # ToMe: tokens merged after each block's attention, one r for every block or a list of r per block; 0 = off
     token_merge: int | list[int] = 0
+    # run-length tokenization (models/rlt.py): static patches under this threshold dropped, in training and
+    # evaluation; 0 = off (the model exactly as without it)
+    rlt_threshold: float = 0.0
 
     @property
     def head_dim(self) -> int:
@@ -119,6 +123,25 @@ class ViTArch:
     def merges(self) -> bool:
         """True when some block merges tokens (attention then takes a bias: sdpa or eager)."""
         return any(r > 0 for r in self.merge_schedule)
+
+    @property
+    def rlt(self) -> bool:
+        """True when the model drops static patches (run-length tokenization): packed blocks."""
+        return self.rlt_threshold > 0
+
+    def rlt_problem(self) -> str | None:
+        """What is wrong with ``rlt_threshold`` here, or None: a number in [0, 1), and with it on a backend
+        that takes clips of different lengths and neither token merging nor patch dropout."""
+        problem = threshold_problem(self.rlt_threshold)
+        if problem is not None or not self.rlt:
+            return problem
+        if self.attn_backend == "eager":
+            return "attn_backend='eager' has no packed form for clips of different lengths; use auto, sdpa or flash"
+        if self.token_merge != 0:
+            return "token merging needs the same token count in every clip; use one of rlt_threshold, token_merge"
+        if self.patch_dropout > 0:
+            return "patch dropout and run-length tokenization both drop patches; use one of the two"
+        return None
 
     def token_merge_problem(self) -> str | None:
         """What is wrong with ``token_merge`` here, or None: r >= 0, one per block, never more than a
@@ -191,6 +214,9 @@ class ViTArch:
         problem = self.token_merge_problem()
         if problem is not None:
             raise ValueError(f"{self.name}: token_merge={self.token_merge!r}: {problem}")
+        problem = self.rlt_problem()
+        if problem is not None:
+            raise ValueError(f"{self.name}: rlt_threshold={self.rlt_threshold!r}: {problem}")
         return self
 
     def replace(self, **overrides: Any) -> ViTArch:

@@ -7,12 +7,17 @@ flash when it can run, else sdpa. Nothing else in avion_ds decides which kernel 
 
 Token merging (``token_merge.py``) adds a per-key bias to the logits (proportional attention):
 flash-attn takes none, so a model that merges runs sdpa under ``auto`` and refuses ``flash``.
+
+Run-length tokenization (``rlt.py``) packs clips of different token counts end to end
+(:func:`packed_attention`): flash-attn's varlen kernel where it can run, else SDPA on nested jagged
+tensors (CPU included); ``eager`` has no packed form and is refused.
 """
 
 from __future__ import annotations
 
 import functools
 import logging
+import warnings
 
 import torch
 import torch.nn.functional as F
@@ -22,6 +27,7 @@ logger = logging.getLogger(__name__)
 
 BACKENDS = ("auto", "flash", "sdpa", "eager")
 NO_BIAS_IN_FLASH = "token merging needs a bias; flash-attn takes none"
+NO_PACKED_EAGER = "run-length tokenization packs clips of different lengths; eager attention has no packed form"
 _FLASH_DTYPES = (torch.float16, torch.bfloat16)
 
 
@@ -40,10 +46,29 @@ def flash_available() -> bool:
     return _flash_fn() is not None
 
 
-def _flash_unsupported_reason(device: torch.device, dtype: torch.dtype, head_dim: int) -> str | None:
-    """Why flash-attn cannot run for these inputs, or None when it can."""
+@functools.cache
+def _flash_varlen_fn():
+    """Return flash-attn's varlen qkv-packed function (packed clips), or None when it does not import."""
+    try:
+        from flash_attn import flash_attn_varlen_qkvpacked_func  # type: ignore[import-not-found]  # lazy: optional
+    except (ImportError, OSError, RuntimeError):
+        return None
+    return flash_attn_varlen_qkvpacked_func
+
+
+def flash_varlen_available() -> bool:
+    """True when flash-attn's varlen kernel imports (what packed clips need of flash)."""
+    return _flash_varlen_fn() is not None
+
+
+def _flash_unsupported_reason(
+    device: torch.device, dtype: torch.dtype, head_dim: int, packed: bool = False
+) -> str | None:
+    """Why flash-attn cannot run for these inputs (``packed``: its varlen kernel), or None when it can."""
     if not flash_available():
         return "flash-attn is not installed (pip install 'avion_ds[gpu]')"
+    if packed and not flash_varlen_available():
+        return "this flash-attn has no varlen kernel (flash_attn_varlen_qkvpacked_func)"
     if device.type != "cuda":
         return f"inputs are on {device.type}, flash-attn needs CUDA"
     if dtype not in _FLASH_DTYPES:
@@ -57,9 +82,13 @@ def _flash_unsupported_reason(device: torch.device, dtype: torch.dtype, head_dim
 
 
 @functools.cache
-def resolve_cached(requested: str, device: torch.device, dtype: torch.dtype, head_dim: int, bias: bool = False) -> str:
+def resolve_cached(
+    requested: str, device: torch.device, dtype: torch.dtype, head_dim: int, bias: bool = False, packed: bool = False
+) -> str:
     if requested not in BACKENDS:
         raise ValueError(f"attn_backend: expected one of {', '.join(BACKENDS)}, got {requested!r}")
+    if packed and requested == "eager":
+        raise RuntimeError(f"attn_backend='eager' cannot run: {NO_PACKED_EAGER}; use 'auto', 'sdpa' or 'flash'")
     if requested in ("sdpa", "eager"):
         return requested
     if bias:
@@ -69,7 +98,7 @@ def resolve_cached(requested: str, device: torch.device, dtype: torch.dtype, hea
             "attention backend auto -> sdpa for %s %s head_dim=%d (%s)", device, dtype, head_dim, NO_BIAS_IN_FLASH
         )
         return "sdpa"
-    reason = _flash_unsupported_reason(device, dtype, head_dim)
+    reason = _flash_unsupported_reason(device, dtype, head_dim, packed)
     if requested == "flash":
         if reason is not None:
             raise RuntimeError(f"attn_backend='flash' cannot run: {reason}; use 'auto' or 'sdpa'")
@@ -82,19 +111,25 @@ def resolve_cached(requested: str, device: torch.device, dtype: torch.dtype, hea
 
 @torch.compiler.assume_constant_result  # compiled blocks: decided once at trace time, not traced
 def resolve_backend(
-    requested: str, device: torch.device | str, dtype: torch.dtype, head_dim: int, bias: bool = False
+    requested: str,
+    device: torch.device | str,
+    dtype: torch.dtype,
+    head_dim: int,
+    bias: bool = False,
+    packed: bool = False,
 ) -> str:
     """Map a requested backend to the one that runs for these inputs ("flash" | "sdpa" | "eager").
 
     ``auto`` -> flash when importable and the inputs are CUDA fp16/bf16 with a supported head dim,
     else sdpa; the choice is logged once per (device, dtype, head_dim). ``bias``: the logits take an
-    additive bias (token merging), which flash-attn cannot: ``auto`` -> sdpa. Explicit ``flash`` where
-    it cannot run raises RuntimeError (never a silent fallback).
+    additive bias (token merging), which flash-attn cannot: ``auto`` -> sdpa. ``packed``: clips of
+    different lengths packed end to end (run-length tokenization): flash needs its varlen kernel, eager
+    is refused. Explicit ``flash`` where it cannot run raises RuntimeError (never a silent fallback).
     """
     device = torch.device(device)
     if device.type == "cuda" and device.index is None:
         device = torch.device("cuda", torch.cuda.current_device())
-    return resolve_cached(requested, device, dtype, int(head_dim), bool(bias))
+    return resolve_cached(requested, device, dtype, int(head_dim), bool(bias), bool(packed))
 
 
 def describe_backend(
@@ -109,15 +144,42 @@ def describe_backend(
     return chosen if requested == chosen else f"{chosen} (auto)"
 
 
-def check_backend_request(requested: str, bias: bool = False) -> None:
+def check_backend_request(requested: str, bias: bool = False, packed: bool = False) -> None:
     """Fail early (at model construction) for a backend that can never run in this environment
-    (``bias``: the model merges tokens)."""
+    (``bias``: the model merges tokens; ``packed``: it packs clips of different lengths)."""
     if requested not in BACKENDS:
         raise ValueError(f"attn_backend: expected one of {', '.join(BACKENDS)}, got {requested!r}")
     if requested == "flash" and bias:
         raise ValueError(f"attn_backend='flash' cannot run: {NO_BIAS_IN_FLASH}; use 'auto', 'sdpa' or 'eager'")
+    if requested == "eager" and packed:
+        raise ValueError(f"attn_backend='eager' cannot run: {NO_PACKED_EAGER}; use 'auto', 'sdpa' or 'flash'")
     if requested == "flash" and not flash_available():
         raise RuntimeError("attn_backend='flash' cannot run: flash-attn is not installed (pip install 'avion_ds[gpu]')")
+    if requested == "flash" and packed and not flash_varlen_available():
+        raise RuntimeError(
+            "attn_backend='flash' cannot run: this flash-attn has no varlen kernel; use 'auto' or 'sdpa'"
+        )
+
+
+def packed_attention(qkv: torch.Tensor, offsets: torch.Tensor, max_len: int, backend: str) -> torch.Tensor:
+    """Attention over clips packed end to end, each clip attending only to its own tokens.
+
+    ``qkv`` (total, 3, H, d); ``offsets`` (B+1,) int64 start of each clip; ``max_len`` >= the longest
+    clip; ``backend`` resolved (flash: the varlen kernel | sdpa: nested jagged tensors) -> (total, H*d)."""
+    total, _, H, d = qkv.shape
+    if backend == "flash":
+        out = _flash_varlen_fn()(qkv, offsets.to(torch.int32), max_len, dropout_p=0.0)  # (total, H, d)
+        return out.reshape(total, H * d)
+    if backend != "sdpa":
+        raise ValueError(f"packed_attention: {NO_PACKED_EAGER}; backend {backend!r}")
+    q, k, v = (
+        torch.nested.nested_tensor_from_jagged(t.contiguous(), offsets, max_seqlen=max_len).transpose(1, 2)
+        for t in qkv.unbind(1)
+    )  # each (B, H, j, d); SDPA takes nested inputs only when contiguous before the transpose
+    with warnings.catch_warnings():  # torch's CPU kernel for nested inputs builds a prototype strided nested tensor
+        warnings.filterwarnings("ignore", message="The PyTorch API of nested tensors is in prototype stage")
+        out = F.scaled_dot_product_attention(q, k, v).transpose(1, 2).values()  # (total, H, d)
+    return out.reshape(total, H * d)
 
 
 def attention(qkv: torch.Tensor, backend: str, causal: bool = False, bias: torch.Tensor | None = None) -> torch.Tensor:
@@ -180,11 +242,12 @@ class Attention(nn.Module):
         k_bias: bool = False,
         causal: bool = False,
         size_bias: bool = False,
+        packed: bool = False,
     ) -> None:
         super().__init__()
         if dim % num_heads != 0:
             raise ValueError(f"Attention: expected dim divisible by num_heads, got dim={dim} num_heads={num_heads}")
-        check_backend_request(backend, size_bias)
+        check_backend_request(backend, size_bias, packed)
         self.num_heads = num_heads
         self.head_dim = dim // num_heads
         self.backend = backend
@@ -219,3 +282,10 @@ class Attention(nn.Module):
         qkv = self._qkv(x)
         backend = resolve_backend(self.backend, qkv.device, qkv.dtype, self.head_dim, self.size_bias)
         return self.proj(attention(qkv, backend, self.causal, bias)), qkv[:, :, 1].mean(dim=2)
+
+    def forward_packed(self, x: torch.Tensor, offsets: torch.Tensor, max_len: int) -> torch.Tensor:
+        """Attention over clips packed end to end: ``x`` (1, total, D), ``offsets`` / ``max_len`` as
+        :func:`packed_attention` takes them -> (1, total, D)."""
+        qkv = self._qkv(x)[0]  # (total, 3, H, d)
+        backend = resolve_backend(self.backend, qkv.device, qkv.dtype, self.head_dim, packed=True)
+        return self.proj(packed_attention(qkv, offsets, max_len, backend)).unsqueeze(0)

@@ -1,23 +1,32 @@
 """Run-length tokenization (RLT, Choudhury et al., NeurIPS 2024): static patches dropped before the encoder.
 
-A tubelet patch whose pixels barely change from the same patch in the previous tubelet (mean absolute
-difference on the [0, 1] scale below ``threshold``; the paper's default is 0.1) repeats what the
-encoder already saw, so it is dropped; the first tubelet's patches are always kept. A dropped patch
-extends the run of the last kept patch at its position, and each kept token carries its run length
-(in tubelets), which a zero-initialised embedding table adds to the token: a model that never trained
-with RLT gives the same token for a run of length 1. Kept tokens keep their own position embedding.
-Clips then hold different token counts, so attention runs on packed (jagged) sequences without padding.
+The rule is the reference code's (github rccchoudhury/rlt, ``static_token_utils.batched_find_idxs_to_keep``):
+a tubelet patch is dropped when the mean absolute difference between the LAST frame of its tubelet and
+the FIRST frame of the previous tubelet at the same position, over the patch's pixels and channels of the
+normalised clip, is not above ``threshold`` (the paper's default 0.1 on an ImageNet-normalised clip, about
+6 grey levels); the first tubelet is always kept. The reference measures the clip the model sees (after
+normalisation, flips, erasing and mixing), and so does ``VideoViT`` when its forward is given no mask.
+A uint8 clip is scaled to the same units by the normalisation's standard deviation (the mean cancels).
+Trailing frames that do not fill a tubelet are ignored, as the patch embedding ignores them (the
+reference's slicing fails on such clips).
 
-The keep mask is computed from the decoded uint8 clip, before normalisation, so the threshold means
-the same thing whatever the normalisation is. Trailing frames that do not fill a tubelet are ignored,
-as the patch embedding's strided convolution ignores them.
+A dropped patch extends the run of the last kept patch at its position; each kept token carries its run
+length in tubelets, which a zero-initialised embedding table adds to the token (the reference's table is
+learned from a truncated-normal start and off in its recipes: zero here, so a model that never trained
+with RLT gives the same tokens). Kept tokens keep their own position embedding. Clips then hold
+different token counts: the blocks run on the kept tokens of all clips packed end to end
+(:class:`PackedClips`), attention per clip (``models/attention.py``: ``packed_attention``).
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+IMAGENET_STD = (0.229, 0.224, 0.225)  # the reference's normalisation
 
 
 def threshold_problem(value: object) -> str | None:
@@ -29,19 +38,25 @@ def threshold_problem(value: object) -> str | None:
     return None
 
 
-def static_keep_mask(frames: torch.Tensor, tubelet: int, patch: int, threshold: float) -> torch.Tensor:
-    """Which tubelet patches to keep: (B, T', H', W') bool from uint8 ``frames`` (B, C, T, H, W).
+def static_keep_mask(
+    frames: torch.Tensor, tubelet: int, patch: int, threshold: float, std: tuple[float, ...] = IMAGENET_STD
+) -> torch.Tensor:
+    """Which tubelet patches to keep: (B, T', H', W') bool from a clip (B, C, T, H, W).
 
-    A patch is dropped when the mean absolute difference of its pixels (scaled to [0, 1]) from the same
-    patch of the previous tubelet is below ``threshold``; the first tubelet is always kept.
+    ``frames``: the normalised float clip, or uint8 (then divided by 255 and per channel by ``std``,
+    which gives the normalised clip's differences). The reference's rule (module doc): keep a patch when
+    the mean |last frame of its tubelet - first frame of the previous tubelet| is above ``threshold``.
     """
     b, c, t, h, w = frames.shape
     nt, nh, nw = t // tubelet, h // patch, w // patch
-    x = frames[:, :, : nt * tubelet, : nh * patch, : nw * patch].float() / 255.0
-    x = x.reshape(b, c, nt, tubelet, nh, patch, nw, patch)
-    diff = (x[:, :, 1:] - x[:, :, :-1]).abs().mean(dim=(1, 3, 5, 7))  # (B, T'-1, H', W')
+    x = frames[:, :, : nt * tubelet, : nh * patch, : nw * patch].float()
+    if frames.dtype == torch.uint8:
+        x = x / (255.0 * torch.tensor(std, device=x.device).view(1, c, 1, 1, 1))
+    back = x[:, :, 2 * tubelet - 1 :: tubelet]  # the last frame of tubelets 1 .. nt-1
+    front = x[:, :, : (nt - 1) * tubelet : tubelet]  # the first frame of tubelets 0 .. nt-2
+    diff = F.avg_pool3d((back - front).abs(), (1, patch, patch)).mean(dim=1)  # (B, nt-1, nh, nw)
     keep = torch.ones(b, nt, nh, nw, dtype=torch.bool, device=frames.device)
-    keep[:, 1:] = diff >= threshold
+    keep[:, 1:] = diff > threshold
     return keep
 
 
@@ -64,49 +79,48 @@ class RunLengthEmbedding(nn.Module):
 
     def __init__(self, max_length: int, dim: int) -> None:
         super().__init__()
-        self.table = nn.Embedding(max_length + 1, dim)
-        nn.init.zeros_(self.table.weight)
+        # zeros given to the constructor: under ZeRO-3's zero.Init the table is partitioned once built
+        self.table = nn.Embedding(max_length + 1, dim, _weight=torch.zeros(max_length + 1, dim))
 
     def forward(self, tokens: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
         """``tokens`` plus the embedding of ``lengths`` (same leading shape)."""
-        return tokens + self.table(lengths.clamp(max=self.table.num_embeddings - 1))
+        return tokens + self.table(lengths.clamp(max=self.table.num_embeddings - 1)).to(tokens.dtype)
 
 
-def pack_kept(tokens: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
-    """The kept tokens of ``tokens`` (B, N, D) under ``keep`` (B, N) as a jagged nested tensor (B, j, D)."""
-    counts = keep.sum(dim=1)
-    offsets = torch.zeros(counts.numel() + 1, dtype=torch.long, device=tokens.device)
-    offsets[1:] = counts.cumsum(0)
-    return torch.nested.nested_tensor_from_jagged(tokens[keep], offsets)
+@dataclass(frozen=True)
+class PackedClips:
+    """The layout of clips' kept tokens packed end to end: ``offsets`` (B+1,) int64 start of each clip
+    (flash-attn's ``cu_seqlens``), ``clip`` (total,) the clip of each token, ``max_len`` an upper bound of
+    the longest clip (the token count before dropping: no host sync)."""
 
+    offsets: torch.Tensor
+    clip: torch.Tensor
+    max_len: int
 
-def packed_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-    """Attention over jagged sequences, each clip attending only to its own tokens.
+    @classmethod
+    def from_keep(cls, keep: torch.Tensor) -> PackedClips:
+        """The layout of the kept tokens of ``keep`` (B, N) bool, clip after clip."""
+        counts = keep.sum(dim=1)
+        offsets = torch.zeros(counts.numel() + 1, dtype=torch.long, device=keep.device)
+        offsets[1:] = counts.cumsum(0)
+        clip = torch.arange(keep.shape[0], device=keep.device).unsqueeze(1).expand_as(keep)[keep]
+        return cls(offsets, clip, int(keep.shape[1]))
 
-    ``q``, ``k``, ``v``: nested (B, heads, j, head_dim) built by ``transpose(1, 2)`` of (B, j, heads,
-    head_dim). Uses flash-attn's varlen kernel when the tensors are on CUDA and it is installed,
-    SDPA on nested jagged tensors otherwise.
-    """
-    if q.is_cuda and _flash_varlen() is not None:
-        return _flash_packed(q, k, v)
-    return F.scaled_dot_product_attention(q, k, v)
+    @property
+    def num_clips(self) -> int:
+        return int(self.offsets.numel() - 1)
 
+    def mean(self, x: torch.Tensor) -> torch.Tensor:
+        """Mean of packed tokens ``x`` (total, D) per clip -> (B, D), accumulated in float32."""
+        sums = torch.zeros(self.num_clips, x.shape[-1], dtype=torch.float32, device=x.device)
+        sums.index_add_(0, self.clip, x.float())
+        counts = (self.offsets[1:] - self.offsets[:-1]).clamp(min=1).unsqueeze(1)
+        return (sums / counts).to(x.dtype)
 
-def _flash_varlen() -> object | None:
-    """flash-attn's varlen kernel, or None where flash-attn is not installed."""
-    try:
-        from flash_attn import flash_attn_varlen_func  # lazy: optional (the [gpu] extra)
-    except ImportError:
-        return None
-    return flash_attn_varlen_func
-
-
-def _flash_packed(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-    """flash-attn varlen on the values of jagged (B, heads, j, head_dim) tensors (not tested here)."""
-    fn = _flash_varlen()
-    assert callable(fn)
-    qt, kt, vt = (x.transpose(1, 2) for x in (q, k, v))  # (B, j, heads, hd), ragged dim 1
-    offsets = qt.offsets().to(torch.int32)
-    longest = int((offsets[1:] - offsets[:-1]).max())
-    out = fn(qt.values(), kt.values(), vt.values(), offsets, offsets, longest, longest)
-    return torch.nested.nested_tensor_from_jagged(out, qt.offsets()).transpose(1, 2)
+    def drop_path(self, x: torch.Tensor, drop_prob: float, scale_by_keep: bool = True) -> torch.Tensor:
+        """timm's ``DropPath`` per clip on packed tokens ``x`` (1, total, D): a clip's whole branch is dropped."""
+        keep_prob = 1.0 - drop_prob
+        mask = x.new_empty(self.num_clips).bernoulli_(keep_prob)
+        if scale_by_keep and keep_prob > 0:
+            mask.div_(keep_prob)
+        return x * mask[self.clip].view(1, -1, 1)

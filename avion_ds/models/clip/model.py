@@ -150,9 +150,10 @@ class VideoTextDualEncoder(nn.Module):
         self.num_frames, self.img_size = arch.vision.num_frames, arch.vision.img_size
 
     # -- towers ----------------------------------------------------------------------------------
-    def encode_video(self, frames: torch.Tensor) -> torch.Tensor:
-        """(B, C, T, H, W) normalised frames -> (B, E) video embeddings (not normalised)."""
-        return self.visual(frames)
+    def encode_video(self, frames: torch.Tensor, keep: torch.Tensor | None = None) -> torch.Tensor:
+        """(B, C, T, H, W) normalised frames -> (B, E) video embeddings (not normalised); ``keep``: the
+        video tower's run-length tokenization mask (``VideoViT.forward_features``)."""
+        return self.visual(frames, keep)
 
     def encode_text(self, tokens: torch.Tensor) -> torch.Tensor:
         """(B, 77) token ids (``avion_ds.data.tokenizer.tokenize``) -> (B, E) text embeddings (not normalised)."""
@@ -163,9 +164,11 @@ class VideoTextDualEncoder(nn.Module):
         [0, ln 100] by the clamp after each optimizer step (module doc)."""
         return self.logit_scale.float().exp().squeeze(0)
 
-    def forward(self, frames: torch.Tensor, tokens: torch.Tensor) -> DualEncoderOutput:
+    def forward(
+        self, frames: torch.Tensor, tokens: torch.Tensor, keep: torch.Tensor | None = None
+    ) -> DualEncoderOutput:
         # normalised in float32: bf16 unit vectors would quantise every similarity built from them
-        video = F.normalize(at_least_fp32(self.encode_video(frames)), dim=-1)
+        video = F.normalize(at_least_fp32(self.encode_video(frames, keep)), dim=-1)
         text = F.normalize(at_least_fp32(self.encode_text(tokens)), dim=-1)
         return DualEncoderOutput(video, text, self.scale())
 

@@ -13,6 +13,12 @@ patch dropout (after the position embedding, before ``ln_pre``, class token kept
 Token merging (``arch.token_merge``, ``models/token_merge.py``): a block that merges runs attention with
 the log-size bias, merges its ``r`` tokens on that attention's keys, then its MLP; mean pooling weighs
 each token by its size. With no merging the blocks and pooling run exactly as without the option.
+
+Run-length tokenization (``arch.rlt_threshold``, ``models/rlt.py``): ``forward(x, keep=None)`` drops the
+static patches (``keep`` (B, T', H', W') bool, or computed from ``x`` by the reference's rule), adds the
+run-length embedding to the kept tokens (after their position embedding), packs the kept tokens of all
+clips end to end (the class token always kept) and runs the blocks on them, attention per clip; mean
+pooling averages each clip's kept tokens (unweighted, as the reference), cls pooling takes the class token.
 """
 
 from __future__ import annotations
@@ -29,6 +35,7 @@ from avion_ds.models.attention import Attention
 from avion_ds.models.mlp import Mlp
 from avion_ds.models.partition import full_ndim, gathered, param_count
 from avion_ds.models.patch_embed import PatchEmbed
+from avion_ds.models.rlt import PackedClips, RunLengthEmbedding, run_lengths, static_keep_mask
 from avion_ds.models.token_merge import merge_tokens, size_bias, weighted_mean
 from avion_ds.models.vit.weights import prepare_vit_state_dict
 from avion_ds.models.weights.report import LoadReport
@@ -68,6 +75,7 @@ class Block(nn.Module):
             k_bias=arch.k_bias,
             causal=causal,
             size_bias=token_merge is not None,
+            packed=bool(getattr(arch, "rlt", False)),
         )
         self.ls1 = LayerScale(dim, arch.layer_scale) if arch.layer_scale else nn.Identity()
         self.drop_path = DropPath(drop_path) if drop_path > 0 else nn.Identity()
@@ -76,13 +84,30 @@ class Block(nn.Module):
         self.ls2 = LayerScale(dim, arch.layer_scale) if arch.layer_scale else nn.Identity()
 
     def forward(
-        self, x: torch.Tensor, size: torch.Tensor | None = None
+        self, x: torch.Tensor, size: torch.Tensor | None = None, packed: PackedClips | None = None
     ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor | None]:
-        """``x`` (B, N, D) -> (B, N, D); in a model that merges tokens, (tokens, sizes) -> (tokens, sizes)."""
+        """``x`` (B, N, D) -> (B, N, D); in a model that merges tokens, (tokens, sizes) -> (tokens, sizes);
+        with ``packed`` (run-length tokenization), packed tokens (1, total, D) -> (1, total, D)."""
+        if packed is not None:
+            return self.forward_packed(x, packed)
         if self.token_merge is None:
             x = x + self.drop_path(self.ls1(self.attn(self.norm1(x))))
             return x + self.drop_path(self.ls2(self.mlp(self.norm2(x))))
         return self.forward_merging(x, size)
+
+    def forward_packed(self, x: torch.Tensor, packed: PackedClips) -> torch.Tensor:
+        """The block on clips packed end to end (1, total, D): attention per clip, stochastic depth per clip."""
+        x = x + self._drop_packed(
+            self.ls1(self.attn.forward_packed(self.norm1(x), packed.offsets, packed.max_len)), packed
+        )
+        return x + self._drop_packed(self.ls2(self.mlp(self.norm2(x))), packed)
+
+    def _drop_packed(self, y: torch.Tensor, packed: PackedClips) -> torch.Tensor:
+        """``DropPath`` of packed tokens: each clip's branch dropped as a whole (timm drops per sample)."""
+        p = float(getattr(self.drop_path, "drop_prob", 0.0))
+        if not self.training or p <= 0:
+            return y
+        return packed.drop_path(y, p, bool(getattr(self.drop_path, "scale_by_keep", True)))
 
     def forward_merging(self, x: torch.Tensor, size: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Attention with the log-size bias (``size`` None: every token is one), merge ``token_merge``
@@ -140,6 +165,7 @@ class VideoViT(nn.Module):
         else:
             self.register_buffer("pos_embed", sincos_table(n, arch.embed_dim), persistent=False)
         self.ln_pre = nn.LayerNorm(arch.embed_dim, eps=arch.norm_eps) if arch.ln_pre else nn.Identity()
+        self.rlt_embed = RunLengthEmbedding(frames, arch.embed_dim) if arch.rlt else None
         rates = drop_path_rates(arch.drop_path_rate, arch.depth, arch.drop_path_schedule)
         merge = arch.merge_schedule if arch.merges else [None] * arch.depth
         self.blocks = nn.ModuleList([Block(arch, rate, token_merge=r) for rate, r in zip(rates, merge)])
@@ -250,16 +276,54 @@ class VideoViT(nn.Module):
             x = torch.cat((cls.to(x.dtype).expand(x.shape[0], -1, -1), x), dim=1)
         return self.ln_pre(x)
 
-    def forward_features(self, x: torch.Tensor) -> torch.Tensor:
+    def forward_features(self, x: torch.Tensor, keep: torch.Tensor | None = None) -> torch.Tensor:
         """Pooled features (B, F): mean over tokens + fc_norm, or the normed class token (CLIP's
-        ``ln_post``); projected by ``proj`` when the model has one."""
+        ``ln_post``); projected by ``proj`` when the model has one. ``keep``: run-length tokenization's
+        patches to keep (B, T', H', W'); None computes them from ``x`` (a model without RLT takes none)."""
         self.check_input(x)
+        if self.rlt_embed is not None:
+            return self._rlt_features(x, keep)
+        if keep is not None:
+            raise ValueError(f"{self.arch.name}: keep= is run-length tokenization's; this model has rlt_threshold=0")
         x = self.forward_tokens(x)
         if self.arch.merges:
             return self._merged_features(x)
         for blk in self.blocks:
             x = blk(x)
         feats = self.norm(x[:, 0]) if self.cls_token is not None else self.fc_norm(x.mean(dim=1))
+        return feats @ self.proj.to(feats.dtype) if self.proj is not None else feats
+
+    def rlt_keep(self, x: torch.Tensor) -> torch.Tensor:
+        """The patches run-length tokenization keeps of clip ``x`` (B, C, T, H, W): (B, T', H', W') bool,
+        by the reference's rule on the normalised float clip (or a uint8 one, ImageNet's deviation)."""
+        return static_keep_mask(x, self.tubelet_size, self.patch_size, self.arch.rlt_threshold)
+
+    def _rlt_features(self, x: torch.Tensor, keep: torch.Tensor | None) -> torch.Tensor:
+        """``forward_features`` with run-length tokenization: the kept tokens of all clips packed end to end."""
+        keep = self.rlt_keep(x) if keep is None else keep
+        grid = (x.shape[0], *self.patch_embed.grid)
+        if tuple(keep.shape) != grid or keep.dtype != torch.bool:
+            raise ValueError(f"{self.arch.name}: keep expected bool {grid}, got {keep.dtype} {tuple(keep.shape)}")
+        lengths = run_lengths(keep).flatten(1)  # (B, N), 0 where dropped
+        keep = keep.flatten(1)
+        tokens = self.patch_embed(x)
+        tokens = self.rlt_embed(tokens + self.patch_positions().to(dtype=tokens.dtype), lengths)
+        if self.cls_token is not None:
+            cls = self.cls_token
+            if self.arch.pos_embed == "clip":
+                cls = cls + self.pos_embed[:, :1]
+            tokens = torch.cat((cls.to(tokens.dtype).expand(tokens.shape[0], -1, -1), tokens), dim=1)
+            keep = torch.cat((keep.new_ones(keep.shape[0], 1), keep), dim=1)
+        tokens = self.ln_pre(tokens)  # per token: the same before or after packing
+        packed = PackedClips.from_keep(keep)
+        out = tokens[keep].unsqueeze(0)  # (1, total, D): indexing saves only the mask for backward
+        for blk in self.blocks:
+            out = blk(out, None, packed)
+        out = out[0]
+        if self.cls_token is not None:
+            feats = self.norm(out[packed.offsets[:-1]])
+        else:
+            feats = self.fc_norm(packed.mean(out))
         return feats @ self.proj.to(feats.dtype) if self.proj is not None else feats
 
     def _merged_features(self, x: torch.Tensor) -> torch.Tensor:
@@ -280,8 +344,9 @@ class VideoViT(nn.Module):
             return {k: h(feats) for k, h in self.heads.items()}
         return self.head(feats)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor | dict[str, torch.Tensor]:
-        return self.forward_head(self.forward_features(x))
+    def forward(self, x: torch.Tensor, keep: torch.Tensor | None = None) -> torch.Tensor | dict[str, torch.Tensor]:
+        """Logits (or features) of normalised clips ``x`` (B, C, T, H, W); ``keep``: see ``forward_features``."""
+        return self.forward_head(self.forward_features(x, keep))
 
     # ------------------------------------------------------------------------------------------
     def prepare_checkpoint(
@@ -294,13 +359,13 @@ class VideoViT(nn.Module):
     def no_weight_decay(self) -> set[str]:
         """Names of parameters to exclude from weight decay: biases, norms, q/v bias, LayerScale,
         position embedding and class token (every parameter with fewer than 2 dims, plus tokens)."""
-        skip = {"pos_embed", "cls_token", "temporal_embed"}
+        skip = {"pos_embed", "cls_token", "temporal_embed", "rlt_embed.table.weight"}
         return {n for n, p in self.named_parameters() if full_ndim(p) <= 1 or n in skip or n.endswith(".bias")}
 
     def layer_id(self, param_name: str) -> int:
         """Layer index for layer-wise lr decay: 0 embeddings, i+1 for blocks.i, depth+1 otherwise."""
         name = param_name.removeprefix("module.")
-        if name.startswith(("patch_embed", "pos_embed", "cls_token", "temporal_embed", "ln_pre")):
+        if name.startswith(("patch_embed", "pos_embed", "cls_token", "temporal_embed", "ln_pre", "rlt_embed")):
             return 0
         if name.startswith("blocks."):
             return int(name.split(".")[1]) + 1
@@ -312,6 +377,7 @@ class VideoViT(nn.Module):
             f"name={a.name}, grid={a.grid}, attn={a.attn_backend}, patch_embed={a.patch_embed}, "
             f"pool={a.pool}, pos_embed={a.pos_embed}"
             + (f", token_merge={a.token_merge}" if a.merges else "")
+            + (f", rlt_threshold={a.rlt_threshold:g}" if a.rlt else "")
             + (
                 f", act={a.act}, proj_dim={a.proj_dim}, patch_dropout={a.patch_dropout}"
                 if a.pos_embed == "clip"
