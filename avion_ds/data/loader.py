@@ -34,7 +34,12 @@ def _seed_worker(worker_id: int) -> None:
 def build_loader(
     dataset: Dataset, batch_size: int, workers: int, shuffle: bool, seed: int, drop_last: bool, distributed: bool
 ) -> DataLoader:
-    """A DataLoader over ``dataset`` (see module doc); ``distributed`` shards by torch.distributed rank."""
+    """A DataLoader over ``dataset`` (see module doc); ``distributed`` shards by torch.distributed rank.
+
+    A shard dataset (``data.shards``: :mod:`avion_ds.data.shards`) gets litdata's ``StreamingDataLoader``:
+    the dataset itself splits shards between ranks and workers and shuffles from its seed."""
+    if getattr(dataset, "streams_shards", False):
+        return _shard_loader(dataset, batch_size, workers, drop_last)
     if distributed:
         if not (dist.is_available() and dist.is_initialized()):
             raise RuntimeError("build_loader(distributed=True) needs torch.distributed to be initialised first")
@@ -60,8 +65,32 @@ def build_loader(
     )
 
 
+def _shard_loader(dataset: Dataset, batch_size: int, workers: int, drop_last: bool) -> DataLoader:
+    """litdata's StreamingDataLoader over a shard dataset (its ``state_dict()`` is the exact mid-epoch position)."""
+    from litdata import StreamingDataLoader  # lazy: litdata is the [stream] extra, loaded for shard datasets only
+
+    kwargs = {"worker_init_fn": _seed_worker} if workers > 0 else {}
+    return StreamingDataLoader(
+        dataset,
+        batch_size=batch_size,
+        num_workers=workers,
+        drop_last=drop_last,
+        pin_memory=torch.cuda.is_available(),
+        **kwargs,
+    )
+
+
 def set_epoch(loader: DataLoader, epoch: int) -> None:
-    """Reshuffle the sampler and re-seed the dataset's clip/crop draws for ``epoch``."""
+    """Reshuffle the sampler and re-seed the dataset's clip/crop draws for ``epoch``.
+
+    A shard loader orders shards by its own epoch counter, which its next iteration advances: set to
+    ``epoch`` here (unless a restored mid-epoch position holds it), so epoch ``e`` is shuffled alike in
+    every run, resumed or not."""
+    if getattr(loader.dataset, "streams_shards", False):
+        if not loader.restore:
+            loader.current_epoch = int(epoch)
+        loader.dataset.set_clip_epoch(epoch)
+        return
     if hasattr(loader.sampler, "set_epoch"):
         loader.sampler.set_epoch(epoch)
     if hasattr(loader.dataset, "set_epoch"):

@@ -33,6 +33,7 @@ from typing import Any
 from litdata import StreamingDataset
 from litdata.streaming.downloader import Downloader, register_downloader
 from litdata.streaming.item_loader import Interval, PyTreeLoader
+from litdata.streaming.resolver import Dir
 
 from avion_ds.config import DataConfig
 from avion_ds.data.crop import clip_rng
@@ -137,22 +138,23 @@ class _ShardRows:
             chunks.append(
                 Chunk(name, int(c["start_frame"]), int(c["frames"]), float(c["fps"]), c["width"], c["height"])
             )
-        rows = meta["rows"][self.split]
-        row = rows[found["row"]]
-        self._item = (VideoEntry(item["video_id"], chunks), rows, row)
-        return int(row[4])
+        rows = {int(r[4]): r for r in meta["rows"][self.split]}
+        self._item = (VideoEntry(item["video_id"], chunks), rows, sorted(rows))
+        return int(meta["rows"][self.split][found["row"]][4])
 
     def __len__(self) -> int:
-        return 1 << 62  # a replacement index: another row of the current video (``sample_span``)
+        return 1 << 62  # replacements for bad samples are drawn from this, then mapped onto the video's rows
+
+    def _load(self, i: int) -> dict:
+        rows, ids = self._item[1], self._item[2]
+        return super()._load(i if i in rows else ids[i % len(ids)])  # a replacement: another row of the video
 
     def sample_span(self, i: int) -> tuple[VideoEntry, int, int, Any]:
-        entry, rows, row = self._item
-        if int(row[4]) != i:  # a replacement for a bad sample: another row of the same video
-            row = rows[i % len(rows)]
-        return entry, int(row[0]), int(row[1]), row[2]
+        row = self._item[1][i]
+        return self._item[0], int(row[0]), int(row[1]), row[2]
 
     def row_name(self, i: int) -> str:
-        return str(self._item[2][3])
+        return str(self._item[1][i][3])
 
     def chunk_problem(self, chunk: Chunk) -> str | None:
         src = self._sources[chunk.path]
@@ -162,9 +164,25 @@ class _ShardRows:
         return self._sources[path]
 
 
+_SHARD_CLASSES: dict[type, type] = {}
+
+
 def _shard_class(cls: type) -> type:
-    """``cls`` (a registered dataset class) reading its rows and chunks from shard items."""
-    return type(f"Shard{cls.__name__}", (_ShardRows, cls), {})
+    """``cls`` (a registered dataset class) reading its rows and chunks from shard items (one class per ``cls``)."""
+    if cls not in _SHARD_CLASSES:
+        _SHARD_CLASSES[cls] = type(f"Shard{cls.__name__}", (_ShardRows, cls), {"__reduce__": _reduce_rows})
+    return _SHARD_CLASSES[cls]
+
+
+def _reduce_rows(obj: Any) -> tuple[Any, tuple[type, dict]]:
+    """Pickle a shard dataset as its registered class and state (spawned DataLoader workers rebuild the class)."""
+    return _rebuild_rows, (type(obj).__mro__[2], obj.__getstate__())
+
+
+def _rebuild_rows(cls: type, state: dict) -> Any:
+    obj = _shard_class(cls).__new__(_shard_class(cls))
+    obj.__dict__.update(state)
+    return obj
 
 
 class _NoIndex:
@@ -176,12 +194,26 @@ class _NoIndex:
         self.root = Path(root)
 
 
+def _input_dir(location: str, cache_dir: str | None) -> str | Dir:
+    """litdata's input for ``location``: http(s) as a URL with a local cache directory (litdata would read it as
+    a path), the rest as they are (s3:// through litdata's own S3 support)."""
+    if not location.startswith(("http://", "https://")):
+        return location
+    if cache_dir is None:
+        base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+        cache_dir = str(base / "avion_ds" / "shards" / hashlib.sha256(location.encode()).hexdigest()[:16])
+    os.makedirs(cache_dir, exist_ok=True)
+    return Dir(path=cache_dir, url=location.rstrip("/"))
+
+
 class ShardClipDataset(StreamingDataset):
     """Clips of ``split`` from the shards at ``location``, made by ``dataset_cls`` (see module doc).
 
     Items are the dataset's own items (``frames``, ``label``, ``index``: the row's global index in the
     shards, ``skipped``, ...); the clip and crop draws are keyed by (seed, epoch, row index), so the same
     row gives the same clip in any worker, rank or resumed run."""
+
+    streams_shards = True  # build_loader gives it litdata's StreamingDataLoader
 
     def __init__(
         self,
@@ -196,7 +228,7 @@ class ShardClipDataset(StreamingDataset):
         cache_dir: str | None = None,
     ) -> None:
         super().__init__(
-            location,
+            _input_dir(location, cache_dir),
             cache_dir=cache_dir,
             item_loader=RowItemLoader(split),
             shuffle=split == "train" if shuffle is None else shuffle,

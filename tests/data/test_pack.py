@@ -28,12 +28,12 @@ def test_pack_keeps_each_video_whole_with_its_facts(tmp_path: Path) -> None:
     ds = StreamingDataset(str(out), shuffle=False)
     seen = []
     for item in ds:
-        vid = item["video_id"]
+        vid, chunks = item["video_id"], json.loads(item["meta"])["chunks"]
         seen.append(vid)
         expect = sorted((r for r in rows if r["video_id"] == vid), key=lambda r: r["start_frame"])
-        assert [c["path"] for c in item["chunks"]] == [r["path"] for r in expect]
+        assert [c["path"] for c in chunks] == [r["path"] for r in expect]
         offset = 0
-        for c, r in zip(item["chunks"], expect, strict=True):
+        for c, r in zip(chunks, expect, strict=True):
             blob = item["data"][offset : offset + c["bytes"]]
             offset += c["bytes"]
             assert blob == (tree / r["path"]).read_bytes()

@@ -1,0 +1,219 @@
+"""Clips from litdata shards (``data.shards``): the same clips as the chunk tree gives, every row once per
+epoch, an exact mid-epoch resume through litdata's loader state, a loopback HTTP location, and a corrupt
+shard named, counted and skipped (or fatal under ``data.on_error: raise``)."""
+
+from __future__ import annotations
+
+import functools
+import http.server
+import json
+import shutil
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+pytest.importorskip("litdata")
+
+SEED = 3
+
+
+@pytest.fixture(scope="module")
+def packed(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """Three tiny EPIC-style videos (1 s segments in 2.5 s chunks: some clips span two chunks), a recipe over
+    them, and their shards (one video per shard)."""
+    from avion_ds.cli.pack import main
+    from avion_ds.data.prep.chunking import chunk_videos
+    from avion_ds.data.prep.synthetic import make_synthetic_epic
+    from avion_ds.tasks import load_recipe
+    from tests.helpers.recipes import write_recipe
+
+    tmp = tmp_path_factory.mktemp("shards")
+    info = make_synthetic_epic(
+        tmp / "synth", num_videos=3, segments_per_video=15, segment_seconds=1.0, width=64, height=48, fps=12, seed=1
+    )
+    summary = chunk_videos(info["videos"], tmp / "chunks", chunk_seconds=2.5, short_side=48, fps=12, progress=False)
+    assert not summary.failed, summary
+    data = {"root": tmp / "chunks", "train_csv": info["train_csv"], "val_csv": info["val_csv"]}
+    recipe_path = write_recipe(tmp / "recipe.yaml", data, tmp / "run", data={"decode_timeout_s": 0.0})
+    out = tmp / "shards"
+    assert main([str(data["root"]), str(out), "--shard-bytes", "40000", "--config", str(recipe_path)]) == 0
+    recipe = load_recipe(recipe_path, [])
+    return {"data": data, "recipe": recipe, "recipe_path": recipe_path, "shards": out, "tmp": tmp}
+
+
+def _open(packed: dict, split: str, location: str | None = None, **kw: Any):
+    from avion_ds.data.shards import open_shards
+
+    r = packed["recipe"]
+    return open_shards(location or str(packed["shards"]), r.data, split, seed=SEED, sections=r.sections, **kw)
+
+
+def _reference(packed: dict, split: str, **keys: Any):
+    from dataclasses import replace
+
+    from avion_ds.data.datasets.build import build_dataset
+
+    r = packed["recipe"]
+    return build_dataset(replace(r.data, **keys), split, seed=SEED, sections=r.sections)
+
+
+def test_rows_travel_with_the_shards(packed: dict) -> None:
+    """Each shard's index entry counts its video's rows per split; the item holds them with the chunks' facts;
+    every annotation row is packed once, in the shard of its video, clips spanning two chunks included."""
+    from litdata import StreamingDataset
+
+    index = json.loads((packed["shards"] / "index.json").read_text())
+    assert index["config"]["item_loader"] == "RowItemLoader"
+    counts = {s: sum(sum(c["avion_rows"][s]) for c in index["chunks"]) for s in ("train", "val")}
+    ref = {s: _reference(packed, s) for s in ("train", "val")}
+    assert counts == {s: len(ds) for s, ds in ref.items()}
+    index["config"].pop("item_loader")  # read the video items as they are written
+    plain = packed["tmp"] / "plain"
+    shutil.copytree(packed["shards"], plain)
+    (plain / "index.json").write_text(json.dumps(index))
+    spanning = 0
+    for item in StreamingDataset(str(plain)):
+        meta = json.loads(item["meta"])
+        starts = [c["start_frame"] for c in meta["chunks"]]
+        for split, ds in ref.items():
+            for start, end, label, name, i in meta["rows"][split]:
+                entry, s, e, lab = ds.sample_span(i)
+                assert (entry.video_id, s, e, lab, ds.row_name(i)) == (item["video_id"], start, end, label, name)
+                spanning += any(start < b < end for b in starts)
+    assert spanning > 0  # some clips read two consecutive chunks: both are in the item
+
+
+def test_shard_clips_equal_chunk_tree_clips(packed: dict) -> None:
+    """Val clips (fixed) and training clips of an epoch are bit-identical to the chunk tree's for the same row,
+    each row exactly once per epoch."""
+    for split, epoch in (("val", 0), ("train", 1)):
+        ds, ref = _open(packed, split), _reference(packed, split)
+        ds.set_clip_epoch(epoch)
+        ref.set_epoch(epoch)
+        seen = []
+        for item in ds:
+            i = item["index"]
+            seen.append(i)
+            want = ref[i]
+            assert torch.equal(item["frames"], want["frames"]), (split, i)
+            assert item["label"] == want["label"]
+        assert sorted(seen) == list(range(len(ref))), split
+
+
+def _steps(loader: Any, stop: int | None = None) -> list[list[int]]:
+    """The sample ids of each batch, ``stop`` batches at most (no batch past them is drawn from the loader)."""
+    out, it = [], iter(loader)
+    while stop is None or len(out) < stop:
+        batch = next(it, None)
+        if batch is None:
+            break
+        out.append(batch["index"].tolist())
+    return out
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_mid_epoch_resume_sees_the_same_samples(packed: dict, workers: int) -> None:
+    """A run cut after 5 steps of epoch 1 and resumed from the loader's state_dict (in a fresh dataset and
+    loader, as after a restart) reads exactly the sample ids per step of an uninterrupted run."""
+    from avion_ds.data.loader import build_loader, set_epoch
+
+    def loader() -> Any:
+        return build_loader(
+            _open(packed, "train"), 2, workers, shuffle=True, seed=SEED, drop_last=True, distributed=False
+        )
+
+    full = loader()
+    set_epoch(full, 0)
+    epoch0 = _steps(full)
+    set_epoch(full, 1)
+    uninterrupted = _steps(full)
+    assert sorted(i for step in uninterrupted for i in step) == sorted(i for step in epoch0 for i in step)
+    assert uninterrupted != epoch0  # reshuffled per epoch
+
+    cut = loader()
+    set_epoch(cut, 1)
+    first = _steps(cut, stop=5)
+    state = json.loads(json.dumps(cut.state_dict()))  # as a checkpoint stores it
+    resumed = loader()
+    resumed.load_state_dict(state)
+    set_epoch(resumed, 1)
+    rest = _steps(resumed)
+    assert first + rest == uninterrupted
+
+
+class _Quiet(http.server.SimpleHTTPRequestHandler):
+    def log_message(self, *args: Any) -> None:
+        pass
+
+
+@pytest.fixture()
+def http_location(packed: dict) -> Iterator[str]:
+    """The shards served over HTTP on the loopback interface (a thread of this process)."""
+    handler = functools.partial(_Quiet, directory=str(packed["shards"]))
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join()
+
+
+def test_http_location_streams_the_same_clips(packed: dict, http_location: str, tmp_path: Path) -> None:
+    """An http:// location downloads the shards through litdata (our registered downloader) into its cache
+    and gives the local location's clips."""
+    remote = {item["index"]: item["frames"] for item in _open(packed, "val", http_location, cache_dir=str(tmp_path))}
+    local = {item["index"]: item["frames"] for item in _open(packed, "val")}
+    assert remote.keys() == local.keys()
+    assert all(torch.equal(remote[i], local[i]) for i in local)
+    assert any(p.name.endswith(".bin") for p in tmp_path.rglob("*"))  # the shards came through the cache
+
+
+def _corrupt_copy(packed: dict, dest: Path) -> tuple[str, str]:
+    """A copy of the shards with one byte of the first chunk of the first video flipped; (video id, chunk path)."""
+    from avion_ds.data.prep.manifest import MANIFEST_NAME, read_manifest_records
+
+    shutil.copytree(packed["shards"], dest)
+    tree = packed["data"]["root"]
+    row = min(read_manifest_records(tree / MANIFEST_NAME), key=lambda r: (r["video_id"], r["start_frame"]))
+    blob = (tree / row["path"]).read_bytes()
+    for shard in sorted(dest.glob("*.bin")):
+        raw = bytearray(shard.read_bytes())
+        at = raw.find(blob)
+        if at >= 0:
+            raw[at + len(blob) // 2] ^= 0xFF
+            shard.write_bytes(bytes(raw))
+            return row["video_id"], row["path"]
+    raise AssertionError("chunk bytes not found in any shard")
+
+
+def test_corrupt_shard_is_named_counted_and_skipped(packed: dict, tmp_path: Path) -> None:
+    """Rows reading the damaged chunk are replaced by other rows of the same video (never its frames), the
+    error names the location, video and chunk; under data.on_error=raise the first one stops the read."""
+    from dataclasses import replace
+
+    from avion_ds.data.errors import DataError
+
+    location = tmp_path / "bad"
+    video, chunk = _corrupt_copy(packed, location)
+    ds = _open(packed, "train", str(location))
+    ref = _reference(packed, "train")
+    failed = []
+    for item in ds:
+        if item["skipped"]:
+            failed.append(item["failed_reason"])
+        assert torch.equal(item["frames"], ref[item["index"]]["frames"])  # the frames of the row it names
+    assert failed and ds.errors >= len(failed)
+    assert f"{location}:{video}/{chunk}" in failed[0] and "sha256" in failed[0]
+
+    strict = _open(packed, "train", str(location))
+    strict.clips.cfg = replace(strict.clips.cfg, on_error="raise")
+    with pytest.raises(DataError, match="sha256"):
+        for _ in strict:
+            pass
