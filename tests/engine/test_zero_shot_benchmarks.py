@@ -1,8 +1,11 @@
 """Zero-shot benchmarks are objects the task asks (``tasks/zero_shot/benchmarks.py``): each set's metric keys,
-targets and report; an unknown set is one line; a plugin-registered set is used with no change to the task.
+targets and report; a dataset declares its protocol kind, the task names no dataset; an unknown set is one
+line; a plugin-registered kind named by a dataset is used with no change to the task.
 The metric values themselves are checked against LaViLa's formulas in tests/engine/test_zero_shot.py."""
 
 from __future__ import annotations
+
+import dataclasses
 
 import numpy as np
 import pytest
@@ -10,6 +13,7 @@ import torch
 
 import avion_ds.tasks  # noqa: F401 - registers the tasks
 from avion_ds.config import ConfigError, recipe_from_dict
+from avion_ds.data.datasets import registry
 from avion_ds.tasks.registry import get_task
 from avion_ds.tasks.zero_shot import benchmarks as zb
 from avion_ds.tasks.zero_shot.task import ZEROSHOT_DEFAULTS, benchmark
@@ -22,8 +26,10 @@ def _recipe(val_dataset: str):
 
 def test_registered_sets() -> None:
     assert zb.zero_shot_benchmarks() == ("epic", "egtea", "charades_ego")
+    kinds = {"epic": "epic_actions", "egtea": "single_label", "charades_ego": "multi_label_map"}
     for name in zb.zero_shot_benchmarks():
-        assert benchmark(_recipe(name)).name == name
+        bench = benchmark(_recipe(name))
+        assert (bench.name, bench.kind) == (name, kinds[name])
 
 
 def test_unknown_set_is_one_line() -> None:
@@ -66,18 +72,24 @@ def test_charades_map_and_classes_without_positives() -> None:
 
 
 def test_plugin_benchmark_is_used(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(zb, "_BENCHMARKS", dict(zb._BENCHMARKS))
+    monkeypatch.setattr(zb, "_KINDS", dict(zb._KINDS))
+    specs = dict(registry._SPECS)
+    monkeypatch.setattr(registry, "_SPECS", specs)
 
     @zb.register_zero_shot_benchmark
-    class Kinetics(zb.ZeroShotBenchmark):
-        name = "kinetics"
+    class TopOne(zb.ZeroShotBenchmark):
+        kind = "top1_only"
         metrics_text = "top-1 only"
 
         def results(self, scores, labels):
             return {"top1": float((scores[self.name].argmax(1) == labels).float().mean() * 100)}, {"k": 1}
 
+    specs["kinetics"] = dataclasses.replace(specs["kinetics"], zero_shot="top1_only")  # as its class would declare
     recipe = _recipe("kinetics")
     get_task("zeroshot").validate_recipe(recipe)
     assert benchmark(recipe).results({"kinetics": torch.eye(2)}, torch.tensor([0, 0])) == ({"top1": 50.0}, {"k": 1})
-    with pytest.raises(ValueError, match="needs a name"):
-        zb.register_zero_shot_benchmark(type("Nameless", (zb.ZeroShotBenchmark,), {}))
+    with pytest.raises(ValueError, match="needs a kind"):
+        zb.register_zero_shot_benchmark(type("Kindless", (zb.ZeroShotBenchmark,), {}))
+    specs["kinetics"] = dataclasses.replace(specs["kinetics"], zero_shot="nobody_registered")
+    with pytest.raises(ConfigError, match=r"^data.val_dataset='kinetics': dataset 'kinetics': zero_shot_protocol="):
+        get_task("zeroshot").validate_recipe(_recipe("kinetics"))

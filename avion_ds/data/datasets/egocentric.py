@@ -154,6 +154,7 @@ class EgteaDataset(_PaddedClips):
     """EGTEA Gaze+ test clips (see module doc); label = the class index."""
 
     dataset_name = "egtea"
+    zero_shot_protocol = "single_label"  # LaViLa: one 106-way head, mean class accuracy and top-1
     label_names = staticmethod(egtea_class_names)
     check_paths = staticmethod(check_class_list)  # data.class_list, when set
 
@@ -208,6 +209,7 @@ class CharadesEgoDataset(RowTable):
     """Charades-Ego untrimmed test videos (see module doc); label = multi-hot float (classes,)."""
 
     dataset_name = "charades_ego"
+    zero_shot_protocol = "multi_label_map"  # LaViLa: mAP over the classes with positives
     label_names = staticmethod(charades_class_names)
     check_paths = staticmethod(check_class_list)  # data.class_list, when set
     past_end_note = "decoded from real frames clamped to the last one; LaViLa feeds an all-zero clip for them"

@@ -143,6 +143,7 @@ class EpicDataset(RowTable):
     ``epic.label: action`` {"action"}: the id of (verb, noun) in AVION's map (``self.action_map``)."""
 
     dataset_name = "epic"
+    zero_shot_protocol = "epic_actions"  # LaViLa: verb and noun heads, and the verb:noun action head
     eval_protocols: ClassVar[dict[str, Protocol]] = {  # eval.protocol=epic: what a published number means
         "epic": Protocol(
             "",

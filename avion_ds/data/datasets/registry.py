@@ -78,6 +78,9 @@ class DatasetSpec:
     label_names: Callable[[DataConfig, str | None], tuple[list[str], str] | None] | None = None
     # eval.protocol name -> the protocols.Protocol measured on it (k400 on kinetics): what eval.protocol locks
     eval_protocols: Mapping[str, Any] | None = None
+    # the zero-shot protocol its clips are classified with (a kind the zeroshot task registers:
+    # single_label, multi_label_map, epic_actions); None: task=zeroshot does not classify this set
+    zero_shot: str | None = None
     section: type | None = None  # dataclass of its own recipe keys, the recipe section named like the dataset
     section_choices: dict[str, tuple[Any, ...]] | None = None  # allowed values of the section's keys
     section_ranges: dict[str, Range] | None = None  # ranges of the section's keys
@@ -128,6 +131,7 @@ def spec_of_class(cls: type) -> DatasetSpec:
         maps_kinetics710_head=bool(getattr(cls, "maps_kinetics710_head", False)),
         label_names=getattr(cls, "label_names", None),
         eval_protocols=getattr(cls, "eval_protocols", None),
+        zero_shot=getattr(cls, "zero_shot_protocol", None),
         section=getattr(cls, "dataset_section", None),
         section_choices=getattr(cls, "section_choices", None),
         section_ranges=getattr(cls, "section_ranges", None),

@@ -1,10 +1,12 @@
 """Zero-shot benchmarks as objects the task asks: which heads it classifies, how a batch's labels become
-targets, its metrics and what its eval report adds (one ``results`` call) (LaViLa's ``eval_zeroshot.py`` protocol per set).
+targets, its metrics and what its eval report adds (one ``results`` call) (LaViLa's ``eval_zeroshot.py``).
 
-One registered :class:`ZeroShotBenchmark` per evaluated set (``data.val_dataset``, else ``data.dataset``):
-EPIC-100 (verb, noun and LaViLa's action head), EGTEA Gaze+ (mean class accuracy, top-1) and Charades-Ego
-(mAP). A plugin adds a set with ``@register_zero_shot_benchmark`` on a subclass; nothing in the task
-compares the set's name.
+A dataset declares the protocol its clips are classified with (``zero_shot_protocol`` of its class,
+``DatasetSpec.zero_shot``); this module registers the protocols by kind: ``single_label`` (EGTEA Gaze+:
+mean class accuracy, top-1), ``multi_label_map`` (Charades-Ego: mAP) and ``epic_actions`` (EPIC-100: verb,
+noun and LaViLa's action head). The evaluated set (``data.val_dataset``, else ``data.dataset``) gets an
+instance named after it; a plugin adds a kind with ``@register_zero_shot_benchmark`` on a subclass and a
+dataset that names it. Nothing here or in the task names a dataset.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from avion_ds.data.datasets.registry import lookup, registered_names
 from avion_ds.tasks.common.action_head_metrics import confusion_mean_accuracy_percent
 from avion_ds.tasks.zero_shot.classes import (
     ClassSet,
@@ -31,11 +34,15 @@ Scores = dict[str, torch.Tensor]  # head -> (rows, classes)
 
 
 class ZeroShotBenchmark:
-    """One evaluated set: its class heads, targets, metrics and report. The base class is a
-    single-label set whose class names come from the dataset (``dataset.class_names``)."""
+    """One evaluated set (``name``, the dataset's) under a protocol ``kind``: its class heads, targets,
+    metrics and report. The base class is a single-label set whose class names come from the dataset
+    (``dataset.class_names``), one head named like the set."""
 
-    name: str = ""
+    kind: str = ""
     metrics_text: str = "top-1 / top-5 / mean class accuracy"
+
+    def __init__(self, name: str) -> None:
+        self.name = name
 
     def adjust_recipe(self, recipe: Recipe) -> None:
         """Recipe fixes this set needs before anything is built (none by default)."""
@@ -76,25 +83,48 @@ def head_accuracies(scores: Scores, targets: dict[str, torch.Tensor], prefix: bo
     return out
 
 
-_BENCHMARKS: dict[str, ZeroShotBenchmark] = {}
+_KINDS: dict[str, type[ZeroShotBenchmark]] = {}
 
 
 def register_zero_shot_benchmark(cls: type[ZeroShotBenchmark]) -> type[ZeroShotBenchmark]:
-    """Class decorator: make ``cls`` the zero-shot protocol of the set named ``cls.name``."""
-    if not cls.name:
-        raise ValueError(f"{cls.__name__}: a zero-shot benchmark needs a name")
-    _BENCHMARKS[cls.name] = cls()
+    """Class decorator: make ``cls`` the zero-shot protocol of kind ``cls.kind`` (a dataset names it)."""
+    if not cls.kind:
+        raise ValueError(f"{cls.__name__}: a zero-shot benchmark needs a kind")
+    _KINDS[cls.kind] = cls
     return cls
 
 
+def zero_shot_kinds() -> tuple[str, ...]:
+    """The registered protocol kinds, in registration order."""
+    return tuple(_KINDS)
+
+
 def zero_shot_benchmark(name: str) -> ZeroShotBenchmark | None:
-    """The registered benchmark for a dataset name; None when zero-shot does not classify that set."""
-    return _BENCHMARKS.get(name)
+    """The benchmark of the dataset registered as ``name`` (its declared kind); None when that set
+    declares none, or is not registered. KeyError (naming both) for a kind nobody registered."""
+    try:
+        kind = lookup(name).zero_shot
+    except ValueError:  # not a registered dataset
+        return None
+    if kind is None:
+        return None
+    if kind not in _KINDS:
+        raise KeyError(f"dataset {name!r}: zero_shot_protocol={kind!r} is not one of {', '.join(_KINDS)}")
+    return _KINDS[kind](name)
 
 
 def zero_shot_benchmarks() -> tuple[str, ...]:
-    """Names of the sets zero-shot classifies, in registration order."""
-    return tuple(_BENCHMARKS)
+    """Names of the registered sets zero-shot classifies (those that declare a protocol), in registration order."""
+    return tuple(n for n in registered_names() if lookup(n).zero_shot is not None)
+
+
+@register_zero_shot_benchmark
+class SingleLabelBenchmark(ZeroShotBenchmark):
+    """One head named like the set, its class names from the dataset (EGTEA Gaze+, LaViLa's
+    ``get_mean_accuracy``)."""
+
+    kind = "single_label"
+    metrics_text = "mean class accuracy and top-1 (LaViLa get_mean_accuracy), top-5"
 
 
 @register_zero_shot_benchmark
@@ -102,7 +132,7 @@ class EpicBenchmark(ZeroShotBenchmark):
     """EPIC-100: verb and noun heads from the class CSVs; LaViLa's action head (the string-sorted
     ``verb:noun`` pairs of the train + validation CSVs, each prompted with its narrations)."""
 
-    name = "epic"
+    kind = "epic_actions"
     metrics_text = "top-1 / top-5 / mean class accuracy (sklearn confusion matrix without labels=) per head"
 
     def adjust_recipe(self, recipe: Recipe) -> None:
@@ -148,18 +178,10 @@ def epic_targets(labels: dict[str, torch.Tensor], action_ids: dict[str, int]) ->
 
 
 @register_zero_shot_benchmark
-class EgteaBenchmark(ZeroShotBenchmark):
-    """EGTEA Gaze+: one 106-way head, mean class accuracy and top-1 (LaViLa's ``get_mean_accuracy``)."""
+class MultiLabelMapBenchmark(ZeroShotBenchmark):
+    """Multi-label, mAP over the classes with positives (Charades-Ego, LaViLa's ``charades_map``)."""
 
-    name = "egtea"
-    metrics_text = "mean class accuracy and top-1 (LaViLa get_mean_accuracy), top-5"
-
-
-@register_zero_shot_benchmark
-class CharadesEgoBenchmark(ZeroShotBenchmark):
-    """Charades-Ego: multi-label, mAP over the classes with positives (LaViLa's ``charades_map``)."""
-
-    name = "charades_ego"
+    kind = "multi_label_map"
     metrics_text = "mAP over classes with positives (LaViLa charades_map)"
 
     def results(self, scores: Scores, labels: Any) -> tuple[dict[str, float], dict[str, Any]]:

@@ -50,7 +50,10 @@ def benchmark_name(recipe: Recipe) -> str:
 def benchmark(recipe: Recipe) -> ZeroShotBenchmark:
     """The evaluated set's zero-shot protocol; ConfigError (one line) for a set zero-shot does not classify."""
     name = benchmark_name(recipe)
-    found = zero_shot_benchmark(name)
+    try:
+        found = zero_shot_benchmark(name)
+    except KeyError as e:
+        raise ConfigError(f"data.val_dataset={name!r}: {e.args[0]}") from None
     if found is None:
         raise ConfigError(
             f"data.val_dataset={name!r}: task=zeroshot classifies {', '.join(zero_shot_benchmarks())} clips"
