@@ -340,6 +340,37 @@ CASES: list[Case] = [
     # patch dropout (FLIP): a fraction in [0, 1)
     ("patch_dropout_one", "train", "cls", ["model.patch_dropout=1.0"], None, [], ["model.patch_dropout=1.0"]),
     ("patch_dropout_negative", "train", "contrastive", ["model.patch_dropout=-0.1"], None, [], ["model.patch_dropout"]),
+    # run-length tokenization: a threshold in [0, 1), a backend with a packed form, not with token merging
+    ("rlt_threshold_one", "train", "cls", ["model.rlt_threshold=1.0"], None, [], ["model.rlt_threshold=1.0", "[0, 1)"]),
+    ("rlt_threshold_negative", "train", "contrastive", ["model.rlt_threshold=-0.1"], None, [], ["model.rlt_threshold"]),
+    (
+        "rlt_eager",
+        "train",
+        "contrastive",
+        ["model.rlt_threshold=0.1", "model.attn_backend=eager"],
+        None,
+        [],
+        ["model.rlt_threshold=0.1", "'eager'"],
+    ),
+    (
+        "rlt_flash_without_flash_attn",
+        "train",
+        "cls",
+        ["model.rlt_threshold=0.1", "model.attn_backend=flash"],
+        None,
+        [],
+        ["model.attn_backend='flash' cannot run here", "allowed here: auto, sdpa"],
+    ),
+    (
+        "rlt_token_merge",
+        "train",
+        "cls",
+        ["model.rlt_threshold=0.1", "model.token_merge=2"],
+        None,
+        [],
+        ["model.rlt_threshold=0.1", "model.token_merge=2"],
+    ),
+    ("eval_rlt_threshold_one", "eval", "contrastive", ["model.rlt_threshold=1.0"], None, [], ["model.rlt_threshold"]),
     # chunk --index-only
     ("index_only_missing_src", "chunk", "", [], None, ["--index-only", "/nope/tree"], ["/nope/tree"]),
     ("index_only_file_src", "chunk", "", [], None, ["--index-only", "@file"], ["not a directory"]),

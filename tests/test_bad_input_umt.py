@@ -65,6 +65,7 @@ CASES: list[tuple[str, list[str], list[str]]] = [
     ),
     ("teacher_model_not_dual", ["umt.teacher_model=vit_test_tiny"], ["umt.teacher_model='vit_test_tiny'"]),
     ("patch_dropout", ["model.patch_dropout=0.5"], ["model.patch_dropout=0.5", "visible tokens"]),
+    ("rlt", ["model.rlt_threshold=0.1"], ["model.rlt_threshold=0.1", "visible tokens"]),
     (
         "teacher_grid",
         ["umt.clip_input_resolution=32"],

@@ -188,6 +188,38 @@ def validate(recipe: Recipe) -> None:
         raise ConfigError(
             f"model.patch_dropout={recipe.model.patch_dropout!r}: the fraction of patches dropped, in [0, 1)"
         )
+    _check_rlt(recipe)
     tubelet = recipe.model.tubelet_size
     if tubelet is not None and (tubelet <= 0 or recipe.data.num_frames % tubelet):
         raise ConfigError(f"data.num_frames={recipe.data.num_frames} is not divisible by model.tubelet_size={tubelet}")
+
+
+def _check_rlt(recipe: Recipe) -> None:
+    """``model.rlt_threshold``: a number in [0, 1); with it on, a backend that packs clips of different lengths
+    (not eager), no token merging, no patch dropout, no ``model.compile`` (token counts change every step)."""
+    m = recipe.model
+    value = m.rlt_threshold
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 <= value < 1.0:
+        raise ConfigError(f"model.rlt_threshold={value!r}: expected a number in [0, 1) (0 is off)")
+    if not value:
+        return
+    if m.attn_backend == "eager":
+        raise ConfigError(
+            f"model.rlt_threshold={value!r} with model.attn_backend='eager': clips of different lengths need "
+            "packed attention (sdpa on nested tensors, or flash-attn's varlen kernel); use auto, sdpa or flash"
+        )
+    if m.token_merge != 0:
+        raise ConfigError(
+            f"model.rlt_threshold={value!r} with model.token_merge={m.token_merge!r}: token merging needs the same "
+            "token count in every clip; use one of the two"
+        )
+    if m.patch_dropout:
+        raise ConfigError(
+            f"model.rlt_threshold={value!r} with model.patch_dropout={m.patch_dropout!r}: both drop patches; "
+            "use one of the two"
+        )
+    if m.compile:
+        raise ConfigError(
+            f"model.rlt_threshold={value!r} with model.compile=true: the packed token count changes every step "
+            "(a recompile each time); turn one off"
+        )

@@ -41,6 +41,9 @@ class ModelConfig:
     # FLIP patch dropout: this fraction of the patch tokens dropped at random in training (evaluation sees all)
     patch_dropout: float = 0.0
     plan_may_drop_patches: bool = False  # avion-ds plan may turn patch dropout on when nothing fits without it
+    # run-length tokenization (RLT): patches that repeat the previous tubelet's (mean |difference| of the normalised
+    # clip not above this) dropped, in training and evaluation; 0 = off; the paper's default 0.1 (docs/models.md)
+    rlt_threshold: float = 0.0
     head_label_map: str = (
         "auto"  # auto: a 710-row (Kinetics-710) head -> Kinetics-400/600/700 rows by VideoMAE V2's map | none
     )

@@ -79,6 +79,9 @@ class ArchInfo:
     drop_path_schedule: str = "linear"  # linear: rate 0 in block 0; uniform: every block drops
     text: TextInfo | None = None  # the text tower of a dual encoder
     token_merge: tuple[int, ...] = ()  # tokens merged after each block (memory/merging.py); () = none
+    # run-length tokenization: its token count depends on the clip, so the estimate is the worst case (no patch
+    # dropped: the dense count) plus its own small saves (keep mask, run lengths, packed layout)
+    rlt: bool = False
 
 
 @dataclass(frozen=True)
@@ -159,6 +162,7 @@ def arch_info(model: nn.Module | str, frames: int | None = None, size: int | Non
         drop_path_rate=float(getattr(arch, "drop_path_rate", 0.0)),
         drop_path_schedule=str(getattr(arch, "drop_path_schedule", "linear")),
         token_merge=tuple(arch.merge_schedule) if getattr(arch, "merges", False) else (),
+        rlt=bool(getattr(arch, "rlt", False)),
     )
 
 
@@ -239,6 +243,8 @@ def activation_bytes_per_clip(
 
     A model that merges tokens (``info.token_merge``) counts its blocks per block instead, each on its
     own token count, with the merges' saves (``memory/merging.py``); the pooling sees the last count.
+    Run-length tokenization (``info.rlt``) keeps a number of tokens that depends on the clip: counted at
+    the worst case, no patch dropped, plus 17 bytes a token for its keep mask, run lengths and packed layout.
     Activations do not depend on ZeRO stage or offload. Scales linearly with micro-batch.
     """
     s = DTYPE_BYTES[as_dtype(dtype)]
@@ -264,6 +270,8 @@ def activation_bytes_per_clip(
         blocks = (info.depth - c) * block + c * checkpointed_block_bytes(info, tokens, s, backend, policy)
         last = tokens
     body = blocks + info.in_chans * frames * size * size * s
+    if info.rlt:  # worst case, every patch kept: the keep mask (bool), run lengths and each token's clip (int64)
+        body += 17 * tokens
     if info.layout != "clip":
         tail = (last * d * s + d * s + 2 * s) if info.pool == "cls" else (2 * d * s + 2 * s)
         return body + tail

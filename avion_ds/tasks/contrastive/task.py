@@ -78,6 +78,8 @@ def _encoder_kwargs(recipe: Recipe) -> dict[str, Any]:
         own["token_merge"] = m.token_merge
     if m.patch_dropout:  # the video tower's, in training
         own["patch_dropout"] = m.patch_dropout
+    if m.rlt_threshold:  # the video tower's, in training and evaluation; off: the registered model exactly
+        own["rlt_threshold"] = m.rlt_threshold
     return own | {
         "num_frames": d.num_frames,
         "img_size": d.size,
@@ -151,7 +153,7 @@ class ContrastiveTask(Task):
         except ValueError as e:
             raise ConfigError(f"model: {e}") from None
         with torch.device("meta"):
-            model = create_model(name, pretrained=None, **{**kw, "attn_backend": "eager"})
+            model = create_model(name, pretrained=None, **{**kw, "attn_backend": "sdpa"})
         return ModelSummary(name, count_params(model), model_flops(arch) / 1e9, arch.vision.grid)
 
     def build_model(

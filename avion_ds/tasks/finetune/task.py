@@ -71,6 +71,8 @@ def model_kwargs(recipe: Recipe) -> dict[str, Any]:
         kw["token_merge"] = m.token_merge
     if m.patch_dropout:
         kw["patch_dropout"] = m.patch_dropout
+    if m.rlt_threshold:  # off: the registered model exactly
+        kw["rlt_threshold"] = m.rlt_threshold
     if m.heads is not None:
         kw["heads"] = dict(m.heads)
     else:
@@ -145,8 +147,9 @@ class FinetuneTask(Task):
             arch = registered_arch(name, **kw)
         except ValueError as e:  # ViTArch.validate: one line naming the field
             raise ConfigError(f"model: {e}") from None
-        with torch.device("meta"):  # parameters only: the backend (checked in check_runtime) changes none
-            model = create_model(name, pretrained=None, **{**kw, "attn_backend": "eager"})
+        with torch.device("meta"):  # parameters only: the backend (checked in check_runtime) changes none; sdpa
+            # builds with every option (eager has no packed form for run-length tokenization)
+            model = create_model(name, pretrained=None, **{**kw, "attn_backend": "sdpa"})
         return ModelSummary(name, count_params(model), model_flops(arch) / 1e9, arch.grid)
 
     def build_model(

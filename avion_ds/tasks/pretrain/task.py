@@ -128,6 +128,11 @@ class PretrainTask(Task):
                 f"model.patch_dropout={recipe.model.patch_dropout!r}: masked pretraining already hides "
                 "pretrain.mask_ratio of the patches; patch dropout is a fine-tuning / contrastive option"
             )
+        if recipe.model.rlt_threshold:
+            raise ConfigError(
+                f"model.rlt_threshold={recipe.model.rlt_threshold!r}: masked pretraining already hides "
+                "pretrain.mask_ratio of the patches; run-length tokenization is a fine-tuning / contrastive option"
+            )
         for key, value in (
             ("pretrain.mask_ratio", p.mask_ratio),
             ("pretrain.decoder_mask_ratio", p.decoder_mask_ratio),

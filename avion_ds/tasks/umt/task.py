@@ -153,6 +153,11 @@ class UMTTask(Task):
                 f"model.patch_dropout={recipe.model.patch_dropout!r}: the UMT student already sees only the visible "
                 "tokens of umt.mask_ratio; patch dropout is a fine-tuning / contrastive option"
             )
+        if recipe.model.rlt_threshold:
+            raise ConfigError(
+                f"model.rlt_threshold={recipe.model.rlt_threshold!r}: the UMT student already sees only the "
+                "visible tokens of umt.mask_ratio; run-length tokenization is a fine-tuning / contrastive option"
+            )
         if not u.teacher:
             raise ConfigError("umt.teacher is required: the CLIP weights (a file or a dual-encoder run) to distil")
         check_geometry(recipe)

@@ -1,0 +1,184 @@
+"""Run-length tokenization in the video ViT (``rlt_threshold``): a clip without static patches gives the
+model's output without RLT, a packed batch of clips with different kept counts gives each clip's output
+alone and the dense blocks' output on the kept tokens, gradients reach every parameter, and the recipe key
+reaches the fine-tuning model and the dual encoder's video tower (refused where masking hides patches)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from avion_ds.config import ConfigError
+from avion_ds.models import create_model
+from avion_ds.models.rlt import run_lengths
+from avion_ds.tasks import load_recipe
+from tests.models.test_rlt import normalised, piecewise_static
+
+GEOMETRY = {"num_frames": 8, "img_size": 32}  # 4 tubelets of 2x2 patches: 16 patch tokens
+# features of unit scale; packed (nested-tensor) attention vs dense differs by float32 summation order only
+# (measured: at most 3.6e-7 on features of magnitude 2)
+TOL = {"rtol": 1e-5, "atol": 1e-5}
+
+
+def _pair(name: str, **kw) -> tuple[torch.nn.Module, torch.nn.Module]:
+    """The model without RLT and the same weights with it (its length table random, so runs matter)."""
+    torch.manual_seed(0)
+    plain = create_model(name, **GEOMETRY, **kw).eval()
+    rlt = create_model(name, **GEOMETRY, rlt_threshold=0.1, **kw).eval()
+    missing, unexpected = rlt.load_state_dict(plain.state_dict(), strict=False)
+    assert not unexpected and all("rlt_embed" in k for k in missing), (missing, unexpected)
+    return plain, rlt
+
+
+def _video(model: torch.nn.Module) -> torch.nn.Module:
+    return getattr(model, "visual", model)
+
+
+def _three_kinds() -> torch.Tensor:
+    """uint8 clips (3, 3, 8, 32, 32): nothing static, static parts, static after the first frame."""
+    frames = piecewise_static(3, 8, seed=4, p_static=0.85)
+    frames[0] = torch.randint(0, 256, frames[0].shape, generator=torch.Generator().manual_seed(3), dtype=torch.uint8)
+    frames[2] = frames[2, :, :1].expand_as(frames[2])
+    return frames
+
+
+def _randomise_lengths(model: torch.nn.Module) -> None:
+    with torch.no_grad():
+        _video(model).rlt_embed.table.weight.normal_(std=0.5)
+
+
+@pytest.mark.parametrize("name", ["vit_test_tiny", "clip_vit_test_tiny"])  # mean pooling; CLIP layout, cls
+def test_a_clip_without_static_patches_gives_the_output_without_rlt(name: str) -> None:
+    plain, rlt = _pair(name, **({"num_classes": 5} if name.startswith("vit") else {}))
+    x = torch.randn(2, 3, 8, 32, 32)
+    assert bool(_video(rlt).rlt_keep(x).all())  # nothing static: every patch kept, runs of 1
+    with torch.no_grad():
+        want, got = _video(plain).forward_features(x), _video(rlt).forward_features(x)
+    torch.testing.assert_close(got, want, **TOL)
+
+
+@pytest.mark.parametrize("name", ["vit_test_tiny", "clip_vit_test_tiny"])
+def test_a_packed_batch_equals_each_clip_alone(name: str) -> None:
+    _, rlt = _pair(name)
+    _randomise_lengths(rlt)
+    video = _video(rlt)
+    x = normalised(_three_kinds())
+    kept = video.rlt_keep(x).flatten(1).sum(1)
+    assert len(set(kept.tolist())) == 3, kept  # every patch, some, the first tubelet's only
+    with torch.no_grad():
+        batch = video.forward_features(x)
+        alone = torch.cat([video.forward_features(x[i : i + 1]) for i in range(3)])
+    torch.testing.assert_close(batch, alone, **TOL)
+
+
+def test_the_packed_model_equals_the_dense_blocks_on_the_kept_tokens() -> None:
+    """Each clip: its kept tokens (own position + run-length embedding) through the dense blocks, mean, head."""
+    _, model = _pair("vit_test_tiny", num_classes=5)
+    _randomise_lengths(model)
+    x = normalised(piecewise_static(3, 8, seed=5, p_static=0.85))
+    keep = model.rlt_keep(x)
+    with torch.no_grad():
+        got = model.forward_features(x)
+        tokens = model.patch_embed(x) + model.patch_positions()
+        tokens = tokens + model.rlt_embed.table(run_lengths(keep).flatten(1))
+        for i in range(3):
+            t = tokens[i][keep[i].flatten()].unsqueeze(0)
+            for blk in model.blocks:
+                t = blk(t)
+            want = model.fc_norm(t.mean(dim=1))
+            torch.testing.assert_close(got[i : i + 1], want, **TOL)
+
+
+def test_an_explicit_keep_mask_is_used_and_checked() -> None:
+    _, model = _pair("vit_test_tiny", num_classes=5)
+    frames = piecewise_static(2, 8, seed=6, p_static=0.85)
+    x = normalised(frames)
+    keep = model.rlt_keep(frames)  # from the uint8 clip: the same mask
+    assert torch.equal(keep, model.rlt_keep(x))
+    with torch.no_grad():
+        torch.testing.assert_close(model(x, keep), model(x), rtol=0, atol=0)
+        seen = model.forward_features(x, torch.ones_like(keep))
+        assert not torch.allclose(seen, model.forward_features(x), **TOL)  # the mask decides what is seen
+    with pytest.raises(ValueError, match="keep expected bool"):
+        model(x, keep[:, 1:])
+    plain = create_model("vit_test_tiny", **GEOMETRY)
+    with pytest.raises(ValueError, match="rlt_threshold=0"):
+        plain(x, keep)
+
+
+@pytest.mark.parametrize("name", ["vit_test_tiny", "clip_vit_test_tiny"])
+def test_gradients_reach_every_parameter_in_training(name: str) -> None:
+    torch.manual_seed(1)
+    model = create_model(name, **GEOMETRY, rlt_threshold=0.1, drop_path_rate=0.5).train()
+    video = _video(model)
+    x = normalised(piecewise_static(3, 8, seed=7, p_static=0.85))
+    assert int(run_lengths(video.rlt_keep(x)).max()) > 1
+    out = video(x)
+    out.float().pow(2).mean().backward()
+    missing = [n for n, p in video.named_parameters() if p.requires_grad and p.grad is None]
+    assert not missing, missing
+    assert float(video.rlt_embed.table.weight.grad.abs().sum()) > 0  # the run lengths are learned
+    assert float(video.patch_embed.proj.weight.grad.abs().sum()) > 0
+
+
+_FINETUNE = ["model.name=vit_test_tiny", "data.dataset=kinetics", "model.num_classes=5", "data.num_frames=4"]
+_FINETUNE += ["data.size=32"]
+_CLIP = ["task=contrastive", "model.name=clip_vit_test_tiny"]
+
+
+def test_the_recipe_key_reaches_the_models() -> None:
+    from avion_ds.tasks.contrastive.task import _encoder_kwargs
+    from avion_ds.tasks.finetune.task import model_kwargs
+
+    assert "rlt_threshold" not in model_kwargs(load_recipe(None, _FINETUNE))  # off: the registered model exactly
+    kw = model_kwargs(load_recipe(None, [*_FINETUNE, "model.rlt_threshold=0.1"]))
+    assert kw["rlt_threshold"] == 0.1
+    assert create_model("vit_test_tiny", **kw).arch.rlt_threshold == 0.1
+    clip = _encoder_kwargs(load_recipe(None, [*_CLIP, "model.rlt_threshold=0.1"]))
+    assert create_model("clip_vit_test_tiny", **clip).visual.rlt_embed is not None
+
+
+@pytest.mark.parametrize(
+    "sets,message",
+    [
+        (["model.rlt_threshold=1.0"], r"^model.rlt_threshold=1.0: expected a number in \[0, 1\)"),
+        (["model.rlt_threshold=-0.1"], r"^model.rlt_threshold=-0.1: expected a number in \[0, 1\)"),
+        (["model.rlt_threshold=0.1", "model.attn_backend=eager"], r"^model.rlt_threshold=0.1 with .*'eager'"),
+        (["model.rlt_threshold=0.1", "model.token_merge=2"], r"^model.rlt_threshold=0.1 with model.token_merge=2"),
+        (["model.rlt_threshold=0.1", "model.patch_dropout=0.5"], r"^model.rlt_threshold=0.1 with model.patch_dr"),
+        (["model.rlt_threshold=0.1", "model.compile=true"], r"^model.rlt_threshold=0.1 with model.compile=true"),
+    ],
+)
+def test_bad_combinations_are_one_config_error(sets: list[str], message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        load_recipe(None, [*_FINETUNE, *sets])
+
+
+def test_masked_pretraining_refuses_rlt() -> None:
+    with pytest.raises(ConfigError, match=r"^model.rlt_threshold=0.1: masked pretraining already hides"):
+        load_recipe(None, ["task=pretrain", "model.name=pretrain_videomae_test_tiny", "model.rlt_threshold=0.1"])
+
+
+def test_the_backend_for_packed_clips(monkeypatch: pytest.MonkeyPatch) -> None:
+    from avion_ds.models import attention
+
+    assert attention.resolve_backend("auto", "cpu", torch.float32, 32, packed=True) == "sdpa"
+    with pytest.raises(RuntimeError, match="eager attention has no packed form"):
+        attention.resolve_backend("eager", "cpu", torch.float32, 32, packed=True)
+    with pytest.raises(ValueError, match="rlt_threshold=0.1: attn_backend=.eager. has no packed form"):
+        create_model("vit_test_tiny", **GEOMETRY, rlt_threshold=0.1, attn_backend="eager")
+    monkeypatch.setattr(attention, "flash_available", lambda: True)
+    monkeypatch.setattr(attention, "flash_varlen_available", lambda: False)
+    with pytest.raises(RuntimeError, match="no varlen kernel"):
+        attention.check_backend_request("flash", packed=True)
+
+
+def test_the_memory_estimate_is_the_worst_case() -> None:
+    from avion_ds.memory.estimate import activation_bytes_per_clip, arch_info
+
+    plain = arch_info(create_model("vit_test_tiny", **GEOMETRY))
+    info = arch_info(create_model("vit_test_tiny", **GEOMETRY, rlt_threshold=0.1))
+    assert info.rlt and not plain.rlt
+    dense = activation_bytes_per_clip(plain, 8, 32, torch.float32)
+    worst = activation_bytes_per_clip(info, 8, 32, torch.float32)
+    assert worst == dense + 17 * 16  # every patch kept, plus the mask, run lengths and packed layout
