@@ -39,7 +39,7 @@ def build_loader(
     A shard dataset (``data.shards``: :mod:`avion_ds.data.shards`) gets litdata's ``StreamingDataLoader``:
     the dataset itself splits shards between ranks and workers and shuffles from its seed."""
     if getattr(dataset, "streams_shards", False):
-        return _shard_loader(dataset, batch_size, workers, drop_last)
+        return _shard_loader(dataset, batch_size, workers, seed, drop_last)
     if distributed:
         if not (dist.is_available() and dist.is_initialized()):
             raise RuntimeError("build_loader(distributed=True) needs torch.distributed to be initialised first")
@@ -65,10 +65,15 @@ def build_loader(
     )
 
 
-def _shard_loader(dataset: Dataset, batch_size: int, workers: int, drop_last: bool) -> DataLoader:
-    """litdata's StreamingDataLoader over a shard dataset (its ``state_dict()`` is the exact mid-epoch position)."""
+def _shard_loader(dataset: Dataset, batch_size: int, workers: int, seed: int, drop_last: bool) -> DataLoader:
+    """litdata's StreamingDataLoader over a shard dataset (its ``state_dict()`` is the exact mid-epoch position).
+
+    Its worker seeds come from its own generator, never the global RNG: litdata starts the iterator at the
+    first batch, which a resumed run reaches after restoring the global RNG (a draw there would shift it)."""
     from litdata import StreamingDataLoader  # lazy: litdata is the [stream] extra, loaded for shard datasets only
 
+    gen = torch.Generator()
+    gen.manual_seed(seed)
     kwargs = {"worker_init_fn": _seed_worker} if workers > 0 else {}
     return StreamingDataLoader(
         dataset,
@@ -76,6 +81,7 @@ def _shard_loader(dataset: Dataset, batch_size: int, workers: int, drop_last: bo
         num_workers=workers,
         drop_last=drop_last,
         pin_memory=torch.cuda.is_available(),
+        generator=gen,
         **kwargs,
     )
 

@@ -36,12 +36,9 @@ from litdata.streaming.item_loader import Interval, PyTreeLoader
 from litdata.streaming.resolver import Dir
 
 from avion_ds.config import DataConfig
-from avion_ds.data.crop import clip_rng
 from avion_ds.data.decode.base import MemoryVideo
 from avion_ds.data.prep.manifest import Chunk, VideoEntry
-from avion_ds.data.prep.pack import ROWS_KEY
-
-REMOTE_PREFIXES = ("http://", "https://", "s3://")
+from avion_ds.data.prep.pack import ROWS_KEY, shard_problem
 
 
 class HttpDownloader(Downloader):
@@ -104,17 +101,6 @@ class RowItemLoader(PyTreeLoader):
         return {"item": item, "row": local - (acc[k - 1] if k else 0), "index": int(index)}
 
 
-def shard_problem(location: str) -> str | None:
-    """One line when a local shard location is missing or has no ``index.json`` (start-up check), else None."""
-    if location.startswith(REMOTE_PREFIXES):
-        return None
-    if not Path(location).is_dir():
-        return f"data.shards: directory not found: {location}"
-    if not (Path(location) / "index.json").is_file():
-        return f"data.shards: {location} has no index.json (not written by avion-ds pack)"
-    return None
-
-
 class _ShardRows:
     """Mixin over a registered dataset class: rows and chunk bytes come from the current shard item."""
 
@@ -154,7 +140,8 @@ class _ShardRows:
         return self._item[0], int(row[0]), int(row[1]), row[2]
 
     def row_name(self, i: int) -> str:
-        return str(self._item[1][i][3])
+        row = self._item[1].get(i) if self._item else None
+        return str(row[3]) if row else f"{self.split} sample {i}"
 
     def chunk_problem(self, chunk: Chunk) -> str | None:
         src = self._sources[chunk.path]
@@ -265,6 +252,18 @@ class ShardClipDataset(StreamingDataset):
         """Bad samples met so far, in this process and its DataLoader workers."""
         return self.clips.errors
 
+    def __getattr__(self, name: str) -> Any:
+        """What the training and evaluation loops ask a dataset (``startup_line``, ``label_heads``, ...):
+        the clip dataset's answer."""
+        clips = self.__dict__.get("clips")
+        if clips is None or name.startswith("__"):
+            raise AttributeError(name)
+        return getattr(clips, name)
+
+    def startup_line(self) -> str:
+        """The start-up log line: samples (annotation rows) of this split in the shards, and where they are."""
+        return f"{self.clips.split}: {len(self)} samples from the shards at {self.location}"
+
     def set_clip_epoch(self, epoch: int) -> None:
         """The clip and crop draws' epoch (litdata's own epoch orders the shards)."""
         self.clips.set_epoch(epoch)
@@ -284,14 +283,15 @@ def open_shards(
     shuffle: bool | None = None,
     sections: Any = None,
     cache_dir: str | None = None,
+    views: tuple[int, int] = (1, 1),
 ) -> ShardClipDataset:
     """The clips of ``split`` read from the shards at ``location`` (local dir, http(s)://, s3://) as the
     recipe's dataset (``cfg.dataset``, its own keys from ``sections``) makes them; ``cache_dir``: where
-    litdata keeps downloaded shards (default: its own cache). ValueError (one line) for a local location
+    litdata keeps downloaded shards (default: its own cache); ``views``: (temporal, spatial) eval views. ValueError (one line) for a local location
     without shards, a dataset that is not a registered class, or shards packed without rows."""
     from avion_ds.data.datasets.build import split_view  # lazy: the registry imports every dataset
 
-    problem = shard_problem(location)
+    problem = shard_problem(location, (split,))
     if problem:
         raise ValueError(problem)
     spec, view = split_view(cfg, split, sections)
@@ -300,7 +300,7 @@ def open_shards(
     from dataclasses import replace
 
     view = replace(view, quarantine="none")  # quarantine lists name chunk-tree files, not shard items
-    return ShardClipDataset(location, spec.build, view, split, seed, shuffle, cache_dir=cache_dir)
+    return ShardClipDataset(location, spec.build, view, split, seed, shuffle, *views, cache_dir=cache_dir)
 
 
-__all__ = ["HttpDownloader", "RowItemLoader", "ShardClipDataset", "clip_rng", "open_shards", "shard_problem"]
+__all__ = ["HttpDownloader", "RowItemLoader", "ShardClipDataset", "open_shards", "shard_problem"]

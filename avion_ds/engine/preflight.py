@@ -21,6 +21,7 @@ from avion_ds.data.datasets.registry import DatasetSpec
 from avion_ds.data.errors import DataError
 from avion_ds.data.prep.manifest import MANIFEST_NAME, check_chunk_file
 from avion_ds.data.prep.manifest_index import load_manifest
+from avion_ds.data.prep.pack import shard_problem
 from avion_ds.distributed.ds_config import torch_dtype
 from avion_ds.distributed.ds_plan import DSPlan
 from avion_ds.engine.parallelize import schedule_bounds
@@ -46,6 +47,11 @@ def check_data_paths(recipe: Recipe, need_train: bool = True) -> None:
     """Every data path the recipe names must exist; the error names the key and the path. The dataset of
     each split is asked once for what it may leave empty and for its own files (``check_paths``)."""
     d = recipe.data
+    if d.shards:  # rows and clips come from the shards (avion-ds pack --config): nothing else is read
+        problem = shard_problem(d.shards, ("train", "val") if need_train else ("val",))
+        if problem:
+            raise ConfigError(problem)
+        return
     _check_path("data.root", d.root, "dir", optional=False)
     for split in ("train", "val") if need_train else ("val",):
         spec, view = split_view(d, split, recipe.sections)
@@ -89,6 +95,8 @@ def _check_manifest(key: str, root: str) -> dict:
 def check_data_layout(recipe: Recipe, need_train: bool = True) -> dict[str, int]:
     """Chunk manifest present, annotation headers right, labels within the heads; returns rows per split."""
     d = recipe.data
+    if d.shards:  # the annotation files stay with the packer; labels are checked where the shards were packed
+        return {}
     if d.chunked:
         _check_manifest("data.root", d.root)
         if d.val_root:
@@ -114,8 +122,8 @@ def check_chunk_sample(ds: Any, key: str, rows: int = CHUNK_SAMPLE_ROWS) -> None
     each, nothing decoded). Refused in one line naming ``key`` when every sampled row is hit (a wrong or
     half-copied root) or under ``data.on_error: raise``; otherwise the count and the first file go into
     ``ds.chunk_problems`` and the start-up summary, and training skips those samples (named once, counted)."""
-    if not ds.cfg.chunked or not len(ds):
-        return
+    if getattr(ds, "streams_shards", False) or not ds.cfg.chunked or not len(ds):
+        return  # shard datasets check each chunk's sha256 as it is read
     picks = sorted({i * len(ds) // min(rows, len(ds)) for i in range(min(rows, len(ds)))})
     problems: list[str] = []
     for i in picks:

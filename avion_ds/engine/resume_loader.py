@@ -1,11 +1,15 @@
 """Resuming inside an epoch: the epoch's loader, started ``skip`` samples into its (already
-epoch-seeded) sampler, so a resumed run reads exactly the samples the interrupted one had left."""
+epoch-seeded) sampler, so a resumed run reads exactly the samples the interrupted one had left. A shard
+loader (``data.shards``: litdata's StreamingDataLoader) restores the position its ``state_dict()`` saved
+with the checkpoint instead (:func:`shard_epoch`)."""
 
 from __future__ import annotations
 
 from typing import Any
 
 import torch
+
+from avion_ds.data.loader import set_epoch
 
 
 class _SkipSampler(torch.utils.data.Sampler):
@@ -46,3 +50,17 @@ def loader_skipping(loader: torch.utils.data.DataLoader, skip_samples: int) -> t
             multiprocessing_context=loader.multiprocessing_context,
         )
     return torch.utils.data.DataLoader(loader.dataset, sampler=_SkipSampler(loader.sampler, skip_samples), **kw)
+
+
+def shard_epoch(loader: Any, epoch: int, position: dict[str, Any] | None) -> Any:
+    """The shard ``loader`` at the start of ``epoch``, or at ``position`` (its ``state_dict()`` saved with a
+    mid-epoch checkpoint of that epoch): litdata then skips what every rank and worker had read."""
+    if position is not None:
+        if int(position.get("current_epoch", -1)) != epoch + 1:  # litdata counts its epochs from 1
+            raise ValueError(
+                f"the checkpoint's shard loader position is of epoch {int(position.get('current_epoch', 0)) - 1}, "
+                f"not of the resumed epoch {epoch}"
+            )
+        loader.load_state_dict(position)
+    set_epoch(loader, epoch)
+    return loader

@@ -35,7 +35,7 @@ from avion_ds.engine import ema
 from avion_ds.engine import run_checkpoints as ckpt
 from avion_ds.engine.accum import poison_nonfinite, step_window
 from avion_ds.engine.parallelize import Parallelized
-from avion_ds.engine.resume_loader import loader_skipping
+from avion_ds.engine.resume_loader import loader_skipping, shard_epoch
 from avion_ds.engine.schedule import decayed_weight_decay
 from avion_ds.engine.train_state import (
     LogInterval,
@@ -83,6 +83,8 @@ class Trainer:
         self.consecutive = 0  # non-finite micro-batches in a row (not saved: a resume starts at 0)
         self._window, self._interval = StepWindow(), LogInterval()
         self._pending_rng: dict[str, Any] | None = None  # restored once the resumed epoch's loader started
+        self._shard_loader: Any = None  # data.shards: the training loader, whose position checkpoints keep
+        self._shard_position: dict[str, Any] | None = None  # its position in a resumed checkpoint
         self._params = list(engine.module.parameters())  # walking the module tree costs ~1 ms a step
         self.ema = ema.build(engine, recipe)  # None unless ema.decay > 0
         self._first_t0: float | None = None  # model.compile: the first step's time goes into the log
@@ -300,6 +302,8 @@ class Trainer:
     def client_state(self) -> dict[str, Any]:
         """What a checkpoint stores besides DeepSpeed's own state (rng is added by ``ckpt.save``)."""
         client: dict[str, Any] = {**self.state.state_dict(), "model": ckpt.model_identity(self.recipe)}
+        if self._shard_loader is not None and self.state.step_in_epoch:  # mid-epoch: litdata's exact position
+            client["shard_loader"] = self._shard_loader.state_dict()
         sched = self.engine.lr_scheduler
         if sched is not None and hasattr(sched, "state_dict"):
             client["scheduler"] = sched.state_dict()
@@ -336,6 +340,7 @@ class Trainer:
                 ckpt.checkpoint_dir(self.recipe.output_dir) / client["tag"], self.recipe.model.trust_checkpoint
             )
         self._pending_rng = client["rng"]
+        self._shard_position = client.get("shard_loader")
         sched = self.engine.lr_scheduler
         if sched is not None and "scheduler" in client:
             sched.load_state_dict(client["scheduler"])
@@ -399,7 +404,13 @@ class Trainer:
             data.train_loader.sampler.set_epoch(st.epoch)
         first = st.step_in_epoch
         skip = first * self.engine.gradient_accumulation_steps() * self.engine.train_micro_batch_size_per_gpu()
-        loader = data.train_loader if first == 0 else loader_skipping(data.train_loader, skip)
+        if getattr(data.train_set, "streams_shards", False):
+            position, self._shard_position = (self._shard_position if first else None), None
+            if first and position is None:
+                raise ValueError("data.shards: the checkpoint holds no shard loader position to resume mid-epoch from")
+            loader = self._shard_loader = shard_epoch(data.train_loader, st.epoch, position)
+        else:
+            loader = data.train_loader if first == 0 else loader_skipping(data.train_loader, skip)
         it = iter(loader)
         if self._pending_rng is not None:  # after the iterator drew its worker seeds, as the first run did
             set_rng_state(self._pending_rng)

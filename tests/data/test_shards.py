@@ -217,3 +217,25 @@ def test_corrupt_shard_is_named_counted_and_skipped(packed: dict, tmp_path: Path
     with pytest.raises(DataError, match="sha256"):
         for _ in strict:
             pass
+
+
+def test_train_from_shards_resumes_mid_epoch_exactly(packed: dict, tmp_path: Path) -> None:
+    """`avion-ds train` with data.shards (no chunk tree, no annotation file named): 3 steps uninterrupted, and
+    1 step, a checkpoint (holding the shard loader's position), then a resume to step 3: the same losses
+    per step, so the same samples in each step (one DataLoader worker)."""
+    from tests.helpers.launch import launch
+    from tests.helpers.recipes import losses, write_recipe
+
+    shards = {"shards": str(packed["shards"]), "root": "", "train_csv": "", "val_csv": "", "workers": 1}
+
+    def train(run: Path, steps: int) -> None:
+        recipe = write_recipe(run.with_suffix(".yaml"), packed["data"], run, data={"decode_timeout_s": 0.0, **shards})
+        done = launch(["--config", recipe, "--exit-after-steps", str(steps)], nprocs=1, launcher="python")
+        assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+
+    whole, cut = tmp_path / "whole", tmp_path / "cut"
+    train(whole, 3)
+    train(cut, 1)
+    train(cut, 3)
+    assert sorted(losses(whole)) == [1, 2, 3]
+    assert losses(cut) == losses(whole)

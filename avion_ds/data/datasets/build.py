@@ -86,6 +86,11 @@ def build_dataset(
     sections: Sections = None,
 ) -> VideoClipDataset:
     """The dataset registered as ``cfg.dataset`` for ``split`` (train | val); the val split is a
-    ``cfg.val_dataset`` one when that is set. ``sections``: the recipe's, holding the dataset's own keys."""
+    ``cfg.val_dataset`` one when that is set. ``sections``: the recipe's, holding the dataset's own keys.
+    With ``data.shards`` the same dataset reads its rows and clips from the shards there."""
+    if cfg.shards:  # litdata shards written by `avion-ds pack --config` (lazy: litdata is the [stream] extra)
+        from avion_ds.data.shards import open_shards
+
+        return open_shards(cfg.shards, cfg, split, seed, sections=sections, views=(temporal_views, spatial_views))
     spec, view = split_view(cfg, split, sections)
     return spec.build(view, split, temporal_views, spatial_views, seed)

@@ -213,6 +213,10 @@ def pick_decoder(cfg: DataConfig, run_dir: str | Path | None = None, resume: boo
         if name in names:
             return name, f"data.decoder=auto -> {name} (recorded in {record}; resumed runs keep it)"
         log.warning("%s names decoder %r, which is not available here; probing again", record, name)
+    if getattr(cfg, "shards", ""):  # the chunks are inside shards: nothing on disk to probe
+        msg = f"data.decoder=auto -> {names[0]} (data.shards: no chunk files to probe; the first available backend)"
+        log.info(msg)
+        return names[0], msg
     tried = []
     for path, frames, h, w in _probe_videos(cfg):  # a file no backend decodes is bad data, not a verdict
         key = (path, Path(path).stat().st_mtime_ns, cfg.size, tuple(names))

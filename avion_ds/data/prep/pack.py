@@ -32,6 +32,29 @@ PACKABLE_KINDS = ("class", "none")  # label kinds whose labels are fixed per row
 Rows = dict[str, dict[str, list[list[Any]]]]  # split -> video id -> [start, end, label, name, sample] rows
 
 
+REMOTE_PREFIXES = ("http://", "https://", "s3://")
+
+
+def shard_problem(location: str, splits: tuple[str, ...] = ("train", "val")) -> str | None:
+    """One line naming ``data.shards`` when a local location has no shards with rows of ``splits`` (a missing
+    directory or index.json, shards packed without --config), else None; remote locations are read by litdata."""
+    if location.startswith(REMOTE_PREFIXES):
+        return None
+    index_path = Path(location) / "index.json"
+    if not Path(location).is_dir():
+        return f"data.shards: directory not found: {location}"
+    if not index_path.is_file():
+        return f"data.shards: {location} has no index.json (write shards with `avion-ds pack TREE {location}`)"
+    try:
+        chunks = json.loads(index_path.read_text())["chunks"]
+    except (ValueError, KeyError, TypeError) as e:
+        return f"data.shards: {index_path} is not a litdata index ({type(e).__name__}: {e})"
+    missing = [s for s in splits if not chunks or any(s not in (c.get(ROWS_KEY) or {}) for c in chunks)]
+    if missing:
+        return f"data.shards: {index_path} holds no {'/'.join(missing)} rows (pack with --config RECIPE)"
+    return None
+
+
 def video_groups(tree: str | Path) -> list[list[dict]]:
     """The manifest rows of ``tree`` grouped per video, each group in start-frame order."""
     groups: dict[str, list[dict]] = {}
