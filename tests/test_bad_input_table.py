@@ -6,6 +6,7 @@ opened (the chunk files are empty placeholders the start-up checks only stat).""
 
 from __future__ import annotations
 
+import json
 import pickle
 from collections.abc import Callable
 from pathlib import Path
@@ -161,6 +162,16 @@ def _ego_short_row(f: dict) -> None:
 
 def _mir_csv_latin1(f: dict) -> None:
     f["val"]["csv"].write_bytes((MIR_HEADER + "mtest_0,P01,v0,0,0,1,caf\xe9\n").encode("latin-1"))
+
+
+def _shards_without_index(f: dict) -> None:
+    (f["tmp"] / "shards").mkdir()
+
+
+def _shards_without_rows(f: dict) -> None:
+    (f["tmp"] / "shards").mkdir()
+    index = {"chunks": [{"filename": "chunk-0-0.bin", "chunk_size": 1}], "config": {}}
+    (f["tmp"] / "shards" / "index.json").write_text(json.dumps(index))
 
 
 # (id, command, recipe, --set overrides, preparation, extra argv, substrings the line must hold)
@@ -377,6 +388,27 @@ CASES: list[Case] = [
     # pack
     ("pack_missing_tree", "pack", "", [], None, ["/nope/tree", "/nope/out"], ["/nope/tree"]),
     ("pack_bad_size", "pack", "", [], None, ["@tree", "/nope/out", "--shard-bytes", "0"], ["--shard-bytes=0"]),
+    # litdata shards (data.shards, avion-ds pack --config)
+    ("shards_dir_missing", "train", "cls", ["data.shards=@tmp/shards"], None, [], ["data.shards", "not found"]),
+    (
+        "shards_without_index",
+        "train",
+        "cls",
+        ["data.shards=@tmp/shards"],
+        _shards_without_index,
+        [],
+        ["data.shards", "no index.json"],
+    ),
+    (
+        "shards_without_rows",
+        "train",
+        "cls",
+        ["data.shards=@tmp/shards"],
+        _shards_without_rows,
+        [],
+        ["data.shards", "index.json", "train/val rows", "--config"],
+    ),
+    ("pack_narrations", "pack", "", [], None, ["@tree", "@tmp/out", "--config", "@file"], ["narration", "pack"]),
     # eval --tag best
     ("eval_tag_best_without_best_json", "eval", "contrastive", [], None, ["--tag", "best"], ["best", "best.json"]),
 ]
@@ -386,6 +418,7 @@ def _argv(case: Case, f: dict) -> list[str]:
     _, command, recipe, sets, _, extra, _ = case
     extra = [str(f["recipes"]["contrastive"]) if x == "@file" else x for x in extra]
     extra = [str(placeholder_chunks(f["tmp"] / "tree")) if x == "@tree" else x for x in extra]
+    extra = [x.replace("@tmp", str(f["tmp"])) for x in extra]
     if command in ("chunk", "pack"):
         return extra
     argv = [*extra]
@@ -400,7 +433,7 @@ def _argv(case: Case, f: dict) -> list[str]:
         (run / "recipe.yaml").write_text(f["recipes"][recipe].read_text())
         argv = ["--checkpoint", str(run), *extra]
     for s in sets:
-        argv += ["--set", s]
+        argv += ["--set", s.replace("@tmp", str(f["tmp"]))]
     return argv
 
 
