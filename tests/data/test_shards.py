@@ -239,3 +239,35 @@ def test_train_from_shards_resumes_mid_epoch_exactly(packed: dict, tmp_path: Pat
     train(cut, 3)
     assert sorted(losses(whole)) == [1, 2, 3]
     assert losses(cut) == losses(whole)
+
+
+def test_masked_pretraining_clips_from_shards(packed: dict, tmp_path: Path) -> None:
+    """The unlabelled videos' dataset (masked pretraining on a folder of videos, the demo's recipe): packed with
+    its recipe, the shards give the chunk tree's clips and masks, each clip of each video once per epoch."""
+    from dataclasses import replace
+
+    from avion_ds.cli.pack import main
+    from avion_ds.data.datasets.build import build_dataset
+    from avion_ds.data.shards import open_shards
+    from avion_ds.tasks import load_recipe
+    from avion_ds.tasks.pretrain.task import mask_spec
+
+    recipe_path = Path(__file__).resolve().parents[2] / "launch" / "recipes" / "pretrain_demo_cpu.yaml"
+    sets = ["videos.clips_per_video=3", "data.decode_timeout_s=0", f"data.root={packed['data']['root']}"]
+    out = tmp_path / "shards"
+    argv = [str(packed["data"]["root"]), str(out), "--config", str(recipe_path)]
+    assert main(argv + [x for s in sets for x in ("--set", s)]) == 0
+    recipe = load_recipe(recipe_path, sets)
+    for split, epoch in (("train", 2), ("val", 0)):
+        ref = build_dataset(recipe.data, split, seed=SEED, sections=recipe.sections)
+        ds = open_shards(str(out), replace(recipe.data, root=""), split, seed=SEED, sections=recipe.sections)
+        ref.masks = ds.masks = mask_spec(recipe)
+        ref.set_epoch(epoch)
+        ds.set_clip_epoch(epoch)
+        seen = []
+        for item in ds:
+            want = ref[item["index"]]
+            seen.append(item["index"])
+            assert torch.equal(item["frames"], want["frames"]), (split, item["index"])
+            assert all(torch.equal(item["label"][k], want["label"][k]) for k in want["label"]), split
+        assert sorted(seen) == list(range(len(ref))), split
