@@ -36,7 +36,9 @@ from litdata.streaming.item_loader import Interval, PyTreeLoader
 from litdata.streaming.resolver import Dir
 
 from avion_ds.config import DataConfig
-from avion_ds.data.decode.base import MemoryVideo
+from avion_ds.data.crop import clip_rng
+from avion_ds.data.decode.base import MemoryVideo, reason
+from avion_ds.data.errors import DataError
 from avion_ds.data.prep.manifest import Chunk, VideoEntry
 from avion_ds.data.prep.pack import ROWS_KEY, shard_problem
 
@@ -269,10 +271,46 @@ class ShardClipDataset(StreamingDataset):
         self.clips.set_epoch(epoch)
 
     def __getitem__(self, index: Any) -> Any:
-        found = super().__getitem__(index)
+        shard = getattr(index, "chunk_index", None)
+        bad = self.__dict__.setdefault("_bad_shards", {})
+        try:
+            if shard in bad:
+                raise bad[shard]
+            found = super().__getitem__(index)
+        except Exception as e:  # noqa: BLE001 - litdata could not read the shard (truncated, unreadable)
+            if shard is not None and shard not in bad:
+                bad[shard] = DataError(f"{self._shard_name(shard)}: shard cannot be read ({reason(e)})")
+            return self._unreadable(index, bad.get(shard) or DataError(f"{self.location}: {reason(e)}"))
         if not isinstance(found, dict) or "item" not in found:
             return found
+        self.__dict__["_last_found"] = found
         return self.clips[self.clips.use_item(found, self.location)]
+
+    def _shard_name(self, shard: int) -> str:
+        """The shard file of litdata's chunk ``shard`` at this location (for messages)."""
+        try:
+            chunks = json.loads((Path(self.input_dir.path) / "index.json").read_text())["chunks"]
+            return f"{self.location.rstrip('/')}/{chunks[shard]['filename']}"
+        except (OSError, ValueError, KeyError, IndexError, TypeError):
+            return f"{self.location} (shard {shard})"
+
+    def _unreadable(self, index: Any, err: DataError) -> dict:
+        """A sample of an unreadable shard: fatal under ``on_error: raise``, else counted and replaced by a row
+        of the last video this process read (DataError when there is none yet)."""
+        c, i = self.clips, int(getattr(index, "index", index))
+        last = self.__dict__.get("_last_found")
+        if c.cfg.on_error == "raise" or last is None:
+            if c.defer_errors:
+                return c._placeholder(i, str(err))
+            raise err
+        c._count_error()
+        c.use_item(last, self.location)
+        ids = c._item[2]
+        item = c[ids[int(clip_rng(c.seed, c.epoch, i, 1000).integers(len(ids)))]]
+        item.update(skipped=item["skipped"] + 1, failed_index=i, failed_reason=str(err))
+        if c.defer_errors:
+            item["bad"] = "\n".join(filter(None, [str(err), item.get("bad", "")]))
+        return item
 
 
 def open_shards(

@@ -271,3 +271,30 @@ def test_masked_pretraining_clips_from_shards(packed: dict, tmp_path: Path) -> N
             assert torch.equal(item["frames"], want["frames"]), (split, item["index"])
             assert all(torch.equal(item["label"][k], want["label"][k]) for k in want["label"]), split
         assert sorted(seen) == list(range(len(ref))), split
+
+
+def test_truncated_shard_is_named_counted_and_skipped(packed: dict, tmp_path: Path) -> None:
+    """A shard cut short (a partial copy): each of its rows is replaced by a row read before it, counted, and
+    the reason names the shard file; under data.on_error=raise the read stops naming it."""
+    from dataclasses import replace
+
+    from avion_ds.data.errors import DataError
+
+    location = tmp_path / "cut"
+    shutil.copytree(packed["shards"], location)
+    index = json.loads((location / "index.json").read_text())
+    last = index["chunks"][-1]
+    shard = location / last["filename"]
+    shard.write_bytes(shard.read_bytes()[: shard.stat().st_size // 2])
+    ds = _open(packed, "train", str(location), shuffle=False)  # shard order as written: the cut one last
+    items = list(ds)
+    assert len(items) == len(_reference(packed, "train"))
+    failed = [it["failed_reason"] for it in items if it["skipped"]]
+    assert len(failed) == sum(last["avion_rows"]["train"]) == ds.errors
+    assert all(f"{location}/{last['filename']}: shard cannot be read" in f for f in failed), failed[0]
+
+    strict = _open(packed, "train", str(location), shuffle=False)
+    strict.clips.cfg = replace(strict.clips.cfg, on_error="raise")
+    with pytest.raises(DataError, match=last["filename"]):
+        for _ in strict:
+            pass
