@@ -7,7 +7,7 @@ import sys
 
 from avion_ds.cli.args import Parser
 from avion_ds.config import ConfigError, add_override_option
-from avion_ds.data.prep.pack import DEFAULT_SHARD_BYTES
+from avion_ds.data.prep.pack import DEFAULT_SHARD_BYTES, annotation_rows, pack_tree
 
 
 def _parser() -> Parser:
@@ -36,12 +36,9 @@ def main(argv: list[str] | None = None) -> int:
     """``avion-ds pack TREE OUT``; exit 2 on a missing tree, recipe or annotation file, or a bad size (one line)."""
     a = _parser().parse_args(argv)
     try:
-        # lazy: litdata (the [stream] extra) and the recipe's dataset load only for pack
-        from avion_ds.data.prep.pack import annotation_rows, pack_tree
-
         rows = None
         if a.config is not None or a.overrides:
-            from avion_ds.tasks import load_recipe
+            from avion_ds.tasks import load_recipe  # lazy: the recipe's tasks load torch; a plain pack needs none
 
             recipe = load_recipe(a.config, [*a.overrides, f"data.root={a.tree}", "data.chunked=true", "data.shards="])
             rows, problems = annotation_rows(recipe.data, recipe.sections)

@@ -40,7 +40,7 @@ from avion_ds.data.crop import clip_rng
 from avion_ds.data.decode.base import MemoryVideo, reason
 from avion_ds.data.errors import DataError
 from avion_ds.data.prep.manifest import Chunk, VideoEntry
-from avion_ds.data.prep.pack import ROWS_KEY, shard_problem
+from avion_ds.data.prep.shard_index import ROWS_KEY
 
 
 class HttpDownloader(Downloader):
@@ -313,32 +313,4 @@ class ShardClipDataset(StreamingDataset):
         return item
 
 
-def open_shards(
-    location: str,
-    cfg: DataConfig,
-    split: str = "train",
-    seed: int = 0,
-    shuffle: bool | None = None,
-    sections: Any = None,
-    cache_dir: str | None = None,
-    views: tuple[int, int] = (1, 1),
-) -> ShardClipDataset:
-    """The clips of ``split`` read from the shards at ``location`` (local dir, http(s)://, s3://) as the
-    recipe's dataset (``cfg.dataset``, its own keys from ``sections``) makes them; ``cache_dir``: where
-    litdata keeps downloaded shards (default: its own cache); ``views``: (temporal, spatial) eval views. ValueError (one line) for a local location
-    without shards, a dataset that is not a registered class, or shards packed without rows."""
-    from avion_ds.data.datasets.build import split_view  # lazy: the registry imports every dataset
-
-    problem = shard_problem(location, (split,))
-    if problem:
-        raise ValueError(problem)
-    spec, view = split_view(cfg, split, sections)
-    if not isinstance(spec.build, type):
-        raise TypeError(f"data.dataset={spec.name!r}: not a dataset class; data.shards reads class datasets only")
-    from dataclasses import replace
-
-    view = replace(view, quarantine="none")  # quarantine lists name chunk-tree files, not shard items
-    return ShardClipDataset(location, spec.build, view, split, seed, shuffle, *views, cache_dir=cache_dir)
-
-
-__all__ = ["HttpDownloader", "RowItemLoader", "ShardClipDataset", "open_shards", "shard_problem"]
+__all__ = ["HttpDownloader", "RowItemLoader", "ShardClipDataset"]

@@ -21,7 +21,7 @@ from avion_ds.data.datasets.registry import DatasetSpec
 from avion_ds.data.errors import DataError
 from avion_ds.data.prep.manifest import MANIFEST_NAME, check_chunk_file
 from avion_ds.data.prep.manifest_index import load_manifest
-from avion_ds.data.prep.pack import shard_problem
+from avion_ds.data.prep.shard_index import shard_problem
 from avion_ds.distributed.ds_config import torch_dtype
 from avion_ds.distributed.ds_plan import DSPlan
 from avion_ds.engine.parallelize import schedule_bounds

@@ -46,7 +46,7 @@ def packed(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
 
 
 def _open(packed: dict, split: str, location: str | None = None, **kw: Any):
-    from avion_ds.data.shards import open_shards
+    from avion_ds.data.datasets.build import open_shards
 
     r = packed["recipe"]
     return open_shards(location or str(packed["shards"]), r.data, split, seed=SEED, sections=r.sections, **kw)
@@ -247,8 +247,7 @@ def test_masked_pretraining_clips_from_shards(packed: dict, tmp_path: Path) -> N
     from dataclasses import replace
 
     from avion_ds.cli.pack import main
-    from avion_ds.data.datasets.build import build_dataset
-    from avion_ds.data.shards import open_shards
+    from avion_ds.data.datasets.build import build_dataset, open_shards
     from avion_ds.tasks import load_recipe
     from avion_ds.tasks.pretrain.task import mask_spec
 

@@ -19,6 +19,7 @@ from avion_ds.data.datasets import epic, kinetics, ssv2, videos, ego4d, epic_mir
 # isort: on
 from avion_ds.data.datasets.registry import DatasetSpec, lookup, registered_names, unknown_dataset, view_config
 from avion_ds.data.datasets.video_clips import VideoClipDataset
+from avion_ds.data.prep.shard_index import shard_problem
 
 # a recipe's registered sections (``recipe.sections``): where a dataset's own keys are read
 Sections = Mapping[str, Any] | None
@@ -88,9 +89,35 @@ def build_dataset(
     """The dataset registered as ``cfg.dataset`` for ``split`` (train | val); the val split is a
     ``cfg.val_dataset`` one when that is set. ``sections``: the recipe's, holding the dataset's own keys.
     With ``data.shards`` the same dataset reads its rows and clips from the shards there."""
-    if cfg.shards:  # litdata shards written by `avion-ds pack --config` (lazy: litdata is the [stream] extra)
-        from avion_ds.data.shards import open_shards
-
+    if cfg.shards:  # litdata shards written by `avion-ds pack --config`
         return open_shards(cfg.shards, cfg, split, seed, sections=sections, views=(temporal_views, spatial_views))
     spec, view = split_view(cfg, split, sections)
     return spec.build(view, split, temporal_views, spatial_views, seed)
+
+
+def open_shards(
+    location: str,
+    cfg: DataConfig,
+    split: str = "train",
+    seed: int = 0,
+    shuffle: bool | None = None,
+    sections: Sections = None,
+    cache_dir: str | None = None,
+    views: tuple[int, int] = (1, 1),
+) -> Any:
+    """The clips of ``split`` read from the shards at ``location`` (a local dir, http(s)://, s3://) as the
+    recipe's dataset (``cfg.dataset``, its own keys from ``sections``) makes them: a litdata
+    ``StreamingDataset`` (:class:`avion_ds.data.shards.ShardClipDataset`) to iterate or to pass to
+    ``build_loader``. ``shuffle``: default for training only; ``cache_dir``: where downloaded shards go;
+    ``views``: (temporal, spatial) eval views. ValueError (one line) for a local location without shards
+    with rows of ``split``; TypeError for a dataset that is not a registered class."""
+    from avion_ds.data.shards import ShardClipDataset  # lazy: litdata is the [stream] extra
+
+    problem = shard_problem(location, (split,))
+    if problem:
+        raise ValueError(problem)
+    spec, view = split_view(cfg, split, sections)
+    if not isinstance(spec.build, type):
+        raise TypeError(f"data.dataset={spec.name!r}: not a dataset class; data.shards reads class datasets only")
+    view = replace(view, quarantine="none")  # quarantine lists name chunk-tree files, not shard items
+    return ShardClipDataset(location, spec.build, view, split, seed, shuffle, *views, cache_dir=cache_dir)

@@ -21,38 +21,15 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from avion_ds.data.errors import DataError
 from avion_ds.data.prep.manifest import MANIFEST_NAME, dedupe_records, read_manifest_records
+from avion_ds.data.prep.shard_index import ROW_LOADER, ROWS_KEY
 
 log = logging.getLogger(__name__)
 DEFAULT_SHARD_BYTES = 1 << 30  # ~1 GiB per shard
-ROWS_KEY = "avion_rows"  # per shard entry of index.json: split -> rows of each of its items
-ROW_LOADER = "RowItemLoader"  # the item loader litdata must read row-carrying shards with
 PACKABLE_KINDS = ("class", "none")  # label kinds whose labels are fixed per row (JSON): class indices, none
 
 Rows = dict[str, dict[str, list[list[Any]]]]  # split -> video id -> [start, end, label, name, sample] rows
-
-
-REMOTE_PREFIXES = ("http://", "https://", "s3://")
-
-
-def shard_problem(location: str, splits: tuple[str, ...] = ("train", "val")) -> str | None:
-    """One line naming ``data.shards`` when a local location has no shards with rows of ``splits`` (a missing
-    directory or index.json, shards packed without --config), else None; remote locations are read by litdata."""
-    if location.startswith(REMOTE_PREFIXES):
-        return None
-    index_path = Path(location) / "index.json"
-    if not Path(location).is_dir():
-        return f"data.shards: directory not found: {location}"
-    if not index_path.is_file():
-        return f"data.shards: {location} has no index.json (write shards with `avion-ds pack TREE {location}`)"
-    try:
-        chunks = json.loads(index_path.read_text())["chunks"]
-    except (ValueError, KeyError, TypeError) as e:
-        return f"data.shards: {index_path} is not a litdata index ({type(e).__name__}: {e})"
-    missing = [s for s in splits if not chunks or any(s not in (c.get(ROWS_KEY) or {}) for c in chunks)]
-    if missing:
-        return f"data.shards: {index_path} holds no {'/'.join(missing)} rows (pack with --config RECIPE)"
-    return None
 
 
 def video_groups(tree: str | Path) -> list[list[dict]]:
@@ -86,7 +63,6 @@ def annotation_rows(cfg: Any, sections: Mapping[str, Any] | None = None) -> tupl
     dataset resolves it); a row the dataset cannot resolve (unknown video, bad times) is left out and listed
     in ``problems``. ValueError for a dataset whose labels are drawn per epoch (narrations, retrieval)."""
     from avion_ds.data.datasets.build import split_view  # lazy: the dataset registry loads torch and decoders
-    from avion_ds.data.errors import DataError
 
     out: Rows = {}
     problems: list[str] = []
