@@ -297,3 +297,34 @@ def test_truncated_shard_is_named_counted_and_skipped(packed: dict, tmp_path: Pa
     with pytest.raises(DataError, match=last["filename"]):
         for _ in strict:
             pass
+
+
+def test_ranks_read_disjoint_rows_and_a_world_change_resumes(packed: dict, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two ranks (litdata reads WORLD_SIZE / GLOBAL_RANK) read disjoint rows, as many batches each; a position
+    saved on one rank resumes on two (litdata's elastic resume): disjoint again, nothing of the first part is
+    read twice beyond litdata's rounding down to whole batches of the new world (at most world x batch - 1)."""
+    from avion_ds.data.loader import build_loader, set_epoch
+
+    def loader() -> Any:
+        return build_loader(_open(packed, "train"), 2, 0, shuffle=True, seed=SEED, drop_last=True, distributed=False)
+
+    cut = loader()
+    set_epoch(cut, 1)
+    done = {i for step in _steps(cut, stop=5) for i in step}
+    state = json.loads(json.dumps(cut.state_dict()))
+    fresh, resumed = {}, {}
+    for rank in (0, 1):
+        monkeypatch.setenv("WORLD_SIZE", "2")
+        monkeypatch.setenv("GLOBAL_RANK", str(rank))
+        whole = loader()
+        set_epoch(whole, 1)
+        fresh[rank] = _steps(whole)
+        again = loader()
+        again.load_state_dict(state)
+        set_epoch(again, 1)
+        resumed[rank] = [i for step in _steps(again) for i in step]
+    assert len(fresh[0]) == len(fresh[1]) > 0
+    assert not {i for s in fresh[0] for i in s} & {i for s in fresh[1] for i in s}
+    assert not set(resumed[0]) & set(resumed[1])
+    assert len(resumed[0]) == len(resumed[1]) > 0
+    assert len((set(resumed[0]) | set(resumed[1])) & done) < 2 * 2
