@@ -114,15 +114,11 @@ class _ShardRows:
         """Make ``found`` (a :class:`RowItemLoader` result) the item :meth:`sample_span` reads; returns its
         row's sample index (the key of its clip and crop draws, as in the chunk-tree dataset)."""
         item, meta = found["item"], json.loads(found["item"]["meta"])
-        data, offset, chunks, self._sources = item["data"], 0, [], {}
+        data, offset, chunks, self._sources = memoryview(item["data"]), 0, [], {}
         for c in meta["chunks"]:
             name = f"{location}:{item['video_id']}/{c['path']}"
-            blob = bytes(data[offset : offset + int(c["bytes"])])
+            self._sources[name] = (data[offset : offset + int(c["bytes"])], int(c["bytes"]), c["sha256"])
             offset += int(c["bytes"])
-            ok = len(blob) == int(c["bytes"]) and hashlib.sha256(blob).hexdigest() == c["sha256"]
-            self._sources[name] = (
-                MemoryVideo(name, blob) if ok else f"{name}: shard bytes differ from their sha256 (corrupt shard)"
-            )
             chunks.append(
                 Chunk(name, int(c["start_frame"]), int(c["frames"]), float(c["fps"]), c["width"], c["height"])
             )
@@ -146,7 +142,16 @@ class _ShardRows:
         return str(row[3]) if row else f"{self.split} sample {i}"
 
     def chunk_problem(self, chunk: Chunk) -> str | None:
+        """The chunk's bytes against their size and sha256 (only the chunks a clip reads are hashed)."""
         src = self._sources[chunk.path]
+        if isinstance(src, tuple):
+            blob, size, digest = src
+            ok = len(blob) == size and hashlib.sha256(blob).hexdigest() == digest
+            src = self._sources[chunk.path] = (
+                MemoryVideo(chunk.path, bytes(blob))
+                if ok
+                else f"{chunk.path}: shard bytes differ from their sha256 (corrupt shard)"
+            )
         return src if isinstance(src, str) else None
 
     def chunk_source(self, path: str) -> MemoryVideo:
