@@ -244,7 +244,10 @@ def activation_bytes_per_clip(
     A model that merges tokens (``info.token_merge``) counts its blocks per block instead, each on its
     own token count, with the merges' saves (``memory/merging.py``); the pooling sees the last count.
     Run-length tokenization (``info.rlt``) keeps a number of tokens that depends on the clip: counted at
-    the worst case, no patch dropped, plus 17 bytes a token for its keep mask, run lengths and packed layout.
+    the worst case, no patch dropped, plus 17 bytes a token for its keep mask, run lengths and packed layout,
+    N D s per un-checkpointed block (the clips' attention outputs, concatenated on CPU, are kept apart from
+    the projection's input; a view on the GPU paths, so there this is an upper bound) and, with mean
+    pooling, N D 4 + 8 (the per-clip mean's float32 source and token count).
     Activations do not depend on ZeRO stage or offload. Scales linearly with micro-batch.
     """
     s = DTYPE_BYTES[as_dtype(dtype)]
@@ -270,8 +273,10 @@ def activation_bytes_per_clip(
         blocks = (info.depth - c) * block + c * checkpointed_block_bytes(info, tokens, s, backend, policy)
         last = tokens
     body = blocks + info.in_chans * frames * size * size * s
-    if info.rlt:  # worst case, every patch kept: the keep mask (bool), run lengths and each token's clip (int64)
-        body += 17 * tokens
+    if info.rlt:  # worst case, every patch kept (models/vit/model.py _rlt_features)
+        body += 17 * tokens  # the keep mask (bool), run lengths and each token's clip (int64)
+        body += (info.depth - c) * tokens * d * s  # packed attention's output apart from the projection's input
+        body += tokens * d * 4 + 8 if info.pool == "mean" else 0  # the per-clip mean's float32 source, count
     if info.layout != "clip":
         tail = (last * d * s + d * s + 2 * s) if info.pool == "cls" else (2 * d * s + 2 * s)
         return body + tail

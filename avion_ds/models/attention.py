@@ -9,15 +9,14 @@ Token merging (``token_merge.py``) adds a per-key bias to the logits (proportion
 flash-attn takes none, so a model that merges runs sdpa under ``auto`` and refuses ``flash``.
 
 Run-length tokenization (``rlt.py``) packs clips of different token counts end to end
-(:func:`packed_attention`): flash-attn's varlen kernel where it can run, else SDPA on nested jagged
-tensors (CPU included); ``eager`` has no packed form and is refused.
+(:func:`packed_attention`): flash-attn's varlen kernel where it can run, else SDPA (on nested jagged
+tensors on CUDA, clip by clip on CPU); ``eager`` has no packed form and is refused.
 """
 
 from __future__ import annotations
 
 import functools
 import logging
-import warnings
 
 import torch
 import torch.nn.functional as F
@@ -165,21 +164,38 @@ def packed_attention(qkv: torch.Tensor, offsets: torch.Tensor, max_len: int, bac
     """Attention over clips packed end to end, each clip attending only to its own tokens.
 
     ``qkv`` (total, 3, H, d); ``offsets`` (B+1,) int64 start of each clip; ``max_len`` >= the longest
-    clip; ``backend`` resolved (flash: the varlen kernel | sdpa: nested jagged tensors) -> (total, H*d)."""
+    clip; ``backend`` resolved -> (total, H*d). flash: the varlen kernel. sdpa: on CUDA, SDPA on nested jagged
+    tensors (its fused kernels take them); on CPU, SDPA clip by clip on the packed tokens' slices, because
+    torch's CPU kernel for nested inputs keeps strided nested tensors for backward, which activation
+    checkpointing and saved-tensor hooks cannot take ("NestedTensorImpl doesn't support sizes"). No padding
+    either way."""
     total, _, H, d = qkv.shape
     if backend == "flash":
         out = _flash_varlen_fn()(qkv, offsets.to(torch.int32), max_len, dropout_p=0.0)  # (total, H, d)
         return out.reshape(total, H * d)
     if backend != "sdpa":
         raise ValueError(f"packed_attention: {NO_PACKED_EAGER}; backend {backend!r}")
+    if qkv.device.type == "cpu":
+        return sdpa_clip_by_clip(qkv, offsets)
+    return sdpa_nested(qkv, offsets, max_len)
+
+
+def sdpa_clip_by_clip(qkv: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
+    """:func:`packed_attention`'s sdpa on CPU: SDPA on each clip's slice of ``qkv`` -> (total, H*d)."""
+    _, _, H, d = qkv.shape
+    clips = qkv.split((offsets[1:] - offsets[:-1]).tolist())  # (n_i, 3, H, d) each; on CPU a read, no sync
+    outs = [F.scaled_dot_product_attention(*c.permute(1, 2, 0, 3).unsqueeze(1).unbind(0)) for c in clips]
+    return torch.cat([o[0].transpose(0, 1).reshape(-1, H * d) for o in outs])
+
+
+def sdpa_nested(qkv: torch.Tensor, offsets: torch.Tensor, max_len: int) -> torch.Tensor:
+    """:func:`packed_attention`'s sdpa on CUDA: SDPA on nested jagged tensors -> (total, H*d)."""
+    total, _, H, d = qkv.shape
     q, k, v = (
         torch.nested.nested_tensor_from_jagged(t.contiguous(), offsets, max_seqlen=max_len).transpose(1, 2)
         for t in qkv.unbind(1)
     )  # each (B, H, j, d); SDPA takes nested inputs only when contiguous before the transpose
-    with warnings.catch_warnings():  # torch's CPU kernel for nested inputs builds a prototype strided nested tensor
-        warnings.filterwarnings("ignore", message="The PyTorch API of nested tensors is in prototype stage")
-        out = F.scaled_dot_product_attention(q, k, v).transpose(1, 2).values()  # (total, H, d)
-    return out.reshape(total, H * d)
+    return F.scaled_dot_product_attention(q, k, v).transpose(1, 2).values().reshape(total, H * d)
 
 
 def attention(qkv: torch.Tensor, backend: str, causal: bool = False, bias: torch.Tensor | None = None) -> torch.Tensor:

@@ -173,12 +173,41 @@ def test_the_backend_for_packed_clips(monkeypatch: pytest.MonkeyPatch) -> None:
         attention.check_backend_request("flash", packed=True)
 
 
-def test_the_memory_estimate_is_the_worst_case() -> None:
+@pytest.mark.parametrize("checkpointing", [False, True])
+def test_the_memory_estimate_is_the_worst_case(checkpointing: bool) -> None:
+    """A clip with nothing static (every patch kept) saves what the estimate says, to 1 %; more than the
+    same model without RLT (its mask, run lengths and packed layout)."""
+    from avion_ds.memory.activations import SavedTensorTracker
     from avion_ds.memory.estimate import activation_bytes_per_clip, arch_info
+    from avion_ds.models.activation_checkpointing import apply_activation_checkpointing
 
+    model = create_model("vit_test_tiny", **GEOMETRY, rlt_threshold=0.1).train()
+    if checkpointing:
+        apply_activation_checkpointing(model, impl="torch")
+    info = arch_info(model)
+    assert info.rlt
+    with SavedTensorTracker(model) as tracker:
+        model(torch.randn(1, 3, 8, 32, 32))
+    worst = activation_bytes_per_clip(info, 8, 32, torch.float32, checkpointing=checkpointing)
+    assert 0.99 * worst <= tracker.stats.bytes <= worst, (tracker.stats.bytes, worst)
     plain = arch_info(create_model("vit_test_tiny", **GEOMETRY))
-    info = arch_info(create_model("vit_test_tiny", **GEOMETRY, rlt_threshold=0.1))
-    assert info.rlt and not plain.rlt
-    dense = activation_bytes_per_clip(plain, 8, 32, torch.float32)
-    worst = activation_bytes_per_clip(info, 8, 32, torch.float32)
-    assert worst == dense + 17 * 16  # every patch kept, plus the mask, run lengths and packed layout
+    assert worst > activation_bytes_per_clip(plain, 8, 32, torch.float32, checkpointing=checkpointing)
+
+
+@pytest.mark.parametrize("policy", ["full", "selective"])
+def test_activation_checkpointing_gives_the_same_step(policy: str) -> None:
+    from avion_ds.models.activation_checkpointing import apply_activation_checkpointing
+
+    torch.manual_seed(2)
+    model = create_model("vit_test_tiny", **GEOMETRY, rlt_threshold=0.1).train()
+    x = normalised(_three_kinds())
+    want = model(x)
+    want.sum().backward()
+    grads = {n: p.grad.clone() for n, p in model.named_parameters()}
+    model.zero_grad()
+    apply_activation_checkpointing(model, impl="torch", policy=policy)
+    got = model(x)
+    got.sum().backward()
+    torch.testing.assert_close(got, want, rtol=0, atol=0)
+    for n, p in model.named_parameters():
+        torch.testing.assert_close(p.grad, grads[n], rtol=1e-6, atol=1e-9, msg=n)
