@@ -151,7 +151,9 @@ def seed_everything(seed: int) -> None:
 def backends_line(model: torch.nn.Module, recipe: Recipe, device: torch.device, dtype: torch.dtype) -> str:
     """Which attention kernel and video decoder actually run (never a silent fallback)."""
     attn = next((m for m in model.modules() if isinstance(m, Attention)), None)
-    a = describe_backend(attn.backend, device, dtype, attn.head_dim, attn.size_bias) if attn is not None else "none"
+    a = "none"
+    if attn is not None:
+        a = describe_backend(attn.backend, device, dtype, attn.head_dim, attn.size_bias, attn.packed)
     d = recipe.data
     where = f"helper process, timeout {d.decode_timeout_s:g} s" if d.decode_timeout_s > 0 else "in-process"
     return f"attention backend {a} | decoder {d.decoder} ({where}, {d.decoder_threads} thread(s) per worker)"

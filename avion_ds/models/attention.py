@@ -132,10 +132,19 @@ def resolve_backend(
 
 
 def describe_backend(
-    requested: str, device: torch.device | str, dtype: torch.dtype, head_dim: int, bias: bool = False
+    requested: str,
+    device: torch.device | str,
+    dtype: torch.dtype,
+    head_dim: int,
+    bias: bool = False,
+    packed: bool = False,
 ) -> str:
-    """The backend that runs for these inputs, and why when ``auto`` did not pick flash (for logs)."""
-    chosen = resolve_backend(requested, device, dtype, head_dim, bias)
+    """The backend that runs for these inputs, and why when ``auto`` did not pick flash (for logs);
+    ``packed``: on clips packed end to end (run-length tokenization), and how."""
+    chosen = resolve_backend(requested, device, dtype, head_dim, bias, packed)
+    if packed:
+        how = {"flash": "varlen kernel", "sdpa": "clip by clip" if torch.device(device).type == "cpu" else "nested"}
+        return f"{chosen} on packed clips ({how.get(chosen, chosen)}; run-length tokenization)"
     if requested == "auto" and bias:
         return f"{chosen} ({NO_BIAS_IN_FLASH})"
     if requested == "auto" and chosen != "flash":
@@ -269,6 +278,7 @@ class Attention(nn.Module):
         self.backend = backend
         self.causal = causal
         self.size_bias = size_bias  # the model merges tokens: logits take a bias, the backend is chosen for it
+        self.packed = packed  # run-length tokenization: clips of different lengths packed end to end
         fused = bool(qkv_bias and k_bias)
         self.qkv = QKVLinear(dim, dim * 3, bias=fused)
         if qkv_bias and not fused:

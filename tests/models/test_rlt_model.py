@@ -163,6 +163,8 @@ def test_the_backend_for_packed_clips(monkeypatch: pytest.MonkeyPatch) -> None:
     from avion_ds.models import attention
 
     assert attention.resolve_backend("auto", "cpu", torch.float32, 32, packed=True) == "sdpa"
+    said = attention.describe_backend("auto", "cpu", torch.float32, 32, packed=True)  # the start-up line's
+    assert said == "sdpa on packed clips (clip by clip; run-length tokenization)"
     with pytest.raises(RuntimeError, match="eager attention has no packed form"):
         attention.resolve_backend("eager", "cpu", torch.float32, 32, packed=True)
     with pytest.raises(ValueError, match="rlt_threshold=0.1: attn_backend=.eager. has no packed form"):
