@@ -143,6 +143,7 @@ def test_mid_epoch_resume_sees_the_same_samples(packed: dict, workers: int) -> N
     set_epoch(resumed, 1)
     rest = _steps(resumed)
     assert first + rest == uninterrupted
+    assert resumed.state_dict()["current_epoch"] == state["current_epoch"]  # a later checkpoint names the epoch
 
 
 class _Quiet(http.server.SimpleHTTPRequestHandler):
