@@ -14,9 +14,11 @@ mid-epoch exactly. Two small pieces plug into its extension points:
 
 A clip is then made by the recipe's own dataset class (sampling, crop, RandAugment, masks), its chunks
 decoded from the item's bytes (:class:`~avion_ds.data.decode.base.MemoryVideo`) by the same decoders and
-fused crop as the chunk-tree path. A chunk whose bytes do not match its sha256 (a corrupt or truncated
-shard) is a bad sample like a bad chunk file: named once, counted and replaced (another row of the
-same video), or fatal under ``data.on_error: raise``.
+fused crop as the chunk-tree path, with the chunk tree's clip and crop draws for the same row. A chunk
+whose bytes do not match its sha256 (a corrupt shard) is a bad sample like a bad chunk file: named,
+counted and replaced (another row of the same video); a shard litdata cannot read (truncated) is named
+once, its rows counted and replaced by rows of the last video read; either is fatal under
+``data.on_error: raise``.
 """
 
 from __future__ import annotations
@@ -203,9 +205,10 @@ def _input_dir(location: str, cache_dir: str | None) -> str | Dir:
 class ShardClipDataset(StreamingDataset):
     """Clips of ``split`` from the shards at ``location``, made by ``dataset_cls`` (see module doc).
 
-    Items are the dataset's own items (``frames``, ``label``, ``index``: the row's global index in the
-    shards, ``skipped``, ...); the clip and crop draws are keyed by (seed, epoch, row index), so the same
-    row gives the same clip in any worker, rank or resumed run."""
+    Items are the dataset's own items (``frames``, ``label``, ``index``: the row's sample index in the
+    dataset read from its annotation file where it was packed, ``skipped``, ...); the clip and crop draws
+    are keyed by (seed, epoch, sample index), so a row gives the chunk tree's clip in any worker, rank or
+    resumed run."""
 
     streams_shards = True  # build_loader gives it litdata's StreamingDataLoader
 
