@@ -408,6 +408,7 @@ CASES: list[Case] = [
         [],
         ["data.shards", "index.json", "train/val rows", "--config"],
     ),
+    ("check_shards", "check", "", [], None, ["--config", "@file", "--set", "data.shards=s3://b/x"], ["data.shards"]),
     ("pack_narrations", "pack", "", [], None, ["@tree", "@tmp/out", "--config", "@file"], ["narration", "pack"]),
     # eval --tag best
     ("eval_tag_best_without_best_json", "eval", "contrastive", [], None, ["--tag", "best"], ["best", "best.json"]),
@@ -419,7 +420,7 @@ def _argv(case: Case, f: dict) -> list[str]:
     extra = [str(f["recipes"]["contrastive"]) if x == "@file" else x for x in extra]
     extra = [str(placeholder_chunks(f["tmp"] / "tree")) if x == "@tree" else x for x in extra]
     extra = [x.replace("@tmp", str(f["tmp"])) for x in extra]
-    if command in ("chunk", "pack"):
+    if command in ("chunk", "pack", "check"):
         return extra
     argv = [*extra]
     if command == "train":

@@ -33,6 +33,11 @@ def run_check(target: str, overrides: list[str], full: bool, workers: int, out: 
     elif path.is_file():
         recipe = load_recipe(path, overrides)
         cfg = recipe.data
+        if cfg.shards:
+            raise ConfigError(
+                f"data.shards={cfg.shards}: avion-ds check reads chunk trees; check the tree before `avion-ds pack` "
+                "(shards carry each chunk's sha256, verified as it is read)"
+            )
         if not cfg.root or not Path(cfg.root).is_dir():
             raise ConfigError(f"data.root: directory not found: {cfg.root!r}")
         report = CheckReport(cfg.root, "full" if full else "sampled")
