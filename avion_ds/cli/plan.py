@@ -180,7 +180,8 @@ def build_request(args: argparse.Namespace) -> Request:
 def token_settings(args: argparse.Namespace) -> dict[str, Any]:
     """What the plan may change and what the model already does to its tokens (``--config``'s
     ``model.plan_may_merge_tokens`` / ``model.token_merge`` / ``model.plan_may_drop_patches`` /
-    ``model.patch_dropout``; ``--may-merge-tokens`` / ``--may-drop-patches``): ``plan_fewer_tokens``'s keywords."""
+    ``model.patch_dropout``, ``model.rlt_threshold``; ``--may-merge-tokens`` / ``--may-drop-patches``):
+    ``plan_fewer_tokens``'s keywords."""
     out: dict[str, Any] = {"may_merge": bool(args.may_merge_tokens), "may_drop": bool(args.may_drop_patches)}
     if getattr(args, "config", None) is None:
         return out
@@ -189,7 +190,7 @@ def token_settings(args: argparse.Namespace) -> dict[str, Any]:
     m = load_recipe(args.config).model
     out["may_merge"] = out["may_merge"] or m.plan_may_merge_tokens
     out["may_drop"] = out["may_drop"] or m.plan_may_drop_patches
-    return {**out, "token_merge": m.token_merge, "patch_dropout": m.patch_dropout}
+    return {**out, "token_merge": m.token_merge, "patch_dropout": m.patch_dropout, "rlt": bool(m.rlt_threshold)}
 
 
 def write_outputs(best: Candidate, req: Request, out: Path) -> tuple[Path, Path, list[str]]:

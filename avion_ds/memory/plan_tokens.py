@@ -38,12 +38,15 @@ def merge_choices(req: Request, patch_dropout: float = 0.0) -> list[int]:
     return out
 
 
-def _estimating(req: Request, token_merge: int | list[int], patch_dropout: float) -> Request:
+def _estimating(req: Request, token_merge: int | list[int], patch_dropout: float, rlt: bool = False) -> Request:
     """``req`` with its candidates estimated on the model that merges ``token_merge`` tokens per block and
-    drops ``patch_dropout`` of the patches in training."""
+    drops ``patch_dropout`` of the patches in training (``rlt``: run-length tokenization, at its worst case)."""
     info = arch_info(req.model, req.frames, req.size)
     info = dataclasses.replace(
-        info, token_merge=tuple(merge_schedule(token_merge, info.depth)), patch_dropout=float(patch_dropout)
+        info,
+        token_merge=tuple(merge_schedule(token_merge, info.depth)),
+        patch_dropout=float(patch_dropout),
+        rlt=bool(rlt),
     )
 
     def fewer(micro: int, dtype: str, stage: int, **knobs: Any) -> MemoryEstimate:
@@ -53,13 +56,13 @@ def _estimating(req: Request, token_merge: int | list[int], patch_dropout: float
 
 
 def plan_with(
-    req: Request, token_merge: int | list[int] = 0, patch_dropout: float = 0.0
+    req: Request, token_merge: int | list[int] = 0, patch_dropout: float = 0.0, rlt: bool = False
 ) -> tuple[list[Candidate], dict[str, Any]]:
-    """:func:`plan` for the model with ``token_merge`` / ``patch_dropout``; its candidates carry them
-    (recipe overrides)."""
-    if not token_merge and not patch_dropout:
+    """:func:`plan` for the model with ``token_merge`` / ``patch_dropout`` / run-length tokenization (``rlt``,
+    estimated at its worst case: no patch dropped); its candidates carry the first two (recipe overrides)."""
+    if not token_merge and not patch_dropout and not rlt:
         return plan(req)
-    cands, facts = plan(_estimating(req, token_merge, patch_dropout))
+    cands, facts = plan(_estimating(req, token_merge, patch_dropout, rlt))
     for c in cands:
         c.token_merge, c.patch_dropout = token_merge, patch_dropout
     return cands, {**facts, "token_merge": token_merge, "patch_dropout": patch_dropout}
@@ -71,15 +74,17 @@ def plan_fewer_tokens(
     token_merge: int | list[int] = 0,
     may_drop: bool = False,
     patch_dropout: float = 0.0,
+    rlt: bool = False,
 ) -> tuple[list[Candidate], dict[str, Any]]:
     """The plan for ``req`` (module doc): as the recipe sets merging and dropout; when nothing fits and the
     user allows it, the mildest merging, else the mildest patch dropout, with which a candidate fits
     (``facts["merged_by_planner"]`` / ``facts["dropped_by_planner"]``). A task with its own estimator
-    (``Request.estimator``) is planned as it is."""
+    (``Request.estimator``) is planned as it is. With run-length tokenization (``rlt``) the plan is its worst
+    case, and neither merging nor dropout is added (neither combines with it)."""
     if req.estimator is not None:
         return plan(req)
-    cands, facts = plan_with(req, token_merge, patch_dropout)
-    if any(c.fits for c in cands):
+    cands, facts = plan_with(req, token_merge, patch_dropout, rlt)
+    if rlt or any(c.fits for c in cands):
         return cands, facts
     if may_merge and not token_merge:
         for r in merge_choices(req, patch_dropout):

@@ -71,7 +71,7 @@ def test_recipe_keys_allow_merging_and_dropout(tmp_path: Path) -> None:
     model = {"name": MODEL, "heads": {"verb": 4, "noun": 4}}
     recipe.write_text(yaml.safe_dump({"model": {**model, "token_merge": 2}, "data": {"num_frames": FRAMES}}))
     args = argparse.Namespace(config=str(recipe), may_merge_tokens=False, may_drop_patches=False)
-    base = {"may_merge": False, "may_drop": False, "token_merge": 0, "patch_dropout": 0.0}
+    base = {"may_merge": False, "may_drop": False, "token_merge": 0, "patch_dropout": 0.0, "rlt": False}
     assert plan_cli.token_settings(args) == {**base, "token_merge": 2}
     recipe.write_text(yaml.safe_dump({"model": {**model, "plan_may_merge_tokens": True, "patch_dropout": 0.5}}))
     assert plan_cli.token_settings(args) == {**base, "may_merge": True, "patch_dropout": 0.5}

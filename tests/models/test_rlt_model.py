@@ -5,6 +5,8 @@ reaches the fine-tuning model and the dual encoder's video tower (refused where 
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -213,3 +215,26 @@ def test_activation_checkpointing_gives_the_same_step(policy: str) -> None:
     torch.testing.assert_close(got, want, rtol=0, atol=0)
     for n, p in model.named_parameters():
         torch.testing.assert_close(p.grad, grads[n], rtol=1e-6, atol=1e-9, msg=n)
+
+
+def test_the_plan_of_a_recipe_with_rlt_is_its_worst_case(tmp_path) -> None:
+    """``avion-ds plan --config``: a recipe with RLT is planned at the worst case (more memory than without),
+    and the plan never adds merging or patch dropout to it (neither combines with RLT)."""
+    import argparse
+
+    from avion_ds.cli.plan import token_settings
+    from avion_ds.memory.plan import Hardware, Request, plan
+    from avion_ds.memory.plan_tokens import plan_fewer_tokens
+
+    recipe = tmp_path / "rlt.yaml"
+    recipe.write_text("model: {name: vit_test_tiny, rlt_threshold: 0.1, num_classes: 5}\ndata: {dataset: kinetics}\n")
+    args = argparse.Namespace(config=str(recipe), may_merge_tokens=True, may_drop_patches=True)
+    settings = token_settings(args)
+    assert settings["rlt"] is True
+    req = Request("vit_test_tiny", 16, 64, 2**40, 1, 1, None, None, "fp32", None, 8, Hardware())
+    plain = min(c.peak for c in plan(req)[0])
+    worst = min(c.peak for c in plan_fewer_tokens(req, **settings)[0])
+    assert worst > plain
+    tight = dataclasses.replace(req, gpu_mem=1)  # nothing fits: still no merging or dropout
+    cands, facts = plan_fewer_tokens(tight, **settings)
+    assert not any(c.fits for c in cands) and not facts.get("merged_by_planner") and not facts.get("dropped_by_planner")
