@@ -238,3 +238,14 @@ def test_the_plan_of_a_recipe_with_rlt_is_its_worst_case(tmp_path) -> None:
     tight = dataclasses.replace(req, gpu_mem=1)  # nothing fits: still no merging or dropout
     cands, facts = plan_fewer_tokens(tight, **settings)
     assert not any(c.fits for c in cands) and not facts.get("merged_by_planner") and not facts.get("dropped_by_planner")
+
+
+def test_exports_without_run_lengths_are_refused_in_one_line() -> None:
+    """Hugging Face VideoMAE, OpenCLIP and AVION have no run-length embedding: refused, not silently lost."""
+    from avion_ds.models.clip.export import check_clip_exportable
+    from avion_ds.models.vit.hf import check_exportable
+
+    with pytest.raises(ValueError, match=r"^rlt_threshold=0.1: Hugging Face VideoMAE has no run-length"):
+        check_exportable(create_model("vit_test_tiny", **GEOMETRY, rlt_threshold=0.1))
+    with pytest.raises(ValueError, match=r"^video tower rlt_threshold=0.1: CLIP has no run-length"):
+        check_clip_exportable(create_model("clip_vit_test_tiny", **GEOMETRY, rlt_threshold=0.1))

@@ -89,6 +89,11 @@ def check_clip_exportable(model: VideoTextDualEncoder) -> None:
         raise ValueError(f"act video {v.act!r} / text {t.act!r}: CLIP runs one of gelu / quick_gelu in both towers")
     if not v.proj_dim or v.proj_dim != t.proj_dim:
         raise ValueError(f"proj_dim video {v.proj_dim} / text {t.proj_dim}: CLIP projects both towers to one width")
+    if v.rlt:
+        raise ValueError(
+            f"video tower rlt_threshold={v.rlt_threshold!r}: CLIP has no run-length tokenization (its run-length "
+            "embedding would be lost); export --format safetensors"
+        )
 
 
 def _block_name(rest: str) -> str:

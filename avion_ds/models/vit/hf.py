@@ -52,6 +52,11 @@ def check_encoder(a: ViTArch) -> None:
         raise ValueError(f"{field}={getattr(a, field)!r}: Hugging Face VideoMAE has no such part (CLIP layout)")
     if a.act not in HF_ACTS:
         raise ValueError(f"act={a.act!r}: Hugging Face VideoMAE runs {' or '.join(HF_ACTS)} here")
+    if getattr(a, "rlt", False):
+        raise ValueError(
+            f"rlt_threshold={a.rlt_threshold!r}: Hugging Face VideoMAE has no run-length tokenization (its "
+            "run-length embedding would be lost); export --format safetensors"
+        )
 
 
 def check_exportable(model: VideoViT, head: str | None = None) -> str | None:
