@@ -39,6 +39,8 @@ def build_loader(
     A shard dataset (``data.shards``: :mod:`avion_ds.data.shards`) gets litdata's ``StreamingDataLoader``:
     the dataset itself splits shards between ranks and workers and shuffles from its seed."""
     if getattr(dataset, "streams_shards", False):
+        if distributed:
+            dataset.find_ranks()
         return _shard_loader(dataset, batch_size, workers, seed, drop_last)
     if distributed:
         if not (dist.is_available() and dist.is_initialized()):

@@ -36,6 +36,7 @@ from litdata import StreamingDataset
 from litdata.streaming.downloader import Downloader, register_downloader
 from litdata.streaming.item_loader import Interval, PyTreeLoader
 from litdata.streaming.resolver import Dir
+from litdata.utilities.env import _DistributedEnv
 
 from avion_ds.config import DataConfig
 from avion_ds.data.crop import clip_rng
@@ -233,6 +234,8 @@ class ShardClipDataset(StreamingDataset):
             drop_last=split == "train",
         )
         self.location = location
+        index = json.loads((Path(self.input_dir.path) / "index.json").read_text())  # local, or litdata's copy
+        self._rows = sum(sum(c[ROWS_KEY][split]) for c in index["chunks"])
         self.clips = _shard_class(dataset_cls)(
             cfg, split, temporal_views, spatial_views, seed, index=_NoIndex(location)
         )
@@ -269,6 +272,16 @@ class ShardClipDataset(StreamingDataset):
         if clips is None or name.startswith("__"):
             raise AttributeError(name)
         return getattr(clips, name)
+
+    def __len__(self) -> int:
+        """The split's rows in all shards, every rank's together (as a map-style dataset's length); litdata's
+        loader asks ``get_len`` for this rank and worker's share."""
+        return self._rows
+
+    def find_ranks(self) -> None:
+        """Ask the process group for this rank now: litdata reads it when the dataset is built, before the
+        process group exists (``WORLD_SIZE`` alone would make every rank rank 0)."""
+        self.distributed_env = _DistributedEnv.detect()
 
     def startup_line(self) -> str:
         """The start-up log line: samples (annotation rows) of this split in the shards, and where they are."""

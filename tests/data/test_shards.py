@@ -360,3 +360,17 @@ def test_kinetics_list_clips_from_shards(packed: dict, tmp_path: Path) -> None:
         for i, item in got.items():
             want = ref[i]
             assert torch.equal(item["frames"], want["frames"]) and item["label"] == want["label"], (split, i)
+
+
+def test_torchrun_ranks_read_disjoint_rows(packed: dict, tmp_path: Path) -> None:
+    """Under torchrun the dataset is built before the process group exists (litdata then sees WORLD_SIZE
+    but no rank); the loader asks the group, so the two ranks read disjoint rows, as many each."""
+    from tests.helpers.launch import launch
+
+    script = Path(__file__).resolve().parents[1] / "helpers" / "shard_ranks.py"
+    args = [packed["recipe_path"], packed["shards"], tmp_path]
+    done = launch(args, nprocs=2, launcher="torchrun", script_path=script, timeout=300)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
+    assert len(ranks[0]) == len(ranks[1]) > 0
+    assert not set(ranks[0]) & set(ranks[1])
