@@ -249,3 +249,19 @@ def test_exports_without_run_lengths_are_refused_in_one_line() -> None:
         check_exportable(create_model("vit_test_tiny", **GEOMETRY, rlt_threshold=0.1))
     with pytest.raises(ValueError, match=r"^video tower rlt_threshold=0.1: CLIP has no run-length"):
         check_clip_exportable(create_model("clip_vit_test_tiny", **GEOMETRY, rlt_threshold=0.1))
+
+
+def test_preflight_refuses_flash_without_its_varlen_kernel(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A flash-attn that imports but has no varlen kernel cannot run packed clips: one line at start-up."""
+    from avion_ds.engine.preflight import check_runtime
+    from avion_ds.models import attention
+
+    recipe = load_recipe(None, [*_FINETUNE, "model.rlt_threshold=0.1", "model.attn_backend=flash"])
+    monkeypatch.setattr(attention, "flash_available", lambda: True)
+    monkeypatch.setattr(attention, "flash_varlen_available", lambda: False)
+    attention.resolve_cached.cache_clear()
+    try:
+        with pytest.raises(ConfigError, match=r"^model.attn_backend='flash' cannot run here .*no varlen kernel"):
+            check_runtime(recipe, "bf16", "cpu")
+    finally:
+        attention.resolve_cached.cache_clear()
