@@ -127,12 +127,14 @@ def test_mid_epoch_resume_sees_the_same_samples(packed: dict, workers: int) -> N
         )
 
     full = loader()
-    set_epoch(full, 0)
-    epoch0 = _steps(full)
+    if workers == 0:  # the epochs' order (once is enough)
+        set_epoch(full, 0)
+        epoch0 = _steps(full)
     set_epoch(full, 1)
     uninterrupted = _steps(full)
-    assert sorted(i for step in uninterrupted for i in step) == sorted(i for step in epoch0 for i in step)
-    assert uninterrupted != epoch0  # reshuffled per epoch
+    if workers == 0:
+        assert sorted(i for step in uninterrupted for i in step) == sorted(i for step in epoch0 for i in step)
+        assert uninterrupted != epoch0  # reshuffled per epoch
 
     cut = loader()
     set_epoch(cut, 1)
