@@ -295,7 +295,7 @@ class VideoViT(nn.Module):
 
     def rlt_keep(self, x: torch.Tensor) -> torch.Tensor:
         """The patches run-length tokenization keeps of clip ``x`` (B, C, T, H, W): (B, T', H', W') bool,
-        by the reference's rule on the normalised float clip (or a uint8 one, ImageNet's deviation)."""
+        by the reference's rule on the normalised float clip (a uint8 clip: scaled by ImageNet's std)."""
         return static_keep_mask(x, self.tubelet_size, self.patch_size, self.arch.rlt_threshold)
 
     def _rlt_features(self, x: torch.Tensor, keep: torch.Tensor | None) -> torch.Tensor:
