@@ -9,6 +9,7 @@ unexpected exception keeps its traceback.
 from __future__ import annotations
 
 import difflib
+import importlib.util
 from pathlib import Path
 from typing import Any
 
@@ -51,6 +52,8 @@ def check_data_paths(recipe: Recipe, need_train: bool = True) -> None:
         problem = shard_problem(d.shards, ("train", "val") if need_train else ("val",))
         if problem:
             raise ConfigError(problem)
+        if importlib.util.find_spec("litdata") is None:
+            raise ConfigError(f"data.shards={d.shards}: reading shards needs litdata (pip install -e '.[stream]')")
         return
     _check_path("data.root", d.root, "dir", optional=False)
     for split in ("train", "val") if need_train else ("val",):
