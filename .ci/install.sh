@@ -31,7 +31,7 @@ fi
 if ! $PY -c "import torch, torchvision, sys; sys.exit(torch.__version__.split('+')[0] != '2.14.1')" 2>/dev/null; then
   $PY -m pip install -q torch==2.14.1 torchvision==0.29.1
 fi
-if ! $PY -c "import timm, deepspeed, decord, av, torchcodec, pytest, pytest_timeout, xdist, transformers, ruff, open_clip, ftfy, litdata" 2>/dev/null; then
+if ! $PY -c "import timm, deepspeed, decord, av, torchcodec, pytest, pytest_timeout, xdist, transformers, ruff, open_clip, ftfy, litdata, boto3, moto.server" 2>/dev/null; then
   $PY -m pip install -q -e ".[codec,test,stream]"
 fi
 # avion_ds itself must resolve to THIS checkout, as console scripts (avion-ds, deepspeed's subprocesses)

@@ -1,0 +1,161 @@
+"""Shards from remote locations: ``s3://`` against moto's standalone S3 server (a subprocess on loopback,
+credentials and endpoint from the environment only), transient network errors on s3:// (litdata's client
+retries) and http(s):// (our downloader retries and counts), and the start-up check of a remote location
+(a missing bucket, prefix or shard, a shard of the wrong size: one line)."""
+
+from __future__ import annotations
+
+import functools
+import http.server
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any, ClassVar
+
+import pytest
+import torch
+
+pytest.importorskip("litdata")
+pytest.importorskip("moto.server")
+pytest.importorskip("boto3")
+
+from tests.data.test_shards import _open, packed  # noqa: F401 - the shared packed fixture
+from tests.helpers.s3_server import Proxy, moto_server, s3_env, upload
+
+BUCKET, PREFIX = "avion-shards", "epic/shards"
+
+
+@pytest.fixture(scope="module")
+def s3(packed: dict) -> Iterator[str]:  # noqa: F811
+    """moto's server with the packed shards under s3://avion-shards/epic/shards; yields its endpoint."""
+    with moto_server() as endpoint:
+        upload(endpoint, BUCKET, PREFIX, packed["shards"])
+        yield endpoint
+
+
+def _clips(ds: Any) -> dict[int, torch.Tensor]:
+    return {item["index"]: item["frames"] for item in ds}
+
+
+def _same_as_local(packed: dict, remote: dict[int, torch.Tensor]) -> bool:  # noqa: F811
+    local = _clips(_open(packed, "val"))
+    return remote.keys() == local.keys() and all(torch.equal(remote[i], local[i]) for i in local)
+
+
+def test_s3_location_streams_the_same_clips(
+    packed: dict,  # noqa: F811
+    s3: str,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``data.shards: s3://bucket/prefix`` with credentials and endpoint from the environment only gives the
+    local location's clips (litdata's S3 client; obstore over plain http through ``allow_plain_http_s3``)."""
+    for k, v in s3_env(s3).items():
+        monkeypatch.setenv(k, v)
+    remote = _clips(_open(packed, "val", f"s3://{BUCKET}/{PREFIX}", cache_dir=str(tmp_path)))
+    assert _same_as_local(packed, remote)
+    assert any(p.name.endswith(".bin") for p in tmp_path.rglob("*"))
+
+
+def test_s3_transient_error_is_retried(
+    packed: dict,  # noqa: F811
+    s3: str,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A server answering the first GET of every shard with 503 still gives the right clips: litdata's S3
+    client retries (the proxy counts the failures it served)."""
+    with Proxy(s3, fail_first=True) as proxy:
+        for k, v in s3_env(proxy.url).items():
+            monkeypatch.setenv(k, v)
+        remote = _clips(_open(packed, "val", f"s3://{BUCKET}/{PREFIX}", cache_dir=str(tmp_path)))
+    assert proxy.failed == len(list(packed["shards"].glob("*.bin")))
+    assert _same_as_local(packed, remote)
+
+
+class _FailFirst(http.server.SimpleHTTPRequestHandler):
+    """Static files; the first GET of each shard is answered 503 once."""
+
+    seen: ClassVar[set[str]] = set()
+    lock = threading.Lock()
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+    def do_GET(self) -> None:
+        with self.lock:
+            first = self.path.endswith(".bin") and self.path not in self.seen
+            self.seen.add(self.path)
+        if first:
+            self.send_error(503, "try again")
+            return
+        super().do_GET()
+
+
+@pytest.fixture()
+def flaky_http(packed: dict) -> Iterator[str]:  # noqa: F811
+    """The shards over HTTP on loopback, each shard's first GET failing once."""
+    _FailFirst.seen = set()
+    server = http.server.ThreadingHTTPServer(
+        ("127.0.0.1", 0), functools.partial(_FailFirst, directory=str(packed["shards"]))
+    )
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join()
+
+
+def test_http_transient_error_is_retried_and_counted(
+    packed: dict,  # noqa: F811
+    flaky_http: str,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capfd: pytest.CaptureFixture,
+) -> None:
+    """Our http(s) downloader retries a 503 with backoff, names each retry on stderr and counts it."""
+    from avion_ds.data import shards
+
+    monkeypatch.setattr(shards, "DOWNLOAD_BACKOFF_S", 0.01)
+    before = shards.download_retries()
+    remote = _clips(_open(packed, "val", flaky_http, cache_dir=str(tmp_path)))
+    n = len(list(packed["shards"].glob("*.bin")))
+    assert shards.download_retries() - before == n
+    assert capfd.readouterr().err.count("retry 1 of 4") == n
+    assert _same_as_local(packed, remote)
+
+
+def test_remote_location_problems_are_one_line(
+    packed: dict,  # noqa: F811
+    s3: str,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The start-up check reads index.json and asks every shard's size: a missing bucket, prefix or shard and
+    a shard of another size than index.json's are one line naming the location; good locations pass."""
+    import boto3
+
+    from avion_ds.data.prep.shard_index import shard_problem
+
+    for k, v in s3_env(s3).items():
+        monkeypatch.setenv(k, v)
+    assert shard_problem(f"s3://{BUCKET}/{PREFIX}") is None
+    client = boto3.client("s3")
+    index = (packed["shards"] / "index.json").read_bytes()
+    client.put_object(Bucket=BUCKET, Key="only-index/index.json", Body=index)
+    first = min(packed["shards"].glob("*.bin"))
+    upload(s3, "short-copy", "s", packed["shards"])
+    client.put_object(Bucket="short-copy", Key=f"s/{first.name}", Body=first.read_bytes()[:-10])
+    cases = {
+        "s3://no-such-bucket/x": ["no bucket 'no-such-bucket'", "index.json"],
+        f"s3://{BUCKET}/no/such/prefix": ["s3://avion-shards/no/such/prefix/index.json", "no such object"],
+        f"s3://{BUCKET}/only-index": [f"only-index/{first.name} cannot be read", "no such object"],
+        "s3://short-copy/s": [f"s3://short-copy/s/{first.name} is {first.stat().st_size - 10} bytes", "index.json"],
+    }
+    for location, parts in cases.items():
+        line = shard_problem(location)
+        assert line is not None and line.startswith("data.shards: ") and "\n" not in line, (location, line)
+        assert all(p in line for p in parts), (location, line)

@@ -1,0 +1,148 @@
+"""An S3-compatible server on loopback for tests and benches: moto's standalone server as a subprocess
+(ended with its process tree), and a small forwarding proxy that can delay every request or fail a
+path's first GET (a transient network error) in front of it."""
+
+from __future__ import annotations
+
+import contextlib
+import http.client
+import http.server
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from avion_ds.distributed.dist import free_port
+from tests.helpers.reaper import kill_tree
+
+CREDENTIALS = {
+    "AWS_ACCESS_KEY_ID": "testing",
+    "AWS_SECRET_ACCESS_KEY": "testing",
+    "AWS_DEFAULT_REGION": "us-east-1",
+}
+
+
+@contextlib.contextmanager
+def moto_server(timeout_s: float = 60.0) -> Iterator[str]:
+    """``python -m moto.server`` on 127.0.0.1 and a free port; yields its endpoint URL, ends it on exit."""
+    port = free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                urllib.request.urlopen(f"{url}/moto-api/", timeout=2).close()
+                break
+            except OSError:
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError(f"moto server did not start on {url} (exit code {proc.poll()})") from None
+                time.sleep(0.1)
+        yield url
+    finally:
+        kill_tree(proc.pid)
+        proc.wait()
+
+
+def s3_env(endpoint: str) -> dict[str, str]:
+    """The environment litdata's and boto3's S3 clients read: test credentials and ``endpoint``."""
+    return {**CREDENTIALS, "AWS_ENDPOINT_URL": endpoint}
+
+
+def upload(endpoint: str, bucket: str, prefix: str, folder: Path) -> None:
+    """``folder``'s files under s3://bucket/prefix/ (the bucket is created)."""
+    import boto3
+
+    env = s3_env(endpoint)
+    client = boto3.client(
+        "s3",
+        endpoint_url=endpoint,
+        region_name=env["AWS_DEFAULT_REGION"],
+        aws_access_key_id=env["AWS_ACCESS_KEY_ID"],
+        aws_secret_access_key=env["AWS_SECRET_ACCESS_KEY"],
+    )
+    client.create_bucket(Bucket=bucket)
+    for p in sorted(folder.iterdir()):
+        if p.is_file():
+            client.upload_file(str(p), bucket, f"{prefix}/{p.name}")
+
+
+class Proxy:
+    """A threaded HTTP proxy to ``upstream``: ``delay_s`` before every request; with ``fail_first``, the first
+    GET of each path ending in ``.bin`` is answered 503 (``failed`` counts them)."""
+
+    def __init__(self, upstream: str, delay_s: float = 0.0, fail_first: bool = False) -> None:
+        self.upstream = upstream.removeprefix("http://")
+        self.delay_s, self.fail_first = delay_s, fail_first
+        self.failed, self.requests = 0, 0
+        self._seen: set[str] = set()
+        self._lock = threading.Lock()
+        proxy = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+            def _forward(self) -> None:
+                proxy.handle(self)
+
+            do_GET = do_HEAD = do_PUT = do_POST = do_DELETE = _forward
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        self._thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+
+    def __enter__(self) -> Proxy:  # noqa: PYI034 - Python 3.10 has no typing.Self
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+        self._thread.join()
+
+    def handle(self, req: http.server.BaseHTTPRequestHandler) -> None:
+        """Forward one request (body and headers as they are), after the delay; or fail it once."""
+        path = req.path.split("?")[0]
+        with self._lock:
+            self.requests += 1
+            shard_get = req.command == "GET" and path.endswith(".bin")
+            fail = self.fail_first and shard_get and path not in self._seen
+            if shard_get:
+                self._seen.add(path)
+            self.failed += fail
+        if self.delay_s:
+            time.sleep(self.delay_s)
+        body = req.rfile.read(int(req.headers.get("Content-Length") or 0))
+        if fail:
+            req.send_response(503, "Slow Down")
+            req.send_header("Content-Length", "0")
+            req.end_headers()
+            return
+        conn = http.client.HTTPConnection(self.upstream, timeout=60)
+        try:
+            conn.request(req.command, req.path, body=body, headers=dict(req.headers))
+            resp = conn.getresponse()
+            data = resp.read()
+            req.send_response(resp.status, resp.reason)
+            for k, v in resp.getheaders():
+                if k.lower() not in ("transfer-encoding", "connection", "content-length"):
+                    req.send_header(k, v)
+            length = resp.getheader("Content-Length") if req.command == "HEAD" else None
+            req.send_header("Content-Length", length or str(len(data)))
+            req.end_headers()
+            if req.command != "HEAD":
+                req.wfile.write(data)
+        finally:
+            conn.close()
