@@ -6,10 +6,16 @@ opened (the chunk files are empty placeholders the start-up checks only stat).""
 
 from __future__ import annotations
 
+import contextlib
+import functools
+import http.server
 import json
+import os
 import pickle
-from collections.abc import Callable
+import threading
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from unittest import mock
 
 import pytest
 import yaml
@@ -48,9 +54,9 @@ def _mir_files(tmp: Path, split: str, rows: int) -> dict[str, Path]:
 
 
 @pytest.fixture()
-def files(tmp_path: Path) -> dict:
+def files(tmp_path: Path) -> Iterator[dict]:
     """A chunk root (one video, two 5 s chunks, empty placeholder files), Ego4D narrations, EPIC MIR files,
-    EPIC action CSVs, and one recipe per surface."""
+    EPIC action CSVs, and one recipe per surface; ``stack`` ends what a case's preparation started (servers)."""
     root = placeholder_chunks(tmp_path / "chunks")
     ego = tmp_path / "ego4d_train.pkl"
     ego.write_bytes(pickle.dumps([("v0", 0.5 * i, 0.5 * i + 1.0, f"#C C cuts onion {i}") for i in range(16)]))
@@ -109,7 +115,16 @@ def files(tmp_path: Path) -> dict:
     for name, data in (("contrastive", contrastive), ("mir", mir), ("cls", cls)):
         recipes[name] = tmp_path / f"{name}.yaml"
         recipes[name].write_text(yaml.safe_dump(data))
-    return {"tmp": tmp_path, "root": root, "ego": ego, "val": val, "train": train, "recipes": recipes}
+    with contextlib.ExitStack() as stack:
+        yield {
+            "tmp": tmp_path,
+            "root": root,
+            "ego": ego,
+            "val": val,
+            "train": train,
+            "recipes": recipes,
+            "stack": stack,
+        }
 
 
 # ---------------------------------------------------------------- file preparations (one per case that needs it)
@@ -172,6 +187,59 @@ def _shards_without_rows(f: dict) -> None:
     (f["tmp"] / "shards").mkdir()
     index = {"chunks": [{"filename": "chunk-0-0.bin", "chunk_size": 1}], "config": {}}
     (f["tmp"] / "shards" / "index.json").write_text(json.dumps(index))
+
+
+# a remote shard location: index.json names one 9-byte shard with a train and a val row
+REMOTE_INDEX = {
+    "chunks": [
+        {"filename": "chunk-0-0.bin", "chunk_bytes": 9, "chunk_size": 1, "avion_rows": {"train": [1], "val": [1]}}
+    ],
+    "config": {},
+}
+
+
+def _s3_server(f: dict) -> str:
+    """moto's S3 server (a subprocess, ended after the case) and its endpoint in the environment."""
+    pytest.importorskip("moto.server")
+    from tests.helpers.s3_server import moto_server, s3_env
+
+    endpoint = f["stack"].enter_context(moto_server())
+    f["stack"].enter_context(mock.patch.dict(os.environ, s3_env(endpoint)))
+    return endpoint
+
+
+def _s3_empty_bucket(f: dict) -> None:
+    import boto3
+
+    _s3_server(f)
+    boto3.client("s3").create_bucket(Bucket="avion-bad")
+
+
+def _s3_short_shard(f: dict) -> None:
+    import boto3
+
+    _s3_empty_bucket(f)
+    client = boto3.client("s3")
+    client.put_object(Bucket="avion-bad", Key="s/index.json", Body=json.dumps(REMOTE_INDEX).encode())
+    client.put_object(Bucket="avion-bad", Key="s/chunk-0-0.bin", Body=b"12345")
+
+
+def _http_index_only(f: dict) -> None:
+    """A loopback HTTP server (a thread, ended after the case) serving index.json but no shard."""
+    (f["tmp"] / "served").mkdir()
+    (f["tmp"] / "served" / "index.json").write_text(json.dumps(REMOTE_INDEX))
+
+    class Quiet(http.server.SimpleHTTPRequestHandler):
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(
+        ("127.0.0.1", 0), functools.partial(Quiet, directory=str(f["tmp"] / "served"))
+    )
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    f["stack"].callback(server.server_close)
+    f["stack"].callback(server.shutdown)
+    f["http"] = f"http://127.0.0.1:{server.server_address[1]}"
 
 
 # (id, command, recipe, --set overrides, preparation, extra argv, substrings the line must hold)
@@ -408,6 +476,42 @@ CASES: list[Case] = [
         [],
         ["data.shards", "index.json", "train/val rows", "--config"],
     ),
+    (
+        "shards_s3_bucket_missing",
+        "train",
+        "cls",
+        ["data.shards=s3://no-such-bucket/shards"],
+        _s3_server,
+        [],
+        ["data.shards", "s3://no-such-bucket/shards/index.json", "no bucket 'no-such-bucket'"],
+    ),
+    (
+        "shards_s3_prefix_missing",
+        "train",
+        "cls",
+        ["data.shards=s3://avion-bad/none"],
+        _s3_empty_bucket,
+        [],
+        ["data.shards", "s3://avion-bad/none/index.json", "no such object"],
+    ),
+    (
+        "shards_s3_shard_short",
+        "train",
+        "cls",
+        ["data.shards=s3://avion-bad/s"],
+        _s3_short_shard,
+        [],
+        ["data.shards", "s3://avion-bad/s/chunk-0-0.bin is 5 bytes, index.json says 9"],
+    ),
+    (
+        "shards_http_shard_missing",
+        "train",
+        "cls",
+        ["data.shards=@http/"],
+        _http_index_only,
+        [],
+        ["data.shards", "/chunk-0-0.bin cannot be read (HTTP 404"],
+    ),
     ("check_shards", "check", "", [], None, ["--config", "@file", "--set", "data.shards=s3://b/x"], ["data.shards"]),
     ("pack_narrations", "pack", "", [], None, ["@tree", "@tmp/out", "--config", "@file"], ["narration", "pack"]),
     # eval --tag best
@@ -434,7 +538,7 @@ def _argv(case: Case, f: dict) -> list[str]:
         (run / "recipe.yaml").write_text(f["recipes"][recipe].read_text())
         argv = ["--checkpoint", str(run), *extra]
     for s in sets:
-        argv += ["--set", s.replace("@tmp", str(f["tmp"]))]
+        argv += ["--set", s.replace("@tmp", str(f["tmp"])).replace("@http", f.get("http", "@http"))]
     return argv
 
 
