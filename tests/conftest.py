@@ -40,6 +40,7 @@ def worker_group(item: pytest.Item) -> str | None:
     return None
 
 
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist's own hook turns the marks into the group ids it schedules
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Under ``-n N --dist loadgroup`` (tests/run.sh): each test joins its ``worker_group``."""
     if config.pluginmanager.hasplugin("xdist"):
