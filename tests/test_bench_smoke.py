@@ -50,6 +50,7 @@ TINY: dict[str, list[str]] = {
     + ["--clips-per-video", "2", "--ft-steps", "1", "--ft-views", "1", "--teacher-epochs", "1", "--teacher-views", "1"]
     + ["--decode-timeout-s", "0"],
     "rlt.py": ["--tiny", "--warmup", "2", "--iters", "1"],
+    "shards.py": ["--tiny"],
     "token_merge.py": ["--tiny", "--warmup", "2", "--iters", "1"],
     "umt_step.py": ["--tiny", "--warmup", "2", "--iters", "1"],
     "x264_asm.py": ["--seconds", "1", "--short-side", "48", "--warmup", "2", "--repeats", "1"],
