@@ -57,6 +57,31 @@ def test_s3_location_streams_the_same_clips(
     assert any(p.name.endswith(".bin") for p in tmp_path.rglob("*"))
 
 
+def test_s3_loader_workers_read_the_local_batches(
+    packed: dict,  # noqa: F811
+    s3: str,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Through the training loader with 2 DataLoader workers (forked; obstore starts in the workers, never
+    in the parent), s3:// gives the local location's batches: the same sample ids per step, the same clips."""
+    from avion_ds.data.loader import build_loader, set_epoch
+
+    for k, v in s3_env(s3).items():
+        monkeypatch.setenv(k, v)
+
+    def batches(location: str | None, **kw: Any) -> list[tuple[list[int], torch.Tensor]]:
+        ds = _open(packed, "train", location, **kw)
+        loader = build_loader(ds, 2, 2, shuffle=True, seed=3, drop_last=True, distributed=False)
+        set_epoch(loader, 1)
+        return [(b["index"].tolist(), b["frames"]) for b in loader]
+
+    remote = batches(f"s3://{BUCKET}/{PREFIX}", cache_dir=str(tmp_path))
+    local = batches(None)
+    assert [ids for ids, _ in remote] == [ids for ids, _ in local] and remote
+    assert all(torch.equal(a, b) for (_, a), (_, b) in zip(remote, local, strict=True))
+
+
 def test_s3_transient_error_is_retried(
     packed: dict,  # noqa: F811
     s3: str,
