@@ -154,6 +154,7 @@ def part_local(d: dict, a: argparse.Namespace) -> dict[str, Any]:
 
 def part_s3(d: dict, a: argparse.Namespace) -> dict[str, Any]:
     from avion_ds.data.datasets.build import open_shards
+    from avion_ds.data.prep import shard_index
 
     r = d["recipe"]
     caches = iter(range(1 << 30))
@@ -164,6 +165,7 @@ def part_s3(d: dict, a: argparse.Namespace) -> dict[str, Any]:
 
             def remote() -> Any:
                 cache = d["work"] / f"s3cache{next(caches)}"  # empty: every round downloads
+                shard_index._CHECKED.clear()  # every round runs the start-up check, as a new run does
                 return open_shards(
                     f"s3://{BUCKET}/{PREFIX}", r.data, "train", seed=0, sections=r.sections, cache_dir=str(cache)
                 )

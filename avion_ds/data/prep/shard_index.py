@@ -23,6 +23,9 @@ REMOTE_TIMEOUT_S = 30.0  # per request of the start-up check
 HEAD_THREADS = 16  # shard sizes asked at once (thousands of shards: seconds, not minutes)
 
 
+_CHECKED: dict[str, set[str]] = {}  # remote location -> splits it passed the check with in this process
+
+
 class _Unreachable(Exception):
     """A remote object that cannot be read; the message is the reason in a few words."""
 
@@ -30,9 +33,15 @@ class _Unreachable(Exception):
 def shard_problem(location: str, splits: tuple[str, ...] = ("train", "val")) -> str | None:
     """One line naming ``data.shards`` when ``location`` has no shards with rows of ``splits`` (a missing
     directory, bucket, prefix or index.json, shards packed without --config) or, remote, a shard that cannot
-    be reached or whose size differs from index.json; else None."""
+    be reached or whose size differs from index.json; else None. A remote location that passed is not asked
+    again in this process (start-up checks it, then each split's dataset opens it)."""
     if location.startswith(REMOTE_PREFIXES):
-        return _remote_problem(location.rstrip("/"), splits)
+        if set(splits) <= _CHECKED.get(location, set()):
+            return None
+        problem = _remote_problem(location.rstrip("/"), splits)
+        if problem is None:
+            _CHECKED.setdefault(location, set()).update(splits)
+        return problem
     index_path = Path(location) / "index.json"
     if not Path(location).is_dir():
         return f"data.shards: directory not found: {location}"
