@@ -77,6 +77,9 @@ def run_lengths(keep: torch.Tensor) -> torch.Tensor:
 class RunLengthEmbedding(nn.Module):
     """A learned embedding of run length added to each kept token; zero at start, so runs of 1 are a no-op."""
 
+    # zero at start: a checkpoint of the model without RLT loads with this table fresh (RLT without retraining)
+    absent_is_fresh = True
+
     def __init__(self, max_length: int, dim: int) -> None:
         super().__init__()
         # zeros given to the constructor: under ZeRO-3's zero.Init the table is partitioned once built

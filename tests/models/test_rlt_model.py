@@ -265,3 +265,25 @@ def test_preflight_refuses_flash_without_its_varlen_kernel(monkeypatch: pytest.M
             check_runtime(recipe, "bf16", "cpu")
     finally:
         attention.resolve_cached.cache_clear()
+
+
+@pytest.mark.parametrize("name", ["vit_test_tiny", "clip_vit_test_tiny"])
+def test_weights_without_rlt_load_strictly_with_the_length_table_fresh(name: str, tmp_path) -> None:
+    """RLT without retraining (``avion-ds eval --set model.rlt_threshold=...`` on a run trained without
+    it): the checkpoint has no run-length table; a strict load keeps the model's zeros and says so."""
+    from safetensors.torch import save_file
+
+    from avion_ds.models.weights.loading import load_weights
+
+    torch.manual_seed(0)
+    plain = create_model(name, **GEOMETRY).eval()
+    path = tmp_path / "plain.safetensors"
+    save_file({k: v.contiguous() for k, v in plain.state_dict().items()}, str(path))
+    rlt = create_model(name, **GEOMETRY, rlt_threshold=0.1).eval()
+    report = load_weights(rlt, path, strict=True)
+    table = [k for k in rlt.state_dict() if "rlt_embed" in k]
+    assert table and set(table) <= set(report.fresh) and not report.missing, report.summary()
+    assert all(float(rlt.state_dict()[k].abs().sum()) == 0.0 for k in table)
+    x = torch.randn(2, 3, 8, 32, 32)
+    with torch.no_grad():
+        torch.testing.assert_close(_video(rlt).forward_features(x), _video(plain).forward_features(x), **TOL)

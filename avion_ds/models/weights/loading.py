@@ -72,7 +72,13 @@ def load_weights(
 
 
 def _finish(report: LoadReport, model: nn.Module) -> None:
-    """Sort the key lists (fresh keys are not missing), count the coverage, warn about a dropped timm table."""
+    """Sort the key lists (fresh keys are not missing), count the coverage, warn about a dropped timm table.
+
+    A module with ``absent_is_fresh = True`` (RLT's run-length table, zero at start: the model without it
+    computes the same) is fresh, not missing, when the checkpoint lacks its parameters."""
+    optional = tuple(f"{name}." for name, m in model.named_modules() if getattr(m, "absent_is_fresh", False))
+    if optional:
+        report.fresh += [k for k in report.missing if k.startswith(optional) and k not in report.fresh]
     report.missing = sorted(set(report.missing) - set(report.fresh))
     report.unexpected = sorted(report.unexpected)
     for keys in (report.resized, report.dropped, report.remapped):
