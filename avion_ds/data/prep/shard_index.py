@@ -127,9 +127,9 @@ def _s3_access(location: str) -> tuple[Callable[[str], str], Callable[[str], int
     """GET text and HEAD size of s3:// URLs through boto3 (credentials, region and endpoint from the
     environment or the AWS config files, as litdata's client reads them)."""
     try:
-        import boto3
-        import botocore.config
-        import botocore.exceptions
+        import boto3  # lazy: boto3 comes with the [stream] extra and is needed for s3:// locations only
+        import botocore.config  # lazy: as boto3
+        import botocore.exceptions  # lazy: as boto3
     except ImportError as e:
         raise _Unreachable(f"reading s3:// needs boto3 ({e}); pip install -e '.[stream]'") from e
     cfg = botocore.config.Config(
