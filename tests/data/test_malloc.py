@@ -21,9 +21,12 @@ from avion_ds.distributed.malloc import tune_malloc
 assert sys.argv[1] == "plain" or tune_malloc()
 def clip(k):
     a = np.ones((k, 320, 568, 3), np.uint8); b = a.copy(); del a, b
+def clips(n):
+    for i in range(n):
+        t = threading.Thread(target=clip, args=(4 + i % 3,)); t.start(); t.join()
+clips(6)  # warm-up: each malloc arena a clip thread gets is filled once, tuned or not
 faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
-for i in range(20):
-    t = threading.Thread(target=clip, args=(4 + i % 3,)); t.start(); t.join()
+clips(20)
 print((resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults) / 20)
 """
 
@@ -36,9 +39,10 @@ def _faults_per_clip(mode: str) -> float:
 @pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="glibc mallopt")
 def test_tuned_malloc_reuses_frame_buffers() -> None:
     plain, tuned = _faults_per_clip("plain"), _faults_per_clip("tuned")
-    # ~1400 pages of buffers per clip: glibc's defaults fault in about half of them again every clip
+    # ~1400 pages of buffers per clip: glibc's defaults fault in about half of them again every clip (measured
+    # 480-600 after the warm-up); tuned, the buffers are reused: ~1, or ~80 when a thread gets a fresh arena
     assert plain > 300, plain
-    assert tuned < 0.4 * plain, (plain, tuned)
+    assert tuned < 0.3 * plain, (plain, tuned)
 
 
 def test_dataloader_workers_and_the_helper_apply_it(tmp_path, monkeypatch, index_video) -> None:
