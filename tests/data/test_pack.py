@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import multiprocessing
 from pathlib import Path
 
 import pytest
@@ -21,7 +22,10 @@ def test_pack_keeps_each_video_whole_with_its_facts(tmp_path: Path) -> None:
 
     tree = tiny_epic_data(tmp_path, num_videos=3)["root"]
     out = tmp_path / "shards"
+    before = multiprocessing.get_start_method(allow_none=True)
     assert main([str(tree), str(out), "--shard-bytes", "20000"]) == 0
+    # litdata's optimize forces "spawn" process-wide; packing puts it back (later DataLoader workers fork)
+    assert multiprocessing.get_start_method(allow_none=True) == before
     index = json.loads((out / "index.json").read_text())
     assert len(index["chunks"]) >= 2, index["chunks"]  # the small size split the videos over several shards
     rows = read_manifest_records(tree / MANIFEST_NAME)

@@ -16,6 +16,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import multiprocessing
 import os
 from collections.abc import Mapping
 from pathlib import Path
@@ -133,15 +134,19 @@ def pack_tree(
     per_item = [{s: r.get(g[0]["video_id"], []) for s, r in rows.items()} for g in groups]
     out = Path(out).resolve()
     os.makedirs(out, exist_ok=True)
-    optimize(
-        fn=_item,
-        inputs=[(g, str(tree), r) for g, r in zip(groups, per_item, strict=True)],
-        output_dir=str(out),
-        chunk_bytes=int(shard_bytes),
-        num_workers=max(1, workers),
-        mode="overwrite",
-        keep_data_ordered=True,  # items in input order: the row counts below follow it
-        verbose=False,
-    )
+    start_method = multiprocessing.get_start_method(allow_none=True)
+    try:
+        optimize(
+            fn=_item,
+            inputs=[(g, str(tree), r) for g, r in zip(groups, per_item, strict=True)],
+            output_dir=str(out),
+            chunk_bytes=int(shard_bytes),
+            num_workers=max(1, workers),
+            mode="overwrite",
+            keep_data_ordered=True,  # items in input order: the row counts below follow it
+            verbose=False,
+        )
+    finally:  # litdata sets the process-wide start method to spawn (force=True): later DataLoaders would spawn
+        multiprocessing.set_start_method(start_method, force=True)
     _record_rows(out, {s: [len(r[s]) for r in per_item] for s in rows}, len(groups))
     return len(groups)
