@@ -4,17 +4,16 @@ shard named, counted and skipped (or fatal under ``data.on_error: raise``)."""
 
 from __future__ import annotations
 
-import functools
-import http.server
 import json
 import shutil
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
+
+from tests.helpers.s3_server import serve_directory
 
 pytest.importorskip("litdata")
 
@@ -148,24 +147,11 @@ def test_mid_epoch_resume_sees_the_same_samples(packed: dict, workers: int) -> N
     assert resumed.state_dict()["current_epoch"] == state["current_epoch"]  # a later checkpoint names the epoch
 
 
-class _Quiet(http.server.SimpleHTTPRequestHandler):
-    def log_message(self, *args: Any) -> None:
-        pass
-
-
 @pytest.fixture()
 def http_location(packed: dict) -> Iterator[str]:
     """The shards served over HTTP on the loopback interface (a thread of this process)."""
-    handler = functools.partial(_Quiet, directory=str(packed["shards"]))
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}"
-    finally:
-        server.shutdown()
-        server.server_close()
-        thread.join()
+    with serve_directory(packed["shards"]) as url:
+        yield url
 
 
 def test_http_location_streams_the_same_clips(packed: dict, http_location: str, tmp_path: Path) -> None:

@@ -5,7 +5,6 @@ retries) and http(s):// (our downloader retries and counts), and the start-up ch
 
 from __future__ import annotations
 
-import functools
 import http.server
 import threading
 from collections.abc import Iterator
@@ -20,7 +19,7 @@ pytest.importorskip("moto.server")
 pytest.importorskip("boto3")
 
 from tests.data.test_shards import _open, packed  # noqa: F401 - the shared packed fixture
-from tests.helpers.s3_server import Proxy, moto_server, s3_env, upload
+from tests.helpers.s3_server import Proxy, moto_server, s3_env, serve_directory, upload
 
 BUCKET, PREFIX = "avion-shards", "epic/shards"
 
@@ -121,17 +120,8 @@ class _FailFirst(http.server.SimpleHTTPRequestHandler):
 def flaky_http(packed: dict) -> Iterator[str]:  # noqa: F811
     """The shards over HTTP on loopback, each shard's first GET failing once."""
     _FailFirst.seen = set()
-    server = http.server.ThreadingHTTPServer(
-        ("127.0.0.1", 0), functools.partial(_FailFirst, directory=str(packed["shards"]))
-    )
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}"
-    finally:
-        server.shutdown()
-        server.server_close()
-        thread.join()
+    with serve_directory(packed["shards"], _FailFirst) as url:
+        yield url
 
 
 def test_http_transient_error_is_retried_and_counted(

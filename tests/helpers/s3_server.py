@@ -1,10 +1,11 @@
-"""An S3-compatible server on loopback for tests and benches: moto's standalone server as a subprocess
-(ended with its process tree), and a small forwarding proxy that can delay every request or fail a
-path's first GET (a transient network error) in front of it."""
+"""Servers on loopback for tests and benches: moto's standalone S3-compatible server as a subprocess (ended
+with its process tree), a small forwarding proxy that can delay every request or fail a path's first GET
+(a transient network error) in front of it, and a static HTTP server of a directory (a thread)."""
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import http.client
 import http.server
 import subprocess
@@ -24,6 +25,27 @@ CREDENTIALS = {
     "AWS_SECRET_ACCESS_KEY": "testing",
     "AWS_DEFAULT_REGION": "us-east-1",
 }
+
+
+class QuietFiles(http.server.SimpleHTTPRequestHandler):
+    """Static files, without a log line per request."""
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+
+@contextlib.contextmanager
+def serve_directory(directory: Path, handler: type[http.server.BaseHTTPRequestHandler] = QuietFiles) -> Iterator[str]:
+    """``directory`` over HTTP on 127.0.0.1 and a free port (a thread of this process); yields its URL."""
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(handler, directory=str(directory)))
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join()
 
 
 @contextlib.contextmanager
