@@ -183,6 +183,14 @@ def _shards_without_index(f: dict) -> None:
     (f["tmp"] / "shards").mkdir()
 
 
+def _shards_with_pickled_fields(f: dict) -> None:
+    (f["tmp"] / "shards").mkdir()
+    rows = {"train": [1], "val": [1]}
+    chunk = {"filename": "chunk-0-0.bin", "chunk_bytes": 9, "chunk_size": 1, "avion_rows": rows}
+    index = {"chunks": [chunk], "config": {"data_format": ["str", "str", "pickle"]}}
+    (f["tmp"] / "shards" / "index.json").write_text(json.dumps(index))
+
+
 def _shards_without_rows(f: dict) -> None:
     (f["tmp"] / "shards").mkdir()
     index = {"chunks": [{"filename": "chunk-0-0.bin", "chunk_size": 1}], "config": {}}
@@ -194,7 +202,7 @@ REMOTE_INDEX = {
     "chunks": [
         {"filename": "chunk-0-0.bin", "chunk_bytes": 9, "chunk_size": 1, "avion_rows": {"train": [1], "val": [1]}}
     ],
-    "config": {},
+    "config": {"data_format": ["str", "str", "bytes"]},
 }
 
 
@@ -475,6 +483,15 @@ CASES: list[Case] = [
         _shards_without_rows,
         [],
         ["data.shards", "index.json", "train/val rows", "--config"],
+    ),
+    (
+        "shards_pickled_fields",
+        "train",
+        "cls",
+        ["data.shards=@tmp/shards"],
+        _shards_with_pickled_fields,
+        [],
+        ["data.shards", "index.json", "data_format=['str', 'str', 'pickle']", "can run code"],
     ),
     (
         "shards_s3_bucket_missing",

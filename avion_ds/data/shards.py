@@ -50,7 +50,7 @@ from avion_ds.data.crop import clip_rng
 from avion_ds.data.decode.base import MemoryVideo, reason
 from avion_ds.data.errors import DataError
 from avion_ds.data.prep.manifest import Chunk, VideoEntry
-from avion_ds.data.prep.shard_index import ROWS_KEY
+from avion_ds.data.prep.shard_index import ROWS_KEY, format_problem
 
 DOWNLOAD_RETRIES = 4  # further attempts of a shard GET after a transient error (5xx, 408, 429, reset, short)
 DOWNLOAD_BACKOFF_S = 0.5  # first wait; doubled after each failed attempt (0.5, 1, 2, 4 s)
@@ -141,6 +141,9 @@ class RowItemLoader(PyTreeLoader):
         self._cum: list[list[int]] = []
 
     def setup(self, config: dict, chunks: list, *args: Any, **kwargs: Any) -> None:
+        problem = format_problem({"config": config}, "index.json")  # before litdata picks deserializers
+        if problem is not None:
+            raise ValueError(problem)
         super().setup(config, chunks, *args, **kwargs)
         self._cum = []
         for c in chunks:

@@ -18,6 +18,9 @@ from typing import Any
 
 ROWS_KEY = "avion_rows"  # per shard entry of index.json: split -> rows of each of its items
 ROW_LOADER = "RowItemLoader"  # the item loader litdata must read row-carrying shards with
+# the fields pack writes (video_id, meta JSON, chunk bytes): a shard from elsewhere declaring any other
+# layout is refused, since litdata's deserializers include pickle (code would run on read)
+ITEM_FORMAT = ["str", "str", "bytes"]
 REMOTE_PREFIXES = ("http://", "https://", "s3://")
 REMOTE_TIMEOUT_S = 30.0  # per request of the start-up check
 HEAD_THREADS = 16  # shard sizes asked at once (thousands of shards: seconds, not minutes)
@@ -47,8 +50,22 @@ def shard_problem(location: str, splits: tuple[str, ...] = ("train", "val")) -> 
         return f"data.shards: directory not found: {location}"
     if not index_path.is_file():
         return f"data.shards: {location} has no index.json (write shards with `avion-ds pack TREE {location}`)"
-    chunks = _chunks(index_path.read_text(), str(index_path))
-    return chunks if isinstance(chunks, str) else _rows_problem(chunks, str(index_path), splits)
+    text = index_path.read_text()
+    chunks = _chunks(text, str(index_path))
+    if isinstance(chunks, str):
+        return chunks
+    return _rows_problem(chunks, str(index_path), splits) or format_problem(json.loads(text), str(index_path))
+
+
+def format_problem(index: dict, where: str) -> str | None:
+    """Why the item layout ``index`` declares is not pack's (``ITEM_FORMAT``), or None."""
+    declared = (index.get("config") or {}).get("data_format")
+    if declared != ITEM_FORMAT:
+        return (
+            f"data.shards: {where} declares data_format={declared!r}, not avion-ds pack's {ITEM_FORMAT!r} "
+            "(other layouts are not read: litdata's deserializers can run code)"
+        )
+    return None
 
 
 def _chunks(text: str, where: str) -> list[dict] | str:
@@ -79,7 +96,9 @@ def _remote_problem(location: str, splits: tuple[str, ...]) -> str | None:
     chunks = _chunks(text, f"{location}/index.json")
     if isinstance(chunks, str):
         return chunks
-    problem = _rows_problem(chunks, f"{location}/index.json", splits)
+    problem = _rows_problem(chunks, f"{location}/index.json", splits) or format_problem(
+        json.loads(text), f"{location}/index.json"
+    )
     if problem:
         return problem
 
