@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# ONE GPU benchmark run on one H200; each part has a hard time limit (they add up to 700 s, 790 s with LOADER=1):
+# ONE GPU benchmark run on one H200; each part has a hard time limit (they add up to 1150 s, 1240 s with LOADER=1):
 #   1. ViT-B/L bf16 16x224 train-step clips/s and MFU, flash-attn vs SDPA            (bench/memory.py throughput)
 #   2. largest micro-batch per size under a 24 GiB cap, planner vs measured, and the
 #      planner's allocated-peak error on every probe (target within +-10%)            (bench/memory.py capacity)
@@ -17,6 +17,9 @@
 #  11. UMT distillation step vs VideoMAE pretraining vs fine-tuning at ViT-B, bf16, with each variant's peak
 #      memory and the planner's teacher-forward estimate against the measured one           (bench/umt_step.py)
 #  12. token merging (ToMe) at ViT-B/L 16x224 bf16: eval clips/s and train step, merged vs not (bench/token_merge.py)
+#  13. run-length tokenization on the GPU: the packed-clip tests (nested SDPA, flash varlen where installed)
+#      against the CPU reference, then ViT-B/L 16x224 bf16 eval / train step at 26.8 % of the tokens dropped
+#      (the real-footage fraction at threshold 0.1) vs the full model      (tests/models/test_rlt_cuda.py, bench/rlt.py)
 #   9. (LOADER=1 only, ~90 s) decode paths incl. torchcodec-cuda (NVDEC + GPU crop) vs the AVION-style
 #      reference, one process, one decoder thread                                        (bench/loader.py)
 # then bench/report.py merges the JSON files into suite.json and draws suite.png.
@@ -87,11 +90,16 @@ run clip 80 python bench/dual_encoder.py --device cuda --dtype bf16 --batch 256 
     --warmup 1 --iters 3
 PAIRS=finetune,pretrain,self
 [ -n "${AVION_SRC:-}" ] && PAIRS=avion,$PAIRS
-run policies 150 python bench/checkpoint_pairs.py --device cuda --dtype bf16 --attn flash --pairs "$PAIRS" \
+# flash-attn where it imports, else SDPA (ATTN= sets it)
+ATTN=${ATTN:-$(python -c "import flash_attn" 2>/dev/null && echo flash || echo sdpa)}
+run policies 150 python bench/checkpoint_pairs.py --device cuda --dtype bf16 --attn "$ATTN" --pairs "$PAIRS" \
     --batch 8 --compile --warmup 2 --repeats 3 ${AVION_SRC:+--avion-src "$AVION_SRC"}
 run umt 90 python bench/umt_step.py --device cuda --dtype bf16 --batch 16 --warmup 2 --iters 3
 run tome 90 python bench/token_merge.py --device cuda --dtype bf16 --batch 8 --frames 16 \
     --models vit_base_patch16_224 vit_large_patch16_224 --warmup 2 --iters 5
+run rlt 120 bash -c "python -m pytest -q -p no:cacheprovider tests/models/test_rlt_cuda.py && \
+    python bench/rlt.py --device cuda --dtype bf16 --batch 16 --fraction 0.268 --skip-fractions \
+    --models vit_base_patch16_224 vit_large_patch16_224 --warmup 2 --iters 5"
 if [ -n "${LOADER:-}" ]; then
     run loader 90 python bench/loader.py --seconds 20 --fps 30 --clips 10 --repeats 2 --parts paths \
         --workdir "$OUT/loader_work"

@@ -206,7 +206,7 @@ def _check_rlt(recipe: Recipe) -> None:
     if m.attn_backend == "eager":
         raise ConfigError(
             f"model.rlt_threshold={value!r} with model.attn_backend='eager': clips of different lengths need "
-            "packed attention (sdpa on nested tensors, or flash-attn's varlen kernel); use auto, sdpa or flash"
+            "packed attention (sdpa: torch's varlen kernel or clip by clip; flash: its varlen kernel); use auto, sdpa or flash"
         )
     if m.token_merge != 0:
         raise ConfigError(

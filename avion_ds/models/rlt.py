@@ -93,12 +93,14 @@ class RunLengthEmbedding(nn.Module):
 @dataclass(frozen=True)
 class PackedClips:
     """The layout of clips' kept tokens packed end to end: ``offsets`` (B+1,) int64 start of each clip
-    (flash-attn's ``cu_seqlens``), ``clip`` (total,) the clip of each token, ``max_len`` an upper bound of
-    the longest clip (the token count before dropping: no host sync)."""
+    (flash-attn's ``cu_seqlens``), ``clip`` (total,) the clip of each token, ``max_len`` the longest clip,
+    ``lengths`` each clip's token count on the host (read once per forward: one device sync, which packing
+    the tokens by a boolean mask costs anyway; the blocks then need none)."""
 
     offsets: torch.Tensor
     clip: torch.Tensor
     max_len: int
+    lengths: tuple[int, ...]
 
     @classmethod
     def from_keep(cls, keep: torch.Tensor) -> PackedClips:
@@ -107,7 +109,8 @@ class PackedClips:
         offsets = torch.zeros(counts.numel() + 1, dtype=torch.long, device=keep.device)
         offsets[1:] = counts.cumsum(0)
         clip = torch.arange(keep.shape[0], device=keep.device).unsqueeze(1).expand_as(keep)[keep]
-        return cls(offsets, clip, int(keep.shape[1]))
+        lengths = tuple(int(n) for n in counts.tolist())
+        return cls(offsets, clip, max(lengths, default=0), lengths)
 
     @property
     def num_clips(self) -> int:

@@ -377,3 +377,21 @@ def test_sharded_load_into_a_partitioned_pretraining_model(one_rank: None) -> No
         with gathered([p], modifier_rank=None):
             full[n] = p.data.clone()
     assert _same_params(ours, full)
+
+
+def test_zero_key_biases_some_transformers_versions_store_are_skipped_and_others_refused() -> None:
+    """transformers 5.17's VideoMAE stores ``attention.attention.key.bias`` (zeros): the same function as
+    VideoMAE's key without bias, so it loads strictly with the keys named skipped; a non-zero one is refused."""
+    hf, ours = _hf_pair()
+    sd = dict(hf.state_dict())
+    for k in [k for k in sd if k.endswith("attention.attention.query.bias")]:
+        sd[k.replace("query.bias", "key.bias")] = torch.zeros_like(sd[k])
+    m = create_model("pretrain_videomae_test_tiny", decoder_norm_eps=1e-5)
+    report = load_weights(m, sd, strict=True)
+    assert len(report.skipped) == 3 and all(k.endswith("key.bias") for k in report.skipped), report.skipped
+    assert any("zero key biases" in n for n in report.notes)
+    assert _same_params(m, dict(ours.named_parameters()))
+    bad = next(k for k in sd if k.endswith("key.bias"))
+    sd[bad] = torch.full_like(sd[bad], 0.5)
+    with pytest.raises(ValueError, match=rf"^HF checkpoint: {bad} is not zero"):
+        load_weights(create_model("pretrain_videomae_test_tiny", decoder_norm_eps=1e-5), sd)

@@ -8,7 +8,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from avion_ds.models.attention import packed_attention, sdpa_nested
+from avion_ds.models.attention import packed_attention
 from avion_ds.models.rlt import (
     IMAGENET_STD,
     PackedClips,
@@ -123,24 +123,20 @@ def test_packed_layout_and_per_clip_mean() -> None:
     keep = torch.tensor([[True, False, True], [False, False, True], [True, True, True]])
     packed = PackedClips.from_keep(keep)
     assert packed.offsets.tolist() == [0, 2, 3, 6] and packed.clip.tolist() == [0, 0, 1, 2, 2, 2]
+    assert packed.lengths == (2, 1, 3) and packed.max_len == 3
     x = torch.randn(6, 4)
     want = torch.stack([x[0:2].mean(0), x[2:3].mean(0), x[3:6].mean(0)])
     torch.testing.assert_close(packed.mean(x), want)
 
 
-@pytest.mark.parametrize("nested", [False, True])  # CPU: clip by clip; CUDA: nested jagged (forward run here)
-@pytest.mark.filterwarnings("ignore:The PyTorch API of nested tensors is in prototype stage")
-def test_packed_attention_equals_each_clip_alone_and_padded_attention_with_a_key_mask(nested: bool) -> None:
+def test_packed_attention_equals_each_clip_alone_and_padded_attention_with_a_key_mask() -> None:
     g = torch.Generator().manual_seed(2)
     x = torch.randn(3, 10, 2, 8, generator=g)  # (B, N, heads, head_dim)
     keep = torch.rand(3, 10, generator=g) > 0.4
     keep[:, 0] = True
     packed = PackedClips.from_keep(keep)
     qkv = x[keep].unsqueeze(1).expand(-1, 3, -1, -1)  # q = k = v
-    if nested:
-        out = sdpa_nested(qkv, packed.offsets, packed.max_len)
-    else:
-        out = packed_attention(qkv, packed.offsets, packed.max_len, "sdpa")  # (total, heads * head_dim)
+    out = packed_attention(qkv, packed.offsets, packed.max_len, "sdpa", packed.lengths)  # (total, heads * d)
     for i in range(3):
         q = x[i][keep[i]].transpose(0, 1).unsqueeze(0)  # one clip, no padding
         want = F.scaled_dot_product_attention(q, q, q)[0].transpose(0, 1).flatten(1)

@@ -98,7 +98,7 @@ class Block(nn.Module):
     def forward_packed(self, x: torch.Tensor, packed: PackedClips) -> torch.Tensor:
         """The block on clips packed end to end (1, total, D): attention per clip, stochastic depth per clip."""
         x = x + self._drop_packed(
-            self.ls1(self.attn.forward_packed(self.norm1(x), packed.offsets, packed.max_len)), packed
+            self.ls1(self.attn.forward_packed(self.norm1(x), packed.offsets, packed.max_len, packed.lengths)), packed
         )
         return x + self._drop_packed(self.ls2(self.mlp(self.norm2(x))), packed)
 

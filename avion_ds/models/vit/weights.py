@@ -134,6 +134,17 @@ _HF_TOP = {
 }
 
 
+def _zero_key_bias(key: str, v: torch.Tensor, report: LoadReport) -> None:
+    """VideoMAE's key projection has no bias; some transformers versions store a zero one. Zero: skipped (the
+    same function), stated in the report; non-zero: refused in one line (our blocks have no key bias)."""
+    if bool(v.count_nonzero()):
+        raise ValueError(f"HF checkpoint: {key} is not zero; VideoMAE (and this model) has no key bias")
+    report.skipped.append(key)
+    note = "zero key biases (transformers stores them; VideoMAE has none) skipped"
+    if note not in report.notes:
+        report.notes.append(note)
+
+
 def _filter_hf(sd: StateDict, model: nn.Module, report: LoadReport) -> StateDict:
     """transformers VideoMAE(ForVideoClassification / ForPreTraining / Model) -> our names."""
     out: StateDict = {}
@@ -146,6 +157,8 @@ def _filter_hf(sd: StateDict, model: nn.Module, report: LoadReport) -> StateDict
             part = re.match(r"^attention\.attention\.(query|key|value)\.weight$", rest)
             if part:
                 qkv.setdefault(i, {})[part.group(1)] = v
+            elif rest == "attention.attention.key.bias":
+                _zero_key_bias(key, v, report)
             elif rest in _HF_BLOCK:
                 out[f"blocks.{i}.{_HF_BLOCK[rest]}"] = v
             else:
