@@ -30,6 +30,7 @@ import json
 import os
 import shutil
 import sys
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -39,7 +40,9 @@ from typing import Any
 
 import torch
 from litdata import StreamingDataset
+from litdata.streaming import dataset as litdata_dataset
 from litdata.streaming import downloader as litdata_downloader
+from litdata.streaming import elastic as litdata_elastic
 from litdata.streaming.downloader import Downloader, register_downloader
 from litdata.streaming.item_loader import Interval, PyTreeLoader
 from litdata.streaming.resolver import Dir
@@ -181,6 +184,9 @@ class _ShardRows:
     def load_rows(self, cfg: DataConfig) -> None:
         self.rows, self._item, self._sources = [], None, {}
         self.masks = getattr(self, "masks", None)  # the unlabelled videos' dataset: the task attaches them
+        load_targets = getattr(self, "load_eval_targets", None)  # what scoring needs beyond the rows (epic_mir)
+        if load_targets is not None:
+            load_targets(cfg)
 
     def use_item(self, found: dict, location: str) -> int:
         """Make ``found`` (a :class:`RowItemLoader` result) the item :meth:`sample_span` reads; returns its
@@ -207,7 +213,13 @@ class _ShardRows:
 
     def sample_span(self, i: int) -> tuple[VideoEntry, int, int, Any]:
         row = self._item[1][i]
-        return self._item[0], int(row[0]), int(row[1]), row[2]
+        draw = getattr(self, "draw_label", None)  # labels drawn per epoch from the row's candidates (captions)
+        label = row[2] if draw is None else draw(i, row[2], self.sample_where(i))
+        return self._item[0], int(row[0]), int(row[1]), label
+
+    def sample_where(self, i: int) -> str:
+        """Sample ``i`` named by its packed row (messages: a caption that cannot be drawn or tokenised)."""
+        return f"{self.row_name(i)} ({self.split} sample {i} of the shards)"
 
     def row_name(self, i: int) -> str:
         row = self._item[1].get(i) if self._item else None
@@ -270,6 +282,16 @@ def _input_dir(location: str, cache_dir: str | None) -> str | Dir:
         cache_dir = str(base / "avion_ds" / "shards" / hashlib.sha256(location.encode()).hexdigest()[:16])
     os.makedirs(cache_dir, exist_ok=True)
     return Dir(path=cache_dir, url=location.rstrip("/"))
+
+
+def _whole_prefix(drop_first: int, world_size: int, batch_size: int) -> int:
+    """The samples an elastic resume drops: all those read before the cut (litdata's own rounds them down to
+    whole batches of the new world, and the remainder is read twice)."""
+    return max(0, int(drop_first))
+
+
+_ROUNDING = "_round_down_drop_first"  # litdata's PRIVATE name (0.2.76), in its dataset and elastic modules
+_ELASTIC_LOCK = threading.Lock()
 
 
 class ShardClipDataset(StreamingDataset):
@@ -352,6 +374,27 @@ class ShardClipDataset(StreamingDataset):
         """Ask the process group for this rank now: litdata reads it when the dataset is built, before the
         process group exists (``WORLD_SIZE`` alone would make every rank rank 0)."""
         self.distributed_env = _DistributedEnv.detect()
+
+    def _setup_elastic_resume(self, replay_workers: bool = False) -> list[list[int]]:
+        """litdata's resume on another world size, worker count or batch size (its elastic path), dropping
+        exactly the ``sample_in_epoch`` samples its saved state counts as read, not that count rounded down to
+        whole batches of the new world: the epoch's remaining samples, each once, split over the new ranks.
+
+        litdata's stream of an epoch is the order the first run's ranks read it in lockstep (batches cycling
+        ranks, then workers), so the samples read before a cut are its first ``sample_in_epoch``; litdata
+        re-stripes the rest over the new grid from any offset. The rounding is litdata's PRIVATE module
+        function (0.2.76), replaced here while this call runs (under a lock; when the name is gone, litdata's
+        own behaviour stays and ``tests/data/test_shards.py`` fails)."""
+        modules = [m for m in (litdata_dataset, litdata_elastic) if hasattr(m, _ROUNDING)]
+        with _ELASTIC_LOCK:
+            saved = [getattr(m, _ROUNDING) for m in modules]
+            try:
+                for m in modules:
+                    setattr(m, _ROUNDING, _whole_prefix)
+                return super()._setup_elastic_resume(replay_workers)
+            finally:
+                for m, fn in zip(modules, saved, strict=True):
+                    setattr(m, _ROUNDING, fn)
 
     def startup_line(self) -> str:
         """The start-up log line: samples (annotation rows) of this split in the shards, and where they are."""

@@ -288,35 +288,60 @@ def test_truncated_shard_is_named_counted_and_skipped(packed: dict, tmp_path: Pa
             pass
 
 
-def test_ranks_read_disjoint_rows_and_a_world_change_resumes(packed: dict, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Two ranks (litdata reads WORLD_SIZE / GLOBAL_RANK) read disjoint rows, as many batches each; a position
-    saved on one rank resumes on two (litdata's elastic resume): disjoint again, nothing of the first part is
-    read twice beyond litdata's rounding down to whole batches of the new world (at most world x batch - 1)."""
+def _lockstep(per_rank: list[list[list[int]]]) -> list[int]:
+    """The sample ids ranks read, step by step (rank 0's batch, rank 1's, ...): the order a run reads its epoch."""
+    return [i for step in zip(*per_rank, strict=True) for batch in step for i in batch]
+
+
+def _ranks(
+    packed: dict, monkeypatch: pytest.MonkeyPatch, world: int, state: dict | None = None, stop: int | None = None
+):
+    """Epoch 1 on ``world`` ranks (faked through litdata's WORLD_SIZE / GLOBAL_RANK, one loader per rank),
+    from ``state`` when given, ``stop`` steps at most: (each rank's batches, each rank's loader state after)."""
     from avion_ds.data.loader import build_loader, set_epoch
 
-    def loader() -> Any:
-        return build_loader(_open(packed, "train"), 2, 0, shuffle=True, seed=SEED, drop_last=True, distributed=False)
-
-    cut = loader()
-    set_epoch(cut, 1)
-    done = {i for step in _steps(cut, stop=5) for i in step}
-    state = json.loads(json.dumps(cut.state_dict()))
-    fresh, resumed = {}, {}
-    for rank in (0, 1):
-        monkeypatch.setenv("WORLD_SIZE", "2")
+    batches, states = [], []
+    for rank in range(world):
+        monkeypatch.setenv("WORLD_SIZE", str(world))
         monkeypatch.setenv("GLOBAL_RANK", str(rank))
-        whole = loader()
-        set_epoch(whole, 1)
-        fresh[rank] = _steps(whole)
-        again = loader()
-        again.load_state_dict(state)
-        set_epoch(again, 1)
-        resumed[rank] = [i for step in _steps(again) for i in step]
-    assert len(fresh[0]) == len(fresh[1]) > 0
-    assert not {i for s in fresh[0] for i in s} & {i for s in fresh[1] for i in s}
-    assert not set(resumed[0]) & set(resumed[1])
-    assert len(resumed[0]) == len(resumed[1]) > 0
-    assert len((set(resumed[0]) | set(resumed[1])) & done) < 2 * 2
+        loader = build_loader(_open(packed, "train"), 2, 0, shuffle=True, seed=SEED, drop_last=True, distributed=False)
+        if state is not None:
+            loader.load_state_dict(json.loads(json.dumps(state)))  # as a checkpoint stores it
+        set_epoch(loader, 1)
+        batches.append(_steps(loader, stop))
+        states.append(json.loads(json.dumps(loader.state_dict())))
+    return batches, states
+
+
+@pytest.mark.parametrize(("before", "after"), [(1, 2), (2, 1)])
+def test_a_world_change_resumes_exactly(packed: dict, monkeypatch: pytest.MonkeyPatch, before: int, after: int) -> None:
+    """Exact resume on another number of ranks: an epoch's samples in the order the first world reads them
+    (ranks' batches step by step); a run cut after k steps and resumed on the new world reads that order's first
+    k x world x batch samples, then the ones after, each once: no sample twice, none skipped, and only the
+    epoch's last samples that fill no whole batch of every new rank (fewer than new ranks x batch) fall to
+    drop_last, as in any epoch (none when they divide: then the same multiset as the uninterrupted run). Ranks
+    read disjoint rows, as many batches each. Cut at several points, some not at a whole batch of the new
+    world (litdata alone reads the remainder twice)."""
+    whole, _ = _ranks(packed, monkeypatch, before)
+    order = _lockstep(whole)
+    assert len(order) == len(set(order)) > 0
+    fresh, _ = _ranks(packed, monkeypatch, after)  # the new world's own epoch: disjoint ranks, equal steps
+    assert len({len(b) for b in fresh}) == 1 and len(set(_lockstep(fresh))) == len(_lockstep(fresh))
+    divides = 0
+    for stop in (1, 2, 3, 5):
+        cut, states = _ranks(packed, monkeypatch, before, stop=stop)
+        assert all(s == states[0] for s in states)  # every rank saves the same position
+        rest, _ = _ranks(packed, monkeypatch, after, state=states[0])
+        assert len({len(b) for b in rest}) == 1  # the new ranks step together
+        seen = _lockstep(cut) + _lockstep(rest)
+        assert seen == order[: len(seen)], stop  # each once, in the first world's order, nothing skipped
+        assert len(seen) == len(set(seen))
+        left = len(order) - stop * before * 2
+        assert len(order) - len(seen) == left % (after * 2), stop  # only drop_last's tail of the new world
+        divides += left % (after * 2) == 0
+        if left % (after * 2) == 0:
+            assert sorted(seen) == sorted(order)  # the uninterrupted run's samples exactly
+    assert divides > 0
 
 
 def test_kinetics_list_clips_from_shards(packed: dict, tmp_path: Path) -> None:
