@@ -197,6 +197,16 @@ def _shards_without_rows(f: dict) -> None:
     (f["tmp"] / "shards" / "index.json").write_text(json.dumps(index))
 
 
+def _shards_packed_for_classes(f: dict) -> None:
+    """Shards whose rows were packed for EPIC action classes: no narrations for an Ego4D recipe to draw."""
+    (f["tmp"] / "shards").mkdir()
+    rows = {"train": [1], "val": [1]}
+    chunk = {"filename": "chunk-0-0.bin", "chunk_bytes": 9, "chunk_size": 1, "avion_rows": rows}
+    labels = {s: {"dataset": "epic", "kind": "class"} for s in rows}
+    index = {"chunks": [chunk], "config": {"data_format": ["str", "str", "bytes"]}, "avion_labels": labels}
+    (f["tmp"] / "shards" / "index.json").write_text(json.dumps(index))
+
+
 # a remote shard location: index.json names one 9-byte shard with a train and a val row
 REMOTE_INDEX = {
     "chunks": [
@@ -530,7 +540,15 @@ CASES: list[Case] = [
         ["data.shards", "/chunk-0-0.bin cannot be read (HTTP 404"],
     ),
     ("check_shards", "check", "", [], None, ["--config", "@file", "--set", "data.shards=s3://b/x"], ["data.shards"]),
-    ("pack_narrations", "pack", "", [], None, ["@tree", "@tmp/out", "--config", "@file"], ["narration", "pack"]),
+    (
+        "shards_without_captions",
+        "train",
+        "contrastive",
+        ["data.shards=@tmp/shards"],
+        _shards_packed_for_classes,
+        [],
+        ["data.shards", "train rows packed for data.dataset='epic'", "narration captions", "--config RECIPE"],
+    ),
     # eval --tag best
     ("eval_tag_best_without_best_json", "eval", "contrastive", [], None, ["--tag", "best"], ["best", "best.json"]),
 ]

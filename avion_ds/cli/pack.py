@@ -7,7 +7,7 @@ import sys
 
 from avion_ds.cli.args import Parser
 from avion_ds.config import ConfigError, add_override_option
-from avion_ds.data.prep.pack import DEFAULT_SHARD_BYTES, annotation_rows, pack_tree
+from avion_ds.data.prep.pack import DEFAULT_SHARD_BYTES, annotation_rows, pack_tree, packed_labels
 
 
 def _parser() -> Parser:
@@ -36,15 +36,16 @@ def main(argv: list[str] | None = None) -> int:
     """``avion-ds pack TREE OUT``; exit 2 on a missing tree, recipe or annotation file, or a bad size (one line)."""
     a = _parser().parse_args(argv)
     try:
-        rows = None
+        rows, labels = None, None
         if a.config is not None or a.overrides:
             from avion_ds.tasks import load_recipe  # lazy: the recipe's tasks load torch; a plain pack needs none
 
             recipe = load_recipe(a.config, [*a.overrides, f"data.root={a.tree}", "data.chunked=true", "data.shards="])
             rows, problems = annotation_rows(recipe.data, recipe.sections)
+            labels = packed_labels(recipe.data)
             if problems:
                 print(f"avion-ds pack: {len(problems)} rows left out (first: {problems[0]})", file=sys.stderr)
-        n = pack_tree(a.tree, a.out, a.shard_bytes, a.workers, rows)
+        n = pack_tree(a.tree, a.out, a.shard_bytes, a.workers, rows, labels)
     except (OSError, ValueError, ImportError, ConfigError) as e:
         print(f"avion-ds pack: error: {e}", file=sys.stderr)
         return 2

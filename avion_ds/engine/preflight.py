@@ -22,6 +22,7 @@ from avion_ds.data.datasets.registry import DatasetSpec
 from avion_ds.data.errors import DataError
 from avion_ds.data.prep.manifest import MANIFEST_NAME, check_chunk_file
 from avion_ds.data.prep.manifest_index import load_manifest
+from avion_ds.data.prep.pack import packed_labels, shard_labels_problem
 from avion_ds.data.prep.shard_index import shard_problem
 from avion_ds.distributed.ds_config import torch_dtype
 from avion_ds.distributed.ds_plan import DSPlan
@@ -49,7 +50,8 @@ def check_data_paths(recipe: Recipe, need_train: bool = True) -> None:
     each split is asked once for what it may leave empty and for its own files (``check_paths``)."""
     d = recipe.data
     if d.shards:  # rows and clips come from the shards (avion-ds pack --config): nothing else is read
-        problem = shard_problem(d.shards, ("train", "val") if need_train else ("val",))
+        splits = ("train", "val") if need_train else ("val",)
+        problem = shard_problem(d.shards, splits) or shard_labels_problem(d.shards, packed_labels(d, splits))
         if problem:
             raise ConfigError(problem)
         if importlib.util.find_spec("litdata") is None:

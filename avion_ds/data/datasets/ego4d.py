@@ -343,8 +343,7 @@ class Ego4dDataset(MidpointRows):
             raise DataError(f"{where}: start_sec/end_sec {start_s:g}/{end_s:g}: a time before the video's start")
         if end_s < start_s:
             raise DataError(f"{where}: end_sec {end_s:g} is before start_sec {start_s:g}")
-        rng = clip_rng(self.seed, self.epoch if self.train else 0, i, TEXT_STREAM)
-        text = draw_narration(t.text[k], rng, where)
+        text = self.draw_label(i, t.text[k], where)
         try:
             entry = self.index.by_id(t.uids[int(t.vid[k])])
         except DataError as e:
@@ -352,9 +351,25 @@ class Ego4dDataset(MidpointRows):
         start, end = segment_span(start_s, end_s, entry, self.cfg.fps)
         return entry, start, end, text
 
+    def draw_label(self, i: int, value: Any, where: str) -> str:
+        """The narration of sample ``i`` this epoch (validation: epoch 0) from its row's ``value``: the string,
+        or one of its list drawn by (seed, epoch, i); shard datasets draw from the packed value the same way."""
+        rng = clip_rng(self.seed, self.epoch if self.train else 0, i, TEXT_STREAM)
+        return draw_narration(tuple(value) if isinstance(value, list) else value, rng, where)
+
+    def packed_label(self, i: int) -> str | list[str]:
+        """What ``avion-ds pack`` stores of sample ``i``'s label (JSON): the narration, or its whole list of
+        phrasings (each epoch draws one, :meth:`draw_label`)."""
+        value = self.table.text[int(self.rows[i])]
+        return list(value) if isinstance(value, tuple) else value
+
+    def sample_where(self, i: int) -> str:
+        """``file:N (video_uid)`` of sample ``i``, for messages."""
+        return self.table.where(int(self.rows[i]))
+
     def _load(self, i: int) -> dict:
         item = super()._load(i)
-        item["label"] = {"tokens": text_tokens(item["label"], f"{self.table.where(int(self.rows[i]))}")}
+        item["label"] = {"tokens": text_tokens(item["label"], self.sample_where(i))}
         return item
 
     def _placeholder(self, i: int, message: str) -> dict:

@@ -242,6 +242,22 @@ class EpicMirDataset(MidpointRows):
                 self.mir_targets = loaded
         say_duplicates(self.csv, self.rows)
 
+    def load_eval_targets(self, cfg: DataConfig) -> None:
+        """The MIR targets of a dataset reading its rows and captions from shards (``data.shards``): scoring needs
+        the whole relevancy matrix, not a row's captions, so evaluation reads ``data.val_csv``,
+        ``epic_mir.val_sentences`` and ``epic_mir.val_relevancy`` as from the chunk tree (the pair unset:
+        contrastive accuracies). KeyedInputError (one line) for the pair set without ``data.val_csv``."""
+        self.targets = self.mir_targets = None
+        if self.train or not (cfg.val_sentences or cfg.val_relevancy):
+            return
+        if not (cfg.val_csv and cfg.val_sentences and cfg.val_relevancy):
+            raise KeyedInputError(
+                "epic_mir.val_relevancy: MIR scoring with data.shards reads the whole relevancy matrix from "
+                "data.val_csv, epic_mir.val_sentences and epic_mir.val_relevancy (not from the shards); set all three"
+            )
+        keys = ("data.val_csv", "epic_mir.val_sentences", "epic_mir.val_relevancy")
+        self.mir_targets = load_mir_targets(cfg.val_csv, cfg.val_sentences, cfg.val_relevancy, keys, evaluation=True)
+
     def startup_line(self) -> str:
         """The base line, plus what loading the relevancy file changed (a pickled list converted)."""
         loaded = self.targets or self.mir_targets
@@ -262,7 +278,7 @@ class EpicMirDataset(MidpointRows):
         caption, relevancy = self.caption(i)
         entry = epic_video(self.index, r, where)
         start, end = segment_span(start_s, stop_s, entry)
-        return entry, start, end, (caption, relevancy)
+        return entry, start, end, (caption, relevancy, int(self.rows[i][0]))
 
     def caption(self, i: int) -> tuple[str, float]:
         """(caption text, relevancy) of sample ``i``: its narration, or a drawn relevant sentence (module doc)."""
@@ -275,18 +291,40 @@ class EpicMirDataset(MidpointRows):
         positives = np.flatnonzero(rel > POSITIVE_RELEVANCY)
         if not len(positives):
             raise DataError(f"{self._where(i)}: no sentence has relevancy > {POSITIVE_RELEVANCY} to this row")
-        rng = clip_rng(self.seed, self.epoch, i, CAPTION_STREAM)
-        j = int(positives[int(rng.integers(len(positives)))])
+        j = int(positives[self._caption_draw(i, len(positives))])
         return self.targets.sentences[j], float(rel[j])
+
+    def _caption_draw(self, i: int, n: int) -> int:
+        """Which of ``n`` candidate captions sample ``i`` gets this epoch (seeded by (seed, epoch, i))."""
+        return int(clip_rng(self.seed, self.epoch, i, CAPTION_STREAM).integers(n))
+
+    def packed_label(self, i: int) -> dict[str, Any]:
+        """What ``avion-ds pack`` stores of sample ``i``'s label (JSON): its relevancy-matrix row and its candidate
+        captions ``[text, relevancy]`` (the sentences above POSITIVE_RELEVANCY in sentence order, or its own
+        narration with relevancy 1), from which :meth:`draw_label` draws each epoch's as :meth:`caption` does."""
+        pos, _, r = self.rows[i]
+        if self.targets is None:
+            return {"row": int(pos), "captions": [[r["narration"], 1.0]]}
+        rel = self.targets.relevancy[pos]
+        positives = np.flatnonzero(rel > POSITIVE_RELEVANCY)
+        return {"row": int(pos), "captions": [[self.targets.sentences[j], float(rel[j])] for j in positives]}
+
+    def draw_label(self, i: int, value: Any, where: str) -> tuple[str, float, int]:
+        """(caption, relevancy, row) of sample ``i`` this epoch from its packed label (:meth:`packed_label`)."""
+        captions = value.get("captions") if isinstance(value, dict) else None
+        if not captions or not isinstance(captions, list):
+            raise DataError(f"{where}: the shard row holds no epic_mir captions (pack with an epic_mir recipe)")
+        text, relevancy = captions[self._caption_draw(i, len(captions))]
+        return text, float(relevancy), int(value["row"])
+
+    def sample_where(self, i: int) -> str:
+        """``file:line (narration_id)`` of sample ``i``, for messages."""
+        return self._where(i)
 
     def _load(self, i: int) -> dict:
         item = super()._load(i)
-        caption, relevancy = item["label"]
-        item["label"] = {
-            "tokens": text_tokens(caption, self._where(i)),
-            "row": int(self.rows[i][0]),
-            "relevancy": relevancy,
-        }
+        caption, relevancy, row = item["label"]
+        item["label"] = {"tokens": text_tokens(caption, self.sample_where(i)), "row": row, "relevancy": relevancy}
         return item
 
     def _placeholder(self, i: int, message: str) -> dict:

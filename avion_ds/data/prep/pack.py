@@ -7,8 +7,12 @@ whatever its number of chunks or rows): ``meta`` holds ``chunks`` (each chunk's 
 start-frame order, their bytes concatenated in ``data``) and ``rows`` (split -> ``[start_frame, end_frame,
 label, name, sample]`` per sample of that video, as the recipe's dataset resolves them from its annotation file;
 ``sample`` is its index in that dataset, which keys its clip and crop draws).
+A dataset whose labels are drawn per epoch (``ego4d``: one of a narration's phrasings; ``epic_mir``: a caption
+drawn by relevancy) gives its own JSON ``label`` (``packed_label``: every candidate) and draws from it when
+read from the shards (``draw_label``), with the chunk tree's draws for the same (seed, epoch, sample).
 ``index.json`` records each item's row count per split in its shard's entry (``avion_rows``), which
-:mod:`avion_ds.data.shards` reads to address samples without opening a shard.
+:mod:`avion_ds.data.shards` reads to address samples without opening a shard, and what the rows of each split
+were packed for (``avion_labels``: dataset and label kind), which start-up checks against the recipe.
 """
 
 from __future__ import annotations
@@ -28,9 +32,12 @@ from avion_ds.data.prep.shard_index import ROW_LOADER, ROWS_KEY
 
 log = logging.getLogger(__name__)
 DEFAULT_SHARD_BYTES = 1 << 30  # ~1 GiB per shard
-PACKABLE_KINDS = ("class", "none")  # label kinds whose labels are fixed per row (JSON): class indices, none
+PACKABLE_KINDS = ("class", "none", "narration", "retrieval")  # drawn kinds: the dataset's packed_label / draw_label
+DRAWN_KINDS = ("narration", "retrieval")  # labels drawn per epoch: shards packed for another kind cannot give them
+LABELS_KEY = "avion_labels"  # index.json: split -> {"dataset": name, "kind": label kind} the rows were packed for
 
 Rows = dict[str, dict[str, list[list[Any]]]]  # split -> video id -> [start, end, label, name, sample] rows
+Labels = dict[str, dict[str, str]]  # split -> {"dataset", "kind"}
 
 
 def video_groups(tree: str | Path) -> list[list[dict]]:
@@ -61,8 +68,9 @@ def annotation_rows(cfg: Any, sections: Mapping[str, Any] | None = None) -> tupl
     """(split -> video id -> rows, problems) of a recipe's dataset read over the chunk tree ``cfg.root``.
 
     Each sample the dataset would draw becomes ``[start_frame, end_frame, label, name, sample index]`` (its span as the
-    dataset resolves it); a row the dataset cannot resolve (unknown video, bad times) is left out and listed
-    in ``problems``. ValueError for a dataset whose labels are drawn per epoch (narrations, retrieval)."""
+    dataset resolves it; the label as :func:`row_label` packs it); a row the dataset cannot resolve (unknown
+    video, bad times, no caption) is left out and listed in ``problems``. ValueError for a dataset of another
+    label kind than :data:`PACKABLE_KINDS`."""
     from avion_ds.data.datasets.build import split_view  # lazy: the dataset registry loads torch and decoders
 
     out: Rows = {}
@@ -71,8 +79,8 @@ def annotation_rows(cfg: Any, sections: Mapping[str, Any] | None = None) -> tupl
         spec, view = split_view(cfg, split, sections)
         if spec.label_kind not in PACKABLE_KINDS:
             raise ValueError(
-                f"data.dataset={spec.name!r}: its labels ({spec.label_kind}) are drawn per epoch; pack packs "
-                f"datasets with labels of kind {', '.join(PACKABLE_KINDS)} only"
+                f"data.dataset={spec.name!r}: labels of kind {spec.label_kind!r}; pack packs datasets with labels of "
+                f"kind {', '.join(PACKABLE_KINDS)} only"
             )
         ds = spec.build(view, split, 1, 1, 0)
         per_video: dict[str, list[list[Any]]] = {}
@@ -86,13 +94,57 @@ def annotation_rows(cfg: Any, sections: Mapping[str, Any] | None = None) -> tupl
                 name = ds.row_name(i)
             except NotImplementedError:
                 name = f"{entry.video_id}#{i}"
-            per_video.setdefault(entry.video_id, []).append([int(start), int(end), label, name, i])
+            per_video.setdefault(entry.video_id, []).append([int(start), int(end), row_label(ds, i, label), name, i])
         out[split] = per_video
     return out, problems
 
 
-def _record_rows(out: Path, counts: Mapping[str, list[int]], videos: int) -> None:
-    """Write each shard's per-item row counts into ``out/index.json`` (items in input order)."""
+def row_label(ds: Any, i: int, label: Any) -> Any:
+    """The label of sample ``i`` as a shard row holds it: the dataset's ``packed_label`` (every candidate of a
+    label drawn per epoch), else the fixed label ``sample_span`` gave."""
+    packed = getattr(ds, "packed_label", None)
+    return label if packed is None else packed(i)
+
+
+def packed_labels(cfg: Any, splits: tuple[str, ...] = ("train", "val")) -> Labels:
+    """split -> the dataset and label kind a recipe's rows are packed for (``index.json``'s ``avion_labels``)."""
+    from avion_ds.data.datasets.build import dataset_spec  # lazy: as annotation_rows
+
+    specs = {s: dataset_spec(cfg, s) for s in splits}
+    return {s: {"dataset": spec.name, "kind": spec.label_kind} for s, spec in specs.items()}
+
+
+def shard_labels_problem(location: str, wants: Labels) -> str | None:
+    """:func:`labels_problem` of a local shard location's index.json (start-up); None for a remote one (its
+    rows' labels are checked as they are drawn) or one without index.json (the location check names it)."""
+    index_path = Path(location) / "index.json"
+    if "://" in location or not index_path.is_file():
+        return None
+    try:
+        index = json.loads(index_path.read_text())
+    except ValueError:
+        return None  # not a litdata index: the location check says so
+    return labels_problem(index, wants, str(index_path))
+
+
+def labels_problem(index: Mapping[str, Any], wants: Labels, where: str) -> str | None:
+    """One line when a split's rows in ``index`` (a shard location's index.json) were packed for another label
+    kind than the recipe's dataset draws per epoch (its captions need their candidates in the rows), else None."""
+    packed = index.get(LABELS_KEY) or {}
+    for split, want in wants.items():
+        have = packed.get(split) or {"dataset": "?", "kind": "class or none"}
+        if want["kind"] in DRAWN_KINDS and have.get("kind") != want["kind"]:
+            return (
+                f"data.shards: {where} holds {split} rows packed for data.dataset={have.get('dataset')!r} (labels: "
+                f"{have.get('kind')}), not the {want['kind']} captions data.dataset={want['dataset']!r} draws; "
+                "pack with this recipe (avion-ds pack TREE OUT --config RECIPE)"
+            )
+    return None
+
+
+def _record_rows(out: Path, counts: Mapping[str, list[int]], videos: int, labels: Labels | None = None) -> None:
+    """Write each shard's per-item row counts into ``out/index.json`` (items in input order), and what the rows
+    were packed for (``labels``)."""
     index_path = out / "index.json"
     index = json.loads(index_path.read_text())
     sizes = [int(c["chunk_size"]) for c in index["chunks"]]
@@ -102,6 +154,8 @@ def _record_rows(out: Path, counts: Mapping[str, list[int]], videos: int) -> Non
     for entry, size in zip(index["chunks"], sizes, strict=True):
         entry[ROWS_KEY] = {split: c[begin : begin + size] for split, c in counts.items()}
         begin += size
+    if labels:
+        index[LABELS_KEY] = labels
     if counts:  # litdata then insists on the row-addressing loader (avion_ds.data.shards) for these shards
         index["config"]["item_loader"] = ROW_LOADER
     tmp = index_path.with_suffix(".json.tmp")
@@ -115,10 +169,12 @@ def pack_tree(
     shard_bytes: int = DEFAULT_SHARD_BYTES,
     workers: int = 1,
     rows: Rows | None = None,
+    labels: Labels | None = None,
 ) -> int:
     """Write ``tree``'s chunks as litdata shards of about ``shard_bytes`` under ``out``; returns the videos packed.
 
-    ``rows`` (from :func:`annotation_rows`) travel in the items and their counts in ``index.json``.
+    ``rows`` (from :func:`annotation_rows`) travel in the items and their counts in ``index.json``, with
+    ``labels`` (from :func:`packed_labels`).
     Raises ValueError (one line) for a tree without a manifest or a size that is not positive."""
     tree = Path(tree)
     if not (tree / MANIFEST_NAME).is_file():
@@ -148,5 +204,5 @@ def pack_tree(
         )
     finally:  # litdata sets the process-wide start method to spawn (force=True): later DataLoaders would spawn
         multiprocessing.set_start_method(start_method, force=True)
-    _record_rows(out, {s: [len(r[s]) for r in per_item] for s in rows}, len(groups))
+    _record_rows(out, {s: [len(r[s]) for r in per_item] for s in rows}, len(groups), labels)
     return len(groups)
