@@ -172,17 +172,22 @@ def test_mir_scoring_from_shards_reads_the_relevancy_files(text_tree: dict) -> N
 
 
 def test_contrastive_training_from_shards(text_tree: dict, tmp_path: Path) -> None:
-    """`avion-ds train` of the contrastive recipe with data.shards (no chunk tree, no narration file): two
-    steps run, finite losses."""
+    """`avion-ds train` of the contrastive recipe with data.shards (no chunk tree, no narration file): an epoch of
+    two steps with finite losses, then MIR scoring of the val rows from the shards (mAP, as from the tree)."""
     from tests.helpers.launch import launch
     from tests.helpers.recipes import losses
 
     recipe = yaml.safe_load(text_tree["recipes"]["contrastive"].read_text())
     recipe["data"] |= {"shards": str(text_tree["shards"]["contrastive"]), "root": "", "train_csv": ""}
+    recipe["schedule"] |= {"steps_per_epoch": 2}
+    recipe["eval"] = {"every_epochs": 1, "batch_size": 4}
     recipe["output_dir"] = str(tmp_path / "run")
     path = tmp_path / "recipe.yaml"
     path.write_text(yaml.safe_dump(recipe))
-    done = launch(["--config", path, "--exit-after-steps", "2"], nprocs=1, launcher="python")
+    done = launch(["--config", path], nprocs=1, launcher="python")
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     got = losses(tmp_path / "run")
     assert sorted(got) == [1, 2] and all(np.isfinite(v) for v in got.values())
+    history = [json.loads(x) for x in (tmp_path / "run" / "history.jsonl").read_text().splitlines()]
+    scores = [row["eval"] for row in history if "eval" in row]
+    assert len(scores) == 1 and 0 < scores[0]["avg_map"] <= 1  # MIR scoring: the relevancy files' matrix
