@@ -7,7 +7,7 @@ import sys
 
 from avion_ds.cli.args import Parser
 from avion_ds.config import ConfigError, add_override_option
-from avion_ds.data.prep.pack import DEFAULT_SHARD_BYTES, annotation_rows, pack_tree, packed_labels
+from avion_ds.data.prep.pack import DEFAULT_ITEM_BYTES, DEFAULT_SHARD_BYTES, annotation_rows, pack_tree, packed_labels
 
 
 def _parser() -> Parser:
@@ -15,12 +15,18 @@ def _parser() -> Parser:
     p = Parser(
         prog="avion-ds pack",
         description="Pack the chunk tree TREE (with its manifest.jsonl) into litdata shards under OUT; "
-        "a video's chunks stay in one shard, with their frame counts, fps and sha256, and with --config "
-        "the recipe's annotation rows (train and val) of that video.",
+        "items are windows of a video's consecutive chunks (a clip's chunks always in one item), with their "
+        "frame counts, fps and sha256, and with --config the recipe's annotation rows (train and val) they serve.",
     )
     p.add_argument("tree", help="a chunk tree written by `avion-ds chunk` (holds manifest.jsonl)")
     p.add_argument("out", help="output directory for the shards")
     p.add_argument("--shard-bytes", type=int, default=DEFAULT_SHARD_BYTES, help="bytes per shard (default 1 GiB)")
+    p.add_argument(
+        "--item-bytes",
+        type=int,
+        default=DEFAULT_ITEM_BYTES,
+        help="bytes of chunks per item, what one sample reads (default 32 MiB; more when a row spans more)",
+    )
     p.add_argument("--workers", type=int, default=1, help="packing processes (default 1)")
     p.add_argument(
         "--config",
@@ -45,12 +51,12 @@ def main(argv: list[str] | None = None) -> int:
             labels = packed_labels(recipe.data)
             if problems:
                 print(f"avion-ds pack: {len(problems)} rows left out (first: {problems[0]})", file=sys.stderr)
-        n = pack_tree(a.tree, a.out, a.shard_bytes, a.workers, rows, labels)
+        n, items = pack_tree(a.tree, a.out, a.shard_bytes, a.workers, rows, labels, a.item_bytes)
     except (OSError, ValueError, ImportError, ConfigError) as e:
         print(f"avion-ds pack: error: {e}", file=sys.stderr)
         return 2
     counts = ", ".join(f"{sum(map(len, r.values()))} {s} rows" for s, r in (rows or {}).items())
-    print(f"packed {n} videos into {a.out}" + (f" with {counts}" if counts else ""))
+    print(f"packed {n} videos ({items} items) into {a.out}" + (f" with {counts}" if counts else ""))
     return 0
 
 

@@ -1,7 +1,7 @@
 """Training clips from litdata shards (``data.shards``): a local directory, ``http(s)://`` or ``s3://``.
 
-The shards are ``avion-ds pack``'s (:mod:`avion_ds.data.prep.pack`): one item per video with its chunks'
-bytes, their manifest facts and the annotation rows of each split. litdata's ``StreamingDataset`` does
+The shards are ``avion-ds pack``'s (:mod:`avion_ds.data.prep.pack`): one item per window of a video's
+consecutive chunks, with their bytes, their manifest facts and the annotation rows of each split it serves. litdata's ``StreamingDataset`` does
 the streaming: it splits shards between ranks and DataLoader workers without overlap, shuffles shard
 order and items inside a shard from (seed, epoch), and its ``StreamingDataLoader.state_dict()`` resumes
 mid-epoch exactly. Two small pieces plug into its extension points:

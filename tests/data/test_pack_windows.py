@@ -77,3 +77,46 @@ def test_a_whole_video_row_gets_one_window_and_small_rows_small_windows() -> Non
     assert [len(m["train"]) for _, _, m in small] == [1] * 8 + [2]  # the last window takes its last chunk's rows
     assert chunk_windows([], [], {"train": []}, 8) == []
     assert chunk_windows([0], [100], {"train": [[0, 5, 0, "r", 0]]}, 8) == [(0, 0, {"train": [[0, 5, 0, "r", 0]]})]
+
+
+def test_windowed_items_give_the_chunk_tree_clips(tmp_path) -> None:
+    """Packed with items of two chunks (``--item-bytes 1``), each video is several items, rows spanning a
+    chunk boundary included; the shards give the chunk tree's clips and labels, every row once."""
+    pytest.importorskip("litdata")
+    import json as json_mod
+
+    import torch
+
+    from avion_ds.cli.pack import main
+    from avion_ds.data.datasets.build import build_dataset, open_shards
+    from avion_ds.data.prep.chunking import chunk_videos
+    from avion_ds.data.prep.synthetic import make_synthetic_epic
+    from avion_ds.tasks import load_recipe
+    from tests.helpers.recipes import write_recipe
+
+    info = make_synthetic_epic(
+        tmp_path / "synth", num_videos=2, segments_per_video=8, segment_seconds=1.0, width=64, height=48, fps=12, seed=2
+    )
+    summary = chunk_videos(
+        info["videos"], tmp_path / "chunks", chunk_seconds=1.5, short_side=48, fps=12, progress=False
+    )
+    assert not summary.failed, summary
+    data = {"root": tmp_path / "chunks", "train_csv": info["train_csv"], "val_csv": info["val_csv"]}
+    recipe_path = write_recipe(tmp_path / "recipe.yaml", data, tmp_path / "run", data={"decode_timeout_s": 0.0})
+    out = tmp_path / "shards"
+    assert main([str(data["root"]), str(out), "--item-bytes", "1", "--config", str(recipe_path)]) == 0
+    index = json_mod.loads((out / "index.json").read_text())
+    items = sum(int(c["chunk_size"]) for c in index["chunks"])
+    chunks = sum(1 for _ in (tmp_path / "chunks").rglob("*.mp4"))
+    assert items == chunks - 2, (items, chunks)  # windows of two chunks, neighbours sharing one: n - 1 per video
+    recipe = load_recipe(recipe_path, [])
+    for split, epoch in (("train", 1), ("val", 0)):
+        ref = build_dataset(recipe.data, split, seed=3, sections=recipe.sections)
+        ds = open_shards(str(out), recipe.data, split, seed=3, sections=recipe.sections)
+        ref.set_epoch(epoch)
+        ds.set_clip_epoch(epoch)
+        got = {item["index"]: item for item in ds}
+        assert sorted(got) == list(range(len(ref))), split
+        for i, item in got.items():
+            want = ref[i]
+            assert torch.equal(item["frames"], want["frames"]) and item["label"] == want["label"], (split, i)

@@ -1,12 +1,14 @@
-"""Pack an existing chunk tree into litdata shards (no re-encoding): one item per video, so a clip's
-consecutive chunks always share a shard; the manifest facts (frames, fps, size, sha256) and, given a
-recipe, the annotation rows of each split travel inside the item.
+"""Pack an existing chunk tree into litdata shards (no re-encoding). An item is a window of a video's
+consecutive chunks of about ``item_bytes`` (:mod:`avion_ds.data.prep.pack_windows`: neighbouring windows
+share one chunk, and each row goes to the window holding every frame it reads), so a clip's chunks are always
+in one item, hence one shard, and a sample reads one bounded item, never a whole long video; the manifest
+facts (frames, fps, size, sha256) and, given a recipe, the annotation rows of each split travel inside it.
 
-An item is ``{"video_id": str, "meta": JSON str, "data": bytes}`` (the same three leaves for every video,
+An item is ``{"video_id": str, "meta": JSON str, "data": bytes}`` (the same three leaves for every item,
 whatever its number of chunks or rows): ``meta`` holds ``chunks`` (each chunk's manifest facts, in
 start-frame order, their bytes concatenated in ``data``) and ``rows`` (split -> ``[start_frame, end_frame,
-label, name, sample]`` per sample of that video, as the recipe's dataset resolves them from its annotation file;
-``sample`` is its index in that dataset, which keys its clip and crop draws).
+label, name, sample]`` per sample the window serves, as the recipe's dataset resolves them from its annotation
+file; ``sample`` is its index in that dataset, which keys its clip and crop draws).
 A dataset whose labels are drawn per epoch (``ego4d``: one of a narration's phrasings; ``epic_mir``: a caption
 drawn by relevancy) gives its own JSON ``label`` (``packed_label``: every candidate) and draws from it when
 read from the shards (``draw_label``), with the chunk tree's draws for the same (seed, epoch, sample).
@@ -28,10 +30,12 @@ from typing import Any
 
 from avion_ds.data.errors import DataError
 from avion_ds.data.prep.manifest import MANIFEST_NAME, dedupe_records, read_manifest_records
+from avion_ds.data.prep.pack_windows import chunk_windows
 from avion_ds.data.prep.shard_index import ROW_LOADER, ROWS_KEY
 
 log = logging.getLogger(__name__)
 DEFAULT_SHARD_BYTES = 1 << 30  # ~1 GiB per shard
+DEFAULT_ITEM_BYTES = 32 << 20  # a window of a video's chunks: what one sample reads (AVION's 15 s chunks: ~10)
 PACKABLE_KINDS = ("class", "none", "narration", "retrieval")  # drawn kinds: the dataset's packed_label / draw_label
 DRAWN_KINDS = ("narration", "retrieval")  # labels drawn per epoch: shards packed for another kind cannot give them
 LABELS_KEY = "avion_labels"  # index.json: split -> {"dataset": name, "kind": label kind} the rows were packed for
@@ -49,7 +53,8 @@ def video_groups(tree: str | Path) -> list[list[dict]]:
 
 
 def video_item(group: list[dict], tree: str, rows: Mapping[str, list] | None = None) -> dict:
-    """One shard item: a video's chunk bytes, their manifest facts (checksums computed here) and its rows."""
+    """One shard item: consecutive chunks of a video (their bytes and manifest facts, checksums computed
+    here) and the rows they serve."""
     blobs = [(Path(tree) / r["path"]).read_bytes() for r in group]
     facts = [
         {k: r[k] for k in ("path", "start_frame", "frames", "fps", "width", "height") if k in r}
@@ -149,7 +154,7 @@ def _record_rows(out: Path, counts: Mapping[str, list[int]], videos: int, labels
     index = json.loads(index_path.read_text())
     sizes = [int(c["chunk_size"]) for c in index["chunks"]]
     if sum(sizes) != videos:
-        raise RuntimeError(f"{index_path}: {sum(sizes)} items written for {videos} videos")
+        raise RuntimeError(f"{index_path}: {sum(sizes)} items written for {videos} windows")
     begin = 0
     for entry, size in zip(index["chunks"], sizes, strict=True):
         entry[ROWS_KEY] = {split: c[begin : begin + size] for split, c in counts.items()}
@@ -170,8 +175,10 @@ def pack_tree(
     workers: int = 1,
     rows: Rows | None = None,
     labels: Labels | None = None,
-) -> int:
-    """Write ``tree``'s chunks as litdata shards of about ``shard_bytes`` under ``out``; returns the videos packed.
+    item_bytes: int = DEFAULT_ITEM_BYTES,
+) -> tuple[int, int]:
+    """Write ``tree``'s chunks as litdata shards of about ``shard_bytes`` under ``out``, in items of about
+    ``item_bytes``; returns (videos, items) packed.
 
     ``rows`` (from :func:`annotation_rows`) travel in the items and their counts in ``index.json``, with
     ``labels`` (from :func:`packed_labels`).
@@ -179,22 +186,23 @@ def pack_tree(
     tree = Path(tree)
     if not (tree / MANIFEST_NAME).is_file():
         raise ValueError(f"{tree}: no {MANIFEST_NAME} (not a chunk tree; run `avion-ds chunk` first)")
-    if shard_bytes <= 0:
-        raise ValueError(f"--shard-bytes={shard_bytes}: must be positive")
+    if shard_bytes <= 0 or item_bytes <= 0:
+        raise ValueError(f"--shard-bytes={shard_bytes} --item-bytes={item_bytes}: must be positive")
     from litdata import optimize  # lazy: litdata is the optional [stream] extra
 
     groups = video_groups(tree)
     if not groups:
         raise ValueError(f"{tree / MANIFEST_NAME}: no rows")
     rows = rows or {}
-    per_item = [{s: r.get(g[0]["video_id"], []) for s, r in rows.items()} for g in groups]
+    items = windows_of(groups, tree, rows, item_bytes)
+    per_item = [r for _, r in items]
     out = Path(out).resolve()
     os.makedirs(out, exist_ok=True)
     start_method = multiprocessing.get_start_method(allow_none=True)
     try:
         optimize(
             fn=_item,
-            inputs=[(g, str(tree), r) for g, r in zip(groups, per_item, strict=True)],
+            inputs=[(g, str(tree), r) for g, r in items],
             output_dir=str(out),
             chunk_bytes=int(shard_bytes),
             num_workers=max(1, workers),
@@ -204,5 +212,19 @@ def pack_tree(
         )
     finally:  # litdata sets the process-wide start method to spawn (force=True): later DataLoaders would spawn
         multiprocessing.set_start_method(start_method, force=True)
-    _record_rows(out, {s: [len(r[s]) for r in per_item] for s in rows}, len(groups), labels)
-    return len(groups)
+    _record_rows(out, {s: [len(r[s]) for r in per_item] for s in rows}, len(items), labels)
+    return len(groups), len(items)
+
+
+def windows_of(
+    groups: list[list[dict]], tree: Path, rows: Rows, item_bytes: int
+) -> list[tuple[list[dict], dict[str, list]]]:
+    """Each video's chunk windows (:func:`~avion_ds.data.prep.pack_windows.chunk_windows`) with the rows each
+    serves, video after video, windows in frame order."""
+    out = []
+    for g in groups:
+        video_rows = {s: r.get(g[0]["video_id"], []) for s, r in rows.items()}
+        starts = [int(c["start_frame"]) for c in g]
+        sizes = [(tree / c["path"]).stat().st_size for c in g]
+        out += [(g[a : b + 1], mine) for a, b, mine in chunk_windows(starts, sizes, video_rows, item_bytes)]
+    return out
