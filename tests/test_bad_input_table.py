@@ -474,6 +474,7 @@ CASES: list[Case] = [
     # pack
     ("pack_missing_tree", "pack", "", [], None, ["/nope/tree", "/nope/out"], ["/nope/tree"]),
     ("pack_bad_size", "pack", "", [], None, ["@tree", "/nope/out", "--shard-bytes", "0"], ["--shard-bytes=0"]),
+    ("pack_bad_item_size", "pack", "", [], None, ["@tree", "/nope/out", "--item-bytes", "-1"], ["--item-bytes=-1"]),
     # litdata shards (data.shards, avion-ds pack --config)
     ("shards_dir_missing", "train", "cls", ["data.shards=@tmp/shards"], None, [], ["data.shards", "not found"]),
     (
