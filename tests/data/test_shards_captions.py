@@ -129,6 +129,24 @@ def test_shard_captions_equal_chunk_tree_captions_per_epoch(text_tree: dict, nam
         assert changed == 0  # validation captions are the rows' own narrations
 
 
+def test_epoch_captions_reach_persistent_workers(text_tree: dict) -> None:
+    """Through the training loader (2 persistent DataLoader workers) each epoch's batches hold the chunk tree's
+    caption tokens of that epoch: the epoch set between epochs reaches the workers' draws."""
+    from avion_ds.data.loader import build_loader, set_epoch
+
+    ds, ref = _pair(text_tree, "contrastive", "train")
+    loader = build_loader(ds, 2, 2, shuffle=True, seed=SEED, drop_last=True, distributed=False)
+    for epoch in (0, 1):
+        set_epoch(loader, epoch)
+        ref.set_epoch(epoch)
+        seen = 0
+        for batch in loader:
+            for k, i in enumerate(batch["index"].tolist()):
+                assert torch.equal(batch["label"]["tokens"][k], ref[i]["label"]["tokens"]), (epoch, i)
+                seen += 1
+        assert seen == len(ref) // 2 * 2, (epoch, seen)
+
+
 def test_shard_rows_carry_every_caption_candidate(text_tree: dict) -> None:
     """The packed rows hold the candidates the datasets draw from (JSON in meta, the item layout unchanged):
     Ego4D's phrasing lists, EPIC-MIR's relevant sentences with their relevancy; index.json says what for."""
