@@ -51,6 +51,8 @@ TINY: dict[str, list[str]] = {
     + ["--decode-timeout-s", "0"],
     "rlt.py": ["--tiny", "--warmup", "2", "--iters", "1"],
     "shards.py": ["--tiny"],
+    "shards_scale.py": ["--out", f"{W}/ss", "--videos", "2", "--rows", "100", "--shard-mib", "1"]
+    + ["--worker-samples", "10"],
     "token_merge.py": ["--tiny", "--warmup", "2", "--iters", "1"],
     "umt_step.py": ["--tiny", "--warmup", "2", "--iters", "1"],
     "x264_asm.py": ["--seconds", "1", "--short-side", "48", "--warmup", "2", "--repeats", "1"],
