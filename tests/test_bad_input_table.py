@@ -548,7 +548,7 @@ CASES: list[Case] = [
         ["data.shards=@tmp/shards"],
         _shards_packed_for_classes,
         [],
-        ["data.shards", "train rows packed for data.dataset='epic'", "narration captions", "--config RECIPE"],
+        ["data.shards", "train rows packed for data.dataset='epic'", "its narration captions", "--config RECIPE"],
     ),
     # eval --tag best
     ("eval_tag_best_without_best_json", "eval", "contrastive", [], None, ["--tag", "best"], ["best", "best.json"]),

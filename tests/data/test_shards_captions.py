@@ -173,6 +173,23 @@ def test_shard_rows_carry_every_caption_candidate(text_tree: dict) -> None:
             assert {float(r) for x in labels for _, r in x["captions"]} <= {0.5, 1.0}
 
 
+def test_rows_packed_for_another_dataset_are_named() -> None:
+    """index.json's avion_labels against the recipe's datasets: rows packed for another dataset are one line
+    naming both; shards without the record pass for fixed labels and are refused for drawn captions."""
+    from avion_ds.data.prep.pack import labels_problem
+
+    ego = {"train": {"dataset": "ego4d", "kind": "narration"}, "val": {"dataset": "epic_mir", "kind": "retrieval"}}
+    epic = {s: {"dataset": "epic", "kind": "class"} for s in ("train", "val")}
+    assert labels_problem({"avion_labels": ego}, ego, "i.json") is None
+    assert labels_problem({}, epic, "i.json") is None
+    line = labels_problem({"avion_labels": ego}, epic, "i.json")
+    assert line is not None and "train rows packed for data.dataset='ego4d', not for data.dataset='epic'" in line
+    line = labels_problem({}, ego, "i.json")
+    assert line is not None and "packed without a dataset name" in line and "narration captions" in line
+    line = labels_problem({"avion_labels": {**ego, "val": epic["val"]}}, ego, "i.json")
+    assert line is not None and "val rows packed for data.dataset='epic'" in line and "retrieval captions" in line
+
+
 def test_mir_scoring_from_shards_reads_the_relevancy_files(text_tree: dict) -> None:
     """The val split from shards carries the MIR targets read from data.val_csv and the epic_mir.val_* pair (the
     whole relevancy matrix is not in the shards); without data.val_csv it is one line naming the keys."""

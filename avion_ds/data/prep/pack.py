@@ -133,17 +133,22 @@ def shard_labels_problem(location: str, wants: Labels) -> str | None:
 
 
 def labels_problem(index: Mapping[str, Any], wants: Labels, where: str) -> str | None:
-    """One line when a split's rows in ``index`` (a shard location's index.json) were packed for another label
-    kind than the recipe's dataset draws per epoch (its captions need their candidates in the rows), else None."""
+    """One line when a split's rows in ``index`` (a shard location's index.json) were packed for another dataset
+    than the recipe's (their samples and labels are that dataset's), or, not recorded, when the recipe's dataset
+    draws its captions per epoch (they need their candidates in the rows); else None."""
     packed = index.get(LABELS_KEY) or {}
     for split, want in wants.items():
-        have = packed.get(split) or {"dataset": "?", "kind": "class or none"}
-        if want["kind"] in DRAWN_KINDS and have.get("kind") != want["kind"]:
-            return (
-                f"data.shards: {where} holds {split} rows packed for data.dataset={have.get('dataset')!r} (labels: "
-                f"{have.get('kind')}), not the {want['kind']} captions data.dataset={want['dataset']!r} draws; "
-                "pack with this recipe (avion-ds pack TREE OUT --config RECIPE)"
-            )
+        have = packed.get(split)
+        if have is None and want["kind"] not in DRAWN_KINDS:
+            continue
+        if have is not None and have.get("dataset") == want["dataset"]:
+            continue
+        what = f"its {want['kind']} captions" if want["kind"] in DRAWN_KINDS else f"labels: {want['kind']}"
+        source = "without a dataset name" if have is None else f"for data.dataset={have.get('dataset')!r}"
+        return (
+            f"data.shards: {where} holds {split} rows packed {source}, not for data.dataset={want['dataset']!r} "
+            f"({what}); pack with this recipe (avion-ds pack TREE OUT --config RECIPE)"
+        )
     return None
 
 
