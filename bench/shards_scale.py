@@ -52,9 +52,11 @@ def make_inputs(out: Path, videos: int, rows: int) -> dict[str, Path]:
         return {k: Path(v) for k, v in json.loads(done.read_text()).items()}
     root, pkl = write_scale_inputs(out, videos, rows)
     _, val_pkl = write_scale_inputs(out / "val", videos, min(rows, 2000))  # same seed: the same videos
-    blob = out / "blob.bin"
-    blob.write_bytes(os.urandom(1024))
-    for line in (root / "manifest.jsonl").open():
+    for k, line in enumerate((root / "manifest.jsonl").open()):
+        blob = out / "blobs" / f"{k // 60000}.bin"  # a new blob every 60,000 links (ext4 allows 65,000)
+        if not blob.exists():
+            blob.parent.mkdir(exist_ok=True)
+            blob.write_bytes(os.urandom(1024))
         path = root / json.loads(line)["path"]
         path.parent.mkdir(exist_ok=True)
         if not path.exists():
