@@ -10,8 +10,8 @@ mid-epoch exactly. Two small pieces plug into its extension points:
   visits every row once and litdata counts (and resumes) samples; the rows of a shard are addressed
   through the per-item row counts ``pack`` records in ``index.json``, the video item is read from the
   shard the row lies in;
-- :class:`HttpDownloader` (``register_downloader("http://" / "https://")``): whole-file GETs over urllib,
-  transient errors retried with backoff and counted (s3:// is litdata's own client, which retries itself).
+- downloaders registered for ``http(s)://`` and ``s3://`` (:mod:`avion_ds.data.shard_downloads`): transient
+  network errors retried with backoff and counted, whatever the scheme.
 
 A clip is then made by the recipe's own dataset class (sampling, crop, RandAugment, masks), its chunks
 decoded from the item's bytes (:class:`~avion_ds.data.decode.base.MemoryVideo`) by the same decoders and
@@ -25,25 +25,16 @@ once, its rows counted and replaced by rows of the last video read; either is fa
 from __future__ import annotations
 
 import hashlib
-import http.client
 import json
 import os
-import shutil
-import sys
 import threading
-import time
-import urllib.error
-import urllib.request
 from bisect import bisect_right
 from pathlib import Path
 from typing import Any
 
-import torch
 from litdata import StreamingDataset
 from litdata.streaming import dataset as litdata_dataset
-from litdata.streaming import downloader as litdata_downloader
 from litdata.streaming import elastic as litdata_elastic
-from litdata.streaming.downloader import Downloader, register_downloader
 from litdata.streaming.item_loader import Interval, PyTreeLoader
 from litdata.streaming.resolver import Dir
 from litdata.utilities.env import _DistributedEnv
@@ -54,85 +45,7 @@ from avion_ds.data.decode.base import MemoryVideo, reason
 from avion_ds.data.errors import DataError
 from avion_ds.data.prep.manifest import Chunk, VideoEntry
 from avion_ds.data.prep.shard_index import ROWS_KEY, format_problem
-
-DOWNLOAD_RETRIES = 4  # further attempts of a shard GET after a transient error (5xx, 408, 429, reset, short)
-DOWNLOAD_BACKOFF_S = 0.5  # first wait; doubled after each failed attempt (0.5, 1, 2, 4 s)
-_RETRIED = torch.zeros(1, dtype=torch.int64).share_memory_()  # shared with forked DataLoader workers
-
-
-def download_retries() -> int:
-    """http(s) shard GETs retried so far, in this process and its (forked) DataLoader workers."""
-    return int(_RETRIED[0])
-
-
-def _transient(e: BaseException) -> bool:
-    """Whether a failed GET may succeed when repeated: server errors, throttling, dropped connections."""
-    if isinstance(e, urllib.error.HTTPError):
-        return e.code >= 500 or e.code in (408, 429)
-    return isinstance(e, (urllib.error.URLError, OSError, http.client.HTTPException))
-
-
-class HttpDownloader(Downloader):
-    """litdata downloader for ``http(s)://`` shard locations: one GET per file, published atomically; a
-    transient error (5xx, 408, 429, a dropped or short transfer) is retried ``DOWNLOAD_RETRIES`` times with
-    exponential backoff, each retry named on stderr and counted (:func:`download_retries`)."""
-
-    def download_file(self, remote_filepath: str, local_filepath: str) -> None:
-        if os.path.exists(local_filepath):
-            return
-        for attempt in range(DOWNLOAD_RETRIES + 1):
-            tmp = self._temp_download_path(local_filepath)
-            try:
-                _get(remote_filepath, tmp)
-                self._atomic_replace(tmp, local_filepath)
-                return
-            except Exception as e:
-                if attempt == DOWNLOAD_RETRIES or not _transient(e):
-                    raise
-                wait = DOWNLOAD_BACKOFF_S * 2**attempt
-                _RETRIED[0] += 1
-                print(
-                    f"avion_ds shards: GET {remote_filepath} failed ({reason(e)}); "
-                    f"retry {attempt + 1} of {DOWNLOAD_RETRIES} in {wait:g} s",
-                    file=sys.stderr,
-                    flush=True,
-                )
-                time.sleep(wait)
-            finally:
-                if os.path.exists(tmp):
-                    os.remove(tmp)
-
-
-def _get(url: str, dest: str) -> None:
-    """``url``'s body into ``dest``; a body shorter than its Content-Length is an error (a dropped transfer)."""
-    with urllib.request.urlopen(url, timeout=60) as r, open(dest, "wb") as f:
-        shutil.copyfileobj(r, f, 1 << 20)
-        want, got = r.headers.get("Content-Length"), f.tell()
-    if want is not None and int(want) != got:
-        raise http.client.IncompleteRead(b"", int(want) - got)
-
-
-for _prefix in ("http://", "https://"):
-    register_downloader(_prefix, HttpDownloader, overwrite=True)
-
-
-def allow_plain_http_s3() -> None:
-    """Let litdata's obstore path reach an S3 endpoint over plain http (``AWS_ENDPOINT_URL[_S3]=http://...``,
-    e.g. moto or MinIO on loopback).
-
-    litdata (0.2.76) builds obstore's S3 client with its own ``client_options`` (timeouts, pool) and no
-    ``allow_http``; obstore then ignores ``AWS_ALLOW_HTTP`` and refuses the http URL ("HTTP error: builder
-    error"). litdata has no public switch for this (``storage_options`` go to boto3, not obstore; the only
-    documented way off obstore is not installing it), so this sets ``allow_http`` in litdata's PRIVATE
-    ``litdata.streaming.downloader._OBSTORE_CLIENT_OPTIONS``, only for an http endpoint, and does nothing
-    when that name is gone. Called at import (spawned workers) and when a shard dataset is built."""
-    endpoint = os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL") or ""
-    options = getattr(litdata_downloader, "_OBSTORE_CLIENT_OPTIONS", None)
-    if endpoint.startswith("http://") and isinstance(options, dict):
-        options["allow_http"] = True
-
-
-allow_plain_http_s3()
+from avion_ds.data.shard_downloads import HttpDownloader, allow_plain_http_s3, download_retries
 
 
 class RowItemLoader(PyTreeLoader):

@@ -81,19 +81,29 @@ def test_s3_loader_workers_read_the_local_batches(
     assert all(torch.equal(a, b) for (_, a), (_, b) in zip(remote, local, strict=True))
 
 
-def test_s3_transient_error_is_retried(
+def test_s3_transient_error_is_retried_and_counted(
     packed: dict,  # noqa: F811
     s3: str,
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
+    capfd: pytest.CaptureFixture,
 ) -> None:
-    """A server answering the first GET of every shard with 503 still gives the right clips: litdata's S3
-    client retries (the proxy counts the failures it served)."""
-    with Proxy(s3, fail_first=True) as proxy:
+    """A server answering the first GET of index.json and of every shard with 503 still gives the right clips:
+    our s3:// downloader (litdata's, with its clients' own retries off) retries each once with backoff, names
+    the retry on stderr and counts it, as over http."""
+    from avion_ds.data.prep import net_retry
+
+    monkeypatch.setattr(net_retry, "DOWNLOAD_BACKOFF_S", 0.01)
+    before = net_retry.download_retries()
+    with Proxy(s3, fail_first=True, fail_suffixes=(".bin", "/index.json")) as proxy:
         for k, v in s3_env(proxy.url).items():
             monkeypatch.setenv(k, v)
         remote = _clips(_open(packed, "val", f"s3://{BUCKET}/{PREFIX}", cache_dir=str(tmp_path)))
-    assert proxy.failed == len(list(packed["shards"].glob("*.bin")))
+    n = len(list(packed["shards"].glob("*.bin"))) + 1  # the shards and index.json
+    assert proxy.failed == n
+    assert net_retry.download_retries() - before == n
+    err = capfd.readouterr().err
+    assert err.count("retry 1 of 4") == n and f"GET s3://{BUCKET}/{PREFIX}/index.json failed" in err
     assert _same_as_local(packed, remote)
 
 
@@ -132,13 +142,13 @@ def test_http_transient_error_is_retried_and_counted(
     capfd: pytest.CaptureFixture,
 ) -> None:
     """Our http(s) downloader retries a 503 with backoff, names each retry on stderr and counts it."""
-    from avion_ds.data import shards
+    from avion_ds.data.prep import net_retry
 
-    monkeypatch.setattr(shards, "DOWNLOAD_BACKOFF_S", 0.01)
-    before = shards.download_retries()
+    monkeypatch.setattr(net_retry, "DOWNLOAD_BACKOFF_S", 0.01)
+    before = net_retry.download_retries()
     remote = _clips(_open(packed, "val", flaky_http, cache_dir=str(tmp_path)))
     n = len(list(packed["shards"].glob("*.bin")))
-    assert shards.download_retries() - before == n
+    assert net_retry.download_retries() - before == n
     assert capfd.readouterr().err.count("retry 1 of 4") == n
     assert _same_as_local(packed, remote)
 

@@ -99,11 +99,13 @@ def upload(endpoint: str, bucket: str, prefix: str, folder: Path) -> None:
 
 class Proxy:
     """A threaded HTTP proxy to ``upstream``: ``delay_s`` before every request; with ``fail_first``, the first
-    GET of each path ending in ``.bin`` is answered 503 (``failed`` counts them)."""
+    GET of each path ending in one of ``fail_suffixes`` (the shards) is answered 503 (``failed`` counts them)."""
 
-    def __init__(self, upstream: str, delay_s: float = 0.0, fail_first: bool = False) -> None:
+    def __init__(
+        self, upstream: str, delay_s: float = 0.0, fail_first: bool = False, fail_suffixes: tuple[str, ...] = (".bin",)
+    ) -> None:
         self.upstream = upstream.removeprefix("http://")
-        self.delay_s, self.fail_first = delay_s, fail_first
+        self.delay_s, self.fail_first, self.fail_suffixes = delay_s, fail_first, fail_suffixes
         self.failed, self.requests = 0, 0
         self._seen: set[str] = set()
         self._lock = threading.Lock()
@@ -139,7 +141,7 @@ class Proxy:
         path = req.path.split("?")[0]
         with self._lock:
             self.requests += 1
-            shard_get = req.command == "GET" and path.endswith(".bin")
+            shard_get = req.command == "GET" and path.endswith(self.fail_suffixes)
             fail = self.fail_first and shard_get and path not in self._seen
             if shard_get:
                 self._seen.add(path)

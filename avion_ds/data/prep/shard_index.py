@@ -4,7 +4,8 @@ start-up check of a ``data.shards`` location (no litdata needed: start-up runs w
 The check reads ``index.json`` (a local file, an http(s) GET, or an S3 GET through boto3 with the credentials
 and endpoint of the environment, as litdata's own client) and, for a remote location, asks every shard's size
 (HEAD requests, a few at a time) against ``index.json``'s ``chunk_bytes``: a missing bucket, prefix or shard,
-or a shard copied short, is one line at start-up instead of a failed download mid-epoch."""
+or a shard copied short, is one line at start-up instead of a failed download mid-epoch. Its requests retry
+transient errors as the downloads do (:mod:`avion_ds.data.prep.net_retry`: backoff, counted)."""
 
 from __future__ import annotations
 
@@ -120,9 +121,12 @@ def _remote_problem(location: str, splits: tuple[str, ...]) -> str | None:
 def _http_access() -> tuple[Callable[[str], str], Callable[[str], int]]:
     """GET text and HEAD size of http(s) URLs (urllib)."""
 
+    from avion_ds.data.prep.net_retry import retrying  # lazy: local locations need no network policy
+
     def request(url: str, method: str) -> Any:
+        req = urllib.request.Request(url, method=method)
         try:
-            return urllib.request.urlopen(urllib.request.Request(url, method=method), timeout=REMOTE_TIMEOUT_S)
+            return retrying(url, lambda: urllib.request.urlopen(req, timeout=REMOTE_TIMEOUT_S), method)
         except urllib.error.HTTPError as e:
             raise _Unreachable(f"HTTP {e.code} {e.reason}") from e
         except (urllib.error.URLError, OSError) as e:
@@ -151,8 +155,10 @@ def _s3_access(location: str) -> tuple[Callable[[str], str], Callable[[str], int
         import botocore.exceptions  # lazy: as boto3
     except ImportError as e:
         raise _Unreachable(f"reading s3:// needs boto3 ({e}); pip install -e '.[stream]'") from e
+    from avion_ds.data.prep.net_retry import retrying  # lazy: as boto3
+
     cfg = botocore.config.Config(
-        retries={"max_attempts": 3, "mode": "standard"},
+        retries={"total_max_attempts": 1, "mode": "standard"},  # transient errors: retried (and counted) below
         connect_timeout=REMOTE_TIMEOUT_S,
         read_timeout=REMOTE_TIMEOUT_S,
     )
@@ -161,10 +167,10 @@ def _s3_access(location: str) -> tuple[Callable[[str], str], Callable[[str], int
     except botocore.exceptions.BotoCoreError as e:
         raise _Unreachable(str(e)) from e
 
-    def call(url: str, fn: Callable[..., Any]) -> Any:
+    def call(url: str, fn: Callable[..., Any], method: str) -> Any:
         bucket, _, key = url[len("s3://") :].partition("/")
         try:
-            return fn(Bucket=bucket, Key=key)
+            return retrying(url, lambda: fn(Bucket=bucket, Key=key), method)
         except botocore.exceptions.ClientError as e:
             err = e.response.get("Error", {})
             code, msg = str(err.get("Code", "")), err.get("Message") or ""
@@ -177,9 +183,9 @@ def _s3_access(location: str) -> tuple[Callable[[str], str], Callable[[str], int
             raise _Unreachable(str(e)) from e
 
     def get(url: str) -> str:
-        return call(url, client.get_object)["Body"].read().decode()
+        return call(url, lambda **key: client.get_object(**key)["Body"].read(), "GET").decode()  # a short body: retried
 
     def size(url: str) -> int:
-        return int(call(url, client.head_object)["ContentLength"])
+        return int(call(url, client.head_object, "HEAD")["ContentLength"])
 
     return get, size
