@@ -114,6 +114,7 @@ class _ShardRows:
                 Chunk(name, int(c["start_frame"]), int(c["frames"]), float(c["fps"]), c["width"], c["height"])
             )
         rows = {int(r[4]): r for r in meta["rows"][self.split]}
+        self._texts = (meta.get("texts") or {}).get(self.split, {})  # texts the rows name by number (epic_mir)
         self._item = (VideoEntry(item["video_id"], chunks), rows, sorted(rows))
         return int(meta["rows"][self.split][found["row"]][4])
 
@@ -133,6 +134,13 @@ class _ShardRows:
     def sample_where(self, i: int) -> str:
         """Sample ``i`` named by its packed row (messages: a caption that cannot be drawn or tokenised)."""
         return f"{self.row_name(i)} ({self.split} sample {i} of the shards)"
+
+    def sentence_text(self, j: int) -> str:
+        """Shared text ``j`` of the current item (``meta["texts"]``: EPIC-MIR's sentences); DataError if absent."""
+        text = self._texts.get(str(j))
+        if text is None:
+            raise DataError(f"shard item of video {self._item[0].video_id}: no text {j} for its rows (pack again)")
+        return text
 
     def row_name(self, i: int) -> str:
         row = self._item[1].get(i) if self._item else None

@@ -152,6 +152,7 @@ def test_shard_rows_carry_every_caption_candidate(text_tree: dict) -> None:
     Ego4D's phrasing lists, EPIC-MIR's relevant sentences with their relevancy; index.json says what for."""
     from litdata import StreamingDataset
 
+    from avion_ds.data.datasets.epic_mir import positive_numbers
     from avion_ds.data.prep.shard_index import ITEM_FORMAT
 
     for name, want in (("contrastive", {"train": "narration", "val": "retrieval"}), ("mir", {"train": "retrieval"})):
@@ -165,12 +166,17 @@ def test_shard_rows_carry_every_caption_candidate(text_tree: dict) -> None:
             (plain / f.name).write_bytes(f.read_bytes())
         index["config"].pop("item_loader")  # read the video items as written
         (plain / "index.json").write_text(json.dumps(index))
-        labels = [r[2] for item in StreamingDataset(str(plain)) for r in json.loads(item["meta"])["rows"]["train"]]
+        metas = [json.loads(item["meta"]) for item in StreamingDataset(str(plain))]
+        labels = [r[2] for m in metas for r in m["rows"]["train"]]
         if name == "contrastive":
             assert any(isinstance(x, list) and len(x) == len(PHRASINGS) for x in labels)
-        else:
-            assert all(len(x["captions"]) > 1 for x in labels)  # same verb or noun: relevancy 0.5 or 1
-            assert {float(r) for x in labels for _, r in x["captions"]} <= {0.5, 1.0}
+            assert not any("texts" in m for m in metas)
+            continue
+        for m in metas:  # each sentence a row can draw: named by number, its text once in the item
+            named = {j for r in m["rows"]["train"] for j in positive_numbers(r[2])}
+            assert named and named == {int(j) for j in m["texts"]["train"]}
+        assert all(len(positive_numbers(x)) > 1 for x in labels)  # same verb or noun: relevancy 0.5 or 1
+        assert {float(v) for x in labels for v in x["positives"]} <= {0.5, 1.0}
 
 
 def test_rows_packed_for_another_dataset_are_named() -> None:

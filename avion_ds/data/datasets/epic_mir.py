@@ -23,6 +23,7 @@ line at load: their count and the first with the row it repeats.
 
 from __future__ import annotations
 
+import base64
 import csv
 import logging
 from collections.abc import Iterator
@@ -299,23 +300,43 @@ class EpicMirDataset(MidpointRows):
         return int(clip_rng(self.seed, self.epoch, i, CAPTION_STREAM).integers(n))
 
     def packed_label(self, i: int) -> dict[str, Any]:
-        """What ``avion-ds pack`` stores of sample ``i``'s label (JSON): its relevancy-matrix row and its candidate
-        captions ``[text, relevancy]`` (the sentences above POSITIVE_RELEVANCY in sentence order, or its own
-        narration with relevancy 1), from which :meth:`draw_label` draws each epoch's as :meth:`caption` does."""
+        """What ``avion-ds pack`` stores of sample ``i``'s label (JSON): its relevancy-matrix row and what
+        :meth:`draw_label` draws each epoch's caption from as :meth:`caption` does: its own narration, or (with
+        ``epic_mir.train_relevancy``) the numbers of the sentences above POSITIVE_RELEVANCY grouped by relevancy
+        value (``{repr(value): base64 of little-endian int32 numbers}``; the texts once per shard item,
+        :meth:`shared_texts`), a few bytes per candidate where EPIC-100 rows have thousands."""
         pos, _, r = self.rows[i]
         if self.targets is None:
-            return {"row": int(pos), "captions": [[r["narration"], 1.0]]}
+            return {"row": int(pos), "narration": r["narration"]}
         rel = self.targets.relevancy[pos]
-        positives = np.flatnonzero(rel > POSITIVE_RELEVANCY)
-        return {"row": int(pos), "captions": [[self.targets.sentences[j], float(rel[j])] for j in positives]}
+        numbers = np.flatnonzero(rel > POSITIVE_RELEVANCY)
+        groups: dict[str, str] = {}
+        for value in np.unique(rel[numbers]):
+            chosen = numbers[rel[numbers] == value].astype("<i4")
+            groups[repr(float(value))] = base64.b64encode(chosen.tobytes()).decode("ascii")
+        return {"row": int(pos), "positives": groups}
+
+    def shared_texts(self) -> tuple[list[str], Any] | None:
+        """(the sentences, the sentence numbers a packed label names) when labels name sentences, else None."""
+        return None if self.targets is None else (self.targets.sentences, positive_numbers)
+
+    def sentence_text(self, j: int) -> str:
+        """The text of sentence ``j`` (a shard dataset reads it from its item)."""
+        return self.targets.sentences[j]
 
     def draw_label(self, i: int, value: Any, where: str) -> tuple[str, float, int]:
-        """(caption, relevancy, row) of sample ``i`` this epoch from its packed label (:meth:`packed_label`)."""
-        captions = value.get("captions") if isinstance(value, dict) else None
-        if not captions or not isinstance(captions, list):
-            raise DataError(f"{where}: the shard row holds no epic_mir captions (pack with an epic_mir recipe)")
-        text, relevancy = captions[self._caption_draw(i, len(captions))]
-        return text, float(relevancy), int(value["row"])
+        """(caption, relevancy, row) of sample ``i`` this epoch from its packed label (:meth:`packed_label`): the
+        sentences in sentence order, one drawn as :meth:`caption` draws."""
+        if not isinstance(value, dict) or "row" not in value or not (value.get("narration") or value.get("positives")):
+            raise DataError(f"{where}: the shard row holds no epic_mir caption (pack with an epic_mir recipe)")
+        if value.get("narration"):
+            return value["narration"], 1.0, int(value["row"])
+        groups = [(float(v), _numbers(b)) for v, b in value["positives"].items()]
+        numbers = np.concatenate([n for _, n in groups])
+        values = np.concatenate([np.full(len(n), v) for v, n in groups])
+        order = np.argsort(numbers, kind="stable")
+        k = int(order[self._caption_draw(i, len(order))])
+        return self.sentence_text(int(numbers[k])), float(values[k]), int(value["row"])
 
     def sample_where(self, i: int) -> str:
         """``file:line (narration_id)`` of sample ``i``, for messages."""
@@ -332,6 +353,17 @@ class EpicMirDataset(MidpointRows):
         row = int(self.rows[i][0]) if 0 <= i < len(self.rows) else -1
         item["label"] = {"tokens": empty_tokens(), "row": row, "relevancy": 0.0}
         return item
+
+
+def _numbers(encoded: str) -> np.ndarray:
+    """The sentence numbers of one relevancy group of a packed label (base64 of little-endian int32)."""
+    return np.frombuffer(base64.b64decode(encoded), "<i4")
+
+
+def positive_numbers(label: Any) -> list[int]:
+    """The sentence numbers a packed training label names (none for a row's own narration)."""
+    groups = label.get("positives") or {} if isinstance(label, dict) else {}
+    return [int(j) for b in groups.values() for j in _numbers(b)]
 
 
 def say_duplicates(path: Path, rows: list[tuple[int, int, dict]]) -> int:

@@ -12,6 +12,8 @@ file; ``sample`` is its index in that dataset, which keys its clip and crop draw
 A dataset whose labels are drawn per epoch (``ego4d``: one of a narration's phrasings; ``epic_mir``: a caption
 drawn by relevancy) gives its own JSON ``label`` (``packed_label``: every candidate) and draws from it when
 read from the shards (``draw_label``), with the chunk tree's draws for the same (seed, epoch, sample).
+Texts many rows can draw (EPIC-MIR's sentences) are named by number in the rows and stored once per item
+(``meta["texts"]``: split -> number -> text, those its rows name: ``shared_texts``).
 ``index.json`` records each item's row count per split in its shard's entry (``avion_rows``), which
 :mod:`avion_ds.data.shards` reads to address samples without opening a shard, and what the rows of each split
 were packed for (``avion_labels``: dataset and label kind), which start-up checks against the recipe.
@@ -24,7 +26,7 @@ import json
 import logging
 import multiprocessing
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -42,6 +44,25 @@ LABELS_KEY = "avion_labels"  # index.json: split -> {"dataset": name, "kind": la
 
 Rows = dict[str, dict[str, list[list[Any]]]]  # split -> video id -> [start, end, label, name, sample] rows
 Labels = dict[str, dict[str, str]]  # split -> {"dataset", "kind"}
+SharedTexts = tuple[Sequence[str], Callable[[Any], Iterable[int]]]  # (texts, the numbers a packed label names)
+
+
+class PackedRows(dict):
+    """:data:`Rows`, and per split the texts its labels name by number (``shared``: a dataset's ``shared_texts``)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.shared: dict[str, SharedTexts] = {}
+
+
+def item_texts(rows: Mapping[str, list], shared: Mapping[str, SharedTexts]) -> dict[str, dict[str, str]]:
+    """split -> number -> text of the shared texts an item's ``rows`` name (stored once in its ``meta``)."""
+    out = {}
+    for split, (texts, names) in shared.items():
+        numbers = sorted({int(k) for r in rows.get(split, []) for k in names(r[2])})
+        if numbers:
+            out[split] = {str(k): texts[k] for k in numbers}
+    return out
 
 
 def video_groups(tree: str | Path) -> list[list[dict]]:
@@ -52,24 +73,26 @@ def video_groups(tree: str | Path) -> list[list[dict]]:
     return [sorted(g, key=lambda r: int(r["start_frame"])) for _, g in sorted(groups.items())]
 
 
-def video_item(group: list[dict], tree: str, rows: Mapping[str, list] | None = None) -> dict:
+def video_item(
+    group: list[dict], tree: str, rows: Mapping[str, list] | None = None, texts: Mapping[str, dict] | None = None
+) -> dict:
     """One shard item: consecutive chunks of a video (their bytes and manifest facts, checksums computed
-    here) and the rows they serve."""
+    here), the rows they serve and the shared texts those rows name (:func:`item_texts`)."""
     blobs = [(Path(tree) / r["path"]).read_bytes() for r in group]
     facts = [
         {k: r[k] for k in ("path", "start_frame", "frames", "fps", "width", "height") if k in r}
         | {"bytes": len(b), "sha256": hashlib.sha256(b).hexdigest()}
         for r, b in zip(group, blobs, strict=True)
     ]
-    meta = {"chunks": facts, "rows": dict(rows or {})}
+    meta = {"chunks": facts, "rows": dict(rows or {})} | ({"texts": dict(texts)} if texts else {})
     return {"video_id": group[0]["video_id"], "meta": json.dumps(meta), "data": b"".join(blobs)}
 
 
-def _item(args: tuple[list[dict], str, dict]) -> dict:
+def _item(args: tuple[list[dict], str, dict, dict]) -> dict:
     return video_item(*args)
 
 
-def annotation_rows(cfg: Any, sections: Mapping[str, Any] | None = None) -> tuple[Rows, list[str]]:
+def annotation_rows(cfg: Any, sections: Mapping[str, Any] | None = None) -> tuple[PackedRows, list[str]]:
     """(split -> video id -> rows, problems) of a recipe's dataset read over the chunk tree ``cfg.root``.
 
     Each sample the dataset would draw becomes ``[start_frame, end_frame, label, name, sample index]`` (its span as the
@@ -78,7 +101,7 @@ def annotation_rows(cfg: Any, sections: Mapping[str, Any] | None = None) -> tupl
     label kind than :data:`PACKABLE_KINDS`."""
     from avion_ds.data.datasets.build import split_view  # lazy: the dataset registry loads torch and decoders
 
-    out: Rows = {}
+    out = PackedRows()
     problems: list[str] = []
     for split in ("train", "val"):
         spec, view = split_view(cfg, split, sections)
@@ -88,6 +111,9 @@ def annotation_rows(cfg: Any, sections: Mapping[str, Any] | None = None) -> tupl
                 f"kind {', '.join(PACKABLE_KINDS)} only"
             )
         ds = spec.build(view, split, 1, 1, 0)
+        shared = getattr(ds, "shared_texts", lambda: None)()
+        if shared is not None:
+            out.shared[split] = shared
         per_video: dict[str, list[list[Any]]] = {}
         for i in range(len(ds)):
             try:
@@ -201,13 +227,14 @@ def pack_tree(
     rows = rows or {}
     items = windows_of(groups, tree, rows, item_bytes)
     per_item = [r for _, r in items]
+    shared = getattr(rows, "shared", {})
     out = Path(out).resolve()
     os.makedirs(out, exist_ok=True)
     start_method = multiprocessing.get_start_method(allow_none=True)
     try:
         optimize(
             fn=_item,
-            inputs=[(g, str(tree), r) for g, r in items],
+            inputs=[(g, str(tree), r, item_texts(r, shared)) for g, r in items],
             output_dir=str(out),
             chunk_bytes=int(shard_bytes),
             num_workers=max(1, workers),
