@@ -26,6 +26,9 @@ manifest's id, or the stem of a whole video). Frames: AVION's ``get_frame_ids`` 
 or the video's own rate, capped at the last frame of the chunk holding the end (AVION's chunked
 ``video_loader``): segment midpoints, plus a uniform jitter of +- half a segment in training
 (:func:`~avion_ds.data.sampling.jittered_midpoints`). Label: ``{"tokens": LongTensor (77,)}``.
+
+From shards (``data.shards``): ``avion-ds pack`` stores each row's narration or whole list
+(:meth:`Ego4dDataset.packed_label`) and the same draw picks each epoch's (:meth:`Ego4dDataset.draw_label`).
 """
 
 from __future__ import annotations

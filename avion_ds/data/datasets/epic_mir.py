@@ -19,6 +19,10 @@ relevancy pickles hold a numpy array; a pickled list of lists is converted to a 
 start-up data line says so (key, file, shape). Rows repeating an earlier row (same ``video_id``, start,
 stop and narration) are kept, each being a relevancy-matrix row that AVION reads too, and said in one
 line at load: their count and the first with the row it repeats.
+
+From shards (``data.shards``): a packed row holds its matrix row and what its caption is drawn from
+(:meth:`EpicMirDataset.packed_label`), drawn as from the annotation files; MIR scoring reads the whole
+relevancy matrix from the files (:meth:`EpicMirDataset.load_eval_targets`).
 """
 
 from __future__ import annotations
