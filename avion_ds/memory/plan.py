@@ -13,6 +13,7 @@ top candidates and ranks those by measured clips/s.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -22,6 +23,7 @@ import yaml
 
 from avion_ds.config import apply_overrides
 from avion_ds.distributed.ds_config import merge_overrides, reference_config
+from avion_ds.distributed.ds_plan import DSPlan
 from avion_ds.memory.estimate import DTYPE_BYTES, MemoryEstimate, arch_info, as_dtype, estimate
 from avion_ds.memory.units import format_bytes
 from avion_ds.models import list_models, model_flops, registered_arch
@@ -206,11 +208,35 @@ class Request:
     estimator: Callable[..., MemoryEstimate] | None = None
 
 
+@functools.cache
+def config_knobs(stage: int, off_opt: bool, off_param: bool, device: str = "cpu") -> dict[str, int]:
+    """What the DeepSpeed config a plan writes for this setup (its reference ``ds_configs/*.json``) lets
+    ZeRO-3 hold on the GPU, as :func:`estimate` takes it: the prefetch bucket and the live-parameter cap
+    (zero3*.json keep up to 1e9 parameters live: the whole of a ViT-g; measured on an H200, ViT-g with
+    parameter offload peaked at 2.46 GiB, where the default 1e8 predicted 0.73 GiB and this 2.33 GiB). The
+    reduce bucket keeps ``estimate``'s default: the configs' 5e8 has no GPU measurement behind it yet."""
+    if stage != 3:
+        return {}
+    offload = "all" if off_param else "optimizer" if off_opt else "none"
+    ds = DSPlan.of(reference_config(reference_name(Candidate(stage, offload, device, 0, 1, 1))))
+    knobs = {"prefetch_bucket_size": ds.prefetch_bucket_size, "max_live_parameters": ds.max_live_parameters}
+    return {k: v for k, v in knobs.items() if v is not None}
+
+
 def estimate_for(
-    req: Request, micro: int, stage: int, off_opt: bool, off_param: bool, every: int, policy: str = "full"
+    req: Request,
+    micro: int,
+    stage: int,
+    off_opt: bool,
+    off_param: bool,
+    every: int,
+    policy: str = "full",
+    device: str = "cpu",
 ) -> MemoryEstimate:
-    """One configuration's estimate for ``req``: its task's estimator, or ``estimate`` of the model by name."""
+    """One configuration's estimate for ``req``, with the buckets of the config the plan writes: its task's
+    estimator, or ``estimate`` of the model by name."""
     knobs = {
+        **config_knobs(stage, off_opt, off_param, device),
         "offload_optimizer": off_opt,
         "offload_param": off_param,
         "checkpointing": every,
@@ -239,7 +265,7 @@ def plan(req: Request) -> tuple[list[Candidate], dict[str, Any]]:
                 for micro, accum in _micro_batches(per_gpu, req.max_micro):
                     c = Candidate(stage, offload, device, every, micro, accum, policy)
                     e = estimate_for(
-                        req, micro, stage, offload in ("optimizer", "all"), offload == "all", every, policy
+                        req, micro, stage, offload in ("optimizer", "all"), offload == "all", every, policy, device
                     )
                     c.peak, c.estimate = e.total, e.as_dict()
                     # NVMe holds the offloaded states: host keeps only pinned buffers (~1/4)
@@ -402,6 +428,7 @@ def explain_impossible(req: Request, cands: list[Candidate]) -> str:
                     1,
                     req.gpus,
                     gpus_per_node=req.gpus_per_node,
+                    **config_knobs(stage, off_opt, off_param),
                 )
             if est.total <= req.gpu_mem and (req.cpu_mem is None or est.host <= req.cpu_mem):
                 return True
