@@ -17,22 +17,36 @@ def pytest_configure(config: pytest.Config) -> None:
     """Ending the run ends what it started: SIGTERM / SIGHUP to pytest, or its exit, end every launcher
     and rank still alive (``tests/helpers/reaper.py``)."""
     reaper.install()
+    config.addinivalue_line(
+        "markers",
+        "doc_run(doc, needle): the test reads the documented run of that cpu block (tests/e2e/conftest.py: "
+        "doc_block) and runs in its run group",
+    )
 
 
-# session fixtures whose runs tests in several files read: those tests share one worker under pytest-xdist
-SHARED_RUN_FIXTURES = {"doc_runs": "documented-runs"}
+def doc_run_group(item: pytest.Item) -> str:
+    """The run group of the documented run ``item`` reads (tests/e2e/conftest.py: ``run_group``): the block
+    it is parametrized with, or the one its ``doc_run`` mark names."""
+    from tests.e2e.conftest import doc_block, run_group
+    from tests.e2e.doc_blocks import Block
+
+    mark = item.get_closest_marker("doc_run")
+    params = getattr(getattr(item, "callspec", None), "params", {})
+    block = doc_block(*mark.args) if mark else params.get("block")
+    if not isinstance(block, Block):
+        raise pytest.UsageError(f"{item.nodeid} uses doc_runs: mark it @pytest.mark.doc_run(DOC, NEEDLE)")
+    return run_group(block)
 
 
 def worker_group(item: pytest.Item) -> str | None:
     """The pytest-xdist group ``item`` must run in (``--dist loadgroup``), or None where any worker may
-    take it: tests of a documented run share it; tests that share a module, class or package fixture
-    share their module (package) so the fixture is built once, not once per worker."""
+    take it: tests of a documented run share its run group (its blocks and the flows that read them);
+    tests that share a module, class or package fixture share their module (package) so the fixture is
+    built once, not once per worker."""
     by_name = item._fixtureinfo.name2fixturedefs  # type: ignore[attr-defined]
-    defs = [d for ds in by_name.values() for d in ds]
-    for d in defs:
-        if d.argname in SHARED_RUN_FIXTURES:
-            return SHARED_RUN_FIXTURES[d.argname]
-    scopes = {d.scope for d in defs}
+    if "doc_runs" in by_name:
+        return doc_run_group(item)
+    scopes = {d.scope for ds in by_name.values() for d in ds}
     if "package" in scopes:
         return str(item.path.parent)
     if scopes & {"module", "class"}:

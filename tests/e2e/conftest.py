@@ -1,16 +1,25 @@
-"""The documented commands' scratch directory and their runs, shared by the doc test and the end-to-end
+"""The documented commands' scratch directories and their runs, shared by the doc test and the end-to-end
 flows: a flow that checks a documented run (the video-text pretraining of docs/video_text.md) reads that
-block's run instead of training its own, and each block runs once per session."""
+block's run instead of training its own, and each block runs once per session.
+
+A block that uses what another block made names it in ``NEEDS``; the blocks of one ``NEEDS`` chain (and the
+flows that read them) form one run group: one scratch directory, one pytest-xdist worker (``run_group``,
+tests/conftest.py: ``worker_group``), so independent chains run on both workers and each block still runs
+once. A group's directory holds only what its own chain made, so an undeclared dependency fails every time.
+"""
 
 from __future__ import annotations
 
 import os
+import re
+import shutil
 import subprocess
 from pathlib import Path
 
 import pytest
 
-from tests.e2e.doc_blocks import Block, blocks, with_sets
+from avion_ds.distributed.dist import free_port
+from tests.e2e.doc_blocks import Block, blocks, on_own_port, with_sets
 from tests.helpers.env import REPO, engine_env
 from tests.helpers.launch import run_process
 
@@ -20,12 +29,19 @@ DEMO_DATA = (
     "avion-ds chunk demo/synth/videos demo/chunks --chunk-seconds 15 --short-side 72 --fps 15 --gop 15 "
     "--workers 2 --no-progress\n"
 )
+LINKS = ("launch", "ds_configs", ".ci")  # of this checkout, in every scratch directory
 
-
-# a block that uses what another file's block makes -> that block (doc, needle), run first when not yet run
-# (the files run in name order, so a later file's block must be named here)
+CONTRASTIVE = ("video_text.md", "contrastive_demo_cpu.yaml")
+# a block that uses what another block made (its run directory, its outputs; read by the block's commands or
+# by the recipe it names) -> that block (doc, needle): run first, in the same scratch directory and worker
 NEEDS: dict[tuple[str, str], tuple[str, str]] = {
-    ("pretraining.md", "umt_demo_cpu.yaml"): ("video_text.md", "contrastive_demo_cpu.yaml"),  # its teacher
+    ("pretraining.md", "umt_demo_cpu.yaml"): CONTRASTIVE,  # the recipe's teacher: demo/contrastive
+    ("training.md", "ds_to_universal"): ("pretraining.md", "pretrain_demo_cpu.yaml"),  # demo/from_pretrain
+    ("video_text.md", "output_dir=demo/tower_cls"): CONTRASTIVE,  # model.pretrained=demo/contrastive
+    ("video_text.md", "lavila_vit_b_epic_cls.yaml"): CONTRASTIVE,  # demo/contrastive, demo/synth_text
+    ("video_text.md", "mir_demo_cpu.yaml"): CONTRASTIVE,  # the recipe's demo/contrastive, demo/synth_text
+    ("zero_shot.md", "task=zeroshot"): CONTRASTIVE,  # demo/contrastive, demo/synth_text
+    ("zero_shot.md", "avion-ds embed"): CONTRASTIVE,  # demo/contrastive, demo/chunks_text
 }
 
 
@@ -36,45 +52,72 @@ def doc_block(doc: str, needle: str) -> Block:
     return found[0]
 
 
+def needed(block: Block) -> Block | None:
+    """The block ``block`` needs run first (``NEEDS``), or None."""
+    found = [doc_block(*dep) for (doc, needle), dep in NEEDS.items() if block.path.name == doc and needle in block.text]
+    assert len(found) <= 1, f"{block.id}: several NEEDS entries match it: {[b.id for b in found]}"
+    return found[0] if found else None
+
+
+def run_group(block: Block) -> str:
+    """The run group of ``block``: the first block of its ``NEEDS`` chain names the group, its scratch
+    directory and its pytest-xdist group."""
+    while (dep := needed(block)) is not None:
+        block = dep
+    return "doc-run:" + block.id
+
+
 def bash(text: str, cwd: Path, env: dict[str, str], timeout: int) -> subprocess.CompletedProcess:
     """``text`` under ``bash -euo pipefail``; interrupted, its whole process tree ends (``run_process``)."""
     return run_process(["bash", "-c", f"set -euo pipefail\n{text}\n"], timeout, env, cwd, merge_stderr=True)
 
 
 class DocRuns:
-    """Runs documented blocks in the scratch directory, each once: the doc test and the flows share the
-    output (``root``: the scratch directory, where the blocks' relative paths resolve)."""
+    """Runs documented blocks, each once, in its run group's scratch directory (``dir``): the doc test and
+    the flows share the output."""
 
-    def __init__(self, root: Path, env: dict[str, str]) -> None:
-        self.root, self.env = root, env
+    def __init__(self, base: Path, env: dict[str, str]) -> None:
+        self.base, self.env = base, env
         self._done: dict[str, subprocess.CompletedProcess] = {}
 
-    def demo_data(self) -> None:
-        """The demo's synthetic data (``demo/synth``, ``demo/chunks``), made once as launch/demo.sh makes it."""
-        if not (self.root / "demo" / "chunks" / "manifest.jsonl").is_file():
-            proc = bash(DEMO_DATA, self.root, self.env, timeout=600)
+    def dir(self, block: Block) -> Path:
+        """The scratch directory of ``block``'s run group, where the blocks' relative paths resolve (made on
+        first use, with links to launch/, ds_configs/, .ci/ of this checkout)."""
+        root = self.base / re.sub(r"[^\w.-]", "_", run_group(block))
+        if not root.is_dir():
+            root.mkdir()
+            for name in LINKS:
+                (root / name).symlink_to(REPO / name)
+        return root
+
+    def demo_data(self, root: Path) -> None:
+        """The demo's synthetic data in ``root`` (``demo/synth``, ``demo/chunks``), made once per worker as
+        launch/demo.sh makes it, then copied (mtimes kept, as the chunk manifest records them)."""
+        made = self.base / "demo_data"
+        if not (made / "demo" / "chunks" / "manifest.jsonl").is_file():
+            made.mkdir(exist_ok=True)
+            proc = bash(DEMO_DATA, made, self.env, timeout=600)
             assert proc.returncode == 0, proc.stdout[-3000:]
+        if not (root / "demo" / "chunks" / "manifest.jsonl").is_file():
+            shutil.copytree(made / "demo", root / "demo", dirs_exist_ok=True)
 
     def run(self, block: Block) -> subprocess.CompletedProcess:
-        """The block's run at its marker's toy size (run now unless it ran already)."""
-        for (doc, needle), first in NEEDS.items():
-            if block.path.name == doc and needle in block.text:
-                dep = self.run(doc_block(*first))
-                assert dep.returncode == 0, (
-                    f"{block.id} needs {doc_block(*first).id}, which failed:\n{dep.stdout[-3000:]}"
-                )
+        """The block's run at its marker's toy size (run now unless it ran already), after the block it needs;
+        launcher lines on a port of their own (``on_own_port``: the other worker runs blocks too)."""
+        dep = needed(block)
+        if dep is not None:
+            proc = self.run(dep)
+            assert proc.returncode == 0, f"{block.id} needs {dep.id}, which failed:\n{proc.stdout[-3000:]}"
         if block.id not in self._done:
+            root = self.dir(block)
             if block.multiprocess and "launch/demo.sh" not in block.text:  # the demo makes its data itself
-                self.demo_data()
-            env = {**self.env, "PATH": os.environ["PATH"]}
-            self._done[block.id] = bash(with_sets(block.text, block.sets), self.root, env, timeout=900)
+                self.demo_data(root)
+            env = {**self.env, "PATH": os.environ["PATH"], "MASTER_PORT": str(free_port())}
+            self._done[block.id] = bash(on_own_port(with_sets(block.text, block.sets)), root, env, timeout=900)
         return self._done[block.id]
 
 
 @pytest.fixture(scope="session")
 def doc_runs(tmp_path_factory: pytest.TempPathFactory) -> DocRuns:
-    """The scratch directory the blocks run in (links to launch/, ds_configs/, .ci/) and its runs."""
-    root = tmp_path_factory.mktemp("docs")
-    for name in ("launch", "ds_configs", ".ci"):
-        (root / name).symlink_to(REPO / name)
-    return DocRuns(root, engine_env(OMP_NUM_THREADS="1"))
+    """The runs of the documented blocks, under one directory per worker (a scratch directory per run group)."""
+    return DocRuns(tmp_path_factory.mktemp("docs"), engine_env(OMP_NUM_THREADS="1"))

@@ -104,3 +104,14 @@ def with_sets(text: str, sets: list[str]) -> str:
             line = f"{code.removesuffix('&').rstrip()} {extra}{bg}" + (f"  #{comment}" if sep else "")
         out.append(line)
     return "\n".join(out)
+
+
+# a deepspeed launcher command that names no rendezvous port
+LAUNCHER = re.compile(r"^(\s*)deepspeed (?!.*--master_port)", re.MULTILINE)
+
+
+def on_own_port(text: str) -> str:
+    """``text`` (logical lines, as ``with_sets`` gives them) with ``--master_port "$MASTER_PORT"`` on every
+    deepspeed launcher command that names no port: the launcher's default is one fixed port (29500), and the
+    two test workers run documented blocks at the same time."""
+    return LAUNCHER.sub(r'\1deepspeed --master_port "$MASTER_PORT" ', text)

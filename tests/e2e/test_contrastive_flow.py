@@ -21,10 +21,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.e2e.conftest import DocRuns, doc_block
+from tests.e2e.conftest import CONTRASTIVE, DocRuns, doc_block
 from tests.helpers import launch, losses, run_process
 
-pytestmark = pytest.mark.multiprocess
+pytestmark = [pytest.mark.multiprocess, pytest.mark.doc_run(*CONTRASTIVE)]  # the documented run it reads
 CLI = [sys.executable, "-m", "avion_ds.cli"]
 
 
@@ -60,15 +60,16 @@ def _odd_mir_split(mir: Path, out: Path) -> tuple[Path, Path]:
 def contrastive_run(doc_runs: DocRuns, tmp_path_factory: pytest.TempPathFactory) -> dict:
     """docs/video_text.md's block, run once for the doc test and this flow: synth -> chunk -> contrastive
     pretraining on 2 CPU ranks (the deepspeed launcher, the recipe of the CPU demo) -> eval; paths and the log.
-    The run's recipe names its data relative to the docs' scratch directory (``docs``): its commands run there."""
-    log = _ok(doc_runs.run(doc_block("video_text.md", "contrastive_demo_cpu.yaml")))
-    demo = doc_runs.root / "demo"
+    The run's recipe names its data relative to its run group's scratch directory (``docs``): its commands run there."""
+    block = doc_block(*CONTRASTIVE)
+    log = _ok(doc_runs.run(block))
+    demo = doc_runs.dir(block) / "demo"
     synth = demo / "synth_text"
     tmp = tmp_path_factory.mktemp("contrastive_flow")  # this flow's own outputs
     return {
         "tmp": tmp,
         "doc_runs": doc_runs,
-        "docs": doc_runs.root,
+        "docs": doc_runs.dir(block),
         "synth": synth,
         "chunks": demo / "chunks_text",
         "mir": synth / "retrieval_annotations",

@@ -1,12 +1,14 @@
 """The documented commands work as written: every ```bash block of README.md and docs/*.md is marked
-(``tests/e2e/doc_blocks.py``: cpu / gpu / data / manual), and the ``cpu`` ones run at toy size in one
-scratch directory, in document order (a block may use what an earlier block of its file made), exit 0,
+(``tests/e2e/doc_blocks.py``: cpu / gpu / data / manual), and the ``cpu`` ones run at toy size, exit 0,
 and print the figures the doc quotes within their stated tolerance.
 
-The scratch directory links ``launch/`` and ``ds_configs/`` of this checkout and holds the demo's
-synthetic data (``demo/synth``, ``demo/chunks``, made once, as ``launch/demo.sh`` makes them), so the
-doc's relative paths resolve; this checkout is first on ``PYTHONPATH`` for ``avion-ds``, ``deepspeed``
-and ``python``.
+A block that uses what another block made names it in ``NEEDS`` (``tests/e2e/conftest.py``); the blocks of
+one chain run in order in one scratch directory, on one pytest-xdist worker (their run group), and
+independent chains run on both workers. Each scratch directory links ``launch/``, ``ds_configs/`` and
+``.ci/`` of this checkout and, for the blocks that train, holds the demo's synthetic data (``demo/synth``,
+``demo/chunks``, made once per worker, as ``launch/demo.sh`` makes them), so the doc's relative paths
+resolve; this checkout is first on ``PYTHONPATH`` for ``avion-ds``, ``deepspeed`` and ``python``; each
+deepspeed launcher line gets a port of its own (``on_own_port``).
 """
 
 from __future__ import annotations
@@ -15,8 +17,9 @@ import re
 
 import pytest
 
-from tests.e2e.conftest import DOCS, DocRuns
-from tests.e2e.doc_blocks import Block, blocks, parse_marker, with_sets
+from tests.e2e.conftest import DOCS, DocRuns, run_group
+from tests.e2e.doc_blocks import Block, blocks, on_own_port, parse_marker, with_sets
+from tests.helpers.env import REPO
 
 ALL = [b for path in DOCS for b in blocks(path)]
 RUN = [b for b in ALL if b.kind == "cpu"]
@@ -43,6 +46,37 @@ def test_marker_syntax() -> None:
         with_sets(text, ["a=1"])
         == "deepspeed --num_gpus 2 launch/train.py --config r.yaml --deepspeed_config z.json --set a=1  # train\nls"
     )
+
+
+def test_launcher_lines_get_their_own_port() -> None:
+    text = "deepspeed --num_gpus 2 launch/train.py --config r.yaml\n  deepspeed --master_port 9 x.py\npython -m deepspeed.x"
+    assert on_own_port(text) == (
+        'deepspeed --master_port "$MASTER_PORT" --num_gpus 2 launch/train.py --config r.yaml\n'
+        "  deepspeed --master_port 9 x.py\npython -m deepspeed.x"
+    )
+
+
+# what every training block's directory holds (the demo data) or only names as a default it overrides
+SHARED_BY_ALL = {"demo/synth", "demo/chunks", "demo/run"}
+
+
+def _demo_paths(b: Block) -> set[str]:
+    """The ``demo/`` paths a block names, in its text or in the recipes it names."""
+    text = b.text + "".join((REPO / r).read_text() for r in re.findall(r"launch/recipes/[\w.-]+\.ya?ml", b.text))
+    return set(re.findall(r"(?<![\w/])demo/[\w.-]+", text)) - SHARED_BY_ALL
+
+
+def test_blocks_naming_one_path_share_a_run_group() -> None:
+    """A block that uses another block's output runs after it in its scratch directory only if ``NEEDS``
+    says so: two blocks naming the same ``demo/`` path are in one run group."""
+    owner: dict[str, Block] = {}
+    for b in RUN:
+        for path in sorted(_demo_paths(b)):
+            first = owner.setdefault(path, b)
+            assert run_group(b) == run_group(first), (
+                f"{b.id} and {first.id} both name {path} but run in different scratch directories: "
+                "name the block it uses in NEEDS (tests/e2e/conftest.py)"
+            )
 
 
 def _param(b: Block) -> object:

@@ -18,7 +18,8 @@ import yaml
 from tests.e2e.conftest import DocRuns, doc_block
 from tests.helpers import run_process
 
-pytestmark = pytest.mark.multiprocess
+README_DEMO = ("README.md", "launch/demo.sh")
+pytestmark = [pytest.mark.multiprocess, pytest.mark.doc_run(*README_DEMO)]  # the documented run it reads
 
 
 def _ok(proc: subprocess.CompletedProcess) -> str:
@@ -28,14 +29,16 @@ def _ok(proc: subprocess.CompletedProcess) -> str:
 
 
 def _run(cmd: list[str], cwd: Path) -> str:
-    """``cmd`` from ``cwd`` (the docs' scratch directory: the run's recipe names its data relative to it)."""
+    """``cmd`` from ``cwd`` (the run group's scratch directory: the run's recipe names its data relative to it)."""
     return _ok(run_process(cmd, timeout=300, cwd=cwd))
 
 
 def test_synth_chunk_train_eval_export(doc_runs: DocRuns) -> None:
     cli = [sys.executable, "-m", "avion_ds.cli"]
-    log = _ok(doc_runs.run(doc_block("README.md", "launch/demo.sh")))
-    demo = doc_runs.root / "demo"
+    block = doc_block(*README_DEMO)
+    log = _ok(doc_runs.run(block))
+    docs = doc_runs.dir(block)
+    demo = docs / "demo"
     run, tmp_path = demo / "run", demo / "readme_flow"  # this flow's own outputs
     tmp_path.mkdir(exist_ok=True)
     assert "world 2 | ZeRO-2 | fp32" in log and "[eval ep " in log
@@ -77,7 +80,7 @@ def test_synth_chunk_train_eval_export(doc_runs: DocRuns) -> None:
     out2 = tmp_path / "eval_file.json"
     _run(
         cli + ["eval", "--config", str(run / "recipe.yaml"), "--checkpoint", str(weights), "--out", str(out2)],
-        doc_runs.root,
+        docs,
     )
     ev2 = json.loads(out2.read_text())
     assert ev2["per_sample"] == ev["per_sample"]
@@ -102,7 +105,7 @@ def test_synth_chunk_train_eval_export(doc_runs: DocRuns) -> None:
             "--tag",
             tags[-1],
         ],
-        doc_runs.root,
+        docs,
     )
     assert "parameters offloaded to CPU memory; on the accelerator at most 100,000 live parameters" in said
     ev3 = json.loads(out3.read_text())
