@@ -207,6 +207,17 @@ def _shards_packed_for_classes(f: dict) -> None:
     (f["tmp"] / "shards" / "index.json").write_text(json.dumps(index))
 
 
+def _shards_for_mir(f: dict) -> None:
+    """An index.json of MIR rows (the shard itself is not read before the failing check)."""
+    (f["tmp"] / "shards").mkdir()
+    rows = {"train": [1], "val": [1]}
+    chunk = {"filename": "chunk-0-0.bin", "chunk_bytes": 9, "chunk_size": 1, "avion_rows": rows}
+    labels = {s: {"dataset": "epic_mir", "kind": "retrieval"} for s in rows}
+    config = {"data_format": ["str", "str", "bytes"], "item_loader": "RowItemLoader"}
+    index = {"chunks": [chunk], "config": config, "avion_labels": labels}
+    (f["tmp"] / "shards" / "index.json").write_text(json.dumps(index))
+
+
 # a remote shard location: index.json names one 9-byte shard with a train and a val row
 REMOTE_INDEX = {
     "chunks": [
@@ -539,6 +550,15 @@ CASES: list[Case] = [
         _http_index_only,
         [],
         ["data.shards", "/chunk-0-0.bin cannot be read (HTTP 404"],
+    ),
+    (
+        "shards_mir_scoring_without_val_csv",
+        "train",
+        "mir",
+        ["data.shards=@tmp/shards", "data.val_csv="],
+        _shards_for_mir,
+        [],
+        ["epic_mir.val_relevancy: MIR scoring with data.shards", "data.val_csv"],
     ),
     ("check_shards", "check", "", [], None, ["--config", "@file", "--set", "data.shards=s3://b/x"], ["data.shards"]),
     (
