@@ -14,10 +14,11 @@ deepspeed launcher line gets a port of its own (``on_own_port``).
 from __future__ import annotations
 
 import re
+from types import SimpleNamespace
 
 import pytest
 
-from tests.e2e.conftest import DOCS, DocRuns, run_group
+from tests.e2e.conftest import CONTRASTIVE, DOCS, DocRuns, doc_block, run_group
 from tests.e2e.doc_blocks import Block, blocks, on_own_port, parse_marker, with_sets
 from tests.helpers.env import REPO
 
@@ -77,6 +78,31 @@ def test_blocks_naming_one_path_share_a_run_group() -> None:
                 f"{b.id} and {first.id} both name {path} but run in different scratch directories: "
                 "name the block it uses in NEEDS (tests/e2e/conftest.py)"
             )
+
+
+def _doc_runs_item(block: Block | None = None, mark: object = None) -> object:
+    """What ``worker_group`` reads of a test that uses ``doc_runs``: parametrized with ``block``, or marked."""
+    fixture = SimpleNamespace(argname="doc_runs", scope="session")
+    return SimpleNamespace(
+        nodeid="tests/e2e/test_x.py::test_x",
+        _fixtureinfo=SimpleNamespace(name2fixturedefs={"doc_runs": [fixture]}),
+        get_closest_marker=lambda name: mark if name == "doc_run" else None,
+        callspec=SimpleNamespace(params={"block": block}) if block else None,
+    )
+
+
+def test_worker_group_of_documented_runs() -> None:
+    """A block and the flows that read its run share its chain's xdist group; other chains have their own; a
+    test that uses ``doc_runs`` without naming its run is refused at collection."""
+    from tests.conftest import worker_group
+
+    umt = doc_block("pretraining.md", "umt_demo_cpu.yaml")
+    contrastive = worker_group(_doc_runs_item(mark=pytest.mark.doc_run(*CONTRASTIVE).mark))
+    assert contrastive == worker_group(_doc_runs_item(umt)) == run_group(doc_block(*CONTRASTIVE))
+    readme = worker_group(_doc_runs_item(mark=pytest.mark.doc_run("README.md", "launch/demo.sh").mark))
+    assert readme == worker_group(_doc_runs_item(doc_block("README.md", "launch/demo.sh"))) != contrastive
+    with pytest.raises(pytest.UsageError, match="mark it @pytest.mark.doc_run"):
+        worker_group(_doc_runs_item())
 
 
 def _param(b: Block) -> object:
