@@ -26,43 +26,24 @@ import json
 import logging
 import multiprocessing
 import os
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from avion_ds.data.errors import DataError
+import numpy as np
+
 from avion_ds.data.prep.manifest import MANIFEST_NAME, dedupe_records, read_manifest_records
+from avion_ds.data.prep.pack_rows import RowSource, Spans, item_rows
 from avion_ds.data.prep.pack_windows import chunk_windows
 from avion_ds.data.prep.shard_index import ROW_LOADER, ROWS_KEY
 
 log = logging.getLogger(__name__)
 DEFAULT_SHARD_BYTES = 1 << 30  # ~1 GiB per shard
 DEFAULT_ITEM_BYTES = 32 << 20  # a window of a video's chunks: what one sample reads (AVION's 15 s chunks: ~10)
-PACKABLE_KINDS = ("class", "none", "narration", "retrieval")  # drawn kinds: the dataset's packed_label / draw_label
 DRAWN_KINDS = ("narration", "retrieval")  # labels drawn per epoch: shards packed for another kind cannot give them
 LABELS_KEY = "avion_labels"  # index.json: split -> {"dataset": name, "kind": label kind} the rows were packed for
 
-Rows = dict[str, dict[str, list[list[Any]]]]  # split -> video id -> [start, end, label, name, sample] rows
 Labels = dict[str, dict[str, str]]  # split -> {"dataset", "kind"}
-SharedTexts = tuple[Sequence[str], Callable[[Any], Iterable[int]]]  # (texts, the numbers a packed label names)
-
-
-class PackedRows(dict):
-    """:data:`Rows`, and per split the texts its labels name by number (``shared``: a dataset's ``shared_texts``)."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.shared: dict[str, SharedTexts] = {}
-
-
-def item_texts(rows: Mapping[str, list], shared: Mapping[str, SharedTexts]) -> dict[str, dict[str, str]]:
-    """split -> number -> text of the shared texts an item's ``rows`` name (stored once in its ``meta``)."""
-    out = {}
-    for split, (texts, names) in shared.items():
-        numbers = sorted({int(k) for r in rows.get(split, []) for k in names(r[2])})
-        if numbers:
-            out[split] = {str(k): texts[k] for k in numbers}
-    return out
 
 
 def video_groups(tree: str | Path) -> list[list[dict]]:
@@ -88,53 +69,11 @@ def video_item(
     return {"video_id": group[0]["video_id"], "meta": json.dumps(meta), "data": b"".join(blobs)}
 
 
-def _item(args: tuple[list[dict], str, dict, dict]) -> dict:
-    return video_item(*args)
-
-
-def annotation_rows(cfg: Any, sections: Mapping[str, Any] | None = None) -> tuple[PackedRows, list[str]]:
-    """(split -> video id -> rows, problems) of a recipe's dataset read over the chunk tree ``cfg.root``.
-
-    Each sample the dataset would draw becomes ``[start_frame, end_frame, label, name, sample index]`` (its span as the
-    dataset resolves it; the label as :func:`row_label` packs it); a row the dataset cannot resolve (unknown
-    video, bad times, no caption) is left out and listed in ``problems``. ValueError for a dataset of another
-    label kind than :data:`PACKABLE_KINDS`."""
-    from avion_ds.data.datasets.build import split_view  # lazy: the dataset registry loads torch and decoders
-
-    out = PackedRows()
-    problems: list[str] = []
-    for split in ("train", "val"):
-        spec, view = split_view(cfg, split, sections)
-        if spec.label_kind not in PACKABLE_KINDS:
-            raise ValueError(
-                f"data.dataset={spec.name!r}: labels of kind {spec.label_kind!r}; pack packs datasets with labels of "
-                f"kind {', '.join(PACKABLE_KINDS)} only"
-            )
-        ds = spec.build(view, split, 1, 1, 0)
-        shared = getattr(ds, "shared_texts", lambda: None)()
-        if shared is not None:
-            out.shared[split] = shared
-        per_video: dict[str, list[list[Any]]] = {}
-        for i in range(len(ds)):
-            try:
-                entry, start, end, label = ds.sample_span(i)
-            except DataError as e:
-                problems.append(f"{split} sample {i}: {e}")
-                continue
-            try:
-                name = ds.row_name(i)
-            except NotImplementedError:
-                name = f"{entry.video_id}#{i}"
-            per_video.setdefault(entry.video_id, []).append([int(start), int(end), row_label(ds, i, label), name, i])
-        out[split] = per_video
-    return out, problems
-
-
-def row_label(ds: Any, i: int, label: Any) -> Any:
-    """The label of sample ``i`` as a shard row holds it: the dataset's ``packed_label`` (every candidate of a
-    label drawn per epoch), else the fixed label ``sample_span`` gave."""
-    packed = getattr(ds, "packed_label", None)
-    return label if packed is None else packed(i)
+def _item(args: tuple[list[dict], str, dict[str, np.ndarray], RowSource | None]) -> dict:
+    """The item of one window: its chunks, and the rows of its samples made by the recipe's dataset."""
+    group, tree, samples, source = args
+    rows, texts = item_rows(source, samples) if source is not None else ({}, {})
+    return video_item(group, tree, rows, texts)
 
 
 def packed_labels(cfg: Any, splits: tuple[str, ...] = ("train", "val")) -> Labels:
@@ -204,15 +143,17 @@ def pack_tree(
     out: str | Path,
     shard_bytes: int = DEFAULT_SHARD_BYTES,
     workers: int = 1,
-    rows: Rows | None = None,
+    spans: Spans | None = None,
     labels: Labels | None = None,
     item_bytes: int = DEFAULT_ITEM_BYTES,
+    source: RowSource | None = None,
 ) -> tuple[int, int]:
     """Write ``tree``'s chunks as litdata shards of about ``shard_bytes`` under ``out``, in items of about
     ``item_bytes``; returns (videos, items) packed.
 
-    ``rows`` (from :func:`annotation_rows`) travel in the items and their counts in ``index.json``, with
-    ``labels`` (from :func:`packed_labels`).
+    ``spans`` (:func:`~avion_ds.data.prep.pack_rows.sample_spans` of ``source``) place the samples in the
+    windows; each item's rows are made from ``source`` as it is written, their counts go to ``index.json``,
+    with ``labels`` (from :func:`packed_labels`).
     Raises ValueError (one line) for a tree without a manifest or a size that is not positive."""
     tree = Path(tree)
     if not (tree / MANIFEST_NAME).is_file():
@@ -224,17 +165,15 @@ def pack_tree(
     groups = video_groups(tree)
     if not groups:
         raise ValueError(f"{tree / MANIFEST_NAME}: no rows")
-    rows = rows or {}
-    items = windows_of(groups, tree, rows, item_bytes)
-    per_item = [r for _, r in items]
-    shared = getattr(rows, "shared", {})
+    spans = spans or {}
+    items = windows_of(groups, tree, spans, item_bytes)
     out = Path(out).resolve()
     os.makedirs(out, exist_ok=True)
     start_method = multiprocessing.get_start_method(allow_none=True)
     try:
         optimize(
             fn=_item,
-            inputs=[(g, str(tree), r, item_texts(r, shared)) for g, r in items],
+            inputs=[(g, str(tree), samples, source) for g, samples in items],
             output_dir=str(out),
             chunk_bytes=int(shard_bytes),
             num_workers=max(1, workers),
@@ -244,19 +183,22 @@ def pack_tree(
         )
     finally:  # litdata sets the process-wide start method to spawn (force=True): later DataLoaders would spawn
         multiprocessing.set_start_method(start_method, force=True)
-    _record_rows(out, {s: [len(r[s]) for r in per_item] for s in rows}, len(items), labels)
+    _record_rows(out, {s: [len(samples[s]) for _, samples in items] for s in spans}, len(items), labels)
     return len(groups), len(items)
 
 
 def windows_of(
-    groups: list[list[dict]], tree: Path, rows: Rows, item_bytes: int
-) -> list[tuple[list[dict], dict[str, list]]]:
-    """Each video's chunk windows (:func:`~avion_ds.data.prep.pack_windows.chunk_windows`) with the rows each
-    serves, video after video, windows in frame order."""
+    groups: list[list[dict]], tree: Path, spans: Spans, item_bytes: int
+) -> list[tuple[list[dict], dict[str, np.ndarray]]]:
+    """Each video's chunk windows (:func:`~avion_ds.data.prep.pack_windows.chunk_windows`) with the samples
+    each serves (split -> sample indices), video after video, windows in frame order."""
     out = []
+    empty = np.zeros((0, 3), np.int64)
     for g in groups:
-        video_rows = {s: r.get(g[0]["video_id"], []) for s, r in rows.items()}
+        video_rows = {s: v.get(g[0]["video_id"], empty) for s, v in spans.items()}
         starts = [int(c["start_frame"]) for c in g]
         sizes = [(tree / c["path"]).stat().st_size for c in g]
-        out += [(g[a : b + 1], mine) for a, b, mine in chunk_windows(starts, sizes, video_rows, item_bytes)]
+        for a, b, mine in chunk_windows(starts, sizes, video_rows, item_bytes):
+            samples = {s: np.asarray([int(r[2]) for r in rs], np.int64) for s, rs in mine.items()}
+            out.append((g[a : b + 1], samples))
     return out
