@@ -24,6 +24,7 @@ once, its rows counted and replaced by rows of the last video read; either is fa
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -32,11 +33,13 @@ from bisect import bisect_right
 from pathlib import Path
 from typing import Any
 
+from filelock import FileLock
 from litdata import StreamingDataset
 from litdata.streaming import dataset as litdata_dataset
 from litdata.streaming import elastic as litdata_elastic
 from litdata.streaming.item_loader import Interval, PyTreeLoader
 from litdata.streaming.resolver import Dir
+from litdata.utilities.dataset_utilities import get_default_cache_dir
 from litdata.utilities.env import _DistributedEnv
 
 from avion_ds.config import DataConfig
@@ -205,6 +208,21 @@ def _input_dir(location: str, cache_dir: str | None) -> str | Dir:
     return Dir(path=cache_dir, url=location.rstrip("/"))
 
 
+def _cache_setup_lock(location: str, cache_dir: str | None) -> Any:
+    """One process at a time sets up litdata's cache of an ``s3://`` location (nothing for the others).
+
+    litdata keeps an s3:// location's shards in ``CACHE/<md5 of the URL>/<index.json's updated_at>/`` and, when it
+    finds another folder there (the location was packed again), deletes ``CACHE/<md5>`` with ``shutil.rmtree``.
+    Local ranks of one node start together and share CACHE: two of them deleting the same tree, one meets a file
+    the other already removed (``FileNotFoundError: 'chunk-0-1.bin.cnt'``, measured on 2 CPU ranks). A file lock
+    in CACHE (litdata's own dependency, filelock) makes the first rank clean up and the others find it done."""
+    if location.startswith(("http://", "https://")) or "://" not in location:
+        return contextlib.nullcontext()  # a cache folder of our own (http), or no cache (a local directory)
+    root = cache_dir or get_default_cache_dir()
+    os.makedirs(root, exist_ok=True)
+    return FileLock(os.path.join(root, ".avion_ds_setup.lock"))
+
+
 def _whole_prefix(drop_first: int, world_size: int, batch_size: int) -> int:
     """The samples an elastic resume drops: all those read before the cut (litdata's own rounds them down to
     whole batches of the new world, and the remainder is read twice)."""
@@ -238,14 +256,15 @@ class ShardClipDataset(StreamingDataset):
         cache_dir: str | None = None,
     ) -> None:
         allow_plain_http_s3()
-        super().__init__(
-            _input_dir(location, cache_dir),
-            cache_dir=cache_dir,
-            item_loader=RowItemLoader(split),
-            shuffle=split == "train" if shuffle is None else shuffle,
-            seed=seed,
-            drop_last=split == "train",
-        )
+        with _cache_setup_lock(location, cache_dir):
+            super().__init__(
+                _input_dir(location, cache_dir),
+                cache_dir=cache_dir,
+                item_loader=RowItemLoader(split),
+                shuffle=split == "train" if shuffle is None else shuffle,
+                seed=seed,
+                drop_last=split == "train",
+            )
         self.location = location
         index = json.loads((Path(self.input_dir.path) / "index.json").read_text())  # local, or litdata's copy
         self._rows = sum(sum(c[ROWS_KEY][split]) for c in index["chunks"])

@@ -5,6 +5,7 @@ retries) and http(s):// (our downloader retries and counts), and the start-up ch
 
 from __future__ import annotations
 
+import hashlib
 import http.server
 import threading
 from collections.abc import Iterator
@@ -184,3 +185,32 @@ def test_remote_location_problems_are_one_line(
         line = shard_problem(location)
         assert line is not None and line.startswith("data.shards: ") and "\n" not in line, (location, line)
         assert all(p in line for p in parts), (location, line)
+
+
+@pytest.mark.multiprocess
+def test_two_ranks_train_from_s3(packed: dict, s3: str, tmp_path: Path) -> None:  # noqa: F811
+    """`avion-ds train` on 2 CPU ranks (torchrun, gloo) with data.shards=s3://... (moto on loopback, credentials
+    and endpoint from the environment): 2 steps of global batch 8; each rank read micro-batch x steps training
+    samples, the two ranks' disjoint (no DataLoader worker: a worker reads batches ahead of the steps). litdata's
+    cache holds an older copy of the location, which both ranks find at start-up (one cleans it up)."""
+    from tests.helpers.env import engine_env
+    from tests.helpers.launch import launch
+    from tests.helpers.recipes import losses, write_recipe
+
+    shards = {"shards": f"s3://{BUCKET}/{PREFIX}", "root": "", "train_csv": "", "val_csv": "", "workers": 0}
+    run, seen = tmp_path / "run", tmp_path / "samples"
+    seen.mkdir()
+    recipe = write_recipe(tmp_path / "r.yaml", packed["data"], run, data={"decode_timeout_s": 0.0, **shards})
+    args = ["--config", recipe, "--exit-after-steps", "2", "--plugin", "tests.helpers.record_shard_samples"]
+    cache = tmp_path / "litdata"  # as the location packed earlier left it: litdata deletes it as both ranks start
+    stale = cache / hashlib.md5(shards["shards"].encode()).hexdigest() / "0.5"  # litdata's folder name
+    stale.mkdir(parents=True)
+    for i in range(20000):
+        (stale / f"chunk-0-{i}.bin.cnt").write_text("1")
+    env = engine_env(**s3_env(s3), AVION_TEST_SAMPLES=str(seen), LITDATA_CACHE_DIR=str(cache))
+    done = launch(args, nprocs=2, launcher="torchrun", env=env, timeout=300)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert sorted(losses(run)) == [1, 2]
+    ranks = [[int(x) for x in (seen / f"rank{r}.txt").read_text().split()] for r in (0, 1)]
+    assert all(len(ids) == len(set(ids)) == 2 * 4 for ids in ranks), ranks  # 2 steps of micro-batch 4
+    assert not set(ranks[0]) & set(ranks[1])
