@@ -294,52 +294,57 @@ def _lockstep(per_rank: list[list[list[int]]]) -> list[int]:
 
 
 def _ranks(
-    packed: dict, monkeypatch: pytest.MonkeyPatch, world: int, state: dict | None = None, stop: int | None = None
-):
+    packed: dict, monkeypatch: pytest.MonkeyPatch, world: int, workers: int, state: dict | None = None, stop: int = 0
+) -> tuple[list[list[list[int]]], list[dict]]:
     """Epoch 1 on ``world`` ranks (faked through litdata's WORLD_SIZE / GLOBAL_RANK, one loader per rank),
-    from ``state`` when given, ``stop`` steps at most: (each rank's batches, each rank's loader state after)."""
+    from ``state`` when given, ``stop`` steps at most (0: all): (each rank's batches, its loader state after)."""
     from avion_ds.data.loader import build_loader, set_epoch
 
     batches, states = [], []
     for rank in range(world):
         monkeypatch.setenv("WORLD_SIZE", str(world))
         monkeypatch.setenv("GLOBAL_RANK", str(rank))
-        loader = build_loader(_open(packed, "train"), 2, 0, shuffle=True, seed=SEED, drop_last=True, distributed=False)
+        ds = _open(packed, "train")
+        loader = build_loader(ds, 2, workers, shuffle=True, seed=SEED, drop_last=True, distributed=False)
         if state is not None:
             loader.load_state_dict(json.loads(json.dumps(state)))  # as a checkpoint stores it
         set_epoch(loader, 1)
-        batches.append(_steps(loader, stop))
+        batches.append(_steps(loader, stop or None))
         states.append(json.loads(json.dumps(loader.state_dict())))
     return batches, states
 
 
-@pytest.mark.parametrize(("before", "after"), [(1, 2), (2, 1)])
-def test_a_world_change_resumes_exactly(packed: dict, monkeypatch: pytest.MonkeyPatch, before: int, after: int) -> None:
+@pytest.mark.parametrize(
+    ("before", "after", "workers", "stops"), [(1, 2, 0, (1, 2, 3, 5)), (2, 1, 0, (1, 2, 3, 5)), (1, 2, 2, (1, 2))]
+)
+def test_a_world_change_resumes_exactly(
+    packed: dict, monkeypatch: pytest.MonkeyPatch, before: int, after: int, workers: int, stops: tuple[int, ...]
+) -> None:
     """Exact resume on another number of ranks: an epoch's samples in the order the first world reads them
     (ranks' batches step by step); a run cut after k steps and resumed on the new world reads that order's first
     k x world x batch samples, then the ones after, each once: no sample twice, none skipped, and only the
-    epoch's last samples that fill no whole batch of every new rank (fewer than new ranks x batch) fall to
-    drop_last, as in any epoch (none when they divide: then the same multiset as the uninterrupted run). Ranks
-    read disjoint rows, as many batches each. Cut at several points, some not at a whole batch of the new
-    world (litdata alone reads the remainder twice)."""
-    whole, _ = _ranks(packed, monkeypatch, before)
+    epoch's last samples that fill no whole batch of every new rank and worker (fewer than new ranks x workers x
+    batch) fall to drop_last, as in any epoch (none when they divide: then the same multiset as the uninterrupted
+    run). Ranks read disjoint rows, as many batches each. Cut at several points, some not at a whole batch of
+    the new world (litdata alone reads the remainder twice); with 2 DataLoader workers per rank too."""
+    whole, _ = _ranks(packed, monkeypatch, before, workers)
     order = _lockstep(whole)
     assert len(order) == len(set(order)) > 0
-    fresh, _ = _ranks(packed, monkeypatch, after)  # the new world's own epoch: disjoint ranks, equal steps
+    fresh, _ = _ranks(packed, monkeypatch, after, workers)  # the new world's own epoch: disjoint, equal steps
     assert len({len(b) for b in fresh}) == 1 and len(set(_lockstep(fresh))) == len(_lockstep(fresh))
-    divides = 0
-    for stop in (1, 2, 3, 5):
-        cut, states = _ranks(packed, monkeypatch, before, stop=stop)
+    stride, divides = after * max(workers, 1) * 2, 0  # the samples of one batch of every new rank and worker
+    for stop in stops:
+        cut, states = _ranks(packed, monkeypatch, before, workers, stop=stop)
         assert all(s == states[0] for s in states)  # every rank saves the same position
-        rest, _ = _ranks(packed, monkeypatch, after, state=states[0])
+        rest, _ = _ranks(packed, monkeypatch, after, workers, state=states[0])
         assert len({len(b) for b in rest}) == 1  # the new ranks step together
         seen = _lockstep(cut) + _lockstep(rest)
         assert seen == order[: len(seen)], stop  # each once, in the first world's order, nothing skipped
         assert len(seen) == len(set(seen))
         left = len(order) - stop * before * 2
-        assert len(order) - len(seen) == left % (after * 2), stop  # only drop_last's tail of the new world
-        divides += left % (after * 2) == 0
-        if left % (after * 2) == 0:
+        assert len(order) - len(seen) == left % stride, stop  # only drop_last's tail of the new world
+        divides += left % stride == 0
+        if left % stride == 0:
             assert sorted(seen) == sorted(order)  # the uninterrupted run's samples exactly
     assert divides > 0
 
