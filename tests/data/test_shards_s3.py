@@ -192,7 +192,9 @@ def test_two_ranks_train_from_s3(packed: dict, s3: str, tmp_path: Path) -> None:
     """`avion-ds train` on 2 CPU ranks (torchrun, gloo) with data.shards=s3://... (moto on loopback, credentials
     and endpoint from the environment): 2 steps of global batch 8; each rank read micro-batch x steps training
     samples, the two ranks' disjoint (no DataLoader worker: a worker reads batches ahead of the steps). litdata's
-    cache holds an older copy of the location, which both ranks find at start-up (one cleans it up)."""
+    cache holds an older copy of the location, which both ranks find at start-up (one cleans it up), and the
+    server answers the first GET of index.json and of each shard with 503: each is retried once, named in the
+    run's output."""
     from tests.helpers.env import engine_env
     from tests.helpers.launch import launch
     from tests.helpers.recipes import losses, write_recipe
@@ -207,9 +209,12 @@ def test_two_ranks_train_from_s3(packed: dict, s3: str, tmp_path: Path) -> None:
     stale.mkdir(parents=True)
     for i in range(20000):
         (stale / f"chunk-0-{i}.bin.cnt").write_text("1")
-    env = engine_env(**s3_env(s3), AVION_TEST_SAMPLES=str(seen), LITDATA_CACHE_DIR=str(cache))
-    done = launch(args, nprocs=2, launcher="torchrun", env=env, timeout=300)
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    with Proxy(s3, fail_first=True, fail_suffixes=(".bin", "/index.json")) as proxy:
+        env = engine_env(**s3_env(proxy.url), AVION_TEST_SAMPLES=str(seen), LITDATA_CACHE_DIR=str(cache))
+        done = launch(args, nprocs=2, launcher="torchrun", env=env, timeout=300)
+    out = done.stdout + done.stderr
+    assert done.returncode == 0, out[-6000:]
+    assert out.count("avion_ds shards: GET s3://") == out.count("retry 1 of 4") == proxy.failed > 1  # each named
     assert sorted(losses(run)) == [1, 2]
     ranks = [[int(x) for x in (seen / f"rank{r}.txt").read_text().split()] for r in (0, 1)]
     assert all(len(ids) == len(set(ids)) == 2 * 4 for ids in ranks), ranks  # 2 steps of micro-batch 4
