@@ -392,3 +392,39 @@ def test_torchrun_ranks_read_disjoint_rows(packed: dict, tmp_path: Path) -> None
     ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
     assert len(ranks[0]) == len(ranks[1]) > 0
     assert not set(ranks[0]) & set(ranks[1])
+
+
+@pytest.mark.multiprocess
+def test_training_resumed_on_one_rank_reads_the_two_rank_order(packed: dict, tmp_path: Path) -> None:
+    """`avion-ds train` from shards on 2 ranks (ZeRO-2, global batch 8 = micro 4 x 2 ranks), killed after step 1
+    (its checkpoint) and resumed on 1 rank (elastic resume: micro 4 x accum 2): steps 2 and 3 read exactly the
+    samples the uninterrupted 2-rank run read in them, in its order (rank 0's batch, rank 1's, step by step)."""
+    from tests.helpers import REPO
+    from tests.helpers.env import engine_env
+    from tests.helpers.launch import launch
+    from tests.helpers.recipes import cut_run_at, losses, write_recipe
+
+    shards = {"shards": str(packed["shards"]), "root": "", "train_csv": "", "val_csv": "", "workers": 0}
+    keys = {"data": {"decode_timeout_s": 0.0, "hflip": 0.0, **shards}, "checkpoint": {"every_steps": 1, "keep_last": 5}}
+
+    def train(run: Path, ranks: int) -> tuple[dict[int, list[int]], str]:
+        seen = tmp_path / f"{run.name}_samples"
+        seen.mkdir()
+        recipe = write_recipe(tmp_path / f"{run.name}.yaml", packed["data"], run, **keys)
+        args = ["--config", recipe, "--deepspeed_config", REPO / "ds_configs" / "zero2.json"]
+        args += ["--exit-after-steps", "3", "--plugin", "tests.helpers.record_shard_samples"]
+        done = launch(args, nprocs=ranks, env=engine_env(AVION_TEST_SAMPLES=str(seen)), timeout=300)
+        assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+        ids = {r: [int(x) for x in (seen / f"rank{r}.txt").read_text().split()] for r in range(ranks)}
+        return ids, done.stdout + done.stderr
+
+    whole, _ = train(tmp_path / "whole", 2)
+    assert sorted(losses(tmp_path / "whole")) == [1, 2, 3]
+    cut_run_at(tmp_path / "whole", tmp_path / "cut", 1)
+    resumed, log = train(tmp_path / "cut", 1)
+    assert "elastic resume: step_00000001 was written by 2 ranks, this run has 1" in log
+    resumed = resumed[0]
+    assert sorted(losses(tmp_path / "cut")) == [2, 3]
+    want = [i for step in (1, 2) for r in (0, 1) for i in whole[r][4 * step : 4 * step + 4]]
+    assert resumed == want
+    assert not set(resumed) & {i for r in (0, 1) for i in whole[r][:4]}  # nothing of step 1 read again
