@@ -394,11 +394,19 @@ def test_torchrun_ranks_read_disjoint_rows(packed: dict, tmp_path: Path) -> None
     assert not set(ranks[0]) & set(ranks[1])
 
 
+def _micro_order(ids: dict[int, list[int]], micro: int = 4) -> list[int]:
+    """Ranks' recorded samples as the run read them: micro-batch by micro-batch, rank 0's, then rank 1's."""
+    return [i for k in range(0, len(ids[0]), micro) for r in sorted(ids) for i in ids[r][k : k + micro]]
+
+
 @pytest.mark.multiprocess
-def test_training_resumed_on_one_rank_reads_the_two_rank_order(packed: dict, tmp_path: Path) -> None:
-    """`avion-ds train` from shards on 2 ranks (ZeRO-2, global batch 8 = micro 4 x 2 ranks), killed after step 1
-    (its checkpoint) and resumed on 1 rank (elastic resume: micro 4 x accum 2): steps 2 and 3 read exactly the
-    samples the uninterrupted 2-rank run read in them, in its order (rank 0's batch, rank 1's, step by step)."""
+@pytest.mark.parametrize(("before", "after"), [(2, 1), (1, 2)])
+def test_training_resumed_on_another_world_reads_the_uninterrupted_order(
+    packed: dict, tmp_path: Path, before: int, after: int
+) -> None:
+    """`avion-ds train` from shards (ZeRO-2, global batch 8 of micro-batches of 4: accum 2 on 1 rank, 1 on 2),
+    killed after step 1 (its checkpoint) and resumed on the other number of ranks (elastic resume): steps 2 and
+    3 read exactly the samples the uninterrupted run read in them, in its order, and none of step 1."""
     from tests.helpers import REPO
     from tests.helpers.env import engine_env
     from tests.helpers.launch import launch
@@ -407,7 +415,7 @@ def test_training_resumed_on_one_rank_reads_the_two_rank_order(packed: dict, tmp
     shards = {"shards": str(packed["shards"]), "root": "", "train_csv": "", "val_csv": "", "workers": 0}
     keys = {"data": {"decode_timeout_s": 0.0, "hflip": 0.0, **shards}, "checkpoint": {"every_steps": 1, "keep_last": 5}}
 
-    def train(run: Path, ranks: int) -> tuple[dict[int, list[int]], str]:
+    def train(run: Path, ranks: int) -> tuple[list[int], str]:
         seen = tmp_path / f"{run.name}_samples"
         seen.mkdir()
         recipe = write_recipe(tmp_path / f"{run.name}.yaml", packed["data"], run, **keys)
@@ -416,15 +424,12 @@ def test_training_resumed_on_one_rank_reads_the_two_rank_order(packed: dict, tmp
         done = launch(args, nprocs=ranks, env=engine_env(AVION_TEST_SAMPLES=str(seen)), timeout=300)
         assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
         ids = {r: [int(x) for x in (seen / f"rank{r}.txt").read_text().split()] for r in range(ranks)}
-        return ids, done.stdout + done.stderr
+        return _micro_order(ids), done.stdout + done.stderr
 
-    whole, _ = train(tmp_path / "whole", 2)
-    assert sorted(losses(tmp_path / "whole")) == [1, 2, 3]
+    whole, _ = train(tmp_path / "whole", before)
+    assert sorted(losses(tmp_path / "whole")) == [1, 2, 3] and len(whole) == len(set(whole)) == 3 * 8
     cut_run_at(tmp_path / "whole", tmp_path / "cut", 1)
-    resumed, log = train(tmp_path / "cut", 1)
-    assert "elastic resume: step_00000001 was written by 2 ranks, this run has 1" in log
-    resumed = resumed[0]
+    resumed, log = train(tmp_path / "cut", after)
+    assert f"elastic resume: step_00000001 was written by {before} ranks, this run has {after}" in log
     assert sorted(losses(tmp_path / "cut")) == [2, 3]
-    want = [i for step in (1, 2) for r in (0, 1) for i in whole[r][4 * step : 4 * step + 4]]
-    assert resumed == want
-    assert not set(resumed) & {i for r in (0, 1) for i in whole[r][:4]}  # nothing of step 1 read again
+    assert resumed == whole[8:]  # steps 2 and 3, in the uninterrupted run's order: none of step 1 again
