@@ -13,7 +13,8 @@ import pytest
 pytest.importorskip("litdata")
 
 
-def test_pack_keeps_each_video_whole_with_its_facts(tmp_path: Path) -> None:
+@pytest.mark.parametrize("workers", ["1", "2"])  # litdata's writer here, or its optimize in 2 processes
+def test_pack_keeps_each_video_whole_with_its_facts(tmp_path: Path, workers: str) -> None:
     from litdata import StreamingDataset
 
     from avion_ds.cli.pack import main
@@ -23,7 +24,7 @@ def test_pack_keeps_each_video_whole_with_its_facts(tmp_path: Path) -> None:
     tree = tiny_epic_data(tmp_path, num_videos=3)["root"]
     out = tmp_path / "shards"
     before = multiprocessing.get_start_method(allow_none=True)
-    assert main([str(tree), str(out), "--shard-bytes", "20000"]) == 0
+    assert main([str(tree), str(out), "--shard-bytes", "20000", "--workers", workers]) == 0
     # litdata's optimize forces "spawn" process-wide; packing puts it back (later DataLoader workers fork)
     assert multiprocessing.get_start_method(allow_none=True) == before
     index = json.loads((out / "index.json").read_text())

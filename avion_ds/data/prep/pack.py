@@ -160,8 +160,6 @@ def pack_tree(
         raise ValueError(f"{tree}: no {MANIFEST_NAME} (not a chunk tree; run `avion-ds chunk` first)")
     if shard_bytes <= 0 or item_bytes <= 0:
         raise ValueError(f"--shard-bytes={shard_bytes} --item-bytes={item_bytes}: must be positive")
-    from litdata import optimize  # lazy: litdata is the optional [stream] extra
-
     groups = video_groups(tree)
     if not groups:
         raise ValueError(f"{tree / MANIFEST_NAME}: no rows")
@@ -169,22 +167,47 @@ def pack_tree(
     items = windows_of(groups, tree, spans, item_bytes)
     out = Path(out).resolve()
     os.makedirs(out, exist_ok=True)
+    inputs = [(g, str(tree), samples, source) for g, samples in items]
+    if workers <= 1:
+        _write_here(inputs, out, shard_bytes)
+    else:
+        _write_in_workers(inputs, out, shard_bytes, workers)
+    _record_rows(out, {s: [len(samples[s]) for _, samples in items] for s in spans}, len(items), labels)
+    return len(groups), len(items)
+
+
+def _write_here(inputs: list[tuple], out: Path, shard_bytes: int) -> None:
+    """Write the items with litdata's writer in this process, one at a time in input order: no worker process
+    (each would import torch and rebuild the recipe's datasets: ~3 GiB more at Ego4D's size)."""
+    from litdata.streaming.writer import BinaryWriter  # lazy: litdata is the optional [stream] extra
+
+    for old in [*out.glob("*.bin"), out / "index.json"]:
+        old.unlink(missing_ok=True)  # a pack writes its location afresh, as litdata's optimize(mode="overwrite")
+    writer = BinaryWriter(str(out), chunk_bytes=int(shard_bytes))
+    for k, args in enumerate(inputs):
+        writer.add_item(k, _item(args))
+    writer.done()
+    writer.merge(1)
+
+
+def _write_in_workers(inputs: list[tuple], out: Path, shard_bytes: int, workers: int) -> None:
+    """Write the items with litdata's ``optimize`` in ``workers`` processes, items in input order."""
+    from litdata import optimize  # lazy: litdata is the optional [stream] extra
+
     start_method = multiprocessing.get_start_method(allow_none=True)
     try:
         optimize(
             fn=_item,
-            inputs=[(g, str(tree), samples, source) for g, samples in items],
+            inputs=inputs,
             output_dir=str(out),
             chunk_bytes=int(shard_bytes),
-            num_workers=max(1, workers),
+            num_workers=workers,
             mode="overwrite",
-            keep_data_ordered=True,  # items in input order: the row counts below follow it
+            keep_data_ordered=True,  # items in input order: the row counts follow it
             verbose=False,
         )
     finally:  # litdata sets the process-wide start method to spawn (force=True): later DataLoaders would spawn
         multiprocessing.set_start_method(start_method, force=True)
-    _record_rows(out, {s: [len(samples[s]) for _, samples in items] for s in spans}, len(items), labels)
-    return len(groups), len(items)
 
 
 def windows_of(
