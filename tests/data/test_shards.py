@@ -208,6 +208,7 @@ def test_corrupt_shard_is_named_counted_and_skipped(packed: dict, tmp_path: Path
             pass
 
 
+@pytest.mark.multiprocess  # launches training processes: not in the quick loop
 def test_train_from_shards_resumes_mid_epoch_exactly(packed: dict, tmp_path: Path) -> None:
     """`avion-ds train` with data.shards (no chunk tree, no annotation file named): 3 steps uninterrupted, and
     1 step, a checkpoint (holding the shard loader's position), then a resume to step 3: the same losses
@@ -380,6 +381,7 @@ def test_kinetics_list_clips_from_shards(packed: dict, tmp_path: Path) -> None:
             assert torch.equal(item["frames"], want["frames"]) and item["label"] == want["label"], (split, i)
 
 
+@pytest.mark.multiprocess  # launches training processes: not in the quick loop
 def test_torchrun_ranks_read_disjoint_rows(packed: dict, tmp_path: Path) -> None:
     """Under torchrun the dataset is built before the process group exists (litdata then sees WORLD_SIZE
     but no rank); the loader asks the group, so the two ranks read disjoint rows, as many each."""
