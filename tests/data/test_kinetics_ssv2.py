@@ -238,26 +238,15 @@ def test_ssv2_from_shards_gives_the_chunk_tree_clips(ssv2, tmp_path) -> None:
     """SSv2's json splits pack with their template classes; the shards give the chunk tree's clips and labels
     (the missing video's row is left out of the shards as it is of the tree's dataset)."""
     pytest.importorskip("litdata")
-    import torch
-
     from avion_ds.cli.pack import main
-    from avion_ds.data.datasets.build import open_shards
     from avion_ds.tasks import load_recipe
     from tests.helpers.recipes import write_recipe
+    from tests.helpers.shard_checks import assert_shards_give_tree_clips
 
     data = {"root": ssv2 / "chunks", "train_csv": ssv2 / "train.json", "val_csv": ssv2 / "validation.json"}
     keys = {"dataset": "ssv2", "class_list": str(ssv2 / "labels.json"), "decode_timeout_s": 0.0}
     recipe_path = write_recipe(tmp_path / "s.yaml", data, tmp_path / "run", data=keys, model={"heads": None})
     out = tmp_path / "shards"
     assert main([str(data["root"]), str(out), "--config", str(recipe_path)]) == 0
-    recipe = load_recipe(recipe_path, [])
-    for split, epoch in (("train", 1), ("val", 0)):
-        ref = build_dataset(recipe.data, split, seed=3, sections=recipe.sections)
-        ds = open_shards(str(out), recipe.data, split, seed=3, sections=recipe.sections)
-        ref.set_epoch(epoch)
-        ds.set_clip_epoch(epoch)
-        got = {item["index"]: item for item in ds}
-        assert sorted(got) == list(range(len(ref))) and len(ref) == (2 if split == "train" else 1)
-        for i, item in got.items():
-            want = ref[i]
-            assert torch.equal(item["frames"], want["frames"]) and item["label"] == want["label"], (split, i)
+    sizes = assert_shards_give_tree_clips(out, load_recipe(recipe_path, []))
+    assert sizes == {"train": 2, "val": 1}  # the missing video's row is left out of both

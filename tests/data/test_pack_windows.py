@@ -85,14 +85,12 @@ def test_windowed_items_give_the_chunk_tree_clips(tmp_path) -> None:
     pytest.importorskip("litdata")
     import json as json_mod
 
-    import torch
-
     from avion_ds.cli.pack import main
-    from avion_ds.data.datasets.build import build_dataset, open_shards
     from avion_ds.data.prep.chunking import chunk_videos
     from avion_ds.data.prep.synthetic import make_synthetic_epic
     from avion_ds.tasks import load_recipe
     from tests.helpers.recipes import write_recipe
+    from tests.helpers.shard_checks import assert_shards_give_tree_clips
 
     info = make_synthetic_epic(
         tmp_path / "synth", num_videos=2, segments_per_video=8, segment_seconds=1.0, width=64, height=48, fps=12, seed=2
@@ -109,14 +107,4 @@ def test_windowed_items_give_the_chunk_tree_clips(tmp_path) -> None:
     items = sum(int(c["chunk_size"]) for c in index["chunks"])
     chunks = sum(1 for _ in (tmp_path / "chunks").rglob("*.mp4"))
     assert items == chunks - 2, (items, chunks)  # windows of two chunks, neighbours sharing one: n - 1 per video
-    recipe = load_recipe(recipe_path, [])
-    for split, epoch in (("train", 1), ("val", 0)):
-        ref = build_dataset(recipe.data, split, seed=3, sections=recipe.sections)
-        ds = open_shards(str(out), recipe.data, split, seed=3, sections=recipe.sections)
-        ref.set_epoch(epoch)
-        ds.set_clip_epoch(epoch)
-        got = {item["index"]: item for item in ds}
-        assert sorted(got) == list(range(len(ref))), split
-        for i, item in got.items():
-            want = ref[i]
-            assert torch.equal(item["frames"], want["frames"]) and item["label"] == want["label"], (split, i)
+    assert_shards_give_tree_clips(out, load_recipe(recipe_path, []))

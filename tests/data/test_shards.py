@@ -354,9 +354,9 @@ def test_kinetics_list_clips_from_shards(packed: dict, tmp_path: Path) -> None:
     """A Kinetics-style dataset (VideoMAE ``path label`` lists, stride sampling) packs and reads the same way:
     the shards give the chunk tree's clips and labels."""
     from avion_ds.cli.pack import main
-    from avion_ds.data.datasets.build import build_dataset, open_shards
     from avion_ds.tasks import load_recipe
     from tests.helpers.recipes import write_recipe
+    from tests.helpers.shard_checks import assert_shards_give_tree_clips
 
     videos = sorted(p.name for p in Path(packed["data"]["root"]).iterdir() if p.is_dir())
     lists = {}
@@ -368,17 +368,8 @@ def test_kinetics_list_clips_from_shards(packed: dict, tmp_path: Path) -> None:
     recipe_path = write_recipe(tmp_path / "k.yaml", data, tmp_path / "run", data=keys, model={"heads": None})
     out = tmp_path / "shards"
     assert main([str(data["root"]), str(out), "--config", str(recipe_path)]) == 0
-    recipe = load_recipe(recipe_path, [])
-    for split, epoch in (("train", 1), ("val", 0)):
-        ref = build_dataset(recipe.data, split, seed=SEED, sections=recipe.sections)
-        ds = open_shards(str(out), recipe.data, split, seed=SEED, sections=recipe.sections)
-        ref.set_epoch(epoch)
-        ds.set_clip_epoch(epoch)
-        got = {item["index"]: item for item in ds}
-        assert sorted(got) == list(range(len(ref))) and len(ref) == len(videos)
-        for i, item in got.items():
-            want = ref[i]
-            assert torch.equal(item["frames"], want["frames"]) and item["label"] == want["label"], (split, i)
+    sizes = assert_shards_give_tree_clips(out, load_recipe(recipe_path, []), seed=SEED)
+    assert sizes == {"train": len(videos), "val": len(videos)}
 
 
 @pytest.mark.multiprocess  # launches training processes: not in the quick loop
