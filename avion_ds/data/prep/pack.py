@@ -32,7 +32,8 @@ from typing import Any
 
 import numpy as np
 
-from avion_ds.data.prep.manifest import MANIFEST_NAME, dedupe_records, read_manifest_records
+from avion_ds.data.prep.manifest import MANIFEST_NAME, VideoEntry
+from avion_ds.data.prep.manifest_index import load_manifest
 from avion_ds.data.prep.pack_rows import RowSource, Spans, item_rows
 from avion_ds.data.prep.pack_windows import chunk_windows
 from avion_ds.data.prep.shard_index import ROW_LOADER, ROWS_KEY
@@ -46,12 +47,27 @@ LABELS_KEY = "avion_labels"  # index.json: split -> {"dataset": name, "kind": la
 Labels = dict[str, dict[str, str]]  # split -> {"dataset", "kind"}
 
 
-def video_groups(tree: str | Path) -> list[list[dict]]:
-    """The manifest rows of ``tree`` grouped per video, each group in start-frame order."""
-    groups: dict[str, list[dict]] = {}
-    for r in dedupe_records(read_manifest_records(Path(tree) / MANIFEST_NAME)):
-        groups.setdefault(r["video_id"], []).append(r)
-    return [sorted(g, key=lambda r: int(r["start_frame"])) for _, g in sorted(groups.items())]
+_MANIFESTS: dict[str, Mapping[str, VideoEntry]] = {}  # per process: a tree's manifest index
+
+
+def tree_videos(tree: str | Path) -> Mapping[str, VideoEntry]:
+    """The chunk tree's videos as the datasets read them (the flat, memory-mapped manifest index: each video's
+    newest job, chunks in start-frame order), once per process; not its manifest lines as dicts (Ego4D's
+    865k chunks took 1.5 GiB that way)."""
+    key = str(tree)
+    if key not in _MANIFESTS:
+        _MANIFESTS[key] = load_manifest(tree)
+    return _MANIFESTS[key]
+
+
+def chunk_facts(tree: str | Path, video_id: str, first: int, last: int) -> list[dict]:
+    """The manifest facts of chunks ``first`` .. ``last`` of a video, paths relative to ``tree``."""
+    chunks = tree_videos(tree)[video_id].chunks[first : last + 1]
+    return [
+        {"video_id": video_id, "path": os.path.relpath(c.path, tree), "start_frame": c.start_frame}
+        | {"frames": c.frames, "fps": c.fps, "width": c.width, "height": c.height}
+        for c in chunks
+    ]
 
 
 def video_item(
@@ -69,11 +85,14 @@ def video_item(
     return {"video_id": group[0]["video_id"], "meta": json.dumps(meta), "data": b"".join(blobs)}
 
 
-def _item(args: tuple[list[dict], str, dict[str, np.ndarray], RowSource | None]) -> dict:
+Window = tuple[str, int, int, dict[str, np.ndarray]]  # video id, first and last chunk, split -> sample indices
+
+
+def _item(args: tuple[str, Window, RowSource | None]) -> dict:
     """The item of one window: its chunks, and the rows of its samples made by the recipe's dataset."""
-    group, tree, samples, source = args
+    tree, (video_id, first, last, samples), source = args
     rows, texts = item_rows(source, samples) if source is not None else ({}, {})
-    return video_item(group, tree, rows, texts)
+    return video_item(chunk_facts(tree, video_id, first, last), tree, rows, texts)
 
 
 def packed_labels(cfg: Any, splits: tuple[str, ...] = ("train", "val")) -> Labels:
@@ -160,20 +179,20 @@ def pack_tree(
         raise ValueError(f"{tree}: no {MANIFEST_NAME} (not a chunk tree; run `avion-ds chunk` first)")
     if shard_bytes <= 0 or item_bytes <= 0:
         raise ValueError(f"--shard-bytes={shard_bytes} --item-bytes={item_bytes}: must be positive")
-    groups = video_groups(tree)
-    if not groups:
+    videos = tree_videos(tree)
+    if not len(videos):
         raise ValueError(f"{tree / MANIFEST_NAME}: no rows")
     spans = spans or {}
-    items = windows_of(groups, tree, spans, item_bytes)
+    items = windows_of(videos, spans, item_bytes)
     out = Path(out).resolve()
     os.makedirs(out, exist_ok=True)
-    inputs = [(g, str(tree), samples, source) for g, samples in items]
+    inputs = [(str(tree), w, source) for w in items]
     if workers <= 1:
         _write_here(inputs, out, shard_bytes)
     else:
         _write_in_workers(inputs, out, shard_bytes, workers)
-    _record_rows(out, {s: [len(samples[s]) for _, samples in items] for s in spans}, len(items), labels)
-    return len(groups), len(items)
+    _record_rows(out, {s: [len(w[3][s]) for w in items] for s in spans}, len(items), labels)
+    return len(videos), len(items)
 
 
 def _write_here(inputs: list[tuple], out: Path, shard_bytes: int) -> None:
@@ -210,18 +229,16 @@ def _write_in_workers(inputs: list[tuple], out: Path, shard_bytes: int, workers:
         multiprocessing.set_start_method(start_method, force=True)
 
 
-def windows_of(
-    groups: list[list[dict]], tree: Path, spans: Spans, item_bytes: int
-) -> list[tuple[list[dict], dict[str, np.ndarray]]]:
+def windows_of(videos: Mapping[str, VideoEntry], spans: Spans, item_bytes: int) -> list[Window]:
     """Each video's chunk windows (:func:`~avion_ds.data.prep.pack_windows.chunk_windows`) with the samples
-    each serves (split -> sample indices), video after video, windows in frame order."""
+    each serves (split -> sample indices), videos by id, windows in frame order."""
     out = []
     empty = np.zeros((0, 3), np.int64)
-    for g in groups:
-        video_rows = {s: v.get(g[0]["video_id"], empty) for s, v in spans.items()}
-        starts = [int(c["start_frame"]) for c in g]
-        sizes = [(tree / c["path"]).stat().st_size for c in g]
+    for vid in sorted(videos):
+        chunks = videos[vid].chunks
+        video_rows = {s: v.get(vid, empty) for s, v in spans.items()}
+        starts = [c.start_frame for c in chunks]
+        sizes = [c.bytes if c.bytes >= 0 else os.path.getsize(c.path) for c in chunks]
         for a, b, mine in chunk_windows(starts, sizes, video_rows, item_bytes):
-            samples = {s: np.asarray([int(r[2]) for r in rs], np.int64) for s, rs in mine.items()}
-            out.append((g[a : b + 1], samples))
+            out.append((vid, a, b, {s: np.asarray([int(r[2]) for r in rs], np.int64) for s, rs in mine.items()}))
     return out
