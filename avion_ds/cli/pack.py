@@ -8,7 +8,7 @@ import sys
 from avion_ds.cli.args import Parser
 from avion_ds.config import ConfigError, add_override_option
 from avion_ds.data.prep.pack import DEFAULT_ITEM_BYTES, DEFAULT_SHARD_BYTES, pack_tree, packed_labels
-from avion_ds.data.prep.pack_rows import RowSource, sample_spans
+from avion_ds.data.prep.pack_rows import RowSource
 
 
 def _parser() -> Parser:
@@ -43,22 +43,21 @@ def main(argv: list[str] | None = None) -> int:
     """``avion-ds pack TREE OUT``; exit 2 on a missing tree, recipe or annotation file, or a bad size (one line)."""
     a = _parser().parse_args(argv)
     try:
-        spans, labels, source = None, None, None
+        labels, source = None, None
         if a.config is not None or a.overrides:
             from avion_ds.tasks import load_recipe  # lazy: the recipe's tasks load torch; a plain pack needs none
 
             recipe = load_recipe(a.config, [*a.overrides, f"data.root={a.tree}", "data.chunked=true", "data.shards="])
             source = RowSource(recipe.data, recipe.sections)
-            spans, problems = sample_spans(source)
             labels = packed_labels(recipe.data)
-            if problems:
-                print(f"avion-ds pack: {len(problems)} rows left out (first: {problems[0]})", file=sys.stderr)
-        n, items = pack_tree(a.tree, a.out, a.shard_bytes, a.workers, spans, labels, a.item_bytes, source)
+        done = pack_tree(a.tree, a.out, a.shard_bytes, a.workers, source, labels, a.item_bytes)
     except (OSError, ValueError, ImportError, ConfigError) as e:
         print(f"avion-ds pack: error: {e}", file=sys.stderr)
         return 2
-    counts = ", ".join(f"{sum(map(len, r.values()))} {s} rows" for s, r in (spans or {}).items())
-    print(f"packed {n} videos ({items} items) into {a.out}" + (f" with {counts}" if counts else ""))
+    if done.problems:
+        print(f"avion-ds pack: {len(done.problems)} rows left out (first: {done.problems[0]})", file=sys.stderr)
+    counts = ", ".join(f"{n} {split} rows" for split, n in done.rows.items())
+    print(f"packed {done.videos} videos ({done.items} items) into {a.out}" + (f" with {counts}" if counts else ""))
     return 0
 
 
