@@ -426,3 +426,58 @@ def test_training_resumed_on_another_world_reads_the_uninterrupted_order(
     assert f"elastic resume: step_00000001 was written by {before} ranks, this run has {after}" in log
     assert sorted(losses(tmp_path / "cut")) == [2, 3]
     assert resumed == whole[8:]  # steps 2 and 3, in the uninterrupted run's order: none of step 1 again
+
+
+@pytest.mark.multiprocess
+def test_a_run_killed_with_sigkill_resumes_the_uninterrupted_samples(packed: dict, tmp_path: Path) -> None:
+    """`avion-ds train` from shards (one process, no DataLoader worker, a checkpoint every step) killed with
+    SIGKILL at two points of the epoch (once its checkpoint of step 1, then of step 2, is complete) and started
+    again with the same command: the steps after the checkpoint it resumed from read exactly the samples the
+    uninterrupted run read in them, in its order."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from tests.helpers import REPO
+    from tests.helpers.env import engine_env
+    from tests.helpers.launch import launch
+    from tests.helpers.recipes import losses, write_recipe
+
+    shards = {"shards": str(packed["shards"]), "root": "", "train_csv": "", "val_csv": "", "workers": 0}
+    keys = {"data": {"decode_timeout_s": 0.0, "hflip": 0.0, **shards}, "checkpoint": {"every_steps": 1, "keep_last": 5}}
+    plugin = ["--exit-after-steps", "3", "--plugin", "tests.helpers.record_shard_samples"]
+
+    def setup(name: str) -> tuple[list[str], dict[str, str], Path, Path]:
+        run, seen = tmp_path / name, tmp_path / f"{name}_samples"
+        seen.mkdir()
+        recipe = write_recipe(tmp_path / f"{name}.yaml", packed["data"], run, **keys)
+        return ["--config", str(recipe), *plugin], engine_env(AVION_TEST_SAMPLES=str(seen)), run, seen
+
+    args, env, run, seen = setup("whole")
+    done = launch(args, nprocs=1, launcher="python", env=env, timeout=300)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    whole = [int(x) for x in (seen / "rank0.txt").read_text().split()]
+    assert sorted(losses(run)) == [1, 2, 3] and len(whole) == len(set(whole)) == 3 * 8
+    for k in (1, 2):
+        args, env, run, seen = setup(f"killed{k}")
+        cmd = [sys.executable, str(REPO / "launch" / "train.py"), *args]
+        proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        marker, deadline = run / "checkpoints" / f"step_{k:08d}" / "COMPLETE.json", time.monotonic() + 240
+        while not marker.exists() and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert marker.exists() and proc.poll() is None, f"step {k}'s checkpoint never completed (rc {proc.poll()})"
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait()
+        (seen / "rank0.txt").unlink()  # what the killed run read; the relaunch records its own reads
+        done = launch(args, nprocs=1, launcher="python", env=env, timeout=300)
+        assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+        resumed_at = next(
+            int(line.split("step_")[1][:8])
+            for line in (done.stdout + done.stderr).splitlines()
+            if "resumed from" in line
+        )
+        assert resumed_at >= k  # the kill may land after a later checkpoint completed
+        resumed = [int(x) for x in (seen / "rank0.txt").read_text().split()]
+        assert resumed == whole[resumed_at * 8 :], (k, resumed_at)
