@@ -45,7 +45,7 @@ else
          --set data.workers=0 --set logging.tensorboard=false)
 fi
 
-fails=0; aborts=0; start=$(date +%s)
+fails=0; aborts=0; other=0; start=$(date +%s)
 for i in $(seq 1 "$N"); do
   port=$(( 29600 + i ))
   if [[ $LAUNCHER == torchrun ]]; then
@@ -60,8 +60,10 @@ for i in $(seq 1 "$N"); do
   abort=$(grep -c "terminate called" "$TMP/log_$i.txt" || true)
   [[ $rc -ne 0 ]] && fails=$((fails + 1))
   [[ $abort -gt 0 ]] && aborts=$((aborts + 1))
+  [[ $rc -ne 0 && $abort -eq 0 ]] && other=$((other + 1))
   echo "run $i/$N: exit $rc$([[ $abort -gt 0 ]] && echo ' (terminate called: SIGABRT at exit)') $(( $(date +%s) - t0 )) s"
   if [[ $rc -ne 0 && $abort -eq 0 ]]; then tail -5 "$TMP/log_$i.txt"; fi
 done
 echo "MODE=$MODE LAUNCHER=$LAUNCHER: $fails of $N two-rank runs exited non-zero ($aborts with the exit-time abort) in $(( $(date +%s) - start )) s"
-[[ $fails -eq 0 ]]
+# MODE=raw is the baseline: its exit-time aborts are what it shows, so only a failure of another kind fails it
+if [[ $MODE == raw ]]; then [[ $other -eq 0 ]]; else [[ $fails -eq 0 ]]; fi
