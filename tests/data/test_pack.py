@@ -46,3 +46,21 @@ def test_pack_keeps_each_video_whole_with_its_facts(tmp_path: Path, workers: str
             assert (c["frames"], c["fps"], c["start_frame"]) == (r["frames"], r["fps"], r["start_frame"])
         assert offset == len(item["data"])
     assert sorted(seen) == sorted({r["video_id"] for r in rows})
+
+
+def test_a_second_pack_in_one_process_reads_the_tree_as_it_is_now(tmp_path: Path) -> None:
+    """Packing, changing the tree's manifest (a video re-chunked away), and packing again in the same process:
+    the second pack holds the tree as it is then, not the first pack's view of it."""
+    from avion_ds.cli.pack import main
+    from avion_ds.data.prep.manifest import MANIFEST_NAME
+    from tests.helpers.data import tiny_epic_data
+
+    tree = tiny_epic_data(tmp_path, num_videos=3)["root"]
+    assert main([str(tree), str(tmp_path / "a")]) == 0
+    lines = (tree / MANIFEST_NAME).read_text().splitlines(keepends=True)
+    gone = json.loads(lines[0])["video_id"]
+    (tree / MANIFEST_NAME).write_text("".join(x for x in lines if json.loads(x)["video_id"] != gone))
+    assert main([str(tree), str(tmp_path / "b")]) == 0
+    sizes = {d: sum(int(c["chunk_size"]) for c in json.loads((tmp_path / d / "index.json").read_text())["chunks"])
+             for d in ("a", "b")}  # fmt: skip
+    assert sizes["b"] < sizes["a"], sizes

@@ -35,7 +35,7 @@ import numpy as np
 
 from avion_ds.data.prep.manifest import MANIFEST_NAME, VideoEntry
 from avion_ds.data.prep.manifest_index import load_manifest
-from avion_ds.data.prep.pack_rows import RowSource, Spans, item_rows, sample_spans
+from avion_ds.data.prep.pack_rows import RowSource, Spans, forget_datasets, item_rows, sample_spans
 from avion_ds.data.prep.pack_windows import chunk_windows
 from avion_ds.data.prep.shard_index import ROW_LOADER, ROWS_KEY
 
@@ -48,13 +48,13 @@ LABELS_KEY = "avion_labels"  # index.json: split -> {"dataset": name, "kind": la
 Labels = dict[str, dict[str, str]]  # split -> {"dataset", "kind"}
 
 
-_MANIFESTS: dict[str, Mapping[str, VideoEntry]] = {}  # per process: a tree's manifest index
+_MANIFESTS: dict[str, Mapping[str, VideoEntry]] = {}  # during one pack, in each process: the tree's manifest index
 
 
 def tree_videos(tree: str | Path) -> Mapping[str, VideoEntry]:
     """The chunk tree's videos as the datasets read them (the flat, memory-mapped manifest index: each video's
-    newest job, chunks in start-frame order), once per process; not its manifest lines as dicts (Ego4D's
-    865k chunks took 1.5 GiB that way)."""
+    newest job, chunks in start-frame order), read once per pack in each process; not its manifest lines as
+    dicts (Ego4D's 865k chunks took 1.5 GiB that way)."""
     key = str(tree)
     if key not in _MANIFESTS:
         _MANIFESTS[key] = load_manifest(tree)
@@ -108,7 +108,7 @@ def _item(args: tuple[str, Window, RowSource | None]) -> dict:
 
 def packed_labels(cfg: Any, splits: tuple[str, ...] = ("train", "val")) -> Labels:
     """split -> the dataset and label kind a recipe's rows are packed for (``index.json``'s ``avion_labels``)."""
-    from avion_ds.data.datasets.build import dataset_spec  # lazy: as annotation_rows
+    from avion_ds.data.datasets.build import dataset_spec  # lazy: the dataset registry loads torch and decoders
 
     specs = {s: dataset_spec(cfg, s) for s in splits}
     return {s: {"dataset": spec.name, "kind": spec.label_kind} for s, spec in specs.items()}
@@ -147,14 +147,14 @@ def labels_problem(index: Mapping[str, Any], wants: Labels, where: str) -> str |
     return None
 
 
-def _record_rows(out: Path, counts: Mapping[str, list[int]], videos: int, labels: Labels | None = None) -> None:
+def _record_rows(out: Path, counts: Mapping[str, list[int]], items: int, labels: Labels | None = None) -> None:
     """Write each shard's per-item row counts into ``out/index.json`` (items in input order), and what the rows
     were packed for (``labels``)."""
     index_path = out / "index.json"
     index = json.loads(index_path.read_text())
     sizes = [int(c["chunk_size"]) for c in index["chunks"]]
-    if sum(sizes) != videos:
-        raise RuntimeError(f"{index_path}: {sum(sizes)} items written for {videos} windows")
+    if sum(sizes) != items:
+        raise RuntimeError(f"{index_path}: {sum(sizes)} items written for {items} windows")
     begin = 0
     for entry, size in zip(index["chunks"], sizes, strict=True):
         entry[ROWS_KEY] = {split: c[begin : begin + size] for split, c in counts.items()}
@@ -189,6 +189,8 @@ def pack_tree(
         raise ValueError(f"{tree}: no {MANIFEST_NAME} (not a chunk tree; run `avion-ds chunk` first)")
     if shard_bytes <= 0 or item_bytes <= 0:
         raise ValueError(f"--shard-bytes={shard_bytes} --item-bytes={item_bytes}: must be positive")
+    _MANIFESTS.clear()  # a pack reads the tree and the annotations as they are now, not as an earlier pack did
+    forget_datasets()
     videos = tree_videos(tree)
     if not len(videos):
         raise ValueError(f"{tree / MANIFEST_NAME}: no rows")

@@ -33,12 +33,22 @@ class RowSource:
     splits: tuple[str, ...] = ("train", "val")
 
 
-_BUILT: dict[bytes, dict[str, Any]] = {}  # per process: the datasets of a source (keyed by its pickled bytes)
+_BUILT: dict[bytes, dict[str, Any]] = {}  # during one pack, per process: a source's datasets (by its pickled bytes)
+_LAST: list[Any] = [None, None]  # the last source asked for and its datasets: no pickling per item
+
+
+def forget_datasets() -> None:
+    """Drop the datasets built so far (a new pack reads the annotations as they are now)."""
+    _BUILT.clear()
+    _LAST[:] = [None, None]
 
 
 def datasets_of(source: RowSource) -> dict[str, Any]:
-    """split -> the recipe's dataset over the tree, built once per process. ValueError for a dataset of
-    another label kind than :data:`PACKABLE_KINDS`."""
+    """split -> the recipe's dataset over the tree, built once per pack in each process (litdata's worker
+    processes get their own copy of ``source`` per item: those are matched by value). ValueError for a
+    dataset of another label kind than :data:`PACKABLE_KINDS`."""
+    if _LAST[0] is source:
+        return _LAST[1]
     key = pickle.dumps(source)  # a cache key only: nothing is unpickled
     if key not in _BUILT:
         from avion_ds.data.datasets.build import split_view  # lazy: the registry loads torch and decoders
@@ -53,6 +63,7 @@ def datasets_of(source: RowSource) -> dict[str, Any]:
                 )
             built[split] = spec.build(view, split, 1, 1, 0)
         _BUILT[key] = built
+    _LAST[:] = [source, _BUILT[key]]
     return _BUILT[key]
 
 
