@@ -171,19 +171,15 @@ def _probe_vs_estimate(
     stage: int = 0,
     off: bool = False,
 ) -> dict[str, Any]:
+    from avion_ds.distributed.ds_plan import DSPlan
     from avion_ds.engine.memory_probe import train_step_probe
+    from avion_ds.memory.plan import live_window
 
     r = train_step_probe(
         name, args.frames, args.size, micro, ds, dtype="bf16", checkpoint_every=ckpt, warmup=1, steps=2
     )
-    from avion_ds.distributed.ds_plan import DSPlan
-
-    plan = DSPlan.of(ds)  # the probe's ZeRO-3 prefetch bucket and live-parameter cap, as the planner counts them
-    knobs = {"prefetch_bucket_size": plan.prefetch_bucket_size, "max_live_parameters": plan.max_live_parameters}
-    e = estimate(
-        name, args.frames, args.size, micro, "bf16", stage, off, off, ckpt, 1,
-        **{k: v for k, v in knobs.items() if v is not None},
-    )  # fmt: skip
+    window = live_window(DSPlan.of(ds))  # the probe's ZeRO-3 window, as the planner counts its config's
+    e = estimate(name, args.frames, args.size, micro, "bf16", stage, off, off, ckpt, 1, **window)
     r["predicted_allocated"] = e.allocated_peak
     if r.get("peak_allocated"):
         r["planner_error"] = e.allocated_peak / r["peak_allocated"] - 1

@@ -87,8 +87,8 @@ def run_pack(paths: dict[str, Path], shards: Path, shard_mib: int) -> dict[str, 
     while proc.poll() is None:  # every 0.2 s: anonymous (private) and whole RSS of the pack and its workers
         try:
             procs = [parent, *parent.children(recursive=True)]
-            anon = [_status_of(q.pid).get("RssAnon", 0) / MiB for q in procs]
-            rss = [_status_of(q.pid).get("VmRSS", 0) / MiB for q in procs]
+            anon = [_status(q.pid).get("RssAnon", 0) / MiB for q in procs]
+            rss = [_status(q.pid).get("VmRSS", 0) / MiB for q in procs]
         except (psutil.Error, OSError):
             continue
         peaks["parent_anon_mib"] = max(peaks["parent_anon_mib"], anon[0])
@@ -100,17 +100,6 @@ def run_pack(paths: dict[str, Path], shards: Path, shard_mib: int) -> dict[str, 
     if proc.returncode:
         raise RuntimeError(f"pack failed: {err[-2000:]}")
     return {"seconds": time.perf_counter() - t, **peaks}
-
-
-def _status_of(pid: int) -> dict[str, int]:
-    """VmRSS / RssAnon / RssFile of process ``pid`` in bytes (empty when it is gone)."""
-    out = {}
-    with open(f"/proc/{pid}/status") as f:
-        for line in f:
-            key, _, rest = line.partition(":")
-            if key in ("VmRSS", "RssAnon", "RssFile"):
-                out[key] = int(rest.split()[0]) * 1024
-    return out
 
 
 def measure_open(shards: str, recipe_path: str, samples: int) -> dict[str, Any]:

@@ -218,7 +218,12 @@ def config_knobs(stage: int, off_opt: bool, off_param: bool, device: str = "cpu"
     if stage != 3:
         return {}
     offload = "all" if off_param else "optimizer" if off_opt else "none"
-    ds = DSPlan.of(reference_config(reference_name(Candidate(stage, offload, device, 0, 1, 1))))
+    return live_window(DSPlan.of(reference_config(reference_name(Candidate(stage, offload, device, 0, 1, 1)))))
+
+
+def live_window(ds: DSPlan) -> dict[str, int]:
+    """A DeepSpeed plan's ZeRO-3 prefetch bucket and live-parameter cap, as :func:`estimate` takes them (those
+    the config sets)."""
     knobs = {"prefetch_bucket_size": ds.prefetch_bucket_size, "max_live_parameters": ds.max_live_parameters}
     return {k: v for k, v in knobs.items() if v is not None}
 
