@@ -170,8 +170,10 @@ def check_backend_request(requested: str, bias: bool = False, packed: bool = Fal
         )
 
 
+@functools.cache
 def _torch_varlen_fn():
-    """PyTorch's varlen flash-attention (``torch.nn.attention.varlen.varlen_attn``), or None before it."""
+    """PyTorch's varlen flash-attention (``torch.nn.attention.varlen.varlen_attn``), or None before it
+    (looked up once: :func:`packed_attention` asks in every block)."""
     try:
         from torch.nn.attention.varlen import varlen_attn  # lazy: newer torch only
     except ImportError:
