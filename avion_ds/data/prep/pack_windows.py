@@ -14,6 +14,8 @@ from bisect import bisect_right
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+import numpy as np
+
 Window = tuple[int, int, dict[str, list[Any]]]  # first chunk, last chunk (inclusive), split -> its rows
 
 
@@ -36,7 +38,12 @@ def chunk_windows(
     n = len(starts)
     if n == 0:
         return []
-    spans = {split: [row_chunks(starts, r) for r in rs] for split, rs in rows.items()}
+    spans = {split: _row_chunk_spans(starts, rs) for split, rs in rows.items()}  # (k, 2): first, last chunk
+
+    def served(sp: np.ndarray, s: int, e: int) -> np.ndarray:
+        a = sp[:, 0]
+        return (a >= s) & ((a < e) | ((e == n - 1) & (a == e)))
+
     out: list[Window] = []
     s = 0
     while True:
@@ -45,15 +52,22 @@ def chunk_windows(
             e, size = e + 1, size + int(sizes[e + 1])
         e = max(e, min(s + 1, n - 1))
         while True:  # grow until every row starting before the last chunk fits
-            need = max((b for sp in spans.values() for a, b in sp if s <= a < e or (e == n - 1 and a == e)), default=e)
+            need = max((int(sp[served(sp, s, e), 1].max(initial=e)) for sp in spans.values()), default=e)
             if need <= e:
                 break
             e = need
-        mine = {
-            split: [r for r, (a, _) in zip(rs, spans[split], strict=True) if s <= a < e or (e == n - 1 and a == e)]
-            for split, rs in rows.items()
-        }
+        mine = {split: [rs[int(k)] for k in np.flatnonzero(served(spans[split], s, e))] for split, rs in rows.items()}
         out.append((s, e, mine))
         if e == n - 1:
             return out
         s = e
+
+
+def _row_chunk_spans(starts: Sequence[int], rows: Sequence[Sequence[Any]]) -> np.ndarray:
+    """:func:`row_chunks` of every row at once -> (k, 2) int64."""
+    at = np.asarray(starts, np.int64)
+    first_frame = np.fromiter((int(r[0]) for r in rows), np.int64, len(rows))
+    last_frame = np.maximum(first_frame, np.fromiter((int(r[1]) for r in rows), np.int64, len(rows)) - 1)
+    first = np.maximum(np.searchsorted(at, first_frame, side="right") - 1, 0)
+    last = np.maximum(first, np.searchsorted(at, last_frame, side="right") - 1)
+    return np.stack([first, last], axis=1)
