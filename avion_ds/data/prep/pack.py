@@ -26,6 +26,7 @@ import json
 import logging
 import multiprocessing
 import os
+import shutil
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -210,15 +211,23 @@ def pack_tree(
 
 
 def _write_here(inputs: list[tuple], out: Path, shard_bytes: int) -> None:
-    """Write the items with litdata's writer in this process, one at a time in input order: no worker process
-    (each would import torch and rebuild the recipe's datasets: ~3 GiB more at Ego4D's size)."""
-    from litdata.streaming.writer import BinaryWriter  # lazy: litdata is the optional [stream] extra
+    """Write the items in litdata's format in this process, one at a time in input order: no worker process
+    (each would import torch and rebuild the recipe's datasets: ~3 GiB more at Ego4D's size), and one item in
+    memory, not a shard (:class:`~avion_ds.data.prep.shard_writer.SpoolingWriter`: pending items in a spool
+    file under ``out``)."""
+    from avion_ds.data.prep.shard_writer import SpoolingWriter  # lazy: litdata is the optional [stream] extra
 
     for old in [*out.glob("*.bin"), out / "index.json"]:
         old.unlink(missing_ok=True)  # a pack writes its location afresh, as litdata's optimize(mode="overwrite")
-    writer = BinaryWriter(str(out), chunk_bytes=int(shard_bytes))
-    for k, args in enumerate(inputs):
-        writer.add_item(k, _item(args))
+    for spool in out.glob(".spool-*"):
+        shutil.rmtree(spool, ignore_errors=True)  # a killed pack's
+    writer = SpoolingWriter(str(out), chunk_bytes=int(shard_bytes))
+    try:
+        for k, args in enumerate(inputs):
+            writer.add_item(k, _item(args))
+    except BaseException:
+        writer.close()  # the spool removed; the shards written so far stay without an index.json
+        raise
     writer.done()
     writer.merge(1)
 
