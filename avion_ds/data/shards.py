@@ -33,6 +33,7 @@ from bisect import bisect_right
 from pathlib import Path
 from typing import Any
 
+import torch
 from filelock import FileLock
 from litdata import StreamingDataset
 from litdata.streaming import dataset as litdata_dataset
@@ -46,6 +47,7 @@ from avion_ds.config import DataConfig
 from avion_ds.data.crop import clip_rng
 from avion_ds.data.decode.base import MemoryVideo, reason
 from avion_ds.data.errors import DataError
+from avion_ds.data.prep import net_retry
 from avion_ds.data.prep.manifest import Chunk, VideoEntry
 from avion_ds.data.prep.shard_index import ROWS_KEY, format_problem
 from avion_ds.data.shard_downloads import HttpDownloader, allow_plain_http_s3, download_retries
@@ -229,6 +231,7 @@ def _whole_prefix(drop_first: int, world_size: int, batch_size: int) -> int:
     return max(0, int(drop_first))
 
 
+_RETRY_SLOTS = 1024  # shard download retries: one counter per DataLoader worker id (+1 for this process)
 _ROUNDING = "_round_down_drop_first"  # litdata's PRIVATE name (0.2.76), in its dataset and elastic modules
 _ELASTIC_LOCK = threading.Lock()
 
@@ -266,6 +269,8 @@ class ShardClipDataset(StreamingDataset):
                 drop_last=split == "train",
             )
         self.location = location
+        self._retries = torch.zeros(_RETRY_SLOTS, dtype=torch.int64).share_memory_()  # per DataLoader worker
+        net_retry.add_counter(self._retries)
         index = json.loads((Path(self.input_dir.path) / "index.json").read_text())  # local, or litdata's copy
         self._rows = sum(sum(c[ROWS_KEY][split]) for c in index["chunks"])
         self.clips = _shard_class(dataset_cls)(
@@ -339,6 +344,13 @@ class ShardClipDataset(StreamingDataset):
     def startup_line(self) -> str:
         """The start-up log line: samples (annotation rows) of this split in the shards, and where they are."""
         return f"{self.clips.split}: {len(self)} samples from the shards at {self.location}"
+
+    def __iter__(self) -> Any:
+        """litdata's iterator, in this process or a DataLoader worker (forked or spawned); the shard downloads it
+        retries are counted in this dataset's slot for the process (:func:`net_retry.count_into`)."""
+        info = torch.utils.data.get_worker_info()
+        net_retry.count_into(self._retries, 0 if info is None else (info.id + 1) % _RETRY_SLOTS)
+        return super().__iter__()
 
     def set_clip_epoch(self, epoch: int) -> None:
         """The clip and crop draws' epoch (litdata's own epoch orders the shards)."""

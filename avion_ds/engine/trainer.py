@@ -28,6 +28,7 @@ import torch
 
 from avion_ds.config import Recipe
 from avion_ds.data.bad_input import BadInputLog, batch_messages
+from avion_ds.data.prep.net_retry import download_retries
 from avion_ds.distributed import dist
 from avion_ds.distributed.rng import set_rng_state
 from avion_ds.distributed.run_log import RunLogger, peak_memory_gib
@@ -453,9 +454,20 @@ class Trainer:
             if exit_after is not None and st.global_step >= exit_after:
                 self.log.info(f"stopping after {st.global_step} steps (--exit-after-steps)")
                 break
+        retries = self.download_retries()  # every rank: a collective
         self.log.info(
             f"done: {st.global_step} steps ({st.applied_steps} applied, {st.overflow_steps} fp16 "
             f"overflows), {st.skipped} non-finite micro-batches skipped, {st.bad_samples} bad input "
-            f"samples skipped (named in the log above), run dir {r.output_dir}"
+            f"samples skipped (named in the log above), "
+            + (f"{retries} shard download retries (named above), " if r.data.shards else "")
+            + f"run dir {r.output_dir}"
         )
         return st
+
+    def download_retries(self) -> int:
+        """Shard downloads retried in this run (``data.shards`` over http(s):// or s3://), summed over ranks; each
+        rank's count includes its DataLoader workers' (a counter in shared memory, :mod:`net_retry`)."""
+        if not self.recipe.data.shards:
+            return 0
+        n = torch.tensor([float(download_retries())], device=self.device)
+        return int(dist.all_reduce_sum(n).item()) if self.world > 1 else int(n.item())

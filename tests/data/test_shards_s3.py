@@ -64,11 +64,12 @@ def test_s3_loader_workers_read_the_local_batches(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """Through the training loader with 2 DataLoader workers (forked; obstore starts in the workers, never
-    in the parent), s3:// gives the local location's batches: the same sample ids per step, the same clips."""
+    in the parent), s3:// gives the local location's batches: the same sample ids per step, the same clips. The
+    server answers the first GET of every shard with 503: the workers' retries are counted in the parent."""
     from avion_ds.data.loader import build_loader, set_epoch
+    from avion_ds.data.prep import net_retry
 
-    for k, v in s3_env(s3).items():
-        monkeypatch.setenv(k, v)
+    monkeypatch.setattr(net_retry, "DOWNLOAD_BACKOFF_S", 0.01)
 
     def batches(location: str | None, **kw: Any) -> list[tuple[list[int], torch.Tensor]]:
         ds = _open(packed, "train", location, **kw)
@@ -76,7 +77,12 @@ def test_s3_loader_workers_read_the_local_batches(
         set_epoch(loader, 1)
         return [(b["index"].tolist(), b["frames"]) for b in loader]
 
-    remote = batches(f"s3://{BUCKET}/{PREFIX}", cache_dir=str(tmp_path))
+    before = net_retry.download_retries()
+    with Proxy(s3, fail_first=True) as proxy:
+        for k, v in s3_env(proxy.url).items():
+            monkeypatch.setenv(k, v)
+        remote = batches(f"s3://{BUCKET}/{PREFIX}", cache_dir=str(tmp_path))
+    assert net_retry.download_retries() - before == proxy.failed == len(list(packed["shards"].glob("*.bin")))
     local = batches(None)
     assert [ids for ids, _ in remote] == [ids for ids, _ in local] and remote
     assert all(torch.equal(a, b) for (_, a), (_, b) in zip(remote, local, strict=True))
@@ -154,6 +160,25 @@ def test_http_transient_error_is_retried_and_counted(
     assert _same_as_local(packed, remote)
 
 
+def test_spawned_worker_retries_are_counted_in_the_parent(
+    packed: dict,  # noqa: F811
+    flaky_http: str,
+    tmp_path: Path,
+) -> None:
+    """A DataLoader worker started with ``spawn`` (no memory shared by forking) counts its shard download
+    retries in its parent's counter: the shard dataset hands it over when the worker unpickles it."""
+    from litdata import StreamingDataLoader
+
+    from avion_ds.data.prep import net_retry
+
+    before = net_retry.download_retries()
+    ds = _open(packed, "val", flaky_http, cache_dir=str(tmp_path))
+    loader = StreamingDataLoader(ds, batch_size=2, num_workers=1, multiprocessing_context="spawn")
+    ids = [i for b in loader for i in b["index"].tolist()]
+    assert sorted(ids) == sorted(_clips(_open(packed, "val")))
+    assert net_retry.download_retries() - before == len(list(packed["shards"].glob("*.bin")))
+
+
 def test_remote_location_problems_are_one_line(
     packed: dict,  # noqa: F811
     s3: str,
@@ -194,7 +219,7 @@ def test_two_ranks_train_from_s3(packed: dict, s3: str, tmp_path: Path) -> None:
     samples, the two ranks' disjoint (no DataLoader worker: a worker reads batches ahead of the steps). litdata's
     cache holds an older copy of the location, which both ranks find at start-up (one cleans it up), and the
     server answers the first GET of index.json and of each shard with 503: each is retried once, named in the
-    run's output."""
+    run's output and summed over the ranks in its final line."""
     from tests.helpers.env import engine_env
     from tests.helpers.launch import launch
     from tests.helpers.recipes import losses, write_recipe
@@ -215,6 +240,7 @@ def test_two_ranks_train_from_s3(packed: dict, s3: str, tmp_path: Path) -> None:
     out = done.stdout + done.stderr
     assert done.returncode == 0, out[-6000:]
     assert out.count("avion_ds shards: GET s3://") == out.count("retry 1 of 4") == proxy.failed > 1  # each named
+    assert f"{proxy.failed} shard download retries" in out  # counted on both ranks, summed in the final line
     assert sorted(losses(run)) == [1, 2]
     ranks = [[int(x) for x in (seen / f"rank{r}.txt").read_text().split()] for r in (0, 1)]
     assert all(len(ids) == len(set(ids)) == 2 * 4 for ids in ranks), ranks  # 2 steps of micro-batch 4
