@@ -271,6 +271,17 @@ def _http_index_only(f: dict) -> None:
     f["http"] = f"http://127.0.0.1:{server.server_address[1]}"
 
 
+def _resume_on_two_ranks(f: dict) -> None:
+    """A run dir whose checkpoint 1 rank wrote, resumed by rank 0 of 2 (the launcher's environment)."""
+    from avion_ds.storage.run_dir import MARKER, checkpoint_dir
+
+    tag = checkpoint_dir(f["tmp"] / "old_run") / "step_00000002"
+    tag.mkdir(parents=True)
+    (tag / MARKER).write_text(json.dumps({"tag": tag.name, "global_step": 2, "epoch": 0, "world_size": 1}))
+    env = {"WORLD_SIZE": "2", "RANK": "0", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "2"}
+    f["stack"].enter_context(mock.patch.dict(os.environ, env))
+
+
 # (id, command, recipe, --set overrides, preparation, extra argv, substrings the line must hold)
 Case = tuple[str, str, str, list[str], Callable[[dict], None] | None, list[str], list[str]]
 CASES: list[Case] = [
@@ -569,6 +580,20 @@ CASES: list[Case] = [
         _shards_packed_for_classes,
         [],
         ["data.shards", "train rows packed for data.dataset='epic'", "its narration captions", "--config RECIPE"],
+    ),
+    # elastic resume: the global batch must stay (set, or kept by micro x accum)
+    (
+        "elastic_resume_changes_global_batch",
+        "train",
+        "cls",
+        ["batch.global_batch=null", "output_dir=@tmp/old_run"],
+        _resume_on_two_ranks,
+        [],
+        [
+            "batch.global_batch: not set",
+            "of a 1-rank run on 2 ranks changes the global batch from 4 to 8",
+            "set batch.global_batch=4",
+        ],
     ),
     # eval --tag best
     ("eval_tag_best_without_best_json", "eval", "contrastive", [], None, ["--tag", "best"], ["best", "best.json"]),

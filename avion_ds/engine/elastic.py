@@ -34,6 +34,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from avion_ds.config import ConfigError, Recipe
 from avion_ds.distributed import dist
 from avion_ds.distributed.rng import rng_state, set_rng_state
 from avion_ds.storage import run_dir as rundir
@@ -55,6 +56,38 @@ def old_world_size(run_dir: str | Path) -> tuple[str, int] | None:
     if old is None or int(old) == dist.world_size():
         return None
     return tag, int(old)
+
+
+def check_global_batch_kept(recipe: Recipe, tag: str) -> None:
+    """Before any process group: resuming ``tag`` on another world size without ``batch.global_batch`` (the
+    global batch is then micro x accum x world, so it changes with the world) is a ConfigError naming the key and
+    both global batches, unless the micro-batch or accumulation was changed to keep it. A changed global batch
+    changes the scaled lr and the steps of an epoch: a resumed epoch would end before its samples are read."""
+    b = recipe.batch
+    if b.global_batch is not None:
+        return
+    marker = json.loads((rundir.checkpoint_dir(recipe.output_dir) / tag / rundir.MARKER).read_text())
+    old, world = marker.get("world_size"), dist.env_world_size()
+    if old is None or int(old) == world:
+        return
+    now = b.micro_batch * (b.grad_accum or 1) * world
+    before = _saved_global_batch(recipe.output_dir) or b.micro_batch * (b.grad_accum or 1) * int(old)
+    if before != now:
+        raise ConfigError(
+            f"batch.global_batch: not set, and resuming {tag} of a {old}-rank run on {world} ranks changes the "
+            f"global batch from {before} to {now} (micro {b.micro_batch} x accum {b.grad_accum or 1} x world): "
+            f"the lr scaling and an epoch's steps would change, and a resumed epoch could end before its samples are "
+            f"all read; set batch.global_batch={before}"
+        )
+
+
+def _saved_global_batch(run_dir: str | Path) -> int | None:
+    """The global batch the run dir's previous start used (its ds_config.json), None when unknown."""
+    try:
+        value = json.loads((Path(run_dir) / "ds_config.json").read_text()).get("train_batch_size")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return value if isinstance(value, int) and value > 0 else None
 
 
 def convert_to_universal(tag_dir: Path) -> Path:

@@ -27,7 +27,7 @@ import torch
 from avion_ds.config import ConfigError, Recipe
 from avion_ds.distributed import dist
 from avion_ds.distributed.rng import rng_state
-from avion_ds.engine.elastic import load_universal
+from avion_ds.engine.elastic import check_global_batch_kept, load_universal
 from avion_ds.engine.preflight import check_checkpoint_tag
 from avion_ds.models.listing import video_transformer_arch
 from avion_ds.storage.run_dir import (
@@ -110,11 +110,13 @@ def check_fresh_start(recipe: Recipe) -> None:
 def check_resume_source(recipe: Recipe, tag: str | None) -> None:
     """Before any process group: the files of the checkpoint a resume will load (``tag``, default the newest
     complete one) pass the safe loader's checks (``preflight.check_checkpoint_tag``); a fresh start goes
-    into a directory without another run (:func:`check_fresh_start`)."""
+    into a directory without another run (:func:`check_fresh_start`); an elastic resume keeps its global batch
+    (:func:`check_global_batch_kept`)."""
     check_fresh_start(recipe)
     tag = tag or (latest_complete(recipe.output_dir) if recipe.checkpoint.resume else None)
     if tag is not None:
         check_checkpoint_tag(checkpoint_dir(recipe.output_dir) / tag, recipe.model.trust_checkpoint, "resume")
+        check_global_batch_kept(recipe, tag)
 
 
 def write_run_identity(run_dir: str | Path, recipe: Recipe) -> None:

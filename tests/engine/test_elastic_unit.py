@@ -58,3 +58,33 @@ def test_client_files_map_old_to_new_ranks(tmp_path: Path) -> None:
     assert torch.equal(again["rng"]["torch"], new["rng"]["torch"])  # deterministic
     other = elastic.client_for_rank(tmp_path, old_world=1, rank=2)
     assert not torch.equal(other["rng"]["torch"], new["rng"]["torch"])  # no two ranks share a stream
+
+
+def test_global_batch_kept_across_an_elastic_resume(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without ``batch.global_batch``, a resume on another world size is refused (one line naming the key and
+    both global batches) unless micro x accum was changed to keep the global batch the run dir's previous start
+    used; with ``batch.global_batch`` set, or on the same world size, it passes."""
+    import json
+
+    from avion_ds.config import ConfigError
+    from avion_ds.storage.run_dir import MARKER, checkpoint_dir
+    from avion_ds.tasks import load_recipe
+
+    tag = checkpoint_dir(tmp_path) / "step_00000002"
+    tag.mkdir(parents=True)
+    (tag / MARKER).write_text(json.dumps({"world_size": 1}))
+    monkeypatch.setenv("WORLD_SIZE", "2")
+
+    def check(*sets: str) -> None:
+        recipe = load_recipe(None, ["data.dataset=kinetics", f"output_dir={tmp_path}", *sets])
+        elastic.check_global_batch_kept(recipe, tag.name)
+
+    with pytest.raises(ConfigError, match=r"^batch\.global_batch: not set, .* from 2 to 4 .*=2$"):
+        check("batch.global_batch=null", "batch.micro_batch=2")
+    check("batch.global_batch=4", "batch.micro_batch=2")  # set: accumulation absorbs the world
+    (tmp_path / "ds_config.json").write_text(json.dumps({"train_batch_size": 4}))
+    check("batch.global_batch=null", "batch.micro_batch=2")  # the previous start used 4 as well
+    with pytest.raises(ConfigError, match="from 4 to 8"):
+        check("batch.global_batch=null", "batch.micro_batch=4")
+    monkeypatch.setenv("WORLD_SIZE", "1")
+    check("batch.global_batch=null", "batch.micro_batch=4")  # the same world size
