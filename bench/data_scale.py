@@ -10,14 +10,15 @@ process):
 - ``new cold``: the flat index with its cache files deleted first (parse + build + write);
 - ``new cached``: the flat index mapped from the cache written by the cold run.
 
-Each prints: build time; RSS growth of the process over the dataset (VmRSS, anonymous / file-backed);
-``sample_span`` rate on random rows (rows per CPU second of the process, after 2 warm-up passes); and, for ``old`` and ``new
-cached``, a forked child (a DataLoader worker) that runs ``check_row`` (``sample_span`` + the span
-check: ``avion-ds check``'s index part) over EVERY row once and reports its ``Private_Dirty``
-(/proc/self/smaps_rollup: pages copied on write) and the time of that pass. Last, ``--ab-rows``
-rows (default 1/10 size) in one process: old and new ``sample_span`` and ``check_row`` (``avion-ds
-check``'s per-row index work) timed A/B alternating (8 passes each, who goes first alternating too) after
-2 warm-ups, in CPU seconds, the ratios.
+Each prints: build time; the process's peak RSS (``ru_maxrss``: imports + build; for ``new cold`` the cold
+build's peak) and that peak over the RSS before the build; RSS growth of the process over the dataset
+(VmRSS, anonymous / file-backed); ``sample_span`` rate on random rows (rows per CPU second of the process,
+after 2 warm-up passes); and, for ``old`` and ``new cached``, a forked child (a DataLoader worker) that
+runs ``check_row`` (``sample_span`` + the span check: ``avion-ds check``'s index part) over EVERY row
+once and reports its ``Private_Dirty`` (/proc/self/smaps_rollup: pages copied on write) and the time of
+that pass. Last, ``--ab-rows`` rows (default 1/10 size) in one process: old and new ``sample_span`` and
+``check_row`` (``avion-ds check``'s per-row index work) timed A/B alternating (8 passes each, who goes
+first alternating too) after 2 warm-ups, in CPU seconds, the ratios.
 
     python bench/data_scale.py --out /tmp/ego4d_scale            # full size (9,600 videos, 4M rows)
     python bench/data_scale.py --out /tmp/s --videos 96 --rows 40000 --ab-rows 40000   # a quick look
@@ -28,6 +29,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import subprocess
 import sys
 import time
@@ -138,6 +140,8 @@ def measure(path: str, root: Path, pkl: Path, epoch: bool, span_rows: int) -> di
     ds = _dataset(path, root, pkl)
     out: dict = {"path": path, "build_s": time.perf_counter() - t0, "rows": len(ds)}
     after = _status()
+    out["peak_rss"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux: KiB
+    out["peak_over_start"] = out["peak_rss"] - before["VmRSS"]
     out.update({f"{k}_growth": after[k] - before[k] for k in before})
     rows = np.random.default_rng(0).integers(0, len(ds), span_rows).tolist()
     for _ in range(2):
@@ -205,6 +209,8 @@ def report(figures: dict, ab: dict) -> str:
     lines = [
         f"{'':<34}{'old':>14}{'new cold':>14}{'new cached':>14}",
         _row("build (s)", get("build_s"), "{:.2f}"),
+        _row("peak RSS, build (GiB)", get("peak_rss", GiB), "{:.3f}"),
+        _row("  over the RSS before it (GiB)", get("peak_over_start", GiB), "{:.3f}"),
         _row("RSS growth (GiB)", get("VmRSS_growth", GiB), "{:.3f}"),
         _row("  anonymous (GiB)", get("RssAnon_growth", GiB), "{:.3f}"),
         _row("  file-backed, shared (GiB)", get("RssFile_growth", GiB), "{:.3f}"),

@@ -33,7 +33,8 @@ import mmap
 import os
 import struct
 import zlib
-from collections.abc import Callable
+from array import array
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any, Self
 
@@ -288,12 +289,49 @@ def cached_index(kind: str, layout: int, paths: list[Path], build: Callable[[], 
     return MappedIndex(kind, key, None, *(built or build()))
 
 
-def pack_strings(strings: list[str]) -> tuple[np.ndarray, np.ndarray]:
+def pack_strings(strings: Iterable[str]) -> tuple[np.ndarray, np.ndarray]:
     """(utf-8 bytes of all ``strings`` one after another, offsets (len + 1)): one buffer, no objects."""
-    encoded = [s.encode("utf-8", "surrogatepass") for s in strings]
-    off = np.zeros(len(encoded) + 1, np.int64)
-    np.cumsum(np.fromiter(map(len, encoded), np.int64, len(encoded)), out=off[1:])
-    return np.frombuffer(b"".join(encoded), np.uint8), off
+    packer = StringPacker()
+    for s in strings:
+        packer.add(s)
+    return packer.arrays()
+
+
+class StringPacker:
+    """:func:`pack_strings` one string at a time: the bytes grow in one buffer, no string is kept."""
+
+    def __init__(self) -> None:
+        self.buf, self.off = bytearray(), array("q", [0])
+
+    def add(self, s: str) -> None:
+        """Append ``s`` (utf-8, lone surrogates kept)."""
+        self.buf += s.encode("utf-8", "surrogatepass")
+        self.off.append(len(self.buf))
+
+    def __len__(self) -> int:
+        return len(self.off) - 1
+
+    def arrays(self) -> tuple[np.ndarray, np.ndarray]:
+        """(bytes, offsets) sharing this packer's memory (no copy; add nothing after)."""
+        return np.frombuffer(self.buf, np.uint8), np.frombuffer(self.off, np.int64)
+
+
+def take_strings(
+    buf: np.ndarray, off: np.ndarray, rows: np.ndarray, block: int = 1 << 12
+) -> tuple[np.ndarray, np.ndarray]:
+    """(bytes, offsets) of strings ``rows`` (in that order) of a packed (``buf``, ``off``), gathered ``block``
+    strings at a time (the byte index of a block, not of all, is held)."""
+    rows = np.asarray(rows, np.int64)
+    first, size = off[rows], off[rows + 1] - off[rows]
+    new_off = np.zeros(len(rows) + 1, np.int64)
+    np.cumsum(size, out=new_off[1:])
+    out = np.empty(int(new_off[-1]), np.uint8)
+    for lo in range(0, len(rows), block):
+        hi = min(lo + block, len(rows))
+        a, b = int(new_off[lo]), int(new_off[hi])
+        shift = np.repeat(first[lo:hi] - new_off[lo:hi], size[lo:hi])
+        out[a:b] = buf[shift + np.arange(a, b)]
+    return out, new_off
 
 
 class Strings:

@@ -36,7 +36,7 @@ from __future__ import annotations
 import functools
 import json
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -112,21 +112,25 @@ class NarrationTable:
         return f"{self.files[int(self.src[k])]}:{int(self.line[k])} ({self.uids[int(self.vid[k])]})"
 
 
-def _pickle_records(path: Path) -> list[tuple[int, Any, Any, Any, Any]]:
+def _pickle_rows(path: Path) -> Iterator[tuple[int, Any, Any, Any, Any]]:
+    """The ``(row, uid, start, end, narration)`` records of an AVION pickle, one at a time; each row of the
+    unpickled list is dropped once yielded (the list of 4M Ego4D rows is the only copy held)."""
     data = load_pickle(path)
     if not isinstance(data, (list, tuple)):
         raise ValueError(  # noqa: TRY004 - a malformed annotation file, reported as one line
             f"{path}: expected a list of (video_uid, start_sec, end_sec, narration, ...) tuples, "
             f"got {type(data).__name__}"
         )
-    out = []
-    for n, row in enumerate(data, 1):
+    drop = isinstance(data, list)
+    for n in range(1, len(data) + 1):
+        row = data[n - 1]
+        if drop:
+            data[n - 1] = None
         if not isinstance(row, (tuple, list)) or len(row) < 4:
             raise ValueError(
                 f"{path}:{n}: expected a tuple (video_uid, start_sec, end_sec, narration, ...), got {_short(row)}"
             )
-        out.append((n, row[0], row[1], row[2], row[3]))
-    return out
+        yield n, row[0], row[1], row[2], row[3]
 
 
 def _csv_records(path: Path) -> list[tuple[int, Any, Any, Any, Any]]:
@@ -171,12 +175,16 @@ def _file_format(path: Path) -> str:
     return "pickle" if head == b"\x80" else "jsonl" if head == b"{" else "csv"
 
 
-def _file_records(path: Path) -> list[tuple[int, Any, Any, Any, Any]]:
-    """The ``(row, uid, start, end, narration)`` records of one narration file, by its format."""
+def _file_rows(path: Path) -> Iterable[tuple[int, Any, Any, Any, Any]]:
+    """The ``(row, uid, start, end, narration)`` records of one narration file, by its format (a pickle's
+    one at a time)."""
     kind = _file_format(path)
-    return (
-        _pickle_records(path) if kind == "pickle" else _jsonl_records(path) if kind == "jsonl" else _csv_records(path)
-    )
+    return _pickle_rows(path) if kind == "pickle" else _jsonl_records(path) if kind == "jsonl" else _csv_records(path)
+
+
+def _file_records(path: Path) -> list[tuple[int, Any, Any, Any, Any]]:
+    """Every record of one narration file (:func:`_file_rows`, all held)."""
+    return list(_file_rows(path))
 
 
 def _mapped_table(index: MappedIndex, files: list[Path]) -> NarrationTable:
@@ -224,7 +232,7 @@ def duplicate_rows(t: NarrationTable) -> tuple[int, int, int]:
 @functools.lru_cache(maxsize=8)
 def _read_cached(paths: tuple[str, ...], stats: tuple[tuple[int, ...], ...]) -> NarrationTable:
     files = [Path(p) for p in paths]
-    table = _mapped_table(load_narration_index(files, _file_records), files)
+    table = _mapped_table(load_narration_index(files, _file_rows), files)
     count, first, original = duplicate_rows(table)
     if count and is_main():  # once per process and file list (this cache), rank 0 only
         log.warning(

@@ -22,9 +22,10 @@ import logging
 import os
 import stat
 from bisect import bisect_right
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 log = logging.getLogger(__name__)
 
@@ -146,26 +147,31 @@ def find_videos(src: str | Path) -> list[Path]:
     return sorted(p for p in src.rglob("*") if is_video_file(p))
 
 
-def read_manifest_records(path: str | Path, problems: list[str] | None = None) -> list[dict]:
-    """Raw manifest lines; a torn last line (interrupted write) is ignored with a warning (appended to
-    ``problems`` instead of logged when given)."""
+def iter_manifest_records(path: str | Path, problems: list[str] | None = None) -> Iterator[Any]:
+    """Each readable manifest line's JSON value, one at a time; a torn line (interrupted write) is skipped
+    with a warning (appended to ``problems`` instead of logged when given)."""
     path = Path(path)
     if path.is_dir():
         path = path / MANIFEST_NAME
-    records = []
     with path.open() as f:
         for n, line in enumerate(f, 1):
             line = line.strip()
             if not line:
                 continue
             try:
-                records.append(json.loads(line))
+                record = json.loads(line)
             except json.JSONDecodeError:
                 if problems is None:
                     log.warning("%s:%d: ignoring unreadable manifest line", path, n)
                 else:
                     problems.append(f"{path}:{n}: ignoring unreadable manifest line")
-    return records
+                continue
+            yield record
+
+
+def read_manifest_records(path: str | Path, problems: list[str] | None = None) -> list[dict]:
+    """Raw manifest lines (:func:`iter_manifest_records`, all held)."""
+    return list(iter_manifest_records(path, problems))
 
 
 def write_manifest(path: str | Path, records: Iterable[dict]) -> None:
