@@ -221,8 +221,7 @@ class CharadesEgoDataset(RowTable):
         return len(read_charades_rows(Path(cfg.val_csv), codes)[0]), {}
 
     def read_rows(self, cfg: DataConfig) -> None:
-        self.class_names, codes = read_charades_classes(class_file(cfg, CHARADES_CLASSES))
-        self.num_classes = len(self.class_names)
+        codes = self.load_eval_targets(cfg)
         self.csv = Path(self._split_file())
         self.rows, self.bad_rows = read_charades_rows(self.csv, codes)
         if self.bad_rows and is_main():  # once per job, not per rank
@@ -233,6 +232,13 @@ class CharadesEgoDataset(RowTable):
                 len(self.rows) + len(self.bad_rows),
                 self.bad_rows[0],
             )
+
+    def load_eval_targets(self, cfg: DataConfig) -> dict[str, int]:
+        """The class names (``data.class_list``, or the class file next to ``data.val_csv``), over the chunk tree
+        and from shards alike (a shard row holds class indices, not names); returns code -> class index."""
+        self.class_names, codes = read_charades_classes(class_file(cfg, CHARADES_CLASSES))
+        self.num_classes = len(self.class_names)
+        return codes
 
     def row_fields(self, i: int) -> RowFields:
         line, r, _, _ = self.rows[i]
@@ -254,6 +260,18 @@ class CharadesEgoDataset(RowTable):
         self._duration = duration  # LaViLa: a float frame count, read by clip_indices
         return entry, 0, max(1, math.ceil(duration)), self._target(self.rows[i][2])
 
+    def packed_label(self, i: int) -> dict[str, Any]:
+        """Row ``i``'s label as a shard row holds it (JSON, exact): its class indices and LaViLa's float frame
+        count ``fps * length``, which places its clip's frames (``avion-ds pack``; :meth:`draw_label` reads it)."""
+        _, duration = self._span(i)
+        return {"classes": [int(k) for k in self.rows[i][2]], "frames": duration}
+
+    def draw_label(self, i: int, value: Any, where: str) -> torch.Tensor:
+        """The multi-hot label of a shard row's packed label (:meth:`packed_label`); its frame count is the
+        clip's, as :meth:`sample_span` sets it over the chunk tree."""
+        self._duration = float(value["frames"])
+        return self._target([int(k) for k in value["classes"]])
+
     def clip_indices(self, start: int, end: int, rng, view: int) -> list[int]:
         ids = lavila_frame_ids(0, getattr(self, "_duration", end), self.cfg.num_frames * self.temporal_views)
         n = self.cfg.num_frames
@@ -261,8 +279,8 @@ class CharadesEgoDataset(RowTable):
 
     def _load(self, i: int) -> dict:
         item = super()._load(i)
-        entry, duration = self._span(i)
-        ids = lavila_frame_ids(0, duration, self.cfg.num_frames * self.temporal_views)
+        entry = self.sample_span(i)[0]  # the video and frame count of row i (from the tree or a shard row)
+        ids = lavila_frame_ids(0, self._duration, self.cfg.num_frames * self.temporal_views)
         item["past_end"] = int(max(ids) >= entry.num_frames)  # LaViLa: an all-zero clip; here real frames
         return item
 
