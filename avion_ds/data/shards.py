@@ -29,6 +29,7 @@ import hashlib
 import json
 import os
 import threading
+import weakref
 from bisect import bisect_right
 from pathlib import Path
 from typing import Any
@@ -271,6 +272,7 @@ class ShardClipDataset(StreamingDataset):
         self.location = location
         self._retries = torch.zeros(_RETRY_SLOTS, dtype=torch.int64).share_memory_()  # per DataLoader worker
         net_retry.add_counter(self._retries)
+        weakref.finalize(self, net_retry.retire_counter, self._retries)  # its count outlives it, its memory not
         index = json.loads((Path(self.input_dir.path) / "index.json").read_text())  # local, or litdata's copy
         self._rows = sum(sum(c[ROWS_KEY][split]) for c in index["chunks"])
         self.clips = _shard_class(dataset_cls)(

@@ -148,7 +148,8 @@ def test_http_transient_error_is_retried_and_counted(
     monkeypatch: pytest.MonkeyPatch,
     capfd: pytest.CaptureFixture,
 ) -> None:
-    """Our http(s) downloader retries a 503 with backoff, names each retry on stderr and counts it."""
+    """Our http(s) downloader retries a 503 with backoff, names each retry on stderr and counts it (the count
+    outlives the dataset, gone by then: its shared counters are folded into the process's own)."""
     from avion_ds.data.prep import net_retry
 
     monkeypatch.setattr(net_retry, "DOWNLOAD_BACKOFF_S", 0.01)

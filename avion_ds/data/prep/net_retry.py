@@ -53,6 +53,18 @@ def add_counter(counters: Any) -> None:
         _COUNTERS.append(counters)
 
 
+def retire_counter(counters: Any) -> None:
+    """``counters``' dataset is gone: keep its count in this process's own, and let its shared memory go."""
+    global _SINK
+    with _LOCK:
+        kept = [c for c in _COUNTERS if c is not counters]
+        if len(kept) < len(_COUNTERS):
+            _OWN[0] += int(counters.sum()) if hasattr(counters, "sum") else sum(counters)
+            _COUNTERS[:] = kept
+        if _SINK[0] is counters:
+            _SINK = (_OWN, 0)
+
+
 def count_into(counters: Any, slot: int) -> None:
     """Count this process's retries in ``counters[slot]`` from now on (a DataLoader worker: its own slot of its
     dataset's counters, which no other process writes)."""
@@ -123,6 +135,7 @@ __all__ = [
     "add_counter",
     "count_into",
     "download_retries",
+    "retire_counter",
     "retrying",
     "transient",
 ]
