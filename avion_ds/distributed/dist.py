@@ -172,8 +172,8 @@ def shutdown(code: int = 0, hard_exit: bool = True) -> int:
         tdist.destroy_process_group()
     except Exception:
         pass
-    gc.collect()
     if not hard_exit:
+        gc.collect()  # in-process callers go on: free what the group held (os._exit below frees it all)
         return code
     logging.shutdown()
     sys.stdout.flush()
