@@ -459,7 +459,7 @@ class Trainer:
             f"done: {st.global_step} steps ({st.applied_steps} applied, {st.overflow_steps} fp16 "
             f"overflows), {st.skipped} non-finite micro-batches skipped, {st.bad_samples} bad input "
             f"samples skipped (named in the log above), "
-            + (f"{retries} shard download retries (named above), " if r.data.shards else "")
+            + (f"{retries} shard download retries since start-up (each named above), " if r.data.shards else "")
             + f"run dir {r.output_dir}"
         )
         return st
