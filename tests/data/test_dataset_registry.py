@@ -3,6 +3,8 @@ built, summarised, path-checked and head-checked like the built-ins; the unknown
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -67,6 +69,18 @@ def toy(tmp_path: Path) -> Iterator[list[str]]:
 
 def test_built_ins_registered_in_order() -> None:
     assert dataset_names()[: len(BUILT_INS)] == BUILT_INS
+
+
+def test_built_ins_listed_in_order_whatever_is_imported_first() -> None:
+    """A script (or another test in the same process) importing one dataset module first still sees the built-ins
+    in their order: error messages and the suite's results do not depend on import order."""
+    code = (
+        "import avion_ds.data.datasets.egocentric, avion_ds.data.datasets.ego4d\n"
+        "from avion_ds.data.datasets.build import dataset_names\n"
+        "print(','.join(dataset_names()))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert tuple(out.strip().split(",")) == BUILT_INS
 
 
 def test_a_spec_registered_outside_is_built_by_the_factory(toy: list[str]) -> None:

@@ -1,25 +1,32 @@
 """Dataset factory: the dataset a ``DataConfig`` names, asked of the registry (:mod:`.registry`).
 
-Importing this module registers the built-in datasets (one import line each, below); their order is the
-order error messages list them. A dataset defined elsewhere registers with
+Importing this module registers the built-in datasets (the modules
+:data:`~avion_ds.data.datasets.registry.BUILT_IN_MODULES` names, in the order error messages list them). A dataset
+defined elsewhere registers with
 :func:`~avion_ds.data.datasets.registry.register_dataset` and is built here like the built-ins.
 """
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any
 
 from avion_ds.config import DataConfig
-
-# isort: off
-from avion_ds.data.datasets import epic, kinetics, ssv2, videos, ego4d, epic_mir, egocentric  # noqa: F401 - registration
-
-# isort: on
-from avion_ds.data.datasets.registry import DatasetSpec, lookup, registered_names, unknown_dataset, view_config
+from avion_ds.data.datasets.registry import (
+    BUILT_IN_MODULES,
+    DatasetSpec,
+    lookup,
+    registered_names,
+    unknown_dataset,
+    view_config,
+)
 from avion_ds.data.datasets.video_clips import VideoClipDataset
 from avion_ds.data.prep.shard_index import shard_problem
+
+for _module in BUILT_IN_MODULES:  # registration: the built-in datasets
+    importlib.import_module(f"avion_ds.data.datasets.{_module}")
 
 # a recipe's registered sections (``recipe.sections``): where a dataset's own keys are read
 Sections = Mapping[str, Any] | None

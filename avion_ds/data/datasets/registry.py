@@ -107,6 +107,21 @@ class DatasetSpec:
 
 
 _SPECS: dict[str, DatasetSpec] = {}
+# the built-in dataset modules (avion_ds.data.datasets.<name>), in the order their datasets are listed whatever
+# order they were imported in (a test or a script may import one directly first); :mod:`.build` imports them
+BUILT_IN_MODULES = ("epic", "kinetics", "ssv2", "videos", "ego4d", "epic_mir", "egocentric")
+
+
+def _ordered() -> list[tuple[str, DatasetSpec]]:
+    """The registered (name, spec) pairs: built-ins by :data:`BUILT_IN_MODULES`, then the rest, each in
+    registration order."""
+
+    def rank(item: tuple[str, DatasetSpec]) -> int:
+        module = getattr(item[1].build, "__module__", "") or ""
+        short = module.removeprefix("avion_ds.data.datasets.")
+        return BUILT_IN_MODULES.index(short) if short != module and short in BUILT_IN_MODULES else len(BUILT_IN_MODULES)
+
+    return sorted(_SPECS.items(), key=rank)
 
 
 def spec_of_class(cls: type) -> DatasetSpec:
@@ -155,19 +170,20 @@ def unregister_dataset(name: str) -> None:
 
 
 def registered_names() -> tuple[str, ...]:
-    """The names registered so far, in registration order (import :mod:`.build` first for the built-ins)."""
-    return tuple(_SPECS)
+    """The names registered so far: the built-ins in their order, then others in registration order (import
+    :mod:`.build` first for all the built-ins)."""
+    return tuple(name for name, _ in _ordered())
 
 
 def names_of_kind(*kinds: str) -> tuple[str, ...]:
-    """The registered names whose ``label_kind`` is one of ``kinds``, in registration order (error messages)."""
-    return tuple(name for name, spec in _SPECS.items() if spec.label_kind in kinds)
+    """The registered names whose ``label_kind`` is one of ``kinds``, in :func:`registered_names` order."""
+    return tuple(name for name, spec in _ordered() if spec.label_kind in kinds)
 
 
 def heads_keys() -> dict[str, tuple[str, ...]]:
     """Each dotted key some dataset's heads depend on -> the datasets that read it (``epic.label``: epic)."""
     out: dict[str, tuple[str, ...]] = {}
-    for name, spec in _SPECS.items():
+    for name, spec in _ordered():
         if spec.heads_key:
             out[spec.heads_key] = (*out.get(spec.heads_key, ()), name)
     return out
