@@ -120,7 +120,7 @@ def test_records_the_columns_cannot_hold_are_read_as_dicts(tmp_path, extra, bad)
     _same(mi.build_manifest_arrays(mpath), want)
 
 
-def test_a_superseded_bad_record_does_not_fail_the_build(tmp_path) -> None:
+def test_a_bad_record_of_an_older_job_does_not_fail_the_build(tmp_path) -> None:
     mpath = tmp_path / "manifest.jsonl"
     good = {"video_id": "v", "path": "v/0.mp4", "start_frame": 0, "frames": 3, "fps": 30.0, "width": 8, "height": 6}
     mpath.write_text(json.dumps({"video_id": "v", "path": "v/0.mp4", "job": 1}) + "\n" + json.dumps({**good, "job": 2}))
