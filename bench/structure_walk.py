@@ -1,0 +1,116 @@
+"""The structure walk: which avion_ds modules a reader passes through, in order, from ``avion-ds train``'s entry
+through start-up (recipe, checks, DeepSpeed plan, datasets) to the model summary, i.e. ``train --dry-run``.
+
+The current module is traced with ``sys.setprofile`` (a call into an avion_ds function enters its module, a
+return goes back to the caller's), each call edge (caller -> callee code) once, as a reader follows it: a repeat
+of an edge (a loop over rows or batches) and everything under it are not walked again. Consecutive events in
+one module are one *stay*; a stay in a module the walk has already been in is a *return*: how often a reader of
+the start-up goes back to a file. Fewer returns = seams that hand over once. Modules are imported before the
+walk, so only run-time calls count.
+
+    python bench/structure_walk.py                      # tiny synthetic EPIC data, the demo recipe
+    python bench/structure_walk.py --top 10 --json out.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import io
+import json
+import sys
+import tempfile
+from collections import Counter
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def make_data(out: Path) -> list[str]:
+    """Two small synthetic EPIC-style videos, chunked; the ``--set`` overrides that point the demo recipe at them."""
+    from avion_ds.cli.chunk import main as chunk
+    from avion_ds.cli.synth import main as synth
+
+    with contextlib.redirect_stdout(io.StringIO()):
+        synth([str(out / "synth"), "--num-videos", "2", "--segments-per-video", "16", "--seed", "0"])
+        chunk([str(out / "synth" / "videos"), str(out / "chunks"), "--chunk-seconds", "15", "--no-progress"])
+    return [
+        f"data.root={out / 'chunks'}",
+        f"data.train_csv={out / 'synth' / 'train.csv'}",
+        f"data.val_csv={out / 'synth' / 'val.csv'}",
+        f"output_dir={out / 'run'}",
+    ]
+
+
+def walk(argv: list[str]) -> list[str]:
+    """The module of each stay while ``avion-ds train ARGV --dry-run`` runs (avion_ds modules only)."""
+    import avion_ds.cli.train as train_cli
+
+    stays: list[str] = []
+    edges: set[tuple[object, object]] = set()
+    counted: list[bool] = []  # per live frame since the walk began: is its call part of the walk?
+
+    def enter(module: str) -> None:
+        if module.startswith("avion_ds.") and (not stays or stays[-1] != module):
+            stays.append(module)
+
+    def track(frame, event: str, _arg) -> None:
+        if event == "call":  # a call edge read once: its repeats (loops over rows, batches) are not walked again
+            caller = frame.f_back.f_code if frame.f_back is not None else None
+            new = (caller, frame.f_code) not in edges and (not counted or counted[-1])
+            edges.add((caller, frame.f_code))
+            counted.append(new)
+            if new:
+                enter(frame.f_globals.get("__name__", ""))
+        elif event == "return" and counted and counted.pop() and frame.f_back is not None:
+            enter(frame.f_back.f_globals.get("__name__", ""))
+
+    sys.setprofile(track)
+    try:
+        with contextlib.redirect_stdout(io.StringIO()):
+            train_cli.setup_run(train_cli.parse_args([*argv, "--dry-run"]))
+    finally:
+        sys.setprofile(None)
+    return stays
+
+
+def summary(stays: list[str]) -> dict:
+    """Stays, returns (stays in a module visited before) and the modules returned to most."""
+    seen: set[str] = set()
+    returns: Counter[str] = Counter()
+    for module in stays:
+        if module in seen:
+            returns[module] += 1
+        seen.add(module)
+    return {"stays": len(stays), "returns": sum(returns.values()), "modules": len(seen), "by_module": returns}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--config", default=str(REPO / "launch" / "recipes" / "demo_cpu.yaml"))
+    ap.add_argument("--deepspeed-config", default=str(REPO / "ds_configs" / "zero2.json"))
+    ap.add_argument("--set", action="append", default=[], help="recipe overrides (default: generated tiny data)")
+    ap.add_argument("--top", type=int, default=8, help="modules returned to most")
+    ap.add_argument("--json", help="write the summary and the walk here")
+    args = ap.parse_args()
+    import avion_ds.cli.train
+    import avion_ds.data.datasets.build
+    import avion_ds.tasks  # noqa: F401
+
+    with tempfile.TemporaryDirectory() as tmp:
+        sets = args.set or make_data(Path(tmp))
+        argv = ["--config", args.config, "--deepspeed_config", args.deepspeed_config]
+        stays = walk(argv + [x for s in sets for x in ("--set", s)])
+    result = summary(stays)
+    print(
+        f"train --dry-run start-up walk: {result['stays']} stays in {result['modules']} modules, {result['returns']} returns"
+    )
+    for module, n in result["by_module"].most_common(args.top):
+        print(f"  {n:4d} returns to {module}")
+    if args.json:
+        Path(args.json).write_text(json.dumps({**result, "by_module": dict(result["by_module"]), "walk": stays}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
