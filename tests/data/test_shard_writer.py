@@ -92,13 +92,17 @@ def test_same_files_as_litdata_writer(tmp_path: Path, size: dict, monkeypatch: p
         assert chunks[0]["chunk_size"] == 4, chunks
 
 
-def test_item_left_over_at_a_boundary_counts_as_litdata_counts_it(tmp_path: Path) -> None:
+def test_item_left_over_at_a_boundary_counts_as_litdata_counts_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """The item that crossed a shard's size starts the next shard and is counted again there, by litdata's rule
     (a row's leaves: characters of str), not by its serialized size: shards of exactly items 1 and 2 stay one."""
+    from litdata.streaming import item_loader
     from litdata.streaming.writer import BinaryWriter
 
     from avion_ds.data.prep.shard_writer import SpoolingWriter
 
+    monkeypatch.setattr(item_loader, "_PYARROW_AVAILABLE", False)
     items = _items([1500, 1000, 1000, 1000, 1000])
     counted = [len(i["video_id"]) + len(i["meta"]) + len(i["data"]) for i in items]
     size = {"chunk_bytes": counted[1] + counted[2]}
@@ -175,3 +179,20 @@ def test_litdata_private_names_relied_on(tmp_path: Path) -> None:
     assert list(inspect.signature(BinaryWriter.write_chunk).parameters) == ["self", "on_done"]
     assert list(inspect.signature(BinaryWriter.serialize).parameters) == ["self", "items"]
     assert {f.name for f in fields(Item)} == {"index", "data", "bytes", "dim", "sample"}
+
+
+def test_pack_failing_mid_shard_removes_the_spool(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An item that fails to build stops the in-process pack with its error; the spool goes, no index.json."""
+    from avion_ds.data.prep import pack
+
+    def item(args: tuple) -> dict:
+        if args[0] == 3:
+            raise OSError("chunk 3 unreadable")
+        return _items([2 * KiB])[0]
+
+    monkeypatch.setattr(pack, "_item", item)
+    with pytest.raises(OSError, match="chunk 3 unreadable") as caught:
+        pack._write_here([(k,) for k in range(5)], tmp_path, 64 * KiB)
+    # removed by the pack, not left to the writer's collection (the error's traceback still holds the writer)
+    assert caught.tb is not None and not list(tmp_path.glob(".spool-*"))
+    assert not (tmp_path / "index.json").exists()
