@@ -431,9 +431,9 @@ def test_training_resumed_on_another_world_reads_the_uninterrupted_order(
 @pytest.mark.multiprocess
 def test_a_run_killed_with_sigkill_resumes_the_uninterrupted_samples(packed: dict, tmp_path: Path) -> None:
     """`avion-ds train` from shards (one process, no DataLoader worker, a checkpoint every step) killed with
-    SIGKILL at two points of the epoch (once its checkpoint of step 1, then of step 2, is complete) and started
-    again with the same command: the steps after the checkpoint it resumed from read exactly the samples the
-    uninterrupted run read in them, in its order."""
+    SIGKILL at two points of the epoch (its checkpoint of step 1, then of step 2, complete, and held before the
+    next step's first read: ``AVION_TEST_HOLD_AT``) and started again with the same command: the steps after the
+    checkpoint it resumed from read exactly the samples the uninterrupted run read in them, in its order."""
     import os
     import signal
     import subprocess
@@ -463,7 +463,8 @@ def test_a_run_killed_with_sigkill_resumes_the_uninterrupted_samples(packed: dic
     for k in (1, 2):
         args, env, run, seen = setup(f"killed{k}")
         cmd = [sys.executable, str(REPO / "launch" / "train.py"), *args]
-        proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        held = {**env, "AVION_TEST_HOLD_AT": str(k * 8)}  # no step after k: the kill lands after checkpoint k
+        proc = subprocess.Popen(cmd, cwd=REPO, env=held, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         marker, deadline = run / "checkpoints" / f"step_{k:08d}" / "COMPLETE.json", time.monotonic() + 240
         while not marker.exists() and proc.poll() is None and time.monotonic() < deadline:
             time.sleep(0.05)
@@ -478,6 +479,6 @@ def test_a_run_killed_with_sigkill_resumes_the_uninterrupted_samples(packed: dic
             for line in (done.stdout + done.stderr).splitlines()
             if "resumed from" in line
         )
-        assert resumed_at >= k  # the kill may land after a later checkpoint completed
+        assert resumed_at == k
         resumed = [int(x) for x in (seen / "rank0.txt").read_text().split()]
-        assert resumed == whole[resumed_at * 8 :], (k, resumed_at)
+        assert resumed == whole[k * 8 :], (k, resumed)
