@@ -10,8 +10,8 @@ Three parts (``--parts``, default all):
   opening (the start-up check's GET + HEADs, litdata's client and index) is timed apart, once per run;
 * ``pack``: the peak RSS of ``avion-ds pack`` (a subprocess, ``os.wait4``'s ``ru_maxrss``) over a tree of
   ``--pack-mib`` MiB of chunk files (hard links of a few random blobs: pack copies and hashes bytes, it
-  never decodes) for each ``--pack-shard-mib``; litdata's writer holds a shard's items until it is full, so
-  the peak follows the shard size, not the tree size.
+  never decodes) for each ``--pack-shard-mib``; pack's writer spools the shard being filled to disk, so the
+  peak follows neither the shard size nor the tree size.
 
 Printed: medians over ``--rounds`` timed rounds after ``--warmup`` rounds, and the ratios (targets: local
 shards / tree >= 1.0, s3 / local shards >= 0.9, pack peak <= 1 GiB).
