@@ -94,7 +94,29 @@ class RowItemLoader(PyTreeLoader):
         acc = self._cum[chunk_index]
         k = bisect_right(acc, local)  # the item (video) of this shard holding row ``local``
         item = super().load_item_from_chunk(k, chunk_index, chunk_filepath, 0, *args)
-        return {"item": item, "row": local - (acc[k - 1] if k else 0), "index": int(index)}
+        where = (*_file_stamp(chunk_filepath), k)  # this item of this copy of the shard file
+        return {"item": item, "row": local - (acc[k - 1] if k else 0), "index": int(index), "where": where}
+
+
+_VERIFIED: dict[tuple, None] = {}  # per process: (shard file copy, item, chunk offset, sha256) whose bytes matched
+_METAS: dict[tuple, dict] = {}  # per process: an item's parsed meta, by (shard file copy, item)
+_CACHE_LIMIT = (1 << 16, 64)  # entries kept (verified chunks, metas); a full cache starts afresh
+
+
+def _file_stamp(path: str) -> tuple:
+    """(path, inode, mtime, size): a shard file copy (a download replacing it, or an edit, is another)."""
+    st = os.stat(path)
+    return path, st.st_ino, st.st_mtime_ns, st.st_size
+
+
+def _item_meta(found: dict) -> dict:
+    """The item's parsed meta (JSON), parsed once per shard file copy and item in this process."""
+    meta = _METAS.get(found["where"])
+    if meta is None:
+        if len(_METAS) >= _CACHE_LIMIT[1]:
+            _METAS.clear()
+        meta = _METAS[found["where"]] = json.loads(found["item"]["meta"])
+    return meta
 
 
 class _ShardRows:
@@ -110,11 +132,12 @@ class _ShardRows:
     def use_item(self, found: dict, location: str) -> int:
         """Make ``found`` (a :class:`RowItemLoader` result) the item :meth:`sample_span` reads; returns its
         row's sample index (the key of its clip and crop draws, as in the chunk-tree dataset)."""
-        item, meta = found["item"], json.loads(found["item"]["meta"])
+        item, meta = found["item"], _item_meta(found)
         data, offset, chunks, self._sources = memoryview(item["data"]), 0, [], {}
         for c in meta["chunks"]:
             name = f"{location}:{item['video_id']}/{c['path']}"
-            self._sources[name] = (data[offset : offset + int(c["bytes"])], int(c["bytes"]), c["sha256"])
+            verified = (found["where"], offset, c["sha256"])  # the key once this copy's bytes matched
+            self._sources[name] = (data[offset : offset + int(c["bytes"])], int(c["bytes"]), c["sha256"], verified)
             offset += int(c["bytes"])
             chunks.append(
                 Chunk(name, int(c["start_frame"]), int(c["frames"]), float(c["fps"]), c["width"], c["height"])
@@ -153,11 +176,16 @@ class _ShardRows:
         return str(row[3]) if row else f"{self.split} sample {i}"
 
     def chunk_problem(self, chunk: Chunk) -> str | None:
-        """The chunk's bytes against their size and sha256 (only the chunks a clip reads are hashed)."""
+        """The chunk's bytes against their size and sha256 (only the chunks a clip reads are hashed, once per
+        copy of the shard file in this process)."""
         src = self._sources[chunk.path]
         if isinstance(src, tuple):
-            blob, size, digest = src
-            ok = len(blob) == size and hashlib.sha256(blob).hexdigest() == digest
+            blob, size, digest, verified = src
+            ok = len(blob) == size and (verified in _VERIFIED or hashlib.sha256(blob).hexdigest() == digest)
+            if ok and verified not in _VERIFIED:
+                if len(_VERIFIED) >= _CACHE_LIMIT[0]:
+                    _VERIFIED.clear()
+                _VERIFIED[verified] = None
             src = self._sources[chunk.path] = (
                 MemoryVideo(chunk.path, bytes(blob))
                 if ok

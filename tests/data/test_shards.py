@@ -8,6 +8,7 @@ import json
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -166,9 +167,15 @@ def test_http_location_streams_the_same_clips(packed: dict, http_location: str, 
 
 def _corrupt_copy(packed: dict, dest: Path) -> tuple[str, str]:
     """A copy of the shards with one byte of the first chunk of the first video flipped; (video id, chunk path)."""
-    from avion_ds.data.prep.manifest import MANIFEST_NAME, read_manifest_records
 
     shutil.copytree(packed["shards"], dest)
+    return _flip_first_chunk(packed, dest)
+
+
+def _flip_first_chunk(packed: dict, dest: Path) -> tuple[str, str]:
+    """Flip one byte of the first chunk of the first video in the shards at ``dest``, in place."""
+    from avion_ds.data.prep.manifest import MANIFEST_NAME, read_manifest_records
+
     tree = packed["data"]["root"]
     row = min(read_manifest_records(tree / MANIFEST_NAME), key=lambda r: (r["video_id"], r["start_frame"]))
     blob = (tree / row["path"]).read_bytes()
@@ -206,6 +213,28 @@ def test_corrupt_shard_is_named_counted_and_skipped(packed: dict, tmp_path: Path
     with pytest.raises(DataError, match="sha256"):
         for _ in strict:
             pass
+
+
+def test_a_shard_file_rewritten_after_a_verified_read_is_hashed_again(
+    packed: dict, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A chunk's sha256 is checked once per copy of its shard file in a process: a second epoch over the same
+    files hashes nothing; a file rewritten in place (a fresh download, an edit: another mtime) is hashed again,
+    and its damage is named."""
+    from avion_ds.data import shards
+
+    location = tmp_path / "copy"
+    shutil.copytree(packed["shards"], location)
+    hashed = []
+    real = shards.hashlib.sha256
+    monkeypatch.setattr(shards, "hashlib", SimpleNamespace(sha256=lambda b: hashed.append(1) or real(b)))
+    assert not any(item["skipped"] for item in _open(packed, "train", str(location)))
+    first = len(hashed)
+    assert first and not any(item["skipped"] for item in _open(packed, "train", str(location)))
+    assert len(hashed) == first  # the same copies: verified already
+    video, chunk = _flip_first_chunk(packed, location)
+    failed = [item["failed_reason"] for item in _open(packed, "train", str(location)) if item["skipped"]]
+    assert failed and f"{location}:{video}/{chunk}" in failed[0] and "sha256" in failed[0]
 
 
 @pytest.mark.multiprocess  # launches training processes: not in the quick loop
