@@ -8,6 +8,9 @@ one module are one *stay*; a stay in a module the walk has already been in is a 
 the start-up goes back to a file. Fewer returns = seams that hand over once. Modules are imported before the
 walk, so only run-time calls count.
 
+The field walk follows one recipe key instead: the modules whose code reads ``data.<--field>`` (default
+``num_frames``), each reading line once, in the order start-up reads it.
+
     python bench/structure_walk.py                      # tiny synthetic EPIC data, the demo recipe
     python bench/structure_walk.py --top 10 --json out.json
 """
@@ -74,6 +77,35 @@ def walk(argv: list[str]) -> list[str]:
     return stays
 
 
+def field_walk(argv: list[str], field: str) -> list[str]:
+    """The module of each stay of the places that read ``data.<field>`` (each reading line once) while
+    ``avion-ds train ARGV --dry-run`` runs: the walk a reader follows to see what one recipe key does."""
+    import avion_ds.cli.train as train_cli
+    from avion_ds.config import DataConfig
+
+    stays: list[str] = []
+    lines: set[tuple[object, int]] = set()
+    plain = DataConfig.__getattribute__
+
+    def reading(self: DataConfig, name: str) -> object:
+        if name == field:
+            caller = sys._getframe(1)
+            module = caller.f_globals.get("__name__", "")
+            if (caller.f_code, caller.f_lineno) not in lines and module.startswith("avion_ds."):
+                lines.add((caller.f_code, caller.f_lineno))
+                if not stays or stays[-1] != module:
+                    stays.append(module)
+        return plain(self, name)
+
+    DataConfig.__getattribute__ = reading
+    try:
+        with contextlib.redirect_stdout(io.StringIO()):
+            train_cli.setup_run(train_cli.parse_args([*argv, "--dry-run"]))
+    finally:
+        DataConfig.__getattribute__ = plain
+    return stays
+
+
 def summary(stays: list[str]) -> dict:
     """Stays, returns (stays in a module visited before) and the modules returned to most."""
     seen: set[str] = set()
@@ -92,6 +124,7 @@ def main() -> int:
     ap.add_argument("--set", action="append", default=[], help="recipe overrides (default: generated tiny data)")
     ap.add_argument("--top", type=int, default=8, help="modules returned to most")
     ap.add_argument("--json", help="write the summary and the walk here")
+    ap.add_argument("--field", default="num_frames", help="the data.* key whose readers make the field walk")
     args = ap.parse_args()
     import avion_ds.cli.train
     import avion_ds.data.datasets.build
@@ -100,15 +133,20 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as tmp:
         sets = args.set or make_data(Path(tmp))
         argv = ["--config", args.config, "--deepspeed_config", args.deepspeed_config]
-        stays = walk(argv + [x for s in sets for x in ("--set", s)])
-    result = summary(stays)
-    print(
-        f"train --dry-run start-up walk: {result['stays']} stays in {result['modules']} modules, {result['returns']} returns"
-    )
+        argv += [x for s in sets for x in ("--set", s)]
+        stays, readers = walk(argv), field_walk(argv, args.field)
+    result, field = summary(stays), summary(readers)
+    print(f"start-up walk: {result['stays']} stays in {result['modules']} modules, {result['returns']} returns")
     for module, n in result["by_module"].most_common(args.top):
         print(f"  {n:4d} returns to {module}")
+    print(
+        f"data.{args.field} readers: {field['stays']} stays in {field['modules']} modules, {field['returns']} returns"
+    )
+    print("  " + " > ".join(m.removeprefix("avion_ds.") for m in readers))
     if args.json:
-        Path(args.json).write_text(json.dumps({**result, "by_module": dict(result["by_module"]), "walk": stays}))
+        out = {**result, "by_module": dict(result["by_module"]), "walk": stays}
+        out["field"] = {**field, "by_module": dict(field["by_module"]), "walk": readers}
+        Path(args.json).write_text(json.dumps(out))
     return 0
 
 
