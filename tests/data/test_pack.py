@@ -64,3 +64,24 @@ def test_a_second_pack_in_one_process_reads_the_tree_as_it_is_now(tmp_path: Path
     sizes = {d: sum(int(c["chunk_size"]) for c in json.loads((tmp_path / d / "index.json").read_text())["chunks"])
              for d in ("a", "b")}  # fmt: skip
     assert sizes["b"] < sizes["a"], sizes
+
+
+def test_labels_that_are_not_json_are_one_line_before_anything_is_written(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
+) -> None:
+    """A dataset whose row labels cannot go into a shard row's JSON (here: a tensor) is refused by `avion-ds
+    pack` in one line naming the dataset, split and sample, exit 2, and no shard is written."""
+    import torch
+
+    from avion_ds.cli.pack import main
+    from avion_ds.data.datasets.epic import EpicDataset
+    from tests.helpers.data import tiny_epic_data
+
+    data = tiny_epic_data(tmp_path, num_videos=2)
+    monkeypatch.setattr(EpicDataset, "packed_label", lambda self, i: torch.zeros(2), raising=False)
+    sets = [f"data.train_csv={data['train_csv']}", f"data.val_csv={data['val_csv']}", "model.heads={verb: 4, noun: 3}"]
+    out = tmp_path / "shards"
+    assert main([str(data["root"]), str(out), *[x for s in sets for x in ("--set", s)]]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and "data.dataset='epic': train sample" in err and "packed_label" in err, err
+    assert not list(out.glob("*.bin"))
