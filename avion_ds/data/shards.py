@@ -100,7 +100,8 @@ class RowItemLoader(PyTreeLoader):
 
 _VERIFIED: dict[tuple, None] = {}  # per process: (shard file copy, item, chunk offset, sha256) whose bytes matched
 _METAS: dict[tuple, dict] = {}  # per process: an item's parsed meta, by (shard file copy, item)
-_CACHE_LIMIT = (1 << 16, 64)  # entries kept (verified chunks, metas); a full cache starts afresh
+_ROWS: dict[tuple, tuple[dict, list]] = {}  # per process: (rows by sample, samples sorted), by (copy, item, split)
+_CACHE_LIMIT = (1 << 16, 64)  # entries kept (verified chunks; metas and rows); a full cache starts afresh
 
 
 def _file_stamp(path: str) -> tuple:
@@ -109,14 +110,20 @@ def _file_stamp(path: str) -> tuple:
     return path, st.st_ino, st.st_mtime_ns, st.st_size
 
 
-def _item_meta(found: dict) -> dict:
-    """The item's parsed meta (JSON), parsed once per shard file copy and item in this process."""
+def _item_meta(found: dict, split: str) -> tuple[dict, dict, list]:
+    """(the item's parsed meta, its ``split`` rows by sample index, those indices sorted): parsed once per shard
+    file copy and item in this process, not once per sample."""
     meta = _METAS.get(found["where"])
     if meta is None:
         if len(_METAS) >= _CACHE_LIMIT[1]:
             _METAS.clear()
+            _ROWS.clear()
         meta = _METAS[found["where"]] = json.loads(found["item"]["meta"])
-    return meta
+    rows = _ROWS.get((found["where"], split))
+    if rows is None:
+        by_sample = {int(r[4]): r for r in meta["rows"][split]}
+        rows = _ROWS[(found["where"], split)] = (by_sample, sorted(by_sample))
+    return meta, *rows
 
 
 class _ShardRows:
@@ -132,7 +139,8 @@ class _ShardRows:
     def use_item(self, found: dict, location: str) -> int:
         """Make ``found`` (a :class:`RowItemLoader` result) the item :meth:`sample_span` reads; returns its
         row's sample index (the key of its clip and crop draws, as in the chunk-tree dataset)."""
-        item, meta = found["item"], _item_meta(found)
+        item = found["item"]
+        meta, rows, ids = _item_meta(found, self.split)
         data, offset, chunks, self._sources = memoryview(item["data"]), 0, [], {}
         for c in meta["chunks"]:
             name = f"{location}:{item['video_id']}/{c['path']}"
@@ -142,9 +150,8 @@ class _ShardRows:
             chunks.append(
                 Chunk(name, int(c["start_frame"]), int(c["frames"]), float(c["fps"]), c["width"], c["height"])
             )
-        rows = {int(r[4]): r for r in meta["rows"][self.split]}
         self._texts = (meta.get("texts") or {}).get(self.split, {})  # texts the rows name by number (epic_mir)
-        self._item = (VideoEntry(item["video_id"], chunks), rows, sorted(rows))
+        self._item = (VideoEntry(item["video_id"], chunks), rows, ids)
         return int(meta["rows"][self.split][found["row"]][4])
 
     def __len__(self) -> int:

@@ -60,7 +60,7 @@ def object_narrations(paths: list[str | Path]) -> ego4d.NarrationTable:
     tables = []
     for path in paths:
         p = Path(path)
-        records = ego4d._file_records(p)
+        records = list(ego4d._file_rows(p))
         if not records:
             raise ValueError(f"{p}: no narration rows")
         tables.append(_table(p, records))

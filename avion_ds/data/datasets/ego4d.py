@@ -182,11 +182,6 @@ def _file_rows(path: Path) -> Iterable[tuple[int, Any, Any, Any, Any]]:
     return _pickle_rows(path) if kind == "pickle" else _jsonl_records(path) if kind == "jsonl" else _csv_records(path)
 
 
-def _file_records(path: Path) -> list[tuple[int, Any, Any, Any, Any]]:
-    """Every record of one narration file (:func:`_file_rows`, all held)."""
-    return list(_file_rows(path))
-
-
 def _mapped_table(index: MappedIndex, files: list[Path]) -> NarrationTable:
     return NarrationTable(**narration_columns(index, files), index=index)
 

@@ -223,9 +223,10 @@ def check_rows_pack(source: RowSource, items: list[Window]) -> None:
         try:
             json.dumps(item_rows(source, {split: first[1]}))
         except TypeError as e:
-            name = getattr(source.cfg, "val_dataset" if split == "val" else "dataset", None) or source.cfg.dataset
+            from avion_ds.data.datasets.build import dataset_spec  # lazy: as packed_labels
+
             raise ValueError(
-                f"data.dataset={name!r}: {split} sample {int(first[1][0])} (video {first[0]}) has a label pack "
+                f"data.dataset={dataset_spec(source.cfg, split).name!r}: {split} sample {int(first[1][0])} (video {first[0]}) has a label pack "
                 f"cannot write into a shard row ({e}); the dataset class gives packable labels by packed_label"
             ) from None
 
