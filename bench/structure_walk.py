@@ -8,7 +8,10 @@ one module are one *stay*; a stay in a module the walk has already been in is a 
 the start-up goes back to a file. Fewer returns = seams that hand over once. Modules are imported before the
 walk, so only run-time calls count.
 
-The field walk follows one recipe key instead: the modules whose code reads ``data.<--field>`` (default
+The recipe walk follows the recipe itself: only the functions that take the recipe or one of its sections as
+an argument are stays (each call edge once), and a return goes back to the module of the nearest such caller:
+the hand-overs a reader follows to see where the recipe is checked and used. The field walk follows one
+recipe key instead: the modules whose code reads ``data.<--field>`` (default
 ``num_frames``), each reading line once, in the order start-up reads it.
 
     python bench/structure_walk.py                      # tiny synthetic EPIC data, the demo recipe
@@ -77,6 +80,69 @@ def walk(argv: list[str]) -> list[str]:
     return stays
 
 
+def _carriers(recipe: object) -> set[int]:
+    """The ids of a recipe and of its sections (core fields and registered ones): the objects the recipe walk follows."""
+    import dataclasses
+
+    ids = {id(recipe)}
+    for f in dataclasses.fields(recipe):
+        value = getattr(recipe, f.name)
+        values = value.values() if isinstance(value, dict) else [value]
+        ids.update(id(v) for v in values if dataclasses.is_dataclass(v))
+    return ids
+
+
+def recipe_walk(argv: list[str]) -> list[str]:
+    """The module of each stay of the functions that take the recipe or one of its sections as an argument
+    (each call edge once), from the recipe's first hand-over to the model summary: the modules the recipe is
+    carried through while ``avion-ds train ARGV --dry-run`` runs. A call's return goes back to the module of the
+    nearest caller on the walk. Attribute plumbing on the recipe itself (dunder methods) is not a hop."""
+    import avion_ds.cli.train as train_cli
+    from avion_ds.config.recipe import Recipe
+
+    stays: list[str] = []
+    edges: set[tuple[object, object]] = set()
+    carriers: set[int] = set()
+    stack: list[str | None] = []  # per live frame: its module when its call is on the walk, else None
+
+    def enter(module: str) -> None:
+        if not stays or stays[-1] != module:
+            stays.append(module)
+
+    def on_walk(frame) -> bool:
+        code = frame.f_code
+        if code.co_name.startswith("__") or not frame.f_globals.get("__name__", "").startswith("avion_ds."):
+            return False
+        n = code.co_argcount + code.co_kwonlyargcount
+        args = [frame.f_locals.get(name) for name in code.co_varnames[:n]]
+        for value in args:
+            if isinstance(value, Recipe) and id(value) not in carriers:
+                carriers.update(_carriers(value))
+        return any(id(v) in carriers for v in args)
+
+    def track(frame, event: str, _arg) -> None:
+        if event == "call":
+            caller = frame.f_back.f_code if frame.f_back is not None else None
+            edge = (caller, frame.f_code)
+            module = frame.f_globals.get("__name__", "") if edge not in edges and on_walk(frame) else None
+            if module is not None:
+                edges.add(edge)
+                enter(module)
+            stack.append(module)
+        elif event == "return" and stack and stack.pop() is not None:
+            back = next((m for m in reversed(stack) if m is not None), None)
+            if back is not None:
+                enter(back)
+
+    sys.setprofile(track)
+    try:
+        with contextlib.redirect_stdout(io.StringIO()):
+            train_cli.setup_run(train_cli.parse_args([*argv, "--dry-run"]))
+    finally:
+        sys.setprofile(None)
+    return stays
+
+
 def field_walk(argv: list[str], field: str) -> list[str]:
     """The module of each stay of the places that read ``data.<field>`` (each reading line once) while
     ``avion-ds train ARGV --dry-run`` runs: the walk a reader follows to see what one recipe key does."""
@@ -134,17 +200,19 @@ def main() -> int:
         sets = args.set or make_data(Path(tmp))
         argv = ["--config", args.config, "--deepspeed_config", args.deepspeed_config]
         argv += [x for s in sets for x in ("--set", s)]
-        stays, readers = walk(argv), field_walk(argv, args.field)
-    result, field = summary(stays), summary(readers)
-    print(f"start-up walk: {result['stays']} stays in {result['modules']} modules, {result['returns']} returns")
-    for module, n in result["by_module"].most_common(args.top):
-        print(f"  {n:4d} returns to {module}")
+        stays, carried, readers = walk(argv), recipe_walk(argv), field_walk(argv, args.field)
+    result, recipe, field = summary(stays), summary(carried), summary(readers)
+    for name, res in (("start-up walk", result), ("recipe walk", recipe)):
+        print(f"{name}: {res['stays']} stays in {res['modules']} modules, {res['returns']} returns")
+        for module, n in res["by_module"].most_common(args.top):
+            print(f"  {n:4d} returns to {module}")
     print(
         f"data.{args.field} readers: {field['stays']} stays in {field['modules']} modules, {field['returns']} returns"
     )
     print("  " + " > ".join(m.removeprefix("avion_ds.") for m in readers))
     if args.json:
         out = {**result, "by_module": dict(result["by_module"]), "walk": stays}
+        out["recipe"] = {**recipe, "by_module": dict(recipe["by_module"]), "walk": carried}
         out["field"] = {**field, "by_module": dict(field["by_module"]), "walk": readers}
         Path(args.json).write_text(json.dumps(out))
     return 0

@@ -27,10 +27,39 @@ from avion_ds.data.prep.shard_index import shard_problem
 from avion_ds.distributed.ds_config import torch_dtype
 from avion_ds.distributed.ds_plan import DSPlan
 from avion_ds.engine.parallelize import schedule_bounds
+from avion_ds.engine.weights_fit import check_weights_fit
 from avion_ds.models import list_models, registered_arch, resolve_backend
 from avion_ds.storage.run_dir import checkpoint_dir, latest_complete, tag_files
 from avion_ds.storage.safe_load import check_checkpoint_file
 from avion_ds.storage.torchscript import check_torchscript, torchscript_root
+from avion_ds.tasks import ModelSummary, Task
+
+
+def check_training_inputs(recipe: Recipe, task: Task) -> ModelSummary:
+    """Everything a training run reads or writes, checked in one pass before the DeepSpeed config is read:
+    the output directory, the pretrained weights (source, then their shapes against the model), the data."""
+    check_output_dir(recipe)
+    if recipe.model.pretrained:
+        check_weights_source(recipe.model.pretrained, recipe.model.trust_checkpoint)
+    summary = check_run_inputs(recipe, task, need_train=True)
+    check_weights_fit(recipe, task)  # the checkpoint's shapes against the model's, before any process
+    return summary
+
+
+def check_run_inputs(recipe: Recipe, task: Task, need_train: bool) -> ModelSummary:
+    """Data paths, labels, model geometry: what training and evaluation both check."""
+    check_data_paths(recipe, need_train)
+    check_model_name(recipe)
+    summary = task.check_model(recipe)
+    check_data_layout(recipe, need_train)
+    return summary
+
+
+def check_plan(recipe: Recipe, plan: DSPlan, accelerator: str) -> None:
+    """The recipe against the resolved DeepSpeed plan: the lr schedule's direction, then whether the attention
+    backend and precision can run on ``accelerator``."""
+    check_schedule(recipe, plan)
+    check_runtime(recipe, plan.precision, accelerator)
 
 
 def check_output_dir(recipe: Recipe) -> None:

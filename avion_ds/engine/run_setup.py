@@ -29,7 +29,6 @@ from avion_ds.distributed.ds_fields import accelerator_name
 from avion_ds.distributed.ds_plan import DSPlan
 from avion_ds.engine import preflight as pf
 from avion_ds.engine.open_run import OpenedRun
-from avion_ds.engine.weights_fit import check_weights_fit
 from avion_ds.models.attention import Attention, describe_backend
 from avion_ds.tasks import ModelSummary, Task, task_of
 
@@ -81,23 +80,10 @@ def build_split(recipe: Recipe, task: Task, split: str, views: bool) -> Any:
     return ds
 
 
-def check_run_inputs(recipe: Recipe, task: Task, need_train: bool) -> ModelSummary:
-    """Data paths, labels, model geometry: what training and evaluation both check."""
-    pf.check_data_paths(recipe, need_train)
-    pf.check_model_name(recipe)
-    summary = task.check_model(recipe)
-    pf.check_data_layout(recipe, need_train)
-    return summary
-
-
 def prepare_training(recipe: Recipe, deepspeed_config: dict | str | Path) -> RunSetup:
     """The checked, resolved setup of a training run (see module doc); raises ConfigError (one line)."""
     task = task_of(recipe)
-    pf.check_output_dir(recipe)
-    if recipe.model.pretrained:
-        pf.check_weights_source(recipe.model.pretrained, recipe.model.trust_checkpoint)
-    summary = check_run_inputs(recipe, task, need_train=True)
-    check_weights_fit(recipe, task)  # the checkpoint's shapes against the model's, before any process
+    summary = pf.check_training_inputs(recipe, task)
     user_ds = load_user_config(deepspeed_config)
     world = dist.env_world_size()
     plan = resolve_batch(recipe, world)
@@ -107,8 +93,7 @@ def prepare_training(recipe: Recipe, deepspeed_config: dict | str | Path) -> Run
     ds_config = build_ds_config(user_ds, recipe, world, steps_per_epoch=steps)  # every conflict surfaces now
     validate_with_deepspeed(ds_config)
     ds_plan = DSPlan.of(ds_config)
-    pf.check_schedule(recipe, ds_plan)
-    pf.check_runtime(recipe, ds_plan.precision, accelerator_name())
+    pf.check_plan(recipe, ds_plan, accelerator_name())
     return RunSetup(recipe, task, summary, world, plan, user_ds, ds_config, steps, train_set, val_set, ds_plan)
 
 
@@ -137,7 +122,7 @@ def prepare_eval(opened: OpenedRun, split: str) -> EvalSetup:
     assert opened.recipe is not None, "open_run(recipe_of=...) gives the recipe"
     recipe = opened.recipe
     task = task_of(recipe)
-    check_run_inputs(recipe, task, need_train=split == "train")
+    pf.check_run_inputs(recipe, task, need_train=split == "train")
     dataset = build_split(recipe, task, split, views=True)
     return EvalSetup(recipe, task, opened, dataset)
 

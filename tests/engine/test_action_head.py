@@ -16,7 +16,8 @@ import torch
 from avion_ds.config import ConfigError
 from avion_ds.data import DeviceAugment, build_loader
 from avion_ds.data.datasets.epic import epic_action_map
-from avion_ds.engine.run_setup import build_split, check_run_inputs
+from avion_ds.engine.preflight import check_run_inputs
+from avion_ds.engine.run_setup import build_split
 from avion_ds.models import create_model
 from avion_ds.tasks import load_recipe, task_of
 from avion_ds.tasks.base import EvalContext
