@@ -18,6 +18,7 @@ from avion_ds.data.datasets import ego4d
 from avion_ds.data.datasets.flat_index import build_narration_arrays
 from avion_ds.data.prep import manifest_index as mi
 from avion_ds.data.prep.manifest_index import load_manifest
+from avion_ds.data.safe_pickle import load_pickle
 from tests.helpers.index_oracle import object_manifest, write_scale_inputs
 
 ODD_PATHS = ["./a//b.mp4", "a/./b.mp4", "/abs/c.mp4", "//two.mp4", "", ".", "d/", "x/.", "a/../b.mp4", "é/ü.mp4"]
@@ -146,17 +147,9 @@ def test_cold_builds_hold_a_fraction_of_the_objects(tmp_path) -> None:
     root, pkl = write_scale_inputs(tmp_path, videos=400, rows=20_000)
     mpath = root / "manifest.jsonl"
     assert _peak(lambda: mi.build_manifest_arrays(mpath)) * 4 < _peak(lambda: mi._record_arrays(mpath))
-    listed = _peak(lambda: ego4d.load_pickle(pkl))
+    listed = _peak(lambda: load_pickle(pkl))
     assert _peak(lambda: build_narration_arrays([pkl], ego4d._file_rows)) < 1.25 * listed
     assert _peak(lambda: build_narration_arrays([pkl], _held)) > 1.25 * listed
-
-
-def test_pickle_rows_are_dropped_as_they_are_read(tmp_path, monkeypatch) -> None:
-    data = [("v", 0.0, 1.0, f"n {k}") for k in range(5)]
-    monkeypatch.setattr(ego4d, "load_pickle", lambda path: data)
-    rows = ego4d._pickle_rows(tmp_path / "x.pkl")
-    assert next(rows) == (1, "v", 0.0, 1.0, "n 0") and data[0] is None and data[1] is not None
-    assert [r[0] for r in rows] == [2, 3, 4, 5] and data == [None] * 5
 
 
 @pytest.mark.parametrize(

@@ -54,7 +54,7 @@ from avion_ds.data.datasets.row_table import MidpointRows, RowFields
 from avion_ds.data.errors import DataError
 from avion_ds.data.index_cache import MappedIndex
 from avion_ds.data.prep.manifest import VideoEntry
-from avion_ds.data.safe_pickle import load_pickle
+from avion_ds.data.safe_pickle import NotASequence, iter_pickle_items
 from avion_ds.data.sampling import segment_span
 from avion_ds.distributed.dist import is_main
 
@@ -113,24 +113,24 @@ class NarrationTable:
 
 
 def _pickle_rows(path: Path) -> Iterator[tuple[int, Any, Any, Any, Any]]:
-    """The ``(row, uid, start, end, narration)`` records of an AVION pickle, one at a time; each row of the
-    unpickled list is dropped once yielded (the list of 4M Ego4D rows is the only copy held)."""
-    data = load_pickle(path)
-    if not isinstance(data, (list, tuple)):
-        raise ValueError(  # noqa: TRY004 - a malformed annotation file, reported as one line
-            f"{path}: expected a list of (video_uid, start_sec, end_sec, narration, ...) tuples, "
-            f"got {type(data).__name__}"
-        )
-    drop = isinstance(data, list)
-    for n in range(1, len(data) + 1):
-        row = data[n - 1]
-        if drop:
-            data[n - 1] = None
-        if not isinstance(row, (tuple, list)) or len(row) < 4:
-            raise ValueError(
-                f"{path}:{n}: expected a tuple (video_uid, start_sec, end_sec, narration, ...), got {_short(row)}"
-            )
-        yield n, row[0], row[1], row[2], row[3]
+    """The ``(row, uid, start, end, narration)`` records of an AVION pickle, one at a time, read as a stream
+    (:func:`iter_pickle_items`: the 4M Ego4D rows are never all held); a video's uid, which the pickler
+    writes once for all of its rows, is the part later rows refer to."""
+    try:
+        for n, row in enumerate(iter_pickle_items(path, shared=_uid_of), 1):
+            if not isinstance(row, (tuple, list)) or len(row) < 4:
+                raise ValueError(
+                    f"{path}:{n}: expected a tuple (video_uid, start_sec, end_sec, narration, ...), got {_short(row)}"
+                )
+            yield n, row[0], row[1], row[2], row[3]
+    except NotASequence as e:
+        raise ValueError(
+            f"{path}: expected a list of (video_uid, start_sec, end_sec, narration, ...) tuples, got {e.type_name}"
+        ) from None
+
+
+def _uid_of(row: Any) -> tuple[Any, ...]:
+    return row[:1] if isinstance(row, (tuple, list)) else ()
 
 
 def _csv_records(path: Path) -> list[tuple[int, Any, Any, Any, Any]]:
