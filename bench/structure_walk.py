@@ -28,6 +28,7 @@ import sys
 import tempfile
 from collections import Counter
 from pathlib import Path
+from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -48,9 +49,20 @@ def make_data(out: Path) -> list[str]:
     ]
 
 
+def _dry_run(argv: list[str], profiler: Any = None) -> None:
+    """``avion-ds train ARGV --dry-run``'s start-up, its output swallowed, under ``sys.setprofile(profiler)``."""
+    import avion_ds.cli.train as train_cli
+
+    sys.setprofile(profiler)
+    try:
+        with contextlib.redirect_stdout(io.StringIO()):
+            train_cli.setup_run(train_cli.parse_args([*argv, "--dry-run"]))
+    finally:
+        sys.setprofile(None)
+
+
 def walk(argv: list[str]) -> list[str]:
     """The module of each stay while ``avion-ds train ARGV --dry-run`` runs (avion_ds modules only)."""
-    import avion_ds.cli.train as train_cli
 
     stays: list[str] = []
     edges: set[tuple[object, object]] = set()
@@ -71,12 +83,7 @@ def walk(argv: list[str]) -> list[str]:
         elif event == "return" and counted and counted.pop() and frame.f_back is not None:
             enter(frame.f_back.f_globals.get("__name__", ""))
 
-    sys.setprofile(track)
-    try:
-        with contextlib.redirect_stdout(io.StringIO()):
-            train_cli.setup_run(train_cli.parse_args([*argv, "--dry-run"]))
-    finally:
-        sys.setprofile(None)
+    _dry_run(argv, track)
     return stays
 
 
@@ -97,7 +104,6 @@ def recipe_walk(argv: list[str]) -> list[str]:
     (each call edge once), from the recipe's first hand-over to the model summary: the modules the recipe is
     carried through while ``avion-ds train ARGV --dry-run`` runs. A call's return goes back to the module of the
     nearest caller on the walk. Attribute plumbing on the recipe itself (dunder methods) is not a hop."""
-    import avion_ds.cli.train as train_cli
     from avion_ds.config.recipe import Recipe
 
     stays: list[str] = []
@@ -134,19 +140,13 @@ def recipe_walk(argv: list[str]) -> list[str]:
             if back is not None:
                 enter(back)
 
-    sys.setprofile(track)
-    try:
-        with contextlib.redirect_stdout(io.StringIO()):
-            train_cli.setup_run(train_cli.parse_args([*argv, "--dry-run"]))
-    finally:
-        sys.setprofile(None)
+    _dry_run(argv, track)
     return stays
 
 
 def field_walk(argv: list[str], field: str) -> list[str]:
     """The module of each stay of the places that read ``data.<field>`` (each reading line once) while
     ``avion-ds train ARGV --dry-run`` runs: the walk a reader follows to see what one recipe key does."""
-    import avion_ds.cli.train as train_cli
     from avion_ds.config import DataConfig
 
     stays: list[str] = []
@@ -165,8 +165,7 @@ def field_walk(argv: list[str], field: str) -> list[str]:
 
     DataConfig.__getattribute__ = reading
     try:
-        with contextlib.redirect_stdout(io.StringIO()):
-            train_cli.setup_run(train_cli.parse_args([*argv, "--dry-run"]))
+        _dry_run(argv)
     finally:
         DataConfig.__getattribute__ = plain
     return stays
