@@ -4,8 +4,10 @@ Three parts (``--parts``, default all):
 
 * ``local``: clips/s of one training epoch read from local shards vs from the chunk tree they were packed
   from (the same rows, the same clips), 0 workers, A/B alternating, order flipped each round;
-* ``s3``: clips/s of an epoch from ``s3://`` (moto's standalone server as a subprocess, behind a threaded
-  proxy adding ``--latency-ms`` before every request: index, HEAD checks, shard GETs) vs local shards; each
+* ``s3``: clips/s of an epoch from ``s3://`` (moto's standalone server as a subprocess, behind a proxy
+  adding ``--latency-ms`` before every request: index, HEAD checks, shard GETs; the proxy is a process of its
+  own, as a real endpoint is out of the reader's process, or with ``--proxy thread`` threads of the bench
+  process, copying every body under the reader's GIL) vs local shards; each
   s3 round opens the location afresh with an empty cache, so every shard download is in the timed epoch;
   opening (the start-up check's GET + HEADs, litdata's client and index) is timed apart, once per run;
 * ``pack``: the peak RSS of ``avion-ds pack`` (a subprocess, ``os.wait4``'s ``ru_maxrss``) over a tree of
@@ -37,7 +39,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from tests.helpers.s3_server import Proxy, moto_server, s3_env, upload
+from tests.helpers.s3_server import Proxy, moto_server, proxy_process, s3_env, upload
 
 PARTS = ("local", "s3", "pack")
 BUCKET, PREFIX = "avion-bench", "shards"
@@ -55,6 +57,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--frames", type=int, default=8, help="frames per clip")
     p.add_argument("--shard-kib", type=int, default=512, help="--shard-bytes of the timed shards, KiB")
     p.add_argument("--latency-ms", type=float, default=20.0, help="added before every request to the S3 server")
+    p.add_argument("--proxy", choices=("process", "thread"), default="process", help="where the latency proxy runs")
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--pack-mib", type=int, default=512, help="size of the tree packed for the RSS figure")
@@ -155,17 +158,20 @@ def part_local(d: dict, a: argparse.Namespace) -> dict[str, Any]:
 def part_s3(d: dict, a: argparse.Namespace) -> dict[str, Any]:
     from avion_ds.data.datasets.build import open_shards
     from avion_ds.data.prep import shard_index
+    from avion_ds.data.shard_downloads import clear_shared_clients
 
     r = d["recipe"]
     caches = iter(range(1 << 30))
     with moto_server() as endpoint:
         upload(endpoint, BUCKET, PREFIX, d["shards"])
-        with Proxy(endpoint, delay_s=a.latency_ms / 1000) as proxy:
+        in_process = a.proxy == "thread"
+        with (Proxy if in_process else proxy_process)(endpoint, delay_s=a.latency_ms / 1000) as proxy:
             os.environ.update(s3_env(proxy.url))
 
             def remote() -> Any:
                 cache = d["work"] / f"s3cache{next(caches)}"  # empty: every round downloads
                 shard_index._CHECKED.clear()  # every round runs the start-up check, as a new run does
+                clear_shared_clients()  # and builds its S3 clients (the opening's boto3, the epoch's obstore)
                 return open_shards(
                     f"s3://{BUCKET}/{PREFIX}", r.data, "train", seed=0, sections=r.sections, cache_dir=str(cache)
                 )
@@ -233,7 +239,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"local shards / chunk tree: {res['ratio']:.2f}x (target >= 1.0x)")
         if "s3" in a.parts:
             print(
-                f"s3 (moto + {a.latency_ms:g} ms per request) vs local shards (clips/s of an epoch, empty cache each round):"
+                f"s3 (moto + {a.latency_ms:g} ms per request, proxy in a {a.proxy}) vs local shards (clips/s of an epoch, empty cache each round):"
             )
             res = results["s3"] = part_s3(d, a)
             print(f"s3 / local shards: {res['ratio']:.2f}x (target >= 0.9x)")

@@ -6,15 +6,31 @@ the scheme.
 - ``http://`` / ``https://``: :class:`HttpDownloader`, whole-file GETs over urllib;
 - ``s3://``: :class:`CountedS3Downloader`, litdata's own S3 downloader (obstore for shards, boto3 for
   ``index.json``) with its clients' own retries turned off, so that an error reaches the policy: litdata builds
-  boto3 with up to 1000 adaptive attempts and obstore with 10, neither of which says that it retried."""
+  boto3 with up to 1000 adaptive attempts and obstore with 10, neither of which says that it retried.
+
+litdata builds a downloader for every ``Cache``, that is every epoch's iterator and the dataset's opening, and
+each would build its own boto3 client (~70 ms of Python, under the GIL) and obstore store before its first
+shard. :class:`CountedS3Downloader` shares one of each per process instead, keyed by the options, the
+bucket and the ``AWS_*`` environment the clients read (:func:`clear_shared_clients` forgets them).
+
+litdata's prefetch thread downloads a batch of shards at once (all of a small epoch's) and tells the reader
+that a shard is there only when the whole batch is done; the reader would wait for the last GET before its
+first clip. Our downloaders also say when each shard is on disk (:func:`wait_published`, which
+:class:`~avion_ds.data.shards.RowItemLoader` waits on before litdata's own wait), so reading starts with the
+first shard. That is an early wake-up only: the reader still checks the file, and litdata's wait decides
+whenever the file is not complete."""
 
 from __future__ import annotations
 
 import http.client
+import json
 import os
 import shutil
+import threading
+import time
 import urllib.error
 import urllib.request
+from collections.abc import Callable
 from typing import Any
 
 from litdata.streaming import downloader as litdata_downloader
@@ -23,8 +39,62 @@ from litdata.streaming.downloader import Downloader, S3Downloader, register_down
 
 from avion_ds.data.prep.net_retry import download_retries, retrying
 
+_PUBLISHED: dict[str, threading.Event] = {}  # per process: a shard's local path -> set once it is downloaded
+_PUBLISHED_LOCK = threading.Lock()
+_PUBLISHED_LIMIT = 4096  # entries kept (a reader pops its own); a full table starts afresh
 
-class HttpDownloader(Downloader):
+
+def _published(local_path: str) -> threading.Event:
+    """The event set when this process's downloader has finished ``local_path`` (created on first ask)."""
+    key = os.path.normpath(local_path)
+    with _PUBLISHED_LOCK:
+        event = _PUBLISHED.get(key)
+        if event is None:
+            if len(_PUBLISHED) >= _PUBLISHED_LIMIT:
+                _PUBLISHED.clear()
+            event = _PUBLISHED[key] = threading.Event()
+        return event
+
+
+def _complete(local_path: str, size: int) -> bool:
+    try:
+        return os.stat(local_path).st_size >= size
+    except OSError:
+        return False
+
+
+def wait_published(local_path: str, size: int, timeout_s: float = 1.0) -> bool:
+    """Wait (at most ``timeout_s``) until ``local_path`` holds ``size`` bytes or a downloader of this process
+    has finished with it (downloaded, failed, or left it to another process); True when it is complete.
+
+    The file is checked every 50 ms too (another worker's download). Not complete after the wait: the
+    caller's own wait (litdata's, with its error and force-download handling) takes over."""
+    event = _published(local_path)
+    deadline = time.monotonic() + timeout_s
+    try:
+        while not _complete(local_path, size) and not event.is_set():
+            left = deadline - time.monotonic()
+            if left <= 0:
+                break
+            event.wait(min(0.05, left))
+        return _complete(local_path, size)
+    finally:
+        with _PUBLISHED_LOCK:
+            if _PUBLISHED.get(os.path.normpath(local_path)) is event:
+                del _PUBLISHED[os.path.normpath(local_path)]
+
+
+class _SaysPublished(Downloader):
+    """A downloader that sets :func:`_published`'s event of each shard it is done with (see the module doc)."""
+
+    def download_chunk_from_index(self, chunk_index: int) -> None:
+        try:
+            super().download_chunk_from_index(chunk_index)
+        finally:  # a failure too: the reader stops waiting here and litdata's wait reports it
+            _published(os.path.join(self._cache_dir, self._chunks[chunk_index]["filename"])).set()
+
+
+class HttpDownloader(_SaysPublished, Downloader):
     """litdata downloader for ``http(s)://`` shard locations: one GET per file, published atomically; a
     transient error (5xx, 408, 429, a dropped or short transfer) is retried (:func:`retrying`)."""
 
@@ -60,12 +130,56 @@ def _one_attempt() -> Any:
     return botocore.config.Config(retries={"total_max_attempts": 1, "mode": "standard"})
 
 
-class CountedS3Downloader(S3Downloader):
+_SHARED: dict[tuple, Any] = {}  # per process: S3 clients and obstore stores (see the module doc)
+_SHARED_LOCK = threading.RLock()
+_SHARED_LIMIT = 16  # entries kept; a full cache starts afresh
+
+
+def _shared(key: tuple, build: Callable[[], Any]) -> Any:
+    """This process's object for ``key``, built once (under a lock: concurrent prefetch threads build one)."""
+    key = (os.getpid(), *key)  # a forked process builds its own (obstore and boto3 are not fork-safe)
+    with _SHARED_LOCK:
+        if key not in _SHARED:
+            if len(_SHARED) >= _SHARED_LIMIT:
+                _SHARED.clear()
+            _SHARED[key] = build()
+        return _SHARED[key]
+
+
+def _new_locks_after_fork() -> None:
+    """A forked child gets free locks (a parent thread may have held one at the fork)."""
+    global _SHARED_LOCK, _PUBLISHED_LOCK
+    _SHARED_LOCK, _PUBLISHED_LOCK = threading.RLock(), threading.Lock()
+
+
+os.register_at_fork(after_in_child=_new_locks_after_fork)
+
+
+def clear_shared_clients() -> None:
+    """Forget the shared S3 clients and stores: the next downloader builds its own, as a new process would."""
+    with _SHARED_LOCK:
+        _SHARED.clear()
+
+
+def _options_key(*options: Any) -> str:
+    """A stable key for client options (objects such as botocore's ``Config`` by their attributes) and the
+    ``AWS_*`` environment boto3 reads (endpoint, credentials, region)."""
+    env = sorted((k, v) for k, v in os.environ.items() if k.startswith("AWS_"))
+    obstore = getattr(litdata_downloader, "_OBSTORE_CLIENT_OPTIONS", None)
+    attrs = lambda o: [type(o).__name__, vars(o)] if hasattr(o, "__dict__") else repr(o)
+    try:
+        return json.dumps([options, env, obstore], sort_keys=True, default=attrs)
+    except (TypeError, ValueError):  # keys of mixed types, a cycle: a key of its own (nothing shared)
+        return repr((options, env, obstore))
+
+
+class CountedS3Downloader(_SaysPublished, S3Downloader):
     """litdata's ``s3://`` downloader with its clients' retries off and :func:`retrying` around each GET.
 
     Async prefetch (several shards at once) runs :meth:`download_file` in threads: the async methods are
     litdata's base ones, so litdata's ``downloader_supports_adownload`` sends every GET through here. An
-    ``storage_options["config"]`` given to the dataset still wins over the one-attempt boto3 config."""
+    ``storage_options["config"]`` given to the dataset still wins over the one-attempt boto3 config. The
+    boto3 client and obstore store are shared by the process's downloaders (module doc)."""
 
     adownload_file = Downloader.adownload_file
     adownload_fileobj = Downloader.adownload_fileobj
@@ -79,12 +193,17 @@ class CountedS3Downloader(S3Downloader):
         **kwargs: Any,
     ) -> None:
         super().__init__(remote_dir, cache_dir, chunks, storage_options, **kwargs)
+        self._key = _options_key(self._storage_options, self.session_options)
         options = {"config": _one_attempt(), **self._storage_options}
-        self._client = S3Client(storage_options=options, session_options=self.session_options)
+        build = lambda: S3Client(storage_options=options, session_options=self.session_options)
+        self._client = _shared(("client", self._key), build)
 
     def _get_store(self, bucket: str) -> Any:
-        """litdata's obstore store for ``bucket``, rebuilt once per process without obstore's own retries."""
-        store = super()._get_store(bucket)
+        """litdata's obstore store for ``bucket``, without obstore's own retries; one per process and key."""
+        return _shared(("store", bucket, self._key), lambda: self._build_store(bucket))
+
+    def _build_store(self, bucket: str) -> Any:
+        store = super()._get_store(bucket)  # litdata's checks (fork safety) and store
         if store.retry_config is None:  # litdata's: obstore's default 10 silent retries
             from obstore.store import S3Store  # lazy: as litdata, which imports obstore only when it is used
 
@@ -127,4 +246,12 @@ for _prefix in ("http://", "https://"):
     register_downloader(_prefix, HttpDownloader, overwrite=True)
 register_downloader("s3://", CountedS3Downloader, overwrite=True)
 
-__all__ = ["CountedS3Downloader", "HttpDownloader", "allow_plain_http_s3", "download_retries", "retrying"]
+__all__ = [
+    "CountedS3Downloader",
+    "HttpDownloader",
+    "allow_plain_http_s3",
+    "clear_shared_clients",
+    "download_retries",
+    "retrying",
+    "wait_published",
+]

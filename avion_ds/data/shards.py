@@ -51,7 +51,7 @@ from avion_ds.data.errors import DataError
 from avion_ds.data.prep import net_retry
 from avion_ds.data.prep.manifest import Chunk, VideoEntry
 from avion_ds.data.prep.shard_index import ROWS_KEY, format_problem
-from avion_ds.data.shard_downloads import HttpDownloader, allow_plain_http_s3, download_retries
+from avion_ds.data.shard_downloads import HttpDownloader, allow_plain_http_s3, download_retries, wait_published
 
 
 class RowItemLoader(PyTreeLoader):
@@ -61,13 +61,14 @@ class RowItemLoader(PyTreeLoader):
         super().__init__(batch_decode=0)
         self.split = split
         self._cum: list[list[int]] = []
+        self._ready = ""  # the shard file last found complete (downloads: see wait_published)
 
     def setup(self, config: dict, chunks: list, *args: Any, **kwargs: Any) -> None:
         problem = format_problem({"config": config}, "index.json")  # before litdata picks deserializers
         if problem is not None:
             raise ValueError(problem)
         super().setup(config, chunks, *args, **kwargs)
-        self._cum = []
+        self._cum, self._ready = [], ""
         for c in chunks:
             counts = (c.get(ROWS_KEY) or {}).get(self.split)
             if counts is None:
@@ -90,6 +91,9 @@ class RowItemLoader(PyTreeLoader):
         return {"rows_of": self.split}
 
     def load_item_from_chunk(self, index: int, chunk_index: int, chunk_filepath: str, begin: int, *args: Any) -> Any:
+        if chunk_filepath != self._ready and args:  # a shard just downloaded: read it at once (shard_downloads)
+            wait_published(chunk_filepath, int(args[0]))
+            self._ready = chunk_filepath
         local = index - begin
         acc = self._cum[chunk_index]
         k = bisect_right(acc, local)  # the item (video) of this shard holding row ``local``

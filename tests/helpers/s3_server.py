@@ -1,13 +1,21 @@
 """Servers on loopback for tests and benches: moto's standalone S3-compatible server as a subprocess (ended
 with its process tree), a small forwarding proxy that can delay every request or fail a path's first GET
-(a transient network error) in front of it, and a static HTTP server of a directory (a thread)."""
+(a transient network error) in front of it, and a static HTTP server of a directory (a thread).
+
+The proxy runs as threads of the calling process (:class:`Proxy`) or as a process of its own
+(:func:`proxy_process`: ``python tests/helpers/s3_server.py UPSTREAM --delay-s S``), as a real S3 endpoint is
+out of its client's process: a bench then times its reader without the proxy's threads copying every body
+under the reader's GIL. The module imports only the standard library at the top, so that process starts
+in a blink."""
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import functools
 import http.client
 import http.server
+import json
 import subprocess
 import sys
 import threading
@@ -17,9 +25,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from avion_ds.distributed.dist import free_port
-from tests.helpers.reaper import kill_tree
-
+STATS_PATH = "/__proxy__/stats"  # a proxy's counts as JSON (the request is not counted, nor forwarded)
 CREDENTIALS = {
     "AWS_ACCESS_KEY_ID": "testing",
     "AWS_SECRET_ACCESS_KEY": "testing",
@@ -51,6 +57,9 @@ def serve_directory(directory: Path, handler: type[http.server.BaseHTTPRequestHa
 @contextlib.contextmanager
 def moto_server(timeout_s: float = 60.0) -> Iterator[str]:
     """``python -m moto.server`` on 127.0.0.1 and a free port; yields its endpoint URL, ends it on exit."""
+    from avion_ds.distributed.dist import free_port  # lazy: torch; the proxy process imports this module bare
+    from tests.helpers.reaper import kill_tree
+
     port = free_port()
     proc = subprocess.Popen(
         [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
@@ -139,6 +148,14 @@ class Proxy:
     def handle(self, req: http.server.BaseHTTPRequestHandler) -> None:
         """Forward one request (body and headers as they are), after the delay; or fail it once."""
         path = req.path.split("?")[0]
+        if path == STATS_PATH:
+            with self._lock:
+                stats = json.dumps({"requests": self.requests, "failed": self.failed}).encode()
+            req.send_response(200)
+            req.send_header("Content-Length", str(len(stats)))
+            req.end_headers()
+            req.wfile.write(stats)
+            return
         with self._lock:
             self.requests += 1
             shard_get = req.command == "GET" and path.endswith(self.fail_suffixes)
@@ -170,3 +187,61 @@ class Proxy:
                 req.wfile.write(data)
         finally:
             conn.close()
+
+
+class ProxyProcess:
+    """A :class:`Proxy` running in a process of its own (:func:`proxy_process`): its ``url`` and its counts."""
+
+    def __init__(self, url: str, proc: subprocess.Popen) -> None:
+        self.url, self.proc = url, proc
+
+    def stats(self) -> dict[str, int]:
+        """The proxy's counts: ``requests`` (all, the failed included) and ``failed``."""
+        with urllib.request.urlopen(self.url + STATS_PATH, timeout=10) as r:
+            return json.loads(r.read())
+
+    @property
+    def requests(self) -> int:
+        return self.stats()["requests"]
+
+    @property
+    def failed(self) -> int:
+        return self.stats()["failed"]
+
+
+@contextlib.contextmanager
+def proxy_process(
+    upstream: str, delay_s: float = 0.0, fail_first: bool = False, fail_suffixes: tuple[str, ...] = (".bin",)
+) -> Iterator[ProxyProcess]:
+    """:class:`Proxy` (same arguments) as a child process on 127.0.0.1 and a free port; ended on exit."""
+    from tests.helpers.reaper import kill_tree
+
+    cmd = [sys.executable, __file__, upstream, "--delay-s", str(delay_s), "--fail-suffixes", ",".join(fail_suffixes)]
+    proc = subprocess.Popen([*cmd, *(["--fail-first"] if fail_first else [])], stdout=subprocess.PIPE, text=True)
+    try:
+        url = proc.stdout.readline().strip() if proc.stdout else ""
+        if not url.startswith("http://"):
+            raise RuntimeError(f"proxy to {upstream} did not start (exit code {proc.poll()})")
+        yield ProxyProcess(url, proc)
+    finally:
+        kill_tree(proc.pid)
+        proc.wait()
+        if proc.stdout:
+            proc.stdout.close()
+
+
+def main(argv: list[str] | None = None) -> None:
+    """The proxy process of :func:`proxy_process`: prints its URL on one line, then serves until killed."""
+    p = argparse.ArgumentParser(description="a forwarding proxy to an S3 endpoint (tests and benches)")
+    p.add_argument("upstream")
+    p.add_argument("--delay-s", type=float, default=0.0)
+    p.add_argument("--fail-first", action="store_true")
+    p.add_argument("--fail-suffixes", default=".bin")
+    a = p.parse_args(argv)
+    proxy = Proxy(a.upstream, a.delay_s, a.fail_first, tuple(x for x in a.fail_suffixes.split(",") if x))
+    print(proxy.url, flush=True)
+    proxy.server.serve_forever()
+
+
+if __name__ == "__main__":
+    main()
