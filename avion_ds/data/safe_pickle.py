@@ -17,7 +17,7 @@ import codecs
 import collections
 import pickle
 import struct
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -125,15 +125,15 @@ class NotASequence(ValueError):
         self.type_name = type_name
 
 
-def iter_pickle_items(path: str | Path, shared: Callable[[Any], Iterable[Any]] | None = None) -> Iterator[Any]:
+def iter_pickle_items(path: str | Path, shared: tuple[int, ...] = ()) -> Iterator[Any]:
     """The items of the list pickled in ``path``, one at a time, without holding the list (a 4M-row Ego4D
     narration pickle is ~1 GiB of Python objects; streamed, the reader holds one batch of rows).
 
     The file is read by :class:`_ItemStream`, which builds plain data only (containers, strings, bytes,
     numbers; it never resolves a global) and drops an item from the pickle's memo once it has been handed
-    over, with everything memoized for it, except the objects already referred to again and those
-    ``shared(item)`` names (objects later items may refer to, e.g. a video uid the pickler wrote once for all
-    of a video's rows). Anything it does not read (a global such as a numpy scalar, protocol 0's text
+    over, with everything memoized for it, except the objects already referred to again and an item's
+    elements at the positions ``shared`` lists (objects later items may refer to, e.g. a row's video uid at
+    0, which the pickler wrote once for all of a video's rows). Anything it does not read (a global such as a numpy scalar, protocol 0's text
     opcodes, a top-level tuple, a later reference to a dropped object) hands over to :func:`load_pickle`:
     the rest of the same items, with its refusals and its one-line errors, the whole list held. A top-level
     object that is not a list or tuple raises :class:`NotASequence`."""
@@ -176,7 +176,7 @@ class _ItemStream:
     Only plain-data opcodes are read (any other raises :class:`_NotStreamed`); the memo drops what each
     handed-over batch of items holds and later items will not refer to (:func:`iter_pickle_items`)."""
 
-    def __init__(self, f: Any, shared: Callable[[Any], Iterable[Any]] | None) -> None:
+    def __init__(self, f: Any, shared: tuple[int, ...]) -> None:
         self.f, self.shared = f, shared
         self.buf, self.pos = b"", 0
         self.memo: dict[int, Any] = {}
@@ -209,7 +209,7 @@ class _ItemStream:
         self.recent.append(key)
 
     def get(self, key: int) -> Any:
-        value = self.memo.get(key, _TOP)  # absent: dropped (shared, but ``shared`` did not name it) or never set
+        value = self.memo.get(key, _TOP)  # absent: dropped (shared, but not read back before) or never set
         if value is _TOP:  # ... or the top-level list itself, which is never built
             raise _NotStreamed
         self.hits.add(key)
@@ -217,17 +217,23 @@ class _ItemStream:
 
     def handed_over(self, items: list[Any]) -> None:
         """Drop from the memo what was memoized since the last hand-over (``items``, their parts), except the
-        objects already read back (shared) and those ``shared`` names: a later reference to a dropped object
-        hands over to :func:`load_pickle`."""
+        objects already read back and the items' elements at the ``shared`` positions: a later reference to a
+        dropped object hands over to :func:`load_pickle`."""
         memo, hits = self.memo, self.hits
-        if self.shared is None:
-            keep: set[int] = set()
-        else:
-            keep = {id(x) for part in map(self.shared, items) for x in part}
-        for key in self.recent:
-            if key in memo and key not in hits and id(memo[key]) not in keep:
-                del memo[key]
+        pending = [key for key in self.recent if key not in hits and key in memo]
         self.recent.clear()
+        if not pending:
+            return
+        keep = {
+            id(item[k])
+            for item in items
+            if type(item) is tuple or type(item) is list
+            for k in self.shared
+            if -len(item) <= k < len(item)
+        }
+        for key in pending:
+            if id(memo[key]) not in keep:
+                del memo[key]
 
     def items(self) -> Iterator[Any]:
         """Each item of the top-level list, in order. The opcodes of a row (text, floats, memo, tuple) are
@@ -273,7 +279,14 @@ class _ItemStream:
                 hit(key)
                 push(value)
             elif op == 0x28:  # MARK
-                marks.append(len(stack))
+                row = _avion_row(buf, pos, limit, memo) if not saw_put else None
+                if row is None:
+                    marks.append(len(stack))
+                    continue
+                pos, key, row = row  # MARK, uid GET, 2 BINFLOAT, text MEMOIZE, TUPLE MEMOIZE: one step
+                hit(key)
+                count += 2  # the text's and the row's memo keys, left empty: what a hand-over drops anyway
+                push(row)
             elif op == 0x74:  # TUPLE
                 k = marks.pop()
                 t = tuple(stack[k:])
@@ -328,6 +341,31 @@ class _ItemStream:
                 raise _NotStreamed
         else:
             raise _NotStreamed  # a global, a reduce, protocol 0 text ops, ...
+
+
+def _avion_row(buf: bytes, pos: int, limit: int, memo: dict[int, Any]) -> tuple[int, int, tuple] | None:
+    """An AVION narration row after a MARK, read in one step when it is written as most rows are (protocol 4+:
+    a uid already in the memo, two floats, a short text, the tuple): (position after it, the uid's memo key,
+    the row); None for anything else (read opcode by opcode)."""
+    if pos + 26 > limit:  # near the buffer's end: the opcodes one by one refill it
+        return None
+    op = buf[pos]
+    if op == 0x68:  # BINGET
+        key, p = buf[pos + 1], pos + 2
+    elif op == 0x6A:  # LONG_BINGET
+        key, p = _U32.unpack_from(buf, pos + 1)[0], pos + 5
+    else:
+        return None
+    if buf[p] != 0x47 or buf[p + 9] != 0x47 or buf[p + 18] != 0x8C:  # BINFLOAT, BINFLOAT, SHORT_BINUNICODE
+        return None
+    end = p + 20 + buf[p + 19]
+    if end > limit or buf[end : end + 3] != b"\x94t\x94" or key not in memo:  # MEMOIZE, TUPLE, MEMOIZE
+        return None
+    uid = memo[key]
+    if uid is _TOP:
+        return None
+    text = buf[p + 20 : end].decode("utf-8", "surrogatepass")
+    return end + 3, key, (uid, _F64.unpack_from(buf, p + 1)[0], _F64.unpack_from(buf, p + 10)[0], text)
 
 
 def _short_text(take: Callable[[int], bytes], width: int) -> str:

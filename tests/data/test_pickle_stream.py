@@ -15,10 +15,6 @@ from avion_ds.data import safe_pickle
 from avion_ds.data.safe_pickle import NotASequence, UnreadablePickle, UnsafePickle, iter_pickle_items
 
 
-def _uid(row):
-    return row[:1] if isinstance(row, tuple) else ()
-
-
 def _value(rng: random.Random, protocol: int, depth: int = 0):
     """A random plain-data value: every container and scalar kind the stream reads, nested (sets from
     protocol 4, bytes from protocol 3: earlier protocols write them through a global)."""
@@ -72,7 +68,7 @@ def test_avion_rows_are_streamed(tmp_path, fallbacks, protocol, n) -> None:
     rows = _avion_rows(random.Random(n * 10 + protocol), n)
     path = tmp_path / "rows.pkl"
     path.write_bytes(pickle.dumps(rows, protocol=protocol))
-    got = list(iter_pickle_items(path, shared=_uid))
+    got = list(iter_pickle_items(path, shared=(0,)))
     assert repr(got) == repr(pickle.loads(path.read_bytes()))
     assert fallbacks == []  # read by the stream itself: the uids kept in its memo, nothing read back dropped
 
@@ -84,7 +80,7 @@ def test_any_plain_data_list_gives_pickle_loads_items(tmp_path, protocol, seed) 
     rows = [_value(rng, protocol) for _ in range(rng.choice([1, 5, 1500, 3100]))]
     path = tmp_path / "any.pkl"
     path.write_bytes(pickle.dumps(rows, protocol=protocol))
-    for shared in (None, _uid):
+    for shared in ((), (0,), (-1, 2)):
         assert repr(list(iter_pickle_items(path, shared=shared))) == repr(pickle.loads(path.read_bytes()))
 
 
@@ -96,7 +92,7 @@ def test_text_longer_than_a_read_block_and_across_block_edges(tmp_path, fallback
     path = tmp_path / "long.pkl"
     for protocol in (3, 4, 5):  # protocol 2 writes bytes through a global
         path.write_bytes(pickle.dumps(rows, protocol=protocol))
-        assert list(iter_pickle_items(path, shared=_uid)) == rows
+        assert list(iter_pickle_items(path, shared=(0,))) == rows
     assert fallbacks == []
 
 
@@ -106,7 +102,7 @@ def test_text_longer_than_a_read_block_and_across_block_edges(tmp_path, fallback
 )
 def test_what_the_stream_does_not_read_is_handed_over_with_the_same_items(tmp_path, fallbacks, case) -> None:
     rows = _avion_rows(random.Random(5), 2500)
-    protocol, shared = 4, _uid
+    protocol, shared = 4, (0,)
     if case == "later_ref_to_item":
         rows.append(rows[3])  # the pickler writes a reference to the memo entry the stream dropped
     elif case == "shared_late":
@@ -142,7 +138,7 @@ def test_the_list_is_never_held(tmp_path, fallbacks) -> None:
         del whole
         tracemalloc.reset_peak()
         base = tracemalloc.get_traced_memory()[0]
-        assert sum(1 for _ in iter_pickle_items(path, shared=_uid)) == 60_000
+        assert sum(1 for _ in iter_pickle_items(path, shared=(0,))) == 60_000
         streamed = tracemalloc.get_traced_memory()[1] - base
     finally:
         tracemalloc.stop()
@@ -183,3 +179,12 @@ def test_refusals_and_bad_files_are_the_loaders(tmp_path, content, error, messag
         list(iter_pickle_items(path))
     with pytest.raises(FileNotFoundError, match="absent.pkl"):
         list(iter_pickle_items(tmp_path / "absent.pkl"))
+
+
+def test_shared_positions_keep_what_the_next_batch_reads_back(tmp_path, fallbacks) -> None:
+    late = "P01_01"  # first written as the last row of the pickler's first 1000-row batch, read back after it
+    rows = [(f"v{i}", 0.0, 1.0, f"n {i}") for i in range(999)] + [(late, 0.0, 1.0, "a"), (late, 1.0, 2.0, "b")]
+    path = tmp_path / "late.pkl"
+    path.write_bytes(pickle.dumps(rows, protocol=4))
+    assert list(iter_pickle_items(path, shared=(0,))) == rows and fallbacks == []
+    assert list(iter_pickle_items(path)) == rows and fallbacks == [path]  # dropped unnamed: the loader reads it

@@ -117,7 +117,7 @@ def _pickle_rows(path: Path) -> Iterator[tuple[int, Any, Any, Any, Any]]:
     (:func:`iter_pickle_items`: the 4M Ego4D rows are never all held); a video's uid, which the pickler
     writes once for all of its rows, is the part later rows refer to."""
     try:
-        for n, row in enumerate(iter_pickle_items(path, shared=_uid_of), 1):
+        for n, row in enumerate(iter_pickle_items(path, shared=(0,)), 1):  # a video's uid: one object, its rows
             if not isinstance(row, (tuple, list)) or len(row) < 4:
                 raise ValueError(
                     f"{path}:{n}: expected a tuple (video_uid, start_sec, end_sec, narration, ...), got {_short(row)}"
@@ -127,10 +127,6 @@ def _pickle_rows(path: Path) -> Iterator[tuple[int, Any, Any, Any, Any]]:
         raise ValueError(
             f"{path}: expected a list of (video_uid, start_sec, end_sec, narration, ...) tuples, got {e.type_name}"
         ) from None
-
-
-def _uid_of(row: Any) -> tuple[Any, ...]:
-    return row[:1] if isinstance(row, (tuple, list)) else ()
 
 
 def _csv_records(path: Path) -> list[tuple[int, Any, Any, Any, Any]]:
