@@ -134,7 +134,7 @@ class _ShardRows:
     """Mixin over a registered dataset class: rows and chunk bytes come from the current shard item."""
 
     def load_rows(self, cfg: DataConfig) -> None:
-        self.rows, self._item, self._sources = [], None, {}
+        self.rows, self._item, self._sources, self._where = [], None, {}, None
         self.masks = getattr(self, "masks", None)  # the unlabelled videos' dataset: the task attaches them
         load_targets = getattr(self, "load_eval_targets", None)  # what scoring needs beyond the rows (epic_mir)
         if load_targets is not None:
@@ -145,6 +145,9 @@ class _ShardRows:
         row's sample index (the key of its clip and crop draws, as in the chunk-tree dataset)."""
         item = found["item"]
         meta, rows, ids = _item_meta(found, self.split)
+        row = int(meta["rows"][self.split][found["row"]][4])
+        if found["where"] == self._where:  # the item of the last sample (rows of one video come together)
+            return row  # its chunks, their checked bytes and rows stand
         data, offset, chunks, self._sources = memoryview(item["data"]), 0, [], {}
         for c in meta["chunks"]:
             name = f"{location}:{item['video_id']}/{c['path']}"
@@ -156,7 +159,8 @@ class _ShardRows:
             )
         self._texts = (meta.get("texts") or {}).get(self.split, {})  # texts the rows name by number (epic_mir)
         self._item = (VideoEntry(item["video_id"], chunks), rows, ids)
-        return int(meta["rows"][self.split][found["row"]][4])
+        self._where = found["where"]
+        return row
 
     def __len__(self) -> int:
         return 1 << 62  # replacements for bad samples are drawn from this, then mapped onto the video's rows
