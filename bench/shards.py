@@ -9,7 +9,9 @@ Three parts (``--parts``, default all):
   own, as a real endpoint is out of the reader's process, or with ``--proxy thread`` threads of the bench
   process, copying every body under the reader's GIL) vs local shards; each
   s3 round opens the location afresh with an empty cache, so every shard download is in the timed epoch;
-  opening (the start-up check's GET + HEADs, litdata's client and index) is timed apart, once per run;
+  opening (the start-up check's GET + HEADs, litdata's index) is timed apart; the S3 clients are built once
+  per process (a run's first epoch), so the timed rounds are later epochs of a run with a cold cache, or with
+  ``--fresh-clients`` every round builds them in its epoch as a run's first epoch does;
 * ``pack``: the peak RSS of ``avion-ds pack`` (a subprocess, ``os.wait4``'s ``ru_maxrss``) over a tree of
   ``--pack-mib`` MiB of chunk files (hard links of a few random blobs: pack copies and hashes bytes, it
   never decodes) for each ``--pack-shard-mib``; pack's writer spools the shard being filled to disk, so the
@@ -58,6 +60,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--shard-kib", type=int, default=512, help="--shard-bytes of the timed shards, KiB")
     p.add_argument("--latency-ms", type=float, default=20.0, help="added before every request to the S3 server")
     p.add_argument("--proxy", choices=("process", "thread"), default="process", help="where the latency proxy runs")
+    p.add_argument(
+        "--fresh-clients",
+        action="store_true",
+        help="s3: new S3 clients every round (a run's first epoch); default: the process's, as a run's later epochs",
+    )
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--pack-mib", type=int, default=512, help="size of the tree packed for the RSS figure")
@@ -171,7 +178,8 @@ def part_s3(d: dict, a: argparse.Namespace) -> dict[str, Any]:
             def remote() -> Any:
                 cache = d["work"] / f"s3cache{next(caches)}"  # empty: every round downloads
                 shard_index._CHECKED.clear()  # every round runs the start-up check, as a new run does
-                clear_shared_clients()  # and builds its S3 clients (the opening's boto3, the epoch's obstore)
+                if a.fresh_clients:  # and builds its S3 clients (the opening's boto3, the epoch's obstore)
+                    clear_shared_clients()
                 return open_shards(
                     f"s3://{BUCKET}/{PREFIX}", r.data, "train", seed=0, sections=r.sections, cache_dir=str(cache)
                 )
