@@ -32,9 +32,10 @@ import logging
 import mmap
 import os
 import struct
+import tempfile
 import zlib
 from array import array
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any, Self
 
@@ -47,6 +48,7 @@ _FIXED = struct.Struct("<8sIIIIQ")  # magic, version, header length, header crc3
 _ALIGN = 64
 _READ_BLOCK = 1 << 24
 _HASH_BLOCK = 1 << 22  # 4 MiB: 1-8 MiB blocks hash at the same speed
+_SPILL_BYTES = 1 << 23  # a spilling StringPacker's buffer, at most (8 MiB)
 DIGEST = "sha256"
 _KINDS = set("biuf")  # bool, signed / unsigned integers, floats: never objects
 Arrays = dict[str, np.ndarray]
@@ -105,7 +107,8 @@ def write_index(path: Path, kind: str, key: list, arrays: Arrays, meta: dict) ->
     (temp file + rename)."""
     table, offset = {}, 0
     for name, a in arrays.items():
-        a = np.ascontiguousarray(a)
+        if not isinstance(a, SpilledBytes):
+            a = np.ascontiguousarray(a)
         if a.dtype.kind not in _KINDS:
             raise TypeError(f"index array {name!r} has dtype {a.dtype} (numbers only)")
         table[name] = [a.dtype.str, list(a.shape), offset]
@@ -119,10 +122,12 @@ def write_index(path: Path, kind: str, key: list, arrays: Arrays, meta: dict) ->
             crc = 0
             for name, a in arrays.items():
                 f.seek(data_start + table[name][2])
-                raw = memoryview(a).cast("B") if a.nbytes else b""
-                f.write(raw)
+                for raw in (
+                    a.blocks() if isinstance(a, SpilledBytes) else [memoryview(a).cast("B") if a.nbytes else b""]
+                ):
+                    f.write(raw)
+                    crc = zlib.crc32(raw, crc)
                 pad = _aligned(a.nbytes) - a.nbytes
-                crc = zlib.crc32(raw, crc)
                 crc = zlib.crc32(b"\0" * pad, crc)
             f.truncate(data_start + offset)
             f.seek(0)
@@ -286,7 +291,9 @@ def cached_index(kind: str, layout: int, paths: list[Path], build: Callable[[], 
         paths[0],
         " and ".join(refused),
     )
-    return MappedIndex(kind, key, None, *(built or build()))
+    arrays, meta = built or build()
+    held = {name: a.load() if isinstance(a, SpilledBytes) else a for name, a in arrays.items()}
+    return MappedIndex(kind, key, None, held, meta)
 
 
 def pack_strings(strings: Iterable[str]) -> tuple[np.ndarray, np.ndarray]:
@@ -297,23 +304,67 @@ def pack_strings(strings: Iterable[str]) -> tuple[np.ndarray, np.ndarray]:
     return packer.arrays()
 
 
-class StringPacker:
-    """:func:`pack_strings` one string at a time: the bytes grow in one buffer, no string is kept."""
+class SpilledBytes:
+    """A uint8 column kept in a temporary file as it grew (a cold build's string buffer):
+    :func:`write_index` copies it in blocks instead of from memory."""
 
-    def __init__(self) -> None:
+    dtype = np.dtype(np.uint8)
+
+    def __init__(self, f: Any, nbytes: int) -> None:
+        self.f, self.nbytes, self.shape = f, nbytes, (nbytes,)
+
+    def blocks(self) -> Iterator[bytes]:
+        """The bytes, in order, a block at a time."""
+        self.f.seek(0)
+        left = self.nbytes
+        while left > 0:
+            block = self.f.read(min(_HASH_BLOCK, left))
+            if not block:
+                raise OSError(f"spilled column: {left} bytes missing from its temporary file")
+            left -= len(block)
+            yield block
+
+    def load(self) -> np.ndarray:
+        """The bytes held in memory (the index kept for the run when no cache directory is writable)."""
+        return np.frombuffer(b"".join(self.blocks()), np.uint8)
+
+
+class StringPacker:
+    """:func:`pack_strings` one string at a time: the bytes grow in one buffer, no string is kept. With
+    ``spill``, the buffer goes to a temporary file (``$TMPDIR``) every ``_SPILL_BYTES``, so a cold build holds
+    the offsets and one block (4M Ego4D narrations: ~170 MiB of text)."""
+
+    def __init__(self, spill: bool = False) -> None:
         self.buf, self.off = bytearray(), array("q", [0])
+        self.file: Any = None
+        self.spilled = 0  # bytes in the file
+        self.limit = _SPILL_BYTES if spill else float("inf")
 
     def add(self, s: str) -> None:
         """Append ``s`` (utf-8, lone surrogates kept)."""
         self.buf += s.encode("utf-8", "surrogatepass")
-        self.off.append(len(self.buf))
+        self.off.append(self.spilled + len(self.buf))
+        if len(self.buf) >= self.limit:
+            self._spill()
+
+    def _spill(self) -> None:
+        if self.file is None:
+            self.file = tempfile.TemporaryFile(prefix="avion_ds_strings_")  # noqa: SIM115 - the column's, removed when closed
+        self.file.write(self.buf)
+        self.spilled += len(self.buf)
+        self.buf = bytearray()
 
     def __len__(self) -> int:
         return len(self.off) - 1
 
-    def arrays(self) -> tuple[np.ndarray, np.ndarray]:
-        """(bytes, offsets) sharing this packer's memory (no copy; add nothing after)."""
-        return np.frombuffer(self.buf, np.uint8), np.frombuffer(self.off, np.int64)
+    def arrays(self) -> tuple[np.ndarray | SpilledBytes, np.ndarray]:
+        """(bytes, offsets) sharing this packer's memory (no copy; add nothing after); the bytes as
+        :class:`SpilledBytes` once any went to the file."""
+        if self.file is None:
+            return np.frombuffer(self.buf, np.uint8), np.frombuffer(self.off, np.int64)
+        self._spill()
+        self.file.flush()
+        return SpilledBytes(self.file, self.spilled), np.frombuffer(self.off, np.int64)
 
 
 def take_strings(

@@ -208,3 +208,46 @@ def test_plain_string_rows_take_the_direct_path_and_agree(tmp_path) -> None:
     old = object_dataset(new, [pkl])
     assert new.table.text.one_string_each
     assert [_span(new, i) for i in range(len(new))] == [_span(old, i) for i in range(len(old))]
+
+
+@pytest.mark.parametrize("first_list_at", [0, 1, 2500, None])
+def test_spilled_text_and_mixed_rows_read_as_the_objects(tmp_path, monkeypatch, first_list_at) -> None:
+    """The cached build spills its text buffer to a temporary file (here every ~1 KiB) and records row
+    string starts only from the first row that is not one plain string: the index file is byte-identical
+    to the in-memory build's, and the rows read back as the object oracle's (lists, unreadable values)."""
+    from avion_ds.data.datasets.flat_index import build_narration_arrays
+
+    monkeypatch.setattr(ic, "_SPILL_BYTES", 1000)
+    rows = [("v", float(k), k + 1.0, f"#C C does thing {k}") for k in range(3000)]
+    if first_list_at is not None:
+        rows[first_list_at] = ("v", 0.0, 1.0, ["c a", "c b"])
+        rows[2900] = ("w", 1.0, 2.0, {"not": "text"})  # read back as Unreadable
+    pkl = write_rows(tmp_path / "mixed.pkl", rows)
+    table = ego4d.read_narration_files([pkl])
+    assert list(map(repr, table.text)) == list(map(repr, object_narrations([pkl]).text))
+    assert table.text.one_string_each == (first_list_at is None)
+    files = {}
+    for spill in (False, True):
+        arrays, meta = build_narration_arrays([pkl], ego4d._file_rows, spill=spill)
+        assert isinstance(arrays["text_buf"], ic.SpilledBytes) == spill
+        ic.write_index(tmp_path / f"{spill}.index", "narrations/t", [], arrays, meta)
+        files[spill] = (tmp_path / f"{spill}.index").read_bytes()
+    assert files[True] == files[False]
+
+
+def test_no_writable_place_keeps_the_spilled_index_in_memory(tmp_path, monkeypatch, caplog) -> None:
+    monkeypatch.setattr(ic, "_SPILL_BYTES", 1000)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+
+    def refuse(self, path: Path) -> None:
+        raise PermissionError(errno.EROFS, "Read-only file system", str(path))
+
+    monkeypatch.setattr(ic._Lock, "__init__", refuse)
+    monkeypatch.setattr(ic.os, "access", lambda p, mode: False)
+    rows = [("v", float(k), k + 1.0, f"#C C does thing {k}") for k in range(2000)]
+    pkl = write_rows(tmp_path / "ro.pkl", rows)
+    with caplog.at_level(logging.WARNING):
+        table = ego4d.read_narration_files([pkl])
+    assert "keeping it in memory for this run" in caplog.text and table.index.path is None
+    assert isinstance(table.index.arrays["text_buf"], np.ndarray)
+    assert list(table.text) == [r[3] for r in rows]

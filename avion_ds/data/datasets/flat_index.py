@@ -65,16 +65,20 @@ def _narration_parts(value: Any) -> tuple[int, list[str]]:
     return 2, [short_repr(value)]
 
 
-def build_narration_arrays(paths: list[Path], read_records: Callable[[Path], Records]) -> tuple[Arrays, dict]:
+def build_narration_arrays(
+    paths: list[Path], read_records: Callable[[Path], Records], spill: bool = False
+) -> tuple[Arrays, dict]:
     """The index arrays of the rows of ``paths`` one after another (AVION's ConcatDataset), uids merged.
 
     ``read_records`` may yield its rows one at a time: each goes straight into compact columns and one
-    string buffer, so no row is held as a Python object here (4M Ego4D rows: ~0.3 GiB of columns)."""
+    string buffer, so no row is held as a Python object here (4M Ego4D rows: ~0.33 GiB of columns, of which
+    the text ~0.17 GiB goes to a temporary file with ``spill``: the cached build writes it from there)."""
     lookup: dict[str, int] = {}
     src, line, vid, kind = array("h"), array("q"), array("i"), array("b")
-    start, end, row_str, bad_rows = array("d"), array("d"), array("q", [0]), array("q")
-    strings, bad_text = StringPacker(), StringPacker()
-    add_text, add_row_str, add_kind = strings.add, row_str.append, kind.append
+    start, end, bad_rows = array("d"), array("d"), array("q")
+    row_str: array | None = None  # each row's first string, from the first row that is not one plain string
+    strings, bad_text = StringPacker(spill), StringPacker()
+    add_text, add_kind = strings.add, kind.append
     add_line, add_vid, add_start, add_end = line.append, vid.append, start.append, end.append
     for f, path in enumerate(paths):
         first = len(line)
@@ -91,12 +95,16 @@ def build_narration_arrays(paths: list[Path], read_records: Callable[[Path], Rec
             if type(narration) is str:
                 add_text(narration)
                 add_kind(0)
-            else:
-                k, parts = _narration_parts(narration)
-                for part in parts:
-                    add_text(part)
-                add_kind(k)
-            add_row_str(len(strings))
+                if row_str is not None:
+                    row_str.append(len(strings))
+                continue
+            if row_str is None:  # every row so far one string: row j starts at string j
+                row_str = array("q", range(len(line)))
+            k, parts = _narration_parts(narration)
+            for part in parts:
+                add_text(part)
+            add_kind(k)
+            row_str.append(len(strings))
         if len(line) == first:
             raise ValueError(f"{path}: no narration rows")
         src.extend(array("h", [f]) * (len(line) - first))
@@ -107,13 +115,14 @@ def build_narration_arrays(paths: list[Path], read_records: Callable[[Path], Rec
         "start": np.frombuffer(start, np.float64),
         "end": np.frombuffer(end, np.float64),
         "kind": np.frombuffer(kind, np.int8),
-        "row_str": np.frombuffer(row_str, np.int64),
+        "row_str": np.frombuffer(row_str, np.int64) if row_str is not None else np.empty(0, np.int64),
         "bad_rows": np.frombuffer(bad_rows, np.int64),
     }
     arrays["text_buf"], arrays["text_off"] = strings.arrays()
     arrays["uid_buf"], arrays["uid_off"] = pack_strings(lookup)
     arrays["bad_buf"], arrays["bad_off"] = bad_text.arrays()
-    return arrays, {"one_string_each": not arrays["kind"].any()}  # every row a plain string: row k is string k
+    # every row a plain string: row k is string k (``row_str`` is then empty, and not read)
+    return arrays, {"one_string_each": not arrays["kind"].any()}
 
 
 class NarrationTexts(Sequence[Any]):
@@ -180,7 +189,7 @@ class _Raw(str):
 
 def load_narration_index(paths: list[Path], read_records: Callable[[Path], Records]) -> MappedIndex:
     """The cached index of the narration files ``paths`` (built with ``read_records`` when needed)."""
-    return cached_index("narrations", LAYOUT, paths, lambda: build_narration_arrays(paths, read_records))
+    return cached_index("narrations", LAYOUT, paths, lambda: build_narration_arrays(paths, read_records, spill=True))
 
 
 def narration_columns(index: MappedIndex, files: list[Path]) -> dict[str, Any]:

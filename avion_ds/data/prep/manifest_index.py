@@ -173,12 +173,14 @@ def _column_arrays(mpath: Path) -> tuple[dict[str, np.ndarray], dict] | None:
     table = np.frombuffer(cols.ints, np.int64).reshape(-1, len(_INT_FIELDS))
     vid, job = np.frombuffer(cols.vid, np.int32), np.frombuffer(cols.job, np.int64)
     rows, videos, bounds = _kept_rows(vid, job, table)
+    del vid, job
     table = table[rows]
+    cols.ints = cols.vid = cols.job = None  # the kept rows are copied: the columns as read go (the build's peak)
     lo, hi = bounds[:-1], bounds[1:]
     info = np.stack([lo, hi, table[hi - 1, 0] + table[hi - 1, 1], table[lo, 2], table[lo, 3]], axis=1)
     names = list(cols.ids)
-    path_buf, path_off = cols.paths.arrays()
-    paths = take_strings(path_buf, path_off, rows)
+    paths = take_strings(*cols.paths.arrays(), rows)
+    cols.paths = None
     ids = pack_strings(names[v] for v in videos.tolist())
     fps = np.frombuffer(cols.fps, np.float64)[rows]
     return _arrays(table, fps, info.astype(np.int64), ids, paths), {"warnings": problems}
