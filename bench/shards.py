@@ -247,7 +247,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"local shards / chunk tree: {res['ratio']:.2f}x (target >= 1.0x)")
         if "s3" in a.parts:
             print(
-                f"s3 (moto + {a.latency_ms:g} ms per request, proxy in a {a.proxy}) vs local shards (clips/s of an epoch, empty cache each round):"
+                f"s3 (moto + {a.latency_ms:g} ms per request, proxy in a {a.proxy}) vs local shards "
+                "(clips/s of an epoch, empty cache each round):"
             )
             res = results["s3"] = part_s3(d, a)
             print(f"s3 / local shards: {res['ratio']:.2f}x (target >= 0.9x)")

@@ -88,7 +88,7 @@ def walk(argv: list[str]) -> list[str]:
 
 
 def _carriers(recipe: object) -> set[int]:
-    """The ids of a recipe and of its sections (core fields and registered ones): the objects the recipe walk follows."""
+    """The ids of a recipe and of its sections (core fields and registered ones): what the recipe walk follows."""
     import dataclasses
 
     ids = {id(recipe)}

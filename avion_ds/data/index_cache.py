@@ -348,8 +348,8 @@ class StringPacker:
             self._spill()
 
     def _spill(self) -> None:
-        if self.file is None:
-            self.file = tempfile.TemporaryFile(prefix="avion_ds_strings_")  # noqa: SIM115 - the column's, removed when closed
+        if self.file is None:  # the column's file, removed when closed (when the column goes)
+            self.file = tempfile.TemporaryFile(prefix="avion_ds_strings_")  # noqa: SIM115
         self.file.write(self.buf)
         self.spilled += len(self.buf)
         self.buf = bytearray()

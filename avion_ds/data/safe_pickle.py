@@ -133,10 +133,10 @@ def iter_pickle_items(path: str | Path, shared: tuple[int, ...] = ()) -> Iterato
     numbers; it never resolves a global) and drops an item from the pickle's memo once it has been handed
     over, with everything memoized for it, except the objects already referred to again and an item's
     elements at the positions ``shared`` lists (objects later items may refer to, e.g. a row's video uid at
-    0, which the pickler wrote once for all of a video's rows). Anything it does not read (a global such as a numpy scalar, protocol 0's text
-    opcodes, a top-level tuple, a later reference to a dropped object) hands over to :func:`load_pickle`:
-    the rest of the same items, with its refusals and its one-line errors, the whole list held. A top-level
-    object that is not a list or tuple raises :class:`NotASequence`."""
+    0, which the pickler wrote once for all of a video's rows). Anything it does not read (a global such as
+    a numpy scalar, protocol 0's text opcodes, a top-level tuple, a later reference to a dropped object)
+    hands over to :func:`load_pickle`: the rest of the same items, with its refusals and its one-line
+    errors, the whole list held. A top-level object that is not a list or tuple raises :class:`NotASequence`."""
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"pickle file not found: {path}")
