@@ -326,7 +326,11 @@ class SpilledBytes:
 
     def load(self) -> np.ndarray:
         """The bytes held in memory (the index kept for the run when no cache directory is writable)."""
-        return np.frombuffer(b"".join(self.blocks()), np.uint8)
+        self.f.seek(0)
+        data = self.f.read(self.nbytes)
+        if len(data) != self.nbytes:
+            raise OSError(f"spilled column: {self.nbytes - len(data)} bytes missing from its temporary file")
+        return np.frombuffer(data, np.uint8)
 
 
 class StringPacker:
