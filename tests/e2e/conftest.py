@@ -113,7 +113,7 @@ class DocRuns:
             if block.multiprocess and "launch/demo.sh" not in block.text:  # the demo makes its data itself
                 self.demo_data(root)
             env = {**self.env, "PATH": os.environ["PATH"], "MASTER_PORT": str(free_port())}
-            self._done[block.id] = bash(on_own_port(with_sets(block.text, block.sets)), root, env, timeout=900)
+            self._done[block.id] = bash(on_own_port(with_sets(block.text, block.sets)), root, env, timeout=600)
         return self._done[block.id]
 
 

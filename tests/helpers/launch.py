@@ -10,7 +10,7 @@ from pathlib import Path
 
 from avion_ds.distributed.dist import free_port
 from tests.helpers.env import REPO, engine_env
-from tests.helpers.reaper import kill_tree
+from tests.helpers.reaper import kill_tree, tree_report
 
 LAUNCHERS = ("deepspeed", "torchrun", "python")
 JOBS_SCRIPT = Path(__file__).with_name("train_jobs.py")
@@ -28,15 +28,21 @@ def run_process(
     """``cmd`` in ``engine_env()`` (or ``env``) from the repo root, output captured as text (stderr into
     stdout with ``merge_stderr``, stderr then ""). A non-zero exit is returned, not raised: the tests
     assert on the code and show the output's tail. Interrupted (its timeout, pytest-timeout, Ctrl-C), it ends the command's
-    whole process tree (launcher and ranks) before raising."""
+    whole process tree (launcher and ranks) before raising; on a timeout it first writes what each of those
+    processes was doing (``tree_report``) and then the output's tail to stderr, which pytest shows."""
     err = subprocess.STDOUT if merge_stderr else subprocess.PIPE
     args = [str(c) for c in cmd]
     env = engine_env() if env is None else env
     with subprocess.Popen(args, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=err, text=True) as proc:
         try:
             out, errs = proc.communicate(timeout=timeout)
-        except BaseException:
+        except BaseException as e:
+            if not isinstance(e, KeyboardInterrupt):  # a timeout (its own, pytest-timeout's): say where it hung
+                sys.stderr.write(f"{' '.join(args[:6])}: interrupted ({type(e).__name__}); its processes:\n")
+                sys.stderr.write(tree_report(proc.pid))
             kill_tree(proc.pid)
+            if not isinstance(e, KeyboardInterrupt):
+                sys.stderr.write(f"its output's tail:\n{(proc.communicate()[0] or '')[-4000:]}\n")
             raise
     return subprocess.CompletedProcess(args, proc.returncode, out, "" if merge_stderr else errs)
 

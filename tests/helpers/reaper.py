@@ -19,6 +19,7 @@ import ctypes
 import gc
 import multiprocessing.popen_fork
 import os
+import shutil
 import signal
 import subprocess
 from types import FrameType
@@ -66,6 +67,32 @@ def kill_tree(pid: int, grace_s: float = 3.0) -> list[int]:
         psutil.wait_procs(alive, timeout=grace_s)
         signalled += [p.pid for p in procs]
     return signalled
+
+
+def tree_report(pid: int, limit_s: float = 20.0) -> str:
+    """What ``pid`` and each of its descendants is doing: pid, state, command line and, where ``py-spy`` is
+    installed, the Python stacks of every thread (for a command that timed out, before it is ended: a hang
+    then names the process and the line it waits in)."""
+    try:
+        root = psutil.Process(pid)
+        procs = [root, *root.children(recursive=True)]
+    except psutil.NoSuchProcess:
+        return f"process {pid} is gone\n"
+    spy, lines = shutil.which("py-spy"), []
+    for p in procs:
+        try:
+            lines.append(f"--- pid {p.pid} ({p.status()}): {' '.join(p.cmdline())[:300]}")
+        except psutil.Error:
+            continue
+        if spy is not None:
+            try:
+                dump = subprocess.run(
+                    [spy, "dump", "--pid", str(p.pid)], capture_output=True, text=True, timeout=limit_s
+                )
+                lines.append((dump.stdout or dump.stderr).rstrip())
+            except subprocess.TimeoutExpired:
+                lines.append(f"py-spy dump gave nothing within {limit_s:g} s")
+    return "\n".join(lines) + "\n"
 
 
 def kill_descendants() -> list[int]:
