@@ -8,7 +8,9 @@ before the recipe is read (a task or dataset of another package).
 
 import sys
 
+from avion_ds.cli import freeze_imports
 from avion_ds.cli.train import main
 
 if __name__ == "__main__":
+    freeze_imports()  # this process's imports are done: full collections skip them
     sys.exit(main(sys.argv[1:]))

@@ -110,3 +110,37 @@ def test_progress_bar_only_on_a_terminal(monkeypatch: pytest.MonkeyPatch) -> Non
     monkeypatch.setattr(tdist, "is_initialized", lambda: False)  # no process group (whatever an earlier test left)
     monkeypatch.setenv("RANK", "1")  # a launcher's rank 1: before the process group, dist reads RANK
     assert progress(range(3), "eval").disable
+
+
+FROZEN = """import gc, runpy, sys
+import avion_ds.cli.models as models, avion_ds.cli.train as train
+models.main = train.main = lambda rest: print("frozen", gc.get_freeze_count()) or 0
+if sys.argv[1] == "script":
+    sys.argv = ["launch/train.py", "--config", "x.yaml"]
+    runpy.run_path("launch/train.py", run_name="__main__")
+else:
+    sys.argv = ["avion-ds", "models"]
+    from avion_ds.cli import main
+    sys.exit(main())
+"""
+
+
+@pytest.mark.parametrize("entry", ["script", "avion-ds"])
+def test_a_command_process_freezes_its_imports(entry: str) -> None:
+    """`launch/train.py` and the `avion-ds` script hand their imports' objects to the collector's permanent
+    generation before the command runs (full collections skip them); ``main(argv)`` in a caller's process
+    does not (tests.helpers: a caller's garbage would never be collected)."""
+    import gc
+    import subprocess
+    import sys
+
+    from tests.helpers import REPO, engine_env
+
+    proc = subprocess.run(
+        [sys.executable, "-c", FROZEN, entry], cwd=REPO, env=engine_env(), capture_output=True, text=True, check=False
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert int(proc.stdout.split("frozen ")[1]) > 100_000, proc.stdout  # torch alone is ~100k objects
+    before = gc.get_freeze_count()
+    assert cli.main(["models", "vit_test_tiny"]) == 0
+    assert gc.get_freeze_count() == before
