@@ -42,6 +42,8 @@ def pair() -> tuple:
 
 
 def test_tokenizer_ids_equal_open_clip_on_awkward_strings() -> None:
+    """OpenCLIP's own tokenizer (its module run without the open_clip package's heavy ``__init__``) gives the
+    ids ``open_clip.tokenize`` gives."""
     got = tokenize(AWKWARD)
     want = open_clip.tokenize(AWKWARD)
     assert got.dtype == torch.int64 and got.shape == (len(AWKWARD), 77)
@@ -53,8 +55,24 @@ def test_tokenizer_ids_equal_open_clip_on_awkward_strings() -> None:
     assert torch.equal(tokenize("a photo of a cat"), got[1:2])
 
 
-def test_tokenizer_names_the_extra_when_open_clip_is_missing(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setitem(__import__("sys").modules, "open_clip.tokenizer", None)
+def test_tokenizing_leaves_the_open_clip_models_and_transformers_unimported() -> None:
+    """What a process that only tokenizes (a rank's dataset, eval, embed, search) imports: not the open_clip
+    package's models nor transformers (~0.8 s of CPU)."""
+    import subprocess
+    import sys
+
+    from tests.helpers import REPO, engine_env
+
+    code = "import sys; from avion_ds.data.tokenizer import tokenize; tokenize('x'); "
+    code += "print(sorted(m for m in ('open_clip', 'transformers') if m in sys.modules))"
+    proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=engine_env(), capture_output=True, text=True)
+    assert proc.returncode == 0 and proc.stdout.strip() == "[]", proc.stdout + proc.stderr[-2000:]
+
+
+@pytest.mark.parametrize("missing", ["open_clip", "ftfy"])
+def test_tokenizer_names_the_extra_when_open_clip_is_missing(missing: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in (missing, "open_clip.tokenizer"):
+        monkeypatch.setitem(__import__("sys").modules, name, None)
     tokenizer_mod._tokenizer.cache_clear()
     try:
         with pytest.raises(ConfigError, match=r"avion_ds\[clip\]"):
