@@ -6,6 +6,7 @@ Each subcommand module exposes ``main(argv: list[str] | None) -> int`` so that h
 
 from __future__ import annotations
 
+import gc
 import importlib
 import os
 import sys
@@ -118,6 +119,4 @@ def freeze_imports() -> None:
     pass over them costs ~0.26 s of CPU on a 2-core VM. Only for a command's own process (``launch/train.py``,
     the ``avion-ds`` script): what is garbage at this point is never collected, which after imports is next to
     nothing, but in a caller's process (a test calling ``main(argv)``) may be a model."""
-    import gc
-
     gc.freeze()
