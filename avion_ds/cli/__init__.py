@@ -118,5 +118,7 @@ def freeze_imports() -> None:
     ``dist.shutdown``'s, a forked DataLoader worker's, which would also copy those pages) skip them: a full
     pass over them costs ~0.26 s of CPU on a 2-core VM. Only for a command's own process (``launch/train.py``,
     the ``avion-ds`` script): what is garbage at this point is never collected, which after imports is next to
-    nothing, but in a caller's process (a test calling ``main(argv)``) may be a model."""
-    gc.freeze()
+    nothing, but in a caller's process (a test calling ``main(argv)``) may be a model.
+    ``AVION_DS_GC_FREEZE=0`` leaves the collector alone (to measure: ``bench/startup.py``)."""
+    if os.environ.get("AVION_DS_GC_FREEZE", "1") != "0":
+        gc.freeze()

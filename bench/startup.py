@@ -1,0 +1,132 @@
+"""What a process pays before it works: the start-up savings of a command's process, measured A/B.
+
+* ``train``: a 2-rank CPU training through torchrun (``launch/recipes/demo_cpu.yaml``, ZeRO-2, ``--epochs``
+  epochs on the demo's synthetic data, made under ``--data`` as ``launch/demo.sh`` makes it when missing),
+  with the command's imports frozen for the collector (the default, ``avion_ds.cli.freeze_imports``) and
+  without (``AVION_DS_GC_FREEZE=0``): CPU seconds of the whole launch (launcher, ranks, loader workers, decode
+  helpers: the children's ``getrusage``) and wall seconds.
+* ``tokenizer``: a process that imports torch and tokenizes one text, through ``avion_ds.data.tokenizer``
+  (OpenCLIP's tokenizer module run from its file) and through ``open_clip.tokenizer`` (the package's
+  ``__init__``: every open_clip model and transformers): CPU seconds of each process.
+
+The two sides take turns (``--warmup`` rounds first, then ``--reps`` timed rounds; who goes first alternates),
+so load on a shared machine hits them alike; medians and their ratio are printed.
+
+    python bench/startup.py                              # both parts (~3 min on 2 cores)
+    python bench/startup.py --parts tokenizer --reps 9
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+DEMO_DATA = [
+    ["synth", "{data}/synth", "--num-videos", "16", "--segments-per-video", "24", "--seed", "0"],
+    ["chunk", "{data}/synth/videos", "{data}/chunks", "--chunk-seconds", "15", "--short-side", "72", "--fps", "15"]
+    + ["--gop", "15", "--workers", "2", "--no-progress"],
+]
+TOKENIZE = {
+    "avion_ds": "import torch; from avion_ds.data.tokenizer import tokenize; tokenize('cut the onion')",
+    "open_clip": "import torch; from open_clip.tokenizer import SimpleTokenizer; SimpleTokenizer()('cut the onion')",
+}
+
+
+def _env(**extra: str) -> dict[str, str]:
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]))
+    env.setdefault("DS_ACCELERATOR", "cpu")
+    env.setdefault("OMP_NUM_THREADS", "1")
+    env.setdefault("TORCH_EXTENSIONS_DIR", str(REPO / ".torch_extensions"))
+    return {**env, **extra}
+
+
+def measured(cmd: list[str], env: dict[str, str], cwd: Path = REPO) -> tuple[float, float]:
+    """(CPU seconds of ``cmd`` and every process it waited for, wall seconds); exits on a failure."""
+    before, t0 = resource.getrusage(resource.RUSAGE_CHILDREN), time.perf_counter()
+    proc = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, check=False)
+    wall, after = time.perf_counter() - t0, resource.getrusage(resource.RUSAGE_CHILDREN)
+    if proc.returncode:
+        raise SystemExit(f"{' '.join(cmd[:6])}: exit {proc.returncode}\n{(proc.stdout + proc.stderr)[-3000:]}")
+    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    return cpu, wall
+
+
+def ab(sides: dict[str, Callable[[], tuple[float, float]]], warmup: int, reps: int) -> dict[str, list[tuple]]:
+    """Each side run ``warmup`` + ``reps`` times, taking turns (who goes first alternates); the timed rounds."""
+    names, out = list(sides), {name: [] for name in sides}
+    for i in range(warmup + reps):
+        for name in names if i % 2 == 0 else names[::-1]:
+            got = sides[name]()
+            if i >= warmup:
+                out[name].append(got)
+    return out
+
+
+def report(part: str, got: dict[str, list[tuple]], base: str) -> None:
+    cpu = {k: statistics.median(c for c, _ in v) for k, v in got.items()}
+    wall = {k: statistics.median(w for _, w in v) for k, v in got.items()}
+    for name, rounds in got.items():
+        print(f"[{part}] {name:<10} CPU {cpu[name]:6.2f} s  wall {wall[name]:6.2f} s  (median of {len(rounds)})")
+    other = next(k for k in got if k != base)
+    print(
+        f"[{part}] {base} / {other}: CPU {cpu[base] / cpu[other]:.3f}x ({cpu[base] - cpu[other]:+.2f} s), "
+        f"wall {wall[base] / wall[other]:.3f}x"
+    )
+
+
+def train_part(data: Path, epochs: float, warmup: int, reps: int) -> None:
+    cli = [sys.executable, "-m", "avion_ds.cli"]
+    if not (data / "chunks" / "manifest.jsonl").is_file():
+        for args in DEMO_DATA:
+            measured([*cli, *[a.format(data=data) for a in args]], _env())
+    runs = data / "runs"
+
+    def run(freeze: str) -> Callable[[], tuple[float, float]]:
+        def go() -> tuple[float, float]:
+            out = runs / f"freeze{freeze}"
+            subprocess.run(["rm", "-rf", str(out)], check=True)
+            cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", "29593"]
+            cmd += [str(REPO / "launch" / "train.py"), "--config", str(REPO / "launch/recipes/demo_cpu.yaml")]
+            cmd += ["--deepspeed_config", str(REPO / "ds_configs/zero2.json"), "--set", f"data.root={data}/chunks"]
+            cmd += ["--set", f"data.train_csv={data}/synth/train.csv", "--set", f"data.val_csv={data}/synth/val.csv"]
+            cmd += ["--set", f"schedule.epochs={epochs}", "--set", "eval.every_epochs=1", "--set", f"output_dir={out}"]
+            cmd += ["--set", "logging.tensorboard=false"]
+            return measured(cmd, _env(AVION_DS_GC_FREEZE=freeze))
+
+        return go
+
+    report("train", ab({"frozen": run("1"), "unfrozen": run("0")}, warmup, reps), "frozen")
+
+
+def tokenizer_part(warmup: int, reps: int) -> None:
+    sides = {k: (lambda code=code: measured([sys.executable, "-c", code], _env())) for k, code in TOKENIZE.items()}
+    report("tokenizer", ab(sides, warmup, reps), "avion_ds")
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--parts", default="train,tokenizer", help="comma-separated: train, tokenizer")
+    p.add_argument("--data", default="/tmp/avion_startup", help="the demo's data (made here when missing)")
+    p.add_argument("--epochs", type=float, default=1, help="training epochs per run (18 steps each)")
+    p.add_argument("--warmup", type=int, default=2, help="untimed rounds first")
+    p.add_argument("--reps", type=int, default=4, help="timed rounds")
+    a = p.parse_args()
+    parts = a.parts.split(",")
+    if unknown := set(parts) - {"train", "tokenizer"}:
+        raise SystemExit(f"--parts: unknown {sorted(unknown)}")
+    if "tokenizer" in parts:
+        tokenizer_part(a.warmup, a.reps)
+    if "train" in parts:
+        train_part(Path(a.data), a.epochs, a.warmup, a.reps)
+
+
+if __name__ == "__main__":
+    main()
