@@ -125,11 +125,12 @@ else:
 """
 
 
-@pytest.mark.parametrize("entry", ["script", "avion-ds"])
-def test_a_command_process_freezes_its_imports(entry: str) -> None:
+@pytest.mark.parametrize(("entry", "switch"), [("script", "1"), ("avion-ds", "1"), ("script", "0")])
+def test_a_command_process_freezes_its_imports(entry: str, switch: str) -> None:
     """`launch/train.py` and the `avion-ds` script hand their imports' objects to the collector's permanent
     generation before the command runs (full collections skip them); ``main(argv)`` in a caller's process
-    does not (tests.helpers: a caller's garbage would never be collected)."""
+    does not (tests.helpers: a caller's garbage would never be collected); ``AVION_DS_GC_FREEZE=0`` leaves the
+    collector alone."""
     import gc
     import subprocess
     import sys
@@ -137,10 +138,16 @@ def test_a_command_process_freezes_its_imports(entry: str) -> None:
     from tests.helpers import REPO, engine_env
 
     proc = subprocess.run(
-        [sys.executable, "-c", FROZEN, entry], cwd=REPO, env=engine_env(), capture_output=True, text=True, check=False
+        [sys.executable, "-c", FROZEN, entry],
+        cwd=REPO,
+        env=engine_env(AVION_DS_GC_FREEZE=switch),
+        capture_output=True,
+        text=True,
+        check=False,
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
-    assert int(proc.stdout.split("frozen ")[1]) > 100_000, proc.stdout  # torch alone is ~100k objects
+    frozen = int(proc.stdout.split("frozen ")[1])
+    assert frozen > 100_000 if switch == "1" else frozen == 0, proc.stdout  # torch alone is ~100k objects
     before = gc.get_freeze_count()
     assert cli.main(["models", "vit_test_tiny"]) == 0
     assert gc.get_freeze_count() == before
