@@ -1,7 +1,8 @@
 """What a process pays before it works: the start-up savings of a command's process, measured A/B.
 
 * ``train``: a 2-rank CPU training through torchrun (``launch/recipes/demo_cpu.yaml``, ZeRO-2, ``--epochs``
-  epochs on the demo's synthetic data, made under ``--data`` as ``launch/demo.sh`` makes it when missing),
+  epochs on the demo's synthetic data, made under ``--data`` as ``launch/demo.sh`` makes it when missing:
+  the doc tests' ``DEMO_DATA``),
   with the command's imports frozen for the collector (the default, ``avion_ds.cli.freeze_imports``) and
   without (``AVION_DS_GC_FREEZE=0``): CPU seconds of the whole launch (launcher, ranks, loader workers, decode
   helpers: the children's ``getrusage``) and wall seconds.
@@ -19,8 +20,8 @@ so load on a shared machine hits them alike; medians and their ratio are printed
 from __future__ import annotations
 
 import argparse
-import os
 import resource
+import shutil
 import statistics
 import subprocess
 import sys
@@ -29,23 +30,17 @@ from collections.abc import Callable
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-DEMO_DATA = [
-    ["synth", "{data}/synth", "--num-videos", "16", "--segments-per-video", "24", "--seed", "0"],
-    ["chunk", "{data}/synth/videos", "{data}/chunks", "--chunk-seconds", "15", "--short-side", "72", "--fps", "15"]
-    + ["--gop", "15", "--workers", "2", "--no-progress"],
-]
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+from avion_ds.distributed.dist import free_port
+from tests.e2e.conftest import DEMO_DATA  # the demo's data step, as the doc tests make it
+from tests.helpers.env import engine_env
+
 TOKENIZE = {
     "avion_ds": "import torch; from avion_ds.data.tokenizer import tokenize; tokenize('cut the onion')",
     "open_clip": "import torch; from open_clip.tokenizer import SimpleTokenizer; SimpleTokenizer()('cut the onion')",
 }
-
-
-def _env(**extra: str) -> dict[str, str]:
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]))
-    env.setdefault("DS_ACCELERATOR", "cpu")
-    env.setdefault("OMP_NUM_THREADS", "1")
-    env.setdefault("TORCH_EXTENSIONS_DIR", str(REPO / ".torch_extensions"))
-    return {**env, **extra}
 
 
 def measured(cmd: list[str], env: dict[str, str], cwd: Path = REPO) -> tuple[float, float]:
@@ -83,23 +78,24 @@ def report(part: str, got: dict[str, list[tuple]], base: str) -> None:
 
 
 def train_part(data: Path, epochs: float, warmup: int, reps: int) -> None:
-    cli = [sys.executable, "-m", "avion_ds.cli"]
-    if not (data / "chunks" / "manifest.jsonl").is_file():
-        for args in DEMO_DATA:
-            measured([*cli, *[a.format(data=data) for a in args]], _env())
+    demo = data / "demo"
+    if not (demo / "chunks" / "manifest.jsonl").is_file():
+        data.mkdir(parents=True, exist_ok=True)
+        measured(["bash", "-c", f"set -euo pipefail\n{DEMO_DATA}"], engine_env(), cwd=data)
     runs = data / "runs"
 
     def run(freeze: str) -> Callable[[], tuple[float, float]]:
         def go() -> tuple[float, float]:
             out = runs / f"freeze{freeze}"
-            subprocess.run(["rm", "-rf", str(out)], check=True)
-            cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", "29593"]
-            cmd += [str(REPO / "launch" / "train.py"), "--config", str(REPO / "launch/recipes/demo_cpu.yaml")]
-            cmd += ["--deepspeed_config", str(REPO / "ds_configs/zero2.json"), "--set", f"data.root={data}/chunks"]
-            cmd += ["--set", f"data.train_csv={data}/synth/train.csv", "--set", f"data.val_csv={data}/synth/val.csv"]
+            shutil.rmtree(out, ignore_errors=True)
+            cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2"]
+            cmd += ["--master_port", str(free_port()), str(REPO / "launch" / "train.py")]
+            cmd += ["--config", str(REPO / "launch/recipes/demo_cpu.yaml"), "--deepspeed_config"]
+            cmd += [str(REPO / "ds_configs/zero2.json"), "--set", f"data.root={demo}/chunks"]
+            cmd += ["--set", f"data.train_csv={demo}/synth/train.csv", "--set", f"data.val_csv={demo}/synth/val.csv"]
             cmd += ["--set", f"schedule.epochs={epochs}", "--set", "eval.every_epochs=1", "--set", f"output_dir={out}"]
             cmd += ["--set", "logging.tensorboard=false"]
-            return measured(cmd, _env(AVION_DS_GC_FREEZE=freeze))
+            return measured(cmd, engine_env(AVION_DS_GC_FREEZE=freeze))
 
         return go
 
@@ -107,7 +103,9 @@ def train_part(data: Path, epochs: float, warmup: int, reps: int) -> None:
 
 
 def tokenizer_part(warmup: int, reps: int) -> None:
-    sides = {k: (lambda code=code: measured([sys.executable, "-c", code], _env())) for k, code in TOKENIZE.items()}
+    sides = {
+        k: (lambda code=code: measured([sys.executable, "-c", code], engine_env())) for k, code in TOKENIZE.items()
+    }
     report("tokenizer", ab(sides, warmup, reps), "avion_ds")
 
 

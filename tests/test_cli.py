@@ -129,8 +129,8 @@ else:
 def test_a_command_process_freezes_its_imports(entry: str, switch: str) -> None:
     """`launch/train.py` and the `avion-ds` script hand their imports' objects to the collector's permanent
     generation before the command runs (full collections skip them); ``main(argv)`` in a caller's process
-    does not (tests.helpers: a caller's garbage would never be collected); ``AVION_DS_GC_FREEZE=0`` leaves the
-    collector alone."""
+    does not (the caller's garbage would never be collected); ``AVION_DS_GC_FREEZE=0`` leaves the collector
+    alone."""
     import gc
     import subprocess
     import sys

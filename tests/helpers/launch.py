@@ -37,12 +37,18 @@ def run_process(
         try:
             out, errs = proc.communicate(timeout=timeout)
         except BaseException as e:
-            if not isinstance(e, KeyboardInterrupt):  # a timeout (its own, pytest-timeout's): say where it hung
-                sys.stderr.write(f"{' '.join(args[:6])}: interrupted ({type(e).__name__}); its processes:\n")
-                sys.stderr.write(tree_report(proc.pid))
+            if isinstance(e, KeyboardInterrupt):
+                kill_tree(proc.pid)
+                raise
+            # a timeout (its own, pytest-timeout's): say where it hung, end it, then show what it printed
+            sys.stderr.write(f"{' '.join(args[:6])}: interrupted ({type(e).__name__}); its processes:\n")
+            sys.stderr.write(tree_report(proc.pid))
             kill_tree(proc.pid)
-            if not isinstance(e, KeyboardInterrupt):
-                sys.stderr.write(f"its output's tail:\n{(proc.communicate()[0] or '')[-4000:]}\n")
+            try:
+                tail = (proc.communicate(timeout=10)[0] or "")[-4000:]
+            except subprocess.TimeoutExpired:  # something outside the tree still holds the pipe
+                tail = "(the output pipe stayed open)"
+            sys.stderr.write(f"its output's tail:\n{tail}\n")
             raise
     return subprocess.CompletedProcess(args, proc.returncode, out, "" if merge_stderr else errs)
 
