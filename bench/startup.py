@@ -9,11 +9,14 @@
 * ``tokenizer``: a process that imports torch and tokenizes one text, through ``avion_ds.data.tokenizer``
   (OpenCLIP's tokenizer module run from its file) and through ``open_clip.tokenizer`` (the package's
   ``__init__``: every open_clip model and transformers): CPU seconds of each process.
+* ``dynamo``: the same training in the test suite's rank environment (``TORCHDYNAMO_DISABLE=1``, set by
+  ``tests/helpers/env.py: engine_env``: DeepSpeed's ZeRO optimizer check imports its Muon module, whose
+  ``torch.compile`` decorators load inductor) and in a user's (unset).
 
 The two sides take turns (``--warmup`` rounds first, then ``--reps`` timed rounds; who goes first alternates),
 so load on a shared machine hits them alike; medians and their ratio are printed.
 
-    python bench/startup.py                              # both parts (~3 min on 2 cores)
+    python bench/startup.py                              # all three parts (~5 min on 2 cores)
     python bench/startup.py --parts tokenizer --reps 9
 """
 
@@ -77,29 +80,53 @@ def report(part: str, got: dict[str, list[tuple]], base: str) -> None:
     )
 
 
-def train_part(data: Path, epochs: float, warmup: int, reps: int) -> None:
+def demo_data(data: Path) -> Path:
+    """The demo's synthetic data under ``data`` (made as ``launch/demo.sh`` makes it, when missing)."""
     demo = data / "demo"
     if not (demo / "chunks" / "manifest.jsonl").is_file():
         data.mkdir(parents=True, exist_ok=True)
         measured(["bash", "-c", f"set -euo pipefail\n{DEMO_DATA}"], engine_env(), cwd=data)
-    runs = data / "runs"
+    return demo
 
-    def run(freeze: str) -> Callable[[], tuple[float, float]]:
-        def go() -> tuple[float, float]:
-            out = runs / f"freeze{freeze}"
-            shutil.rmtree(out, ignore_errors=True)
-            cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2"]
-            cmd += ["--master_port", str(free_port()), str(REPO / "launch" / "train.py")]
-            cmd += ["--config", str(REPO / "launch/recipes/demo_cpu.yaml"), "--deepspeed_config"]
-            cmd += [str(REPO / "ds_configs/zero2.json"), "--set", f"data.root={demo}/chunks"]
-            cmd += ["--set", f"data.train_csv={demo}/synth/train.csv", "--set", f"data.val_csv={demo}/synth/val.csv"]
-            cmd += ["--set", f"schedule.epochs={epochs}", "--set", "eval.every_epochs=1", "--set", f"output_dir={out}"]
-            cmd += ["--set", "logging.tensorboard=false"]
-            return measured(cmd, engine_env(AVION_DS_GC_FREEZE=freeze))
 
-        return go
+def training(demo: Path, out: Path, epochs: float, **env: str | None) -> Callable[[], tuple[float, float]]:
+    """One side: the 2-rank demo training into ``out`` under ``engine_env(**env)``."""
 
-    report("train", ab({"frozen": run("1"), "unfrozen": run("0")}, warmup, reps), "frozen")
+    def go() -> tuple[float, float]:
+        shutil.rmtree(out, ignore_errors=True)
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2"]
+        cmd += ["--master_port", str(free_port()), str(REPO / "launch" / "train.py")]
+        cmd += ["--config", str(REPO / "launch/recipes/demo_cpu.yaml"), "--deepspeed_config"]
+        cmd += [str(REPO / "ds_configs/zero2.json"), "--set", f"data.root={demo}/chunks"]
+        cmd += ["--set", f"data.train_csv={demo}/synth/train.csv", "--set", f"data.val_csv={demo}/synth/val.csv"]
+        cmd += ["--set", f"schedule.epochs={epochs}", "--set", "eval.every_epochs=1", "--set", f"output_dir={out}"]
+        cmd += ["--set", "logging.tensorboard=false"]
+        return measured(cmd, engine_env(**env))
+
+    return go
+
+
+def train_part(data: Path, epochs: float, warmup: int, reps: int) -> None:
+    """Imports frozen (the default) vs not, with ``torch.compile`` on as a user's run has it."""
+    demo, runs = demo_data(data), data / "runs"
+    sides = {
+        f"{'' if f == '1' else 'un'}frozen": training(
+            demo, runs / f"freeze{f}", epochs, AVION_DS_GC_FREEZE=f, TORCHDYNAMO_DISABLE=None
+        )
+        for f in ("1", "0")
+    }
+    report("train", ab(sides, warmup, reps), "frozen")
+
+
+def dynamo_part(data: Path, epochs: float, warmup: int, reps: int) -> None:
+    """The suite's rank environment (``TORCHDYNAMO_DISABLE=1``: DeepSpeed's Muon decorators do not load
+    inductor) vs a user's (unset)."""
+    demo, runs = demo_data(data), data / "runs"
+    sides = {
+        "no-dynamo": training(demo, runs / "dynamo0", epochs, TORCHDYNAMO_DISABLE="1"),
+        "dynamo": training(demo, runs / "dynamo1", epochs, TORCHDYNAMO_DISABLE=None),
+    }
+    report("dynamo", ab(sides, warmup, reps), "no-dynamo")
 
 
 def tokenizer_part(warmup: int, reps: int) -> None:
@@ -111,19 +138,21 @@ def tokenizer_part(warmup: int, reps: int) -> None:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--parts", default="train,tokenizer", help="comma-separated: train, tokenizer")
+    p.add_argument("--parts", default="train,dynamo,tokenizer", help="comma-separated: train, dynamo, tokenizer")
     p.add_argument("--data", default="/tmp/avion_startup", help="the demo's data (made here when missing)")
     p.add_argument("--epochs", type=float, default=1, help="training epochs per run (18 steps each)")
     p.add_argument("--warmup", type=int, default=2, help="untimed rounds first")
     p.add_argument("--reps", type=int, default=4, help="timed rounds")
     a = p.parse_args()
     parts = a.parts.split(",")
-    if unknown := set(parts) - {"train", "tokenizer"}:
+    if unknown := set(parts) - {"train", "dynamo", "tokenizer"}:
         raise SystemExit(f"--parts: unknown {sorted(unknown)}")
     if "tokenizer" in parts:
         tokenizer_part(a.warmup, a.reps)
     if "train" in parts:
         train_part(Path(a.data), a.epochs, a.warmup, a.reps)
+    if "dynamo" in parts:
+        dynamo_part(Path(a.data), a.epochs, a.warmup, a.reps)
 
 
 if __name__ == "__main__":

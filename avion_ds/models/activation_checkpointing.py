@@ -32,12 +32,16 @@ from __future__ import annotations
 
 import functools
 import inspect
+import logging
+import os
 from collections.abc import Callable
 from typing import Any
 
 import torch
 from torch import nn
 from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
+
+logger = logging.getLogger(__name__)
 from torch.utils.checkpoint import checkpoint as torch_checkpoint
 
 from avion_ds.models.mlp import GeluLinear
@@ -139,7 +143,10 @@ def block_groups(model: nn.Module, what: str) -> list[nn.ModuleList]:
 def compile_blocks(model: nn.Module) -> int:
     """``torch.compile`` each transformer block in place (regional compilation, as torchtitan does);
     returns how many. Apply after activation checkpointing: the compiled call wraps the checkpointed
-    forward, and parameter names / state dicts are unchanged (``nn.Module.compile``)."""
+    forward, and parameter names / state dicts are unchanged (``nn.Module.compile``). With
+    ``TORCHDYNAMO_DISABLE=1`` in the environment torch runs them eager, which is stated in one line."""
+    if os.environ.get("TORCHDYNAMO_DISABLE") == "1":
+        logger.warning("model.compile: TORCHDYNAMO_DISABLE=1 is set, so torch runs the blocks eager (not compiled)")
     n = 0
     for group in block_groups(model, "model.compile"):
         for block in group:

@@ -16,11 +16,17 @@ def engine_env(**overrides: str | None) -> dict[str, str]:
     """The environment for a DeepSpeed subprocess: the caller's, plus the CPU accelerator and the shared op
     cache (unless set), one OpenMP thread per rank and this checkout first on ``PYTHONPATH``.
 
+    ``torch.compile`` is off (``TORCHDYNAMO_DISABLE=1``, unless set): DeepSpeed's ZeRO optimizer check imports
+    its Muon module, whose ``torch.compile`` decorators load inductor, about 1 CPU-s in each of the suite's
+    ~140 ranks for kernels no recipe runs. A test of ``model.compile`` passes ``TORCHDYNAMO_DISABLE=None``
+    (the run then states that its blocks ran eager if it is set; ``avion_ds.models.activation_checkpointing``).
+
     ``overrides`` are set last; a ``None`` value removes that variable (e.g. one the code must set itself).
     """
     env = dict(os.environ)
     env.setdefault("TORCH_EXTENSIONS_DIR", str(TORCH_EXTENSIONS))
     env.setdefault("DS_ACCELERATOR", "cpu")
+    env.setdefault("TORCHDYNAMO_DISABLE", "1")
     env["OMP_NUM_THREADS"] = "1"
     env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
     for key, value in overrides.items():

@@ -127,3 +127,23 @@ def test_compiled_selective_blocks_equal_eager() -> None:
     for n in ref[1]:
         torch.testing.assert_close(got[1][n], ref[1][n], atol=1e-5, rtol=1e-4, msg=n)
     assert list(compiled.state_dict()) == list(model.state_dict())
+
+
+@pytest.mark.parametrize("disabled", [True, False], ids=["dynamo-disabled", "dynamo-on"])
+def test_compiled_blocks_state_when_torch_runs_them_eager(
+    disabled: bool, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """``TORCHDYNAMO_DISABLE=1`` (the suite's subprocesses set it) turns ``torch.compile`` into a no-op: a
+    ``model.compile`` run says so in one line instead of training eager as if compiled."""
+    if disabled:
+        monkeypatch.setenv("TORCHDYNAMO_DISABLE", "1")
+    else:
+        monkeypatch.delenv("TORCHDYNAMO_DISABLE", raising=False)
+    with caplog.at_level("WARNING", logger="avion_ds.models.activation_checkpointing"):
+        assert compile_blocks(create_model("vit_test_tiny", depth=2)) == 2
+    said = [r.getMessage() for r in caplog.records if "TORCHDYNAMO_DISABLE" in r.getMessage()]
+    assert said == (
+        ["model.compile: TORCHDYNAMO_DISABLE=1 is set, so torch runs the blocks eager (not compiled)"]
+        if disabled
+        else []
+    )
