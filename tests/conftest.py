@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import sys
 
 import pytest
 import torch.nn.functional as F
@@ -11,6 +12,10 @@ from tests.helpers import TORCH_EXTENSIONS, one_rank_vars, reaper
 
 # DeepSpeed ops built in the pytest process share the op cache tests/run.sh exports (also under plain pytest)
 os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(TORCH_EXTENSIONS))
+# pytest keeps each test module's assert-rewritten bytecode in tests/**/__pycache__ unless Python may not write
+# bytecode (PYTHONDONTWRITEBYTECODE=1 on some VMs): then every run rewrites all of them again, in each worker,
+# ~4 s of the quick loop's collection. This process writes them, as tests/run.sh compiles the package's own.
+sys.dont_write_bytecode = False
 
 
 def pytest_configure(config: pytest.Config) -> None:
