@@ -31,7 +31,10 @@ fi
 if ! $PY -c "import torch, torchvision, sys; sys.exit(torch.__version__.split('+')[0] != '2.14.1')" 2>/dev/null; then
   $PY -m pip install -q torch==2.14.1 torchvision==0.29.1
 fi
-if ! $PY -c "import timm, deepspeed, decord, av, torchcodec, pytest, pytest_timeout, xdist, transformers, ruff, open_clip, ftfy, litdata, boto3, moto.server" 2>/dev/null; then
+# present or not, found without importing them (importing all of them is ~7 CPU-s; the last step imports what runs)
+if ! $PY -c "import importlib.util as u, sys; sys.exit(any(u.find_spec(m) is None for m in sys.argv[1:]))" \
+    timm deepspeed decord av torchcodec pytest pytest_timeout xdist transformers ruff open_clip ftfy litdata boto3 \
+    moto flask flask_cors 2>/dev/null; then
   $PY -m pip install -q -e ".[codec,test,stream]"
 fi
 # avion_ds itself must resolve to THIS checkout, as console scripts (avion-ds, deepspeed's subprocesses)
