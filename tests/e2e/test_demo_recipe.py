@@ -114,5 +114,5 @@ def test_demo_decoder_is_pinned_not_probed(monkeypatch: pytest.MonkeyPatch) -> N
     monkeypatch.setattr(select, "probe_backends", no_probe)
     name, reason = select.pick_decoder(recipe.data)
     assert name == "pyav" and "from the recipe" in reason
-    install_check = (REPO / "launch" / "demo.sh").read_text().split('-c "import ', 1)[1].split('"', 1)[0]
-    assert "av" in [m.strip() for m in install_check.split(",")]  # demo.sh installs when PyAV is missing
+    needs = (REPO / "launch" / "demo.sh").read_text().split('NEEDS="', 1)[1].split('"', 1)[0]
+    assert "av" in needs.split()  # demo.sh installs when PyAV is missing
