@@ -40,12 +40,11 @@ from typing import Any
 import torch
 from torch import nn
 from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
-
-logger = logging.getLogger(__name__)
 from torch.utils.checkpoint import checkpoint as torch_checkpoint
 
 from avion_ds.models.mlp import GeluLinear
 
+logger = logging.getLogger(__name__)
 IMPLS = ("torch", "deepspeed")
 POLICIES = ("full", "selective")
 _ATTR = "_avion_ckpt_impl"

@@ -18,8 +18,9 @@ def engine_env(**overrides: str | None) -> dict[str, str]:
 
     ``torch.compile`` is off (``TORCHDYNAMO_DISABLE=1``, unless set): DeepSpeed's ZeRO optimizer check imports
     its Muon module, whose ``torch.compile`` decorators load inductor, about 1 CPU-s in each of the suite's
-    ~140 ranks for kernels no recipe runs. A test of ``model.compile`` passes ``TORCHDYNAMO_DISABLE=None``
-    (the run then states that its blocks ran eager if it is set; ``avion_ds.models.activation_checkpointing``).
+    ~100 ranks that build a ZeRO optimizer, for kernels no recipe runs. A test of ``model.compile`` in a
+    subprocess passes ``TORCHDYNAMO_DISABLE=None`` (under the variable the run says its blocks run eager:
+    ``avion_ds.models.activation_checkpointing.compile_blocks``).
 
     ``overrides`` are set last; a ``None`` value removes that variable (e.g. one the code must set itself).
     """
