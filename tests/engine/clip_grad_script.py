@@ -1,6 +1,10 @@
-"""One contrastive (``--task contrastive``: ClipLoss) or MIR fine-tuning (``--task mir``: max-margin ranking
-loss) optimizer step through ``Trainer.train_step`` on every ZeRO stage, compared with the gradient of ONE
-process on the concatenated batch (run under torchrun; rank 0 prints a JSON line).
+"""One contrastive (task ``contrastive``: ClipLoss) or MIR fine-tuning (task ``mir``: max-margin ranking loss)
+optimizer step through ``Trainer.train_step`` per ZeRO stage, compared with the gradient of ONE process on the
+concatenated batch (run under torchrun; rank 0 prints a ``RESULT`` JSON line per case and stage).
+
+``CASES``: a JSON list of cases, each ``{"name", "stages", "task", "accum", "freeze", "precision", "ckpt"}``
+(all but the name optional), run in ONE launch: the ranks start once for all of them. Every case's ZeRO-3
+stage runs after every other stage (zero.Init replaces ``torch.nn.functional.linear`` for the process).
 
 Each rank feeds ``accum`` micro-batches of 2 clips; the optimizer is SGD with lr 1 and no decay, so the
 weights' change is minus the applied gradient. Dropout and drop path are off, everything fp32."""
@@ -176,23 +180,23 @@ def run_stage(stage: int, accum: int, recipe, cfg) -> dict:
 
 def main() -> int:
     p = argparse.ArgumentParser()
-    p.add_argument("--stages", default="0,1,2,3")
-    p.add_argument("--accum", type=int, default=2)
-    p.add_argument("--freeze", default="")
-    p.add_argument("--precision", default="fp32")
-    p.add_argument("--ckpt", action="store_true", help="activation checkpointing on both towers")
-    p.add_argument("--task", default="contrastive", choices=sorted(TASK_SETS))
+    p.add_argument("cases", help="a JSON list of cases (this module's docstring)")
     args = p.parse_args()
     from avion_ds.distributed import dist
 
-    freeze = [f for f in args.freeze.split(",") if f]
-    stages = [int(s) for s in args.stages.split(",")]
-    setups = {stage: setup(stage, args.accum, freeze, args.task, args.precision, args.ckpt) for stage in stages}
+    runs = []  # (case name, stage, accum, setup), ZeRO-3 last
+    for case in json.loads(args.cases):
+        accum = case.get("accum", 2)
+        freeze = [f for f in case.get("freeze", "").split(",") if f]
+        kind = (case.get("task", "contrastive"), case.get("precision", "fp32"), case.get("ckpt", False))
+        for stage in case["stages"]:
+            runs.append((case["name"], stage, accum, setup(stage, accum, freeze, *kind)))
+    runs.sort(key=lambda r: r[1] == 3)  # stable: the cases' order otherwise
     dist.init()
-    for stage in stages:
-        out = run_stage(stage, args.accum, *setups[stage])
+    for name, stage, accum, (recipe, cfg) in runs:
+        out = run_stage(stage, accum, recipe, cfg)
         if dist.is_main():
-            print("RESULT " + json.dumps(out), flush=True)
+            print("RESULT " + json.dumps({"case": name, **out}), flush=True)
     return 0
 
 

@@ -2,7 +2,8 @@
 of ONE batch of all its clips, across ranks (2 gloo ranks, ZeRO 0-3, through ``Trainer.train_step``) and
 across micro-batches (micro x accum vs one batch), with dropout and drop path off.
 
-The reference is AVION's ``ClipLoss`` written out in the test (one process: ``scale * I T^T`` and
+The same for MIR fine-tuning's max-margin loss (``task: mir``). The 2-rank cases share one launch
+(``grad_runs``). The reference is AVION's ``ClipLoss`` written out in the test (one process: ``scale * I T^T`` and
 ``scale * T I^T``, symmetric cross-entropy, ``clip_acc`` from argmax of the image logits)."""
 
 from __future__ import annotations
@@ -112,22 +113,38 @@ def test_feature_cache_replays_dropout() -> None:
         assert torch.equal(seen[i][0], seen[i][1])
 
 
-def _results(log: str) -> dict[int, dict]:
-    return {d["stage"]: d for d in (json.loads(x[7:]) for x in log.splitlines() if x.startswith("RESULT "))}
+# every 2-rank case of this module in ONE launch (the ranks start once): name -> stages, task, accum, options
+CASES = [
+    {"name": "accum", "stages": [0, 1, 2, 3], "accum": 2, "ckpt": True},
+    {"name": "frozen", "stages": [0, 3], "accum": 1, "freeze": "freeze_visual,freeze_temperature"},
+    {"name": "bf16", "stages": [2, 3], "accum": 2, "precision": "bf16"},
+    {"name": "mir", "stages": [0, 2], "accum": 2, "task": "mir"},
+]
+
+
+@pytest.fixture(scope="module")
+def grad_runs() -> dict[str, dict[int, dict]]:
+    """``clip_grad_script.py`` on 2 ranks for every case of ``CASES``: {case: {stage: its RESULT}}."""
+    proc = launch([json.dumps(CASES)], launcher="torchrun", script_path=SCRIPT, timeout=600)
+    log = proc.stdout + proc.stderr
+    assert proc.returncode == 0, log[-4000:]
+    out: dict[str, dict[int, dict]] = {}
+    for line in proc.stdout.splitlines():
+        if line.startswith("RESULT "):
+            r = json.loads(line[7:])
+            out.setdefault(r["case"], {})[r["stage"]] = r
+    assert {c["name"]: sorted(out.get(c["name"], {})) for c in CASES} == {c["name"]: c["stages"] for c in CASES}, log[
+        -3000:
+    ]
+    return out
 
 
 @pytest.mark.multiprocess
-def test_two_ranks_and_accumulation_match_one_process() -> None:
+def test_two_ranks_and_accumulation_match_one_process(grad_runs: dict[str, dict[int, dict]]) -> None:
     """2 ranks x 2 micro-batches of 2 (ZeRO 0, 1, 2, 3; activation checkpointing on both towers): the logged
     loss and the applied gradient of every parameter equal one process's on the 8 clips (1e-6, relative to
     the tensor's largest gradient)."""
-    args = ["--stages", "0,1,2,3", "--accum", "2", "--ckpt"]
-    proc = launch(args, launcher="torchrun", script_path=SCRIPT, timeout=600)
-    log = proc.stdout + proc.stderr
-    assert proc.returncode == 0, log[-4000:]
-    results = _results(proc.stdout)
-    assert sorted(results) == [0, 1, 2, 3], log[-3000:]
-    for stage, r in results.items():
+    for stage, r in grad_runs["accum"].items():
         assert abs(r["loss"] - r["ref_loss"]) < 1e-6, (stage, r["loss"], r["ref_loss"])
         bad = {k: e for k, e in r["errors"].items() if e > 1e-6}
         assert not bad, (stage, bad)
@@ -135,32 +152,29 @@ def test_two_ranks_and_accumulation_match_one_process() -> None:
 
 
 @pytest.mark.multiprocess
-def test_frozen_tower_and_temperature_stay_put() -> None:
-    proc = launch(
-        ["--stages", "0,3", "--accum", "1", "--freeze", "freeze_visual,freeze_temperature"],
-        launcher="torchrun",
-        script_path=SCRIPT,
-        timeout=600,
-    )
-    log = proc.stdout + proc.stderr
-    assert proc.returncode == 0, log[-4000:]
-    for stage, r in _results(proc.stdout).items():
+def test_frozen_tower_and_temperature_stay_put(grad_runs: dict[str, dict[int, dict]]) -> None:
+    for stage, r in grad_runs["frozen"].items():
         assert r["changed"], stage
         assert all(k.startswith("textual.") for k in r["changed"]), (stage, r["changed"])
         assert not {k: e for k, e in r["errors"].items() if k.startswith("textual.") and e > 1e-5}, stage
 
 
 @pytest.mark.multiprocess
-def test_bf16_step_follows_the_fp32_reference() -> None:
+def test_bf16_step_follows_the_fp32_reference(grad_runs: dict[str, dict[int, dict]]) -> None:
     """bf16 (the recipes' precision; AVION uses fp16 autocast) on ZeRO-2 and ZeRO-3 (both towers partitioned):
     the loss within 0.05 of one fp32 process's and the applied update pointing along its gradient."""
-    proc = launch(
-        ["--stages", "2,3", "--accum", "2", "--precision", "bf16"], launcher="torchrun", script_path=SCRIPT, timeout=600
-    )
-    log = proc.stdout + proc.stderr
-    assert proc.returncode == 0, log[-4000:]
-    results = _results(proc.stdout)
-    assert sorted(results) == [2, 3], log[-3000:]
-    for stage, r in results.items():
+    for stage, r in grad_runs["bf16"].items():
         assert abs(r["loss"] - r["ref_loss"]) < 0.05, (stage, r["loss"], r["ref_loss"])
         assert r["cosine"] > 0.999, (stage, r["cosine"])
+
+
+@pytest.mark.multiprocess
+def test_mir_two_ranks_and_accumulation_match_one_process(grad_runs: dict[str, dict[int, dict]]) -> None:
+    """MIR fine-tuning (``task: mir``, AVION's max-margin loss; its oracle and the task's other tests:
+    ``test_mir_finetune.py``), 2 ranks x 2 micro-batches of 2 (ZeRO 0 and 2, through ``Trainer.train_step``):
+    the logged loss and the applied gradient of every parameter equal one process's AVION loss on the 8 clips;
+    the temperature stays put."""
+    for stage, r in grad_runs["mir"].items():
+        assert abs(r["loss"] - r["ref_loss"]) < 1e-6, stage
+        assert not {k: e for k, e in r["errors"].items() if e > 1e-6}, stage
+        assert set(r["errors"]) - set(r["changed"]) == {"logit_scale"}, stage
