@@ -7,7 +7,8 @@ is re-parented to pytest instead of init and stays in that tree. Then:
 
 * ``run_process`` (every launch of ``tests.helpers``) ends the whole tree of its command when the test is
   interrupted (pytest-timeout, Ctrl-C, its own timeout);
-* SIGTERM / SIGHUP to pytest, and the end of the run, end every descendant still alive;
+* SIGTERM / SIGHUP to pytest, and the end of the run, end every descendant still alive (but pytest's own
+  multiprocessing resource tracker and fork server, which end by themselves);
 * after each test, the adopted ranks that have exited are reaped (``reap_adopted``): a subreaper must wait
   for them, or every multi-rank test leaves zombies (pids held) until the run ends.
 """
@@ -22,6 +23,8 @@ import os
 import shutil
 import signal
 import subprocess
+from collections.abc import Collection
+from multiprocessing import forkserver, resource_tracker
 from types import FrameType
 
 import psutil
@@ -38,10 +41,11 @@ def adopt_orphans() -> bool:
         return False
 
 
-def kill_tree(pid: int, grace_s: float = 3.0) -> list[int]:
+def kill_tree(pid: int, grace_s: float = 3.0, spare: Collection[int] = ()) -> list[int]:
     """SIGTERM ``pid``'s descendants and ``pid`` itself (unless it is this process), SIGKILL whatever is
-    left after ``grace_s``; repeated while new descendants appear. Returns the pids signalled."""
-    signalled: list[int] = []
+    left after ``grace_s``; repeated while new descendants appear. ``spare``: pids left alone. Returns the
+    pids signalled."""
+    signalled: list[int] = list(spare)
     for _ in range(5):
         try:
             root = psutil.Process(pid)
@@ -66,7 +70,7 @@ def kill_tree(pid: int, grace_s: float = 3.0) -> list[int]:
                 pass
         psutil.wait_procs(alive, timeout=grace_s)
         signalled += [p.pid for p in procs]
-    return signalled
+    return signalled[len(spare) :]
 
 
 def tree_report(pid: int, limit_s: float = 20.0) -> str:
@@ -95,11 +99,22 @@ def tree_report(pid: int, limit_s: float = 20.0) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _multiprocessing_helpers() -> set[int]:
+    """This process's multiprocessing resource tracker and fork server: they exit by themselves once this
+    process has closed its pipe to them, after its exit handlers have used them (a tracker killed earlier is
+    started again by the semaphores' clean-up, which then reports "process died unexpectedly" and a KeyError
+    per semaphore)."""
+    tracker = getattr(resource_tracker._resource_tracker, "_pid", None)
+    server = getattr(forkserver._forkserver, "_forkserver_pid", None)
+    return {pid for pid in (tracker, server) if pid is not None}
+
+
 def kill_descendants() -> list[int]:
-    """End every process this one started (only in the process that called ``install``)."""
+    """End every process this one started but its multiprocessing helpers (only in the process that called
+    ``install``)."""
     if _INSTALLED_IN != [os.getpid()]:
         return []
-    return kill_tree(os.getpid())
+    return kill_tree(os.getpid(), spare=_multiprocessing_helpers())
 
 
 def _waited_by_others() -> set[int]:
