@@ -81,13 +81,14 @@ def test_version_names_every_library(capsys: pytest.CaptureFixture) -> None:
 
 
 def test_models_lists_params_and_gflops(capsys: pytest.CaptureFixture) -> None:
-    """Parameters from the meta-device build equal a real build's; ViT-B matches the published 86.5M."""
+    """Parameters from the meta-device build (its weight init skipped) equal a real build's, for each model
+    family (ViT, dual encoder, VideoMAE pretraining); ViT-B matches the published 86.5M."""
     from avion_ds.models import create_model, list_models
 
     assert cli.main(["models"]) == 0
     rows = {ln.split()[0]: ln.split() for ln in capsys.readouterr().out.splitlines()[1:]}
     assert set(rows) == set(list_models())
-    for name in ("vit_test_tiny", "vit_test_small"):
+    for name in ("vit_test_tiny", "vit_test_small", "clip_vit_test_tiny", "pretrain_videomae_test_tiny"):
         real = sum(p.numel() for p in create_model(name).parameters())
         assert rows[name][7] == f"{real / 1e6:.2f}M"
     assert rows["vit_base_patch16_224"][7] == "86.53M"  # VideoMAE ViT-B/16, 400 classes
