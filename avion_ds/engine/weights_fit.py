@@ -17,6 +17,7 @@ from typing import Any
 import torch
 
 from avion_ds.config import ConfigError, Recipe
+from avion_ds.models.meta import meta_device
 from avion_ds.models.weights.checkpoint import prepare_state_dict
 from avion_ds.storage.run_dir import checkpoint_dir, clean_key, lazy_state_dict
 from avion_ds.storage.safe_load import load_checkpoint_file
@@ -65,7 +66,7 @@ def check_weights_fit(recipe: Recipe, task: Any) -> None:
         return  # readable (check_weights_source said so): the real load checks it
     if shapes is None:
         return
-    with torch.device("meta"), contextlib.redirect_stdout(io.StringIO()):  # quiet: no load, no report
+    with meta_device(), contextlib.redirect_stdout(io.StringIO()):  # quiet: no load, no report
         model = task.build_model(recipe, pretrained="")
     try:
         prepare_state_dict(model, shapes, m.trust_checkpoint, kinetics_head=maps_kinetics710_head(recipe))

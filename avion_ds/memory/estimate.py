@@ -26,6 +26,7 @@ from avion_ds.memory.merging import merging_block_bytes, merging_blocks_bytes, t
 from avion_ds.memory.units import format_bytes
 from avion_ds.models import create_model, registered_arch
 from avion_ds.models.clip.model import ClipArch
+from avion_ds.models.meta import meta_device
 from avion_ds.models.partition import full_shape
 
 GiB = 2**30
@@ -108,7 +109,7 @@ def _count(model: nn.Module) -> tuple[int, int]:
 
 @functools.lru_cache(maxsize=64)
 def _arch_info_by_name(name: str) -> ArchInfo:
-    with torch.device("meta"):  # nothing is allocated, even for ViT-g
+    with meta_device():  # nothing is allocated, even for ViT-g
         model = create_model(name)
     return arch_info(model)
 

@@ -1,7 +1,7 @@
 """`avion-ds models`: the registered sizes with parameter counts and forward GFLOPs per clip.
 
 Parameters are counted on a model built on the meta device (no memory is allocated, so even
-ViT-g lists instantly; its weight init is skipped: there are no values to draw); FLOPs come from
+ViT-g lists instantly; ``meta_device``: its weight init skipped); FLOPs come from
 :func:`avion_ds.models.model_flops`.
 """
 
@@ -9,32 +9,12 @@ from __future__ import annotations
 
 from typing import Any
 
-import torch
-from torch.overrides import TorchFunctionMode
-
 from avion_ds.models.arch import ViTArch
 from avion_ds.models.flops import model_flops
 from avion_ds.models.mae.sizes import pretrain_arch, pretrain_names
+from avion_ds.models.meta import meta_device
 from avion_ds.models.registry import create_model, registered_arch
 from avion_ds.models.vit.model import count_params
-
-# in-place ops that only set values (weight init): shape-changing ones (resize_, t_, ...) still run
-_VALUE_OPS = frozenset(
-    ("uniform_", "normal_", "trunc_normal_", "erfinv_", "mul_", "add_", "sub_", "div_", "clamp_", "fill_", "zero_")
-    + ("copy_", "exp_", "log_", "abs_", "neg_", "bernoulli_", "exponential_", "random_", "constant_", "ones_")
-)
-
-
-class _NoInitOnMeta(TorchFunctionMode):
-    """Value-setting in-place ops on meta tensors return the tensor as it is: a meta build has no values, and
-    torch's meta decompositions of the init ops (timm's ``trunc_normal_``: ``erfinv_``, ``clamp_``) are ~4 s of
-    a ~5.5 s listing of every registered model without this (2-core VM)."""
-
-    def __torch_function__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
-        target = args[0] if args else None
-        if getattr(func, "__name__", "") in _VALUE_OPS and isinstance(target, torch.Tensor) and target.is_meta:
-            return target
-        return func(*args, **(kwargs or {}))
 
 
 def _any_arch(name: str, **overrides: Any) -> Any:
@@ -67,7 +47,7 @@ def describe(
     if classifier and num_classes is not None:
         over["num_classes"] = num_classes
         arch = arch.replace(num_classes=num_classes)
-    with torch.device("meta"), _NoInitOnMeta():
+    with meta_device():
         params = count_params(create_model(name, attn_backend="eager", **over))
     # a pretraining model's FLOPs depend on the mask ratio (not listed); a dual encoder's count both towers
     flops = None if pretrain else model_flops(arch) / 1e9

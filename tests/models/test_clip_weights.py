@@ -14,6 +14,7 @@ import torch.nn.functional as F
 
 from avion_ds.models import create_model, load_weights
 from avion_ds.models.clip.weights import prepare_clip_state_dict
+from avion_ds.models.meta import meta_device
 from avion_ds.models.partition import state_shapes
 from avion_ds.storage.safe_load import UntrustedCheckpoint
 
@@ -187,8 +188,8 @@ def test_our_own_checkpoint_round_trips_and_low_coverage_is_an_error(caplog: pyt
 )
 def test_l14_key_mapping_on_the_meta_device(name: str, oc_name: str) -> None:
     """Every OpenCLIP ViT-L/14 key maps to one of ours with our shape, and every one of ours is filled."""
-    ref = open_clip.create_model(oc_name, pretrained=None, device="meta")
-    with torch.device("meta"):
+    with meta_device():  # shapes only: no init drawn on either side
+        ref = open_clip.create_model(oc_name, pretrained=None, device="meta")
         ours = create_model(name, proj_dim=768, **EXACT)
     sd, report = prepare_clip_state_dict(ours, ref.state_dict())
     shapes = state_shapes(ours)

@@ -30,6 +30,7 @@ from avion_ds.data.datasets.registry import names_of_kind
 from avion_ds.data.tokenizer import tokenize
 from avion_ds.distributed import dist
 from avion_ds.distributed.master_weights import clamp_parameter_
+from avion_ds.models.meta import meta_device
 from avion_ds.tasks.base import EvalOutcome, LossParts, ModelSummary, Task, build_with_weights, check_token_merge
 from avion_ds.tasks.common.retrieval_eval import evaluate_retrieval
 from avion_ds.tasks.registry import register_task
@@ -152,7 +153,7 @@ class ContrastiveTask(Task):
             arch = registered_arch(name, **kw)
         except ValueError as e:
             raise ConfigError(f"model: {e}") from None
-        with torch.device("meta"):
+        with meta_device():
             model = create_model(name, pretrained=None, **{**kw, "attn_backend": "sdpa"})
         return ModelSummary(name, count_params(model), model_flops(arch) / 1e9, arch.vision.grid)
 

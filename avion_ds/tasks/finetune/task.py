@@ -22,6 +22,7 @@ from avion_ds.data.datasets.build import dataset_spec, split_view
 from avion_ds.data.datasets.epic_actions import MAP_ORDER
 from avion_ds.data.datasets.protocols import eval_report
 from avion_ds.data.datasets.registry import heads_keys, names_of_kind, section_value
+from avion_ds.models.meta import meta_device
 from avion_ds.tasks.base import (
     EvalOutcome,
     LossParts,
@@ -147,7 +148,7 @@ class FinetuneTask(Task):
             arch = registered_arch(name, **kw)
         except ValueError as e:  # ViTArch.validate: one line naming the field
             raise ConfigError(f"model: {e}") from None
-        with torch.device("meta"):  # parameters only: the backend (checked in check_runtime) changes none; sdpa
+        with meta_device():  # parameters only: the backend (checked in check_runtime) changes none; sdpa
             # builds with every option (eager has no packed form for run-length tokenization)
             model = create_model(name, pretrained=None, **{**kw, "attn_backend": "sdpa"})
         return ModelSummary(name, count_params(model), model_flops(arch) / 1e9, arch.grid)

@@ -25,6 +25,7 @@ from avion_ds.data.datasets.build import dataset_spec, split_view
 from avion_ds.data.datasets.registry import names_of_kind
 from avion_ds.data.masking import MaskSpec
 from avion_ds.distributed.ds_plan import DSPlan
+from avion_ds.models.meta import meta_device
 from avion_ds.tasks.base import EvalContext, EvalOutcome, LossParts, ModelSummary, Task, build_with_weights
 from avion_ds.tasks.common.evaluation import eval_mode
 from avion_ds.tasks.common.predictions import PredictionStore
@@ -155,7 +156,7 @@ class PretrainTask(Task):
             enc = pretrain_arch(name, **model_options(recipe)).encoder
         except (ValueError, TypeError) as e:
             raise ConfigError(f"model: {e}") from None
-        with torch.device("meta"):  # FLOPs: the encoder over the whole clip (the masked share is less)
+        with meta_device():  # FLOPs: the encoder over the whole clip (the masked share is less)
             model = create_model(name, pretrained=None, **{**model_options(recipe), "attn_backend": "eager"})
         return ModelSummary(name, count_params(model), model_flops(enc) / 1e9, enc.grid)
 

@@ -29,8 +29,6 @@ import functools
 import math
 from typing import TYPE_CHECKING, Any
 
-import torch
-
 from avion_ds.memory.estimate import (
     DTYPE_BYTES,
     FRAGMENTATION,
@@ -44,6 +42,7 @@ from avion_ds.memory.estimate import (
     selected_blocks,
 )
 from avion_ds.models.arch import drop_path_rates
+from avion_ds.models.meta import meta_device
 from avion_ds.tasks.umt.teacher import tower_arch
 
 if TYPE_CHECKING:
@@ -128,7 +127,7 @@ def umt_models(recipe: Recipe, arch: Any) -> UMTModels:
     u = recipe.umt
     tower = tower_arch(u.teacher_model, u.clip_input_resolution)
     out_dim = int(tower.proj_dim)
-    with torch.device("meta"):
+    with meta_device():
         student = UMTStudent(arch, out_dim, u.clip_return_layer, u.clip_student_return_interval)
     return UMTModels(student, out_dim, arch_info_of_tower(tower))
 
@@ -202,7 +201,7 @@ def arch_info_of_tower(tower: Any) -> Any:
     """The planner's facts of the teacher's tower (built on the meta device: nothing allocated)."""
     from avion_ds.models.vit.model import VideoViT  # lazy: heavy (timm, torchvision)
 
-    with torch.device("meta"):
+    with meta_device():
         return arch_info(VideoViT(tower))
 
 

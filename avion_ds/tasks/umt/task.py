@@ -29,6 +29,7 @@ from avion_ds.config import ConfigError
 from avion_ds.data.datasets.build import dataset_spec
 from avion_ds.data.datasets.registry import names_of_kind
 from avion_ds.distributed import dist
+from avion_ds.models.meta import meta_device
 from avion_ds.tasks.base import EvalOutcome, LossParts, ModelSummary, Task, load_recipe_weights
 from avion_ds.tasks.common.evaluation import eval_mode
 from avion_ds.tasks.common.predictions import PredictionStore
@@ -173,7 +174,7 @@ class UMTTask(Task):
         from avion_ds.tasks.umt.model import UMTStudent  # lazy: heavy (timm, torchvision)
 
         u = recipe.umt
-        with torch.device("meta"):
+        with meta_device():
             model = UMTStudent(arch, teacher.output_dim, u.clip_return_layer, u.clip_student_return_interval)
         return ModelSummary(recipe.model.name, count_params(model), model_flops(arch) / 1e9, arch.grid)
 
