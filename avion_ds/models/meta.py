@@ -35,6 +35,8 @@ class _SkipValueOpsOnMeta(TorchFunctionMode):
 
 @contextlib.contextmanager
 def meta_device() -> Iterator[None]:
-    """``torch.device("meta")`` for shape-only builds, their weight init skipped (nothing is allocated or drawn)."""
+    """``torch.device("meta")`` for shape-only builds, their weight init skipped (nothing is allocated or drawn).
+    For construction only: a forward pass under it would skip its in-place value ops, and the tensors they save
+    (activation counts on the meta device run under plain ``torch.device("meta")``)."""
     with torch.device("meta"), _SkipValueOpsOnMeta():
         yield
