@@ -9,6 +9,9 @@
 * ``tokenizer``: a process that imports torch and tokenizes one text, through ``avion_ds.data.tokenizer``
   (OpenCLIP's tokenizer module run from its file) and through ``open_clip.tokenizer`` (the package's
   ``__init__``: every open_clip model and transformers): CPU seconds of each process.
+* ``meta``: building every registered model (``--models``: names containing this text) on the meta device for
+  its shapes, as ``avion-ds models``, the tasks' summaries and the memory plans do: ``meta_device`` (weight
+  init skipped) vs plain ``torch.device("meta")``, in this process (CPU and wall seconds of the builds).
 * ``dynamo``: the same training in the test suite's rank environment (``TORCHDYNAMO_DISABLE=1``, set by
   ``tests/helpers/env.py: engine_env``: DeepSpeed's ZeRO optimizer check imports its Muon module, whose
   ``torch.compile`` decorators load inductor) and in a user's (unset).
@@ -16,7 +19,7 @@
 The two sides take turns (``--warmup`` rounds first, then ``--reps`` timed rounds; who goes first alternates),
 so load on a shared machine hits them alike; medians and their ratio are printed.
 
-    python bench/startup.py                              # all three parts (~5 min on 2 cores)
+    python bench/startup.py                              # every part (~5 min on 2 cores)
     python bench/startup.py --parts tokenizer --reps 9
 """
 
@@ -136,19 +139,51 @@ def tokenizer_part(warmup: int, reps: int) -> None:
     report("tokenizer", ab(sides, warmup, reps), "avion_ds")
 
 
+def meta_builds(names: list[str], skip_init: bool) -> Callable[[], tuple[float, float]]:
+    """One side: every model of ``names`` built on the meta device, with ``meta_device`` or without."""
+    import torch
+
+    from avion_ds.models import create_model
+    from avion_ds.models.meta import meta_device
+
+    def go() -> tuple[float, float]:
+        r0, t0 = resource.getrusage(resource.RUSAGE_SELF), time.perf_counter()
+        for name in names:
+            with meta_device() if skip_init else torch.device("meta"):
+                create_model(name)
+        r1 = resource.getrusage(resource.RUSAGE_SELF)
+        return (r1.ru_utime - r0.ru_utime) + (r1.ru_stime - r0.ru_stime), time.perf_counter() - t0
+
+    return go
+
+
+def meta_part(pattern: str, warmup: int, reps: int) -> None:
+    from avion_ds.models import list_models
+
+    names = list_models(pattern)
+    print(f"[meta] {len(names)} registered models containing {pattern!r}")
+    sides = {"meta_device": meta_builds(names, True), "plain": meta_builds(names, False)}
+    report("meta", ab(sides, warmup, reps), "meta_device")
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--parts", default="train,dynamo,tokenizer", help="comma-separated: train, dynamo, tokenizer")
+    p.add_argument(
+        "--parts", default="train,dynamo,tokenizer,meta", help="comma-separated: train, dynamo, tokenizer, meta"
+    )
+    p.add_argument("--models", default="", help="meta: only the registered names containing this text")
     p.add_argument("--data", default="/tmp/avion_startup", help="the demo's data (made here when missing)")
     p.add_argument("--epochs", type=float, default=1, help="training epochs per run (18 steps each)")
     p.add_argument("--warmup", type=int, default=2, help="untimed rounds first")
     p.add_argument("--reps", type=int, default=4, help="timed rounds")
     a = p.parse_args()
     parts = a.parts.split(",")
-    if unknown := set(parts) - {"train", "dynamo", "tokenizer"}:
+    if unknown := set(parts) - {"train", "dynamo", "tokenizer", "meta"}:
         raise SystemExit(f"--parts: unknown {sorted(unknown)}")
     if "tokenizer" in parts:
         tokenizer_part(a.warmup, a.reps)
+    if "meta" in parts:
+        meta_part(a.models, a.warmup, a.reps)
     if "train" in parts:
         train_part(Path(a.data), a.epochs, a.warmup, a.reps)
     if "dynamo" in parts:

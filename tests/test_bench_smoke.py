@@ -53,7 +53,7 @@ TINY: dict[str, list[str]] = {
     "shards.py": ["--tiny"],
     "shards_scale.py": ["--out", f"{W}/ss", "--videos", "2", "--rows", "100", "--shard-mib", "1"]
     + ["--worker-samples", "10"],
-    "startup.py": ["--parts", "tokenizer", "--warmup", "0", "--reps", "1"],
+    "startup.py": ["--parts", "tokenizer,meta", "--models", "vit_test_tiny", "--warmup", "0", "--reps", "1"],
     "structure_walk.py": ["--top", "3"],
     "token_merge.py": ["--tiny", "--warmup", "2", "--iters", "1"],
     "umt_step.py": ["--tiny", "--warmup", "2", "--iters", "1"],
