@@ -3,8 +3,7 @@
 A meta tensor has a shape and no values, so the weight init a constructor runs has nothing to set; torch still
 dispatches each init op through its meta decompositions (timm's ``trunc_normal_``: ``uniform_``, ``erfinv_``,
 ``clamp_``): 0.07 s of a ViT-B build, 0.12 s of a ViT-L one, ~4 s of a ~5.5 s ``avion-ds models`` listing
-(2-core VM).
-``meta_device`` skips them.
+(2-core VM). ``meta_device`` skips them (``bench/startup.py --parts meta``).
 """
 
 from __future__ import annotations

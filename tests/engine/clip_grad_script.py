@@ -2,12 +2,13 @@
 optimizer step through ``Trainer.train_step`` per ZeRO stage, compared with the gradient of ONE process on the
 concatenated batch (run under torchrun; rank 0 prints a ``RESULT`` JSON line per case and stage).
 
-``CASES``: a JSON list of cases, each ``{"name", "stages", "task", "accum", "freeze", "precision", "ckpt"}``
+The argument: a JSON list of cases, each ``{"name", "stages", "task", "accum", "freeze", "precision", "ckpt"}``
 (all but the name optional), run in ONE launch: the ranks start once for all of them. Every case's ZeRO-3
 stage runs after every other stage (zero.Init replaces ``torch.nn.functional.linear`` for the process).
 
 Each rank feeds ``accum`` micro-batches of 2 clips; the optimizer is SGD with lr 1 and no decay, so the
-weights' change is minus the applied gradient. Dropout and drop path are off, everything fp32."""
+weights' change is minus the applied gradient. Dropout and drop path are off, everything fp32 but a case's
+``precision``."""
 
 from __future__ import annotations
 
