@@ -3,7 +3,7 @@ optimizer step through ``Trainer.train_step`` per ZeRO stage, compared with the 
 concatenated batch (run under torchrun; rank 0 prints a ``RESULT`` JSON line per case and stage).
 
 The argument: a JSON list of cases, each ``{"name", "stages", "task", "accum", "freeze", "precision", "ckpt"}``
-(all but the name optional), run in ONE launch: the ranks start once for all of them. Every case's ZeRO-3
+(the name and stages required), run in ONE launch: the ranks start once for all of them. Every case's ZeRO-3
 stage runs after every other stage (zero.Init replaces ``torch.nn.functional.linear`` for the process).
 
 Each rank feeds ``accum`` micro-batches of 2 clips; the optimizer is SGD with lr 1 and no decay, so the
