@@ -17,8 +17,8 @@ from torch.overrides import TorchFunctionMode
 
 # in-place ops that only set values (weight init); shape-changing ones (resize_, t_, ...) still run
 _VALUE_OPS = frozenset(
-    ("uniform_", "normal_", "trunc_normal_", "erfinv_", "mul_", "add_", "sub_", "div_", "clamp_", "fill_", "zero_")
-    + ("copy_", "exp_", "log_", "abs_", "neg_", "bernoulli_", "exponential_", "random_", "constant_", "ones_")
+    {"uniform_", "normal_", "trunc_normal_", "erfinv_", "mul_", "add_", "sub_", "div_", "clamp_", "fill_", "zero_"}
+    | {"copy_", "exp_", "log_", "abs_", "neg_", "bernoulli_", "exponential_", "random_", "constant_", "ones_"}
 )
 
 

@@ -133,9 +133,8 @@ def grad_runs() -> dict[str, dict[int, dict]]:
         if line.startswith("RESULT "):
             r = json.loads(line[7:])
             out.setdefault(r["case"], {})[r["stage"]] = r
-    assert {c["name"]: sorted(out.get(c["name"], {})) for c in CASES} == {c["name"]: c["stages"] for c in CASES}, log[
-        -3000:
-    ]
+    got = {c["name"]: sorted(out.get(c["name"], {})) for c in CASES}
+    assert got == {c["name"]: c["stages"] for c in CASES}, log[-3000:]
     return out
 
 

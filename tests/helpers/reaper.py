@@ -45,7 +45,7 @@ def kill_tree(pid: int, grace_s: float = 3.0, spare: Collection[int] = ()) -> li
     """SIGTERM ``pid``'s descendants and ``pid`` itself (unless it is this process), SIGKILL whatever is
     left after ``grace_s``; repeated while new descendants appear. ``spare``: pids left alone. Returns the
     pids signalled."""
-    signalled: list[int] = list(spare)
+    signalled: list[int] = []
     for _ in range(5):
         try:
             root = psutil.Process(pid)
@@ -54,7 +54,7 @@ def kill_tree(pid: int, grace_s: float = 3.0, spare: Collection[int] = ()) -> li
             procs, root = [], None
         if root is not None and pid != os.getpid() and root.pid not in signalled:
             procs.insert(0, root)
-        procs = [p for p in procs if p.pid not in signalled]
+        procs = [p for p in procs if p.pid not in signalled and p.pid not in spare]
         if not procs:
             break
         for p in procs:
@@ -70,7 +70,7 @@ def kill_tree(pid: int, grace_s: float = 3.0, spare: Collection[int] = ()) -> li
                 pass
         psutil.wait_procs(alive, timeout=grace_s)
         signalled += [p.pid for p in procs]
-    return signalled[len(spare) :]
+    return signalled
 
 
 def tree_report(pid: int, limit_s: float = 20.0) -> str:
